@@ -1,0 +1,105 @@
+"""The ``batch-invariance`` command line.
+
+Each subcommand lives in :mod:`batch_invariance.commands` as a module with
+``register(subparsers)``; the handler it sets returns an exit code from
+:mod:`batch_invariance.exitcodes`. This module is the only place errors become exit codes:
+handlers raise :class:`~batch_invariance.errors.BatchInvarianceError` kinds and ``main``
+prints one line and maps the kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import NoReturn
+
+from batch_invariance import __version__, exitcodes
+from batch_invariance.errors import BatchInvarianceError, Interrupted, UsageError
+
+#: Subcommand modules, in the order ``--help`` lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "demo",
+    "run_live",
+    "run_mock",
+    "verify_cert",
+    "plan_n",
+    "provision",
+    "make_workset",
+    "sign",
+    "check_deploy",
+)
+
+#: Options whose value may itself start with ``-`` (``--server-flag -ngl``).
+DASH_VALUE_OPTIONS: frozenset[str] = frozenset({"--server-flag"})
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one-line :class:`UsageError`s."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def _glue_dash_values(argv: Sequence[str]) -> list[str]:
+    """Rewrite ``--server-flag -ngl`` as ``--server-flag=-ngl`` so argparse accepts it."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in DASH_VALUE_OPTIONS:
+            value = next(it, None)
+            if value is None:
+                out.append(arg)
+                break
+            out.append(f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="batch-invariance",
+        description=(
+            "Does continuous batching change what an LLM server answers? Runs the A/B/C gate "
+            "for one (model, ctx, N) cell and writes a cert: GREEN, RED, AMBER or UNVERIFIED."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"batch-invariance {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"batch_invariance.commands.{name}")
+        module.register(sub)
+    return parser
+
+
+def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code (see :mod:`batch_invariance.exitcodes`)."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(_glue_dash_values(args_in))
+        code: int = args.func(args)
+        return code
+    except KeyboardInterrupt:
+        print("batch-invariance: interrupted (SIGINT); no cert written", file=sys.stderr)
+        return exitcodes.SIGINT
+    except BatchInvarianceError as exc:
+        if isinstance(exc, Interrupted):
+            print(f"batch-invariance: {exc}; no cert written", file=sys.stderr)
+        else:
+            kind = type(exc).__name__
+            print(f"batch-invariance: error [{kind}]: {exc}", file=sys.stderr)
+        return exitcodes.for_error(exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

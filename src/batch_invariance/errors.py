@@ -1,0 +1,36 @@
+"""The error kinds a run can end with.
+
+Each kind stands for one class of outcome; :mod:`batch_invariance.exitcodes` is the only
+place that turns a kind into a process exit status. Messages are one line and say what to
+do next, because the CLI prints them as they are, without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class BatchInvarianceError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class UsageError(BatchInvarianceError):
+    """Missing, malformed or inconsistent input (flags, work-set, scorer spec, config)."""
+
+
+class GuardRefused(BatchInvarianceError):
+    """A safety guard refused to launch (memory cap, reserved port, ...). Nothing ran."""
+
+
+class InfraError(BatchInvarianceError):
+    """The infrastructure failed (server would not start, died, timed out) with no verdict."""
+
+
+class CertInvalid(BatchInvarianceError):
+    """A cert is malformed, fails its schema, digest or re-derivation, or its signature."""
+
+
+class Interrupted(BatchInvarianceError):
+    """The run was stopped by a signal; ``signum`` says which."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        super().__init__(message or f"interrupted by signal {signum}")
+        self.signum = signum
