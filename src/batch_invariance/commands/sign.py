@@ -1,10 +1,55 @@
-"""`batch-invariance sign` (not built yet: registers nothing)."""
+"""`batch-invariance sign CERT`: sign a cert keylessly with sigstore.
+
+Writes ``CERT.sigstore.json`` next to the cert (atomically). The identity is the ambient
+OIDC one (GitHub Actions with ``permissions: id-token: write``) or ``--identity-token``.
+Only a cert that verifies (schema, digest, re-derived verdict) is signed.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
+from batch_invariance.errors import UsageError
 
-def register(sub: "argparse._SubParsersAction[Any]") -> None:
-    """Placeholder until this command is built."""
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    parser = sub.add_parser(
+        "sign",
+        help="sign a cert keylessly with sigstore (writes CERT.sigstore.json)",
+        description=(
+            "Sign a cert with sigstore (keyless). Uses the ambient OIDC identity in GitHub "
+            "Actions (the job needs `permissions: id-token: write`) or --identity-token. "
+            "Writes CERT.sigstore.json next to the cert."
+        ),
+    )
+    parser.add_argument("cert", type=Path, metavar="CERT", help="cert JSON file to sign")
+    parser.add_argument(
+        "--identity-token",
+        metavar="TOKEN",
+        default=None,
+        help="OIDC identity token (audience 'sigstore') instead of the ambient identity",
+    )
+    parser.add_argument(
+        "--staging",
+        action="store_true",
+        help="sign against the Sigstore staging instance (for trying things out)",
+    )
+    parser.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from batch_invariance.signing import SigstoreSigner, detect_token, sign_file
+    from batch_invariance.verification import verify_cert_file
+
+    cert: Path = args.cert
+    if not cert.is_file():
+        raise UsageError(f"cert not found: {cert}")
+    token = detect_token(args.identity_token)
+    # Never put a signature on a cert that does not verify on its own.
+    verify_cert_file(cert)
+    signed = sign_file(cert, token, SigstoreSigner(staging=args.staging))
+    print(f"signed {signed.artifact} as {signed.identity.identity} ({signed.identity.issuer})")
+    print(f"bundle: {signed.bundle}")
+    return 0

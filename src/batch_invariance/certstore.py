@@ -1,0 +1,213 @@
+"""Writing and reading cert files (the imperative shell around :mod:`certificate`).
+
+* Certs are canonical JSON: sorted keys, two-space indent, UTF-8, trailing newline.
+* :func:`write_cert` is atomic: the bytes go to a temporary file in the target folder, are
+  fsynced, and ``os.replace`` puts them in place; a reader sees the old cert or the new one,
+  never a partial file. A cert already at the target is first moved aside to a name suffixed
+  with the NEW cert's timestamp and reported in :attr:`WrittenCert.superseded`: nothing is
+  silently overwritten.
+* :func:`read_cert` parses, validates and checks the digest, raising
+  :class:`~batch_invariance.errors.CertInvalid` with a one-line message.
+
+``python -m batch_invariance.certstore --write-schema docs/cert.schema.json`` regenerates the
+published JSON schema from the pydantic model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from batch_invariance.certificate import Cert, compute_digest, schema_text
+from batch_invariance.errors import CertInvalid
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class WrittenCert:
+    """Where a cert went, and where the cert it replaced was moved (if any)."""
+
+    path: Path
+    superseded: Path | None
+
+
+def _safe(text: str) -> str:
+    cleaned = _UNSAFE.sub("_", text).strip("._")
+    return cleaned or "model"
+
+
+def cert_path(out_dir: Path, model: str, ctx: int, n: int) -> Path:
+    """``{out_dir}/{model}__ctx{C}__N{N}.json`` (characters unsafe in a file name become
+    ``_``)."""
+    return Path(out_dir) / f"{_safe(model)}__ctx{int(ctx)}__N{int(n)}.json"
+
+
+def render(cert: Cert) -> str:
+    """The canonical text of a cert file."""
+    return (
+        json.dumps(
+            cert.model_dump(mode="json"),
+            sort_keys=True,
+            indent=2,
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+        + "\n"
+    )
+
+
+def _fsync_dir(folder: Path) -> None:
+    # Make the rename itself durable; not every platform lets a folder be opened.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, replace)."""
+    folder = path.parent
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(folder)
+
+
+def _aside_name(target: Path, ts_utc: str) -> Path:
+    stamp = re.sub(r"[^0-9A-Za-z]+", "", ts_utc) or "unknown"
+    base = target.with_name(f"{target.stem}.superseded-{stamp}{target.suffix}")
+    candidate = base
+    k = 1
+    while candidate.exists():
+        candidate = target.with_name(f"{target.stem}.superseded-{stamp}-{k}{target.suffix}")
+        k += 1
+    return candidate
+
+
+def write_cert(out_dir: Path, cert: Cert) -> WrittenCert:
+    """Write ``cert`` to :func:`cert_path` in ``out_dir`` atomically.
+
+    A file already at the target is renamed to ``<name>.superseded-<ts>.json`` (``ts`` from
+    the new cert's ``ts_utc``) before the new cert takes its place.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = cert_path(out, cert.model, cert.ctx, cert.dispatch_n)
+    text = render(cert)
+    folder = target.parent
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    tmp = Path(tmp_name)
+    superseded: Path | None = None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if target.exists():
+            superseded = _aside_name(target, cert.ts_utc)
+            os.replace(target, superseded)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if superseded is not None and not target.exists():
+            # Put the old cert back rather than leave the cell without one.
+            with contextlib.suppress(OSError):
+                os.replace(superseded, target)
+        raise
+    _fsync_dir(folder)
+    return WrittenCert(path=target, superseded=superseded)
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return str(exc).splitlines()[0]
+    err = errors[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "(top level)"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {err.get('msg', 'invalid')}{more}"
+
+
+def parse_cert(text: str, origin: str = "cert") -> Cert:
+    """Parse and validate cert JSON text and check its digest; raises :class:`CertInvalid`."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CertInvalid(
+            f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            "the file is damaged or not a cert"
+        ) from None
+    if not isinstance(data, dict):
+        raise CertInvalid(f"{origin}: a cert is a JSON object, got {type(data).__name__}")
+    try:
+        cert = Cert.model_validate(data)
+    except ValidationError as exc:
+        raise CertInvalid(
+            f"{origin}: does not match the cert schema: {_first_error(exc)}"
+        ) from None
+    computed = compute_digest(cert.model_dump(mode="json"))
+    if cert.digest != computed:
+        raise CertInvalid(
+            f"{origin}: digest mismatch (stored {cert.digest[:19]}..., content gives "
+            f"{computed[:19]}...): the cert was changed after it was written"
+        )
+    return cert
+
+
+def read_cert(path: Path) -> Cert:
+    """Read, validate and digest-check the cert at ``path``; raises :class:`CertInvalid`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CertInvalid(f"{p}: no such cert file; check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CertInvalid(f"{p}: cannot read cert ({exc.__class__.__name__}: {exc})") from None
+    return parse_cert(text, str(p))
+
+
+def write_schema(path: Path) -> None:
+    """Write the cert JSON schema to ``path`` atomically."""
+    atomic_write_text(Path(path), schema_text())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m batch_invariance.certstore")
+    parser.add_argument(
+        "--write-schema",
+        metavar="PATH",
+        type=Path,
+        required=True,
+        help="write the cert JSON schema here (docs/cert.schema.json)",
+    )
+    args = parser.parse_args(argv)
+    write_schema(args.write_schema)
+    print(f"wrote {args.write_schema}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,393 @@
+"""Pairwise comparison of arms: the AC, AB and BC reports (pure).
+
+A *comparison* sets one trial of the reference arm ``x`` against the trial with the same id in
+one map of ``y`` (for AC and BC, each C pass is one map and the report is the union over
+passes). Each comparison is exactly one of:
+
+* **skipped** - either side is a transport failure: nothing was produced to judge, so it is
+  neither a divergence nor a clean comparison;
+* **divergent** - the id is present in only one of the two maps, or any invariant field
+  differs (exact equality, never a tolerance);
+* **token-only** - invariant fields equal but the content differs (sha256 of the completion,
+  or the generated tokens);
+* **clean** - otherwise.
+
+An id is divergent in a union report when it diverged in ANY pass, token-only when it was
+token-only in some pass and divergent in none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from batch_invariance.evidence import INVARIANT_FIELDS, ItemMeta, Trial
+
+#: Length of the completion excerpts carried in per-id rows (first characters, no marker, so
+#: that an excerpt of an excerpt is the excerpt itself).
+EXCERPT_CHARS = 80
+
+Scalar = str | float | int | bool | None
+RowKind = Literal["invariant", "missing", "token_only"]
+Outcome = Literal["skipped", "divergent", "token_only", "clean"]
+
+
+@dataclass(frozen=True)
+class DivergenceRow:
+    """One differing comparison: which id, in which pass, which field and how."""
+
+    test_id: str
+    #: The C pass this comparison came from; ``None`` for AB.
+    pass_index: int | None
+    kind: RowKind
+    #: First differing invariant field; ``"presence"`` for a missing id, ``"content"`` for
+    #: token-only rows.
+    field: str
+    #: Every differing invariant field, in :data:`INVARIANT_FIELDS` order.
+    fields: tuple[str, ...]
+    x: Scalar
+    y: Scalar
+    x_content_sha: str | None
+    y_content_sha: str | None
+    #: Whether the generated token streams are identical; ``None`` when tokens are unknown.
+    token_identical: bool | None
+    #: Index of the first differing token when both token streams are known.
+    first_divergent_token: int | None
+    #: top-1 minus top-2 logprob at ``first_divergent_token`` in x and in y, when recorded.
+    x_top_margin: float | None
+    y_top_margin: float | None
+    x_excerpt: str | None
+    y_excerpt: str | None
+
+
+@dataclass(frozen=True)
+class GroupCount:
+    """Ids compared, divergent and token-only within one group (family or fill bucket)."""
+
+    n_compared: int
+    n_divergent: int
+    n_token_only: int
+
+
+@dataclass(frozen=True)
+class PassCount:
+    """Comparison counts for one C pass of a union report (id-level within that pass)."""
+
+    index: int
+    n_compared: int
+    n_divergent: int
+    n_token_only: int
+    n_skipped: int
+
+
+@dataclass(frozen=True)
+class LogitDrift:
+    """F4 diagnostics: per-token chosen-logprob deltas on positions with identical tokens."""
+
+    armed: bool
+    eps: float | None
+    max_logit_delta: float | None
+    #: Ids whose delta exceeds ``eps`` (empty when disarmed).
+    logit_drift_ids: tuple[str, ...]
+    #: Largest delta per id over passes, for ids with a non-zero delta.
+    per_id_delta: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class PairReport:
+    """The comparison of two arms (``y`` may be the union of several C passes)."""
+
+    pair: str
+    n_compared: int
+    n_divergent: int
+    divergence_rate: float
+    divergent_ids: tuple[str, ...]
+    only_x: tuple[str, ...]
+    only_y: tuple[str, ...]
+    n_token_only: int
+    token_divergence_ids: tuple[str, ...]
+    #: Ids with at least one comparison skipped because of a transport failure.
+    transport_skipped_ids: tuple[str, ...]
+    per_id: tuple[DivergenceRow, ...]
+    by_family: Mapping[str, GroupCount]
+    by_fill: Mapping[str, GroupCount]
+    logit_drift: LogitDrift
+    per_pass: tuple[PassCount, ...]
+
+    @property
+    def clean(self) -> bool:
+        """True when no id diverged (token-only differences do not count)."""
+        return self.n_divergent == 0
+
+
+def content_key(trial: Trial) -> str | None:
+    """The sha256 of the completion: the recorded one, else computed from the text."""
+    if trial.content_sha256 is not None:
+        return trial.content_sha256
+    if trial.completion is not None:
+        return hashlib.sha256(trial.completion.encode("utf-8")).hexdigest()
+    return None
+
+
+def excerpt(trial: Trial | None) -> str | None:
+    """The first :data:`EXCERPT_CHARS` characters of the completion, when known."""
+    if trial is None or trial.completion is None:
+        return None
+    return trial.completion[:EXCERPT_CHARS]
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Exact equality that also tells ``1`` from ``True`` and treats NaN as equal to itself."""
+    if type(a) is not type(b) and (isinstance(a, bool) or isinstance(b, bool)):
+        return False
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def _fast_key(t: Trial) -> tuple[Any, ...]:
+    """The invariant record with a bool marker on the fields where ``1 == True`` could hide
+    a change. Equal keys imply no differing field; unequal keys (NaN included) fall back to
+    the field-by-field check. Spelled out for speed: this runs once per comparison."""
+    s, p, n = t.score, t.passed, t.prompt_tokens_measured
+    return (
+        s,
+        s.__class__ is bool,
+        p,
+        p.__class__ is bool,
+        t.extracted_answer,
+        t.expected_answer,
+        n,
+        n.__class__ is bool,
+        t.failure_mode,
+    )
+
+
+def differing_fields(x: Trial, y: Trial) -> tuple[str, ...]:
+    """The invariant fields on which ``x`` and ``y`` differ."""
+    if _fast_key(x) == _fast_key(y):
+        return ()
+    return tuple(
+        name for name in INVARIANT_FIELDS if not same_value(getattr(x, name), getattr(y, name))
+    )
+
+
+def first_divergent_token(x: Sequence[str], y: Sequence[str]) -> int | None:
+    """First index where two token streams differ (a length difference counts); else None."""
+    for i, (a, b) in enumerate(zip(x, y, strict=False)):
+        if a != b:
+            return i
+    if len(x) != len(y):
+        return min(len(x), len(y))
+    return None
+
+
+def _margin_at(trial: Trial, index: int | None) -> float | None:
+    if index is None or trial.top_margins is None or index >= len(trial.top_margins):
+        return None
+    return trial.top_margins[index]
+
+
+def _content_differs(x: Trial, y: Trial) -> bool:
+    kx, ky = content_key(x), content_key(y)
+    if kx is not None and ky is not None and kx != ky:
+        return True
+    if x.tokens is not None and y.tokens is not None:
+        return tuple(x.tokens) != tuple(y.tokens)
+    return False
+
+
+def _logit_delta(x: Trial, y: Trial) -> float | None:
+    """Largest |chosen-logprob delta| over the positions where both tokens are the same."""
+    if x.token_logprobs is None or y.token_logprobs is None:
+        return None
+    limit = min(len(x.token_logprobs), len(y.token_logprobs))
+    if x.tokens is not None and y.tokens is not None:
+        fdt = first_divergent_token(x.tokens, y.tokens)
+        if fdt is not None:
+            limit = min(limit, fdt)
+    if limit == 0:
+        return None
+    return max(abs(x.token_logprobs[i] - y.token_logprobs[i]) for i in range(limit))
+
+
+def _fill_label(fill: float | None) -> str:
+    return "unknown" if fill is None else f"{fill:.2f}"
+
+
+def _row(
+    test_id: str, pass_index: int | None, x: Trial | None, y: Trial | None, kind: RowKind
+) -> DivergenceRow:
+    fields: tuple[str, ...] = ()
+    xv: Scalar
+    yv: Scalar
+    if kind == "missing":
+        field = "presence"
+        xv = "present" if x is not None else "absent"
+        yv = "present" if y is not None else "absent"
+    elif kind == "invariant":
+        assert x is not None and y is not None
+        fields = differing_fields(x, y)
+        field = fields[0]
+        xv, yv = getattr(x, field), getattr(y, field)
+    else:
+        field = "content"
+        assert x is not None and y is not None
+        xv, yv = content_key(x), content_key(y)
+    token_identical: bool | None = None
+    fdt: int | None = None
+    if x is not None and y is not None and x.tokens is not None and y.tokens is not None:
+        fdt = first_divergent_token(x.tokens, y.tokens)
+        token_identical = fdt is None
+    return DivergenceRow(
+        test_id=test_id,
+        pass_index=pass_index,
+        kind=kind,
+        field=field,
+        fields=fields,
+        x=xv,
+        y=yv,
+        x_content_sha=None if x is None else content_key(x),
+        y_content_sha=None if y is None else content_key(y),
+        token_identical=token_identical,
+        first_divergent_token=fdt,
+        x_top_margin=None if x is None else _margin_at(x, fdt),
+        y_top_margin=None if y is None else _margin_at(y, fdt),
+        x_excerpt=excerpt(x),
+        y_excerpt=excerpt(y),
+    )
+
+
+def classify(x: Trial | None, y: Trial | None) -> Outcome:
+    """The outcome of one comparison (see the module docstring)."""
+    if x is None or y is None:
+        return "divergent"
+    if x.is_transport_failure or y.is_transport_failure:
+        return "skipped"
+    if differing_fields(x, y):
+        return "divergent"
+    if _content_differs(x, y):
+        return "token_only"
+    return "clean"
+
+
+def compare(
+    pair: str,
+    x: Mapping[str, Trial],
+    ys: Sequence[tuple[int | None, Mapping[str, Trial]]],
+    items: Iterable[ItemMeta] = (),
+    logit_eps: float | None = None,
+) -> PairReport:
+    """Compare ``x`` with each map in ``ys`` (``(pass_index, map)``) and report the union.
+
+    The result depends only on the contents of the maps, never on their iteration order:
+    every id list in the report is sorted, rows are sorted by (id, pass).
+    """
+    meta = {m.test_id: m for m in items}
+    divergent: set[str] = set()
+    token_only: set[str] = set()
+    compared: set[str] = set()
+    skipped: set[str] = set()
+    only_x: set[str] = set()
+    only_y: set[str] = set()
+    rows: list[DivergenceRow] = []
+    drift: dict[str, float] = {}
+    per_pass: list[PassCount] = []
+    x_ids = set(x)
+    for pass_index, y in ys:
+        counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
+        for test_id in x_ids | set(y):
+            xt = x.get(test_id)
+            yt = y.get(test_id)
+            outcome = classify(xt, yt)
+            counts[outcome] += 1
+            if outcome == "skipped":
+                skipped.add(test_id)
+                continue
+            compared.add(test_id)
+            if outcome == "divergent":
+                divergent.add(test_id)
+                if xt is None:
+                    only_y.add(test_id)
+                    rows.append(_row(test_id, pass_index, xt, yt, "missing"))
+                elif yt is None:
+                    only_x.add(test_id)
+                    rows.append(_row(test_id, pass_index, xt, yt, "missing"))
+                else:
+                    rows.append(_row(test_id, pass_index, xt, yt, "invariant"))
+                continue
+            assert xt is not None and yt is not None
+            if outcome == "token_only":
+                token_only.add(test_id)
+                rows.append(_row(test_id, pass_index, xt, yt, "token_only"))
+            delta = _logit_delta(xt, yt)
+            if delta is not None and delta > 0.0:
+                drift[test_id] = max(delta, drift.get(test_id, 0.0))
+        if pass_index is not None:
+            per_pass.append(
+                PassCount(
+                    index=pass_index,
+                    n_compared=counts["divergent"] + counts["token_only"] + counts["clean"],
+                    n_divergent=counts["divergent"],
+                    n_token_only=counts["token_only"],
+                    n_skipped=counts["skipped"],
+                )
+            )
+    token_only -= divergent
+    # A divergent id's drift is not logit drift: the invariant record already moved.
+    for test_id in divergent:
+        drift.pop(test_id, None)
+    armed = logit_eps is not None
+    drift_ids = (
+        tuple(sorted(i for i, d in drift.items() if d > logit_eps)) if logit_eps is not None else ()
+    )
+    by_family: dict[str, list[int]] = {}
+    by_fill: dict[str, list[int]] = {}
+    for test_id in compared:
+        m = meta.get(test_id)
+        fam = (m.family if m is not None else None) or "unknown"
+        fill = _fill_label(m.fill if m is not None else None)
+        for table, key in ((by_family, fam), (by_fill, fill)):
+            cell = table.setdefault(key, [0, 0, 0])
+            cell[0] += 1
+            cell[1] += test_id in divergent
+            cell[2] += test_id in token_only
+    n_compared = len(compared)
+    rows.sort(key=lambda r: (r.test_id, -1 if r.pass_index is None else r.pass_index))
+    return PairReport(
+        pair=pair,
+        n_compared=n_compared,
+        n_divergent=len(divergent),
+        divergence_rate=(len(divergent) / n_compared) if n_compared else 0.0,
+        divergent_ids=tuple(sorted(divergent)),
+        only_x=tuple(sorted(only_x)),
+        only_y=tuple(sorted(only_y)),
+        n_token_only=len(token_only),
+        token_divergence_ids=tuple(sorted(token_only)),
+        transport_skipped_ids=tuple(sorted(skipped)),
+        per_id=tuple(rows),
+        by_family={k: GroupCount(*v) for k, v in sorted(by_family.items())},
+        by_fill={k: GroupCount(*v) for k, v in sorted(by_fill.items())},
+        logit_drift=LogitDrift(
+            armed=armed,
+            eps=logit_eps,
+            max_logit_delta=max(drift.values()) if drift else None,
+            logit_drift_ids=drift_ids,
+            per_id_delta=dict(sorted(drift.items())),
+        ),
+        per_pass=tuple(sorted(per_pass, key=lambda p: p.index)),
+    )
+
+
+def diff_pair(
+    pair: str,
+    x: Mapping[str, Trial],
+    y: Mapping[str, Trial],
+    items: Iterable[ItemMeta] = (),
+    logit_eps: float | None = None,
+) -> PairReport:
+    """Compare two single maps (AB, or A against its serial repeat)."""
+    return compare(pair, x, [(None, y)], items, logit_eps)

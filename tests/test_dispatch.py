@@ -1,0 +1,106 @@
+"""Serial and concurrent dispatch against the loopback mock: real overlap, real sampling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from batch_invariance.client import RawResponse, RequestTemplate
+from batch_invariance.dispatch import pass_order, run_concurrent_pass, run_serial
+from batch_invariance.mock_server import MockKnobs, MockServer
+from batch_invariance.workset import WorkItem
+
+ITEMS = tuple(WorkItem(f"q{i:02d}", f"What is {i} + {i}?", None, str(2 * i)) for i in range(12))
+TEMPLATE = RequestTemplate("chat", n_predict=16, seed=0, timeout_s=10)
+SLOW = MockKnobs(token_delay_s=0.02, prompt_token_delay_s=0.001)
+
+
+def _max_depth(responses: dict[str, RawResponse]) -> int:
+    events: list[tuple[float, int]] = []
+    for r in responses.values():
+        assert r.dispatch_ts is not None and r.complete_ts is not None
+        events += [(r.dispatch_ts, 1), (r.complete_ts, -1)]
+    depth = best = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        depth += step
+        best = max(best, depth)
+    return best
+
+
+def test_pass_order_is_a_seeded_permutation_per_pass() -> None:
+    ids = [i.test_id for i in ITEMS]
+    first = pass_order(ids, seed=3, pass_index=0)
+    assert sorted(first) == sorted(ids)
+    assert first == pass_order(ids, seed=3, pass_index=0)
+    assert first != pass_order(ids, seed=3, pass_index=1)
+    assert first != pass_order(ids, seed=4, pass_index=0)
+
+
+def test_serial_never_overlaps_even_on_a_parallel_server() -> None:
+    with MockServer(parallel=4, knobs=SLOW) as server:
+        done: list[str] = []
+        out = run_serial(
+            server.base_url, TEMPLATE, ITEMS[:6], server.check_alive, lambda r: done.append(r.test_id)
+        )
+        assert server.stats.max_busy == 1
+    assert list(out) == [i.test_id for i in ITEMS[:6]] == done
+    assert _max_depth(out) == 1
+    assert all(r.ok and r.text == i.expected_answer for r, i in zip(out.values(), ITEMS, strict=False))
+
+
+def test_concurrent_pass_really_overlaps_and_the_server_says_so() -> None:
+    with MockServer(parallel=4, knobs=SLOW) as server:
+        result = run_concurrent_pass(
+            server.base_url, TEMPLATE, ITEMS, workers=4, pass_index=2, seed=9,
+            metrics_enabled=True, check_alive=server.check_alive,
+        )  # fmt: skip
+        assert server.stats.max_busy >= 2
+    assert set(result.responses) == {i.test_id for i in ITEMS}
+    assert all(r.ok for r in result.responses.values())
+    assert _max_depth(dict(result.responses)) >= 2
+    assert result.server_busy_max is not None and result.server_busy_max >= 2
+    assert result.busy_source == "slots"
+    assert result.busy.n_samples >= 2
+    assert result.busy.metrics_busy_max is not None
+    assert result.order == pass_order([i.test_id for i in ITEMS], 9, 2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("bi-")]
+
+
+def test_busy_source_falls_back_to_metrics_then_none() -> None:
+    knobs = MockKnobs(token_delay_s=0.02, prompt_token_delay_s=0.001, slots_endpoint=False)
+    with MockServer(parallel=4, knobs=knobs) as server:
+        result = run_concurrent_pass(server.base_url, TEMPLATE, ITEMS[:8], 4, 0, 0, True)
+    assert result.busy_source == "metrics" and (result.server_busy_max or 0) >= 2
+    knobs = MockKnobs(token_delay_s=0.01, slots_endpoint=False, metrics=False)
+    with MockServer(parallel=4, knobs=knobs) as server:
+        result = run_concurrent_pass(server.base_url, TEMPLATE, ITEMS[:8], 4, 0, 0, True)
+    assert result.busy_source == "none" and result.server_busy_max is None
+
+
+def test_single_slot_server_overlaps_on_the_client_only() -> None:
+    with MockServer(parallel=1, knobs=SLOW) as server:
+        result = run_concurrent_pass(server.base_url, TEMPLATE, ITEMS[:6], 4, 0, 0)
+    # The client had several requests in flight, but the server never ran two at once.
+    assert _max_depth(dict(result.responses)) >= 2
+    assert result.server_busy_max == 1
+
+
+def test_interrupt_joins_every_thread() -> None:
+    calls = []
+
+    def interrupt_once(resp: RawResponse) -> None:
+        calls.append(resp.test_id)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered to the main thread
+
+    with MockServer(parallel=2, knobs=SLOW) as server:
+        with pytest.raises(KeyboardInterrupt):
+            run_concurrent_pass(
+                server.base_url, TEMPLATE, ITEMS, 2, 0, 0, on_done=interrupt_once
+            )
+    assert len(calls) < len(ITEMS)  # stopped handing out work
+    assert not [t for t in threading.enumerate() if t.name.startswith("bi-worker")]
+    assert not [t for t in threading.enumerate() if t.name == "bi-busy-sampler" and t.is_alive()]

@@ -1,0 +1,235 @@
+"""run_cell / finish_cell end to end over the mock: each knob drives the verdict it should."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from batch_invariance.driver import CellPlan, CellRun, ServerHandle, finish_cell, run_cell
+from batch_invariance.errors import UsageError
+from batch_invariance.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
+from batch_invariance.mock_server import MockKnobs, MockLauncher
+from batch_invariance.progress import Progress
+from batch_invariance.scorer_api import Completion, ExactMatchScorer, Score, Scorer
+from batch_invariance.verdict import Verdict, decide
+from batch_invariance.workset import WorkItem
+
+QUESTIONS = (
+    ("add", "What is 17 + 25?", "42"),
+    ("mul", "What is 12 * 7?", "84"),
+    ("sub", "What is 100 - 58?", "42"),
+    ("fr", "What is the capital of France?", "Paris"),
+    ("jp", "What is the capital of Japan?", "Tokyo"),
+    ("code", "The secret code is ZX-9. What is the secret code?", "ZX-9"),
+    ("rev", "Reverse the word planet.", "tenalp"),
+    ("len", "How many letters in invariance?", "10"),
+)
+ITEMS = tuple(
+    WorkItem(tid, prompt, None, expected, family=tid[:2]) if k % 2 else
+    WorkItem(tid, None, (("user", prompt),), expected, family=tid[:2])
+    for k, (tid, prompt, expected) in enumerate(QUESTIONS)
+)  # fmt: skip
+POLICY = GatePolicy()
+
+
+def plan(**kw: object) -> CellPlan:
+    base: dict[str, object] = {
+        "items": ITEMS, "ctx": 512, "parallel": 4, "gate_passes": 6, "n_predict": 16,
+        "seed": 1, "req_timeout": 10.0,
+    }  # fmt: skip
+    base.update(kw)
+    return CellPlan(**base)  # type: ignore[arg-type]
+
+
+class CountingLauncher:
+    """Wraps MockLauncher and records how many servers were up at once (a fake, not a patch)."""
+
+    def __init__(self, knobs: MockKnobs) -> None:
+        self.inner = MockLauncher(knobs)
+        self.open = 0
+        self.max_open = 0
+        self.calls: list[tuple[str, int, int]] = []
+
+    @contextmanager
+    def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[ServerHandle]:
+        self.calls.append((arm, parallel, ctx))
+        with self.inner.launch(arm, parallel, ctx) as handle:
+            self.open += 1
+            self.max_open = max(self.max_open, self.open)
+            try:
+                yield handle
+            finally:
+                self.open -= 1
+
+
+def cell(knobs: MockKnobs, scorer: Scorer | None = None, **kw: object) -> tuple[CellRun, Verdict]:
+    run = run_cell(plan(**kw), MockLauncher(knobs), scorer or ExactMatchScorer())
+    return run, decide(run.evidence, POLICY)
+
+
+def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
+    launcher = CountingLauncher(MockKnobs())
+    run = run_cell(plan(), launcher, ExactMatchScorer())
+    verdict = decide(run.evidence, POLICY)
+    assert verdict.status == "green", verdict.decision_reasons
+    # One server at a time: A on --parallel 1, then B/C on --parallel N.
+    assert launcher.calls == [("A", 1, 512), ("BC", 4, 512)]
+    assert launcher.max_open == 1 and run.launches == 2
+    ev = run.evidence
+    ids = {i.test_id for i in ITEMS}
+    assert set(ev.a) == set(ev.b) == ids
+    assert ev.a_repeat is not None and set(ev.a_repeat) == ids
+    assert len(ev.c_passes) == 6 and all(set(p.trials) == ids for p in ev.c_passes)
+    assert all(p.server_busy_max is not None and p.server_busy_max >= 2 for p in ev.c_passes)
+    assert len({p.order for p in ev.c_passes}) > 1  # shuffled per pass
+    t = ev.a["fr"]
+    assert (t.score, t.passed, t.extracted_answer, t.failure_mode) == (1.0, True, "Paris", "ok")
+    assert t.prompt_tokens_measured is not None and t.prompt_tokens_measured > 0
+    assert t.content_sha256 is not None and len(t.content_sha256) == 64
+    assert t.tokens == ("Paris",) and t.token_logprobs is not None and t.has_interval
+    assert [s.role for s in run.servers] == ["A", "BC"]
+    assert "--parallel" in run.servers[1].argv and run.kv_label.startswith("mock:")
+    assert run.request_template["cache_prompt"] is False
+    assert run.arm_wall_s("C") > 0 and run.server_ms()[1] > 0
+    prov = run.provenance()
+    assert json.loads(json.dumps(prov))["server_launches"] == 2
+    assert set(prov["timing"]["arm_wall_s"]) == {"A", "A_repeat", "B", "C"}
+
+
+def test_red_on_cobatch_divergence() -> None:
+    _, verdict = cell(MockKnobs(cobatch_divergence=True))
+    assert verdict.status == "failed"
+    assert verdict.divergence_class == "co_batching"  # B (serial on N slots) stayed clean
+    assert verdict.reports.ac.n_divergent >= 1
+
+
+def test_amber_on_token_only_divergence() -> None:
+    run, verdict = cell(MockKnobs(token_divergence=True))
+    assert verdict.status == "green_with_caveat", verdict.decision_reasons
+    assert verdict.reports.ac.n_divergent == 0
+    assert verdict.reports.ac.n_token_only >= 1
+    assert run.evidence.a["fr"].invariant() == run.evidence.c_passes[0].trials["fr"].invariant()
+
+
+def test_unverified_on_http_errors_under_load() -> None:
+    run, verdict = cell(MockKnobs(http_error_min_busy=2))
+    assert verdict.status == "green_unverified"
+    modes = {t.failure_mode for p in run.evidence.c_passes for t in p.trials.values()}
+    assert "http_error" in modes
+    assert all(t.failure_mode == "ok" for t in run.evidence.a.values())
+
+
+def test_unverified_on_hung_requests() -> None:
+    knobs = MockKnobs(hang_if_contains=("secret code",), hang_s=0.6)
+    run, verdict = cell(knobs, req_timeout=0.3, gate_passes=1)
+    assert verdict.status == "green_unverified"
+    assert run.evidence.a["code"].failure_mode == "timeout"
+    assert run.evidence.a["code"].failure_mode in TRANSPORT_MODES
+    assert any("transport" in r.lower() or "timeout" in r.lower() for r in verdict.decision_reasons)
+
+
+def test_unverified_on_empty_completions() -> None:
+    knobs = MockKnobs(empty_if_contains=("capital", "What is 1"))
+    run, verdict = cell(knobs)
+    assert verdict.status == "green_unverified"
+    assert run.evidence.a["fr"].failure_mode == "empty"
+    assert not verdict.gates.floor.ok
+
+
+def test_parallel_one_behind_the_c_arm_is_unverified_never_green() -> None:
+    run, verdict = cell(MockKnobs(bc_parallel_override=1))
+    assert verdict.status == "green_unverified"
+    assert not verdict.gates.overlap.ok
+    assert all(p.server_busy_max == 1 for p in run.evidence.c_passes)
+
+
+def test_stochastic_divergence_breaks_the_serial_repeat() -> None:
+    _, verdict = cell(MockKnobs(divergence_probability=0.3, seed=5), gate_passes=2)
+    assert verdict.status != "green"
+    assert not verdict.gates.serial_repeat.ok
+
+
+def test_server_gone_mid_run_is_recorded_not_raised() -> None:
+    run, verdict = cell(MockKnobs(die_after_requests=3), gate_passes=1)
+    modes = [t.failure_mode for t in run.evidence.a.values()]
+    assert modes[:3] == ["ok", "ok", "ok"]
+    assert set(modes[3:]) == {"server_gone"}
+    assert verdict.status == "green_unverified"
+
+
+def test_no_serial_repeat_and_completions_endpoint() -> None:
+    run, verdict = cell(MockKnobs(), serial_repeat=False, endpoint="completions")
+    assert run.evidence.a_repeat is None
+    assert verdict.status == "green"
+    assert run.request_template["endpoint"] == "completions"
+
+
+class RaisingScorer(Scorer):
+    scorer_id = "raises"
+
+    def extract_answer(self, text: str, item: WorkItem) -> str | None:
+        if item.test_id == "fr":
+            raise RuntimeError("cannot parse")
+        return text.strip()
+
+    def classify_failure_mode(
+        self, completion: Completion, item: WorkItem, extracted: str | None
+    ) -> str:
+        return "ok"
+
+    def score(self, extracted: str | None, expected: str | None, item: WorkItem) -> Score:
+        return Score(1.0 if extracted == expected else 0.0, extracted == expected)
+
+
+def test_scorer_that_raises_records_scorer_error_and_keeps_every_id() -> None:
+    run, _ = cell(MockKnobs(), scorer=RaisingScorer(), gate_passes=1)
+    ids = {i.test_id for i in ITEMS}
+    for arm in (run.evidence.a, run.evidence.b, run.evidence.c_passes[0].trials):
+        assert set(arm) == ids
+        assert arm["fr"].failure_mode == "scorer_error"
+        assert arm["jp"].failure_mode == "ok"
+    assert any("scorer raised" in n and "cannot parse" in n for n in run.notes)
+    assert run.scorer_id == "raises"
+
+
+def test_bad_plans_are_usage_errors() -> None:
+    with pytest.raises(UsageError):
+        run_cell(plan(items=()), MockLauncher(), ExactMatchScorer())
+    with pytest.raises(UsageError):
+        run_cell(plan(gate_passes=0), MockLauncher(), ExactMatchScorer())
+    dup = (ITEMS[0], ITEMS[0])
+    with pytest.raises(UsageError):
+        run_cell(plan(items=dup), MockLauncher(), ExactMatchScorer())
+
+
+def test_progress_draws_only_when_enabled() -> None:
+    quiet, loud = io.StringIO(), io.StringIO()
+    run_cell(plan(gate_passes=1), MockLauncher(), ExactMatchScorer(), progress=Progress(quiet))
+    assert quiet.getvalue() == ""  # a StringIO is not a TTY
+    progress = Progress(loud, enabled=True, min_interval_s=0.0)
+    run_cell(plan(gate_passes=2), MockLauncher(), ExactMatchScorer(), progress=progress)
+    text = loud.getvalue()
+    assert "arm A" in text and "arm B" in text and "arm C pass 2/2" in text
+    assert f"{len(ITEMS) * 5}/{len(ITEMS) * 5}" in text and "ETA" in text
+
+
+def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
+    run = run_cell(plan(), MockLauncher(MockKnobs(cobatch_divergence=True)), ExactMatchScorer())
+    spec = CellSpec(model="mock", ctx=512, dispatch_n=4, kv_label=run.kv_label, reps=1)
+    done = finish_cell(run, spec, POLICY, {"tool_version": "test"}, "mock", tmp_path)
+    assert done.path == tmp_path / "mock__ctx512__N4.json"
+    assert done.superseded is None
+    data = json.loads(done.path.read_text())
+    assert data["status"] == "failed" == done.verdict.status
+    assert data["source"] == "mock"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["ts_utc"])
+    assert data["provenance"]["request_template"]["cache_prompt"] is False
+    assert data["provenance"]["tool_version"] == "test"
+    again = finish_cell(run, spec, POLICY, {}, "mock", tmp_path, ts_utc="2030-01-01T00:00:00Z")
+    assert again.superseded is not None and again.superseded.exists()

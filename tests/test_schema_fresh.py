@@ -1,0 +1,36 @@
+"""docs/cert.schema.json must be exactly what the pydantic model generates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from batch_invariance.certificate import schema_text
+from factories import cert_for
+
+SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "cert.schema.json"
+
+
+def test_schema_file_is_fresh() -> None:
+    assert SCHEMA.exists(), "run: python -m batch_invariance.certstore --write-schema " + str(
+        SCHEMA
+    )
+    assert SCHEMA.read_text(encoding="utf-8") == schema_text(), (
+        "docs/cert.schema.json is stale; regenerate it with "
+        "`python -m batch_invariance.certstore --write-schema docs/cert.schema.json`"
+    )
+
+
+def test_schema_names_every_top_level_field_as_required() -> None:
+    schema = json.loads(schema_text())
+    cert = cert_for()[0].model_dump(mode="json")
+    assert set(schema["properties"]) == set(cert)
+    assert set(schema["required"]) == set(cert)
+    assert schema.get("additionalProperties") is False
+
+
+def test_output_contract_doc_mentions_every_field() -> None:
+    doc = (SCHEMA.parent / "output-contract.md").read_text(encoding="utf-8")
+    cert = cert_for()[0].model_dump(mode="json")
+    missing = [k for k in cert if f"`{k}`" not in doc]
+    assert not missing, f"docs/output-contract.md does not document {missing}"

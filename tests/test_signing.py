@@ -1,0 +1,256 @@
+"""Sigstore signing and verification.
+
+Verification runs offline against a real public-good bundle (``../shared/fixtures/sigstore``
+beside the checkout: a PyPI wheel signed in GitHub Actions); the tests skip when that folder
+is absent. Signing runs up to the network boundary: ambient identity detection (against a
+loopback stand-in for the Actions OIDC endpoint), token checks and the atomic bundle write,
+with a fake in place of Fulcio/Rekor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.errors import CertInvalid, InfraError, UsageError
+from batch_invariance.signing import (
+    GITHUB_ACTIONS_ISSUER,
+    bundle_path_for,
+    detect_token,
+    identity_of,
+    sign_file,
+    verify_bundle,
+)
+from test_action import FakeSigner, fake_github_jwt, oidc_endpoint, with_process_env
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO.parent / "shared" / "fixtures" / "sigstore"
+WHEEL = "rfc8785-0.1.2-py3-none-any.whl"
+IDENTITY = (
+    "https://github.com/trailofbits/rfc8785.py/.github/workflows/release.yml@refs/tags/v0.1.2"
+)
+REPOSITORY = "trailofbits/rfc8785.py"
+
+needs_fixture = pytest.mark.skipif(
+    not (FIXTURES / WHEEL).is_file() or not (FIXTURES / f"{WHEEL}.sigstore.json").is_file(),
+    reason=f"sigstore fixture folder absent: {FIXTURES}",
+)
+
+
+@pytest.fixture
+def signed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A writable copy of the fixture wheel and its bundle, with a writable HOME."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    artifact = tmp_path / WHEEL
+    bundle = tmp_path / f"{WHEEL}.sigstore.json"
+    shutil.copyfile(FIXTURES / WHEEL, artifact)
+    shutil.copyfile(FIXTURES / f"{WHEEL}.sigstore.json", bundle)
+    return artifact, bundle
+
+
+def _verify(artifact: Path, bundle: Path, identity: str = IDENTITY, **kw: object) -> None:
+    verify_bundle(
+        artifact,
+        bundle,
+        identity,
+        str(kw.get("issuer", GITHUB_ACTIONS_ISSUER)),
+        kw.get("repository", REPOSITORY),  # type: ignore[arg-type]
+        True,
+    )
+
+
+# --------------------------------------------------------------------------- verification
+
+
+@needs_fixture
+def test_good_bundle_verifies_offline(signed: tuple[Path, Path]) -> None:
+    artifact, bundle = signed
+    _verify(artifact, bundle)
+    _verify(artifact, bundle, repository=None)
+
+
+@needs_fixture
+def test_failures_each_have_their_own_message(signed: tuple[Path, Path]) -> None:
+    artifact, bundle = signed
+    messages: dict[str, str] = {}
+
+    with pytest.raises(CertInvalid) as wrong_identity:
+        _verify(artifact, bundle, identity=IDENTITY.replace("v0.1.2", "v9.9.9"))
+    messages["identity"] = str(wrong_identity.value)
+
+    with pytest.raises(CertInvalid) as wrong_issuer:
+        _verify(artifact, bundle, issuer="https://accounts.google.com")
+    messages["issuer"] = str(wrong_issuer.value)
+
+    with pytest.raises(CertInvalid) as wrong_repo:
+        _verify(artifact, bundle, repository="octo/other")
+    messages["repository"] = str(wrong_repo.value)
+
+    changed = artifact.read_bytes()
+    middle = len(changed) // 2
+    artifact.write_bytes(changed[:middle] + bytes([changed[middle] ^ 0x01]) + changed[middle + 1 :])
+    with pytest.raises(CertInvalid) as changed_byte:
+        _verify(artifact, bundle)
+    messages["byte"] = str(changed_byte.value)
+
+    with pytest.raises(CertInvalid) as missing:
+        _verify(artifact, bundle.with_name("absent.sigstore.json"))
+    messages["missing"] = str(missing.value)
+
+    corrupt = bundle.with_name("corrupt.sigstore.json")
+    corrupt.write_text('{"mediaType": "nope"}')
+    with pytest.raises(CertInvalid) as corrupt_exc:
+        _verify(artifact, corrupt)
+    messages["corrupt"] = str(corrupt_exc.value)
+
+    assert messages["identity"].startswith("signature identity mismatch: signed by")
+    assert IDENTITY in messages["identity"]
+    assert messages["issuer"].startswith("signature issuer mismatch")
+    assert messages["repository"].startswith("signature repository mismatch")
+    assert messages["byte"].startswith("signature does not cover these bytes (digest mismatch)")
+    assert messages["missing"].startswith("signature bundle missing")
+    assert messages["corrupt"].startswith("signature bundle corrupt")
+    heads = {m.split(":", 1)[0] for m in messages.values()}
+    assert len(heads) == len(messages), messages
+    assert all("\n" not in m for m in messages.values())
+
+
+def test_missing_bundle_needs_no_fixture(tmp_path: Path) -> None:
+    artifact = tmp_path / "cert.json"
+    artifact.write_text("{}")
+    with pytest.raises(CertInvalid, match="signature bundle missing"):
+        verify_bundle(
+            artifact, bundle_path_for(artifact), IDENTITY, GITHUB_ACTIONS_ISSUER, None, True
+        )
+    with pytest.raises(UsageError, match="identity and an OIDC issuer"):
+        verify_bundle(artifact, bundle_path_for(artifact), "", GITHUB_ACTIONS_ISSUER, None, True)
+
+
+# --------------------------------------------------------------------------- signing
+
+
+@pytest.fixture(scope="module")
+def mock_cert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real (mock-source) cert written by run-mock."""
+    from batch_invariance.cli import main
+
+    out = tmp_path_factory.mktemp("certs")
+    assert main(["run-mock", "--out-dir", str(out)]) == 0
+    return next(p for p in out.glob("*.json") if ".superseded-" not in p.name)
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "ACTIONS_", "INPUT_"))
+    }
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("in_actions", [False, True], ids=["no-ci", "actions-without-permission"])
+def test_sign_without_identity_fails_with_one_line(
+    mock_cert: Path, tmp_path: Path, in_actions: bool
+) -> None:
+    cert = tmp_path / mock_cert.name
+    shutil.copyfile(mock_cert, cert)
+    env = _clean_env(HOME=str(tmp_path), **({"GITHUB_ACTIONS": "true"} if in_actions else {}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "batch_invariance", "sign", str(cert)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == exitcodes.USAGE
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "permissions: id-token: write" in lines[0]
+    assert not bundle_path_for(cert).exists()
+
+
+def test_sign_rejects_a_malformed_token_before_any_network(mock_cert: Path, tmp_path: Path) -> None:
+    cert = tmp_path / mock_cert.name
+    shutil.copyfile(mock_cert, cert)
+    proc = subprocess.run(
+        [sys.executable, "-m", "batch_invariance", "sign", str(cert), "--identity-token", "x.y"],
+        env=_clean_env(HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == exitcodes.USAGE
+    assert "identity token rejected" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_sign_refuses_a_tampered_cert(mock_cert: Path, tmp_path: Path) -> None:
+    cert = tmp_path / mock_cert.name
+    data = json.loads(mock_cert.read_text())
+    data["status"] = "failed" if data["status"] != "failed" else "green"
+    cert.write_text(json.dumps(data, sort_keys=True, indent=2))
+    proc = subprocess.run(
+        [sys.executable, "-m", "batch_invariance", "sign", str(cert), "--identity-token",
+         fake_github_jwt()],
+        env=_clean_env(HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == exitcodes.CERT_INVALID
+    assert not bundle_path_for(cert).exists()
+
+
+def test_ambient_github_identity_is_detected(tmp_path: Path) -> None:
+    token = fake_github_jwt()
+    with oidc_endpoint(token) as url:
+        patch = with_process_env(
+            {
+                "GITHUB_ACTIONS": "true",
+                "ACTIONS_ID_TOKEN_REQUEST_URL": url,
+                "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "request-token",
+                "NO_PROXY": "127.0.0.1,localhost",
+            }
+        )
+        try:
+            assert detect_token(None) == token
+        finally:
+            patch.undo()
+    who = identity_of(token)
+    assert who.identity == f"https://github.com/{'octo/repo/.github/workflows/cell.yml'}" + (
+        "@refs/heads/main"
+    )
+    assert who.issuer == GITHUB_ACTIONS_ISSUER
+
+
+def test_expired_token_is_rejected() -> None:
+    with pytest.raises(UsageError, match="identity token rejected"):
+        identity_of(fake_github_jwt(lifetime_s=-3600))
+
+
+def test_sign_file_writes_bundle_atomically_and_keeps_old_one_on_failure(tmp_path: Path) -> None:
+    artifact = tmp_path / "cell.json"
+    artifact.write_text('{"status": "green"}\n')
+    signer = FakeSigner()
+    signed = sign_file(artifact, fake_github_jwt(), signer)
+    assert signed.bundle == tmp_path / "cell.json.sigstore.json"
+    first = signed.bundle.read_text()
+    assert json.loads(first)["n_bytes"] == artifact.stat().st_size
+    assert signer.calls[0][0] == artifact.read_bytes()
+
+    class Failing:
+        def sign(self, payload: bytes, token: str) -> str:
+            raise InfraError("sigstore signing failed: no network")
+
+    with pytest.raises(InfraError):
+        sign_file(artifact, fake_github_jwt(), Failing())
+    assert signed.bundle.read_text() == first, "a failed signing never replaces a bundle"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cell.json", "cell.json.sigstore.json"]
