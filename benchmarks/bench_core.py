@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from batch_invariance.diff import compare
 from batch_invariance.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
+from batch_invariance.gates import cobatched_flags
 from batch_invariance.verdict import decide
 
 
@@ -79,15 +80,24 @@ def main() -> None:
     t1 = time.perf_counter()
     ac = compare("AC", ev.a, [(p.index, p.trials) for p in ev.c_passes], ev.items)
     t2 = time.perf_counter()
+    c2 = time.process_time()
     verdict = decide(ev, GatePolicy())
     t3 = time.perf_counter()
+    c3 = time.process_time()
     print(f"ids={args.ids} passes={args.passes} comparisons={args.ids * args.passes}")
     print(f"build evidence (not core): {t1 - t0:.2f} s")
     print(f"diff AC alone:             {t2 - t1:.2f} s (divergent ids: {ac.n_divergent})")
     print(
-        f"decide (AC+AB+BC diff, gates, verdict): {t3 - t2:.2f} s -> {verdict.status} "
+        f"decide (AC+AB+BC diff, gates, verdict): {t3 - t2:.2f} s wall, {c3 - c2:.2f} s CPU "
+        f"-> {verdict.status} "
         f"({verdict.divergence_class}), n_hot_trials={verdict.sensitivity.n_hot_trials}"
     )
+    # Scaling of the co-batch coverage sweep alone: quadratic would grow ~16x per 4x ids.
+    for n in (25_000, 100_000, 400_000):
+        spans = [(k * 0.001, k * 0.001 + 0.5) for k in range(n)]
+        t4 = time.perf_counter()
+        cobatched_flags(spans, 0.005)
+        print(f"co-batch coverage sweep, {n:>7} intervals: {time.perf_counter() - t4:.3f} s")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ def test_write_is_canonical_and_reads_back(tmp_path: Path) -> None:
     assert read_cert(written.path) == cert
     # No temp files left behind.
     assert [p.name for p in (tmp_path / "new").iterdir()] == [written.path.name]
+    assert written.path.stat().st_mode & 0o777 == 0o644
 
 
 def test_existing_cert_is_moved_aside_never_overwritten(tmp_path: Path) -> None:

@@ -43,12 +43,18 @@ def test_serial_never_overlaps_even_on_a_parallel_server() -> None:
     with MockServer(parallel=4, knobs=SLOW) as server:
         done: list[str] = []
         out = run_serial(
-            server.base_url, TEMPLATE, ITEMS[:6], server.check_alive, lambda r: done.append(r.test_id)
+            server.base_url,
+            TEMPLATE,
+            ITEMS[:6],
+            server.check_alive,
+            lambda r: done.append(r.test_id),
         )
         assert server.stats.max_busy == 1
     assert list(out) == [i.test_id for i in ITEMS[:6]] == done
     assert _max_depth(out) == 1
-    assert all(r.ok and r.text == i.expected_answer for r, i in zip(out.values(), ITEMS, strict=False))
+    assert all(
+        r.ok and r.text == i.expected_answer for r, i in zip(out.values(), ITEMS, strict=False)
+    )
 
 
 def test_concurrent_pass_really_overlaps_and_the_server_says_so() -> None:
@@ -96,11 +102,8 @@ def test_interrupt_joins_every_thread() -> None:
         if len(calls) == 1:
             os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered to the main thread
 
-    with MockServer(parallel=2, knobs=SLOW) as server:
-        with pytest.raises(KeyboardInterrupt):
-            run_concurrent_pass(
-                server.base_url, TEMPLATE, ITEMS, 2, 0, 0, on_done=interrupt_once
-            )
+    with MockServer(parallel=2, knobs=SLOW) as server, pytest.raises(KeyboardInterrupt):
+        run_concurrent_pass(server.base_url, TEMPLATE, ITEMS, 2, 0, 0, on_done=interrupt_once)
     assert len(calls) < len(ITEMS)  # stopped handing out work
     assert not [t for t in threading.enumerate() if t.name.startswith("bi-worker")]
     assert not [t for t in threading.enumerate() if t.name == "bi-busy-sampler" and t.is_alive()]

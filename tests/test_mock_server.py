@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import requests
@@ -177,13 +178,13 @@ def test_empty_and_hang_knobs() -> None:
 
 
 def test_cobatch_and_token_divergence_knobs() -> None:
-    slow = {"token_delay_s": 0.03, "prompt_token_delay_s": 0.0}
-    with MockServer(parallel=4, knobs=MockKnobs(cobatch_divergence=True, **slow)) as server:
+    slow = MockKnobs(token_delay_s=0.03, prompt_token_delay_s=0.0)
+    with MockServer(parallel=4, knobs=replace(slow, cobatch_divergence=True)) as server:
         alone = _chat(server.base_url, "What is 2 + 2?").json()
         assert alone["choices"][0]["message"]["content"] == "4"
         together = {r.json()["choices"][0]["message"]["content"] for r in _fire(server.base_url, 4)}
         assert "5" in together  # co-batched requests changed their answer
-    with MockServer(parallel=4, knobs=MockKnobs(token_divergence=True, **slow)) as server:
+    with MockServer(parallel=4, knobs=replace(slow, token_divergence=True)) as server:
         together = {r.json()["choices"][0]["message"]["content"] for r in _fire(server.base_url, 4)}
         assert {t.strip() for t in together} == {"4"}
         assert "4\n" in together  # same answer, different content and tokens

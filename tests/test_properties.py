@@ -298,3 +298,17 @@ def test_build_cert_is_deterministic() -> None:
     a = build_cert(ev, v, spec(), POLICY, PROVENANCE, "live", TS)
     b = build_cert(ev, v, spec(), POLICY, PROVENANCE, "live", TS)
     assert a == b and a.digest == b.digest
+
+
+@FAST
+@given(st.data())
+def test_report_agrees_with_classify_on_single_comparisons(data: st.DataObject) -> None:
+    from batch_invariance.diff import classify, diff_pair
+
+    x = data.draw(trials("a"))
+    y = data.draw(st.one_of(trials("a"), st.builds(lambda t: changed(t), st.just(x))))
+    r = diff_pair("AB", {"a": x}, {"a": y})
+    outcome = classify(x, y)
+    assert (outcome == "divergent") == (r.n_divergent == 1)
+    assert (outcome == "token_only") == (r.n_token_only == 1)
+    assert (outcome == "skipped") == (r.transport_skipped_ids == ("a",))

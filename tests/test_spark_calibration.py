@@ -13,7 +13,7 @@ import pytest
 
 from batch_invariance.driver import CellPlan, ServerHandle, run_cell
 from batch_invariance.evidence import OK
-from batch_invariance.mock_server import MockLauncher, tokenize
+from batch_invariance.mock_server import MockKnobs, MockLauncher, tokenize
 from batch_invariance.profiles import resolve_profile_run
 from batch_invariance.profiles.calibration import PrelaunchedLauncher
 from batch_invariance.profiles.tokens import server_token_counter
@@ -22,7 +22,7 @@ from batch_invariance.profiles.tokens import server_token_counter
 def test_profile_cell_calibrates_on_the_a_server_and_launches_it_once() -> None:
     ctx = 4096
     run = resolve_profile_run("spark", None, None, {"corner": "short"}, env={})
-    inner = MockLauncher()
+    inner = MockLauncher(MockKnobs(token_delay_s=0.002, prompt_token_delay_s=0.0))
     with PrelaunchedLauncher(inner, ctx=ctx) as pre:
         counter = server_token_counter(pre.handle.base_url)
         workset = run.build_workset(ctx, counter)

@@ -32,6 +32,7 @@ from batch_invariance.certificate import Cert, compute_digest, schema_text
 from batch_invariance.errors import CertInvalid
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_FILE_MODE = 0o644
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ def atomic_write_text(path: Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp creates 0600; a cert is meant to be read by others (CI, reviewers).
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -125,6 +128,8 @@ def write_cert(out_dir: Path, cert: Cert) -> WrittenCert:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp creates 0600; a cert is meant to be read by others (CI, reviewers).
+        os.chmod(tmp, _FILE_MODE)
         if target.exists():
             superseded = _aside_name(target, cert.ts_utc)
             os.replace(target, superseded)

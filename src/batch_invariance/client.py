@@ -223,7 +223,9 @@ def parse_logprobs(block: Any) -> TokenLogprobs | None:
         tokens.append(str(entry.get("token", "")))
         logprobs.append(_as_float(entry.get("logprob")))
         margins2.append(_margin(entry.get("top_logprobs")))
-    return TokenLogprobs(tokens=tuple(tokens), logprobs=_complete(logprobs), margins=tuple(margins2))
+    return TokenLogprobs(
+        tokens=tuple(tokens), logprobs=_complete(logprobs), margins=tuple(margins2)
+    )
 
 
 def _complete(values: Sequence[float | None]) -> tuple[float, ...] | None:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from batch_invariance.evidence import INVARIANT_FIELDS, ItemMeta, Trial
+from batch_invariance.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, ItemMeta, Trial
 
 #: Length of the completion excerpts carried in per-id rows (first characters, no marker, so
 #: that an excerpt of an excerpt is the excerpt itself).
@@ -261,6 +261,28 @@ def _row(
     )
 
 
+_Facts = tuple[Trial, tuple[Any, ...], "str | None", bool]
+
+
+def _facts(t: Trial) -> _Facts:
+    return (t, _fast_key(t), content_key(t), t.failure_mode in TRANSPORT_MODES)
+
+
+def _outcome(xf: _Facts, yf: _Facts) -> Outcome:
+    """:func:`classify` for two present trials, on precomputed facts."""
+    if xf[3] or yf[3]:
+        return "skipped"
+    x, y = xf[0], yf[0]
+    if xf[1] != yf[1] and differing_fields(x, y):
+        return "divergent"
+    kx, ky = xf[2], yf[2]
+    if kx is not None and ky is not None and kx != ky:
+        return "token_only"
+    if x.tokens is not None and y.tokens is not None and tuple(x.tokens) != tuple(y.tokens):
+        return "token_only"
+    return "clean"
+
+
 def classify(x: Trial | None, y: Trial | None) -> Outcome:
     """The outcome of one comparison (see the module docstring)."""
     if x is None or y is None:
@@ -296,13 +318,25 @@ def compare(
     rows: list[DivergenceRow] = []
     drift: dict[str, float] = {}
     per_pass: list[PassCount] = []
-    x_ids = set(x)
+    # Per-trial facts are computed once per trial, not once per comparison: A is compared
+    # with every pass, and this loop is the hot path of the whole core.
+    x_facts = {tid: _facts(t) for tid, t in x.items()}
     for pass_index, y in ys:
         counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
-        for test_id in x_ids | set(y):
-            xt = x.get(test_id)
+        for test_id in x_facts.keys() | y.keys():
+            xf = x_facts.get(test_id)
             yt = y.get(test_id)
-            outcome = classify(xt, yt)
+            if xf is None or yt is None:
+                counts["divergent"] += 1
+                compared.add(test_id)
+                divergent.add(test_id)
+                xt_missing = None if xf is None else xf[0]
+                (only_y if xf is None else only_x).add(test_id)
+                rows.append(_row(test_id, pass_index, xt_missing, yt, "missing"))
+                continue
+            xt = xf[0]
+            yf = _facts(yt)
+            outcome = _outcome(xf, yf)
             counts[outcome] += 1
             if outcome == "skipped":
                 skipped.add(test_id)
@@ -310,22 +344,15 @@ def compare(
             compared.add(test_id)
             if outcome == "divergent":
                 divergent.add(test_id)
-                if xt is None:
-                    only_y.add(test_id)
-                    rows.append(_row(test_id, pass_index, xt, yt, "missing"))
-                elif yt is None:
-                    only_x.add(test_id)
-                    rows.append(_row(test_id, pass_index, xt, yt, "missing"))
-                else:
-                    rows.append(_row(test_id, pass_index, xt, yt, "invariant"))
+                rows.append(_row(test_id, pass_index, xt, yt, "invariant"))
                 continue
-            assert xt is not None and yt is not None
             if outcome == "token_only":
                 token_only.add(test_id)
                 rows.append(_row(test_id, pass_index, xt, yt, "token_only"))
-            delta = _logit_delta(xt, yt)
-            if delta is not None and delta > 0.0:
-                drift[test_id] = max(delta, drift.get(test_id, 0.0))
+            if xt.token_logprobs is not None and yt.token_logprobs is not None:
+                delta = _logit_delta(xt, yt)
+                if delta is not None and delta > 0.0:
+                    drift[test_id] = max(delta, drift.get(test_id, 0.0))
         if pass_index is not None:
             per_pass.append(
                 PassCount(

@@ -214,10 +214,12 @@ def run_concurrent_pass(
         stop.set()
         barrier.abort()
         sampler.stop_event.set()
-        join_limit = template.timeout_s + 5.0
+        # A worker blocked in a request returns within the request timeout; one deadline for
+        # all of them, so N stuck workers never cost N timeouts.
+        deadline = time.monotonic() + template.timeout_s + 5.0
         for thread in threads:
-            if thread.is_alive() or thread.ident is not None:
-                thread.join(timeout=join_limit)
+            if thread.ident is not None:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if sampler.ident is not None:
             sampler.join(timeout=5.0)
     wall = time.monotonic() - started

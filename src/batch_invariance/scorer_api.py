@@ -154,8 +154,13 @@ def evaluate(scorer: Scorer, item: WorkItem, completion: Completion) -> ScoreRes
             passed=None,
             extracted_answer=None,
             failure_mode=SCORER_ERROR,
-            error=f"{type(exc).__name__}: {exc}",
+            error=_one_line(exc),
         )
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Kind: message`` with the message's whitespace (newlines included) collapsed."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def _import_target(module_part: str) -> Any:
@@ -191,7 +196,7 @@ def load_scorer(spec: str | None) -> Scorer:
         raise
     except Exception as exc:
         raise UsageError(
-            f"--scorer {spec!r}: importing {module_part} failed: {type(exc).__name__}: {exc}"
+            f"--scorer {spec!r}: importing {module_part} failed: {_one_line(exc)}"
         ) from None
     try:
         target = getattr(module, name)
@@ -203,9 +208,7 @@ def load_scorer(spec: str | None) -> Scorer:
         try:
             instance = target()
         except Exception as exc:
-            raise UsageError(
-                f"--scorer {spec!r}: {name}() failed: {type(exc).__name__}: {exc}"
-            ) from None
+            raise UsageError(f"--scorer {spec!r}: {name}() failed: {_one_line(exc)}") from None
         if instance.scorer_id == Scorer.scorer_id:
             instance.scorer_id = spec
         return instance

@@ -18,6 +18,10 @@ TokenCounter = Callable[[str], int]
 #: How far (relative) a fitted prompt may land from its target.
 TOLERANCE = 0.03
 
+#: The lines that open and close the document in every prompt.
+DOC_START = "--- DOCUMENT ---"
+DOC_END = "--- END OF DOCUMENT ---"
+
 _PIECE = re.compile(r"\w+\s*|[^\w\s]\s*")
 
 
@@ -90,7 +94,7 @@ def assemble(parts: PromptParts, pieces: Sequence[str], starts: Sequence[int]) -
     if tail:
         chunks.append(tail)
     document = "\n\n".join(chunks)
-    return f"{parts.intro}\n\n<document>\n{document}\n</document>\n\n{parts.question}"
+    return f"{parts.intro}\n\n{DOC_START}\n{document}\n{DOC_END}\n\n{parts.question}"
 
 
 def fit_prompt(

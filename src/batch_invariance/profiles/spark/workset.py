@@ -35,8 +35,8 @@ CORNERS: Mapping[str, tuple[float, ...]] = {
 DEFAULT_CORNER = "balanced"
 
 INTRO = (
-    "Read the document below. It mixes stories, news items and code; the question after it "
-    "refers to specific passages inside it."
+    "Read the document below, then answer the question that follows it. The document mixes "
+    "stories, news items and code; the question is about specific passages inside it."
 )
 
 

@@ -1,0 +1,131 @@
+"""The Action's entrypoint in live mode on the embedded default (real llama-server + model).
+
+Runs ``python -m batch_invariance.action`` as the runner would, with no server-bin/model so
+the entrypoint provisions the embedded default itself, on a tiny work-set with short
+generations and two C passes (well under 90 s on 2 cores). Signing is off here: there is no
+OIDC identity outside GitHub Actions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.provision import cache_root, provision
+
+pytestmark = pytest.mark.live
+
+PROMPTS = [
+    "Name the capital of France in one word.",
+    "What is 7 plus 5? Answer with a number.",
+    "List three primary colors.",
+    "Give a synonym for 'quick'.",
+]
+
+
+def _env(tmp_path: Path, **inputs: str) -> dict[str, str]:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (tmp_path / "out").touch()
+    (tmp_path / "summary").touch()
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("INPUT_", "GITHUB_", "ACTIONS_"))
+    }
+    env.update(
+        {
+            "GITHUB_ACTIONS": "true",
+            "GITHUB_WORKSPACE": str(workspace),
+            "GITHUB_OUTPUT": str(tmp_path / "out"),
+            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
+            # The entrypoint provisions from the same cache the suite already filled.
+            "BATCH_INVARIANCE_CACHE": str(cache_root()),
+        }
+    )
+    env.update({f"INPUT_{name.upper()}": value for name, value in inputs.items()})
+    return env
+
+
+def _run(env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "batch_invariance.action"],
+        env=env,
+        cwd=env["GITHUB_WORKSPACE"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _outputs(path: Path) -> dict[str, str]:
+    """$GITHUB_OUTPUT in the heredoc form the entrypoint writes (``name<<DELIM``)."""
+    values: dict[str, str] = {}
+    lines = path.read_text(encoding="utf-8").split("\n")
+    i = 0
+    while i < len(lines):
+        if "<<" in lines[i]:
+            name, delimiter = lines[i].split("<<", 1)
+            end = lines.index(delimiter, i + 1)
+            values[name] = "\n".join(lines[i + 1 : end])
+            i = end
+        i += 1
+    return values
+
+
+@pytest.fixture(scope="module")
+def embedded() -> None:
+    provision()  # builds or verifies the cached pair once, before the timed runs
+
+
+def test_live_cell_on_the_embedded_default(embedded: None, tmp_path: Path) -> None:
+    env = _env(
+        tmp_path,
+        mode="live",
+        workset="tiny.json",
+        ctx="512",
+        parallel="2",
+        **{"gate-passes": "2", "reps": "1", "n-predict": "8", "sign": "false"},
+    )
+    workset = Path(env["GITHUB_WORKSPACE"]) / "tiny.json"
+    workset.write_text(json.dumps([{"id": f"q{i}", "prompt": p} for i, p in enumerate(PROMPTS)]))
+    proc = _run(env, timeout=240)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    out = _outputs(tmp_path / "out")
+    assert out, proc.stdout[-2000:] + proc.stderr[-2000:]
+    cert_file = Path(env["GITHUB_WORKSPACE"]) / out["cert-path"]
+    cert = json.loads(cert_file.read_text())
+    assert cert["source"] == "live"
+    assert (cert["ctx"], cert["dispatch_n"]) == (512, 2)
+    assert out["status"] == cert["status"]
+    assert out["verdict"] in {"GREEN", "RED", "AMBER", "UNVERIFIED"}
+    assert out["divergent-ids"] == str(len(cert["divergence_report"]["AC"]["divergent_ids"]))
+    assert out["cell"] == f"{cert['model']}/512/2"
+    assert out["bundle-path"] == ""
+    # 4 ids x 2 passes is below the 30 hot trials a GREEN needs: never GREEN, so require fails.
+    assert out["verdict"] != "GREEN"
+    expected = exitcodes.RED if cert["status"] == "failed" else exitcodes.NOT_PROMOTABLE
+    assert proc.returncode == expected
+    assert f"::error title=batch-invariance {out['verdict']}::" in proc.stdout
+    summary = (tmp_path / "summary").read_text()
+    assert f"## batch-invariance: {out['verdict']}" in summary
+    assert "| F1 |" in summary and "### Scope" in summary
+
+
+def test_live_server_that_dies_is_an_infrastructure_failure(embedded: None, tmp_path: Path) -> None:
+    got = provision()
+    env = _env(tmp_path, sign="false", ctx="512", parallel="2")
+    fake = Path(env["GITHUB_WORKSPACE"]) / "llama-server"
+    fake.write_text("#!/bin/sh\necho 'fatal: no device' >&2\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    env["INPUT_SERVER-BIN"] = "llama-server"  # relative: taken under the workspace
+    env["INPUT_MODEL"] = str(got.model)
+    proc = _run(env, timeout=120)
+    assert proc.returncode == exitcodes.INFRA, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "::error title=batch-invariance infrastructure failure (no verdict)::" in proc.stdout
+    assert _outputs(tmp_path / "out") == {}
