@@ -314,7 +314,7 @@ def test_profile_without_alias_uses_only_the_command_line(tmp_path: Path) -> Non
     assert run.server_flags == ()
     assert isinstance(run.scorer, SparkScorer)
     assert run.corner == "balanced" and run.seed == 0
-    assert run.run_defaults["n_predict"] == 128
+    assert run.run_defaults == {}
 
 
 def test_prompts_do_not_depend_on_the_model_alias(models_setup: tuple[Path, Path]) -> None:
@@ -377,3 +377,15 @@ def test_make_workset_unreachable_server_is_infra(
     assert code == 4
     assert "tokenizing a calibration prompt" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_registry_server_bin_expands_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "models.toml").write_text(
+        '[defaults]\nserver_bin = "~/bin/llama-server"\n'
+        '[[models]]\nalias = "a"\ngguf = "{MODELS_DIR}/m.gguf"\nkv = "f16"\n'
+    )
+    run = resolve_profile_run("spark", "a", "~", env={}, cwd=tmp_path)
+    assert run.server_bin == str(tmp_path / "bin" / "llama-server")
+    assert run.model == str(tmp_path / "m.gguf")

@@ -149,6 +149,8 @@ TABLE: list[tuple[WorkItem, str, float, bool, str]] = [
     (E4, E4_STILL_BUGGY, 0.0, False, OK),
     (E4, "```python\ndef weigh_quorum(n):\n    return (\n```", 0.0, False, "parse_fail"),
     (E4, "Sure, I will fix it.", 0.0, False, "parse_fail"),
+    (E4, "\n" + E4_EXPECTED + "\nprint(weigh_quorum(3))\n", 1.0, True, OK),
+    (E4, E4_EXPECTED + "\ndef clamp_rating(value, low=0, high=", 1.0, True, OK),
     (
         E4,
         "The bug was the range bound, which stopped one short of n. " * 3 + E4_RIGHT,

@@ -14,7 +14,7 @@ import pytest
 
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.spark import families
-from batch_invariance.profiles.spark.calibrate import NoFit, PromptParts, fit_prompt
+from batch_invariance.profiles.spark.calibrate import DOC_END, NoFit, PromptParts, fit_prompt
 from batch_invariance.profiles.spark.families import FAMILIES
 from batch_invariance.profiles.spark.haystack import haystack_blocks, load_corpus
 from batch_invariance.profiles.spark.workset import CORNERS, generate
@@ -53,7 +53,7 @@ def test_tasks_do_not_depend_on_the_tokenizer() -> None:
     assert [i.prompt for i in a] != [i.prompt for i in b]
     for x, y in zip(a, b, strict=True):
         assert x.prompt is not None and y.prompt is not None
-        assert x.prompt.rsplit("</document>", 1)[1] == y.prompt.rsplit("</document>", 1)[1]
+        assert x.prompt.rsplit(DOC_END, 1)[1] == y.prompt.rsplit(DOC_END, 1)[1]
 
 
 @pytest.mark.parametrize("corner", sorted(CORNERS))

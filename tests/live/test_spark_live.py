@@ -104,7 +104,9 @@ def test_run_live_with_profile_and_models_toml_reaches_a_verdict(
         "--parallel", "2",
         "--reps", "1",
         "--gate-passes", "2",
-        "--n-predict", "24",
+        "--n-predict", "16",
+        # The embedded default is a base model without a chat template: raw prompts.
+        "--endpoint", "completions",
         "--min-hot-trials", "4",
         "--out-dir", str(out_dir),
     ]  # fmt: skip
@@ -121,5 +123,10 @@ def test_run_live_with_profile_and_models_toml_reaches_a_verdict(
     text = json.dumps(evidence)
     # The work-set was the spark short corner, calibrated on the server's tokenizer.
     assert "A2-fill15" in text
-    assert cert["provenance"].get("workset_sha256")
-    assert "--cache-type-k" in " ".join(str(a) for a in json.dumps(cert["provenance"]).split())
+    assert cert["provenance"]["workset"]["sha256"]
+    assert cert["provenance"]["profile"]["name"] == "spark"
+    # Calibration ran on the A server itself: two launches (A, then B/C), not three.
+    assert cert["provenance"]["server_launches"] == 2
+    # The registry's kv and default flags reached the servers' argv.
+    provenance = json.dumps(cert["provenance"])
+    assert "--cache-type-k" in provenance and "--threads" in provenance

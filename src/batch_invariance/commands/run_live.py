@@ -303,13 +303,12 @@ class LiveOutcome:
     workset: Workset
 
 
-def _calibrated_workset(cfg: LiveConfig, launcher: LiveLauncher) -> Workset:
-    """Freeze a profile's work-set against the real tokenizer of a short-lived server."""
+def _calibrated_workset(cfg: LiveConfig, base_url: str) -> Workset:
+    """Freeze a profile's work-set against the real tokenizer of the running A server."""
     from batch_invariance.profiles.tokens import server_token_counter
 
     assert cfg.build_workset is not None
-    with launcher.launch("calibrate", 1, cfg.ctx) as server:
-        return cfg.build_workset(cfg.ctx, server_token_counter(server.base_url))
+    return cfg.build_workset(cfg.ctx, server_token_counter(base_url))
 
 
 def provenance_for(
@@ -372,12 +371,23 @@ def run_live_cell(cfg: LiveConfig, progress: ProgressSink | None = None) -> Live
     launch or a signal raise before :func:`finish_cell`.
     """
     launcher = cfg.launcher()
-    workset = cfg.workset if cfg.workset is not None else _calibrated_workset(cfg, launcher)
-    plan = cfg.plan(workset)
     # Identify binary and model before the cell: what ran is what gets recorded.
     binary = identify_binary(cfg.server_bin)
     model_sha = cached_sha256(cfg.model, cache_root() / "hashes.json")
-    run = run_cell(plan, launcher, cfg.scorer, progress=progress)
+    if cfg.workset is not None:
+        workset = cfg.workset
+        plan = cfg.plan(workset)
+        run = run_cell(plan, launcher, cfg.scorer, progress=progress)
+    else:
+        from batch_invariance.profiles.calibration import PrelaunchedLauncher
+
+        # A profile's work-set is calibrated on the A server itself (its /tokenize), which
+        # the driver then gets as arm A's server: one launch, and the same frozen bodies
+        # go to every arm.
+        with PrelaunchedLauncher(launcher, ctx=cfg.ctx) as pre:
+            workset = _calibrated_workset(cfg, pre.handle.base_url)
+            plan = cfg.plan(workset)
+            run = run_cell(plan, pre, cfg.scorer, progress=progress)
     if launcher.aborted is not None:
         raise InfraError(launcher.aborted)
     spec = CellSpec(

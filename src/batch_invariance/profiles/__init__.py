@@ -6,7 +6,8 @@ A profile is a folder. Bundled ones live here (``batch_invariance/profiles/<name
     <profile>/
       profile.toml          [profile] name, description
                             [workset] corners = [...], default_corner, default_seed
-                            [run]     optional defaults for run options (e.g. n_predict)
+                            [run]     optional, handed to the run command as run_defaults
+                                      (recorded; run-live does not apply them yet)
       workset.py            generate(ctx, corner, seed, token_counter) -> list[WorkItem]
       scorer.py             make_scorer() -> batch_invariance.scorer_api.Scorer
       models.example.toml   the model registry template (see profiles.models)

@@ -4,7 +4,7 @@
 Format::
 
     [defaults]
-    server_bin = "/opt/llama.cpp/bin/llama-server"   # optional
+    server_bin = "~/llama.cpp/build/bin/llama-server"  # optional; ~ is expanded
     server_flags = ["-ngl", "99"]                   # optional, every model gets these first
 
     [[models]]
@@ -184,6 +184,6 @@ def resolve_model(
         alias=alias,
         model=path,
         kv=entry.kv,
-        server_bin=entry.server_bin,
+        server_bin=None if entry.server_bin is None else str(Path(entry.server_bin).expanduser()),
         server_flags=entry.server_flags,
     )

@@ -21,6 +21,9 @@ TOLERANCE = 0.03
 #: The lines that open and close the document in every prompt.
 DOC_START = "--- DOCUMENT ---"
 DOC_END = "--- END OF DOCUMENT ---"
+#: The last line of every prompt: chat models read it as part of the request, base models
+#: (``--endpoint completions``) as the start of their answer.
+ANSWER_CUE = "Answer:"
 
 _PIECE = re.compile(r"\w+\s*|[^\w\s]\s*")
 
@@ -94,7 +97,7 @@ def assemble(parts: PromptParts, pieces: Sequence[str], starts: Sequence[int]) -
     if tail:
         chunks.append(tail)
     document = "\n\n".join(chunks)
-    return f"{parts.intro}\n\n{DOC_START}\n{document}\n{DOC_END}\n\n{parts.question}"
+    return f"{parts.intro}\n\n{DOC_START}\n{document}\n{DOC_END}\n\n{parts.question}\n{ANSWER_CUE}"
 
 
 def fit_prompt(

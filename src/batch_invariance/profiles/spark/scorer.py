@@ -181,7 +181,15 @@ def _code_block(text: str) -> tuple[str, int] | None:
     start = text.find("def ")
     if start < 0:
         return None
-    return text[start:].replace("```", "").strip("\n"), _non_space(text[:start])
+    # Unfenced: the function runs until the first non-indented line after its header.
+    lines = text[start:].replace("```", "").split("\n")
+    end = next(
+        (i for i, ln in enumerate(lines[1:], 1) if ln.strip() and not ln[:1].isspace()),
+        len(lines),
+    )
+    code = "\n".join(lines[:end]).strip("\n")
+    rest = "\n".join(lines[end:])
+    return code, _non_space(text[:start]) + _non_space(rest)
 
 
 def _extract_e4(text: str, item: WorkItem) -> str | None:

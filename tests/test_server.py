@@ -1,0 +1,224 @@
+"""LlamaServer / LiveLauncher process safety with fake server executables (real processes).
+
+These tests never start the real llama-server (the live suite does); they start tiny scripts
+that behave like one (ready, dead at once, hanging, forking a child, eating memory).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from batch_invariance import ports
+from batch_invariance.errors import GuardRefused, InfraError, UsageError
+from batch_invariance.gguf import parse_info
+from batch_invariance.server import (
+    LiveLauncher,
+    LlamaServer,
+    build_argv,
+    identify_binary,
+    log_tail,
+    owned_flag_conflicts,
+)
+from fakes_live import dense_meta, exiting_server, fake_server, group_alive, write_gguf
+
+
+@pytest.fixture()
+def model(tmp_path: Path) -> Path:
+    return write_gguf(tmp_path / "tiny.gguf", dense_meta())
+
+
+@pytest.fixture()
+def decoy(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process named ``llama-server`` this test started; it must survive every path."""
+    d = tmp_path / "decoy"
+    d.mkdir()
+    exe = d / "llama-server"
+    exe.write_text("#!/bin/sh\nexec sleep 300\n")
+    exe.chmod(0o755)
+    proc = subprocess.Popen([str(exe)], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _server(tmp_path: Path, model: Path, exe: Path, **kw: object) -> LlamaServer:
+    return LlamaServer(
+        exe,
+        model,
+        arm=str(kw.pop("arm", "A")),
+        parallel=int(kw.pop("parallel", 1)),  # type: ignore[call-overload]
+        ctx=512,
+        port=ports.pick_free(ports.DEFAULT_RESERVED),
+        log_dir=tmp_path / "out",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_argv_sizes_every_slot_and_enables_metrics(tmp_path: Path) -> None:
+    argv = build_argv(Path("/bin/ls"), Path("m.gguf"), host="127.0.0.1", port=9,
+                      parallel=4, ctx=1024, extra_flags=("-ngl", "99"))  # fmt: skip
+    assert argv[argv.index("--ctx-size") + 1] == "4096"
+    assert argv[argv.index("--parallel") + 1] == "4"
+    assert "--metrics" in argv and "--no-kv-unified" in argv
+    assert argv[-2:] == ("-ngl", "99")
+    assert owned_flag_conflicts(["-ngl", "99", "--port=1", "-c"]) == ["--port=1", "-c"]
+
+
+def test_ready_server_serves_and_its_group_is_gone_after_exit(
+    tmp_path: Path, model: Path, decoy: subprocess.Popen[bytes]
+) -> None:
+    exe = fake_server(tmp_path / "bin")
+    srv = _server(tmp_path, model, exe, arm="BC", parallel=3, extra_flags=("--fake-child",))
+    with srv:
+        assert requests.get(f"{srv.base_url}/health", timeout=5).status_code == 200
+        assert srv.total_slots == 3
+        srv.check_alive()
+        pid = srv.pid
+        assert pid is not None and group_alive(pid, settle_s=0)
+        assert srv.log_path.name == f"server-BC-{srv.port}.log"
+        assert srv.info()["ready_s"] is not None
+    assert not group_alive(pid)  # the forked child went with its group
+    assert decoy.poll() is None  # a process named llama-server we did not start survives
+    assert "listening on" in log_tail(srv.log_path)
+
+
+def test_a_server_that_exits_at_once_fails_fast_with_the_log_tail(
+    tmp_path: Path, model: Path
+) -> None:
+    exe = exiting_server(tmp_path / "bin")
+    srv = _server(tmp_path, model, exe, ready_timeout=60.0)
+    t0 = time.monotonic()
+    with pytest.raises(InfraError, match="exited with code 1") as err, srv:
+        pass
+    assert time.monotonic() - t0 < 2.0
+    assert "this server cannot start" in str(err.value)
+
+
+def test_a_server_that_never_gets_ready_times_out_and_is_killed(
+    tmp_path: Path, model: Path
+) -> None:
+    exe = fake_server(tmp_path / "bin")
+    srv = _server(tmp_path, model, exe, ready_timeout=1.0, extra_flags=("--fake-hang",))
+    with pytest.raises(InfraError, match="not ready after 1 s") as err, srv:
+        pass
+    assert "fake llama-server starting" in str(err.value)
+    assert srv.pid is not None and not group_alive(srv.pid)
+
+
+def test_slot_count_mismatch_is_an_infra_error(tmp_path: Path, model: Path) -> None:
+    exe = fake_server(tmp_path / "bin")
+    srv = _server(tmp_path, model, exe, parallel=4, extra_flags=("--fake-slots", "1"))
+    with pytest.raises(InfraError, match="reports 1 slots, expected 4"), srv:
+        pass
+    assert srv.pid is not None and not group_alive(srv.pid)
+
+
+def test_check_alive_notices_a_dead_server(tmp_path: Path, model: Path) -> None:
+    exe = fake_server(tmp_path / "bin")
+    with _server(tmp_path, model, exe) as srv:
+        assert srv.pid is not None
+        os.killpg(srv.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                srv.check_alive()
+            except InfraError as exc:
+                assert "died with code" in str(exc)
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("check_alive never noticed the dead server")
+
+
+def test_rss_past_the_cap_aborts_the_server(tmp_path: Path, model: Path) -> None:
+    exe = fake_server(tmp_path / "bin")
+    srv = _server(tmp_path, model, exe, rss_cap_bytes=1, extra_flags=("--fake-ballast-mb", "8"))
+    with srv:
+        deadline = time.monotonic() + 5
+        while srv.aborted is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.aborted is not None and "passed the cap" in srv.aborted
+        with pytest.raises(InfraError, match="passed the cap"):
+            srv.check_alive()
+        assert srv.pid is not None and not group_alive(srv.pid)
+
+
+def _launcher(tmp_path: Path, model: Path, exe: Path, **kw: object) -> LiveLauncher:
+    return LiveLauncher(
+        exe,
+        model,
+        parse_info(model),
+        tmp_path / "out",
+        port_policy=ports.make_policy(None, None),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_launcher_guard_refuses_before_launching(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "launched"
+    monkeypatch.setenv("FAKE_SERVER_MARKER", str(marker))
+    launcher = _launcher(tmp_path, model, fake_server(tmp_path / "bin"), max_footprint_gb=1e-6)
+    with pytest.raises(GuardRefused, match="max-footprint-gb"), launcher.launch("A", 1, 512):
+        pass
+    assert not marker.exists() and launcher.launches == []
+
+
+def test_launcher_records_launches_and_caps_parallel(tmp_path: Path, model: Path) -> None:
+    launcher = _launcher(tmp_path, model, fake_server(tmp_path / "bin"), cap_parallel=1)
+    with launcher.launch("BC", 4, 256) as srv:
+        assert srv.parallel == 1 and srv.total_slots == 1
+    rec = launcher.launches[0]
+    assert (rec.arm, rec.parallel, rec.ctx) == ("BC", 1, 256)
+    assert rec.ready_s is not None and rec.alive_s is not None
+    assert launcher.aborted is None
+
+
+def test_launcher_raises_after_an_rss_abort(tmp_path: Path, model: Path) -> None:
+    launcher = _launcher(tmp_path, model, fake_server(tmp_path / "bin"), max_footprint_gb=0.7,
+                         server_flags=("--fake-ballast-mb", "900"))  # fmt: skip
+    with pytest.raises(InfraError, match="passed the cap"), launcher.launch("A", 1, 256) as srv:
+        deadline = time.monotonic() + 15
+        while srv.aborted is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert launcher.aborted is not None
+
+
+def test_identify_binary_records_version_and_hash(tmp_path: Path) -> None:
+    exe = fake_server(tmp_path / "bin")
+    ident = identify_binary(exe)
+    assert ident.version.startswith("version: 0.0.0-fake") and ident.version_rc == 0
+    assert len(ident.sha256) == 64
+    broken = identify_binary(exiting_server(tmp_path / "b2"))
+    assert broken.version_rc == 1  # recorded, not raised
+
+
+def test_port_policy() -> None:
+    policy = ports.make_policy(None, [9999])
+    assert policy.reserved == {8080, 9999}
+    with pytest.raises(UsageError, match="reserved"):
+        ports.make_policy(8080, None)
+    with pytest.raises(UsageError, match="not a TCP port"):
+        ports.make_policy(70000, None)
+    for _ in range(20):
+        assert ports.choose(policy) not in policy.reserved
+
+
+def test_a_busy_fixed_port_is_refused() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with pytest.raises(GuardRefused, match="in use"):
+            ports.choose(ports.make_policy(busy, None))
+    assert ports.choose(ports.make_policy(busy, None)) == busy  # free again once closed
