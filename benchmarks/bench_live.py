@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     launches = outcome.launcher.launches
     load_s = sum(r.ready_s or 0.0 for r in launches)
     alive_s = sum(r.alive_s or 0.0 for r in launches)
-    print(f"cell: {run.plan.parallel=} items={len(run.plan.items)} "
+    print(f"cell: N={run.plan.parallel} items={len(run.plan.items)} "
           f"n_predict={run.plan.n_predict} passes={run.plan.gate_passes}")  # fmt: skip
     print(f"verdict: {outcome.finished.cert.verdict} ({outcome.finished.cert.status})")
     loads = ", ".join(f"{r.arm} {r.ready_s:.2f}s" for r in launches if r.ready_s is not None)

@@ -166,3 +166,27 @@ def test_a_download_with_the_wrong_sha256_is_refused(tmp_path: Path, index: str)
 def test_an_unreachable_index_is_an_infra_error() -> None:
     with pytest.raises(InfraError, match="PIP_INDEX_URL"):
         prov.find_sdist_url({"PIP_INDEX_URL": "http://127.0.0.1:9/simple"})
+
+
+def test_concurrent_provisions_do_not_race(tmp_path: Path) -> None:
+    layout = prov.Layout(tmp_path)
+    _manual_build(tmp_path)
+    results: list[tuple[Path, str, str]] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            with prov._locked(layout.lock):
+                results.append(prov.ensure_server(layout, lambda m: None, allow_build=False))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(r[2] for r in results) == ["adopted", "reused", "reused", "reused"]
+    assert len({r[1] for r in results}) == 1
+    assert sha256_file(layout.server_bin) == results[0][1]

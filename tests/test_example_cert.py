@@ -1,0 +1,46 @@
+"""The example cert in examples/certs/ is a real live cert that verify-cert accepts.
+
+It was earned by `batch-invariance demo` on a 2-core CPU host (see examples/certs/README.md):
+RED / co_batching with overlap, floor and coverage met. Tampering with it must be caught.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.cli import main
+
+CERT = (
+    Path(__file__).resolve().parents[1]
+    / "examples"
+    / "certs"
+    / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
+)
+
+
+def test_example_cert_verifies_as_a_live_red(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["verify-cert", str(CERT)])
+    out = capsys.readouterr().out
+    assert code == exitcodes.RED, out
+    assert "RED" in out and "live" in out
+    data = json.loads(CERT.read_text())
+    assert data["source"] == "live" and data["status"] == "failed"
+    assert data["divergence_class"] == "co_batching"
+    assert data["overlap"]["ok"] and data["completion_floor"]["ok"]
+    assert data["cobatch_coverage"]["ok"]
+    assert data["provenance"]["driver"] == "demo"
+
+
+def test_a_tampered_example_cert_is_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(CERT.read_text())
+    data["status"] = "green"
+    data["verdict"] = "GREEN"
+    bad = tmp_path / CERT.name
+    bad.write_text(json.dumps(data, sort_keys=True))
+    assert main(["verify-cert", str(bad)]) == exitcodes.CERT_INVALID
