@@ -132,10 +132,24 @@ def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Pat
     with resources.as_file(ref) as path:
         workset = load_workset(path)
     plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=32)
-    run = run_cell(plan, MockLauncher(MockKnobs()), load_scorer(None))
+    # A test-only fake that claims to spawn real servers is the only way to get a promotable
+    # cert without a batch-invariant live server. The verdict is still the core's.
+    launcher = _claims_live_launcher() if source == "live" else MockLauncher(MockKnobs())
+    run = run_cell(plan, launcher, load_scorer(None))  # type: ignore[arg-type]
     spec = CellSpec(model=model, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
-    finished = finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, source, out_dir)  # type: ignore[arg-type]
+    finished = finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir)
     return finished.path
+
+
+def _claims_live_launcher() -> object:
+    from typing import Literal
+
+    from batch_invariance.mock_server import MockKnobs, MockLauncher
+
+    class ClaimsLiveLauncher(MockLauncher):
+        source: Literal["live", "mock"] = "live"
+
+    return ClaimsLiveLauncher(MockKnobs())
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -55,6 +56,8 @@ class CountingLauncher:
         self.open = 0
         self.max_open = 0
         self.calls: list[tuple[str, int, int]] = []
+
+    source: Literal["live", "mock"] = "mock"
 
     @contextmanager
     def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[ServerHandle]:
@@ -222,7 +225,7 @@ def test_progress_draws_only_when_enabled() -> None:
 def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
     run = run_cell(plan(), MockLauncher(MockKnobs(cobatch_divergence=True)), ExactMatchScorer())
     spec = CellSpec(model="mock", ctx=512, dispatch_n=4, kv_label=run.kv_label, reps=1)
-    done = finish_cell(run, spec, POLICY, {"tool_version": "test"}, "mock", tmp_path)
+    done = finish_cell(run, spec, POLICY, {"tool_version": "test"}, tmp_path)
     assert done.path == tmp_path / "mock__ctx512__N4.json"
     assert done.superseded is None
     data = json.loads(done.path.read_text())
@@ -231,5 +234,5 @@ def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["ts_utc"])
     assert data["provenance"]["request_template"]["cache_prompt"] is False
     assert data["provenance"]["tool_version"] == "test"
-    again = finish_cell(run, spec, POLICY, {}, "mock", tmp_path, ts_utc="2030-01-01T00:00:00Z")
+    again = finish_cell(run, spec, POLICY, {}, tmp_path, ts_utc="2030-01-01T00:00:00Z")
     assert again.superseded is not None and again.superseded.exists()

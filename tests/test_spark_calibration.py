@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import Literal
 
 import pytest
 
@@ -56,6 +57,8 @@ def test_held_server_is_torn_down_when_calibration_fails() -> None:
 
 class _Recorder:
     """A launcher that records what it was asked for (no servers)."""
+
+    source: Literal["live", "mock"] = "mock"
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int]] = []

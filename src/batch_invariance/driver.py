@@ -73,7 +73,15 @@ class ServerHandle(Protocol):
 
 
 class ServerLauncher(Protocol):
-    """Starts servers for the driver. ``arm`` is ``"A"`` or ``"BC"``."""
+    """Starts servers for the driver. ``arm`` is ``"A"`` or ``"BC"``.
+
+    ``source`` says what kind of server it starts: ``"live"`` only for a launcher that spawns
+    a real server process itself. The cert's ``source`` is taken from here (never from a flag).
+    """
+
+    @property
+    def source(self) -> Literal["live", "mock"]:
+        """``"live"`` when this launcher spawns real server processes, else ``"mock"``."""
 
     def launch(self, arm: str, parallel: int, ctx: int) -> AbstractContextManager[ServerHandle]:
         """A context manager that starts a ready server and tears it down on exit."""
@@ -199,6 +207,8 @@ class CellRun:
     launches: int
     scorer_id: str
     wall_s: float
+    #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
+    source: Literal["live", "mock"] = "mock"
     notes: tuple[str, ...] = ()
 
     @property
@@ -484,6 +494,7 @@ def run_cell(
         launches=launches,
         scorer_id=str(getattr(scorer, "scorer_id", type(scorer).__name__)),
         wall_s=time.monotonic() - cell_start,
+        source=launcher.source,
         notes=tuple(notes.items),
     )
 
@@ -517,14 +528,14 @@ def finish_cell(
     spec: CellSpec,
     policy: GatePolicy,
     provenance: Mapping[str, Any],
-    source: Literal["live", "mock"],
     out_dir: Path,
     ts_utc: str | None = None,
 ) -> FinishedCell:
     """Decide the verdict, build the cert and write it atomically into ``out_dir``.
 
     ``provenance`` from the caller (tool version, binary and model hashes, work-set sha256, ...)
-    is merged over the run's own block (request template, servers, timings).
+    is merged over the run's own block (request template, servers, timings). The cert's
+    ``source`` is the run's: what the launcher that started the servers is.
     """
     from batch_invariance import certificate, certstore, verdict
 
@@ -536,7 +547,7 @@ def finish_cell(
         spec,
         policy,
         merged,
-        source,
+        run.source,
         ts_utc if ts_utc is not None else utc_now(),
     )
     written = certstore.write_cert(out_dir, cert)

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 import requests
 
@@ -731,6 +731,9 @@ class MockLauncher:
         self.launches = 0
         #: Every server this launcher started, in order (for tests to inspect afterwards).
         self.servers: list[MockServer] = []
+
+    #: An in-process mock is never a live server.
+    source: Literal["live", "mock"] = "mock"
 
     def kv_label_for(self, parallel: int, ctx: int) -> str:
         return f"mock:per-slot-kv:{parallel}x{ctx}"

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import requests
 
@@ -458,6 +458,11 @@ class LiveLauncher:
         self.launches: list[LaunchRecord] = []
         #: Set when a server was aborted (RSS past the cap); the run must not write a cert.
         self.aborted: str | None = None
+
+    @property
+    def source(self) -> Literal["live", "mock"]:
+        """Always ``"live"``: this launcher spawns the real server process itself."""
+        return "live"
 
     def effective_parallel(self, parallel: int) -> int:
         return min(parallel, self.cap_parallel) if self.cap_parallel else parallel

@@ -399,7 +399,7 @@ def run_live_cell(cfg: LiveConfig, progress: ProgressSink | None = None) -> Live
         is_moe=cfg.gguf.is_moe,
     )
     provenance = provenance_for(cfg, workset, launcher, len(plan.items), binary, model_sha)
-    finished = finish_cell(run, spec, cfg.policy, provenance, "live", cfg.out_dir)
+    finished = finish_cell(run, spec, cfg.policy, provenance, cfg.out_dir)
     return LiveOutcome(finished=finished, run=run, launcher=launcher, workset=workset)
 
 

@@ -120,7 +120,7 @@ def handle(args: argparse.Namespace) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out-dir {out_dir}: cannot create it ({exc.strerror or exc})") from None
-    finished = finish_cell(run, spec, GatePolicy(), provenance, "mock", out_dir)
+    finished = finish_cell(run, spec, GatePolicy(), provenance, out_dir)
     status = finished.cert.status
     shown = display_verdict(status)
     expected = "failed" if args.batch_divergence else "green"

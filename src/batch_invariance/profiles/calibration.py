@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from batch_invariance.driver import ServerHandle, ServerLauncher
 
@@ -40,6 +40,10 @@ class PrelaunchedLauncher:
         self._cm: AbstractContextManager[ServerHandle] | None = None
         self._handle: ServerHandle | None = None
         self._handed = False
+
+    @property
+    def source(self) -> Literal["live", "mock"]:
+        return self._inner.source
 
     @property
     def handle(self) -> ServerHandle:
