@@ -19,6 +19,7 @@ from batch_invariance import ports
 from batch_invariance.commands.run_live import (
     LiveConfig,
     add_cell_options,
+    check_numbers,
     print_dry_run,
     report,
     run_live_cell,
@@ -79,17 +80,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def config_for_demo(args: argparse.Namespace, server_bin: Path, model: Path) -> LiveConfig:
     """The live config of a demo cell (validated like run-live's)."""
-    if args.parallel < 2:
-        raise UsageError("--parallel must be at least 2 for the C arm to co-batch anything")
-    for name, value in (
-        ("--ctx", args.ctx),
-        ("--gate-passes", args.gate_passes),
-        ("--reps", args.reps),
-        ("--n-predict", args.n_predict),
-        ("--min-hot-trials", args.min_hot_trials),
-    ):
-        if value < 1:
-            raise UsageError(f"{name} must be at least 1 (got {value})")
+    check_numbers(args)
     flags = tuple(args.server_flag or ())
     clash = owned_flag_conflicts(flags)
     if clash:
@@ -133,6 +124,7 @@ def config_for_demo(args: argparse.Namespace, server_bin: Path, model: Path) -> 
 
 
 def handle(args: argparse.Namespace) -> int:
+    check_numbers(args)  # before provisioning, which may build for minutes
     cache = args.cache_dir if args.cache_dir is not None else cache_root()
     got = provision(cache, allow_build=not args.no_build)
     print(f"server: {got.server_bin}")

@@ -200,17 +200,8 @@ def _prepare_out_dir(out_dir: Path) -> Path:
     return out_dir
 
 
-def config_from_args(args: argparse.Namespace, *, create_out_dir: bool = True) -> LiveConfig:
-    """Validate the parsed options into a :class:`LiveConfig` (UsageError on any problem)."""
-    if args.cert_source not in (None, "live"):
-        raise UsageError("--cert-source accepts only 'live'")
-    prof = resolve_profile(args)
-    server_bin = args.server_bin or (prof.server_bin if prof else None)
-    model = args.model or (prof.model if prof else None)
-    server_bin = _check_file(server_bin, "--server-bin", "path to llama-server", executable=True)
-    model = _check_file(model, "--model", "path to a GGUF model")
-    if args.ctx is None or args.parallel is None:
-        raise UsageError("--ctx and --parallel are required (tokens per slot, and N)")
+def check_numbers(args: argparse.Namespace) -> None:
+    """Validate the numeric options shared by run-live and demo (UsageError on the first)."""
     if args.ctx < 1:
         raise UsageError(f"--ctx must be positive (got {args.ctx})")
     if args.parallel < 2:
@@ -233,6 +224,20 @@ def config_from_args(args: argparse.Namespace, *, create_out_dir: bool = True) -
             raise UsageError(f"{name} must be positive (got {fvalue})")
     if args.max_footprint_gb is not None and args.max_footprint_gb <= 0:
         raise UsageError("--max-footprint-gb must be positive")
+
+
+def config_from_args(args: argparse.Namespace, *, create_out_dir: bool = True) -> LiveConfig:
+    """Validate the parsed options into a :class:`LiveConfig` (UsageError on any problem)."""
+    if args.cert_source not in (None, "live"):
+        raise UsageError("--cert-source accepts only 'live'")
+    prof = resolve_profile(args)
+    server_bin = args.server_bin or (prof.server_bin if prof else None)
+    model = args.model or (prof.model if prof else None)
+    server_bin = _check_file(server_bin, "--server-bin", "path to llama-server", executable=True)
+    model = _check_file(model, "--model", "path to a GGUF model")
+    if args.ctx is None or args.parallel is None:
+        raise UsageError("--ctx and --parallel are required (tokens per slot, and N)")
+    check_numbers(args)
     flags = tuple(prof.server_flags if prof else (args.server_flag or ()))
     clash = owned_flag_conflicts(flags)
     if clash:
