@@ -341,6 +341,29 @@ def test_infrastructure_failure_is_distinct_and_has_no_verdict(tmp_path: Path) -
     assert "infrastructure failure" in summary_of(env)
 
 
+def test_an_input_value_that_looks_like_an_option_is_still_a_value(tmp_path: Path) -> None:
+    # "--model-alias -x" would make argparse exit with its usage text; the step must get one
+    # configuration error from our own checks instead.
+    env = actions_env(tmp_path, mode="live", sign="false", profile="spark", **{"model-alias": "-x"})
+    buf = io.StringIO()
+    code = action.run_action(env, out=buf, provisioner=_no_provision)
+    assert code == exitcodes.USAGE
+    text = buf.getvalue()
+    assert "--model-alias=-x" in text
+    assert "::error title=batch-invariance configuration error (no verdict)::" in text
+    assert outputs_of(env) == {}
+
+
+def test_unwritable_github_output_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    env = actions_env(tmp_path, mode="mock", sign="false")
+    env["GITHUB_OUTPUT"] = str(tmp_path)  # a folder: appending to it fails
+    proc = run_entrypoint(env)
+    assert proc.returncode == exitcodes.INFRA, proc.stderr
+    assert "::error title=batch-invariance infrastructure failure (no verdict)::" in proc.stdout
+    assert "cannot write the runner file" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
 # --------------------------------------------------------------------------- pieces
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.certstore import cert_path, read_cert, render, write_cert
-from batch_invariance.errors import CertInvalid
+from batch_invariance.errors import CertInvalid, InfraError
 from factories import cert_for, green_evidence, spec
 
 
@@ -69,11 +69,22 @@ def test_failed_write_leaves_the_old_cert_in_place(
 
     monkeypatch.setattr(os, "replace", failing_replace)
     second, _ = cert_for(green_evidence(n_ids=6))
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(InfraError, match="disk full") as info:
         write_cert(tmp_path, second)
+    assert "\n" not in str(info.value) and "previous cert is unchanged" in str(info.value)
     monkeypatch.undo()
     assert w.path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [w.path.name]
+
+
+def test_an_out_dir_that_cannot_hold_a_cert_is_one_infra_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    cert, _ = cert_for()
+    with pytest.raises(InfraError, match="cannot write cert") as info:
+        write_cert(blocker, cert)
+    assert "\n" not in str(info.value)
+    assert blocker.read_text() == "not a folder"
 
 
 def test_read_cert_errors_are_cert_invalid(tmp_path: Path) -> None:

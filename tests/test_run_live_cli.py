@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from batch_invariance import memory
 from batch_invariance.cli import main
+from batch_invariance.gguf import parse_info
 from fakes_live import dense_meta, fake_server, write_gguf
 
 
@@ -82,6 +84,23 @@ def test_a_real_run_refused_by_the_guard_launches_nothing_and_writes_no_cert(
     assert list(setup["out"].glob("*.json")) == []
 
 
+def test_a_bc_server_over_the_cap_is_refused_before_arm_a_starts(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A cap between the A server's projection and the B/C server's: A alone would fit.
+    info = parse_info(setup["model"])
+    small = memory.project(info, 32768, 1, ()).total_bytes
+    large = memory.project(info, 32768, 4, ()).total_bytes
+    assert large > small
+    cap_gb = (small + large) / 2 / memory.GIB
+    code = main(_argv(setup, "--max-footprint-gb", f"{cap_gb:.6f}", "--ctx", "32768"))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "GuardRefused" in err and "--parallel 4" in err
+    assert not setup["marker"].exists()  # not even the A server started
+    assert list(setup["out"].glob("*.json")) == []
+
+
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
@@ -94,6 +113,8 @@ def test_a_real_run_refused_by_the_guard_launches_nothing_and_writes_no_cert(
         (lambda a: [*a, "--port", "8080"], "reserved"),
         (lambda a: [*a, "--model-alias", "x"], "needs --profile"),
         (lambda a: [*a, "--max-footprint-gb", "-1"], "must be positive"),
+        (lambda a: [*a, "--scorer", "os:getcwd"], "cannot be called as fn(text, expected"),
+        (lambda a: [*a, "--scorer", "nope_pkg_xyz:S"], "importing nope_pkg_xyz failed"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(

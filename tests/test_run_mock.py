@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,16 @@ def test_usage_errors_exit_2_with_one_line(
     assert len(lines) == 4 and all(line.startswith("batch-invariance") for line in lines)
     assert "Traceback" not in err
     assert not list(tmp_path.glob("*.json"))  # nothing written
+
+
+def test_a_bad_out_dir_is_refused_before_the_cell_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    # A slow cell (many passes) would take seconds; the refusal must come first.
+    t0 = time.monotonic()
+    code = main(["run-mock", "--out-dir", str(blocker / "sub"), "--gate-passes", "40"])
+    assert code == 2 and time.monotonic() - t0 < 2.0
+    err = capsys.readouterr().err
+    assert "--out-dir" in err and len(err.strip().splitlines()) == 1

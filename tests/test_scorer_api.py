@@ -71,6 +71,8 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("batch_invariance.scorer_api:Nope", "has no attribute"),
         ("batch_invariance.scorer_api:SCORER_ERROR", "neither a Scorer nor a function"),
         ("batch_invariance.workset:WorkItem", "is not a batch_invariance Scorer"),
+        ("os:getcwd", "cannot be called as fn(text, expected, *, item)"),
+        ("json:dumps", "cannot be called as fn(text, expected, *, item)"),
     ],
 )
 def test_bad_specs_are_one_line_usage_errors(spec: str, needle: str) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -202,6 +203,30 @@ def test_identify_binary_records_version_and_hash(tmp_path: Path) -> None:
     assert len(ident.sha256) == 64
     broken = identify_binary(exiting_server(tmp_path / "b2"))
     assert broken.version_rc == 1  # recorded, not raised
+
+
+def test_identify_binary_kills_a_hanging_version_and_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    exe = tmp_path / "llama-server"
+    # --version forks a long sleeper and then hangs itself.
+    exe.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nsleep 300\n")
+    exe.chmod(0o755)
+    started = time.monotonic()
+    ident = identify_binary(exe, timeout_s=1.0)
+    assert time.monotonic() - started < 10
+    assert ident.version_rc is None and "did not finish" in ident.version
+    child = int(pidfile.read_text())
+
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 5
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(child)  # the forked sleeper went with the group
 
 
 def test_port_policy() -> None:

@@ -114,6 +114,7 @@ def test_failures_each_have_their_own_message(signed: tuple[Path, Path]) -> None
 
     assert messages["identity"].startswith("signature identity mismatch: signed by")
     assert IDENTITY in messages["identity"]
+    assert f"signed by {IDENTITY}, expected" in messages["identity"]
     assert messages["issuer"].startswith("signature issuer mismatch")
     assert messages["repository"].startswith("signature repository mismatch")
     assert messages["byte"].startswith("signature does not cover these bytes (digest mismatch)")

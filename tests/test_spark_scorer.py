@@ -109,12 +109,19 @@ TABLE: list[tuple[WorkItem, str, float, bool, str]] = [
     (A4, "25 * 3 = 75, 75 + 43 = 118. The answer is 118.", 1.0, True, OK),
     (A4, "**118.0**", 1.0, True, OK),
     (A4, "117", 0.0, False, OK),
+    # commas only group thousands: "1,18" is not 118
+    (A4, "1,18", 0.0, False, OK),
+    (item("B1", "1234"), "1,234", 1.0, True, OK),
+    (item("B1", "1234"), "The result is 1,234.", 1.0, True, OK),
     (A4, "seventeen", 0.0, False, "parse_fail"),
     (B1, "40", 1.0, True, OK),
     (B1, "x = 41", 0.0, False, OK),
     (B1, "Let me think about the registers. " * 4, 0.0, False, "instruction_fade"),
     (C1, "crank_lintel(16) returns 79", 1.0, True, OK),
     (C1, "80", 0.0, False, OK),
+    # a bare number on the first line is the answer, not a number in the explanation after it
+    (C1, "79\n\nThe loop adds 0, 4 and 8, so it returns 80 minus n.", 1.0, True, OK),
+    (C1, "80\n\nIt returns 79 for 16.", 0.0, False, OK),
     (C1, "", 0.0, False, "empty"),
     # D1: fraction of facts
     (D1, "badger\ngecko\notter", 1.0, True, OK),
@@ -190,6 +197,12 @@ def test_premature_eos_from_finish_reason_and_token_count() -> None:
     assert judge(E4, "```python\ndef weigh_quorum(n):\n    total = 0", finish="length")[3] == (
         "premature_eos"
     )
+    # An unfenced function that the budget cut off is premature too; the same text that
+    # ended on its own is a (wrong) answer.
+    cut = "\ndef weigh_quorum(n):\n    total = 0\n    "
+    assert judge(E4, cut, finish="length")[3] == "premature_eos"
+    assert judge(E4, cut, finish="stop")[3] == "ok"
+    assert judge(E4, E4_EXPECTED + "\nThat fixes it.", finish="length")[3] == "ok"
     # An answer that completed within the budget is fine even at the limit.
     assert judge(A4, "118", finish="length", tokens=128)[3] == OK
 

@@ -20,6 +20,7 @@ no verdict outputs; a signing failure after a measured cell is its own failure t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -205,10 +206,18 @@ def format_outputs(values: Mapping[str, str]) -> str:
 
 
 def _append(path_value: str | None, text: str) -> None:
+    """Append to a runner file-command file; a failure is an :class:`InfraError`."""
     if not path_value:
         return
-    with open(path_value, "a", encoding="utf-8") as handle:
-        handle.write(text)
+    try:
+        with open(path_value, "a", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        from batch_invariance.errors import InfraError
+
+        raise InfraError(
+            f"cannot write the runner file {path_value}: {exc.strerror or exc}"
+        ) from None
 
 
 # --------------------------------------------------------------------------- running the cell
@@ -302,7 +311,8 @@ def build_command(
     ignored: list[str] = []
     for name, option, value in wanted:
         if option in accepted:
-            argv += [option, value]
+            # --opt=value: a value that starts with "-" stays a value, not an option.
+            argv.append(f"{option}={value}")
         elif not name:
             continue  # a compatibility flag the command does not declare
         elif inputs.mode == "live":
@@ -339,7 +349,13 @@ def run_cell_via_cli(line: CommandLine) -> CellResult:
     from batch_invariance.errors import InfraError
 
     parser = cli.build_parser()
-    args = parser.parse_args(list(line.argv))
+    try:
+        args = parser.parse_args(list(line.argv))
+    except SystemExit:
+        # argparse already printed its usage line; the step needs one clear error.
+        raise UsageError(
+            f"the inputs do not make a valid command line: batch-invariance {' '.join(line.argv)}"
+        ) from None
     module = importlib.import_module(f"batch_invariance.commands.{line.command.replace('-', '_')}")
     execute = getattr(module, "execute", None)
     out_dir = Path(args.out_dir)
@@ -526,7 +542,9 @@ def _fail(
 ) -> int:
     heading = title or _failure_title(exc)
     print(annotation("error", heading, str(exc)), file=out)
-    _append(env.get("GITHUB_STEP_SUMMARY"), f"## {heading}\n\n{_md(exc, 1000)}\n")
+    # Best effort: the annotation above already carries the error.
+    with contextlib.suppress(BatchInvarianceError):
+        _append(env.get("GITHUB_STEP_SUMMARY"), f"## {heading}\n\n{_md(exc, 1000)}\n")
     return exitcodes.for_error(exc)
 
 
@@ -584,9 +602,16 @@ def run_action(
 
     passed = require_holds(cert, inputs.require)
     outputs = outputs_for(cert, result.path, bundle, inputs.workspace)
-    _append(env.get("GITHUB_OUTPUT"), format_outputs(outputs))
-    _append(env.get("GITHUB_STEP_SUMMARY"), summary_markdown(cert, inputs.require, passed, outputs))
     print(verdict_annotation(cert, inputs.require, passed, outputs["cell"]), file=stream)
+    try:
+        _append(env.get("GITHUB_OUTPUT"), format_outputs(outputs))
+        _append(
+            env.get("GITHUB_STEP_SUMMARY"),
+            summary_markdown(cert, inputs.require, passed, outputs),
+        )
+    except BatchInvarianceError as exc:
+        # The cert is written (and signed); only the report to the runner failed.
+        return _fail(exc, env, stream)
     for name in OUTPUT_NAMES:
         print(f"{name}: {outputs[name]}", file=stream)
     if sign_error is not None:

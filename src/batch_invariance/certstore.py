@@ -29,7 +29,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from batch_invariance.certificate import Cert, compute_digest, schema_text
-from batch_invariance.errors import CertInvalid
+from batch_invariance.errors import CertInvalid, InfraError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _FILE_MODE = 0o644
@@ -116,11 +116,14 @@ def write_cert(out_dir: Path, cert: Cert) -> WrittenCert:
     the new cert's ``ts_utc``) before the new cert takes its place.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     target = cert_path(out, cert.model, cert.ctx, cert.dispatch_n)
     text = render(cert)
     folder = target.parent
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise InfraError(_write_failure(target, exc)) from None
     tmp = Path(tmp_name)
     superseded: Path | None = None
     try:
@@ -141,9 +144,21 @@ def write_cert(out_dir: Path, cert: Cert) -> WrittenCert:
             # Put the old cert back rather than leave the cell without one.
             with contextlib.suppress(OSError):
                 os.replace(superseded, target)
+        fault = sys.exc_info()[1]
+        if isinstance(fault, OSError):
+            raise InfraError(_write_failure(target, fault)) from None
         raise
     _fsync_dir(folder)
     return WrittenCert(path=target, superseded=superseded)
+
+
+def _write_failure(target: Path, exc: OSError) -> str:
+    """One line for a cert that could not be written (disk full, permissions, ...)."""
+    why = exc.strerror or f"{type(exc).__name__}: {exc}"
+    return (
+        f"cannot write cert {target} ({why}); no cert was written and any previous cert "
+        "is unchanged; free space or fix permissions on --out-dir and rerun"
+    )
 
 
 def _first_error(exc: ValidationError) -> str:

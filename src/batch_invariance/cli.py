@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -81,13 +82,21 @@ def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signum)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code (see :mod:`batch_invariance.exitcodes`)."""
+#: Set to show the full traceback of an unexpected error (a bug) instead of one line.
+TRACEBACK_ENV = "BATCH_INVARIANCE_TRACEBACK"
+
+
+def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run the CLI and return its exit code (see :mod:`batch_invariance.exitcodes`).
+
+    ``parser`` defaults to :func:`build_parser` (tests pass their own).
+    """
     args_in = list(sys.argv[1:] if argv is None else argv)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
-        parser = build_parser()
+        if parser is None:
+            parser = build_parser()
         args = parser.parse_args(_glue_dash_values(args_in))
         code: int = args.func(args)
         return code
@@ -101,5 +110,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             kind = type(exc).__name__
             print(f"batch-invariance: error [{kind}]: {exc}", file=sys.stderr)
         return exitcodes.for_error(exc)
+    except Exception as exc:
+        # A bug or an unforeseen fault: still one line and the infrastructure code, never a
+        # traceback unless asked for. Certs are written atomically, so none is left partial.
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        print(
+            f"batch-invariance: unexpected error [{detail}]; rerun with {TRACEBACK_ENV}=1 "
+            "for the traceback and report it",
+            file=sys.stderr,
+        )
+        return exitcodes.INFRA
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -158,6 +158,25 @@ def evaluate(scorer: Scorer, item: WorkItem, completion: Completion) -> ScoreRes
         )
 
 
+def _check_function_signature(fn: Callable[..., Any], spec: str, name: str) -> None:
+    """Refuse, before any server starts, a function that cannot take ``(text, expected, *, item)``.
+
+    Otherwise every trial would become ``scorer_error`` and the run would be wasted.
+    Callables without an introspectable signature (some builtins) are accepted as they are.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind("", None, item=None)
+    except TypeError as exc:
+        raise UsageError(
+            f"--scorer {spec!r}: {name}{sig} cannot be called as fn(text, expected, *, item) "
+            f"({exc})"
+        ) from None
+
+
 def _one_line(exc: BaseException) -> str:
     """``Kind: message`` with the message's whitespace (newlines included) collapsed."""
     return " ".join(f"{type(exc).__name__}: {exc}".split())
@@ -215,5 +234,6 @@ def load_scorer(spec: str | None) -> Scorer:
     if isinstance(target, Scorer):
         return target
     if callable(target):
+        _check_function_signature(target, spec, name)
         return FunctionScorer(target, scorer_id=spec)
     raise UsageError(f"--scorer {spec!r}: {name} is neither a Scorer nor a function")

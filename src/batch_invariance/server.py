@@ -149,22 +149,38 @@ def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     try:
-        out = subprocess.run(
+        # Own process group: a --version that hangs is killed with everything it spawned,
+        # and nothing outside that group is touched.
+        proc = subprocess.Popen(
             [str(server_bin), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
         )
-        text = (out.stdout + out.stderr).strip()
+    except OSError as exc:
+        return BinaryIdentity(
+            path=str(server_bin),
+            sha256=digest.hexdigest(),
+            version=f"(--version failed: {exc})",
+            version_rc=None,
+        )
+    try:
+        text, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        version, rc = f"(--version did not finish within {timeout_s:g} s)", None
+    else:
+        text = (text or "").strip()
         lines = [
             ln.strip() for ln in text.splitlines() if ln.strip().startswith(("version", "built"))
         ]
         version = " ; ".join(lines) if lines else text[-300:]
-        rc: int | None = out.returncode
-    except (OSError, subprocess.SubprocessError) as exc:
-        version, rc = f"(--version failed: {exc})", None
+        rc = proc.returncode
     return BinaryIdentity(
         path=str(server_bin), sha256=digest.hexdigest(), version=version, version_rc=rc
     )

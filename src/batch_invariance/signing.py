@@ -217,6 +217,8 @@ def _classify_failure(message: str, identity: str, issuer: str, repository: str 
         )
     if "SANs do not match" in text:
         actual = text.split("actual SANs:", 1)[1].strip() if "actual SANs:" in text else "?"
+        # sigstore prints the SANs as a Python set; show them as plain text.
+        actual = ", ".join(s.strip(" '\"") for s in actual.strip("{}").split(",")) or "?"
         return f"signature identity mismatch: signed by {actual}, expected {identity}"
     if "OIDCIssuer" in text:
         return f"signature issuer mismatch: {text} (expected issuer {issuer})"

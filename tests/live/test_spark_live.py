@@ -123,6 +123,10 @@ def test_run_live_with_profile_and_models_toml_reaches_a_verdict(
     text = json.dumps(evidence)
     # The work-set was the spark short corner, calibrated on the server's tokenizer.
     assert "A2-fill15" in text
+    # Every trial of every arm carries the server's own prompt token count.
+    trials = [*evidence["a"].values(), *evidence["b"].values()]
+    trials += [t for one_pass in evidence["c_passes"] for t in one_pass["trials"].values()]
+    assert trials and all(isinstance(t["prompt_tokens_measured"], int) for t in trials)
     assert cert["provenance"]["workset"]["sha256"]
     assert cert["provenance"]["profile"]["name"] == "spark"
     # Calibration ran on the A server itself: two launches (A, then B/C), not three.

@@ -90,7 +90,9 @@ def config_for_demo(args: argparse.Namespace, server_bin: Path, model: Path) -> 
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UsageError(f"--out-dir {out_dir}: cannot create it ({exc}))") from None
+            raise UsageError(
+                f"--out-dir {out_dir}: cannot create it ({exc.strerror or exc})"
+            ) from None
     workset = load_workset(args.workset) if args.workset is not None else demo_workset()
     return LiveConfig(
         server_bin=server_bin,

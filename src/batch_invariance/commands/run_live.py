@@ -367,6 +367,18 @@ def provenance_for(
     }
 
 
+def preflight_guard(cfg: LiveConfig, launcher: LiveLauncher) -> None:
+    """Run the memory guard for BOTH servers before the first launch (GuardRefused).
+
+    The launcher guards again right before each launch (memory may have changed); this only
+    spares a run whose B/C server could never fit from spending arm A first.
+    """
+    for n in (1, cfg.parallel):
+        slots = launcher.effective_parallel(n)
+        proj = memory.project(cfg.gguf, cfg.ctx, slots, cfg.server_flags)
+        memory.check(proj, cfg.max_footprint_gb, cfg.server_flags)
+
+
 def run_live_cell(cfg: LiveConfig, progress: ProgressSink | None = None) -> LiveOutcome:
     """Run one live cell and write its cert. Raises on infrastructure failure or interrupt.
 
@@ -374,6 +386,7 @@ def run_live_cell(cfg: LiveConfig, progress: ProgressSink | None = None) -> Live
     launch or a signal raise before :func:`finish_cell`.
     """
     launcher = cfg.launcher()
+    preflight_guard(cfg, launcher)
     # Identify binary and model before the cell: what ran is what gets recorded.
     binary = identify_binary(cfg.server_bin)
     model_sha = cached_sha256(cfg.model, cache_root() / "hashes.json")

@@ -90,6 +90,12 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--parallel must be at least 2 for the C arm to co-batch anything")
     workset = load_workset(args.workset) if args.workset is not None else bundled_workset()
     scorer = load_scorer(args.scorer)
+    out_dir: Path = args.out_dir
+    # Checked before the run: a bad --out-dir must not cost a whole cell.
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out-dir {out_dir}: cannot create it ({exc.strerror or exc})") from None
     items = expand_reps(workset.items, args.reps)
     plan = CellPlan(
         items=items,
@@ -115,11 +121,6 @@ def handle(args: argparse.Namespace) -> int:
         "workset": {"source": workset.source, "sha256": workset.sha256, "n_rows": len(items)},
         "scorer_id": run.scorer_id,
     }
-    out_dir: Path = args.out_dir
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out-dir {out_dir}: cannot create it ({exc.strerror or exc})") from None
     finished = finish_cell(run, spec, GatePolicy(), provenance, out_dir)
     status = finished.cert.status
     shown = display_verdict(status)
@@ -134,7 +135,7 @@ def handle(args: argparse.Namespace) -> int:
     print(f"cert: {finished.path}")
     if finished.superseded is not None:
         print(f"previous cert moved to: {finished.superseded}")
-    print("source=mock: never promotable (verify-cert exits 3 on it by design)")
+    print("source=mock: never promotable (verify-cert never exits 0 on it, by design)")
     if status == expected:
         print(f"mock behaved as the {mode} mode predicts ({display_verdict(expected)})")
         return exitcodes.PROMOTABLE

@@ -54,9 +54,11 @@ INSTRUCTION_FADE = "instruction_fade"
 _REASONING_MARKERS = ("<think>", "</think>", "<|channel|>", "<reasoning>", "</reasoning>")
 _A2_CODE = re.compile(r"\b([A-Z]{2}-\d{4}-[A-Z]{2})\b", re.IGNORECASE)
 _E1_CODE = re.compile(r"(?<!\d)(\d{6})(?!\d)")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# Commas only as thousands separators: "1,234" is 1234, "1,18" is two numbers.
+_NUMBER_TEXT = r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_NUMBER = re.compile(_NUMBER_TEXT)
 _ANSWER_NUMBER = re.compile(
-    r"(?:answer|result|returns?|is|=)\s*[:*]*\s*\**\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE
+    rf"(?:answer|result|returns?|is|=)\s*[:*]*\s*\**\s*({_NUMBER_TEXT})", re.IGNORECASE
 )
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _BULLET = re.compile(r"^[\s\-*•>#]*(?:\d+[.)]\s*)?")
@@ -145,10 +147,18 @@ def _extract_a2(text: str, item: WorkItem) -> str | None:
     return match.group(1).upper() if match else None
 
 
+def _bare_number(line: str) -> str | None:
+    bare = line.strip().strip("*`.").strip()
+    return _normal_number(bare) if _NUMBER.fullmatch(bare) else None
+
+
 def _extract_number(text: str, item: WorkItem) -> str | None:
-    bare = text.strip().strip("*`.").strip()
-    if _NUMBER.fullmatch(bare):
-        return _normal_number(bare)
+    # The reply, or its first line, is just a number: that is the answer, whatever a
+    # following explanation mentions.
+    for candidate in (text, text.strip().split("\n", 1)[0]):
+        bare = _bare_number(candidate)
+        if bare is not None:
+            return bare
     stated = _ANSWER_NUMBER.findall(text)
     if stated:
         return _normal_number(stated[-1])
@@ -352,6 +362,15 @@ def _left_open(family: str | None, text: str) -> bool:
     return False
 
 
+def _code_runs_to_the_end(visible: str, extracted: str | None) -> bool:
+    """An unfenced function that is the last thing in the reply (cut there by the budget)."""
+    return (
+        extracted is not None
+        and "```" not in visible
+        and visible.rstrip().endswith(extracted.rstrip())
+    )
+
+
 class SparkScorer(Scorer):
     """Scores the ten spark families; unknown families fall back to exact match."""
 
@@ -381,6 +400,8 @@ class SparkScorer(Scorer):
         visible = visible_text(text)
         family = item.family
         if _left_open(family, visible) or (extracted is None and _truncated(completion)):
+            return PREMATURE_EOS
+        if family == "E4" and _truncated(completion) and _code_runs_to_the_end(visible, extracted):
             return PREMATURE_EOS
         if family not in _FAMILIES:
             return OK
