@@ -107,6 +107,7 @@ def test_every_contract_field_is_present() -> None:
         "transport",
         "min_hot_trials",
         "serial_repeat",
+        "prompt_cache",
     }
 
 

@@ -191,6 +191,17 @@ def test_transport_gate_met_and_not_met() -> None:
     assert not g.transport_gate(bad_a).ok
 
 
+def test_prompt_cache_gate_met_and_not_met() -> None:
+    ev = green_evidence()
+    gate = g.prompt_cache_gate(ev)
+    assert gate.ok and "every reported cache_n was 0" in gate.reason
+    zero = replace_trial(ev, "B", "t002", replace(ev.b["t002"], timings={"cache_n": 0.0}))
+    assert g.prompt_cache_gate(zero).ok
+    reused = replace_trial(ev, "A", "t002", replace(ev.a["t002"], timings={"cache_n": 9.0}))
+    bad = g.prompt_cache_gate(reused)
+    assert not bad.ok and bad.counts == {"A": 1} and bad.ids == ("t002",)
+
+
 def test_hot_trials_need_ok_in_both_and_cobatched() -> None:
     ev = green_evidence(n_ids=10, n_passes=2)
     assert len(g.hot_trials(ev.a, ev.c_passes, 0.005)) == 20

@@ -119,6 +119,10 @@ def _run_to_run(ev: CellEvidence) -> CellEvidence:
     return replace_trial(ev, "A_repeat", "t002", changed(ev.a["t002"], completion="other"))
 
 
+def _prompt_cached(ev: CellEvidence) -> CellEvidence:
+    return _c(ev, "t003", 1, timings={"cache_n": 17.0, "prompt_n": 3.0})
+
+
 @pytest.mark.parametrize(
     ("breaker", "needle"),
     [
@@ -129,12 +133,18 @@ def _run_to_run(ev: CellEvidence) -> CellEvidence:
         (_transport, "transport failures"),
         (_few_hot, "sample size not met"),
         (_run_to_run, "serial repeat"),
+        (_prompt_cached, "prompt cache"),
     ],
 )
 def test_row2_each_gate_gives_unverified(breaker, needle: str) -> None:  # type: ignore[no-untyped-def]
     v = decide(breaker(green_evidence()), POLICY)
     assert v.status == "green_unverified", v.decision_reasons
     assert any(needle in r for r in v.decision_reasons), v.decision_reasons
+
+
+def test_prompt_cache_reuse_never_hides_a_red() -> None:
+    ev = _c(_prompt_cached(green_evidence()), "t005", 0, score=0.0, passed=False)
+    assert decide(ev, POLICY).status == "failed"
 
 
 def test_row2_run_to_run_is_named_in_divergence_class() -> None:

@@ -86,6 +86,8 @@ class TrialRecord(_Model):
     complete_ts: float | None = None
     slot_id: int | None = None
     transport_error: str | None = None
+    #: The server's ``timings.cache_n`` (prompt tokens reused from cache) when it reported it.
+    cache_n: int | None = None
 
 
 class PassEvidence(_Model):
@@ -374,6 +376,7 @@ def _trial_record(t: Trial) -> dict[str, Any]:
         "complete_ts": None if t.complete_ts is None else float(t.complete_ts),
         "slot_id": t.slot_id,
         "transport_error": t.transport_error,
+        "cache_n": None if t.timings.get("cache_n") is None else int(t.timings["cache_n"]),
     }
 
 
@@ -554,6 +557,7 @@ def _gates_block(
         "transport": {"ok": g.transport.ok, "reason": g.transport.reason},
         "min_hot_trials": {"ok": g.sample.ok, "reason": g.sample.reason},
         "serial_repeat": {"ok": g.serial_repeat.ok, "reason": g.serial_repeat.reason},
+        "prompt_cache": {"ok": g.prompt_cache.ok, "reason": g.prompt_cache.reason},
     }
 
 
@@ -725,6 +729,7 @@ def _trial_from(test_id: str, r: TrialRecord) -> Trial:
         complete_ts=r.complete_ts,
         slot_id=r.slot_id,
         transport_error=r.transport_error,
+        timings={} if r.cache_n is None else {"cache_n": float(r.cache_n)},
     )
 
 

@@ -326,15 +326,21 @@ class TransportGate:
     reason: str
 
 
-def transport_gate(evidence: CellEvidence) -> TransportGate:
-    """No transport failure anywhere. They are never divergence, but they make GREEN
-    impossible: a comparison that could not be made is not a clean one."""
+def _arms(evidence: CellEvidence) -> list[tuple[str, Mapping[str, Trial]]]:
+    """Every arm's trials with its label ("A", "A_repeat", "B", "C[k]"), in a fixed order."""
     arms: list[tuple[str, Mapping[str, Trial]]] = [(ARM_A, evidence.a)]
     if evidence.a_repeat is not None:
         arms.append((ARM_A_REPEAT, evidence.a_repeat))
     arms.append((ARM_B, evidence.b))
     for p in sorted(evidence.c_passes, key=lambda q: q.index):
         arms.append((f"{ARM_C}[{p.index}]", p.trials))
+    return arms
+
+
+def transport_gate(evidence: CellEvidence) -> TransportGate:
+    """No transport failure anywhere. They are never divergence, but they make GREEN
+    impossible: a comparison that could not be made is not a clean one."""
+    arms = _arms(evidence)
     counts: dict[str, int] = {}
     ids: set[str] = set()
     modes: set[str] = set()
@@ -353,6 +359,46 @@ def transport_gate(evidence: CellEvidence) -> TransportGate:
         tuple(sorted(ids)),
         f"transport failures ({', '.join(sorted(modes))}) in {where}; they are not divergence "
         "but leave comparisons unmade, so GREEN is impossible",
+    )
+
+
+# --------------------------------------------------------------------------- prompt cache
+
+
+@dataclass(frozen=True)
+class PromptCacheGate:
+    ok: bool
+    #: Trials per arm label whose server reported ``timings.cache_n > 0``.
+    counts: Mapping[str, int]
+    ids: tuple[str, ...]
+    reason: str
+
+
+def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
+    """Every request must have evaluated its whole prompt (``cache_n == 0`` wherever the
+    server reports it). A reused KV prefix means the arms did not compute the same thing, so
+    agreement proves less: GREEN is impossible. Trials whose server reports no ``cache_n``
+    pass (nothing to check)."""
+    counts: dict[str, int] = {}
+    ids: set[str] = set()
+    for label, trials in _arms(evidence):
+        for test_id, t in trials.items():
+            cached = t.timings.get("cache_n")
+            if cached is not None and cached > 0:
+                counts[label] = counts.get(label, 0) + 1
+                ids.add(test_id)
+    if not counts:
+        return PromptCacheGate(
+            True, {}, (), "prompt cache: every reported cache_n was 0 (whole prompts evaluated)"
+        )
+    where = ", ".join(f"{k}: {v}" for k, v in counts.items())
+    return PromptCacheGate(
+        False,
+        counts,
+        tuple(sorted(ids)),
+        f"prompt cache: the server reused cached prompt tokens (cache_n > 0) in {where} "
+        "despite cache_prompt=false, so the arms did not compute the same thing; GREEN is "
+        "impossible",
     )
 
 

@@ -7,7 +7,7 @@
    ``slot_allocation(+co_batching)`` when AB diverges too; prefixed ``run_to_run(+...)`` when
    the serial repeat A' already differed from A.
 2. Any anti-vacuity gate not met (F1 overlap, F2 floor, F3 coverage, transport, sample size,
-   serial repeat) -> ``green_unverified`` (UNVERIFIED).
+   serial repeat, prompt cache) -> ``green_unverified`` (UNVERIFIED).
 3. AB divergent -> ``green_with_caveat`` (AMBER), anomaly ``AC_agree_B_disagrees``.
 4. AC token-only differences, or armed F4 logit drift -> ``green_with_caveat``.
 5. Otherwise ``green``.
@@ -81,6 +81,7 @@ class Gates:
     transport: g.TransportGate
     sample: g.SampleGate
     serial_repeat: SerialRepeatGate
+    prompt_cache: g.PromptCacheGate
 
     def unmet(self) -> tuple[str, ...]:
         """Reasons of the gates not met, in the verdict's order."""
@@ -93,6 +94,7 @@ class Gates:
                 self.transport,
                 self.sample,
                 self.serial_repeat,
+                self.prompt_cache,
             )
             if not gate.ok
         )
@@ -204,6 +206,7 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         transport=g.transport_gate(evidence),
         sample=g.sample_gate(len(hot), policy),
         serial_repeat=serial_repeat_gate(reports.aa),
+        prompt_cache=g.prompt_cache_gate(evidence),
     )
     sens = sensitivity(len(hot), reports.ac)
     run_to_run = not gates.serial_repeat.ok
