@@ -48,6 +48,9 @@ def test_example_scorer_function_via_spec() -> None:
     r = evaluate(scorer, ITEM, Completion("42"))
     assert (r.score, r.passed, r.failure_mode) == (1.0, True, "ok")
     assert evaluate(scorer, ITEM, Completion("   ")).failure_mode == "empty"
+    # The adapter honours the Scorer contract on its own too.
+    assert scorer.score("42", ITEM.expected_answer, ITEM).passed is True
+    assert scorer.score("41", ITEM.expected_answer, ITEM).passed is False
 
 
 def test_package_module_spec() -> None:

@@ -105,7 +105,6 @@ class FunctionScorer(Scorer):
     def __init__(self, fn: ScorerFunction, scorer_id: str) -> None:
         self._fn = fn
         self.scorer_id = scorer_id
-        self._last: tuple[Any, Any, Any] | None = None
 
     def _call(self, text: str, item: WorkItem) -> tuple[Any, Any, Any]:
         result = self._fn(text, item.expected_answer, item=item)
@@ -122,7 +121,13 @@ class FunctionScorer(Scorer):
         return str(self._call(completion.text, item)[2])
 
     def score(self, extracted: str | None, expected: str | None, item: WorkItem) -> Score:
-        raise NotImplementedError  # evaluate() calls the function once instead
+        # evaluate() calls the function once per trial through evaluate_text(); this keeps
+        # the Scorer contract usable on its own.
+        value, passed, _ = self._fn(extracted or "", expected, item=item)
+        return Score(
+            value=None if value is None else float(value),
+            passed=None if passed is None else bool(passed),
+        )
 
     def evaluate_text(self, completion: Completion, item: WorkItem) -> ScoreResult:
         value, passed, mode = self._call(completion.text, item)
