@@ -19,13 +19,14 @@ from batch_invariance import ports
 from batch_invariance.commands.run_live import (
     LiveConfig,
     add_cell_options,
+    cell_fields,
     check_numbers,
+    policy_from_args,
     print_dry_run,
     report,
     run_live_cell,
 )
 from batch_invariance.errors import UsageError
-from batch_invariance.evidence import GatePolicy
 from batch_invariance.gguf import parse_info
 from batch_invariance.progress import Progress
 from batch_invariance.provision import cache_root, provision
@@ -102,26 +103,12 @@ def config_for_demo(args: argparse.Namespace, server_bin: Path, model: Path) -> 
         workset=workset,
         build_workset=None,
         scorer=load_scorer(args.scorer),
-        ctx=args.ctx,
-        parallel=args.parallel,
-        gate_passes=args.gate_passes,
-        reps=args.reps,
-        n_predict=args.n_predict,
-        seed=args.seed,
-        endpoint=args.endpoint,
-        n_probs=args.n_probs,
-        serial_repeat=not args.no_serial_repeat,
-        req_timeout=args.req_timeout,
-        ready_timeout=args.ready_timeout,
-        policy=GatePolicy(
-            min_hot_trials=args.min_hot_trials,
-            logit_eps=args.logit_eps if args.n_probs is not None else None,
-        ),
+        policy=policy_from_args(args),
         server_flags=flags,
         port_policy=ports.make_policy(args.port, args.reserved_port),
-        max_footprint_gb=args.max_footprint_gb,
         out_dir=out_dir,
         driver_name="demo",
+        **cell_fields(args),
     )
 
 

@@ -226,6 +226,33 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError("--max-footprint-gb must be positive")
 
 
+def cell_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`LiveConfig` fields that come straight from the shared cell options
+    (``add_cell_options``), so run-live and demo read them the same way."""
+    return {
+        "ctx": args.ctx,
+        "parallel": args.parallel,
+        "gate_passes": args.gate_passes,
+        "reps": args.reps,
+        "n_predict": args.n_predict,
+        "seed": args.seed,
+        "endpoint": args.endpoint,
+        "n_probs": args.n_probs,
+        "serial_repeat": not args.no_serial_repeat,
+        "req_timeout": args.req_timeout,
+        "ready_timeout": args.ready_timeout,
+        "max_footprint_gb": args.max_footprint_gb,
+    }
+
+
+def policy_from_args(args: argparse.Namespace) -> GatePolicy:
+    """The gate policy the options ask for (F4 armed only with ``--n-probs``)."""
+    return GatePolicy(
+        min_hot_trials=args.min_hot_trials,
+        logit_eps=args.logit_eps if args.n_probs is not None else None,
+    )
+
+
 def config_from_args(args: argparse.Namespace, *, create_out_dir: bool = True) -> LiveConfig:
     """Validate the parsed options into a :class:`LiveConfig` (UsageError on any problem)."""
     if args.cert_source not in (None, "live"):
@@ -258,10 +285,7 @@ def config_from_args(args: argparse.Namespace, *, create_out_dir: bool = True) -
     if args.out_dir is None:
         raise UsageError("--out-dir DIR is required (where the cert and server logs go)")
     out_dir = _prepare_out_dir(args.out_dir) if create_out_dir else args.out_dir
-    policy = GatePolicy(
-        min_hot_trials=args.min_hot_trials,
-        logit_eps=args.logit_eps if args.n_probs is not None else None,
-    )
+    policy = policy_from_args(args)
     name = (prof.model_name if prof and prof.model_name else None) or model.name.removesuffix(
         ".gguf"
     )
@@ -273,23 +297,12 @@ def config_from_args(args: argparse.Namespace, *, create_out_dir: bool = True) -
         workset=workset,
         build_workset=builder,
         scorer=scorer,
-        ctx=args.ctx,
-        parallel=args.parallel,
-        gate_passes=args.gate_passes,
-        reps=args.reps,
-        n_predict=args.n_predict,
-        seed=args.seed,
-        endpoint=args.endpoint,
-        n_probs=args.n_probs,
-        serial_repeat=not args.no_serial_repeat,
-        req_timeout=args.req_timeout,
-        ready_timeout=args.ready_timeout,
         policy=policy,
         server_flags=flags,
         port_policy=port_policy,
-        max_footprint_gb=args.max_footprint_gb,
         out_dir=out_dir,
         profile=None if prof is None else dict(prof.provenance),
+        **cell_fields(args),
     )
 
 
