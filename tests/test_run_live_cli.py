@@ -167,3 +167,19 @@ def test_plan_n_lists_every_n_and_launches_nothing(
     assert kv[0] < kv[1] < kv[2]
     assert rows[0][-1] == "NO"  # weights + overhead alone pass a 0.3 GiB cap
     assert not setup["marker"].exists()
+
+
+def test_fitted_prompts_must_leave_room_for_the_answer() -> None:
+    from batch_invariance.commands.run_live import check_room_to_answer
+    from batch_invariance.errors import UsageError
+    from batch_invariance.workset import WorkItem, workset_from_items
+
+    def item(test_id: str, tokens: int | None) -> WorkItem:
+        meta = {} if tokens is None else {"calibrated_tokens": tokens}
+        return WorkItem(test_id=test_id, prompt="p", messages=None, meta=meta)
+
+    fits = workset_from_items([item("a", 900), item("plain", None)], "t")
+    check_room_to_answer(fits, ctx=1024, n_predict=124)  # 900 + 124 == 1024: fits exactly
+    tight = workset_from_items([item("a", 900), item("b", 990), item("plain", None)], "t")
+    with pytest.raises(UsageError, match=r"2 prompt\(s\) leave no room .* \(largest: b, 990"):
+        check_room_to_answer(tight, ctx=1024, n_predict=125)

@@ -324,7 +324,31 @@ def _calibrated_workset(cfg: LiveConfig, base_url: str) -> Workset:
     from batch_invariance.profiles.tokens import server_token_counter
 
     assert cfg.build_workset is not None
-    return cfg.build_workset(cfg.ctx, server_token_counter(base_url))
+    workset = cfg.build_workset(cfg.ctx, server_token_counter(base_url))
+    check_room_to_answer(workset, cfg.ctx, cfg.n_predict)
+    return workset
+
+
+def check_room_to_answer(workset: Workset, ctx: int, n_predict: int) -> None:
+    """Refuse (UsageError) when a fitted prompt leaves a slot too little room for the answer.
+
+    Only items that record their fitted size (``meta["calibrated_tokens"]``, as profile
+    work-sets do) are checked: a prompt plus ``n_predict`` beyond ``ctx`` would cut every
+    answer short in every arm, so the cell would measure truncation, not batching.
+    """
+    over = [
+        (item.test_id, int(item.meta["calibrated_tokens"]))
+        for item in workset.items
+        if isinstance(item.meta.get("calibrated_tokens"), int)
+        and int(item.meta["calibrated_tokens"]) + n_predict > ctx
+    ]
+    if over:
+        worst_id, worst = max(over, key=lambda pair: pair[1])
+        raise UsageError(
+            f"{len(over)} prompt(s) leave no room for --n-predict {n_predict} in ctx {ctx} "
+            f"(largest: {worst_id}, {worst} tokens); raise --ctx, lower --n-predict or pick "
+            "a corner with smaller fills"
+        )
 
 
 def provenance_for(
