@@ -19,6 +19,7 @@ from batch_invariance.cli import main
 from batch_invariance.deploy import (
     cell_from_flags,
     command_lines,
+    kv_types_of,
     load_deploy_config,
     model_key,
     toml_entries,
@@ -55,6 +56,21 @@ def test_environment_variable_forms_are_read_and_flags_win() -> None:
         "env",
     )  # fmt: skip
     assert (cell.names[0], cell.parallel, cell.ctx) == ("b", 2, 1024)
+
+
+def test_kv_cache_types_are_read_from_flags_and_environment() -> None:
+    plain = cell_from_flags(["-m", "a.gguf", "-c", "4096", "-np", "2"], "x")
+    assert plain.kv_types == ("f16", "f16")
+    quant = cell_from_flags(
+        ["-m", "a.gguf", "-np", "2", "-ctk", "q8_0", "--cache-type-v=q4_0"], "x"
+    )
+    assert quant.kv_types == ("q8_0", "q4_0")
+    env = cell_from_flags(["LLAMA_ARG_CACHE_TYPE_K=q8_0", "llama-server", "-m", "a.gguf"], "e")
+    assert env.kv_types == ("q8_0", "f16")
+    assert kv_types_of(["llama-server", "--cache-type-k", "bf16", "-ctv", "bf16"]) == (
+        "bf16",
+        "bf16",
+    )
 
 
 def test_bad_values_are_one_line_usage_errors() -> None:
@@ -97,6 +113,11 @@ def test_models_toml_entries_merge_default_and_model_flags() -> None:
     )
     # A file stem and an alias that coincide are one name.
     assert (cell.names, cell.ctx, cell.parallel) == (("small",), 4096, 2)
+    quant = toml_entries(
+        {"models": [{"alias": "q", "gguf": "q.gguf", "kv": "q8_0", "server_flags": ["-np", "2"]}]},
+        "models.toml",
+    )[0]
+    assert cell_from_flags(quant.flags, quant.origin, model=quant.gguf).kv_types == ("q8_0",) * 2
     with pytest.raises(UsageError, match=r"models.toml \[bad\]: missing gguf"):
         toml_entries({"models": [{"alias": "bad"}]}, "models.toml")
     with pytest.raises(UsageError, match="no \\[\\[models\\]\\] entries"):
@@ -181,6 +202,16 @@ def test_check_deploy_passes_when_every_batched_cell_is_promotable(
     assert f"pass  {MODEL} ctx=1024 N=4" in out
     assert "parallel 1: no batching" in out
     assert "check-deploy: PASS" in out
+
+
+def test_check_deploy_fails_a_cell_whose_kv_cache_types_the_cert_did_not_measure(
+    certs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _deploy(tmp_path, f"llama-server -m /srv/{MODEL}.gguf -c 4096 -np 4 -ctk q8_0\n")
+    assert main(["check-deploy", str(config), "--certs", str(certs)]) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"FAIL  {MODEL} ctx=1024 N=4" in out
+    assert "measured with KV cache types (K/V) f16/f16" in out and "runs q8_0/f16" in out
 
 
 def test_check_deploy_names_every_missing_and_failing_cell(

@@ -40,6 +40,10 @@ _MODEL_FLAGS = frozenset({"-m", "--model"})
 _HF_FLAGS = frozenset({"-hf", "-hfr", "--hf-repo"})
 _CTX_FLAGS = frozenset({"-c", "--ctx-size"})
 _PARALLEL_FLAGS = frozenset({"-np", "--parallel"})
+_CACHE_K_FLAGS = frozenset({"-ctk", "--cache-type-k"})
+_CACHE_V_FLAGS = frozenset({"-ctv", "--cache-type-v"})
+#: llama-server's KV cache type when none is given.
+DEFAULT_CACHE_TYPE = "f16"
 _KVU_ON = frozenset({"-kvu", "--kv-unified"})
 _KVU_OFF = frozenset({"-no-kvu", "--no-kv-unified"})
 _ENV_KEYS = {
@@ -47,6 +51,8 @@ _ENV_KEYS = {
     "LLAMA_ARG_CTX_SIZE": "ctx",
     "LLAMA_ARG_N_PARALLEL": "parallel",
     "LLAMA_ARG_KV_UNIFIED": "kvu",
+    "LLAMA_ARG_CACHE_TYPE_K": "cache_k",
+    "LLAMA_ARG_CACHE_TYPE_V": "cache_v",
 }
 
 CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown_ctx"]
@@ -69,6 +75,8 @@ class DeployCell:
     kv_unified: bool
     #: Context per slot, the cert's ``ctx``; None when it cannot be known from the config.
     ctx: int | None
+    #: KV cache types (K, V): a cert measured with other types does not cover this cell.
+    kv_types: tuple[str, str] = (DEFAULT_CACHE_TYPE, DEFAULT_CACHE_TYPE)
 
     @property
     def label(self) -> str:
@@ -151,6 +159,7 @@ class _Flags:
     ctx_size: int
     parallel: int
     kv_unified: bool | None
+    kv_types: tuple[str, str]
 
 
 def _read_flags(tokens: Sequence[str], origin: str) -> _Flags:
@@ -159,6 +168,8 @@ def _read_flags(tokens: Sequence[str], origin: str) -> _Flags:
     ctx_size: int | None = None
     parallel: int | None = None
     kvu: bool | None = None
+    cache_k: str | None = None
+    cache_v: str | None = None
     env: dict[str, str] = {}
     i = 0
     while i < len(tokens):
@@ -169,7 +180,14 @@ def _read_flags(tokens: Sequence[str], origin: str) -> _Flags:
             env[key] = inline
             i += 1
             continue
-        takes_value = flag in _MODEL_FLAGS | _HF_FLAGS | _CTX_FLAGS | _PARALLEL_FLAGS
+        takes_value = flag in (
+            _MODEL_FLAGS
+            | _HF_FLAGS
+            | _CTX_FLAGS
+            | _PARALLEL_FLAGS
+            | _CACHE_K_FLAGS
+            | _CACHE_V_FLAGS
+        )
         if takes_value and flag.startswith("-"):
             if eq:
                 value = inline
@@ -184,6 +202,10 @@ def _read_flags(tokens: Sequence[str], origin: str) -> _Flags:
                 ctx_size = _int_value(flag, value, origin)
             elif flag in _PARALLEL_FLAGS:
                 parallel = _int_value(flag, value, origin)
+            elif flag in _CACHE_K_FLAGS:
+                cache_k = value
+            elif flag in _CACHE_V_FLAGS:
+                cache_v = value
         elif token in _KVU_ON:
             kvu = True
         elif token in _KVU_OFF:
@@ -197,12 +219,20 @@ def _read_flags(tokens: Sequence[str], origin: str) -> _Flags:
         parallel = _int_value("LLAMA_ARG_N_PARALLEL", env["parallel"], origin)
     if kvu is None and "kvu" in env:
         kvu = _truthy(env["kvu"])
+    cache_k = cache_k if cache_k is not None else env.get("cache_k", DEFAULT_CACHE_TYPE)
+    cache_v = cache_v if cache_v is not None else env.get("cache_v", DEFAULT_CACHE_TYPE)
     return _Flags(
         model=model,
         ctx_size=DEFAULT_CTX_SIZE if ctx_size is None else ctx_size,
         parallel=DEFAULT_PARALLEL if parallel is None else parallel,
         kv_unified=kvu,
+        kv_types=(cache_k, cache_v),
     )
+
+
+def kv_types_of(argv: Sequence[str]) -> tuple[str, str]:
+    """The (K, V) cache types a llama-server argv runs with (llama-server's default f16)."""
+    return _read_flags(argv, "argv").kv_types
 
 
 def cell_from_flags(
@@ -243,6 +273,7 @@ def cell_from_flags(
         parallel=parallel,
         kv_unified=unified,
         ctx=per_slot,
+        kv_types=flags.kv_types,
     )
 
 
@@ -332,6 +363,12 @@ def toml_entries(data: Mapping[str, Any], name: str) -> tuple[TomlEntry, ...]:
         if not isinstance(gguf, str) or not gguf:
             raise UsageError(f'{where}: missing gguf = "path/to/model.gguf"')
         flags = base + _flag_list(entry.get("server_flags"), where)
+        kv = entry.get("kv")
+        if kv is not None:
+            if not isinstance(kv, str) or not kv:
+                raise UsageError(f'{where}: kv must be a cache type string such as "q8_0"')
+            # As run-live applies it: both cache types, after the registry's own flags.
+            flags += ["--cache-type-k", kv, "--cache-type-v", kv]
         entries.append(
             TomlEntry(
                 origin=where,
@@ -415,6 +452,8 @@ class _IndexedCert:
     n: int
     #: Why the file is not a valid cert, when it names a cell but fails to read.
     error: str | None = None
+    #: KV cache types of the B/C server the cert measured (from its provenance argv).
+    kv_types: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -449,10 +488,28 @@ def index_certs(certs_dir: Path) -> CertIndex:
             continue
         found.append(
             _IndexedCert(
-                path=path, model=str(cert.model), ctx=int(cert.ctx), n=int(cert.dispatch_n)
+                path=path,
+                model=str(cert.model),
+                ctx=int(cert.ctx),
+                n=int(cert.dispatch_n),
+                kv_types=measured_kv_types(cert.provenance),
             )
         )
     return CertIndex(certs=tuple(found), unreadable=tuple(unreadable))
+
+
+def measured_kv_types(provenance: Mapping[str, Any]) -> tuple[str, str] | None:
+    """KV cache types of the parallel (B/C) server a cert's provenance records; ``None`` when
+    the cert records no server argv (then the types cannot be checked, and fail closed)."""
+    servers = provenance.get("servers") if isinstance(provenance, Mapping) else None
+    if not isinstance(servers, list):
+        return None
+    for server in servers:
+        if isinstance(server, Mapping) and server.get("role") == "BC":
+            argv = server.get("argv")
+            if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
+                return kv_types_of(argv)
+    return None
 
 
 def _claimed_cell(path: Path) -> tuple[str, int, int] | None:
@@ -529,6 +586,18 @@ def check_cell(cell: DeployCell, index: CertIndex, bundle_policy: BundlePolicy |
             reason=f"no cert for {cell.label} (run the cell and add its cert){hint}",
         )
     for entry in matches:
+        if entry.error is None and entry.kv_types != cell.kv_types:
+            measured = "unknown" if entry.kv_types is None else "/".join(entry.kv_types)
+            return CellCheck(
+                cell=cell,
+                kind="missing",
+                reason=(
+                    f"cert {entry.path.name} was measured with KV cache types (K/V) {measured}, "
+                    f"but {cell.origin} runs {'/'.join(cell.kv_types)}: run the cell with the "
+                    "deploy's cache types and add that cert"
+                ),
+                cert=entry.path,
+            )
         if entry.error is not None:
             return CellCheck(
                 cell=cell,
