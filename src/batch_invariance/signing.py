@@ -14,15 +14,13 @@ fake signer; :class:`SigstoreSigner` is the real one.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from batch_invariance.certstore import atomic_write_text
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
 
 #: Suffix of the bundle written next to a signed file.
@@ -165,28 +163,6 @@ class SigstoreSigner:
         return str(bundle.to_json())
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder, fsync and os.replace."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
 def sign_file(artifact: Path, token: str, signer: BundleSigner | None = None) -> SignedBundle:
     """Sign ``artifact``'s bytes and write ``<artifact>.sigstore.json`` beside it atomically.
 
@@ -201,7 +177,7 @@ def sign_file(artifact: Path, token: str, signer: BundleSigner | None = None) ->
     bundle_json = (signer or SigstoreSigner()).sign(payload, token)
     target = bundle_path_for(artifact)
     try:
-        write_text_atomic(target, bundle_json)
+        atomic_write_text(target, bundle_json)
     except OSError as exc:
         raise InfraError(f"cannot write {target}: {exc.strerror or exc}") from None
     return SignedBundle(artifact=artifact, bundle=target, identity=who)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from batch_invariance.certstore import atomic_write_text
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles import load_profile
 from batch_invariance.profiles.tokens import TokenCounter, approx_token_count, server_token_counter
@@ -52,16 +51,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise UsageError(f"--out {path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, data.decode("utf-8"))
 
 
 def run(args: argparse.Namespace) -> int:
