@@ -8,6 +8,7 @@ behaviour is chosen by ``--fake-*`` flags passed through ``extra_flags``.
 from __future__ import annotations
 
 import struct
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,13 @@ def group_alive(pgid: int, settle_s: float = 2.0) -> bool:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+def start_decoy(folder: Path, seconds: int = 600) -> subprocess.Popen[bytes]:
+    """Start a process named ``llama-server`` that the test (not the tool) owns: whatever the
+    tool does, this one must survive. The caller kills it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "llama-server"
+    exe.write_text(f"#!/bin/sh\nexec sleep {seconds}\n")
+    exe.chmod(0o755)
+    return subprocess.Popen([str(exe)], start_new_session=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -102,3 +103,24 @@ def test_rss_watch_stays_quiet_under_the_cap() -> None:
 
 def test_group_rss_of_a_missing_process_is_zero() -> None:
     assert memory.group_rss(2**22 + 12345) == 0
+
+
+def test_gpu_figures_come_from_nvidia_smi_when_present(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batch_invariance import hostinfo
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *memory.free*) printf "1000\\n2000\\n";;\n'
+        '  *) printf "H200, 143771 MiB, 570.1\\n";; esac\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert memory.read_vram_free() == 3000 * 1024**2
+    assert hostinfo.gpu_summary() == [
+        {"name": "H200", "memory_total": "143771 MiB", "driver": "570.1"}
+    ]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert memory.read_vram_free() is None and hostinfo.gpu_summary() == []

@@ -30,7 +30,14 @@ from batch_invariance.server import (
     log_tail,
     owned_flag_conflicts,
 )
-from fakes_live import dense_meta, exiting_server, fake_server, group_alive, write_gguf
+from fakes_live import (
+    dense_meta,
+    exiting_server,
+    fake_server,
+    group_alive,
+    start_decoy,
+    write_gguf,
+)
 
 
 @pytest.fixture()
@@ -41,12 +48,7 @@ def model(tmp_path: Path) -> Path:
 @pytest.fixture()
 def decoy(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A process named ``llama-server`` this test started; it must survive every path."""
-    d = tmp_path / "decoy"
-    d.mkdir()
-    exe = d / "llama-server"
-    exe.write_text("#!/bin/sh\nexec sleep 300\n")
-    exe.chmod(0o755)
-    proc = subprocess.Popen([str(exe)], start_new_session=True)
+    proc = start_decoy(tmp_path / "decoy", 300)
     yield proc
     proc.kill()
     proc.wait()

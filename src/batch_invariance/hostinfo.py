@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.memory import read_meminfo
+from batch_invariance.memory import query_nvidia_smi, read_meminfo
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
@@ -40,25 +38,8 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
 
 def gpu_summary() -> list[dict[str, str]]:
     """Name, total memory and driver of each GPU ``nvidia-smi`` lists (empty without one)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in out.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3:
-            gpus.append({"name": parts[0], "memory_total": parts[1], "driver": parts[2]})
-    return gpus
+    rows = query_nvidia_smi(["name", "memory.total", "driver_version"]) or []
+    return [{"name": n, "memory_total": m, "driver": d} for n, m, d in rows]
 
 
 def summary() -> dict[str, Any]:

@@ -109,14 +109,16 @@ def read_meminfo(path: Path = Path("/proc/meminfo")) -> tuple[int | None, int | 
     return values.get("MemAvailable"), values.get("MemTotal")
 
 
-def read_vram_free() -> int | None:
-    """Free VRAM in bytes summed over GPUs, or ``None`` without a working ``nvidia-smi``."""
+def query_nvidia_smi(fields: Sequence[str], *, units: bool = True) -> list[list[str]] | None:
+    """One row per GPU of ``nvidia-smi --query-gpu=FIELDS`` (CSV cells, stripped); ``None``
+    when there is no working ``nvidia-smi`` (a CPU host, a broken driver)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
+    fmt = "csv,noheader" if units else "csv,noheader,nounits"
     try:
         out = subprocess.run(
-            [exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            [exe, f"--query-gpu={','.join(fields)}", f"--format={fmt}"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -126,14 +128,15 @@ def read_vram_free() -> int | None:
         return None
     if out.returncode != 0:
         return None
-    total = 0
-    seen = False
-    for line in out.stdout.splitlines():
-        line = line.strip()
-        if line.isdigit():
-            total += int(line) * 1024**2
-            seen = True
-    return total if seen else None
+    rows = [[cell.strip() for cell in line.split(",")] for line in out.stdout.splitlines()]
+    return [row for row in rows if len(row) == len(fields)]
+
+
+def read_vram_free() -> int | None:
+    """Free VRAM in bytes summed over GPUs, or ``None`` without a working ``nvidia-smi``."""
+    rows = query_nvidia_smi(["memory.free"], units=False)
+    free = [int(row[0]) for row in rows or [] if row[0].isdigit()]
+    return sum(free) * 1024**2 if free else None
 
 
 def read_host_memory() -> HostMemory:

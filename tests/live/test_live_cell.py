@@ -22,7 +22,7 @@ from batch_invariance import exitcodes
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.run_live import config_from_args, run_live_cell
 from batch_invariance.provision import Provisioned
-from fakes_live import exiting_server, group_alive
+from fakes_live import exiting_server, group_alive, start_decoy
 
 pytestmark = pytest.mark.live
 
@@ -133,12 +133,7 @@ def test_a_server_that_exits_at_once_fails_fast_with_exit_4(
 @pytest.fixture()
 def decoy(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A process named ``llama-server`` that this test (not the tool) started."""
-    d = tmp_path / "decoy"
-    d.mkdir()
-    exe = d / "llama-server"
-    exe.write_text("#!/bin/sh\nexec sleep 600\n")
-    exe.chmod(0o755)
-    proc = subprocess.Popen([str(exe)], start_new_session=True)
+    proc = start_decoy(tmp_path / "decoy", 600)
     yield proc
     proc.kill()
     proc.wait()
