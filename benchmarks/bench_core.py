@@ -13,10 +13,10 @@ import hashlib
 import time
 from dataclasses import replace
 
-from batch_invariance.diff import compare
-from batch_invariance.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
-from batch_invariance.gates import cobatched_flags
-from batch_invariance.verdict import decide
+from batch_invariance.core.diff import compare
+from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
+from batch_invariance.core.gates import cobatched_flags
+from batch_invariance.core.verdict import decide
 
 
 def _trial(test_id: str, sha: str, start: float, end: float) -> Trial:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.run_live import config_from_args, run_live_cell
-from batch_invariance.provision import provision
+from batch_invariance.engines.provision import provision
 
 DEMO = Path(__file__).resolve().parents[1] / "src/batch_invariance/data/worksets/demo.json"
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from batch_invariance.certificate import Cert, build_cert
-from batch_invariance.evidence import (
+from batch_invariance.cert.certificate import Cert, build_cert
+from batch_invariance.core.evidence import (
     CellEvidence,
     CellSpec,
     GatePolicy,
@@ -22,7 +22,7 @@ from batch_invariance.evidence import (
     PassRecord,
     Trial,
 )
-from batch_invariance.verdict import Verdict, decide
+from batch_invariance.core.verdict import Verdict, decide
 
 TS = "2025-01-02T03:04:05Z"
 DEFAULT_POLICY = GatePolicy()

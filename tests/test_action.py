@@ -413,7 +413,7 @@ def test_live_mode_refuses_inputs_run_live_cannot_take(tmp_path: Path) -> None:
 
 
 def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> None:
-    from batch_invariance.certstore import read_cert
+    from batch_invariance.cert.store import read_cert
     from batch_invariance.cli import main
 
     assert main(["run-mock", "--out-dir", str(tmp_path), "--batch-divergence"]) == 0

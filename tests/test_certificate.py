@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from batch_invariance.certificate import (
+from batch_invariance.cert.certificate import (
     Cert,
     build_cert,
     canonical_json,
@@ -21,8 +21,8 @@ from batch_invariance.certificate import (
     policy_from_cert,
     rederive,
 )
-from batch_invariance.evidence import INVARIANT_FIELDS, GatePolicy
-from batch_invariance.verdict import decide
+from batch_invariance.core.evidence import INVARIANT_FIELDS, GatePolicy
+from batch_invariance.core.verdict import decide
 from factories import PROVENANCE, TS, cert_for, changed, green_evidence, replace_trial, spec
 
 CONTRACT_FIELDS = [

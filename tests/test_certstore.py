@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.certstore import cert_path, read_cert, render, write_cert
+from batch_invariance.cert.store import cert_path, read_cert, render, write_cert
 from batch_invariance.errors import CertInvalid, InfraError
 from factories import cert_for, green_evidence, spec
 

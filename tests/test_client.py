@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 import requests
 
-from batch_invariance.client import (
+from batch_invariance.core.evidence import TRANSPORT_MODES
+from batch_invariance.core.workitem import WorkItem
+from batch_invariance.engines.mock_server import MockKnobs, MockServer
+from batch_invariance.errors import InfraError
+from batch_invariance.run.transport import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     MIN_TOP_LOGPROBS,
@@ -26,10 +30,6 @@ from batch_invariance.client import (
     send,
     tasks_from_slots,
 )
-from batch_invariance.errors import InfraError
-from batch_invariance.evidence import TRANSPORT_MODES
-from batch_invariance.mock_server import MockKnobs, MockServer
-from batch_invariance.workset import WorkItem
 
 PROMPT_ITEM = WorkItem("p1", "What is 2 + 3?", None, expected_answer="5")
 CHAT_ITEM = WorkItem("m1", None, (("user", "What is 2 + 3?"),), expected_answer="5")

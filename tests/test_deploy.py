@@ -16,7 +16,7 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.deploy import (
+from batch_invariance.deploy.gate import (
     cell_from_flags,
     command_lines,
     kv_types_of,
@@ -143,11 +143,11 @@ def test_config_without_any_server_is_a_usage_error(tmp_path: Path) -> None:
 def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Path:
     from importlib import resources
 
-    from batch_invariance.driver import CellPlan, finish_cell, run_cell
-    from batch_invariance.evidence import CellSpec, GatePolicy
-    from batch_invariance.mock_server import MockKnobs, MockLauncher
+    from batch_invariance.core.evidence import CellSpec, GatePolicy
+    from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
+    from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
+    from batch_invariance.run.workset import load_workset
     from batch_invariance.scorer_api import load_scorer
-    from batch_invariance.workset import load_workset
 
     ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
     with resources.as_file(ref) as path:
@@ -165,7 +165,7 @@ def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Pat
 def _claims_live_launcher() -> object:
     from typing import Literal
 
-    from batch_invariance.mock_server import MockKnobs, MockLauncher
+    from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
 
     class ClaimsLiveLauncher(MockLauncher):
         source: Literal["live", "mock"] = "live"

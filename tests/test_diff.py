@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from batch_invariance.diff import EXCERPT_CHARS, compare, diff_pair, first_divergent_token
-from batch_invariance.evidence import INVARIANT_FIELDS, ItemMeta
+from batch_invariance.core.diff import EXCERPT_CHARS, compare, diff_pair, first_divergent_token
+from batch_invariance.core.evidence import INVARIANT_FIELDS, ItemMeta
 from factories import changed, make_trial, transport_failure
 
 

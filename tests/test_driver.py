@@ -12,14 +12,14 @@ from typing import Literal
 
 import pytest
 
-from batch_invariance.driver import CellPlan, CellRun, ServerHandle, finish_cell, run_cell
+from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
+from batch_invariance.core.verdict import Verdict, decide
+from batch_invariance.core.workitem import WorkItem
+from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
-from batch_invariance.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
-from batch_invariance.mock_server import MockKnobs, MockLauncher
-from batch_invariance.progress import Progress
+from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, finish_cell, run_cell
+from batch_invariance.run.progress import Progress
 from batch_invariance.scorer_api import Completion, ExactMatchScorer, Score, Scorer
-from batch_invariance.verdict import Verdict, decide
-from batch_invariance.workset import WorkItem
 
 QUESTIONS = (
     ("add", "What is 17 + 25?", "42"),

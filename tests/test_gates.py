@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from batch_invariance import gates as g
-from batch_invariance.evidence import GatePolicy, PassRecord
+from batch_invariance.core import gates as g
+from batch_invariance.core.evidence import GatePolicy, PassRecord
 from factories import (
     changed,
     concurrent_pass,

@@ -9,8 +9,7 @@ from dataclasses import replace
 import pytest
 import requests
 
-from batch_invariance.errors import InfraError
-from batch_invariance.mock_server import (
+from batch_invariance.engines.mock_server import (
     MockKnobs,
     MockLauncher,
     MockServer,
@@ -18,6 +17,7 @@ from batch_invariance.mock_server import (
     diverged_answer,
     tokenize,
 )
+from batch_invariance.errors import InfraError
 
 
 def _chat(base: str, content: str, **extra: object) -> requests.Response:

@@ -10,11 +10,16 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch_invariance.certificate import build_cert, compute_digest, is_promotable
-from batch_invariance.diff import compare
-from batch_invariance.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, CellEvidence, GatePolicy
-from batch_invariance.gates import cobatched_flags
-from batch_invariance.verdict import decide
+from batch_invariance.cert.certificate import build_cert, compute_digest, is_promotable
+from batch_invariance.core.diff import compare
+from batch_invariance.core.evidence import (
+    INVARIANT_FIELDS,
+    TRANSPORT_MODES,
+    CellEvidence,
+    GatePolicy,
+)
+from batch_invariance.core.gates import cobatched_flags
+from batch_invariance.core.verdict import decide
 from factories import cert_for, changed, green_evidence, make_trial, transport_failure
 
 FAST = settings(
@@ -303,7 +308,7 @@ def test_build_cert_is_deterministic() -> None:
 @FAST
 @given(st.data())
 def test_report_agrees_with_classify_on_single_comparisons(data: st.DataObject) -> None:
-    from batch_invariance.diff import classify, diff_pair
+    from batch_invariance.core.diff import classify, diff_pair
 
     x = data.draw(trials("a"))
     y = data.draw(st.one_of(trials("a"), st.builds(lambda t: changed(t), st.just(x))))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance import memory
 from batch_invariance.cli import main
-from batch_invariance.gguf import parse_info
+from batch_invariance.engines import memory
+from batch_invariance.engines.gguf import parse_info
 from fakes_live import dense_meta, fake_server, write_gguf
 
 
@@ -171,8 +171,9 @@ def test_plan_n_lists_every_n_and_launches_nothing(
 
 def test_fitted_prompts_must_leave_room_for_the_answer() -> None:
     from batch_invariance.commands.run_live import check_room_to_answer
+    from batch_invariance.core.workitem import WorkItem
     from batch_invariance.errors import UsageError
-    from batch_invariance.workset import WorkItem, workset_from_items
+    from batch_invariance.run.workset import workset_from_items
 
     def item(test_id: str, tokens: int | None) -> WorkItem:
         meta = {} if tokens is None else {"calibrated_tokens": tokens}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.certificate import cert_is_green, is_promotable
-from batch_invariance.certstore import read_cert
+from batch_invariance.cert.certificate import cert_is_green, is_promotable
+from batch_invariance.cert.store import read_cert
 from batch_invariance.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from batch_invariance.certificate import schema_text
+from batch_invariance.cert.certificate import schema_text
 from factories import cert_for
 
 SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "cert.schema.json"
 
 
 def test_schema_file_is_fresh() -> None:
-    assert SCHEMA.exists(), "run: python -m batch_invariance.certstore --write-schema " + str(
+    assert SCHEMA.exists(), "run: python -m batch_invariance.cert.store --write-schema " + str(
         SCHEMA
     )
     assert SCHEMA.read_text(encoding="utf-8") == schema_text(), (
         "docs/cert.schema.json is stale; regenerate it with "
-        "`python -m batch_invariance.certstore --write-schema docs/cert.schema.json`"
+        "`python -m batch_invariance.cert.store --write-schema docs/cert.schema.json`"
     )
 
 

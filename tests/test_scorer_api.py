@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from batch_invariance.core.evidence import SCORER_ERROR
+from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
-from batch_invariance.evidence import SCORER_ERROR
 from batch_invariance.scorer_api import (
     Completion,
     ExactMatchScorer,
@@ -16,7 +17,6 @@ from batch_invariance.scorer_api import (
     evaluate,
     load_scorer,
 )
-from batch_invariance.workset import WorkItem
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "scorer.py"
 ITEM = WorkItem("q", "What is 6 * 7?", None, expected_answer="42")
@@ -72,8 +72,8 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("/nonexistent/scorer.py:X", "no such file"),
         ("batch_invariance_no_such_module:X", "importing"),
         ("batch_invariance.scorer_api:Nope", "has no attribute"),
-        ("batch_invariance.scorer_api:SCORER_ERROR", "neither a Scorer nor a function"),
-        ("batch_invariance.workset:WorkItem", "is not a batch_invariance Scorer"),
+        ("batch_invariance.core.scoring:SCORER_ERROR", "neither a Scorer nor a function"),
+        ("batch_invariance.run.workset:WorkItem", "is not a batch_invariance Scorer"),
         ("os:getcwd", "cannot be called as fn(text, expected, *, item)"),
         ("json:dumps", "cannot be called as fn(text, expected, *, item)"),
     ],

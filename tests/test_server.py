@@ -19,10 +19,9 @@ import psutil
 import pytest
 import requests
 
-from batch_invariance import ports
-from batch_invariance.errors import GuardRefused, InfraError, UsageError
-from batch_invariance.gguf import parse_info
-from batch_invariance.server import (
+from batch_invariance.engines import ports
+from batch_invariance.engines.gguf import parse_info
+from batch_invariance.engines.llama_server import (
     LiveLauncher,
     LlamaServer,
     build_argv,
@@ -30,6 +29,7 @@ from batch_invariance.server import (
     log_tail,
     owned_flag_conflicts,
 )
+from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from fakes_live import (
     dense_meta,
     exiting_server,
@@ -255,8 +255,8 @@ def test_a_busy_fixed_port_is_refused() -> None:
 _HOLDER = r"""
 import sys, time
 from pathlib import Path
-from batch_invariance import ports
-from batch_invariance.server import LlamaServer
+from batch_invariance.engines import ports
+from batch_invariance.engines.llama_server import LlamaServer
 exe, model, log_dir, mode = sys.argv[1:5]
 srv = LlamaServer(Path(exe), Path(model), arm="A", parallel=1, ctx=256,
                   port=ports.pick_free(ports.DEFAULT_RESERVED), log_dir=Path(log_dir))

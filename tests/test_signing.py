@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
-from batch_invariance.errors import CertInvalid, InfraError, UsageError
-from batch_invariance.signing import (
+from batch_invariance.cert.signing import (
     GITHUB_ACTIONS_ISSUER,
     bundle_path_for,
     detect_token,
@@ -28,6 +27,7 @@ from batch_invariance.signing import (
     sign_file,
     verify_bundle,
 )
+from batch_invariance.errors import CertInvalid, InfraError, UsageError
 from test_action import FakeSigner, fake_github_jwt, oidc_endpoint, with_process_env
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.spark import families
 from batch_invariance.profiles.spark.calibrate import DOC_END, NoFit, PromptParts, fit_prompt
@@ -19,7 +20,7 @@ from batch_invariance.profiles.spark.families import FAMILIES
 from batch_invariance.profiles.spark.haystack import haystack_blocks, load_corpus
 from batch_invariance.profiles.spark.workset import CORNERS, generate
 from batch_invariance.profiles.tokens import approx_token_count
-from batch_invariance.workset import WorkItem, items_to_row
+from batch_invariance.run.workset import items_to_row
 
 
 def render(items: list[WorkItem]) -> bytes:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from batch_invariance.stats import binom_cdf, clopper_pearson, rule_of_three
+from batch_invariance.core.stats import binom_cdf, clopper_pearson, rule_of_three
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from batch_invariance.evidence import CellEvidence, GatePolicy
-from batch_invariance.verdict import decide
+from batch_invariance.core.evidence import CellEvidence, GatePolicy
+from batch_invariance.core.verdict import decide
 from factories import (
     changed,
     green_evidence,

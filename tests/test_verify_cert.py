@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.certificate import compute_digest
-from batch_invariance.certstore import write_cert
+from batch_invariance.cert.certificate import compute_digest
+from batch_invariance.cert.store import write_cert
+from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.cli import main
-from batch_invariance.verification import verify_cert_file
 from factories import cert_for, changed, green_evidence, replace_trial
 
 

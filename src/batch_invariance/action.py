@@ -33,8 +33,8 @@ from types import FrameType
 from typing import Any, Literal, TextIO
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.signing import BundleSigner, detect_token, sign_file
 from batch_invariance.errors import BatchInvarianceError, Interrupted, UsageError
-from batch_invariance.signing import BundleSigner, detect_token, sign_file
 
 Mode = Literal["live", "mock"]
 Require = Literal["green", "promotable"]
@@ -345,7 +345,7 @@ def _cert_files(folder: Path) -> dict[Path, tuple[int, int]]:
 def run_cell_via_cli(line: CommandLine) -> CellResult:
     """Run the command exactly as ``batch-invariance <argv>`` would, and read its cert."""
     from batch_invariance import cli
-    from batch_invariance.certstore import read_cert
+    from batch_invariance.cert.store import read_cert
     from batch_invariance.errors import InfraError
 
     parser = cli.build_parser()
@@ -374,7 +374,7 @@ def run_cell_via_cli(line: CommandLine) -> CellResult:
 
 def embedded_default() -> tuple[str, str]:
     """Provision the embedded default (real llama-server + Gemma 3 270M) and return it."""
-    from batch_invariance.provision import provision
+    from batch_invariance.engines.provision import provision
 
     got = provision()
     return str(got.server_bin), str(got.model)
@@ -403,7 +403,7 @@ def _md(value: Any, limit: int = _EXCERPT_CHARS) -> str:
 
 
 def outputs_for(cert: Any, cert_path: Path, bundle: Path | None, workspace: Path) -> dict[str, str]:
-    from batch_invariance.certificate import display_verdict, is_promotable
+    from batch_invariance.cert.certificate import display_verdict, is_promotable
 
     return {
         "status": str(cert.status),
@@ -418,7 +418,7 @@ def outputs_for(cert: Any, cert_path: Path, bundle: Path | None, workspace: Path
 
 
 def require_holds(cert: Any, require: Require) -> bool:
-    from batch_invariance.certificate import cert_is_green, is_promotable
+    from batch_invariance.cert.certificate import cert_is_green, is_promotable
 
     return bool(cert_is_green(cert) if require == "green" else is_promotable(cert))
 
@@ -492,7 +492,7 @@ def summary_markdown(cert: Any, require: Require, passed: bool, outputs: Mapping
 
 
 def verdict_annotation(cert: Any, require: Require, passed: bool, cell: str) -> str:
-    from batch_invariance.certificate import display_verdict
+    from batch_invariance.cert.certificate import display_verdict
 
     verdict = display_verdict(str(cert.status))
     title = f"{_TITLE} {verdict}"

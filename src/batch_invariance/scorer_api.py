@@ -1,244 +1,27 @@
-"""The scorer contract: how a completion becomes an invariant trial record.
+"""The public scorer API for user scorers: ``from batch_invariance.scorer_api import Scorer``.
 
-Subclass :class:`Scorer` and implement :meth:`~Scorer.extract_answer`,
-:meth:`~Scorer.classify_failure_mode` and :meth:`~Scorer.score`; or pass a plain function
-``fn(text, expected, *, item) -> (score, passed, failure_mode)``. ``--scorer pkg.mod:NAME``
-(or ``path/to/file.py:NAME``) loads either with :func:`load_scorer`.
-
-A scorer that raises on one trial never loses the id: :func:`evaluate` records
-``failure_mode = "scorer_error"`` for that trial and the run goes on.
+A stable import path over :mod:`batch_invariance.core.scoring` (the contract) and
+:mod:`batch_invariance.run.scorer_loader` (``--scorer`` loading); nothing is defined here.
 """
 
-from __future__ import annotations
+from batch_invariance.core.scoring import (
+    Completion,
+    ExactMatchScorer,
+    FunctionScorer,
+    Score,
+    Scorer,
+    ScoreResult,
+    evaluate,
+)
+from batch_invariance.run.scorer_loader import load_scorer
 
-import importlib
-import importlib.util
-import inspect
-import sys
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-from batch_invariance.errors import UsageError
-from batch_invariance.evidence import OK, SCORER_ERROR
-from batch_invariance.workset import WorkItem
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What the server returned for one request, as the scorer sees it."""
-
-    text: str
-    finish_reason: str | None = None
-    completion_tokens: int | None = None
-    n_predict: int | None = None
-
-
-@dataclass(frozen=True)
-class Score:
-    """A score and whether it counts as a pass."""
-
-    value: float | None
-    passed: bool | None
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    """The scorer's part of a trial's invariant record."""
-
-    score: float | None
-    passed: bool | None
-    extracted_answer: str | None
-    failure_mode: str
-    error: str | None = None
-
-
-class Scorer(ABC):
-    """Judges completions. Implementations must be deterministic and side-effect free."""
-
-    #: Recorded in the cert's provenance; override with something stable.
-    scorer_id: str = "custom"
-
-    @abstractmethod
-    def extract_answer(self, text: str, item: WorkItem) -> str | None:
-        """The answer found in ``text``, or ``None`` when there is none."""
-
-    @abstractmethod
-    def classify_failure_mode(
-        self, completion: Completion, item: WorkItem, extracted: str | None
-    ) -> str:
-        """``"ok"`` for a genuinely scored completion, else a failure mode name."""
-
-    @abstractmethod
-    def score(self, extracted: str | None, expected: str | None, item: WorkItem) -> Score:
-        """Score an extracted answer against the expected one."""
-
-
-class ExactMatchScorer(Scorer):
-    """The default: the whole stripped completion is the answer, so any change is scored."""
-
-    scorer_id = "exact_match"
-
-    def extract_answer(self, text: str, item: WorkItem) -> str | None:
-        return text.strip()
-
-    def classify_failure_mode(
-        self, completion: Completion, item: WorkItem, extracted: str | None
-    ) -> str:
-        return "empty" if not completion.text.strip() else OK
-
-    def score(self, extracted: str | None, expected: str | None, item: WorkItem) -> Score:
-        if expected is None:
-            return Score(value=None, passed=None)
-        hit = extracted is not None and extracted == expected.strip()
-        return Score(value=1.0 if hit else 0.0, passed=hit)
-
-
-ScorerFunction = Callable[..., tuple[Any, Any, Any]]
-
-
-class FunctionScorer(Scorer):
-    """Adapts ``fn(text, expected, *, item) -> (score, passed, failure_mode)``."""
-
-    def __init__(self, fn: ScorerFunction, scorer_id: str) -> None:
-        self._fn = fn
-        self.scorer_id = scorer_id
-
-    def _call(self, text: str, item: WorkItem) -> tuple[Any, Any, Any]:
-        result = self._fn(text, item.expected_answer, item=item)
-        if not (isinstance(result, tuple) and len(result) == 3):
-            raise TypeError("scorer function must return (score, passed, failure_mode)")
-        return result
-
-    def extract_answer(self, text: str, item: WorkItem) -> str | None:
-        return text.strip()
-
-    def classify_failure_mode(
-        self, completion: Completion, item: WorkItem, extracted: str | None
-    ) -> str:
-        return str(self._call(completion.text, item)[2])
-
-    def score(self, extracted: str | None, expected: str | None, item: WorkItem) -> Score:
-        # evaluate() calls the function once per trial through evaluate_text(); this keeps
-        # the Scorer contract usable on its own.
-        value, passed, _ = self._fn(extracted or "", expected, item=item)
-        return Score(
-            value=None if value is None else float(value),
-            passed=None if passed is None else bool(passed),
-        )
-
-    def evaluate_text(self, completion: Completion, item: WorkItem) -> ScoreResult:
-        value, passed, mode = self._call(completion.text, item)
-        return ScoreResult(
-            score=None if value is None else float(value),
-            passed=None if passed is None else bool(passed),
-            extracted_answer=completion.text.strip(),
-            failure_mode=str(mode),
-        )
-
-
-def evaluate(scorer: Scorer, item: WorkItem, completion: Completion) -> ScoreResult:
-    """Run the scorer on one completion; an exception becomes ``scorer_error``, never a crash."""
-    try:
-        if isinstance(scorer, FunctionScorer):
-            return scorer.evaluate_text(completion, item)
-        extracted = scorer.extract_answer(completion.text, item)
-        mode = scorer.classify_failure_mode(completion, item, extracted)
-        result = scorer.score(extracted, item.expected_answer, item)
-        return ScoreResult(
-            score=None if result.value is None else float(result.value),
-            passed=result.passed,
-            extracted_answer=extracted,
-            failure_mode=str(mode),
-        )
-    except Exception as exc:  # a user scorer may raise anything; the id must not be lost
-        return ScoreResult(
-            score=None,
-            passed=None,
-            extracted_answer=None,
-            failure_mode=SCORER_ERROR,
-            error=_one_line(exc),
-        )
-
-
-def _check_function_signature(fn: Callable[..., Any], spec: str, name: str) -> None:
-    """Refuse, before any server starts, a function that cannot take ``(text, expected, *, item)``.
-
-    Otherwise every trial would become ``scorer_error`` and the run would be wasted.
-    Callables without an introspectable signature (some builtins) are accepted as they are.
-    """
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    try:
-        sig.bind("", None, item=None)
-    except TypeError as exc:
-        raise UsageError(
-            f"--scorer {spec!r}: {name}{sig} cannot be called as fn(text, expected, *, item) "
-            f"({exc})"
-        ) from None
-
-
-def _one_line(exc: BaseException) -> str:
-    """``Kind: message`` with the message's whitespace (newlines included) collapsed."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
-
-
-def _import_target(module_part: str) -> Any:
-    if module_part.endswith(".py") or "/" in module_part:
-        path = Path(module_part)
-        if not path.is_file():
-            raise UsageError(f"--scorer: no such file {path}")
-        name = f"_bi_scorer_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise UsageError(f"--scorer: cannot load {path} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-    return importlib.import_module(module_part)
-
-
-def load_scorer(spec: str | None) -> Scorer:
-    """Load ``pkg.mod:NAME`` or ``file.py:NAME``; ``None`` gives :class:`ExactMatchScorer`.
-
-    NAME may be a :class:`Scorer` subclass (instantiated with no arguments), an instance, or a
-    plain function. Anything else is a :class:`UsageError` with one line.
-    """
-    if spec is None:
-        return ExactMatchScorer()
-    module_part, sep, name = spec.rpartition(":")
-    if not sep or not module_part or not name:
-        raise UsageError(f"--scorer {spec!r}: expected 'pkg.module:NAME' or 'file.py:NAME'")
-    try:
-        module = _import_target(module_part)
-    except UsageError:
-        raise
-    except Exception as exc:
-        raise UsageError(
-            f"--scorer {spec!r}: importing {module_part} failed: {_one_line(exc)}"
-        ) from None
-    try:
-        target = getattr(module, name)
-    except AttributeError:
-        raise UsageError(f"--scorer {spec!r}: {module_part} has no attribute {name!r}") from None
-    if inspect.isclass(target):
-        if not issubclass(target, Scorer):
-            raise UsageError(f"--scorer {spec!r}: class {name} is not a batch_invariance Scorer")
-        try:
-            instance = target()
-        except Exception as exc:
-            raise UsageError(f"--scorer {spec!r}: {name}() failed: {_one_line(exc)}") from None
-        if instance.scorer_id == Scorer.scorer_id:
-            instance.scorer_id = spec
-        return instance
-    if isinstance(target, Scorer):
-        return target
-    if callable(target):
-        _check_function_signature(target, spec, name)
-        return FunctionScorer(target, scorer_id=spec)
-    raise UsageError(f"--scorer {spec!r}: {name} is neither a Scorer nor a function")
+__all__ = [
+    "Completion",
+    "ExactMatchScorer",
+    "FunctionScorer",
+    "Score",
+    "ScoreResult",
+    "Scorer",
+    "evaluate",
+    "load_scorer",
+]

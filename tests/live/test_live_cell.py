@@ -21,7 +21,7 @@ import requests
 from batch_invariance import exitcodes
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.run_live import config_from_args, run_live_cell
-from batch_invariance.provision import Provisioned
+from batch_invariance.engines.provision import Provisioned
 from fakes_live import exiting_server, group_alive, start_decoy
 
 pytestmark = pytest.mark.live

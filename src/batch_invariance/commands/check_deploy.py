@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.signing import GITHUB_ACTIONS_ISSUER
 from batch_invariance.errors import UsageError
-from batch_invariance.signing import GITHUB_ACTIONS_ISSUER
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from batch_invariance.deploy import BundlePolicy, check_cells, load_deploy_config
+    from batch_invariance.deploy.gate import BundlePolicy, check_cells, load_deploy_config
 
     if args.repository and not args.bundle_identity:
         raise UsageError("--repository needs --bundle-identity (it checks the signature)")

@@ -15,7 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from batch_invariance import ports
 from batch_invariance.commands.run_live import (
     LiveConfig,
     add_cell_options,
@@ -26,13 +25,14 @@ from batch_invariance.commands.run_live import (
     report,
     run_live_cell,
 )
+from batch_invariance.engines import ports
+from batch_invariance.engines.gguf import parse_info
+from batch_invariance.engines.llama_server import owned_flag_conflicts
+from batch_invariance.engines.provision import cache_root, provision
 from batch_invariance.errors import UsageError
-from batch_invariance.gguf import parse_info
-from batch_invariance.progress import Progress
-from batch_invariance.provision import cache_root, provision
-from batch_invariance.scorer_api import load_scorer
-from batch_invariance.server import owned_flag_conflicts
-from batch_invariance.workset import Workset, load_workset
+from batch_invariance.run.progress import Progress
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import Workset, load_workset
 
 #: Measured demo defaults (2 cores, see examples/certs/README.md).
 DEMO_CTX = 1024

@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from batch_invariance import exitcodes, memory
+from batch_invariance import exitcodes
+from batch_invariance.engines import memory
+from batch_invariance.engines.gguf import parse_info
 from batch_invariance.errors import UsageError
-from batch_invariance.gguf import parse_info
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

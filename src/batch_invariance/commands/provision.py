@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.provision import cache_root, provision
+from batch_invariance.engines.provision import cache_root, provision
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

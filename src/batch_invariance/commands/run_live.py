@@ -1,9 +1,10 @@
 """`batch-invariance run-live`: one real cell against the user's own ``llama-server``.
 
 The command validates its inputs (usage errors exit 2 with one line), then runs the cell
-through :func:`~batch_invariance.driver.run_cell` with a
-:class:`~batch_invariance.server.LiveLauncher` (which guards memory and re-checks the port
-before every launch) and writes the cert with :func:`~batch_invariance.driver.finish_cell`.
+through :func:`~batch_invariance.run.cell.run_cell` with a
+:class:`~batch_invariance.engines.llama_server.LiveLauncher` (which guards memory and
+re-checks the port before every launch) and writes the cert with
+:func:`~batch_invariance.run.cell.finish_cell`.
 ``source`` is ``live`` because this code path spawned the servers; ``--cert-source`` only
 accepts ``live`` and decides nothing. ``--dry-run`` prints the plan and launches nothing.
 
@@ -21,16 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from batch_invariance import __version__, exitcodes, hostinfo, memory, ports
-from batch_invariance.certificate import display_verdict, is_promotable
-from batch_invariance.driver import CellPlan, CellRun, FinishedCell, finish_cell, run_cell
-from batch_invariance.errors import InfraError, UsageError
-from batch_invariance.evidence import CellSpec, GatePolicy
-from batch_invariance.gguf import GgufInfo, cached_sha256, parse_info
-from batch_invariance.progress import Progress, ProgressSink
-from batch_invariance.provision import cache_root
-from batch_invariance.scorer_api import Scorer, load_scorer
-from batch_invariance.server import (
+from batch_invariance import __version__, exitcodes
+from batch_invariance.cert.certificate import display_verdict, is_promotable
+from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.scoring import Scorer
+from batch_invariance.engines import host as hostinfo
+from batch_invariance.engines import memory, ports
+from batch_invariance.engines.gguf import GgufInfo, cached_sha256, parse_info
+from batch_invariance.engines.llama_server import (
     BinaryIdentity,
     LiveLauncher,
     build_argv,
@@ -38,7 +37,12 @@ from batch_invariance.server import (
     kv_label,
     owned_flag_conflicts,
 )
-from batch_invariance.workset import Workset, expand_reps, load_workset
+from batch_invariance.engines.provision import cache_root
+from batch_invariance.errors import InfraError, UsageError
+from batch_invariance.run.cell import CellPlan, CellRun, FinishedCell, finish_cell, run_cell
+from batch_invariance.run.progress import Progress, ProgressSink
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import Workset, expand_reps, load_workset
 
 DEFAULT_GATE_PASSES = 8
 DEFAULT_REPS = 3

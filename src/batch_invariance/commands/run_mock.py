@@ -1,7 +1,8 @@
 """`batch-invariance run-mock`: the full A/B/C gate against the in-process mock server.
 
-The same :func:`~batch_invariance.driver.run_cell` / :func:`~batch_invariance.driver.finish_cell`
-path as a live run, with :class:`~batch_invariance.mock_server.MockLauncher` in place of real
+The same :func:`~batch_invariance.run.cell.run_cell` /
+:func:`~batch_invariance.run.cell.finish_cell` path as a live run, with
+:class:`~batch_invariance.engines.mock_server.MockLauncher` in place of real
 ``llama-server`` processes. The verdict is really computed: the default mock is batch-invariant
 and should earn GREEN; ``--batch-divergence`` makes co-batched requests change their answers and
 should earn RED. The cert says ``source: mock`` and is never promotable.
@@ -16,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import __version__, exitcodes
-from batch_invariance.certificate import display_verdict
-from batch_invariance.driver import CellPlan, finish_cell, run_cell
+from batch_invariance.cert.certificate import display_verdict
+from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
-from batch_invariance.evidence import CellSpec, GatePolicy
-from batch_invariance.mock_server import MockKnobs, MockLauncher
-from batch_invariance.progress import Progress
-from batch_invariance.scorer_api import load_scorer
-from batch_invariance.workset import Workset, expand_reps, load_workset
+from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
+from batch_invariance.run.progress import Progress
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import Workset, expand_reps, load_workset
 
 #: The cert's model name for mock cells.
 MOCK_MODEL = "mock"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.verify import VerificationReport, verify_cert_file
 from batch_invariance.errors import CertInvalid, UsageError
-from batch_invariance.verification import VerificationReport, verify_cert_file
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -74,7 +74,7 @@ def _check_signature(args: argparse.Namespace) -> str | None:
             "`batch-invariance sign CERT` or pass the right --bundle"
         )
     # Imported here so that sigstore is only loaded when a signature is asked for.
-    from batch_invariance.signing import verify_bundle
+    from batch_invariance.cert.signing import verify_bundle
 
     verify_bundle(
         Path(args.path),

@@ -7,7 +7,7 @@ A profile is a folder. Bundled ones live here (``batch_invariance/profiles/<name
       profile.toml          [profile] name, description
                             [workset] corners = [...], default_corner, default_seed
       workset.py            generate(ctx, corner, seed, token_counter) -> list[WorkItem]
-      scorer.py             make_scorer() -> batch_invariance.scorer_api.Scorer
+      scorer.py             make_scorer() -> batch_invariance.core.scoring.Scorer
       models.example.toml   the model registry template (see profiles.models)
       models.toml           optional: the user's copy (also looked for in the current folder)
 
@@ -35,6 +35,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from batch_invariance.core.scoring import Scorer
+from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import BatchInvarianceError, UsageError
 from batch_invariance.profiles.models import (
     Registry,
@@ -44,8 +46,8 @@ from batch_invariance.profiles.models import (
     resolve_model,
 )
 from batch_invariance.profiles.tokens import TokenCounter, approx_token_count
-from batch_invariance.scorer_api import Scorer, load_scorer
-from batch_invariance.workset import WorkItem, Workset, workset_from_items
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import Workset, workset_from_items
 
 __all__ = [
     "Profile",

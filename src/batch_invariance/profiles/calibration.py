@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Literal
 
-from batch_invariance.driver import ServerHandle, ServerLauncher
+from batch_invariance.run.cell import ServerHandle, ServerLauncher
 
 
 class PrelaunchedLauncher:

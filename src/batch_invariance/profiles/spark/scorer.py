@@ -39,9 +39,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from batch_invariance.evidence import OK, TRANSPORT_MODES
-from batch_invariance.scorer_api import Completion, Score, Scorer
-from batch_invariance.workset import WorkItem
+from batch_invariance.core.evidence import OK, TRANSPORT_MODES
+from batch_invariance.core.scoring import Completion, Score, Scorer
+from batch_invariance.core.workitem import WorkItem
 
 EMPTY = "empty"
 PREMATURE_EOS = "premature_eos"

@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.spark.calibrate import (
     TOLERANCE,
@@ -23,7 +24,6 @@ from batch_invariance.profiles.spark.calibrate import (
 )
 from batch_invariance.profiles.spark.families import FAMILIES
 from batch_invariance.profiles.spark.haystack import haystack_blocks
-from batch_invariance.workset import WorkItem
 
 #: Fill ratios (of ctx) per corner.
 CORNERS: Mapping[str, tuple[float, ...]] = {

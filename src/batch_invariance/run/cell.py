@@ -3,8 +3,8 @@
 :func:`run_cell` owns exactly one server at a time. The A server (``--parallel 1``) runs arm A
 serially, then the serial repeat A' (unless the plan skips it); it is torn down before the B/C
 server (``--parallel N``) starts, which runs arm B serially and then the T concurrent C passes.
-Every request becomes a :class:`~batch_invariance.evidence.Trial` (transport failures too, as
-failure modes), scored through :func:`batch_invariance.scorer_api.evaluate`. The result is a
+Every request becomes a :class:`~batch_invariance.core.evidence.Trial` (transport failures too, as
+failure modes), scored through :func:`batch_invariance.core.scoring.evaluate`. The result is a
 :class:`CellRun` whose ``evidence`` the pure core judges.
 
 :func:`finish_cell` turns a :class:`CellRun` into a written cert: ``verdict.decide``,
@@ -23,10 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from batch_invariance.client import RawResponse, RequestTemplate
-from batch_invariance.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
-from batch_invariance.errors import UsageError
-from batch_invariance.evidence import (
+from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
     ARM_B,
@@ -38,13 +35,16 @@ from batch_invariance.evidence import (
     PassRecord,
     Trial,
 )
-from batch_invariance.progress import NullProgress, ProgressSink
-from batch_invariance.scorer_api import Completion, Scorer, evaluate
-from batch_invariance.workset import WorkItem
+from batch_invariance.core.scoring import Completion, Scorer, evaluate
+from batch_invariance.core.workitem import WorkItem
+from batch_invariance.errors import UsageError
+from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
+from batch_invariance.run.progress import NullProgress, ProgressSink
+from batch_invariance.run.transport import RawResponse, RequestTemplate
 
 if TYPE_CHECKING:
-    from batch_invariance.certificate import Cert
-    from batch_invariance.verdict import Verdict
+    from batch_invariance.cert.certificate import Cert
+    from batch_invariance.core.verdict import Verdict
 
 
 class ServerHandle(Protocol):
@@ -537,7 +537,9 @@ def finish_cell(
     is merged over the run's own block (request template, servers, timings). The cert's
     ``source`` is the run's: what the launcher that started the servers is.
     """
-    from batch_invariance import certificate, certstore, verdict
+    from batch_invariance.cert import certificate
+    from batch_invariance.cert import store as certstore
+    from batch_invariance.core import verdict
 
     decided = verdict.decide(run.evidence, policy)
     merged: dict[str, Any] = {**run.provenance(), **dict(provenance)}

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
 
 
@@ -46,33 +47,6 @@ class WorkRow(BaseModel):
         if self.id is not None and not self.id.strip():
             raise ValueError("'id' must not be blank")
         return self
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    """One prompt to measure, with what the scorer needs to judge it."""
-
-    test_id: str
-    prompt: str | None
-    messages: tuple[tuple[str, str], ...] | None
-    expected_answer: str | None = None
-    family: str | None = None
-    fill: float | None = None
-    system: str | None = None
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def with_id(self, test_id: str) -> WorkItem:
-        """The same item under another test id (used for repetitions)."""
-        return WorkItem(
-            test_id=test_id,
-            prompt=self.prompt,
-            messages=self.messages,
-            expected_answer=self.expected_answer,
-            family=self.family,
-            fill=self.fill,
-            system=self.system,
-            meta=self.meta,
-        )
 
 
 @dataclass(frozen=True)

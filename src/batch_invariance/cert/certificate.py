@@ -2,8 +2,8 @@
 
 * :func:`build_cert` turns evidence + verdict + spec + provenance into a :class:`Cert` whose
   ``digest`` is the sha256 of the canonical JSON of everything else.
-* :func:`evidence_from_cert` rebuilds the :class:`~batch_invariance.evidence.CellEvidence`
-  embedded in a cert, so :func:`rederive` can run the same :func:`~batch_invariance.verdict.
+* :func:`evidence_from_cert` rebuilds the :class:`~batch_invariance.core.evidence.CellEvidence`
+  embedded in a cert, so :func:`rederive` can run the same :func:`~batch_invariance.core.verdict.
   decide` again and rebuild the whole cert; :func:`consistency_errors` names every top-level
   field where the stored cert and the rebuilt one differ.
 * :func:`cert_is_green` and :func:`is_promotable` accept a :class:`Cert` or a plain ``dict``
@@ -23,14 +23,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from batch_invariance import __version__
-from batch_invariance.diff import (
+from batch_invariance.core.diff import (
     DivergenceRow,
     GroupCount,
     PairReport,
     content_key,
     excerpt,
 )
-from batch_invariance.evidence import (
+from batch_invariance.core.evidence import (
     INVARIANT_FIELDS,
     CellEvidence,
     CellSpec,
@@ -39,7 +39,7 @@ from batch_invariance.evidence import (
     PassRecord,
     Trial,
 )
-from batch_invariance.verdict import Verdict, decide
+from batch_invariance.core.verdict import Verdict, decide
 
 CERT_VERSION = 1
 GATE_ABC_UNION = "abc_union"
@@ -800,7 +800,7 @@ def spec_from_cert(cert: object) -> CellSpec:
 
 def rederive(cert: object) -> Cert:
     """Rebuild the whole cert from its own evidence, policy, spec, provenance and timestamp
-    with the same pure :func:`~batch_invariance.verdict.decide`."""
+    with the same pure :func:`~batch_invariance.core.verdict.decide`."""
     c = coerce_cert(cert)
     evidence = evidence_from_cert(c)
     policy = policy_from_cert(c)

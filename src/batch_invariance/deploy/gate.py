@@ -387,7 +387,7 @@ def _trained_ctx(model: str, flags: Sequence[str], origin: str) -> int | None:
     path = Path(model)
     if not path.is_file():
         return None
-    from batch_invariance.gguf import parse_info
+    from batch_invariance.engines.gguf import parse_info
 
     try:
         return parse_info(path).context_length
@@ -465,7 +465,7 @@ class CertIndex:
 
 def index_certs(certs_dir: Path) -> CertIndex:
     """Every readable cert under ``certs_dir`` (recursively; bundles skipped)."""
-    from batch_invariance.certstore import read_cert
+    from batch_invariance.cert.store import read_cert
 
     if not certs_dir.is_dir():
         raise UsageError(f"certs folder not found: {certs_dir}")
@@ -533,10 +533,10 @@ def _matches(entry: _IndexedCert, cell: DeployCell) -> bool:
 
 
 def _check_one_cert(path: Path, bundle_policy: BundlePolicy | None) -> tuple[CheckKind, str]:
-    from batch_invariance.certificate import display_verdict, is_promotable
-    from batch_invariance.certstore import read_cert
-    from batch_invariance.signing import bundle_path_for, verify_bundle
-    from batch_invariance.verification import verify_cert_file
+    from batch_invariance.cert.certificate import display_verdict, is_promotable
+    from batch_invariance.cert.signing import bundle_path_for, verify_bundle
+    from batch_invariance.cert.store import read_cert
+    from batch_invariance.cert.verify import verify_cert_file
 
     try:
         verify_cert_file(path)

@@ -1,8 +1,8 @@
 """Typed values that flow from the driver into the pure verdict core.
 
 Everything here is a frozen dataclass with no behaviour beyond derived views: the driver
-(imperative shell) fills these in, :mod:`batch_invariance.verdict` and
-:mod:`batch_invariance.certificate` read them. Nothing here touches sockets, files or clocks.
+(imperative shell) fills these in, :mod:`batch_invariance.core.verdict` and
+:mod:`batch_invariance.cert.certificate` read them. Nothing here touches sockets, files or clocks.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from batch_invariance.certstore import atomic_write_text
+from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
 
 #: Suffix of the bundle written next to a signed file.

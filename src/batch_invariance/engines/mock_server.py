@@ -10,7 +10,7 @@ Completions are derived from the prompt: questions of a few known shapes (arithm
 secret codes, reversing or upper-casing a word, counting letters) get their right answer, so a
 scorer has something real to judge; anything else gets a deterministic filler sentence.
 :class:`MockKnobs` injects the faults the verdict must tell apart. :class:`MockLauncher`
-implements :class:`batch_invariance.driver.ServerLauncher` over it.
+implements :class:`batch_invariance.run.cell.ServerLauncher` over it.
 
 This is never a substitute for the real server: certs from it are ``source=mock``.
 """

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import requests
 
-from batch_invariance.client import (
+from batch_invariance.core.workitem import WorkItem
+from batch_invariance.run.transport import (
     RawResponse,
     RequestTemplate,
     busy_from_metrics,
@@ -28,7 +29,6 @@ from batch_invariance.client import (
     send,
     tasks_from_slots,
 )
-from batch_invariance.workset import WorkItem
 
 #: Called after each completed request with the response (from any thread).
 OnDone = Callable[[RawResponse], None]

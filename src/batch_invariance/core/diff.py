@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from batch_invariance.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, ItemMeta, Trial
+from batch_invariance.core.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, ItemMeta, Trial
 
 #: Length of the completion excerpts carried in per-id rows (first characters, no marker, so
 #: that an excerpt of an excerpt is the excerpt itself).

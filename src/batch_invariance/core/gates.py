@@ -2,7 +2,7 @@
 
 A clean A/C comparison proves nothing unless requests really shared batches, enough of them
 were genuinely scored, and nothing got in the way. Each gate here returns a small frozen
-record with ``ok`` and a one-line ``reason``; :mod:`batch_invariance.verdict` combines them.
+record with ``ok`` and a one-line ``reason``; :mod:`batch_invariance.core.verdict` combines them.
 Every gate fails closed: missing evidence (no passes, no server signal, a missing interval)
 counts as "not met", never as "met".
 
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from batch_invariance.evidence import (
+from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
     ARM_B,

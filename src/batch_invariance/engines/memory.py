@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from batch_invariance.engines.gguf import GgufInfo
 from batch_invariance.errors import GuardRefused
-from batch_invariance.gguf import GgufInfo
 
 GIB = 1024**3
 

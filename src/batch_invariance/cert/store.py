@@ -9,7 +9,7 @@
 * :func:`read_cert` parses, validates and checks the digest, raising
   :class:`~batch_invariance.errors.CertInvalid` with a one-line message.
 
-``python -m batch_invariance.certstore --write-schema docs/cert.schema.json`` regenerates the
+``python -m batch_invariance.cert.store --write-schema docs/cert.schema.json`` regenerates the
 published JSON schema from the pydantic model.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from batch_invariance.certificate import Cert, compute_digest, schema_text
+from batch_invariance.cert.certificate import Cert, compute_digest, schema_text
 from batch_invariance.errors import CertInvalid, InfraError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -215,7 +215,7 @@ def write_schema(path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batch_invariance.certstore")
+    parser = argparse.ArgumentParser(prog="python -m batch_invariance.cert.store")
     parser.add_argument(
         "--write-schema",
         metavar="PATH",

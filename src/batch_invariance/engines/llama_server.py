@@ -29,9 +29,9 @@ from typing import IO, Any, Literal
 
 import requests
 
-from batch_invariance import memory, ports
+from batch_invariance.engines import memory, ports
+from batch_invariance.engines.gguf import GgufInfo
 from batch_invariance.errors import InfraError, Interrupted
-from batch_invariance.gguf import GgufInfo
 
 #: Flags the launcher owns; a user ``--server-flag`` may not override them.
 OWNED_FLAGS: frozenset[str] = frozenset(

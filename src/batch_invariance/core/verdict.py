@@ -12,7 +12,7 @@
 4. AC token-only differences, or armed F4 logit drift -> ``green_with_caveat``.
 5. Otherwise ``green``.
 
-Transport failures never reach row 1 on their own: :mod:`batch_invariance.diff` skips any
+Transport failures never reach row 1 on their own: :mod:`batch_invariance.core.diff` skips any
 comparison with a transport failure on either side.
 """
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from batch_invariance import gates as g
-from batch_invariance import stats
-from batch_invariance.diff import PairReport, compare, diff_pair
-from batch_invariance.evidence import CellEvidence, GatePolicy
+from batch_invariance.core import gates as g
+from batch_invariance.core import stats
+from batch_invariance.core.diff import PairReport, compare, diff_pair
+from batch_invariance.core.evidence import CellEvidence, GatePolicy
 
 Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
 STATUSES: tuple[str, ...] = ("failed", "green_unverified", "green_with_caveat", "green")

@@ -1,11 +1,11 @@
 """HTTP requests to llama-server's OpenAI-compatible surface, and what came back.
 
-:class:`RequestTemplate` turns a :class:`~batch_invariance.workset.WorkItem` into a request
+:class:`RequestTemplate` turns a :class:`~batch_invariance.run.workset.WorkItem` into a request
 body that is byte-identical for the same test id in every arm (temperature 0, a fixed per-id
 seed, ``cache_prompt: false``, the same token budget, logprobs on so the generated tokens come
 back). :func:`send` posts it and always returns a :class:`RawResponse`: a transport failure
 (timeout, connection error, HTTP error, dropped connection, dead server) is a value with a
-failure mode from :data:`batch_invariance.evidence.TRANSPORT_MODES`, never an exception.
+failure mode from :data:`batch_invariance.core.evidence.TRANSPORT_MODES`, never an exception.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import requests
 
+from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import InfraError
-from batch_invariance.workset import WorkItem
 
 Endpoint = Literal["chat", "completions"]
 
@@ -122,7 +122,7 @@ class RawResponse:
     """One request's outcome as the transport saw it, before scoring.
 
     ``failure_mode`` is ``None`` when a completion came back; otherwise one of
-    :data:`~batch_invariance.evidence.TRANSPORT_MODES` and ``text`` is ``None``.
+    :data:`~batch_invariance.core.evidence.TRANSPORT_MODES` and ``text`` is ``None``.
     """
 
     test_id: str

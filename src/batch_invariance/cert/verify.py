@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_invariance.certificate import (
+from batch_invariance.cert.certificate import (
     Cert,
     consistency_errors,
     display_verdict,
     is_promotable,
     rederive,
 )
-from batch_invariance.certstore import read_cert
+from batch_invariance.cert.store import read_cert
 from batch_invariance.errors import CertInvalid
 
 

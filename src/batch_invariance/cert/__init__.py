@@ -1,0 +1,1 @@
+"""The cert: its JSON model, building, verification, storage and signing."""

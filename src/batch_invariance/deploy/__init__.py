@@ -1,0 +1,1 @@
+"""The deploy gate: reading deploy configs and matching their cells to certs."""

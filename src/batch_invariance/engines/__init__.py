@@ -1,0 +1,1 @@
+"""Servers under test: the llama-server process, the loopback mock, host facts, provisioning."""

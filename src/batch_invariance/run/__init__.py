@@ -1,0 +1,1 @@
+"""Running a cell: work-sets, HTTP transport, dispatch of the arms, the cell driver."""
