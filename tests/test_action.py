@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import action, exitcodes
+from batch_invariance.cert import render
 from batch_invariance.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -400,7 +401,7 @@ def test_github_output_is_multiline_safe() -> None:
 
 
 def test_annotation_escapes_newlines_and_property_separators() -> None:
-    line = action.annotation("error", "t: a, b", "50% done\nnext")
+    line = render.annotation("error", "t: a, b", "50% done\nnext")
     assert line == "::error title=t%3A a%2C b::50%25 done%0Anext"
     assert "\n" not in line
 
@@ -423,11 +424,11 @@ def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> No
     outputs = action.outputs_for(cert, path, None, tmp_path)
     assert outputs["verdict"] == "RED"
     assert int(outputs["divergent-ids"]) == len(cert.divergence_report.AC.divergent_ids) > 0
-    summary = action.summary_markdown(cert, "green", False, outputs)
+    summary = render.summary_markdown(cert, "green", False, outputs)
     assert "## batch-invariance: RED" in summary
     assert "| id | pass | field | A | C |" in summary
     first = cert.divergence_report.AC.divergent_ids[0]
     assert first in summary
-    note = action.verdict_annotation(cert, "green", False, outputs["cell"])
+    note = render.verdict_annotation(cert, "green", False, outputs["cell"])
     assert note.startswith("::error title=batch-invariance RED::")
     assert "batching changed scored outputs" in note

@@ -6,6 +6,7 @@ that behave like one (ready, dead at once, hanging, forking a child, eating memo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -271,7 +272,7 @@ with srv:
 """
 
 
-@pytest.mark.parametrize("mode", ["sigterm", "atexit"])
+@pytest.mark.parametrize("mode", ["sigterm", "atexit", "sigkill"])
 def test_no_server_outlives_its_owner(
     tmp_path: Path, model: Path, mode: str, decoy: subprocess.Popen[bytes]
 ) -> None:
@@ -285,13 +286,18 @@ def test_no_server_outlives_its_owner(
     try:
         assert holder.stdout is not None
         pid = int(holder.stdout.readline())
-        if mode == "sigterm":
+        if mode in ("sigterm", "sigkill"):
             assert group_alive(pid, settle_s=0)
-            holder.send_signal(signal.SIGTERM)
+            # SIGKILL runs no Python code: only the parent-death signal can stop the server.
+            holder.send_signal(signal.SIGTERM if mode == "sigterm" else signal.SIGKILL)
         holder.wait(timeout=30)
     finally:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
-    assert not group_alive(pid)
+    try:
+        assert not group_alive(pid, settle_s=5.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
     assert decoy.poll() is None

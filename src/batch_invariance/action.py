@@ -33,11 +33,18 @@ from types import FrameType
 from typing import Any, Literal, TextIO
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.render import (
+    TITLE,
+    Require,
+    annotation,
+    failure_summary,
+    summary_markdown,
+    verdict_annotation,
+)
 from batch_invariance.cert.signing import BundleSigner, detect_token, sign_file
 from batch_invariance.errors import BatchInvarianceError, Interrupted, UsageError
 
 Mode = Literal["live", "mock"]
-Require = Literal["green", "promotable"]
 
 #: Inputs and their defaults, exactly as ``action.yml`` declares them.
 INPUT_DEFAULTS: Mapping[str, str] = {
@@ -72,9 +79,7 @@ OUTPUT_NAMES: tuple[str, ...] = (
     "cell-id",
 )
 
-_TITLE = "batch-invariance"
-_MAX_DIVERGENT_ROWS = 10
-_EXCERPT_CHARS = 80
+_TITLE = TITLE
 
 
 @dataclass(frozen=True)
@@ -178,20 +183,6 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
 
 
 # --------------------------------------------------------------------------- workflow commands
-
-
-def escape_data(text: str) -> str:
-    """Escape a workflow-command message (``::error::MESSAGE``)."""
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def escape_property(text: str) -> str:
-    """Escape a workflow-command property value (``title=...``)."""
-    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def annotation(level: Literal["error", "warning", "notice"], title: str, message: str) -> str:
-    return f"::{level} title={escape_property(title)}::{escape_data(message)}"
 
 
 def format_outputs(values: Mapping[str, str]) -> str:
@@ -395,13 +386,6 @@ def relative_to_workspace(path: Path, workspace: Path) -> str:
         return str(path)
 
 
-def _md(value: Any, limit: int = _EXCERPT_CHARS) -> str:
-    text = " ".join(str(value).split())
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return text.replace("|", "\\|").replace("`", "'") or "∅"
-
-
 def outputs_for(cert: Any, cert_path: Path, bundle: Path | None, workspace: Path) -> dict[str, str]:
     from batch_invariance.cert.certificate import display_verdict, is_promotable
 
@@ -421,103 +405,6 @@ def require_holds(cert: Any, require: Require) -> bool:
     from batch_invariance.cert.certificate import cert_is_green, is_promotable
 
     return bool(cert_is_green(cert) if require == "green" else is_promotable(cert))
-
-
-def summary_markdown(cert: Any, require: Require, passed: bool, outputs: Mapping[str, str]) -> str:
-    """The job summary: verdict, gate table, divergent ids, bound, scope (pure)."""
-    ac = cert.divergence_report.AC
-    lines = [
-        f"## batch-invariance: {outputs['verdict']} — `{outputs['cell']}`",
-        "",
-        f"- **Verdict:** {outputs['verdict']} (status `{cert.status}`, source `{cert.source}`, "
-        f"gate `{cert.gate}`, KV `{cert.kv_label}`)",
-        f"- **Require `{require}`:** {'met' if passed else 'NOT met'}; promotable: "
-        f"{outputs['promotable']}",
-    ]
-    if cert.divergence_class:
-        lines.append(f"- **Divergence class:** `{cert.divergence_class}`")
-    if cert.anomaly:
-        lines.append(f"- **Anomaly:** `{cert.anomaly}`")
-    if cert.source == "mock":
-        lines.append(
-            "- **Mock run:** this cert comes from the in-process mock server "
-            "(`source=mock`); it tests the wiring and can never pass `require`."
-        )
-    lines += ["", "### Gates", "", "| gate | result | reason |", "| --- | --- | --- |"]
-    for name, outcome in cert.gates.items():
-        mark = "pass" if outcome.ok else "**fail**"
-        lines.append(f"| {name} | {mark} | {_md(outcome.reason, 200)} |")
-    lines += ["", f"### Divergent ids (A vs C): {len(ac.divergent_ids)}", ""]
-    rows = [row for row in ac.per_id if row.kind != "token_only"]
-    if rows:
-        lines += ["| id | pass | field | A | C |", "| --- | --- | --- | --- | --- |"]
-        for row in rows[:_MAX_DIVERGENT_ROWS]:
-            a_text = row.x_excerpt if row.x_excerpt is not None else row.x
-            c_text = row.y_excerpt if row.y_excerpt is not None else row.y
-            where = "" if row.pass_index is None else str(row.pass_index)
-            lines.append(
-                f"| `{_md(row.test_id, 60)}` | {where} | {row.field} | {_md(a_text)} | "
-                f"{_md(c_text)} |"
-            )
-        if len(rows) > _MAX_DIVERGENT_ROWS:
-            lines.append(f"\n…and {len(rows) - _MAX_DIVERGENT_ROWS} more rows in the cert.")
-    else:
-        lines.append("None: A and C agreed on every compared id and pass.")
-    if ac.token_divergence_ids:
-        lines.append(
-            f"\nToken-only differences (same invariant fields): {len(ac.token_divergence_ids)} "
-            "id(s)."
-        )
-    scope = cert.promotion_scope
-    lines += [
-        "",
-        "### Sensitivity",
-        "",
-        _md(scope.rule_of_three, 400),
-        "",
-        "### Scope",
-        "",
-        f"> {_md(str(scope.valid_for).rstrip('.'), 400)}. This result does not generalize "
-        "to other models, context sizes, N, builds or hardware.",
-        f"> {_md(scope.moe_warning, 400)}",
-        "",
-        "### Decision reasons",
-        "",
-    ]
-    lines += [f"{i}. {_md(reason, 400)}" for i, reason in enumerate(cert.decision_reasons, 1)]
-    lines += ["", f"Cert: `{outputs['cert-path']}`"]
-    if outputs["bundle-path"]:
-        lines.append(f"Signature bundle: `{outputs['bundle-path']}`")
-    return "\n".join(lines) + "\n"
-
-
-def verdict_annotation(cert: Any, require: Require, passed: bool, cell: str) -> str:
-    from batch_invariance.cert.certificate import display_verdict
-
-    verdict = display_verdict(str(cert.status))
-    title = f"{_TITLE} {verdict}"
-    reasons = "; ".join(str(r) for r in cert.decision_reasons[:2])
-    if passed:
-        return annotation("notice", title, f"{cell}: {verdict}, require {require} met. {reasons}")
-    if cert.status == "failed":
-        n = len(cert.divergence_report.AC.divergent_ids)
-        mock = " (mock run)" if cert.source == "mock" else ""
-        return annotation(
-            "error",
-            title,
-            f"{cell}: batching changed scored outputs on {n} id(s) "
-            f"({cert.divergence_class}){mock}. {reasons}",
-        )
-    if cert.source == "mock":
-        return annotation(
-            "error",
-            title,
-            f"{cell}: mock mode: the cert has source=mock and can never pass require "
-            f"{require}; use mode live on a real server",
-        )
-    return annotation(
-        "error", title, f"{cell}: {verdict} does not meet require {require}. {reasons}"
-    )
 
 
 # --------------------------------------------------------------------------- main
@@ -544,7 +431,7 @@ def _fail(
     print(annotation("error", heading, str(exc)), file=out)
     # Best effort: the annotation above already carries the error.
     with contextlib.suppress(BatchInvarianceError):
-        _append(env.get("GITHUB_STEP_SUMMARY"), f"## {heading}\n\n{_md(exc, 1000)}\n")
+        _append(env.get("GITHUB_STEP_SUMMARY"), failure_summary(heading, exc))
     return exitcodes.for_error(exc)
 
 

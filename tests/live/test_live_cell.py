@@ -6,6 +6,8 @@ Kept small (short generations, few passes) so the whole file runs in a few minut
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -182,6 +184,56 @@ def test_sigint_in_the_middle_of_arm_c(
     assert "no cert written" in err and "Traceback" not in err
     assert not group_alive(server_pid)
     assert decoy.poll() is None  # the decoy named llama-server survived
+    assert list(out_dir.glob("*.json")) == []
+
+
+def _server_child(tool_pid: int) -> int | None:
+    """The pid of the llama-server the tool started, once its /health answers."""
+    try:
+        children = psutil.Process(tool_pid).children()
+    except psutil.Error:
+        return None
+    for child in children:
+        try:
+            argv = child.cmdline()
+        except psutil.Error:
+            continue
+        if "--port" in argv:
+            port = argv[argv.index("--port") + 1]
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return child.pid
+            except requests.RequestException:
+                pass
+    return None
+
+
+def test_kill_9_of_the_tool_takes_its_server_down(
+    live_pair: Provisioned, tmp_path: Path, demo_subset: Callable[[int], Path]
+) -> None:
+    """SIGKILL runs no Python code in the tool: only the parent-death signal stops the server."""
+    out_dir = tmp_path / "out"
+    proc = _cli(*_args(live_pair, demo_subset(8), out_dir, *SIGINT_CELL.split()))
+    server_pid = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and server_pid is None:
+            server_pid = _server_child(proc.pid)
+            time.sleep(0.05)
+        assert server_pid is not None, "the tool never brought a server up"
+        proc.kill()
+        proc.wait()
+        gone_by = time.monotonic() + 5.0
+        while time.monotonic() < gone_by and group_alive(server_pid, settle_s=0):
+            time.sleep(0.05)
+        assert not group_alive(server_pid, settle_s=0), "llama-server outlived kill -9 of the tool"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if server_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(server_pid, signal.SIGKILL)
     assert list(out_dir.glob("*.json")) == []
 
 

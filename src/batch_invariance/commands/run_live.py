@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batch_invariance import __version__, exitcodes
-from batch_invariance.cert.certificate import display_verdict, is_promotable
+from batch_invariance.cert.certificate import is_promotable
+from batch_invariance.cert.render import live_banner
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines import host as hostinfo
@@ -552,31 +553,8 @@ def report(finished: FinishedCell, label: str, out: Any = None) -> int:
     """Print the verdict banner, gates and reasons; return the exit code for the cert."""
     stream = out if out is not None else sys.stdout
     cert = finished.cert
-    shown = display_verdict(cert.status)
-    bar = "=" * 72
-    print(bar, file=stream)
-    klass = f" / {cert.divergence_class}" if cert.divergence_class else ""
-    print(f"  {shown}{klass}  {label} ctx={cert.ctx} N={cert.dispatch_n}", file=stream)
-    print(bar, file=stream)
-    gates = (
-        f"overlap {'met' if cert.overlap.ok else 'NOT met'}, "
-        f"floor {'met' if cert.completion_floor.ok else 'NOT met'}, "
-        f"coverage {'met' if cert.cobatch_coverage.ok else 'NOT met'}, "
-        f"transport {'clean' if cert.transport.ok else 'failures'}"
-    )
-    print(f"  gates: {gates}", file=stream)
-    ac = cert.divergence_report.AC
-    print(
-        f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
-        file=stream,
-    )
-    for reason in cert.decision_reasons:
-        print(f"  - {reason}", file=stream)
-    print(f"cert: {finished.path}", file=stream)
-    if finished.superseded is not None:
-        print(f"previous cert moved to: {finished.superseded}", file=stream)
-    promotable = is_promotable(cert)
-    return exitcodes.for_status(cert.status, promotable)
+    stream.write(live_banner(cert, finished.path, finished.superseded, label))
+    return exitcodes.for_status(cert.status, is_promotable(cert))
 
 
 # ---------------------------------------------------------------------------- CLI

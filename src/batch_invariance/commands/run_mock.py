@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import __version__, exitcodes
-from batch_invariance.cert.certificate import display_verdict
+from batch_invariance.cert.render import mock_prediction, mock_report
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
@@ -123,26 +123,19 @@ def handle(args: argparse.Namespace) -> int:
         "scorer_id": run.scorer_id,
     }
     finished = finish_cell(run, spec, GatePolicy(), provenance, out_dir)
-    status = finished.cert.status
-    shown = display_verdict(status)
-    expected = "failed" if args.batch_divergence else "green"
-    mode = "--batch-divergence" if args.batch_divergence else "default"
-    bar = "=" * 72
-    print(bar)
-    print(f"  {shown}  mock cell {MOCK_MODEL} ctx={args.ctx} N={args.parallel}  ({mode} mode)")
-    print(bar)
-    for reason in finished.cert.decision_reasons:
-        print(f"  - {reason}")
-    print(f"cert: {finished.path}")
-    if finished.superseded is not None:
-        print(f"previous cert moved to: {finished.superseded}")
-    print("source=mock: never promotable (verify-cert never exits 0 on it, by design)")
-    if status == expected:
-        print(f"mock behaved as the {mode} mode predicts ({display_verdict(expected)})")
-        return exitcodes.PROMOTABLE
     print(
-        f"batch-invariance: the mock did NOT behave as predicted: expected "
-        f"{display_verdict(expected)}, got {shown}",
-        file=sys.stderr,
+        mock_report(
+            finished.cert,
+            finished.path,
+            finished.superseded,
+            model=MOCK_MODEL,
+            divergence_mode=bool(args.batch_divergence),
+        ),
+        end="",
     )
-    return exitcodes.for_status(status, promotable=False)
+    as_predicted, line = mock_prediction(finished.cert.status, bool(args.batch_divergence))
+    if as_predicted:
+        print(line)
+        return exitcodes.PROMOTABLE
+    print(line, file=sys.stderr)
+    return exitcodes.for_status(finished.cert.status, promotable=False)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.verify import VerificationReport, verify_cert_file
+from batch_invariance.cert.render import verify_text
+from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.errors import CertInvalid, UsageError
 
 
@@ -87,21 +88,8 @@ def _check_signature(args: argparse.Namespace) -> str | None:
     return f"verified ({args.cert_identity}, {args.cert_oidc_issuer})"
 
 
-def _print_report(report: VerificationReport, signature: str | None) -> None:
-    print(f"cert:       {report.path}")
-    print(f"cell:       model={report.model} ctx={report.ctx} N={report.dispatch_n}")
-    print(f"status:     {report.verdict} ({report.status})")
-    print(f"source:     {report.source}   gate: {report.gate}")
-    print(f"promotable: {'yes' if report.promotable else 'no'}")
-    print(f"signature:  {signature or 'not checked (no --bundle)'}")
-    print("integrity:  schema ok, digest ok, verdict re-derived from evidence matches")
-    print("reasons:")
-    for reason in report.reasons:
-        print(f"  - {reason}")
-
-
 def handle(args: argparse.Namespace) -> int:
     report = verify_cert_file(Path(args.path))
     signature = _check_signature(args)
-    _print_report(report, signature)
+    print(verify_text(report.path, report.cert, report.promotable, signature), end="")
     return exitcodes.for_status(report.status, report.promotable)

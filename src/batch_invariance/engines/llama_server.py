@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import hashlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -67,6 +69,46 @@ def _cleanup_all() -> None:
 
 
 atexit.register(_cleanup_all)
+
+
+#: ``prctl(PR_SET_PDEATHSIG, ...)`` (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Any:
+    """libc's ``prctl`` on Linux, resolved once in the parent (the child may not import)."""
+    if sys.platform != "linux":  # pragma: no cover - the tool targets Linux hosts
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_parent_hook(parent_pid: int) -> Any:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when the tool dies.
+
+    The atexit hook and the context managers cover every exit that runs Python code; this
+    covers the one that does not (``kill -9`` of the tool, an OOM kill). The kernel sends the
+    signal when the *thread* that forked the child ends: servers are started and stopped by
+    the same ``with`` block, so the forking thread always outlives the server it started.
+    The hook does only a libc call and ``os._exit`` (no imports, no locks) because it runs
+    between ``fork`` and ``exec``. A parent that died before the call is caught by the
+    ``getppid`` check.
+    """
+    prctl = _PRCTL
+    if prctl is None:  # pragma: no cover - not Linux
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return hook
 
 
 def owned_flag_conflicts(server_flags: Sequence[str]) -> list[str]:
@@ -281,6 +323,7 @@ class LlamaServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=die_with_parent_hook(os.getpid()),
             )
         except OSError as exc:
             self._log.close()
