@@ -1,0 +1,110 @@
+"""Golden tests for every human view in :mod:`batch_invariance.cert.render`.
+
+Each view of a fixed GREEN and a fixed RED cert is compared byte for byte with
+``tests/golden/<name>``. After an intended change to a view, regenerate with
+``BATCH_INVARIANCE_REGEN_GOLDEN=1 python -m pytest tests/test_render_golden.py`` and review
+the diff of ``tests/golden/`` like code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from batch_invariance.cert import render
+from batch_invariance.cert.certificate import Cert, is_promotable
+from factories import cert_for, changed, green_evidence, replace_trial
+
+GOLDEN = Path(__file__).parent / "golden"
+REGEN_ENV = "BATCH_INVARIANCE_REGEN_GOLDEN"
+CERT_PATH = Path("/certs/tiny-model__ctx2048__N4.json")
+OLD_PATH = Path("/certs/tiny-model__ctx2048__N4.superseded-1.json")
+
+
+def _check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get(REGEN_ENV):
+        path.write_text(text, encoding="utf-8")
+    assert path.is_file(), f"no golden file {path}; run with {REGEN_ENV}=1 to create it"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{name} changed; if intended, regenerate with {REGEN_ENV}=1 and review the diff"
+    )
+
+
+def _green() -> Cert:
+    return cert_for()[0]
+
+
+def _red() -> Cert:
+    ev = green_evidence()
+    trial = ev.c_passes[1].trials["t003"]
+    ev = replace_trial(ev, "C", "t003", changed(trial, completion="a different | `answer`",
+                                                extracted_answer="different"), pass_index=1)
+    return cert_for(ev)[0]
+
+
+def _mock() -> Cert:
+    return cert_for(source="mock")[0]
+
+
+def _outputs(cert: Cert, bundle: str = "") -> dict[str, str]:
+    return {
+        "status": cert.status,
+        "verdict": "GREEN" if cert.status == "green" else "RED",
+        "promotable": "true" if is_promotable(cert) else "false",
+        "cert-path": "certs/tiny-model__ctx2048__N4.json",
+        "bundle-path": bundle,
+        "divergent-ids": str(len(cert.divergence_report.AC.divergent_ids)),
+        "cell": f"{cert.model}/{cert.ctx}/{cert.dispatch_n}",
+        "cell-id": "tiny-model__ctx2048__N4",
+    }
+
+
+def test_the_fixtures_are_what_they_say() -> None:
+    assert _green().status == "green" and is_promotable(_green())
+    assert _red().status == "failed"
+
+
+@pytest.mark.parametrize("kind", ["green", "red"])
+def test_live_banner(kind: str) -> None:
+    cert = _green() if kind == "green" else _red()
+    superseded = OLD_PATH if kind == "red" else None
+    _check(f"banner_{kind}.txt", render.live_banner(cert, CERT_PATH, superseded, "live cell x"))
+
+
+def test_mock_report_and_its_footer() -> None:
+    cert = _mock()
+    text = render.mock_report(cert, CERT_PATH, None, model="mock", divergence_mode=False)
+    ok, line = render.mock_prediction(cert.status, divergence_mode=False)
+    missed, wrong = render.mock_prediction(cert.status, divergence_mode=True)
+    assert ok and not missed
+    _check("mock_report.txt", text + line + "\n" + wrong + "\n")
+
+
+@pytest.mark.parametrize("signature", [None, "verified (me@example.com, https://issuer)"])
+def test_verify_text(signature: str | None) -> None:
+    cert = _green()
+    name = "verify_signed.txt" if signature else "verify_unsigned.txt"
+    _check(name, render.verify_text(CERT_PATH, cert, is_promotable(cert), signature))
+
+
+@pytest.mark.parametrize("kind", ["green", "red", "mock"])
+def test_job_summary(kind: str) -> None:
+    cert = {"green": _green, "red": _red, "mock": _mock}[kind]()
+    passed = kind == "green"
+    bundle = "certs/tiny-model__ctx2048__N4.sigstore.json" if passed else ""
+    _check(f"summary_{kind}.md", render.summary_markdown(cert, "green", passed, _outputs(cert, bundle)))
+
+
+def test_annotations() -> None:
+    green, red, mock = _green(), _red(), _mock()
+    lines = [
+        render.verdict_annotation(green, "green", True, "tiny-model/2048/4"),
+        render.verdict_annotation(red, "green", False, "tiny-model/2048/4"),
+        render.verdict_annotation(mock, "promotable", False, "mock/2048/4"),
+        render.verdict_annotation(green, "promotable", False, "tiny-model/2048/4"),
+        render.annotation("error", "t: a, b", "50% done\nnext"),
+    ]
+    _check("annotations.txt", "\n".join(lines) + "\n" + render.failure_summary("h", "x | y"))
