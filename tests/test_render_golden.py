@@ -40,8 +40,13 @@ def _green() -> Cert:
 def _red() -> Cert:
     ev = green_evidence()
     trial = ev.c_passes[1].trials["t003"]
-    ev = replace_trial(ev, "C", "t003", changed(trial, completion="a different | `answer`",
-                                                extracted_answer="different"), pass_index=1)
+    ev = replace_trial(
+        ev,
+        "C",
+        "t003",
+        changed(trial, completion="a different | `answer`", extracted_answer="different"),
+        pass_index=1,
+    )
     return cert_for(ev)[0]
 
 
@@ -95,7 +100,9 @@ def test_job_summary(kind: str) -> None:
     cert = {"green": _green, "red": _red, "mock": _mock}[kind]()
     passed = kind == "green"
     bundle = "certs/tiny-model__ctx2048__N4.sigstore.json" if passed else ""
-    _check(f"summary_{kind}.md", render.summary_markdown(cert, "green", passed, _outputs(cert, bundle)))
+    _check(
+        f"summary_{kind}.md", render.summary_markdown(cert, "green", passed, _outputs(cert, bundle))
+    )
 
 
 def test_annotations() -> None:

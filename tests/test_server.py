@@ -301,3 +301,14 @@ def test_no_server_outlives_its_owner(
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     assert decoy.poll() is None
+
+
+def test_host_summary_names_os_cpus_and_memory() -> None:
+    from batch_invariance.engines import host
+
+    facts = host.summary()
+    assert set(facts) == {"os", "machine", "python", "cpu_model", "cpu_count", "cpu_usable",
+                          "cpu_flags", "mem_total_bytes", "gpus"}  # fmt: skip
+    assert facts["os"] and facts["cpu_count"] >= facts["cpu_usable"] >= 1
+    assert isinstance(facts["mem_total_bytes"], int) and facts["mem_total_bytes"] > 0
+    assert isinstance(facts["gpus"], list)

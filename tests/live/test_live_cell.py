@@ -22,8 +22,9 @@ import requests
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import build_parser
-from batch_invariance.commands.run_live import config_from_args, run_live_cell
+from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.engines.provision import Provisioned
+from batch_invariance.run.live import run_live_cell
 from fakes_live import exiting_server, group_alive, start_decoy
 
 pytestmark = pytest.mark.live
@@ -48,7 +49,6 @@ def _args(pair: Provisioned, workset: Path, out: Path, *extra: str) -> list[str]
         "--server-bin", str(pair.server_bin),
         "--model", str(pair.model),
         "--workset", str(workset),
-        "--cert-source", "live",
         "--out-dir", str(out),
         *extra,
     ]  # fmt: skip
@@ -65,7 +65,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
             *RED_CELL.split(),
         )
     )
-    outcome = run_live_cell(config_from_args(args))
+    outcome = run_live_cell(request_from_args(args))
     cert = outcome.finished.cert
     assert cert.source == "live"
     assert cert.status == "failed", cert.decision_reasons
@@ -79,6 +79,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     assert prov["model_file"]["sha256"] == live_pair.model_sha256
     assert prov["model_file"]["gguf"]["architecture"] == "gemma3"
     assert prov["is_moe"] is False
+    assert prov["host"]["cpu_count"] >= 1 and prov["host"]["os"]
     assert prov["server_launches"] == 2
     argvs = [s["argv"] for s in prov["servers"]]
     assert "--metrics" in argvs[1] and argvs[1][argvs[1].index("--ctx-size") + 1] == "2048"
@@ -96,9 +97,9 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
             *NO_COBATCH_CELL.split(),
         )
     )
-    cfg = config_from_args(args)
+    request = request_from_args(args)
     # Test hook: the B/C server gets --parallel 1 behind a C arm that dispatches 2 at once.
-    outcome = run_live_cell(replace(cfg, cap_parallel=1))
+    outcome = run_live_cell(replace(request, cap_parallel=1))
     cert = outcome.finished.cert
     assert cert.status == "green_unverified", (cert.status, cert.decision_reasons)
     assert not cert.overlap.ok

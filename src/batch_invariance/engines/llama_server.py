@@ -26,14 +26,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import IO, Any, Literal
 
 import requests
 
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.gguf import GgufInfo
-from batch_invariance.errors import InfraError, Interrupted
+from batch_invariance.errors import InfraError
+from batch_invariance.interrupts import install_sigterm, restore_sigterm
 
 #: Flags the launcher owns; a user ``--server-flag`` may not override them.
 OWNED_FLAGS: frozenset[str] = frozenset(
@@ -313,7 +314,7 @@ class LlamaServer:
     def start(self) -> None:
         """Spawn the server in a new process group (its own session) with output to the log."""
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._install_sigterm()
+        self._prev_sigterm = install_sigterm(only_if_default=True)
         self._log = self.log_path.open("wb")
         try:
             self._proc = subprocess.Popen(
@@ -327,7 +328,8 @@ class LlamaServer:
             )
         except OSError as exc:
             self._log.close()
-            self._restore_sigterm()
+            restore_sigterm(self._prev_sigterm)
+            self._prev_sigterm = None
             raise InfraError(
                 f"cannot start {self.argv[0]}: {exc.strerror or exc}; check --server-bin"
             ) from None
@@ -419,30 +421,14 @@ class LlamaServer:
                 self._log.close()
             with _LIVE_LOCK:
                 _LIVE.discard(self)
-            self._restore_sigterm()
+            restore_sigterm(self._prev_sigterm)
+            self._prev_sigterm = None
 
     @staticmethod
     def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         # start_new_session made the child a group leader: its pgid is its pid.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
-
-    # ---- SIGTERM safety outside the CLI ------------------------------------------------
-    def _install_sigterm(self) -> None:
-        """Make SIGTERM unwind (so ``__exit__`` runs) when nobody else handles it."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        current = signal.getsignal(signal.SIGTERM)
-        if current in (signal.SIG_DFL, None):
-            self._prev_sigterm = current
-            signal.signal(signal.SIGTERM, _raise_interrupted)
-
-    def _restore_sigterm(self) -> None:
-        if self._prev_sigterm is None:
-            return
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._prev_sigterm)
-        self._prev_sigterm = None
 
     # ---- provenance ---------------------------------------------------------------------
     def info(self) -> Mapping[str, Any]:
@@ -461,10 +447,6 @@ class LlamaServer:
             "log": str(self.log_path),
             "metrics_enabled": self.metrics_enabled,
         }
-
-
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(signum)
 
 
 @dataclass

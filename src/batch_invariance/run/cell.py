@@ -15,6 +15,7 @@ the Action all go through these two functions.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -35,6 +36,7 @@ from batch_invariance.core.evidence import (
     PassRecord,
     Trial,
 )
+from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.scoring import Completion, Scorer, evaluate
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
@@ -87,60 +89,15 @@ class ServerLauncher(Protocol):
         """A context manager that starts a ready server and tears it down on exit."""
 
 
-@dataclass(frozen=True)
-class CellPlan:
-    """What to run for one cell.
-
-    ``items`` are the final test items (already expanded by ``--reps``), ``ctx`` the tokens
-    every slot gets, ``parallel`` the N of the B/C server, ``gate_passes`` the number T of
-    concurrent C passes.
-    """
-
-    items: tuple[WorkItem, ...]
-    ctx: int
-    parallel: int
-    gate_passes: int = 8
-    n_predict: int = 128
-    seed: int = 0
-    endpoint: Literal["chat", "completions"] = "chat"
-    n_probs: int | None = None
-    serial_repeat: bool = True
-    req_timeout: float = 120.0
-
-    def template(self) -> RequestTemplate:
-        return RequestTemplate(
-            endpoint=self.endpoint,
-            n_predict=self.n_predict,
-            seed=self.seed,
-            n_probs=self.n_probs,
-            timeout_s=self.req_timeout,
-        )
-
-    @property
-    def n_requests(self) -> int:
-        """Requests this plan sends in total."""
-        serial_arms = 3 if self.serial_repeat else 2
-        return len(self.items) * (serial_arms + self.gate_passes)
-
-    def validate(self) -> None:
-        """Raise :class:`UsageError` for a plan that cannot run."""
-        if not self.items:
-            raise UsageError("the work-set is empty; give at least one row")
-        ids = [i.test_id for i in self.items]
-        if len(set(ids)) != len(ids):
-            raise UsageError("test ids must be unique within a cell")
-        if self.parallel < 1:
-            raise UsageError(f"--parallel must be at least 1 (got {self.parallel})")
-        if self.ctx < 1:
-            raise UsageError(f"--ctx must be positive (got {self.ctx})")
-        if self.gate_passes < 1:
-            raise UsageError(f"--gate-passes must be at least 1 (got {self.gate_passes})")
-        if self.n_predict < 1:
-            raise UsageError(f"--n-predict must be at least 1 (got {self.n_predict})")
-        if self.n_probs is not None and self.n_probs < 1:
-            raise UsageError(f"--n-probs must be at least 1 (got {self.n_probs})")
-        if self.req_timeout <= 0:
-            raise UsageError(f"--req-timeout must be positive (got {self.req_timeout})")
+def request_template(plan: CellPlan) -> RequestTemplate:
+    """The request every arm sends for ``plan``."""
+    return RequestTemplate(
+        endpoint=plan.endpoint,
+        n_predict=plan.n_predict,
+        seed=plan.seed,
+        n_probs=plan.n_probs,
+        timeout_s=plan.req_timeout,
+    )
 
 
 @dataclass(frozen=True)
@@ -393,9 +350,11 @@ def run_cell(
 
     Transport failures of single requests are recorded in the trials, never raised.
     """
-    plan.validate()
+    problems = plan.problems()
+    if problems:
+        raise UsageError(problems[0])
     sink: ProgressSink = progress if progress is not None else NullProgress()
-    template = plan.template()
+    template = request_template(plan)
     items = plan.items
     notes = _Notes()
     stats: list[ArmStats] = []
@@ -459,7 +418,8 @@ def run_cell(
                         (result.server_busy_max, result.busy_source),
                     )
                 )
-                _note_slots(notes, result)
+                for note in slot_notes(result):
+                    notes.add(note)
             servers.append(_server_record("BC", server_bc, time.monotonic() - started))
     finally:
         sink.end()
@@ -499,13 +459,16 @@ def run_cell(
     )
 
 
-def _note_slots(notes: _Notes, result: ConcurrentPass) -> None:
-    """Record which slots answered in a pass (diagnostic: the slot ids responses reported)."""
+def slot_notes(result: ConcurrentPass) -> tuple[str, ...]:
+    """What a pass says about its slots (diagnostic: the slot ids responses reported, and a
+    busy-slot sampler that saw nothing)."""
+    notes: list[str] = []
     slots = sorted({r.slot_id for r in result.responses.values() if r.slot_id is not None})
     if slots:
-        notes.add(f"C{result.index}: responses reported slots {slots}")
+        notes.append(f"C{result.index}: responses reported slots {slots}")
     if result.busy.n_samples == 0:
-        notes.add(f"C{result.index}: the busy-slot sampler took no samples")
+        notes.append(f"C{result.index}: the busy-slot sampler took no samples")
+    return tuple(notes)
 
 
 @dataclass(frozen=True)
@@ -516,6 +479,18 @@ class FinishedCell:
     verdict: Verdict
     path: Path
     superseded: Path | None
+
+
+def prepare_out_dir(out_dir: Path, flag: str = "--out-dir") -> Path:
+    """Create the folder certs and logs go to, before the run: a bad folder must not cost a
+    whole cell. UsageError when it cannot be created or written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {out_dir}: cannot create it ({exc.strerror or exc})") from None
+    if not os.access(out_dir, os.W_OK):
+        raise UsageError(f"{flag} {out_dir}: not writable")
+    return out_dir
 
 
 def utc_now() -> str:
