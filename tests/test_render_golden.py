@@ -15,7 +15,7 @@ import pytest
 
 from batch_invariance.cert import render
 from batch_invariance.cert.certificate import Cert, is_promotable
-from factories import cert_for, changed, green_evidence, replace_trial
+from factories import cert_for, changed, green_evidence, replace_pass, replace_trial
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN_ENV = "BATCH_INVARIANCE_REGEN_GOLDEN"
@@ -50,6 +50,11 @@ def _red() -> Cert:
     return cert_for(ev)[0]
 
 
+def _unverified() -> Cert:
+    """Overlap NOT met in pass 0 (the server saw one busy slot), so GREEN is not earned."""
+    return cert_for(replace_pass(green_evidence(), 0, server_busy_max=1))[0]
+
+
 def _mock() -> Cert:
     return cert_for(source="mock")[0]
 
@@ -70,11 +75,12 @@ def _outputs(cert: Cert, bundle: str = "") -> dict[str, str]:
 def test_the_fixtures_are_what_they_say() -> None:
     assert _green().status == "green" and is_promotable(_green())
     assert _red().status == "failed"
+    assert _unverified().status == "green_unverified" and not _unverified().overlap.ok
 
 
-@pytest.mark.parametrize("kind", ["green", "red"])
+@pytest.mark.parametrize("kind", ["green", "red", "unverified"])
 def test_live_banner(kind: str) -> None:
-    cert = _green() if kind == "green" else _red()
+    cert = {"green": _green, "red": _red, "unverified": _unverified}[kind]()
     superseded = OLD_PATH if kind == "red" else None
     _check(f"banner_{kind}.txt", render.live_banner(cert, CERT_PATH, superseded, "live cell x"))
 
@@ -95,9 +101,9 @@ def test_verify_text(signature: str | None) -> None:
     _check(name, render.verify_text(CERT_PATH, cert, is_promotable(cert), signature))
 
 
-@pytest.mark.parametrize("kind", ["green", "red", "mock"])
+@pytest.mark.parametrize("kind", ["green", "red", "unverified", "mock"])
 def test_job_summary(kind: str) -> None:
-    cert = {"green": _green, "red": _red, "mock": _mock}[kind]()
+    cert = {"green": _green, "red": _red, "unverified": _unverified, "mock": _mock}[kind]()
     passed = kind == "green"
     bundle = "certs/tiny-model__ctx2048__N4.sigstore.json" if passed else ""
     _check(
@@ -108,6 +114,7 @@ def test_job_summary(kind: str) -> None:
 def test_annotations() -> None:
     green, red, mock = _green(), _red(), _mock()
     lines = [
+        render.verdict_annotation(_unverified(), "green", False, "tiny-model/2048/4"),
         render.verdict_annotation(green, "green", True, "tiny-model/2048/4"),
         render.verdict_annotation(red, "green", False, "tiny-model/2048/4"),
         render.verdict_annotation(mock, "promotable", False, "mock/2048/4"),
