@@ -18,8 +18,8 @@ from pathlib import Path
 
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
-from batch_invariance.run.live import run_live_cell
 from batch_invariance.engines.provision import provision
+from batch_invariance.run.live import run_live_cell
 
 DEMO = Path(__file__).resolve().parents[1] / "src/batch_invariance/data/worksets/demo.json"
 

@@ -145,7 +145,8 @@ def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Pat
 
     from batch_invariance.core.evidence import CellSpec, GatePolicy
     from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
-    from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
+    from batch_invariance.run.cell import CellPlan, run_cell
+    from batch_invariance.run.finish import finish_cell
     from batch_invariance.run.workset import load_workset
     from batch_invariance.scorer_api import load_scorer
 

@@ -17,7 +17,8 @@ from batch_invariance.core.verdict import Verdict, decide
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
-from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, finish_cell, run_cell
+from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, run_cell
+from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import Progress
 from batch_invariance.scorer_api import Completion, ExactMatchScorer, Score, Scorer
 

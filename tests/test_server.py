@@ -22,11 +22,10 @@ import requests
 
 from batch_invariance.engines import ports
 from batch_invariance.engines.gguf import parse_info
+from batch_invariance.engines.live_launcher import LiveLauncher, identify_binary
 from batch_invariance.engines.llama_server import (
-    LiveLauncher,
     LlamaServer,
     build_argv,
-    identify_binary,
     log_tail,
     owned_flag_conflicts,
 )

@@ -57,7 +57,7 @@ from batch_invariance.errors import (
     Interrupted,
 )
 from batch_invariance.interrupts import sigterm_raises
-from batch_invariance.run.cell import FinishedCell
+from batch_invariance.run.finish import FinishedCell
 from batch_invariance.run.live import run_live_cell
 from batch_invariance.run.mock_cell import run_mock_cell
 from batch_invariance.run.progress import Progress

@@ -4,11 +4,11 @@
 ``<log_dir>/server-<arm>-<port>.log``, waits for ``/health`` while watching the child (a dead
 child is noticed within a second and reported with the log tail), and on exit terminates,
 waits for and finally kills its own process group, and nothing else. A module-level registry
-and an ``atexit`` hook make sure no server outlives the tool, whatever path it leaves by.
+and an ``atexit`` hook make sure no server outlives the tool, whatever path it leaves by; a
+parent-death signal covers the one path that runs no Python code (``kill -9`` of the tool).
 
-:class:`LiveLauncher` implements the driver's ``ServerLauncher``: before every launch it
-re-reads host memory (the guard), re-checks the port, and sizes the server so every slot gets
-``ctx`` tokens (``-c ctx*N`` with a split KV cache).
+The launcher that guards memory and picks ports is in
+:mod:`batch_invariance.engines.live_launcher`.
 """
 
 from __future__ import annotations
@@ -16,23 +16,20 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import hashlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import requests
 
 from batch_invariance.engines import memory, ports
-from batch_invariance.engines.gguf import GgufInfo
 from batch_invariance.errors import InfraError
 from batch_invariance.interrupts import install_sigterm, restore_sigterm
 
@@ -169,64 +166,6 @@ def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
     text = data.decode("utf-8", errors="replace").strip().splitlines()
     tail = [ln.strip() for ln in text[-lines:] if ln.strip()]
     return " | ".join(tail) if tail else "(log is empty)"
-
-
-@dataclass(frozen=True)
-class BinaryIdentity:
-    """What the cert records about the server binary."""
-
-    path: str
-    sha256: str
-    version: str
-    version_rc: int | None
-
-
-def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity:
-    """sha256 and ``--version`` of a server binary.
-
-    A failing ``--version`` is recorded, not raised: the launch itself reports a broken binary
-    with its log tail.
-    """
-    digest = hashlib.sha256()
-    with server_bin.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    try:
-        # Own process group: a --version that hangs is killed with everything it spawned,
-        # and nothing outside that group is touched.
-        proc = subprocess.Popen(
-            [str(server_bin), "--version"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return BinaryIdentity(
-            path=str(server_bin),
-            sha256=digest.hexdigest(),
-            version=f"(--version failed: {exc})",
-            version_rc=None,
-        )
-    try:
-        text, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        version, rc = f"(--version did not finish within {timeout_s:g} s)", None
-    else:
-        text = (text or "").strip()
-        lines = [
-            ln.strip() for ln in text.splitlines() if ln.strip().startswith(("version", "built"))
-        ]
-        version = " ; ".join(lines) if lines else text[-300:]
-        rc = proc.returncode
-    return BinaryIdentity(
-        path=str(server_bin), sha256=digest.hexdigest(), version=version, version_rc=rc
-    )
 
 
 class LlamaServer:
@@ -447,111 +386,3 @@ class LlamaServer:
             "log": str(self.log_path),
             "metrics_enabled": self.metrics_enabled,
         }
-
-
-@dataclass
-class LaunchRecord:
-    """One launch the :class:`LiveLauncher` made (for provenance and the benchmark)."""
-
-    arm: str
-    parallel: int
-    ctx: int
-    port: int
-    argv: tuple[str, ...]
-    projected_bytes: int
-    ready_s: float | None = None
-    alive_s: float | None = None
-    rss_peak_bytes: int | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-class LiveLauncher:
-    """``ServerLauncher`` for the real server: guard, port check, then :class:`LlamaServer`.
-
-    ``cap_parallel`` is a test hook: it launches every server with at most that many slots
-    while the driver still dispatches as planned (a server that cannot co-batch).
-    """
-
-    def __init__(
-        self,
-        server_bin: Path,
-        model: Path,
-        gguf: GgufInfo,
-        log_dir: Path,
-        *,
-        port_policy: ports.PortPolicy,
-        server_flags: Sequence[str] = (),
-        max_footprint_gb: float | None = None,
-        ready_timeout: float = 120.0,
-        metrics: bool = True,
-        cap_parallel: int | None = None,
-    ) -> None:
-        self.server_bin = server_bin
-        self.model = model
-        self.gguf = gguf
-        self.log_dir = log_dir
-        self.port_policy = port_policy
-        self.server_flags = tuple(server_flags)
-        self.max_footprint_gb = max_footprint_gb
-        self.ready_timeout = ready_timeout
-        self.metrics = metrics
-        self.cap_parallel = cap_parallel
-        self.launches: list[LaunchRecord] = []
-        #: Set when a server was aborted (RSS past the cap); the run must not write a cert.
-        self.aborted: str | None = None
-
-    @property
-    def source(self) -> Literal["live", "mock"]:
-        """Always ``"live"``: this launcher spawns the real server process itself."""
-        return "live"
-
-    def effective_parallel(self, parallel: int) -> int:
-        return min(parallel, self.cap_parallel) if self.cap_parallel else parallel
-
-    @contextlib.contextmanager
-    def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[LlamaServer]:
-        """Guard memory, pick/re-check the port, start the server and yield it once ready."""
-        slots = self.effective_parallel(parallel)
-        proj = memory.project(self.gguf, ctx, slots, self.server_flags)
-        decision = memory.check(proj, self.max_footprint_gb, self.server_flags)
-        cap = decision.cap_bytes
-        if cap is None and decision.host.mem_available_bytes is not None:
-            cap = decision.host.mem_available_bytes
-        port = ports.choose(self.port_policy)
-        server = LlamaServer(
-            self.server_bin,
-            self.model,
-            arm=arm,
-            parallel=slots,
-            ctx=ctx,
-            port=port,
-            log_dir=self.log_dir,
-            extra_flags=self.server_flags,
-            metrics=self.metrics,
-            ready_timeout=self.ready_timeout,
-            rss_cap_bytes=cap,
-        )
-        record = LaunchRecord(
-            arm=arm,
-            parallel=slots,
-            ctx=ctx,
-            port=port,
-            argv=server.argv,
-            projected_bytes=proj.total_bytes,
-        )
-        self.launches.append(record)
-        t0 = time.monotonic()
-        try:
-            with server:
-                record.ready_s = server.ready_s
-                yield server
-                # A server that died on its own is the driver's data (transport failures); one
-                # we aborted for memory ends the run without a verdict.
-                if server.aborted is not None:
-                    raise InfraError(server.aborted)
-        finally:
-            record.alive_s = time.monotonic() - t0
-            record.info = dict(server.info())
-            record.rss_peak_bytes = record.info.get("rss_peak_bytes")
-            if server.aborted is not None:
-                self.aborted = server.aborted

@@ -7,21 +7,15 @@ Every request becomes a :class:`~batch_invariance.core.evidence.Trial` (transpor
 failure modes), scored through :func:`batch_invariance.core.scoring.evaluate`. The result is a
 :class:`CellRun` whose ``evidence`` the pure core judges.
 
-:func:`finish_cell` turns a :class:`CellRun` into a written cert: ``verdict.decide``,
-``certificate.build_cert``, ``certstore.write_cert``. ``run-mock``, ``run-live``, ``demo`` and
-the Action all go through these two functions.
+:func:`~batch_invariance.run.finish.finish_cell` turns a :class:`CellRun` into a written
+cert. ``run-mock``, ``run-live``, ``demo`` and the Action all go through these two functions.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from batch_invariance.core.evidence import (
@@ -30,23 +24,20 @@ from batch_invariance.core.evidence import (
     ARM_B,
     ARM_C,
     CellEvidence,
-    CellSpec,
-    GatePolicy,
     ItemMeta,
     PassRecord,
-    Trial,
 )
 from batch_invariance.core.plan import CellPlan
-from batch_invariance.core.scoring import Completion, Scorer, evaluate
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import UsageError
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
 from batch_invariance.run.progress import NullProgress, ProgressSink
+from batch_invariance.run.records import ArmStats, CellRun, ServerRecord
 from batch_invariance.run.transport import RawResponse, RequestTemplate
+from batch_invariance.run.trials import Notes, trials_for
 
 if TYPE_CHECKING:
-    from batch_invariance.cert.certificate import Cert
-    from batch_invariance.core.verdict import Verdict
+    pass
 
 
 class ServerHandle(Protocol):
@@ -100,212 +91,6 @@ def request_template(plan: CellPlan) -> RequestTemplate:
     )
 
 
-@dataclass(frozen=True)
-class ArmStats:
-    """Wall time and server-reported time of one arm (or one C pass)."""
-
-    arm: str
-    pass_index: int | None
-    wall_s: float
-    n_requests: int
-    n_transport_failures: int
-    prompt_ms: float
-    predicted_ms: float
-    server_busy_max: int | None = None
-    busy_source: str | None = None
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "arm": self.arm,
-            "pass": self.pass_index,
-            "wall_s": round(self.wall_s, 6),
-            "n_requests": self.n_requests,
-            "n_transport_failures": self.n_transport_failures,
-            "server_prompt_ms": round(self.prompt_ms, 3),
-            "server_predicted_ms": round(self.predicted_ms, 3),
-            "server_busy_max": self.server_busy_max,
-            "busy_source": self.busy_source,
-        }
-
-
-@dataclass(frozen=True)
-class ServerRecord:
-    """One server the cell launched."""
-
-    role: str
-    label: str
-    argv: tuple[str, ...]
-    kv_label: str
-    metrics_enabled: bool
-    info: Mapping[str, Any]
-    wall_s: float
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "label": self.label,
-            "argv": list(self.argv),
-            "kv_label": self.kv_label,
-            "metrics_enabled": self.metrics_enabled,
-            "info": dict(self.info),
-            "wall_s": round(self.wall_s, 6),
-        }
-
-
-@dataclass(frozen=True)
-class CellRun:
-    """Everything one cell measured: the evidence for the core, and how it was measured."""
-
-    plan: CellPlan
-    evidence: CellEvidence
-    arm_stats: tuple[ArmStats, ...]
-    request_template: Mapping[str, Any]
-    servers: tuple[ServerRecord, ...]
-    launches: int
-    scorer_id: str
-    wall_s: float
-    #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
-    source: Literal["live", "mock"] = "mock"
-    notes: tuple[str, ...] = ()
-
-    @property
-    def kv_label(self) -> str:
-        """The KV layout of the B/C server (what the cert's ``kv_label`` names)."""
-        for server in self.servers:
-            if server.role == "BC":
-                return server.kv_label
-        return self.servers[-1].kv_label if self.servers else "unknown"
-
-    def arm_wall_s(self, arm: str) -> float:
-        return sum(s.wall_s for s in self.arm_stats if s.arm == arm)
-
-    def server_ms(self) -> tuple[float, float]:
-        """Summed server-reported (prompt_ms, predicted_ms) over every arm."""
-        return (
-            sum(s.prompt_ms for s in self.arm_stats),
-            sum(s.predicted_ms for s in self.arm_stats),
-        )
-
-    def provenance(self) -> dict[str, Any]:
-        """The run's own provenance block (merged under the caller's in :func:`finish_cell`)."""
-        prompt_ms, predicted_ms = self.server_ms()
-        return {
-            "request_template": dict(self.request_template),
-            "servers": [s.to_record() for s in self.servers],
-            "server_launches": self.launches,
-            "scorer_id": self.scorer_id,
-            "arms": [s.to_record() for s in self.arm_stats],
-            "timing": {
-                "cell_wall_s": round(self.wall_s, 6),
-                "arm_wall_s": {
-                    arm: round(self.arm_wall_s(arm), 6)
-                    for arm in (ARM_A, ARM_A_REPEAT, ARM_B, ARM_C)
-                },
-                "server_prompt_ms": round(prompt_ms, 3),
-                "server_predicted_ms": round(predicted_ms, 3),
-            },
-            "plan": {
-                "ctx": self.plan.ctx,
-                "parallel": self.plan.parallel,
-                "gate_passes": self.plan.gate_passes,
-                "n_predict": self.plan.n_predict,
-                "seed": self.plan.seed,
-                "endpoint": self.plan.endpoint,
-                "n_probs": self.plan.n_probs,
-                "serial_repeat": self.plan.serial_repeat,
-                "req_timeout": self.plan.req_timeout,
-                "n_items": len(self.plan.items),
-            },
-            "notes": list(self.notes[:200]),
-        }
-
-
-def content_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-@dataclass
-class _Notes:
-    items: list[str] = field(default_factory=list)
-
-    def add(self, note: str) -> None:
-        self.items.append(note)
-
-
-def make_trial(
-    resp: RawResponse, item: WorkItem, scorer: Scorer, n_predict: int, notes: _Notes, arm: str
-) -> Trial:
-    """Score one response into a trial (a transport failure stays a failure mode)."""
-    for note in resp.notes:
-        notes.add(f"{arm}: {note}")
-    timings = dict(resp.timings or {})
-    if resp.failure_mode is not None or resp.text is None:
-        return Trial(
-            test_id=item.test_id,
-            score=None,
-            passed=None,
-            extracted_answer=None,
-            expected_answer=item.expected_answer,
-            prompt_tokens_measured=None,
-            failure_mode=resp.failure_mode or "connection_error",
-            dispatch_ts=resp.dispatch_ts,
-            complete_ts=resp.complete_ts,
-            timings=timings,
-            transport_error=resp.transport_error,
-        )
-    completion = Completion(
-        text=resp.text,
-        finish_reason=resp.finish_reason,
-        completion_tokens=resp.completion_tokens,
-        n_predict=n_predict,
-    )
-    result = evaluate(scorer, item, completion)
-    if result.error is not None:
-        notes.add(f"{arm}: {item.test_id}: scorer raised {result.error}")
-    return Trial(
-        test_id=item.test_id,
-        score=result.score,
-        passed=result.passed,
-        extracted_answer=result.extracted_answer,
-        expected_answer=item.expected_answer,
-        prompt_tokens_measured=resp.prompt_tokens,
-        failure_mode=result.failure_mode,
-        completion=resp.text,
-        content_sha256=content_sha256(resp.text),
-        completion_tokens=resp.completion_tokens,
-        finish_reason=resp.finish_reason,
-        tokens=resp.tokens,
-        token_logprobs=resp.token_logprobs,
-        top_margins=resp.top_margins,
-        dispatch_ts=resp.dispatch_ts,
-        complete_ts=resp.complete_ts,
-        slot_id=resp.slot_id,
-        timings=timings,
-        transport_error=None,
-    )
-
-
-def _trials(
-    responses: Mapping[str, RawResponse],
-    items: Sequence[WorkItem],
-    scorer: Scorer,
-    n_predict: int,
-    notes: _Notes,
-    arm: str,
-) -> dict[str, Trial]:
-    out: dict[str, Trial] = {}
-    for item in items:
-        resp = responses.get(item.test_id)
-        if resp is None:
-            # Never leave an id out (an absent id reads as a divergence): record why instead.
-            notes.add(f"{arm}: {item.test_id}: no response recorded")
-            resp = RawResponse(
-                item.test_id, "connection_error", transport_error="no response recorded"
-            )
-        out[item.test_id] = make_trial(resp, item, scorer, n_predict, notes, arm)
-    return out
-
-
 def _arm_stats(
     arm: str,
     pass_index: int | None,
@@ -356,7 +141,7 @@ def run_cell(
     sink: ProgressSink = progress if progress is not None else NullProgress()
     template = request_template(plan)
     items = plan.items
-    notes = _Notes()
+    notes = Notes()
     stats: list[ArmStats] = []
     servers: list[ServerRecord] = []
     launches = 0
@@ -427,17 +212,17 @@ def run_cell(
     n_predict = plan.n_predict
     evidence = CellEvidence(
         items=tuple(ItemMeta(i.test_id, i.family, i.fill) for i in items),
-        a=_trials(a_resp, items, scorer, n_predict, notes, ARM_A),
+        a=trials_for(a_resp, items, scorer, n_predict, notes, ARM_A),
         a_repeat=(
-            _trials(a_repeat_resp, items, scorer, n_predict, notes, ARM_A_REPEAT)
+            trials_for(a_repeat_resp, items, scorer, n_predict, notes, ARM_A_REPEAT)
             if a_repeat_resp is not None
             else None
         ),
-        b=_trials(b_resp, items, scorer, n_predict, notes, ARM_B),
+        b=trials_for(b_resp, items, scorer, n_predict, notes, ARM_B),
         c_passes=tuple(
             PassRecord(
                 index=p.index,
-                trials=_trials(p.responses, items, scorer, n_predict, notes, f"C{p.index}"),
+                trials=trials_for(p.responses, items, scorer, n_predict, notes, f"C{p.index}"),
                 server_busy_max=p.server_busy_max,
                 busy_source=p.busy_source,
                 order=p.order,
@@ -469,65 +254,3 @@ def slot_notes(result: ConcurrentPass) -> tuple[str, ...]:
     if result.busy.n_samples == 0:
         notes.append(f"C{result.index}: the busy-slot sampler took no samples")
     return tuple(notes)
-
-
-@dataclass(frozen=True)
-class FinishedCell:
-    """A cell whose cert was written."""
-
-    cert: Cert
-    verdict: Verdict
-    path: Path
-    superseded: Path | None
-
-
-def prepare_out_dir(out_dir: Path, flag: str = "--out-dir") -> Path:
-    """Create the folder certs and logs go to, before the run: a bad folder must not cost a
-    whole cell. UsageError when it cannot be created or written."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{flag} {out_dir}: cannot create it ({exc.strerror or exc})") from None
-    if not os.access(out_dir, os.W_OK):
-        raise UsageError(f"{flag} {out_dir}: not writable")
-    return out_dir
-
-
-def utc_now() -> str:
-    """The current UTC time as ``YYYY-MM-DDTHH:MM:SSZ`` (the shell's clock, not the core's)."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def finish_cell(
-    run: CellRun,
-    spec: CellSpec,
-    policy: GatePolicy,
-    provenance: Mapping[str, Any],
-    out_dir: Path,
-    ts_utc: str | None = None,
-) -> FinishedCell:
-    """Decide the verdict, build the cert and write it atomically into ``out_dir``.
-
-    ``provenance`` from the caller (tool version, binary and model hashes, work-set sha256, ...)
-    is merged over the run's own block (request template, servers, timings). The cert's
-    ``source`` is the run's: what the launcher that started the servers is.
-    """
-    from batch_invariance.cert import certificate
-    from batch_invariance.cert import store as certstore
-    from batch_invariance.core import verdict
-
-    decided = verdict.decide(run.evidence, policy)
-    merged: dict[str, Any] = {**run.provenance(), **dict(provenance)}
-    cert = certificate.build_cert(
-        run.evidence,
-        decided,
-        spec,
-        policy,
-        merged,
-        run.source,
-        ts_utc if ts_utc is not None else utc_now(),
-    )
-    written = certstore.write_cert(out_dir, cert)
-    return FinishedCell(
-        cert=cert, verdict=decided, path=written.path, superseded=written.superseded
-    )

@@ -21,17 +21,16 @@ from batch_invariance.core.plan import CellPlan, Endpoint, number_problems
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.gguf import GgufInfo, cached_sha256, parse_info
-from batch_invariance.engines.llama_server import (
-    LiveLauncher,
-    identify_binary,
-    owned_flag_conflicts,
-)
+from batch_invariance.engines.live_launcher import LiveLauncher, identify_binary
+from batch_invariance.engines.llama_server import owned_flag_conflicts
 from batch_invariance.engines.provision import cache_root
 from batch_invariance.errors import InfraError, UsageError
-from batch_invariance.run.cell import CellRun, FinishedCell, finish_cell, prepare_out_dir, run_cell
+from batch_invariance.run.cell import run_cell
+from batch_invariance.run.finish import FinishedCell, finish_cell, prepare_out_dir
 from batch_invariance.run.live_profile import ProfileInputs, ProfileRequest, resolve_profile
 from batch_invariance.run.live_provenance import provenance_for
 from batch_invariance.run.progress import ProgressSink
+from batch_invariance.run.records import CellRun
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import Workset, bundled_workset_path, expand_reps, load_workset
 

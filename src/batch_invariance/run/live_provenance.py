@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from batch_invariance import __version__
 from batch_invariance.engines import host as hostinfo
-from batch_invariance.engines.llama_server import BinaryIdentity, LiveLauncher
+from batch_invariance.engines.live_launcher import BinaryIdentity, LiveLauncher
 from batch_invariance.run.workset import Workset
 
 if TYPE_CHECKING:
