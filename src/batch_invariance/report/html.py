@@ -15,6 +15,7 @@ from batch_invariance.report.plot import VERDICT_COLOURS, rate_plot
 from batch_invariance.report.views import (
     answer_length_text,
     cell_anchor,
+    promotable_text,
     signature_text,
     speedup_text,
     verdict_counts,
@@ -119,8 +120,7 @@ def _table(group: CellGroup) -> str:
             f"<td>{escape(answer_length_text(cell))}</td>"
             f'<td class="signature signature-{cell.signature.state}">'
             f"{escape(signature_text(cell))}</td>"
-            f'<td>{"yes" if cell.promotable else "no"} <span class="muted">'
-            f"(source {escape(cell.source)})</span></td><td>{escape(cell.scope)}</td>"
+            f"<td>{escape(promotable_text(cell))}</td><td>{escape(cell.scope)}</td>"
             f"<td><code>{escape(cell.origin)}</code>{dup}</td></tr>"
         )
     return f'<table class="cells">{head}{"".join(rows)}</table>'

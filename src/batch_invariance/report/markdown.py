@@ -9,6 +9,7 @@ from __future__ import annotations
 from batch_invariance.report.model import Cell, CellGroup, Report
 from batch_invariance.report.views import (
     answer_length_text,
+    promotable_text,
     signature_text,
     speedup_text,
     verdict_counts,
@@ -32,7 +33,7 @@ def _row(cell: Cell) -> str:
         speedup_text(cell),
         answer_length_text(cell),
         signature_text(cell),
-        "yes" if cell.promotable else f"no (source {cell.source})",
+        promotable_text(cell),
         f"`{cell.origin}`{dup}",
     )
     return "| " + " | ".join(_cell_text(v) for v in values) + " |"

@@ -427,7 +427,9 @@ def build_report(items: Sequence[LoadedCert]) -> Report:
     invalid: list[InvalidCert] = []
     for item in items:
         if item.data is None:
-            invalid.append(InvalidCert(item.origin, item.problem or "not a valid cert"))
+            # CertInvalid messages start with the path; the report shows it beside them.
+            problem = (item.problem or "not a valid cert").removeprefix(f"{item.origin}: ")
+            invalid.append(InvalidCert(item.origin, problem))
             continue
         try:
             cells.append(_cell(item, item.data))

@@ -58,3 +58,10 @@ def verdict_counts(report: Report) -> tuple[tuple[int, str], ...]:
         for verdict in VERDICT_ORDER
         if (count := sum(1 for c in cells if c.verdict == verdict))
     )
+
+
+def promotable_text(cell: Cell) -> str:
+    """``yes`` / ``no``; a mock cert says why it never can be."""
+    if cell.promotable:
+        return "yes"
+    return "no" if cell.source == "live" else f"no (source {cell.source})"
