@@ -8,20 +8,16 @@ from pathlib import Path
 import pytest
 
 import batch_invariance
-from batch_invariance.report.model import (
-    TIE_FLIP_MARGIN,
-    LoadedCert,
-    Signature,
-    build_report,
-    flip_kind,
-    rate_figure,
-)
+from batch_invariance.report.divergence import TIE_FLIP_MARGIN, flip_kind
+from batch_invariance.report.model import LoadedCert, Signature, build_report, rate_figure
 from batch_invariance.report.plot import frame_for, nice_ceiling, nice_rate_max, rate_plot
 from batch_invariance.report.views import answer_length_text, signature_text, speedup_text
 from report_fixtures import green_data, loaded, red_data, sweep_inputs
 
 PKG = Path(batch_invariance.__file__).parent
-PURE_REPORT_MODULES = ("model", "plot", "views", "html", "markdown", "summary")
+PURE_REPORT_MODULES = (
+    "fields", "divergence", "model", "plot", "views", "html", "markdown", "summary",
+)  # fmt: skip
 IO_MODULES = {"os", "pathlib", "subprocess", "socket", "requests", "time", "sys", "sigstore"}
 
 
@@ -161,3 +157,10 @@ def test_plot_draws_each_interval_from_low_to_high_and_throughput_only_when_meas
     assert "throughput not measured" not in svg
     bare = rate_plot(build_report(sweep_inputs()).groups[0].cells, "t")
     assert "throughput not measured" in bare and "throughput-line" not in bare
+
+
+def test_a_failed_signature_takes_promotion_away() -> None:
+    ok = LoadedCert("g.json", green_data(2), None, True, Signature("verified", "who"))
+    bad = LoadedCert("h.json", green_data(4), None, True, Signature("failed", "mismatch"))
+    cells = build_report([ok, bad]).cells
+    assert [c.promotable for c in cells] == [True, False]

@@ -145,7 +145,7 @@ def test_red_cert_report_highlights_the_first_divergent_token(sweep: Path, tmp_p
     text = _render([sweep / "mock__ctx2048__N8.json"], out)
     assert_no_external_reference(text)
     built = dom(chromium(["--dump-dom", out.as_uri()], tmp_path / "profile"))
-    assert [b.text for b in having(built, "verdict")][0] == "RED"
+    assert next(b.text for b in having(built, "verdict")) == "RED"
     divergent = having(built, "divergent")
     assert divergent, "a RED mock cell has divergent ids"
     marks = [e for e in built if e.tag == "mark" and "first-divergent-token" in e.attrs["class"]]

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from html import escape
 
-from batch_invariance.report.model import Cell, CellGroup, DivergentId, GateRow, Report, TextSide
+from batch_invariance.report.divergence import DivergentId, TextSide
+from batch_invariance.report.model import Cell, CellGroup, GateRow, Report
 from batch_invariance.report.plot import VERDICT_COLOURS, rate_plot
 from batch_invariance.report.views import (
     answer_length_text,
@@ -33,6 +34,8 @@ th { background: #f3f5f7; font-weight: 600; }
 .met { color: #1b7f3b; font-weight: 600; } .unmet { color: #c62828; font-weight: 700; }
 .muted { color: #5f6b7a; } code { font-size: 12px; }
 .invalid-cert { color: #c62828; }
+.signature-failed, .signature-error { color: #c62828; font-weight: 700; }
+.signature-verified { color: #1b7f3b; }
 .pair { display: grid; grid-template-columns: 1fr 1fr; gap: 10px; }
 .side pre { white-space: pre-wrap; word-break: break-word; background: #f7f8fa;
   border: 1px solid #d5d9de; padding: 8px; margin: 0; font-size: 12px; }
