@@ -118,3 +118,12 @@ def test_a_folder_without_certs_is_a_usage_error(
     (tmp_path / "sweep.json").write_text("{}", encoding="utf-8")
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "r.html")]) == 2
     assert "no cert files" in capsys.readouterr().err
+
+
+def test_the_format_follows_the_out_suffix_unless_given(tmp_path: Path, green_cert: Path) -> None:
+    for name, start in (("r.md", "## batch-invariance report"), ("r.json", "{"), ("r.htm", "<!")):
+        assert main(["report", str(green_cert), "--out", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).read_text(encoding="utf-8").startswith(start)
+    out = tmp_path / "forced.md"
+    assert main(["report", str(green_cert), "--out", str(out), "--format", "json"]) == 0
+    assert out.read_text(encoding="utf-8").startswith("{")

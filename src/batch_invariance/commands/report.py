@@ -41,7 +41,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("paths", metavar="CERT_OR_DIR", nargs="+", type=Path)
     p.add_argument("--out", required=True, help="file to write, or - for stdout")
-    p.add_argument("--format", choices=sorted(FORMATS), default="html", help="default: html")
+    p.add_argument(
+        "--format",
+        choices=sorted(FORMATS),
+        default=None,
+        help="default: from the --out suffix (.md, .json), else html",
+    )
     p.add_argument(
         "--cert-identity",
         default=None,
@@ -83,6 +88,14 @@ def _write(out: str, text: str) -> None:
         raise InfraError(f"cannot write {target}: {exc.strerror or exc}") from None
 
 
+def output_format(chosen: str | None, out: str) -> str:
+    """``--format`` when given, else what the file name says (``.md``, ``.json``), else html."""
+    if chosen is not None:
+        return chosen
+    suffix = Path(out).suffix.lower().lstrip(".")
+    return suffix if suffix in FORMATS else "html"
+
+
 def exit_code(report: Report) -> int:
     if report.invalid or any(c.signature.state == "failed" for c in report.cells):
         return exitcodes.CERT_INVALID
@@ -94,7 +107,7 @@ def exit_code(report: Report) -> int:
 def handle(args: argparse.Namespace) -> int:
     policy = _policy(args)
     report = build_report(load_all(args.paths, policy))
-    _write(args.out, FORMATS[args.format](report))
+    _write(args.out, FORMATS[output_format(args.format, args.out)](report))
     tell = sys.stderr if args.out == "-" else sys.stdout
     for bad in report.invalid:
         print(f"invalid: {bad.origin}: {bad.problem}", file=tell)
