@@ -15,7 +15,7 @@ from pathlib import Path
 from batch_invariance import __version__
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, number_problems
-from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
+from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import FinishedCell, finish_cell, prepare_out_dir
