@@ -431,4 +431,3 @@ def busy_from_metrics(text: str, name: str = "llamacpp:requests_processing") -> 
             except ValueError:
                 return None
     return None
-

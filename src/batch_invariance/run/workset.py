@@ -167,8 +167,3 @@ def bundled_workset_path(name: str) -> Path:
     if name not in BUNDLED_WORKSETS:
         raise UsageError(f"no bundled work-set {name!r}; pick one of {', '.join(BUNDLED_WORKSETS)}")
     return Path(str(resources.files("batch_invariance") / "data" / "worksets" / f"{name}.json"))
-
-
-def bundled_workset(name: str) -> Workset:
-    """A bundled work-set, loaded (see :func:`bundled_workset_path`)."""
-    return load_workset(bundled_workset_path(name))
