@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,11 @@ class CellDefaults:
 
 #: ``run-live`` (and the Action, which adds the cell size its users get without asking).
 RUN_LIVE_DEFAULTS = CellDefaults(gate_passes=8, reps=3, n_predict=128)
-ACTION_DEFAULTS = CellDefaults(gate_passes=8, reps=3, n_predict=128, ctx=2048, parallel=4)
+ACTION_DEFAULTS = replace(RUN_LIVE_DEFAULTS, ctx=2048, parallel=4)
 DEFAULT_SEED = 0
 DEFAULT_LOGIT_EPS = 0.01
-DEFAULT_MIN_HOT_TRIALS = 30
+#: The gate policy's own default (core/evidence.py), not a second copy.
+DEFAULT_MIN_HOT_TRIALS = GatePolicy().min_hot_trials
 DEFAULT_READY_TIMEOUT = 300.0
 DEFAULT_REQ_TIMEOUT = 120.0
 
