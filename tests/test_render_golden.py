@@ -8,6 +8,7 @@ the diff of ``tests/golden/`` like code.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -122,3 +123,33 @@ def test_annotations() -> None:
         render.annotation("error", "t: a, b", "50% done\nnext"),
     ]
     _check("annotations.txt", "\n".join(lines) + "\n" + render.failure_summary("h", "x | y"))
+
+
+def test_dry_run_plan(tmp_path: Path) -> None:
+    """The --dry-run plan on a fixed host (memory and CPUs are inputs, not read here)."""
+    from batch_invariance.engines.memory import GIB, HostMemory
+    from batch_invariance.run.dry_run import dry_run
+    from batch_invariance.run.live import LiveRequest, prepare
+    from fakes_live import dense_meta, fake_server, write_gguf
+
+    ws = tmp_path / "ws.json"
+    ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(5)]))
+    request = LiveRequest(
+        out_dir=tmp_path / "out",
+        server_bin=fake_server(tmp_path / "bin"),
+        model=write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=64 << 20),
+        workset=ws,
+        ctx=512,
+        parallel=4,
+        gate_passes=3,
+        reps=2,
+        server_flags=("-ngl", "0"),
+        max_footprint_gb=0.25,
+    )
+    host = HostMemory(mem_available_bytes=8 * GIB, mem_total_bytes=16 * GIB, vram_free_bytes=None)
+    plan = dry_run(prepare(request, create_out_dir=False), host, cpus=2)
+    assert plan.refusal is not None and "max-footprint-gb" in plan.refusal
+    _check(
+        "dry_run.txt",
+        plan.text.replace(str(tmp_path.resolve()), "<tmp>").replace(str(tmp_path), "<tmp>"),
+    )
