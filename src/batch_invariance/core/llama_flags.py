@@ -50,166 +50,74 @@ class FlagSpec:
         return self.names[0]
 
 
-def _spec(key: str, *names: str, **kw: object) -> FlagSpec:
-    return FlagSpec(key, tuple(names), **kw)  # type: ignore[arg-type]
-
-
 _UNSET = "unset"
-SPECS: tuple[FlagSpec, ...] = (
-    _spec("model", "-m", "--model", env="LLAMA_ARG_MODEL"),
-    _spec("hf_repo", "-hf", "-hfr", "--hf-repo", env="LLAMA_ARG_HF_REPO"),
-    _spec("hf_file", "-hff", "--hf-file", env="LLAMA_ARG_HF_FILE"),
-    _spec("model_url", "-mu", "--model-url", env="LLAMA_ARG_MODEL_URL"),
-    _spec("alias", "-a", "--alias", env="LLAMA_ARG_ALIAS"),
-    _spec("host", "--host", env="LLAMA_ARG_HOST"),
-    _spec("port", "--port", env="LLAMA_ARG_PORT"),
-    _spec("ctx_size", "-c", "--ctx-size", env="LLAMA_ARG_CTX_SIZE"),
-    _spec("parallel", "-np", "--parallel", env="LLAMA_ARG_N_PARALLEL"),
-    _spec(
-        "kv_unified",
-        "-kvu",
-        "--kv-unified",
-        takes_value=False,
-        env="LLAMA_ARG_KV_UNIFIED",
-        off_names=("-no-kvu", "--no-kv-unified"),
-    ),
-    _spec("n_predict", "-n", "--predict", "--n-predict", env="LLAMA_ARG_N_PREDICT"),
-    _spec(
-        "slots",
-        "--slots",
-        takes_value=False,
-        env="LLAMA_ARG_ENDPOINT_SLOTS",
-        off_names=("--no-slots",),
-    ),
-    _spec(
-        "cont_batching",
-        "-cb",
-        "--cont-batching",
-        takes_value=False,
-        env="LLAMA_ARG_CONT_BATCHING",
-        off_names=("-nocb", "--no-cont-batching"),
-    ),
-    _spec("cache_reuse", "--cache-reuse", env="LLAMA_ARG_CACHE_REUSE"),
-    # Numerics: every flag that changes what the server computes for a request.
-    _spec("flash_attn", "-fa", "--flash-attn", env="LLAMA_ARG_FLASH_ATTN", numerics_default="auto"),
-    _spec("batch", "-b", "--batch-size", env="LLAMA_ARG_BATCH", numerics_default="2048"),
-    _spec("ubatch", "-ub", "--ubatch-size", env="LLAMA_ARG_UBATCH", numerics_default="512"),
-    _spec(
-        "gpu_layers",
-        "-ngl",
-        "--gpu-layers",
-        "--n-gpu-layers",
-        env="LLAMA_ARG_N_GPU_LAYERS",
-        numerics_default="auto",
-    ),
-    _spec(
-        "cache_type_k",
-        "-ctk",
-        "--cache-type-k",
-        env="LLAMA_ARG_CACHE_TYPE_K",
-        numerics_default=DEFAULT_CACHE_TYPE,
-    ),
-    _spec(
-        "cache_type_v",
-        "-ctv",
-        "--cache-type-v",
-        env="LLAMA_ARG_CACHE_TYPE_V",
-        numerics_default=DEFAULT_CACHE_TYPE,
-    ),
-    _spec("cache_ram", "-cram", "--cache-ram", env="LLAMA_ARG_CACHE_RAM", numerics_default="8192"),
-    _spec(
-        "kv_unified_per_slot",
-        "--kv-unified-per-slot",
-        env="LLAMA_ARG_KV_UNIFIED_PER_SLOT",
-        numerics_default=_UNSET,
-    ),
-    _spec(
-        "backend_sampling",
-        "-bs",
-        "--backend-sampling",
-        takes_value=False,
-        env="LLAMA_ARG_BACKEND_SAMPLING",
-        numerics_default="off",
-    ),
-    _spec("lora", "--lora", numerics_default=_UNSET, accumulates=True),
-    _spec("lora_scaled", "--lora-scaled", numerics_default=_UNSET, accumulates=True),
-    _spec("control_vector", "--control-vector", numerics_default=_UNSET, accumulates=True),
-    _spec(
-        "control_vector_scaled",
-        "--control-vector-scaled",
-        numerics_default=_UNSET,
-        accumulates=True,
-    ),
-    _spec(
-        "draft_model",
-        "-md",
-        "--model-draft",
-        "--spec-draft-model",
-        env="LLAMA_ARG_SPEC_DRAFT_MODEL",
-        numerics_default=_UNSET,
-    ),
-    _spec(
-        "draft_hf",
-        "-hfd",
-        "-hfrd",
-        "--hf-repo-draft",
-        "--spec-draft-hf",
-        env="LLAMA_ARG_SPEC_DRAFT_HF_REPO",
-        numerics_default=_UNSET,
-    ),
-    _spec("spec_type", "--spec-type", env="LLAMA_ARG_SPEC_TYPE", numerics_default=_UNSET),
-    _spec(
-        "split_mode", "-sm", "--split-mode", env="LLAMA_ARG_SPLIT_MODE", numerics_default="layer"
-    ),
-    _spec(
-        "tensor_split",
-        "-ts",
-        "--tensor-split",
-        env="LLAMA_ARG_TENSOR_SPLIT",
-        numerics_default=_UNSET,
-    ),
-    _spec(
-        "override_tensor",
-        "-ot",
-        "--override-tensor",
-        env="LLAMA_ARG_OVERRIDE_TENSOR",
-        numerics_default=_UNSET,
-        accumulates=True,
-    ),
-    _spec("device", "-dev", "--device", env="LLAMA_ARG_DEVICE", numerics_default=_UNSET),
-    _spec(
-        "kv_offload",
-        "-kvo",
-        "--kv-offload",
-        takes_value=False,
-        env="LLAMA_ARG_KV_OFFLOAD",
-        off_names=("-nkvo", "--no-kv-offload"),
-        numerics_default="on",
-    ),
-    _spec(
-        "swa_full",
-        "--swa-full",
-        takes_value=False,
-        env="LLAMA_ARG_SWA_FULL",
-        numerics_default="off",
-    ),
-    _spec(
-        "rope_scaling", "--rope-scaling", env="LLAMA_ARG_ROPE_SCALING_TYPE", numerics_default=_UNSET
-    ),
-    _spec("rope_scale", "--rope-scale", env="LLAMA_ARG_ROPE_SCALE", numerics_default=_UNSET),
-    _spec(
-        "rope_freq_base",
-        "--rope-freq-base",
-        env="LLAMA_ARG_ROPE_FREQ_BASE",
-        numerics_default=_UNSET,
-    ),
-    _spec(
-        "rope_freq_scale",
-        "--rope-freq-scale",
-        env="LLAMA_ARG_ROPE_FREQ_SCALE",
-        numerics_default=_UNSET,
-    ),
-)
+# key | spellings | kind (value, bool, list = accumulates) | LLAMA_ARG_ variable | numerics
+# default ("-" = not a numerics flag) | spellings that switch a bool off.
+_TABLE = """
+model           -m --model                           value MODEL               -      -
+hf_repo         -hf -hfr --hf-repo                   value HF_REPO             -      -
+hf_file         -hff --hf-file                       value HF_FILE             -      -
+model_url       -mu --model-url                      value MODEL_URL           -      -
+host            --host                               value HOST                -      -
+port            --port                               value PORT                -      -
+ctx_size        -c --ctx-size                        value CTX_SIZE            -      -
+parallel        -np --parallel                       value N_PARALLEL          -      -
+kv_unified      -kvu --kv-unified                    bool  KV_UNIFIED          -      -no-kvu --no-kv-unified
+n_predict       -n --predict --n-predict             value N_PREDICT           -      -
+slots           --slots                              bool  ENDPOINT_SLOTS      -      --no-slots
+cont_batching   -cb --cont-batching                  bool  CONT_BATCHING       -      -nocb --no-cont-batching
+cache_reuse     --cache-reuse                        value CACHE_REUSE         -      -
+flash_attn      -fa --flash-attn                     value FLASH_ATTN          auto   -
+batch           -b --batch-size                      value BATCH               2048   -
+ubatch          -ub --ubatch-size                    value UBATCH              512    -
+gpu_layers      -ngl --gpu-layers --n-gpu-layers     value N_GPU_LAYERS        auto   -
+cache_type_k    -ctk --cache-type-k                  value CACHE_TYPE_K        f16    -
+cache_type_v    -ctv --cache-type-v                  value CACHE_TYPE_V        f16    -
+cache_ram       -cram --cache-ram                    value CACHE_RAM           8192   -
+kv_per_slot     --kv-unified-per-slot                value KV_UNIFIED_PER_SLOT unset  -
+backend_samp    -bs --backend-sampling               bool  BACKEND_SAMPLING    off    -
+lora            --lora                               list  -                   unset  -
+lora_scaled     --lora-scaled                        list  -                   unset  -
+control_vector  --control-vector                     list  -                   unset  -
+control_scaled  --control-vector-scaled              list  -                   unset  -
+draft_model     -md --model-draft --spec-draft-model value SPEC_DRAFT_MODEL    unset  -
+draft_hf        -hfd -hfrd --hf-repo-draft --spec-draft-hf value SPEC_DRAFT_HF_REPO  unset  -
+spec_type       --spec-type                          value SPEC_TYPE           unset  -
+split_mode      -sm --split-mode                     value SPLIT_MODE          layer  -
+tensor_split    -ts --tensor-split                   value TENSOR_SPLIT        unset  -
+override_tensor -ot --override-tensor                list  OVERRIDE_TENSOR     unset  -
+device          -dev --device                        value DEVICE              unset  -
+kv_offload      -kvo --kv-offload                    bool  KV_OFFLOAD          on     -nkvo --no-kv-offload
+swa_full        --swa-full                           bool  SWA_FULL            off    -
+rope_scaling    --rope-scaling                       value ROPE_SCALING_TYPE   unset  -
+rope_scale      --rope-scale                         value ROPE_SCALE          unset  -
+rope_freq_base  --rope-freq-base                     value ROPE_FREQ_BASE      unset  -
+rope_freq_scale --rope-freq-scale                    value ROPE_FREQ_SCALE     unset  -
+"""  # noqa: E501 (a table reads better unwrapped)
+
+
+def _parse_table(text: str) -> tuple[FlagSpec, ...]:
+    specs: list[FlagSpec] = []
+    for line in text.strip().splitlines():
+        key, *rest = line.split()
+        kind_at = next(i for i, w in enumerate(rest) if w in ("value", "bool", "list"))
+        names, kind = tuple(rest[:kind_at]), rest[kind_at]
+        env, default, *off = rest[kind_at + 1 :]
+        specs.append(
+            FlagSpec(
+                key=key,
+                names=names,
+                takes_value=kind != "bool",
+                env=None if env == "-" else "LLAMA_ARG_" + env,
+                off_names=() if off == ["-"] else tuple(off),
+                numerics_default=None if default == "-" else default,
+                accumulates=kind == "list",
+            )
+        )
+    return tuple(specs)
+
+
+SPECS: tuple[FlagSpec, ...] = _parse_table(_TABLE)
 _BY_NAME: dict[str, FlagSpec] = {n: s for s in SPECS for n in (*s.names, *s.off_names)}
 _BY_ENV: dict[str, FlagSpec] = {s.env: s for s in SPECS if s.env}
 _BY_KEY: dict[str, FlagSpec] = {s.key: s for s in SPECS}
@@ -224,7 +132,7 @@ OWNED_FLAGS: frozenset[str] = frozenset(
     n
     for key in ("model", "host", "port", "parallel", "ctx_size", "kv_unified", "cache_ram")
     for n in (*_BY_KEY[key].names, *_BY_KEY[key].off_names)
-) | frozenset(_BY_KEY["kv_unified_per_slot"].names)
+) | frozenset(_BY_KEY["kv_per_slot"].names)
 #: Flags that change what is measured and that the driver will not run with: another model
 #: source, no /slots, no continuous batching, KV reuse across requests, a server-side length cap.
 REFUSED_FLAGS: frozenset[str] = frozenset(
