@@ -521,7 +521,8 @@ def print_dry_run(cfg: LiveConfig, out: Any = None) -> int:
         refused = refused or decision.refusal
         print(f"server {arm}: {' '.join(shown)}", file=stream)
         print(
-            f"  kv: {kv_label(cfg.ctx, n, cfg.kv_layout if n > 1 else 'split')}; projected {_gib(proj.total_bytes)} (weights "
+            f"  kv: {kv_label(cfg.ctx, n, cfg.kv_layout if n > 1 else 'split')}; projected "
+            f"{_gib(proj.total_bytes)} (weights "
             f"{_gib(proj.weights_bytes)} + KV {_gib(proj.kv_bytes)} + overhead "
             f"{_gib(proj.overhead_bytes)}); guard: {decision.refusal or 'ok'}",
             file=stream,
