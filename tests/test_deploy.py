@@ -132,7 +132,9 @@ def test_passes_when_every_batched_cell_is_covered(
 def test_n_from_the_environment_elsewhere_in_the_file(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = f"export LLAMA_ARG_N_PARALLEL=8\nllama-server -m {world['model']} -c 8192 -ub 1 -cram 0\n"
+    body = (
+        f"export LLAMA_ARG_N_PARALLEL=8\nllama-server -m {world['model']} -c 8192 -ub 1 -cram 0\n"
+    )
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
     assert f"FAIL  {MODEL} ctx=1024 N=8 kv=split" in capsys.readouterr().out
 
@@ -197,7 +199,11 @@ def test_same_file_name_but_another_model_is_not_covered(
     ],
 )
 def test_numerics_flags_must_match_the_measured_argv(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, named: str
+    world: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    named: str,
 ) -> None:
     body = f"llama-server -m {world['model']} {OK_FLAGS} {flag}\n"
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE

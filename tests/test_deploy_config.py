@@ -101,7 +101,7 @@ def test_compose_file_is_read_from_yaml(tmp_path: Path) -> None:
     path = tmp_path / "compose.yaml"
     path.write_text(
         "services:\n  llm:\n    image: ghcr.io/ggml-org/llama.cpp:server-cuda\n"
-        "    command: [\"-m\", \"/m/a.gguf\", \"-c\", \"2048\", \"-np\", \"2\"]\n"
+        '    command: ["-m", "/m/a.gguf", "-c", "2048", "-np", "2"]\n'
     )
     assert [(c.name, c.ctx, c.parallel) for c in load_deploy_cells(path)] == [("a", 1024, 2)]
 
@@ -114,7 +114,12 @@ def test_models_toml_uses_the_one_registry_reader(tmp_path: Path) -> None:
         'server_flags = ["-np", "2"]\n'
     )
     (cell,) = load_deploy_cells(path, "/srv")
-    assert (cell.alias, cell.model, cell.ctx, cell.parallel) == ("small", "/srv/small.gguf", 4096, 2)
+    assert (cell.alias, cell.model, cell.ctx, cell.parallel) == (
+        "small",
+        "/srv/small.gguf",
+        4096,
+        2,
+    )
     assert cell.flags.cache_types == ("q8_0", "q8_0")
     with pytest.raises(UsageError, match="no models folder was given"):
         load_deploy_cells(path, None)  # the registry's own rule, not a second reader's
