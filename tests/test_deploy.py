@@ -275,8 +275,13 @@ def test_signatures_are_required_by_default(
     body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
     # No identity policy and no --allow-unsigned: a usage error that says what to add.
     assert _check(world, tmp_path, body) == exitcodes.USAGE
-    identity = ["--cert-identity", "https://github.com/o/r/.github/workflows/c.yml@refs/tags/v1",
-                "--cert-oidc-issuer", "https://token.actions.githubusercontent.com", "--offline"]  # fmt: skip
+    identity = [
+        "--cert-identity",
+        "https://github.com/o/r/.github/workflows/c.yml@refs/tags/v1",
+        "--cert-oidc-issuer",
+        "https://token.actions.githubusercontent.com",
+        "--offline",
+    ]
     assert _check(world, tmp_path, body, *identity) == exitcodes.NOT_PROMOTABLE
     assert "is not signed (no " in capsys.readouterr().out
     assert _check(world, tmp_path, body, "--allow-unsigned", *identity[:2]) == exitcodes.USAGE
