@@ -65,7 +65,7 @@ def _run_mock_cell(
     from typing import Literal
 
     from batch_invariance.core.evidence import CellSpec
-    from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
+    from batch_invariance.engines.mock import MockKnobs, MockLauncher
     from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
     from batch_invariance.run.workset import load_workset
     from batch_invariance.scorer_api import load_scorer
