@@ -132,3 +132,10 @@ def test_run_live_dry_run_shows_the_unified_bc_server(
     assert "--ctx-size 1024 --kv-unified" in bc and "kv: unified:-c 1024 -np 4 -kvu" in out
     a = next(line for line in out.splitlines() if line.startswith("server A:"))
     assert "--no-kv-unified" in a
+
+
+def test_measured_servers_get_no_llama_arg_variables() -> None:
+    from batch_invariance.engines.llama_server import server_env
+
+    env = server_env({"PATH": "/bin", "LLAMA_ARG_UBATCH": "512", "LLAMA_ARG_N_PARALLEL": "8"})
+    assert env == {"PATH": "/bin"}

@@ -108,6 +108,15 @@ def build_argv(
     return tuple(argv)
 
 
+def server_env(parent: Mapping[str, str]) -> dict[str, str]:
+    """The environment a measured server gets: the tool's own without ``LLAMA_ARG_*``.
+
+    llama-server reads those variables as flags; one left in the tool's environment would
+    change what is measured without showing in the recorded argv (which check-deploy compares).
+    """
+    return {k: v for k, v in parent.items() if not k.startswith("LLAMA_ARG_")}
+
+
 def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
     """The last ``lines`` lines of a log, joined with `` | `` for a one-line error."""
     try:
@@ -274,6 +283,7 @@ class LlamaServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                env=server_env(os.environ),
             )
         except OSError as exc:
             self._log.close()
