@@ -149,6 +149,12 @@ def test_systemd_unit_environment(
     assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     assert f"FAIL  {MODEL} ctx=1024 N=16 kv=split" in out and "1 of 1 batched" in out
+    # Variables from a file that is not here could set anything: the cell is not covered.
+    covered = f"ExecStart=/usr/bin/llama-server -m {world['model']} {OK_FLAGS}\n"
+    unit = "[Service]\nEnvironmentFile=/etc/nowhere/llm.env\n" + covered
+    assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
+    assert "environment file(s) /etc/nowhere/llm.env not readable here" in capsys.readouterr().out
+    assert _unsigned(world, tmp_path, "[Service]\n" + covered) == exitcodes.PROMOTABLE
 
 
 @pytest.mark.parametrize(

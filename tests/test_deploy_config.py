@@ -136,3 +136,18 @@ def test_bad_values_and_empty_files_are_usage_errors(tmp_path: Path) -> None:
     config.write_text("echo nothing here\npython3 -m venv .venv\n")
     with pytest.raises(UsageError, match="no llama-server command line"):
         load_deploy_cells(config)
+
+
+def test_sourced_and_environment_files_are_read_or_fail_the_cell_closed(tmp_path: Path) -> None:
+    (tmp_path / "env.sh").write_text("# shared settings\nexport LLAMA_ARG_N_PARALLEL=8\n")
+    script = tmp_path / "run.sh"
+    script.write_text(". ./env.sh\nllama-server -m /m/a.gguf -c 8192\n")
+    (cell,) = load_deploy_cells(script)
+    assert (cell.parallel, cell.ctx, cell.unread_env_files) == (8, 1024, ())
+    unit = tmp_path / "llm.service"
+    unit.write_text(
+        "[Service]\nEnvironmentFile=-/etc/nowhere/llm.env\n"
+        "ExecStart=/usr/bin/llama-server -m /m/a.gguf -c 4096 -np 2\n"
+    )
+    (cell,) = load_deploy_cells(unit)
+    assert cell.unread_env_files == ("/etc/nowhere/llm.env",)

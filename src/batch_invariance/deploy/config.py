@@ -126,6 +126,16 @@ def _read_env_file(path: Path) -> dict[str, str] | None:
     return env
 
 
+def _load_env_file(name: str, base_dir: Path, env: dict[str, str], unread: list[str]) -> None:
+    """Merge a sourced / ``EnvironmentFile=`` file into ``env``, or record it as unread."""
+    path = Path(name).expanduser()
+    loaded = _read_env_file(path if path.is_absolute() else base_dir / path)
+    if loaded is None:
+        unread.append(name)
+    else:
+        env.update(loaded)
+
+
 def text_commands(text: str, name: str, base_dir: Path) -> tuple[ServerCommand, ...]:
     """The servers of a shell script or systemd unit, each with the whole file's env."""
     systemd = re.search(r"^\s*\[(Service|Unit|Install)\]\s*$", text, re.MULTILINE) is not None
@@ -143,12 +153,7 @@ def text_commands(text: str, name: str, base_dir: Path) -> tuple[ServerCommand, 
             if key == "Environment":
                 file_env.update(_assignments(_split(value, where)))
             elif key == "EnvironmentFile":
-                path = Path(value.strip().lstrip("-"))
-                loaded = _read_env_file(path if path.is_absolute() else base_dir / path)
-                if loaded is None:
-                    unread.append(value.strip())
-                else:
-                    file_env.update(loaded)
+                _load_env_file(value.strip().lstrip("-"), base_dir, file_env, unread)
             elif key == "ExecStart":
                 hit = server_argv(_split(value.lstrip("-@:+!"), where))
                 if hit is not None:
@@ -162,6 +167,9 @@ def text_commands(text: str, name: str, base_dir: Path) -> tuple[ServerCommand, 
             else:
                 segments[-1].append(token)
         for segment in segments:
+            if segment[:1] in (["source"], ["."]) and len(segment) > 1:
+                _load_env_file(segment[1], base_dir, file_env, unread)
+                continue
             if segment[:1] == ["export"] or (segment and all(_ASSIGN.match(t) for t in segment)):
                 file_env.update(_assignments(segment))
                 continue
@@ -229,13 +237,11 @@ def compose_commands(
         env = _compose_env(spec.get("environment"), where)
         unread: list[str] = []
         files = spec.get("env_file")
+        from_files: dict[str, str] = {}
         for item in [files] if isinstance(files, str) else files or []:
-            path = Path(str(item.get("path") if isinstance(item, Mapping) else item))
-            loaded = _read_env_file(path if path.is_absolute() else base_dir / path)
-            if loaded is None:
-                unread.append(str(path))
-            else:
-                env = {**loaded, **env}
+            name = str(item.get("path") if isinstance(item, Mapping) else item)
+            _load_env_file(name, base_dir, from_files, unread)
+        env = {**from_files, **env}  # environment: beats env_file:
         mounts: list[tuple[str, str]] = []
         for volume in spec.get("volumes") or []:
             parts = str(volume).split(":") if isinstance(volume, str) else []

@@ -204,9 +204,13 @@ def index_certs(certs_dir: Path) -> CertIndex:
     for path in sorted(certs_dir.rglob("*.json")):
         if path.name.endswith(".sigstore.json") or ".superseded-" in path.name:
             continue
-        if path.is_file():
-            read = read_cert_file(path)
-            (unreadable.append if isinstance(read, str) else found.append)(read)  # type: ignore[arg-type]
+        if not path.is_file():
+            continue
+        read = read_cert_file(path)
+        if isinstance(read, str):
+            unreadable.append(read)
+        else:
+            found.append(read)
     return CertIndex(certs=tuple(found), unreadable=tuple(unreadable))
 
 
