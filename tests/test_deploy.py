@@ -201,7 +201,7 @@ def test_same_file_name_but_another_model_is_not_covered(
         ("-md /srv/draft.gguf --spec-draft-n-max 8", "-md /srv/draft.gguf (measured unset)"),
         ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)"),
         ("-bs", "-bs on (measured off)"),
-        ("--cache-ram 8192", "-cram 8192 (measured 0)"),
+        ("--cache-ram 8192", "--cache-ram 8192 (measured 0)"),
     ],
 )
 def test_numerics_flags_must_match_the_measured_argv(

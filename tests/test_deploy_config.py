@@ -151,3 +151,13 @@ def test_sourced_and_environment_files_are_read_or_fail_the_cell_closed(tmp_path
     )
     (cell,) = load_deploy_cells(unit)
     assert cell.unread_env_files == ("/etc/nowhere/llm.env",)
+
+
+def test_variables_are_expanded_from_the_file_environment() -> None:
+    unit = (
+        "[Service]\nEnvironment=NP=8 MODEL=/srv/b.gguf\n"
+        "ExecStart=/usr/bin/llama-server -m ${MODEL} -c 8192 -np $NP\n"
+    )
+    assert _cells(unit, "llm.service") == [("b", 1024, 8, "split")]
+    with pytest.raises(UsageError, match=r"-np needs an integer, got '\$UNSET'"):
+        _cells("llama-server -m a.gguf -np $UNSET\n")

@@ -73,7 +73,7 @@ ubatch          -ub --ubatch-size                    value UBATCH              5
 gpu_layers      -ngl --gpu-layers --n-gpu-layers     value N_GPU_LAYERS        auto   -
 cache_type_k    -ctk --cache-type-k                  value CACHE_TYPE_K        f16    -
 cache_type_v    -ctv --cache-type-v                  value CACHE_TYPE_V        f16    -
-cache_ram       -cram --cache-ram                    value CACHE_RAM           8192   -
+cache_ram       --cache-ram -cram                    value CACHE_RAM           8192   -
 kv_per_slot     --kv-unified-per-slot                value KV_UNIFIED_PER_SLOT unset  -
 backend_samp    -bs --backend-sampling               bool  BACKEND_SAMPLING    off    -
 lora            --lora                               list  -                   unset  -

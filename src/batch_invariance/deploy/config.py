@@ -136,6 +136,20 @@ def _load_env_file(name: str, base_dir: Path, env: dict[str, str], unread: list[
         env.update(loaded)
 
 
+_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def expand(token: str, env: Mapping[str, str]) -> str:
+    """``$NAME`` / ``${NAME}`` replaced from the file's environment (as the shell and systemd
+    do); an unknown name stays as written, so a flag that needs a number fails loudly."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return env.get(name, match.group(0))
+
+    return _REFERENCE.sub(sub, token)
+
+
 def text_commands(text: str, name: str, base_dir: Path) -> tuple[ServerCommand, ...]:
     """The servers of a shell script or systemd unit, each with the whole file's env."""
     systemd = re.search(r"^\s*\[(Service|Unit|Install)\]\s*$", text, re.MULTILINE) is not None
@@ -179,7 +193,7 @@ def text_commands(text: str, name: str, base_dir: Path) -> tuple[ServerCommand, 
     return tuple(
         ServerCommand(
             origin=where,
-            argv=argv,
+            argv=tuple(expand(token, {**file_env, **inline}) for token in argv),
             env={**file_env, **inline},
             base_dir=base_dir,
             unread_env_files=tuple(unread),
