@@ -28,20 +28,22 @@ MEASURED_FLAGS = ("-ub", "1")
 OK_FLAGS = "-c 4096 -np 4 -ub 1 --cache-ram 0"
 
 
-def _provenance(model: Path, parallel: int, unified: bool) -> dict[str, Any]:
+def _provenance(model: Path, parallel: int, layout: str) -> dict[str, Any]:
+    """What run-live records for this cell: the model file and the A / BC servers' argv."""
     from batch_invariance.engines.llama_server import build_argv
 
-    def argv(n: int, layout: str) -> list[str]:
+    def argv(n: int, kv: str) -> list[str]:
         return list(
             build_argv(Path("/opt/llama-server"), model, host="127.0.0.1", port=1, parallel=n,
-                       ctx=1024, extra_flags=MEASURED_FLAGS, kv_layout=layout)  # type: ignore[arg-type]
+                       ctx=1024, extra_flags=MEASURED_FLAGS, kv_layout=kv)  # type: ignore[arg-type]
         )  # fmt: skip
 
     data = model.read_bytes()
     return {
+        "driver": "run-live",
         "servers": [
             {"role": "A", "argv": argv(1, "split")},
-            {"role": "BC", "argv": argv(parallel, "unified" if unified else "split")},
+            {"role": "BC", "argv": argv(parallel, layout)},
         ],
         "model_file": {
             "path": str(model),
@@ -49,20 +51,35 @@ def _provenance(model: Path, parallel: int, unified: bool) -> dict[str, Any]:
             "sha256": hashlib.sha256(data).hexdigest(),
             "size": len(data),
         },
+        "plan": {"n_predict": 128},
     }
 
 
-def _run_mock_cell(
-    out_dir: Path,
-    model: Path,
-    *,
-    live: bool = True,
-    parallel: int = 4,
-    unified: bool = False,
-    policy: GatePolicy | None = None,
+def _live_cert(
+    out_dir: Path, model: Path, *, layout: str = "split", policy: GatePolicy | None = None
 ) -> Path:
+    """A GREEN live cert of (MODEL, ctx 1024, N 4) whose provenance agrees with its cell; the
+    verdict is decided by the core from the factories' green evidence."""
+    from batch_invariance.cert.certificate import build_cert
+    from batch_invariance.cert.store import write_cert
+    from batch_invariance.core.evidence import CellSpec
+    from batch_invariance.core.verdict import decide
+    from batch_invariance.engines.llama_server import kv_label
+    from factories import green_evidence
+
+    chosen = policy or GatePolicy()
+    evidence = green_evidence()
+    label = kv_label(1024, 4, layout)  # type: ignore[arg-type]
+    cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=label, reps=1, is_moe=False)
+    provenance = _provenance(model, 4, layout)
+    cert = build_cert(evidence, decide(evidence, chosen), cell, chosen, provenance, "live",
+                      "2025-01-02T03:04:05Z")  # fmt: skip
+    return write_cert(out_dir, cert).path
+
+
+def _mock_cell(out_dir: Path, parallel: int) -> Path:
+    """A real driver run against the loopback mock (source mock: never promotable)."""
     from importlib import resources
-    from typing import Literal
 
     from batch_invariance.core.evidence import CellSpec
     from batch_invariance.engines.mock import MockKnobs, MockLauncher
@@ -70,18 +87,13 @@ def _run_mock_cell(
     from batch_invariance.run.workset import load_workset
     from batch_invariance.scorer_api import load_scorer
 
-    class ClaimsLiveLauncher(MockLauncher):
-        source: Literal["live", "mock"] = "live"
-
     ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
     with resources.as_file(ref) as path:
         workset = load_workset(path)
-    plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=32)
-    launcher = ClaimsLiveLauncher(MockKnobs()) if live else MockLauncher(MockKnobs())
-    run = run_cell(plan, launcher, load_scorer(None))
+    plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4)
+    run = run_cell(plan, MockLauncher(MockKnobs()), load_scorer(None))
     spec = CellSpec(model=MODEL, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
-    provenance = _provenance(model, parallel, unified)
-    return finish_cell(run, spec, policy or GatePolicy(), provenance, out_dir).path
+    return finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir).path
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +105,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model.parent.mkdir()
     model.write_bytes(b"GGUF" + b"\x01" * 4096)
     certs = root / "certs"
-    green = _run_mock_cell(certs, model)
+    green = _live_cert(certs, model)
     assert json.loads(green.read_text())["status"] == "green"
-    _run_mock_cell(certs / "mock", model, live=False, parallel=2)
+    _mock_cell(certs / "mock", 2)
     unified = root / "unified"
-    _run_mock_cell(unified, model, unified=True)
+    _live_cert(unified, model, layout="unified")
     return {"root": root, "model": model, "certs": certs, "unified": unified, "green": green}
 
 
@@ -221,12 +233,31 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     m = world["model"]
-    # The cert's run had n_predict 32 (and records no answer_tokens_max in this version).
-    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n 512\n") == 3
-    assert "-n 512: the cert measured answers up to 32 tokens only" in capsys.readouterr().out
-    body = f"LLAMA_ARG_N_PREDICT=400 llama-server -m {m} {OK_FLAGS}\n"
+    data = json.loads(world["green"].read_text())
+    scope = data.get("promotion_scope") or {}
+    longest = scope.get("answer_tokens_max") or data["provenance"]["plan"]["n_predict"]
+    over = f"llama-server -m {m} {OK_FLAGS} -n {longest + 1}\n"
+    assert _unsigned(world, tmp_path, over) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"-n {longest + 1}: the cert measured answers up to {longest} tokens only" in out
+    body = f"LLAMA_ARG_N_PREDICT={longest + 1} llama-server -m {m} {OK_FLAGS}\n"
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
-    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n 16\n") == 0
+    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n {longest}\n") == 0
+    # A cert that records neither a measured length nor a budget covers no fixed -n.
+    from batch_invariance.core.llama_flags import read_flags
+    from batch_invariance.deploy.cells import cell_of
+    from batch_invariance.deploy.config import ServerCommand
+    from batch_invariance.deploy.gate import CertFile, config_differences
+    from batch_invariance.deploy.identity import identify_model
+
+    argv = data["provenance"]["servers"][1]["argv"]
+    bare = CertFile(world["green"], {"provenance": {}}, None, True, None, MODEL, 1024, 4,
+                    read_flags(argv))  # fmt: skip
+    cell = cell_of(
+        ServerCommand("x", ("llama-server", "-m", str(m), *OK_FLAGS.split(), "-n", "8"), {})
+    )
+    diffs = config_differences(cell, bare, identify_model(cell.model_path, cell.model))
+    assert "-n 8: the cert records no measured answer length" in diffs
 
 
 def test_mock_and_tampered_certs_do_not_cover(
@@ -234,7 +265,9 @@ def test_mock_and_tampered_certs_do_not_cover(
 ) -> None:
     body = f"llama-server -m {world['model']} -c 2048 -np 2 -ub 1 --cache-ram 0\n"
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
-    assert "not promotable (GREEN, source=mock" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # A mock run records no model file and a mock server argv: it measured no deploy cell.
+    assert f"FAIL  {MODEL} ctx=1024 N=2 kv=split" in out and "no cert measured this cell" in out
     folder = tmp_path / "certs"
     shutil.copytree(world["certs"], folder)
     cert = folder / world["green"].name
@@ -250,7 +283,7 @@ def test_a_cert_recorded_under_a_looser_policy_does_not_cover(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = tmp_path / "loose"
-    _run_mock_cell(folder, world["model"], policy=GatePolicy(min_hot_trials=1))
+    _live_cert(folder, world["model"], policy=GatePolicy(min_hot_trials=1))
     body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
     assert _unsigned(world, tmp_path, body, certs=folder) == exitcodes.NOT_PROMOTABLE
     assert "looser than the default" in capsys.readouterr().out

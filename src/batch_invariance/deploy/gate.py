@@ -176,12 +176,12 @@ def read_cert_file(path: Path) -> CertFile | str:
     except CertInvalid as exc:
         problem = str(exc)
     else:
-        promotable = is_promotable(cert)
         loose = recorded_policy_problems(cert)
-        if not promotable:
+        promotable = is_promotable(cert) and not loose
+        if loose:
+            why = "recorded policy looser than the defaults: " + "; ".join(loose)
+        elif not promotable:
             why = f"{display_verdict(cert.status)}, source={cert.source}, gate={cert.gate}"
-        elif loose:
-            promotable, why = False, "recorded policy looser than the defaults: " + "; ".join(loose)
     return CertFile(
         path=path,
         data=data,
