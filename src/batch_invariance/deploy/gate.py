@@ -177,7 +177,8 @@ def _verify_before_unification(text: str, path: Path) -> _Checked:
         list(shared(policy))
         if shared is not None
         else [
-            f"policy {name} {getattr(policy, name)} is looser than the default {getattr(default, name)}"
+            f"policy {name} {getattr(policy, name)} is looser than the default "
+            f"{getattr(default, name)}"
             for name in fields
             if getattr(policy, name) < getattr(default, name)
         ]
