@@ -161,3 +161,35 @@ def test_variables_are_expanded_from_the_file_environment() -> None:
     assert _cells(unit, "llm.service") == [("b", 1024, 8, "split")]
     with pytest.raises(UsageError, match=r"-np needs an integer, got '\$UNSET'"):
         _cells("llama-server -m a.gguf -np $UNSET\n")
+
+
+def test_model_identity_uses_the_strongest_check_available(tmp_path: Path) -> None:
+    import hashlib
+
+    from batch_invariance.deploy.identity import ModelIdentity, identify_model, model_differences
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF-one")
+    recorded = {
+        "model_file": {
+            "name": "m.gguf",
+            "size": 8,
+            "sha256": hashlib.sha256(b"GGUF-one").hexdigest(),
+        }
+    }
+    found = identify_model(model, str(model))
+    assert found.method == "sha256" and model_differences(found, recorded) == ()
+    assert model_differences(found, {"model_file": {"name": "m.gguf", "size": 8}}) == (
+        "the cert records no model sha256",
+    )
+    # Stat-able but not readable (not reproducible as root): size and name must both agree.
+    by_stat = ModelIdentity("size and name", "m.gguf", size=8)
+    assert model_differences(by_stat, recorded) == ()
+    assert model_differences(ModelIdentity("size and name", "m.gguf", size=9), recorded)
+    # Not here, or downloaded with -hf: nothing can be checked, so nothing matches.
+    assert (
+        "cannot be checked"
+        in model_differences(identify_model(tmp_path / "x.gguf", "x"), recorded)[0]
+    )
+    hub = identify_model(None, "org/repo:Q4_K_M")
+    assert hub.method == "nothing" and model_differences(hub, recorded)
