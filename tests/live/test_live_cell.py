@@ -70,7 +70,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     assert cert.divergence_class is not None and "co_batching" in cert.divergence_class
     assert cert.overlap.ok and cert.completion_floor.ok and cert.cobatch_coverage.ok
     assert cert.transport.ok
-    assert cert.divergence_report.AC.n_divergent >= 1
+    assert cert.divergence_report.ac.n_divergent >= 1
     assert outcome.finished.path.is_file()
     prov = cert.provenance
     assert prov["server_binary"]["sha256"] == live_pair.server_sha256
