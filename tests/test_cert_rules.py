@@ -16,7 +16,8 @@ from batch_invariance.cert.schema import CERT_VERSION, Cert, compute_digest
 from batch_invariance.cert.store import read_cert, render, write_cert
 from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_path
 from batch_invariance.cli import main
-from factories import cert_for, live_provenance, server_argv, spec
+from batch_invariance.core.evidence import GatePolicy
+from factories import cert_for, green_evidence, live_provenance, server_argv, spec
 
 
 def _mock_cert(tmp_path: Path) -> Cert:
@@ -238,3 +239,39 @@ def test_a_cert_from_another_version_says_so_and_is_never_promotable(
     verification = verify_path(path)
     assert not verification.promotable and verification.problems
     assert not is_promotable(json.loads(path.read_text()))
+
+
+# ------------------------------------------------------------ the promotability rule
+
+
+@pytest.mark.parametrize(
+    ("policy", "named"),
+    [
+        (GatePolicy(min_hot_trials=1), "policy min_hot_trials 1 is looser than the default 30"),
+        (GatePolicy(completion_floor=0.5), "policy completion_floor 0.5 is looser"),
+        (GatePolicy(coverage_fraction=0.1), "policy coverage_fraction 0.1 is looser"),
+        (GatePolicy(overlap_margin_s=0.0), "policy overlap_margin_s 0.0 is looser"),
+    ],
+)
+def test_a_green_judged_under_a_looser_policy_is_not_promotable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: GatePolicy, named: str
+) -> None:
+    cert, _ = cert_for(policy=policy)
+    assert cert.status == "green" and not is_promotable(cert) and cert_is_green(cert)
+    path = write_cert(tmp_path, cert).path
+    assert main(["verify-cert", str(path)]) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert "promotable: no" in out and named in out
+
+
+def test_a_stricter_policy_stays_promotable() -> None:
+    cert, _ = cert_for(policy=GatePolicy(min_hot_trials=40, completion_floor=0.9))
+    assert cert.status == "green" and is_promotable(cert)
+
+
+def test_every_unmet_condition_is_listed(tmp_path: Path) -> None:
+    cert, _ = cert_for(green_evidence(n_ids=6), policy=GatePolicy(min_hot_trials=1), source="mock")
+    verification = verify_path(write_cert(tmp_path, cert).path)
+    assert verification.valid and not verification.promotable
+    reasons = " | ".join(verification.promotable_reasons)
+    assert "source is mock" in reasons and "min_hot_trials" in reasons
