@@ -145,7 +145,7 @@ def _run_mock_cell(out_dir: Path, model: str, parallel: int) -> Path:
     from importlib import resources
 
     from batch_invariance.core.evidence import CellSpec, GatePolicy
-    from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
+    from batch_invariance.engines.mock import MockKnobs, MockLauncher
     from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
     from batch_invariance.run.workset import load_workset
     from batch_invariance.scorer_api import load_scorer
