@@ -17,6 +17,7 @@ from batch_invariance.cert.build import (
 )
 from batch_invariance.cert.parse import parse_cert
 from batch_invariance.cert.schema import (
+    CERT_VERSION,
     JSON_RENAMES,
     TrialRecord,
     canonical_json,
@@ -24,6 +25,7 @@ from batch_invariance.cert.schema import (
     cert_to_json,
     compute_digest,
     display_verdict,
+    schema_text,
 )
 from batch_invariance.cert.verify import cert_is_green, is_promotable
 from batch_invariance.core.evidence import INVARIANT_FIELDS, GatePolicy, Trial
@@ -338,3 +340,10 @@ def test_nested_blocks_are_strict_and_closed(edit: Any) -> None:
     edit(d)
     with pytest.raises(ValueError):
         cert_from_json(json.dumps(d))
+
+
+def test_the_schema_pins_the_current_cert_version() -> None:
+    # Bumping CERT_VERSION means bumping the Literal on Cert.cert_version with it.
+    schema = json.loads(schema_text())
+    assert schema["properties"]["cert_version"]["const"] == CERT_VERSION
+    assert cert_to_json(cert_for()[0])["cert_version"] == CERT_VERSION

@@ -30,6 +30,7 @@ from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
 from batch_invariance.core.verdict import Reports, Sensitivity, SerialRepeatGate, Status
 
+#: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
 CERT_VERSION: Final = 1
 GATE_ABC_UNION = "abc_union"
 Source = Literal["live", "mock"]
