@@ -333,6 +333,10 @@ def test_the_embedded_trial_carries_every_trial_field_but_the_text_and_timings()
         lambda d: d["overlap"]["per_pass"][0].update(ok=1),
         lambda d: d["sensitivity"].update(unknown=None),
         lambda d: d["divergence_report"].update(ac=d["divergence_report"]["AC"]),
+        # pydantic matches int and bool Literals by equality: the JSON type must match too
+        lambda d: d.update(cert_version=True),
+        lambda d: d.update(cert_version=1.0),
+        lambda d: d["promotion_scope"].update(generalizes=0),
     ],
 )
 def test_nested_blocks_are_strict_and_closed(edit: Any) -> None:

@@ -244,6 +244,15 @@ GATING_PATHS: tuple[tuple[str, ...], ...] = (
     ("evidence", "policy", "overlap_margin_s"),
     ("divergence_report", "AC", "n_divergent"),
     ("invariant_fields",),
+    # identity: the cell must be the one its own provenance ran, by the version that reads it
+    ("ctx",),
+    ("dispatch_n",),
+    ("model",),
+    ("kv_label",),
+    ("tool_version",),
+    ("cert_version",),
+    ("provenance", "model_file", "sha256"),
+    ("provenance", "servers"),
 )
 
 

@@ -22,9 +22,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import ConfigDict, TypeAdapter
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter
 
 from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
@@ -56,6 +56,18 @@ JSON_RENAMES: Mapping[str, str] = {
 
 def _json_key(name: str) -> str:
     return JSON_RENAMES.get(name, name)
+
+
+def _of_json_type(kind: type) -> BeforeValidator:
+    """pydantic matches an int or bool ``Literal`` by equality, so ``true`` would pass for
+    ``1`` and ``0`` for ``false``; a cert must hold the value with its own JSON type."""
+
+    def check(value: object) -> object:
+        if type(value) is not kind:
+            raise ValueError(f"should be a JSON {'boolean' if kind is bool else 'integer'}")
+        return value
+
+    return BeforeValidator(check)
 
 
 _CONFIG = ConfigDict(
@@ -135,7 +147,7 @@ class PromotionScope:
     dispatch_n: int
     kv_label: str
     valid_for: str
-    generalizes: Literal[False]
+    generalizes: Annotated[Literal[False], _of_json_type(bool)]
     is_moe: bool | None
     moe_warning: str
     rule_of_three: str
@@ -147,7 +159,7 @@ class Cert:
 
     __pydantic_config__ = _CONFIG
 
-    cert_version: Literal[1]
+    cert_version: Annotated[Literal[1], _of_json_type(int)]
     tool_version: str
     model: str
     ctx: int
