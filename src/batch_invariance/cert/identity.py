@@ -24,46 +24,26 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from batch_invariance.cert.schema import Cert
+from batch_invariance.core.llama_flags import FlagError, ServerFlags, read_flags
 
 MOCK_DRIVERS: frozenset[str] = frozenset({"run-mock"})
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_MODEL_FLAGS = ("--model", "-m")
-_CTX_FLAGS = ("--ctx-size", "-c")
-_PARALLEL_FLAGS = ("--parallel", "-np")
-_SPLIT_FLAGS = frozenset({"--no-kv-unified", "-no-kvu"})
-_UNIFIED_FLAGS = frozenset({"--kv-unified", "-kvu"})
 _ROLE_PARALLEL_IS_ONE = "A"
 _ROLE_UNDER_TEST = "BC"
 
 
-def _flag(argv: Sequence[str], names: Sequence[str]) -> str | None:
-    """The value of the last occurrence of a flag (``--flag V`` or ``--flag=V``)."""
-    value: str | None = None
-    for k, arg in enumerate(argv):
-        for name in names:
-            if arg == name and k + 1 < len(argv):
-                value = argv[k + 1]
-            elif arg.startswith(name + "="):
-                value = arg[len(name) + 1 :]
-    return value
-
-
-def _layout(argv: Sequence[str]) -> str | None:
-    """``split`` / ``unified`` as the argv says, ``None`` when it leaves it to the server."""
-    found: str | None = None
-    for arg in argv:
-        if arg in _SPLIT_FLAGS:
-            found = "split"
-        elif arg in _UNIFIED_FLAGS:
-            found = "unified"
-    return found
-
-
-def _int(text: str | None) -> int | None:
+def _flags(argv: Sequence[str]) -> ServerFlags:
+    """The recorded argv through the one llama-server flag reader; an argv it cannot read
+    reads as no flags at all (every check below then fails, as it should)."""
     try:
-        return None if text is None else int(text)
-    except ValueError:
-        return None
+        return read_flags(argv)
+    except FlagError:
+        return read_flags(())
+
+
+def _layout(flags: ServerFlags) -> str | None:
+    """``split`` / ``unified`` as the argv says, ``None`` when it leaves it to the server."""
+    return None if flags.kv_unified is None else ("unified" if flags.kv_unified else "split")
 
 
 def _servers(provenance: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -128,7 +108,7 @@ def _model_problems(cert: Cert) -> list[str]:
     if cert.model not in {name.removesuffix(".gguf"), alias}:
         problems.append(f"model {cert.model} but the model file recorded is {name}")
     for server in _servers(cert.provenance):
-        served = _flag(_argv(server) or [], _MODEL_FLAGS)
+        served = _flags(_argv(server) or []).model
         if served != path:
             problems.append(f"server {server.get('role')} was started on {served}, not {path}")
     return problems
@@ -141,9 +121,8 @@ def _server_problems(cert: Cert) -> list[str]:
     for server in _servers(cert.provenance):
         role = str(server.get("role"))
         roles.append(role)
-        argv = _argv(server) or []
-        parallel = _int(_flag(argv, _PARALLEL_FLAGS))
-        ctx_size = _int(_flag(argv, _CTX_FLAGS))
+        flags = _flags(_argv(server) or [])
+        parallel, ctx_size = flags.parallel, flags.ctx_size
         want = 1 if role == _ROLE_PARALLEL_IS_ONE else cert.dispatch_n
         if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST):
             problems.append(f"a server with unknown role {role!r} is recorded")
@@ -158,7 +137,7 @@ def _server_problems(cert: Cert) -> list[str]:
                 f"ctx {cert.ctx} per slot but server {role} ran --ctx-size {ctx_size} for "
                 f"{parallel} slot(s)"
             )
-        layout = _layout(argv)
+        layout = _layout(flags)
         if role == _ROLE_UNDER_TEST and layout != claimed_layout:
             problems.append(
                 f"KV layout {claimed_layout} (kv_label) but server {role} ran "

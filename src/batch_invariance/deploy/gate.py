@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from batch_invariance.cert.verify import verify_text
 from batch_invariance.core.llama_flags import (
     FlagError,
     ServerFlags,
@@ -129,68 +130,6 @@ def _bc_flags(provenance: Mapping[str, Any]) -> ServerFlags | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Checked:
-    problem: str | None
-    promotable: bool
-    why_not: str | None
-
-
-def _verify(text: str, path: Path) -> _Checked:
-    """Verify one cert's text through the one verification path.
-
-    TRANSITION (issue 8 §3, the cert helper): ``cert.verify.verify_text`` is that path, and
-    it holds the one promotability rule (status, source, gate, a recorded policy no looser
-    than the defaults). Until it is on main, :func:`_verify_before_unification` runs the same
-    checks; delete it once ``verify_text`` has landed.
-    """
-    from batch_invariance.cert import verify as verify_module
-
-    one_path = getattr(verify_module, "verify_text", None)
-    if one_path is None:
-        return _verify_before_unification(text, path)
-    found = one_path(text, str(path), path)
-    problem = "; ".join(found.problems) or None
-    promotable = bool(found.promotable) and problem is None
-    return _Checked(
-        problem, promotable, None if promotable else "; ".join(found.promotable_reasons)
-    )
-
-
-def _verify_before_unification(text: str, path: Path) -> _Checked:
-    import importlib
-
-    store = importlib.import_module("batch_invariance.cert.store")
-    certificate = importlib.import_module("batch_invariance.cert.certificate")
-    from batch_invariance.cert import verify as verify_module
-    from batch_invariance.core import evidence
-
-    try:
-        cert = store.parse_cert(text, str(path))
-        verify_module.verify_cert(cert, str(path))
-    except CertInvalid as exc:
-        return _Checked(str(exc), False, None)
-    policy, default = certificate.policy_from_cert(cert), evidence.GatePolicy()
-    shared = getattr(evidence, "policy_problems", None)  # the trust helper's one rule
-    fields = ("min_hot_trials", "completion_floor", "coverage_fraction", "overlap_margin_s")
-    loose = (
-        list(shared(policy))
-        if shared is not None
-        else [
-            f"policy {name} {getattr(policy, name)} is looser than the default "
-            f"{getattr(default, name)}"
-            for name in fields
-            if getattr(policy, name) < getattr(default, name)
-        ]
-    )
-    if loose:
-        return _Checked(None, False, "; ".join(loose))
-    if not certificate.is_promotable(cert):
-        verdict = certificate.display_verdict(cert.status)
-        return _Checked(None, False, f"{verdict}, source={cert.source}, gate={cert.gate}")
-    return _Checked(None, True, None)
-
-
 def read_cert_file(path: Path) -> CertFile | str:
     """Read and verify one cert file once; a file that is no cert at all gives its reason."""
     try:
@@ -203,13 +142,17 @@ def read_cert_file(path: Path) -> CertFile | str:
     model, ctx, n = data.get("model"), data.get("ctx"), data.get("dispatch_n")
     if not (isinstance(model, str) and type(ctx) is int and type(n) is int):
         return f"{path.name} (names no model, ctx and dispatch_n)"
-    checked = _verify(text, path)
+    # The one verification path: schema, digest, re-derived verdict, identity against the
+    # provenance, and the one promotability rule (policy no looser than the defaults).
+    found = verify_text(text, str(path), path)
+    problem = "; ".join(found.problems) or None
+    promotable = found.promotable and problem is None
     return CertFile(
         path=path,
         data=data,
-        problem=checked.problem,
-        promotable=checked.promotable,
-        not_promotable=checked.why_not,
+        problem=problem,
+        promotable=promotable,
+        not_promotable=None if promotable else "; ".join(found.promotable_reasons),
         model=model,
         ctx=ctx,
         n=n,
