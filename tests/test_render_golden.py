@@ -67,7 +67,7 @@ def _outputs(cert: Cert, bundle: str = "") -> dict[str, str]:
         "promotable": "true" if is_promotable(cert) else "false",
         "cert-path": "certs/tiny-model__ctx2048__N4.json",
         "bundle-path": bundle,
-        "divergent-ids": str(len(cert.divergence_report.AC.divergent_ids)),
+        "divergent-ids": str(len(cert.divergence_report.ac.divergent_ids)),
         "cell": f"{cert.model}/{cert.ctx}/{cert.dispatch_n}",
         "cell-id": "tiny-model__ctx2048__N4",
     }

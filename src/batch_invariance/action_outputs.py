@@ -65,7 +65,7 @@ def outputs_for(
         "promotable": "true" if is_promotable(cert) else "false",
         "cert-path": relative_to_workspace(cert_path, workspace),
         "bundle-path": relative_to_workspace(bundle, workspace) if bundle else "",
-        "divergent-ids": str(len(cert.divergence_report.AC.divergent_ids)),
+        "divergent-ids": str(len(cert.divergence_report.ac.divergent_ids)),
         "cell": f"{cert.model}/{cert.ctx}/{cert.dispatch_n}",
         "cell-id": cert_path.stem,
     }

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from batch_invariance.cert.certificate import Cert, display_verdict
+from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 
 Require = Literal["green", "promotable"]
 
@@ -38,7 +39,7 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         f"coverage {_met(cert.cobatch_coverage.ok)}, "
         f"transport {'clean' if cert.transport.ok else 'failures'}"
     )
-    ac = cert.divergence_report.AC
+    ac = cert.divergence_report.ac
     lines = [
         _BAR,
         f"  {display_verdict(cert.status)}{klass}  {label} ctx={cert.ctx} N={cert.dispatch_n}",
@@ -92,16 +93,25 @@ def mock_prediction(status: str, divergence_mode: bool) -> tuple[bool, str]:
     )
 
 
-def verify_text(path: Path, cert: Cert, promotable: bool, signature: str | None) -> str:
+NO_BUNDLE = f"not checked (no --bundle): authenticity was not checked; {DIGEST_SCOPE}"
+
+
+def verify_report_text(report: Verification, signature: str | None) -> str:
     """What ``verify-cert`` prints for a cert that passed every check."""
+    cert = report.cert
+    assert cert is not None  # a valid verification always carries its cert
     lines = [
-        f"cert:       {path}",
+        f"cert:       {report.path}",
         f"cell:       model={cert.model} ctx={cert.ctx} N={cert.dispatch_n}",
-        f"status:     {display_verdict(cert.status)} ({cert.status})",
+        f"status:     {report.verdict} ({cert.status})",
         f"source:     {cert.source}   gate: {cert.gate}",
-        f"promotable: {'yes' if promotable else 'no'}",
-        f"signature:  {signature or 'not checked (no --bundle)'}",
-        "integrity:  schema ok, digest ok, verdict re-derived from evidence matches",
+        f"promotable: {'yes' if report.promotable else 'no'}",
+    ]
+    lines += [f"  - {reason}" for reason in report.promotable_reasons]
+    lines += [
+        f"signature:  {signature or NO_BUNDLE}",
+        "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, "
+        "identity matches its provenance",
         "reasons:",
     ]
     lines += [f"  - {reason}" for reason in cert.decision_reasons]
@@ -135,7 +145,7 @@ def md_cell(value: object, limit: int = _EXCERPT_CHARS) -> str:
 
 def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mapping[str, str]) -> str:
     """The job summary: verdict, gate table, divergent ids, bound, scope (pure)."""
-    ac = cert.divergence_report.AC
+    ac = cert.divergence_report.ac
     lines = [
         f"## batch-invariance: {outputs['verdict']} — `{outputs['cell']}`",
         "",
@@ -209,7 +219,7 @@ def verdict_annotation(cert: Cert, require: Require, passed: bool, cell: str) ->
     if passed:
         return annotation("notice", title, f"{cell}: {verdict}, require {require} met. {reasons}")
     if cert.status == "failed":
-        n = len(cert.divergence_report.AC.divergent_ids)
+        n = len(cert.divergence_report.ac.divergent_ids)
         mock = " (mock run)" if cert.source == "mock" else ""
         return annotation(
             "error",

@@ -118,6 +118,7 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "port": args.port,
         "reserved_ports": tuple(args.reserved_port or ()),
         "profile": profile,
+        "kv_layout": getattr(args, "kv_layout", "split"),
     }
     values.update(fixed)
     return LiveRequest(**values)

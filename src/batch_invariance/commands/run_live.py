@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--ctx", type=int, default=None, help="context tokens per slot (C)")
     p.add_argument("--parallel", type=int, default=None, help="slots N of the B/C server")
     p.add_argument("--out-dir", type=Path, default=None, help="folder for the cert and logs")
+    p.add_argument(
+        "--kv-layout",
+        choices=("split", "unified"),
+        default="split",
+        help="B/C server KV cache: split (each slot owns ctx) or unified (-kvu, one ctx*N pool)",
+    )
     add_cell_options(p, defaults=RUN_LIVE_DEFAULTS)
     prof = p.add_argument_group("profile (the spark measurement profile; see docs)")
     prof.add_argument("--profile", default=None, help="bundled profile name or a folder")

@@ -1,8 +1,11 @@
 """`batch-invariance verify-cert PATH`: is this cert intact, self-consistent and promotable?
 
-Checks, in order: the JSON schema, the integrity digest, the verdict re-derived from the
-embedded evidence against the stored one and, with ``--bundle``, the sigstore signature and
-its identity policy. Prints model/ctx/N, status, source, promotable and the reasons.
+Checks, in order (one verification path, :func:`~batch_invariance.cert.verify.verify_path`):
+the JSON schema, the integrity digest, the version that wrote it, the verdict re-derived from
+the embedded evidence, the cell's identity against its own provenance and, with ``--bundle``,
+the sigstore signature and its identity policy. Prints model/ctx/N, status, source,
+promotable and the reasons. Without ``--bundle`` it says that authenticity was not checked:
+the digest catches accidents, not forgery.
 
 Exit: 0 promotable, 1 RED, 3 valid but not promotable, 5 invalid or tampered (raised as
 :class:`~batch_invariance.errors.CertInvalid`; ``cli.main`` maps it).
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.render import verify_text
+from batch_invariance.cert.render import verify_report_text
 from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.errors import CertInvalid, UsageError
 
@@ -90,6 +93,7 @@ def _check_signature(args: argparse.Namespace) -> str | None:
 
 def handle(args: argparse.Namespace) -> int:
     report = verify_cert_file(Path(args.path))
+    assert report.cert is not None  # a valid verification always carries its cert
     signature = _check_signature(args)
-    print(verify_text(report.path, report.cert, report.promotable, signature), end="")
-    return exitcodes.for_status(report.status, report.promotable)
+    print(verify_report_text(report, signature), end="")
+    return exitcodes.for_status(report.cert.status, report.promotable)

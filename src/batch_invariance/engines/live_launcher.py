@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.gguf import GgufInfo
-from batch_invariance.engines.llama_server import LlamaServer
+from batch_invariance.engines.llama_server import KvLayout, LlamaServer
 from batch_invariance.errors import InfraError
 
 
@@ -117,6 +117,7 @@ class LiveLauncher:
         ready_timeout: float = 120.0,
         metrics: bool = True,
         cap_parallel: int | None = None,
+        kv_layout: KvLayout = "split",
     ) -> None:
         self.server_bin = server_bin
         self.model = model
@@ -128,6 +129,7 @@ class LiveLauncher:
         self.ready_timeout = ready_timeout
         self.metrics = metrics
         self.cap_parallel = cap_parallel
+        self.kv_layout: KvLayout = kv_layout
         self.launches: list[LaunchRecord] = []
         #: Set when a server was aborted (RSS past the cap); the run must not write a cert.
         self.aborted: str | None = None
@@ -162,6 +164,8 @@ class LiveLauncher:
             metrics=self.metrics,
             ready_timeout=self.ready_timeout,
             rss_cap_bytes=cap,
+            # The serial A server has one slot: its layout cannot matter; B/C get the asked one.
+            kv_layout=self.kv_layout if slots > 1 else "split",
         )
         record = LaunchRecord(
             arm=arm,

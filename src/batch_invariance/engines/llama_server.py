@@ -25,32 +25,14 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import requests
 
+from batch_invariance.core.llama_flags import flag_conflicts
 from batch_invariance.engines import memory, ports
 from batch_invariance.errors import InfraError
 from batch_invariance.interrupts import install_sigterm, restore_sigterm
-
-#: Flags the launcher owns; a user ``--server-flag`` may not override them.
-OWNED_FLAGS: frozenset[str] = frozenset(
-    {
-        "-m",
-        "--model",
-        "--host",
-        "--port",
-        "-np",
-        "--parallel",
-        "-c",
-        "--ctx-size",
-        "-kvu",
-        "--kv-unified",
-        "-no-kvu",
-        "--no-kv-unified",
-        "--kv-unified-per-slot",
-    }
-)
 
 _TAIL_LINES = 15
 
@@ -110,12 +92,19 @@ def die_with_parent_hook(parent_pid: int) -> Any:
 
 
 def owned_flag_conflicts(server_flags: Sequence[str]) -> list[str]:
-    """User server flags that would override what the launcher must control."""
-    return [f for f in server_flags if f.partition("=")[0] in OWNED_FLAGS]
+    """User server flags the launcher owns (it sets them) or refuses (they change what is
+    measured), as written; the one list is :mod:`batch_invariance.core.llama_flags`'s."""
+    return list(flag_conflicts(server_flags))
 
 
-def kv_label(ctx: int, parallel: int) -> str:
-    """How the KV cache is sized: split per slot, every slot gets ``ctx`` tokens."""
+KvLayout = Literal["split", "unified"]
+
+
+def kv_label(ctx: int, parallel: int, layout: KvLayout = "split") -> str:
+    """How the KV cache is sized. Split: every slot owns ``ctx`` tokens. Unified: one pool
+    of ``ctx * parallel`` tokens that every slot draws from."""
+    if layout == "unified":
+        return f"unified:-c {ctx * parallel} -np {parallel} -kvu (one pool, ctx {ctx} per slot)"
     return f"split:-c {ctx * parallel} -np {parallel} (ctx {ctx} per slot, no-kv-unified)"
 
 
@@ -129,8 +118,10 @@ def build_argv(
     ctx: int,
     metrics: bool = True,
     extra_flags: Sequence[str] = (),
+    kv_layout: KvLayout = "split",
 ) -> tuple[str, ...]:
-    """The server command line: every slot gets ``ctx`` tokens (``-c ctx*parallel``, split KV)."""
+    """The server command line: ``-c ctx*parallel`` and ``-np parallel`` with a split KV cache
+    (every slot gets ``ctx``) or, with ``kv_layout="unified"``, one pool of that size."""
     argv = [
         str(server_bin),
         "--model",
@@ -143,10 +134,10 @@ def build_argv(
         str(parallel),
         "--ctx-size",
         str(ctx * parallel),
-        "--no-kv-unified",
+        "--kv-unified" if kv_layout == "unified" else "--no-kv-unified",
         "--slots",
-        # No host-side prompt cache: every request is computed from scratch, and the memory
-        # projection stays honest.
+        # Owned: no host-side prompt cache, so every request is computed from scratch and the
+        # memory projection stays honest. A deploy must run --cache-ram 0 to be covered.
         "--cache-ram",
         "0",
         "--no-webui",
@@ -155,6 +146,15 @@ def build_argv(
         argv.append("--metrics")
     argv.extend(extra_flags)
     return tuple(argv)
+
+
+def server_env(parent: Mapping[str, str]) -> dict[str, str]:
+    """The environment a measured server gets: the tool's own without ``LLAMA_ARG_*``.
+
+    llama-server reads those variables as flags; one left in the tool's environment would
+    change what is measured without showing in the recorded argv (which check-deploy compares).
+    """
+    return {k: v for k, v in parent.items() if not k.startswith("LLAMA_ARG_")}
 
 
 def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
@@ -193,6 +193,7 @@ class LlamaServer:
         ready_timeout: float = 120.0,
         rss_cap_bytes: int | None = None,
         term_grace_s: float = 5.0,
+        kv_layout: KvLayout = "split",
     ) -> None:
         self.arm = arm
         self.label = f"{arm}:np{parallel}"
@@ -201,7 +202,7 @@ class LlamaServer:
         self.port = port
         self.host = host
         self.metrics_enabled = metrics
-        self.kv_label = kv_label(ctx, parallel)
+        self.kv_label = kv_label(ctx, parallel, kv_layout)
         self.argv = build_argv(
             server_bin,
             model,
@@ -211,6 +212,7 @@ class LlamaServer:
             ctx=ctx,
             metrics=metrics,
             extra_flags=extra_flags,
+            kv_layout=kv_layout,
         )
         self.base_url = f"http://{host}:{port}"
         self.log_path = log_dir / f"server-{arm}-{port}.log"
@@ -264,6 +266,7 @@ class LlamaServer:
                 start_new_session=True,
                 close_fds=True,
                 preexec_fn=die_with_parent_hook(os.getpid()),
+                env=server_env(os.environ),
             )
         except OSError as exc:
             self._log.close()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from batch_invariance.core.plan import eta_seconds, serial_arm_count
 from batch_invariance.engines import memory, ports
-from batch_invariance.engines.llama_server import build_argv, kv_label
+from batch_invariance.engines.llama_server import KvLayout, build_argv, kv_label
 from batch_invariance.run.live import LiveCell
 
 
@@ -37,6 +37,11 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     port = str(cell.port_policy.fixed) if cell.port_policy.fixed is not None else "<free>"
     gpu = memory.offloads_to_gpu(cell.server_flags)
     refused: str | None = None
+
+    def layout(n: int) -> KvLayout:
+        # The serial A server has one slot: its layout cannot matter.
+        return req.kv_layout if n > 1 else "split"
+
     lines = [f"dry run: cell {cell.model_name} ctx={cell.ctx} N={cell.parallel} (nothing launched)"]
     for arm, n in (("A", 1), ("BC", cell.parallel)):
         argv = build_argv(
@@ -47,6 +52,7 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
             parallel=n,
             ctx=cell.ctx,
             extra_flags=cell.server_flags,
+            kv_layout=layout(n),
         )
         shown = [port if a == "0" and i > 0 and argv[i - 1] == "--port" else a
                  for i, a in enumerate(argv)]  # fmt: skip
@@ -55,8 +61,8 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         refused = refused or decision.refusal
         lines.append(f"server {arm}: {' '.join(shown)}")
         lines.append(
-            f"  kv: {kv_label(cell.ctx, n)}; projected {_gib(proj.total_bytes)} (weights "
-            f"{_gib(proj.weights_bytes)} + KV {_gib(proj.kv_bytes)} + overhead "
+            f"  kv: {kv_label(cell.ctx, n, layout(n))}; projected {_gib(proj.total_bytes)} "
+            f"(weights {_gib(proj.weights_bytes)} + KV {_gib(proj.kv_bytes)} + overhead "
             f"{_gib(proj.overhead_bytes)}); guard: {decision.refusal or 'ok'}"
         )
     avail = host.mem_available_bytes

@@ -22,7 +22,7 @@ from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.gguf import GgufInfo, cached_sha256, parse_info
 from batch_invariance.engines.live_launcher import LiveLauncher, identify_binary
-from batch_invariance.engines.llama_server import owned_flag_conflicts
+from batch_invariance.engines.llama_server import KvLayout, owned_flag_conflicts
 from batch_invariance.engines.provision import cache_root
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.run.cell import run_cell
@@ -95,6 +95,8 @@ class LiveRequest:
     driver_name: str = "run-live"
     #: Test hook: launch every server with at most this many slots (cannot co-batch).
     cap_parallel: int | None = None
+    #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
+    kv_layout: KvLayout = "split"
 
     def number_problems(self) -> tuple[str, ...]:
         """What is wrong with the numbers (the one table in :mod:`batch_invariance.core.plan`)."""
@@ -173,6 +175,7 @@ class LiveCell:
             max_footprint_gb=req.max_footprint_gb,
             ready_timeout=req.ready_timeout,
             cap_parallel=req.cap_parallel,
+            kv_layout=req.kv_layout,
         )
 
 
