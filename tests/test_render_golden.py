@@ -16,6 +16,7 @@ import pytest
 
 from batch_invariance.cert import render
 from batch_invariance.cert.certificate import Cert, is_promotable
+from batch_invariance.cert.verify import verify_cert
 from factories import cert_for, changed, green_evidence, replace_pass, replace_trial
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -99,7 +100,9 @@ def test_mock_report_and_its_footer() -> None:
 def test_verify_text(signature: str | None) -> None:
     cert = _green()
     name = "verify_signed.txt" if signature else "verify_unsigned.txt"
-    _check(name, render.verify_text(CERT_PATH, cert, is_promotable(cert), signature))
+    report = verify_cert(cert, str(CERT_PATH), CERT_PATH)
+    assert not report.problems, report.problems
+    _check(name, render.verify_report_text(report, signature))
 
 
 @pytest.mark.parametrize("kind", ["green", "red", "unverified", "mock"])
