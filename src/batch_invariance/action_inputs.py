@@ -205,6 +205,7 @@ def live_request(inputs: ActionInputs, embedded: tuple[Path, Path] | None) -> Li
         scorer=inputs.scorer or None,
         profile=profile,
         bundled_workset=None if inputs.profile else "demo",
+        stop_on_red=ACTION_DEFAULTS.stop_on_red,
     )
 
 

@@ -44,6 +44,7 @@ from batch_invariance.core.evidence import (
     PassRecord,
     Trial,
 )
+from batch_invariance.core.throughput import throughput_of_arms
 from batch_invariance.core.verdict import Verdict, decide
 
 #: Trial attributes carried one to one into the embedded record (same name, same value).
@@ -159,6 +160,7 @@ def build_cert(
         raise ValueError(f"source must be 'live' or 'mock', got {source!r}")
     r = verdict.reports
     g = verdict.gates
+    recorded = _json_safe(provenance)
     draft = Cert(
         cert_version=CERT_VERSION,
         tool_version=__version__,
@@ -192,7 +194,8 @@ def build_cert(
         gates=gates_block(verdict, spec, source),
         sensitivity=verdict.sensitivity,
         promotion_scope=promotion_scope(spec, verdict),
-        provenance=_json_safe(provenance),
+        throughput=throughput_of_arms(recorded.get("arms")),
+        provenance=recorded,
         evidence=_evidence_record(evidence, policy),
         digest="",
     )

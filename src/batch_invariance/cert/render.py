@@ -14,6 +14,7 @@ from typing import Literal
 
 from batch_invariance.cert.certificate import Cert, display_verdict
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
+from batch_invariance.core.throughput import Throughput
 
 Require = Literal["green", "promotable"]
 
@@ -28,6 +29,21 @@ _EXCERPT_CHARS = 80
 
 def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
+
+
+def throughput_text(block: Throughput | None, parallel: int, *, red: bool = False) -> str:
+    """What N buys (for a RED cell: what staying serial costs), on one line."""
+    if block is None or block.speedup is None:
+        return "throughput: not measured (the server reported no token timings)"
+    cost = "; staying serial costs this" if red else ""
+    return (
+        f"throughput: serial {block.serial_tokens_per_s} tok/s, N={parallel} concurrent "
+        f"{block.concurrent_tokens_per_s} tok/s: speedup {block.speedup:.2f}x{cost}"
+    )
+
+
+def _cert_throughput(cert: Cert) -> str:
+    return throughput_text(cert.throughput, cert.dispatch_n, red=cert.status == "failed")
 
 
 def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> str:
@@ -46,6 +62,7 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         _BAR,
         f"  gates: {gates}",
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
+        f"  {_cert_throughput(cert)}",
     ]
     lines += [f"  - {reason}" for reason in cert.decision_reasons]
     lines += _cert_lines(path, superseded)
@@ -154,6 +171,7 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
         f"- **Require `{require}`:** {'met' if passed else 'NOT met'}; promotable: "
         f"{outputs['promotable']}",
     ]
+    lines.append(f"- **{_cert_throughput(cert).replace(':', ':**', 1)}")
     if cert.divergence_class:
         lines.append(f"- **Divergence class:** `{cert.divergence_class}`")
     if cert.anomaly:

@@ -28,6 +28,7 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter
 
 from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
+from batch_invariance.core.throughput import Throughput
 from batch_invariance.core.verdict import Reports, Sensitivity, SerialRepeatGate, Status
 
 #: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
@@ -192,6 +193,8 @@ class Cert:
     gates: Mapping[str, GateOutcome]
     sensitivity: Sensitivity
     promotion_scope: PromotionScope
+    #: Serial (arm A) against concurrent (C passes) throughput, from ``provenance.arms``.
+    throughput: Throughput | None
     provenance: Mapping[str, Any]
     evidence: EvidenceRecord
     digest: str

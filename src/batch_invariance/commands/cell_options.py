@@ -73,6 +73,13 @@ def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> N
     p.add_argument(
         "--no-serial-repeat", action="store_true", help="skip the A' serial-repeat control"
     )
+    p.add_argument(
+        "--stop-on-red",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.stop_on_red,
+        help="end the cell at the first C pass that proves RED "
+        f"(default: {'on' if defaults.stop_on_red else 'off'})",
+    )
     p.add_argument("--scorer", default=None, help="pkg.mod:NAME or file.py:NAME")
     p.add_argument("--dry-run", action="store_true", help="print the plan; launch nothing")
 
@@ -110,6 +117,7 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "logit_eps": args.logit_eps,
         "min_hot_trials": args.min_hot_trials,
         "serial_repeat": not args.no_serial_repeat,
+        "stop_on_red": args.stop_on_red,
         "req_timeout": args.req_timeout,
         "ready_timeout": args.ready_timeout,
         "max_footprint_gb": args.max_footprint_gb,

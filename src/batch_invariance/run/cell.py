@@ -1,8 +1,12 @@
-"""Running one cell: arms A, A', B and the C passes over a :class:`ServerLauncher`.
+"""Running one cell: arms A, B, the C passes and A' over a :class:`ServerLauncher`.
 
 :func:`run_cell` owns exactly one server at a time. The A server (``--parallel 1``) runs arm A
-serially, then the serial repeat A' (unless the plan skips it); it is torn down before the B/C
-server (``--parallel N``) starts, which runs arm B serially and then the T concurrent C passes.
+serially; it is torn down before the B/C server (``--parallel N``) starts, which runs arm B
+serially and then the T concurrent C passes (ending at the first pass that proves RED when
+the plan says ``stop_on_red``). The serial repeat A' runs last, on a fresh ``--parallel 1``
+server, and only when B differed from A (:mod:`batch_invariance.core.schedule`). A sweep
+calls the same pieces (:func:`run_reference`, :func:`run_parallel`, :func:`complete_reference`,
+:func:`assemble`) with one reference shared by every N.
 Every request becomes a :class:`~batch_invariance.core.evidence.Trial` (transport failures too, as
 failure modes), scored through :func:`batch_invariance.core.scoring.evaluate`. The result is a
 :class:`CellRun` whose ``evidence`` the pure core judges.
@@ -14,9 +18,10 @@ cert. ``run-mock``, ``run-live``, ``demo`` and the Action all go through these t
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
 
 from batch_invariance.core.evidence import (
     ARM_A,
@@ -24,10 +29,13 @@ from batch_invariance.core.evidence import (
     ARM_B,
     ARM_C,
     CellEvidence,
+    GatePolicy,
     ItemMeta,
     PassRecord,
+    Trial,
 )
 from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.schedule import RedProof, red_proof, serial_repeat_decision
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import UsageError
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
@@ -35,9 +43,6 @@ from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import ArmStats, CellRun, ServerRecord
 from batch_invariance.run.transport import RawResponse, RequestTemplate
 from batch_invariance.run.trials import Notes, trials_for
-
-if TYPE_CHECKING:
-    pass
 
 
 class ServerHandle(Protocol):
@@ -100,6 +105,7 @@ def _arm_stats(
 ) -> ArmStats:
     prompt_ms = sum((r.timings or {}).get("prompt_ms", 0.0) for r in responses.values())
     predicted_ms = sum((r.timings or {}).get("predicted_ms", 0.0) for r in responses.values())
+    predicted_n = sum(int((r.timings or {}).get("predicted_n", 0)) for r in responses.values())
     return ArmStats(
         arm=arm,
         pass_index=pass_index,
@@ -108,6 +114,7 @@ def _arm_stats(
         n_transport_failures=sum(1 for r in responses.values() if not r.ok),
         prompt_ms=prompt_ms,
         predicted_ms=predicted_ms,
+        predicted_n=predicted_n,
         server_busy_max=busy[0],
         busy_source=busy[1],
     )
@@ -125,122 +132,266 @@ def _server_record(role: str, handle: ServerHandle, wall_s: float) -> ServerReco
     )
 
 
+@dataclass(frozen=True)
+class Reference:
+    """Arm A (and, once run, its serial repeat A') on ``--parallel 1`` servers: the ground
+    truth a cell compares against. A sweep measures it once per ctx and shares it with every
+    N (``shared_by`` then names the cells that used it)."""
+
+    a: Mapping[str, RawResponse]
+    a_trials: Mapping[str, Trial]
+    a_stats: ArmStats
+    server: ServerRecord
+    notes: tuple[str, ...] = ()
+    repeat: Mapping[str, RawResponse] | None = None
+    repeat_stats: ArmStats | None = None
+    repeat_server: ServerRecord | None = None
+    #: Why A' ran or did not (recorded in the cert's ``provenance.schedule``).
+    repeat_reason: str | None = None
+
+    @property
+    def launches(self) -> int:
+        return 1 + (self.repeat_server is not None)
+
+
+@dataclass(frozen=True)
+class ParallelRun:
+    """What the ``--parallel N`` server measured: arm B and the C passes run."""
+
+    b: Mapping[str, RawResponse]
+    b_trials: Mapping[str, Trial]
+    passes: tuple[ConcurrentPass, ...]
+    pass_trials: tuple[Mapping[str, Trial], ...]
+    stats: tuple[ArmStats, ...]
+    server: ServerRecord
+    notes: tuple[str, ...]
+    #: The pass that proved RED when ``--stop-on-red`` ended the cell there, else ``None``.
+    red_proof: RedProof | None
+
+
+def _serial_arm(
+    arm: str, server: ServerHandle, template: RequestTemplate, plan: CellPlan, sink: ProgressSink
+) -> tuple[Mapping[str, RawResponse], ArmStats]:
+    sink.arm("A'" if arm == ARM_A_REPEAT else arm)
+    t0 = time.monotonic()
+    resp = run_serial(server.base_url, template, plan.items, server.check_alive, _ticker(sink))
+    return resp, _arm_stats(arm, None, time.monotonic() - t0, resp)
+
+
+def _ticker(sink: ProgressSink) -> Callable[[RawResponse], None]:
+    def tick(_: RawResponse) -> None:
+        sink.advance(1)
+
+    return tick
+
+
+def run_reference(
+    plan: CellPlan, launcher: ServerLauncher, scorer: Scorer, sink: ProgressSink
+) -> Reference:
+    """Arm A on a ``--parallel 1`` server, serial dispatch (ground truth)."""
+    notes = Notes()
+    with launcher.launch("A", 1, plan.ctx) as server_a:
+        started = time.monotonic()
+        resp, stats = _serial_arm(ARM_A, server_a, request_template(plan), plan, sink)
+        record = _server_record("A", server_a, time.monotonic() - started)
+    trials = trials_for(resp, plan.items, scorer, plan.n_predict, notes, ARM_A)
+    return Reference(resp, trials, stats, record, tuple(notes.items))
+
+
+def run_repeat(
+    plan: CellPlan, launcher: ServerLauncher, sink: ProgressSink, ref: Reference, reason: str
+) -> Reference:
+    """The serial repeat A' on a fresh ``--parallel 1`` server (see
+    :func:`~batch_invariance.core.schedule.serial_repeat_decision` for when)."""
+    with launcher.launch("A", 1, plan.ctx) as server_a:
+        started = time.monotonic()
+        resp, stats = _serial_arm(ARM_A_REPEAT, server_a, request_template(plan), plan, sink)
+        record = _server_record("A", server_a, time.monotonic() - started)
+    return replace(ref, repeat=resp, repeat_stats=stats, repeat_server=record, repeat_reason=reason)
+
+
+def run_parallel(
+    plan: CellPlan,
+    launcher: ServerLauncher,
+    scorer: Scorer,
+    sink: ProgressSink,
+    a_trials: Mapping[str, Trial],
+    policy: GatePolicy,
+) -> ParallelRun:
+    """Arm B (serial) and the C passes on the ``--parallel N`` server; with
+    ``plan.stop_on_red`` the passes end at the first that proves RED."""
+    template = request_template(plan)
+    notes = Notes()
+    stats: list[ArmStats] = []
+    passes: list[ConcurrentPass] = []
+    pass_trials: list[Mapping[str, Trial]] = []
+    proof: RedProof | None = None
+    with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
+        started = time.monotonic()
+        b_resp, b_stats = _serial_arm(ARM_B, server_bc, template, plan, sink)
+        stats.append(b_stats)
+        for index in range(plan.gate_passes):
+            sink.arm(ARM_C, index, plan.gate_passes)
+            result = run_concurrent_pass(
+                server_bc.base_url,
+                template,
+                plan.items,
+                workers=plan.parallel,
+                pass_index=index,
+                seed=plan.seed,
+                metrics_enabled=server_bc.metrics_enabled,
+                check_alive=server_bc.check_alive,
+                on_done=_ticker(sink),
+            )
+            passes.append(result)
+            busy = (result.server_busy_max, result.busy_source)
+            stats.append(_arm_stats(ARM_C, index, result.wall_s, result.responses, busy))
+            for note in slot_notes(result):
+                notes.add(note)
+            trials = trials_for(
+                result.responses, plan.items, scorer, plan.n_predict, notes, f"C{index}"
+            )
+            pass_trials.append(trials)
+            if plan.stop_on_red:
+                found = red_proof(a_trials, _pass_record(result, trials), policy)
+                if found.proven:
+                    proof = found
+                    break
+        record = _server_record("BC", server_bc, time.monotonic() - started)
+    b_trials = trials_for(b_resp, plan.items, scorer, plan.n_predict, notes, ARM_B)
+    return ParallelRun(
+        b_resp,
+        b_trials,
+        tuple(passes),
+        tuple(pass_trials),
+        tuple(stats),
+        record,
+        tuple(notes.items),
+        proof,
+    )
+
+
+def _pass_record(result: ConcurrentPass, trials: Mapping[str, Trial]) -> PassRecord:
+    return PassRecord(
+        index=result.index,
+        trials=trials,
+        server_busy_max=result.server_busy_max,
+        busy_source=result.busy_source,
+        order=result.order,
+    )
+
+
+def complete_reference(
+    plan: CellPlan,
+    launcher: ServerLauncher,
+    scorer: Scorer,
+    sink: ProgressSink,
+    ref: Reference,
+    parallel: ParallelRun,
+) -> Reference:
+    """``ref`` with A' run when it decides something (once; a sweep reuses it)."""
+    if ref.repeat is not None:
+        return ref
+    if not plan.serial_repeat:
+        return replace(ref, repeat_reason="A' not run: --no-serial-repeat")
+    decision = serial_repeat_decision(ref.a_trials, parallel.b_trials)
+    if not decision.run:
+        return replace(ref, repeat_reason=decision.reason)
+    return run_repeat(plan, launcher, sink, ref, decision.reason)
+
+
+def schedule_record(
+    plan: CellPlan, ref: Reference, parallel: ParallelRun, shared_reference: str | None
+) -> dict[str, Any]:
+    """``provenance.schedule``: which arms ran and why, and whether passes were cut short."""
+    proof = parallel.red_proof
+    return {
+        "arms_run": [ARM_A, *([ARM_A_REPEAT] if ref.repeat is not None else []), ARM_B, ARM_C],
+        "serial_repeat": ref.repeat_reason,
+        "reference_shared": shared_reference,
+        "passes_planned": plan.gate_passes,
+        "passes_run": len(parallel.passes),
+        "stop_on_red": plan.stop_on_red,
+        "stopped_early": proof is not None and len(parallel.passes) < plan.gate_passes,
+        "stop_reason": None if proof is None else proof.reason,
+    }
+
+
+def assemble(
+    plan: CellPlan,
+    ref: Reference,
+    parallel: ParallelRun,
+    *,
+    scorer: Scorer,
+    source: Literal["live", "mock"],
+    launches: int,
+    wall_s: float,
+    shared_reference: str | None = None,
+) -> CellRun:
+    """The :class:`CellRun` of one cell from its reference and its parallel server's run."""
+    notes = Notes()
+    for note in (*ref.notes, *parallel.notes):
+        notes.add(note)
+    a_repeat = None
+    if ref.repeat is not None:
+        a_repeat = trials_for(ref.repeat, plan.items, scorer, plan.n_predict, notes, ARM_A_REPEAT)
+    evidence = CellEvidence(
+        items=tuple(ItemMeta(i.test_id, i.family, i.fill) for i in plan.items),
+        a=ref.a_trials,
+        a_repeat=a_repeat,
+        b=parallel.b_trials,
+        c_passes=tuple(_pass_record(p, t) for p, t in zip(parallel.passes, parallel.pass_trials)),
+    )
+    stats = (ref.a_stats, *((ref.repeat_stats,) if ref.repeat_stats else ()), *parallel.stats)
+    servers = (ref.server, parallel.server, *((ref.repeat_server,) if ref.repeat_server else ()))
+    return CellRun(
+        plan=plan,
+        evidence=evidence,
+        arm_stats=stats,
+        request_template=request_template(plan).to_record(),
+        servers=servers,
+        launches=launches,
+        scorer_id=str(getattr(scorer, "scorer_id", type(scorer).__name__)),
+        wall_s=wall_s,
+        source=source,
+        notes=tuple(notes.items),
+        schedule=schedule_record(plan, ref, parallel, shared_reference),
+    )
+
+
 def run_cell(
     plan: CellPlan,
     launcher: ServerLauncher,
     scorer: Scorer,
     progress: ProgressSink | None = None,
+    policy: GatePolicy | None = None,
 ) -> CellRun:
-    """Measure one cell. Raises only for infrastructure (launch) failures and interrupts.
+    """Measure one cell: A, then B and the C passes, then A' where it decides something.
 
-    Transport failures of single requests are recorded in the trials, never raised.
+    Raises only for infrastructure (launch) failures and interrupts. Transport failures of
+    single requests are recorded in the trials, never raised. ``policy`` is what the early
+    stop checks a pass's gates against (default: the gate policy's defaults).
     """
     problems = plan.problems()
     if problems:
         raise UsageError(problems[0])
     sink: ProgressSink = progress if progress is not None else NullProgress()
-    template = request_template(plan)
-    items = plan.items
-    notes = Notes()
-    stats: list[ArmStats] = []
-    servers: list[ServerRecord] = []
-    launches = 0
     cell_start = time.monotonic()
-
-    def tick(_: RawResponse) -> None:
-        sink.advance(1)
-
     sink.begin(plan.n_requests)
     try:
-        # --- the A server: --parallel 1, serial dispatch (ground truth), then A' -------------
-        a_resp: Mapping[str, RawResponse]
-        a_repeat_resp: Mapping[str, RawResponse] | None = None
-        launches += 1
-        with launcher.launch("A", 1, plan.ctx) as server_a:
-            started = time.monotonic()
-            sink.arm(ARM_A)
-            t0 = time.monotonic()
-            a_resp = run_serial(server_a.base_url, template, items, server_a.check_alive, tick)
-            stats.append(_arm_stats(ARM_A, None, time.monotonic() - t0, a_resp))
-            if plan.serial_repeat:
-                sink.arm("A'")
-                t0 = time.monotonic()
-                a_repeat_resp = run_serial(
-                    server_a.base_url, template, items, server_a.check_alive, tick
-                )
-                stats.append(_arm_stats(ARM_A_REPEAT, None, time.monotonic() - t0, a_repeat_resp))
-            servers.append(_server_record("A", server_a, time.monotonic() - started))
-
-        # --- the B/C server: --parallel N, serial B, then T concurrent C passes --------------
-        passes: list[ConcurrentPass] = []
-        launches += 1
-        with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
-            started = time.monotonic()
-            sink.arm(ARM_B)
-            t0 = time.monotonic()
-            b_resp = run_serial(server_bc.base_url, template, items, server_bc.check_alive, tick)
-            stats.append(_arm_stats(ARM_B, None, time.monotonic() - t0, b_resp))
-            for index in range(plan.gate_passes):
-                sink.arm(ARM_C, index, plan.gate_passes)
-                result = run_concurrent_pass(
-                    server_bc.base_url,
-                    template,
-                    items,
-                    workers=plan.parallel,
-                    pass_index=index,
-                    seed=plan.seed,
-                    metrics_enabled=server_bc.metrics_enabled,
-                    check_alive=server_bc.check_alive,
-                    on_done=tick,
-                )
-                passes.append(result)
-                stats.append(
-                    _arm_stats(
-                        ARM_C,
-                        index,
-                        result.wall_s,
-                        result.responses,
-                        (result.server_busy_max, result.busy_source),
-                    )
-                )
-                for note in slot_notes(result):
-                    notes.add(note)
-            servers.append(_server_record("BC", server_bc, time.monotonic() - started))
+        ref = run_reference(plan, launcher, scorer, sink)
+        parallel = run_parallel(plan, launcher, scorer, sink, ref.a_trials, policy or GatePolicy())
+        ref = complete_reference(plan, launcher, scorer, sink, ref, parallel)
     finally:
         sink.end()
-
-    n_predict = plan.n_predict
-    evidence = CellEvidence(
-        items=tuple(ItemMeta(i.test_id, i.family, i.fill) for i in items),
-        a=trials_for(a_resp, items, scorer, n_predict, notes, ARM_A),
-        a_repeat=(
-            trials_for(a_repeat_resp, items, scorer, n_predict, notes, ARM_A_REPEAT)
-            if a_repeat_resp is not None
-            else None
-        ),
-        b=trials_for(b_resp, items, scorer, n_predict, notes, ARM_B),
-        c_passes=tuple(
-            PassRecord(
-                index=p.index,
-                trials=trials_for(p.responses, items, scorer, n_predict, notes, f"C{p.index}"),
-                server_busy_max=p.server_busy_max,
-                busy_source=p.busy_source,
-                order=p.order,
-            )
-            for p in passes
-        ),
-    )
-    return CellRun(
-        plan=plan,
-        evidence=evidence,
-        arm_stats=tuple(stats),
-        request_template=template.to_record(),
-        servers=tuple(servers),
-        launches=launches,
-        scorer_id=str(getattr(scorer, "scorer_id", type(scorer).__name__)),
-        wall_s=time.monotonic() - cell_start,
+    return assemble(
+        plan,
+        ref,
+        parallel,
+        scorer=scorer,
         source=launcher.source,
-        notes=tuple(notes.items),
+        launches=ref.launches + 1,
+        wall_s=time.monotonic() - cell_start,
     )
 
 

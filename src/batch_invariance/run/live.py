@@ -45,11 +45,15 @@ class CellDefaults:
     endpoint: Endpoint = "chat"
     ctx: int | None = None
     parallel: int | None = None
+    #: End the cell at the first C pass that proves RED (``--stop-on-red``).
+    stop_on_red: bool = False
 
 
 #: ``run-live`` (and the Action, which adds the cell size its users get without asking).
 RUN_LIVE_DEFAULTS = CellDefaults(gate_passes=8, reps=3, n_predict=128)
-ACTION_DEFAULTS = replace(RUN_LIVE_DEFAULTS, ctx=2048, parallel=4)
+ACTION_DEFAULTS = replace(RUN_LIVE_DEFAULTS, ctx=2048, parallel=4, stop_on_red=True)
+#: ``sweep``: run-live's cell, ending each cell once RED is proven.
+SWEEP_DEFAULTS = replace(RUN_LIVE_DEFAULTS, stop_on_red=True)
 DEFAULT_SEED = 0
 DEFAULT_LOGIT_EPS = 0.01
 #: The gate policy's own default (core/evidence.py), not a second copy.
@@ -82,6 +86,7 @@ class LiveRequest:
     logit_eps: float = DEFAULT_LOGIT_EPS
     min_hot_trials: int = DEFAULT_MIN_HOT_TRIALS
     serial_repeat: bool = True
+    stop_on_red: bool = False
     req_timeout: float = DEFAULT_REQ_TIMEOUT
     ready_timeout: float = DEFAULT_READY_TIMEOUT
     max_footprint_gb: float | None = None
@@ -160,6 +165,7 @@ class LiveCell:
             endpoint=req.endpoint,
             n_probs=req.n_probs,
             serial_repeat=req.serial_repeat,
+            stop_on_red=req.stop_on_red,
             req_timeout=req.req_timeout,
         )
 
@@ -308,7 +314,7 @@ def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) ->
     if cell.workset is not None:
         workset = cell.workset
         plan = cell.plan(workset)
-        run = run_cell(plan, launcher, cell.scorer, progress=progress)
+        run = run_cell(plan, launcher, cell.scorer, progress=progress, policy=cell.policy)
     else:
         from batch_invariance.profiles.calibration import PrelaunchedLauncher
         from batch_invariance.profiles.tokens import server_token_counter
@@ -321,7 +327,7 @@ def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) ->
             workset = cell.build_workset(cell.ctx, server_token_counter(pre.handle.base_url))
             check_room_to_answer(workset, cell.ctx, request.n_predict)
             plan = cell.plan(workset)
-            run = run_cell(plan, pre, cell.scorer, progress=progress)
+            run = run_cell(plan, pre, cell.scorer, progress=progress, policy=cell.policy)
     if launcher.aborted is not None:
         raise InfraError(launcher.aborted)
     spec = CellSpec(

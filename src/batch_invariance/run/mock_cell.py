@@ -34,6 +34,7 @@ class MockRequest:
 
     out_dir: Path
     batch_divergence: bool = False
+    stop_on_red: bool = False
     ctx: int = 2048
     parallel: int = 4
     gate_passes: int = 4
@@ -70,9 +71,10 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
         seed=request.seed,
         endpoint="chat",
         req_timeout=30.0,
+        stop_on_red=request.stop_on_red,
     )
     knobs = MockKnobs(cobatch_divergence=request.batch_divergence, seed=request.seed)
-    run = run_cell(plan, MockLauncher(knobs), scorer, progress=progress)
+    run = run_cell(plan, MockLauncher(knobs), scorer, progress=progress, policy=GatePolicy())
     spec = CellSpec(
         model=MOCK_MODEL, ctx=request.ctx, dispatch_n=request.parallel, kv_label=run.kv_label,
         reps=request.reps,

@@ -22,6 +22,8 @@ class ArmStats:
     n_transport_failures: int
     prompt_ms: float
     predicted_ms: float
+    #: Tokens the server reported generating (``timings.predicted_n``), summed.
+    predicted_n: int = 0
     server_busy_max: int | None = None
     busy_source: str | None = None
 
@@ -34,6 +36,7 @@ class ArmStats:
             "n_transport_failures": self.n_transport_failures,
             "server_prompt_ms": round(self.prompt_ms, 3),
             "server_predicted_ms": round(self.predicted_ms, 3),
+            "server_predicted_n": self.predicted_n,
             "server_busy_max": self.server_busy_max,
             "busy_source": self.busy_source,
         }
@@ -78,6 +81,8 @@ class CellRun:
     #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
     source: Literal["live", "mock"] = "mock"
     notes: tuple[str, ...] = ()
+    #: Which arms ran and why, and whether the passes were cut short (``provenance.schedule``).
+    schedule: Mapping[str, Any] | None = None
 
     @property
     def kv_label(self) -> str:
@@ -124,8 +129,10 @@ class CellRun:
                 "endpoint": self.plan.endpoint,
                 "n_probs": self.plan.n_probs,
                 "serial_repeat": self.plan.serial_repeat,
+                "stop_on_red": self.plan.stop_on_red,
                 "req_timeout": self.plan.req_timeout,
                 "n_items": len(self.plan.items),
             },
             "notes": list(self.notes[:200]),
+            "schedule": None if self.schedule is None else dict(self.schedule),
         }
