@@ -82,7 +82,7 @@ class CellPlan:
     n_probs: int | None = None
     serial_repeat: bool = True
     req_timeout: float = 120.0
-    #: End the C passes at the first that proves RED (:func:`~batch_invariance.core.schedule.red_proof`).
+    #: End the C passes at the first that proves RED (``core.schedule.red_proof``).
     stop_on_red: bool = False
 
     @property

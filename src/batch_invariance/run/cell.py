@@ -160,8 +160,7 @@ class ParallelRun:
 
     b: Mapping[str, RawResponse]
     b_trials: Mapping[str, Trial]
-    passes: tuple[ConcurrentPass, ...]
-    pass_trials: tuple[Mapping[str, Trial], ...]
+    c_passes: tuple[PassRecord, ...]
     stats: tuple[ArmStats, ...]
     server: ServerRecord
     notes: tuple[str, ...]
@@ -223,8 +222,7 @@ def run_parallel(
     template = request_template(plan)
     notes = Notes()
     stats: list[ArmStats] = []
-    passes: list[ConcurrentPass] = []
-    pass_trials: list[Mapping[str, Trial]] = []
+    passes: list[PassRecord] = []
     proof: RedProof | None = None
     with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
         started = time.monotonic()
@@ -243,7 +241,6 @@ def run_parallel(
                 check_alive=server_bc.check_alive,
                 on_done=_ticker(sink),
             )
-            passes.append(result)
             busy = (result.server_busy_max, result.busy_source)
             stats.append(_arm_stats(ARM_C, index, result.wall_s, result.responses, busy))
             for note in slot_notes(result):
@@ -251,9 +248,9 @@ def run_parallel(
             trials = trials_for(
                 result.responses, plan.items, scorer, plan.n_predict, notes, f"C{index}"
             )
-            pass_trials.append(trials)
+            passes.append(_pass_record(result, trials))
             if plan.stop_on_red:
-                found = red_proof(a_trials, _pass_record(result, trials), policy)
+                found = red_proof(a_trials, passes[-1], policy)
                 if found.proven:
                     proof = found
                     break
@@ -263,7 +260,6 @@ def run_parallel(
         b_resp,
         b_trials,
         tuple(passes),
-        tuple(pass_trials),
         tuple(stats),
         record,
         tuple(notes.items),
@@ -310,9 +306,9 @@ def schedule_record(
         "serial_repeat": ref.repeat_reason,
         "reference_shared": shared_reference,
         "passes_planned": plan.gate_passes,
-        "passes_run": len(parallel.passes),
+        "passes_run": len(parallel.c_passes),
         "stop_on_red": plan.stop_on_red,
-        "stopped_early": proof is not None and len(parallel.passes) < plan.gate_passes,
+        "stopped_early": proof is not None and len(parallel.c_passes) < plan.gate_passes,
         "stop_reason": None if proof is None else proof.reason,
     }
 
@@ -340,7 +336,7 @@ def assemble(
         a=ref.a_trials,
         a_repeat=a_repeat,
         b=parallel.b_trials,
-        c_passes=tuple(_pass_record(p, t) for p, t in zip(parallel.passes, parallel.pass_trials)),
+        c_passes=parallel.c_passes,
     )
     stats = (ref.a_stats, *((ref.repeat_stats,) if ref.repeat_stats else ()), *parallel.stats)
     servers = (ref.server, parallel.server, *((ref.repeat_server,) if ref.repeat_server else ()))
