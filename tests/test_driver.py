@@ -88,7 +88,10 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     ev = run.evidence
     ids = {i.test_id for i in ITEMS}
     assert set(ev.a) == set(ev.b) == ids
-    assert ev.a_repeat is not None and set(ev.a_repeat) == ids
+    # B reproduced A exactly on a second server instance, so A' decides nothing: skipped.
+    assert ev.a_repeat is None
+    assert run.schedule is not None and run.schedule["arms_run"] == ["A", "B", "C"]
+    assert str(run.schedule["serial_repeat"]).startswith("A' skipped: B")
     assert len(ev.c_passes) == 6 and all(set(p.trials) == ids for p in ev.c_passes)
     assert all(p.server_busy_max is not None and p.server_busy_max >= 2 for p in ev.c_passes)
     assert len({p.order for p in ev.c_passes}) > 1  # shuffled per pass
@@ -154,9 +157,17 @@ def test_parallel_one_behind_the_c_arm_is_unverified_never_green() -> None:
 
 
 def test_stochastic_divergence_breaks_the_serial_repeat() -> None:
-    _, verdict = cell(MockKnobs(divergence_probability=0.3, seed=5), gate_passes=2)
+    launcher = CountingLauncher(MockKnobs(divergence_probability=0.3, seed=5))
+    run = run_cell(plan(gate_passes=2), launcher, ExactMatchScorer())
+    verdict = decide(run.evidence, POLICY)
     assert verdict.status != "green"
     assert not verdict.gates.serial_repeat.ok
+    # B differed from A, so A' ran last, on a fresh --parallel 1 server, one at a time.
+    assert launcher.calls == [("A", 1, 512), ("BC", 4, 512), ("A", 1, 512)]
+    assert launcher.max_open == 1 and run.launches == 3
+    assert [s.role for s in run.servers] == ["A", "BC", "A"]
+    assert run.schedule is not None and run.schedule["arms_run"] == ["A", "A_repeat", "B", "C"]
+    assert str(run.schedule["serial_repeat"]).startswith("A' ran: B differed from A")
 
 
 def test_server_gone_mid_run_is_recorded_not_raised() -> None:
@@ -220,7 +231,7 @@ def test_progress_draws_only_when_enabled() -> None:
     run_cell(plan(gate_passes=2), MockLauncher(), ExactMatchScorer(), progress=progress)
     text = loud.getvalue()
     assert "arm A" in text and "arm B" in text and "arm C pass 2/2" in text
-    assert f"{len(ITEMS) * 5}/{len(ITEMS) * 5}" in text and "ETA" in text
+    assert f"{len(ITEMS) * 4}/{len(ITEMS) * 4}" in text and "ETA" in text
 
 
 def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:

@@ -87,8 +87,9 @@ class CellPlan:
 
     @property
     def n_requests(self) -> int:
-        """Requests this plan sends in total."""
-        return len(self.items) * (serial_arm_count(self.serial_repeat) + self.gate_passes)
+        """Requests this plan sends for sure: A, B and every C pass. A' adds one more round
+        when it runs (only when B differs from A); an early stop on RED sends fewer."""
+        return len(self.items) * (2 + self.gate_passes)
 
     def problems(self) -> tuple[str, ...]:
         """Why this plan cannot run (empty = it can)."""

@@ -253,6 +253,7 @@ def run_parallel(
                 found = red_proof(a_trials, passes[-1], policy)
                 if found.proven:
                     proof = found
+                    sink.extend(-len(plan.items) * (plan.gate_passes - index - 1))
                     break
         record = _server_record("BC", server_bc, time.monotonic() - started)
     b_trials = trials_for(b_resp, plan.items, scorer, plan.n_predict, notes, ARM_B)
@@ -293,6 +294,7 @@ def complete_reference(
     decision = serial_repeat_decision(ref.a_trials, parallel.b_trials)
     if not decision.run:
         return replace(ref, repeat_reason=decision.reason)
+    sink.extend(len(plan.items))
     return run_repeat(plan, launcher, sink, ref, decision.reason)
 
 

@@ -25,6 +25,9 @@ class ProgressSink(Protocol):
 
     def advance(self, n: int = 1) -> None: ...
 
+    def extend(self, n: int) -> None:
+        """Change the total by ``n`` (A' decided on, passes cut short by an early stop)."""
+
     def end(self) -> None: ...
 
 
@@ -86,6 +89,10 @@ class Progress:
             self._done += n
             self._draw(force=self._done >= self._total)
 
+    def extend(self, n: int) -> None:
+        with self._lock:
+            self._total = max(self._done, self._total + n)
+
     def line(self) -> str:
         """The current progress line (without the carriage return)."""
         elapsed = self._clock() - self._started
@@ -124,6 +131,9 @@ class NullProgress:
         return
 
     def arm(self, name: str, pass_index: int | None = None, n_passes: int | None = None) -> None:
+        return
+
+    def extend(self, n: int) -> None:
         return
 
     def advance(self, n: int = 1) -> None:

@@ -34,7 +34,13 @@ class MockServer:
     :class:`InfraError` once it has stopped.
     """
 
-    def __init__(self, parallel: int = 1, ctx: int = 2048, knobs: MockKnobs | None = None) -> None:
+    def __init__(
+        self,
+        parallel: int = 1,
+        ctx: int = 2048,
+        knobs: MockKnobs | None = None,
+        instance: int = 0,
+    ) -> None:
         if parallel < 1:
             raise ValueError("parallel must be >= 1")
         self.parallel = parallel
@@ -44,7 +50,9 @@ class MockServer:
         self._slots = [_Slot(i) for i in range(parallel)]
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._rng = random.Random(f"mock:{self.knobs.seed}")
+        # Each server instance draws its own noise (``instance``): run-to-run nondeterminism
+        # differs between two launches, as it would between two real server processes.
+        self._rng = random.Random(f"mock:{self.knobs.seed}:{instance}")
         self._next_task = 0
         self._started_at = 0.0
         self._httpd: ThreadingHTTPServer | None = None

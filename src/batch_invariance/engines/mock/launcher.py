@@ -90,7 +90,7 @@ class MockLauncher:
         served = parallel
         if arm != "A" and self.knobs.bc_parallel_override is not None:
             served = self.knobs.bc_parallel_override
-        server = MockServer(parallel=served, ctx=ctx, knobs=self.knobs)
+        server = MockServer(parallel=served, ctx=ctx, knobs=self.knobs, instance=self.launches)
         self.launches += 1
         self.servers.append(server)
         with server:
