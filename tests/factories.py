@@ -212,6 +212,41 @@ def live_provenance(cell: CellSpec) -> dict[str, Any]:
             {"role": "A", "argv": server_argv(path, cell.ctx, 1)},
             {"role": "BC", "argv": server_argv(path, cell.ctx, cell.dispatch_n)},
         ],
+        # Per-arm timings as the driver records them (the throughput block is read from here).
+        "arms": [
+            {
+                "arm": "A",
+                "pass": None,
+                "wall_s": 20.0,
+                "n_requests": 20,
+                "server_predicted_ms": 16000.0,
+                "server_predicted_n": 1280,
+            },
+            {
+                "arm": "B",
+                "pass": None,
+                "wall_s": 20.5,
+                "n_requests": 20,
+                "server_predicted_ms": 16400.0,
+                "server_predicted_n": 1280,
+            },
+            {
+                "arm": "C",
+                "pass": 0,
+                "wall_s": 8.0,
+                "n_requests": 20,
+                "server_predicted_ms": 25600.0,
+                "server_predicted_n": 1280,
+            },
+            {
+                "arm": "C",
+                "pass": 1,
+                "wall_s": 8.0,
+                "n_requests": 20,
+                "server_predicted_ms": 25600.0,
+                "server_predicted_n": 1280,
+            },
+        ],
     }
 
 

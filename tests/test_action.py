@@ -428,7 +428,8 @@ def test_live_inputs_become_the_same_request_the_cli_builds(tmp_path: Path) -> N
     )  # fmt: skip
     from_cli = request_from_args(args)
     # The Action runs the bundled demo work-set when it names none; the CLI asks for one.
-    assert from_action == replace(from_cli, bundled_workset="demo")
+    # ... and ends a cell once RED is proven (--stop-on-red is the Action's default).
+    assert from_action == replace(from_cli, bundled_workset="demo", stop_on_red=True)
 
 
 def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from batch_invariance.core.evidence import GatePolicy, PassRecord
 from batch_invariance.core.schedule import red_proof, serial_repeat_decision
 from batch_invariance.core.verdict import decide
 from batch_invariance.run.mock_cell import MockRequest, run_mock_cell
-from tests.factories import green_evidence, serial_map
+from factories import green_evidence, serial_map
 
 POLICY = GatePolicy()
 

@@ -24,6 +24,7 @@ from batch_invariance.interrupts import install_sigterm, restore_sigterm
 COMMAND_MODULES: tuple[str, ...] = (
     "demo",
     "run_live",
+    "sweep",
     "run_mock",
     "verify_cert",
     "plan_n",

@@ -153,9 +153,13 @@ def build_cert(
     provenance: Mapping[str, Any],
     source: Source,
     ts_utc: str,
+    *,
+    with_throughput: bool = True,
 ) -> Cert:
     """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
-    what the caller really ran against (``run-mock`` always passes ``"mock"``)."""
+    what the caller really ran against (``run-mock`` always passes ``"mock"``). The
+    ``throughput`` block is computed from ``provenance.arms`` (``with_throughput=False``
+    leaves it out, as certs written before it existed have it)."""
     if source not in SOURCES:
         raise ValueError(f"source must be 'live' or 'mock', got {source!r}")
     r = verdict.reports
@@ -194,10 +198,10 @@ def build_cert(
         gates=gates_block(verdict, spec, source),
         sensitivity=verdict.sensitivity,
         promotion_scope=promotion_scope(spec, verdict),
-        throughput=throughput_of_arms(recorded.get("arms")),
         provenance=recorded,
         evidence=_evidence_record(evidence, policy),
         digest="",
+        throughput=throughput_of_arms(recorded.get("arms")) if with_throughput else None,
     )
     # Through the JSON edge once: types checked, keys closed, numbers in their JSON form
     # (an int score becomes 1.0), so the digest is over exactly what a reader gets back.
@@ -218,6 +222,7 @@ def rederive(cert: Cert) -> Cert:
         cert.provenance,
         cert.source,
         cert.ts_utc,
+        with_throughput=cert.throughput is not None,
     )
 
 

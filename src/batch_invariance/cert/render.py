@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from batch_invariance.cert.certificate import Cert, display_verdict
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
@@ -132,6 +132,43 @@ def verify_report_text(report: Verification, signature: str | None) -> str:
         "reasons:",
     ]
     lines += [f"  - {reason}" for reason in cert.decision_reasons]
+    return "\n".join(lines) + "\n"
+
+
+def _sweep_rate(rate: Mapping[str, Any]) -> str:
+    if rate.get("kind") == "observed":
+        return (
+            f"rate {rate.get('observed_rate'):.3g} "
+            f"[{rate.get('ci95_low'):.3g}, {rate.get('ci95_high'):.3g}]"
+        )
+    bound = rate.get("rate_upper_bound_95")
+    return "bound -" if bound is None else f"bound <= {bound:.3g}"
+
+
+def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
+    """The table ``sweep`` prints after the cells' banners."""
+    lines = [
+        _BAR,
+        f"  sweep {summary['model']} ctx={summary['ctx']}: max_safe_parallel = "
+        f"{summary['max_safe_parallel']}  ({summary['server_launches']} server launches)",
+        _BAR,
+    ]
+    for entry in summary["cells"]:
+        n = entry["parallel"]
+        if not entry["ran"]:
+            lines.append(f"  N={n:<3} {entry['not_run']}")
+            continue
+        tp = entry.get("throughput") or {}
+        speed = tp.get("speedup")
+        first = entry.get("first_divergent_token_median")
+        lines.append(
+            f"  N={n:<3} {entry['verdict']:<10} promotable={'yes' if entry['promotable'] else 'no'}"
+            f"  {_sweep_rate(entry['rate'])}"
+            f"  speedup {'-' if speed is None else f'{speed:.2f}x'}"
+            f"  passes {entry['passes_run']}{' (stopped on RED)' if entry['stopped_early'] else ''}"
+            + ("" if first is None else f"  first divergent token ~{first:g}")
+        )
+    lines.append(f"sweep: {path}")
     return "\n".join(lines) + "\n"
 
 

@@ -193,11 +193,12 @@ class Cert:
     gates: Mapping[str, GateOutcome]
     sensitivity: Sensitivity
     promotion_scope: PromotionScope
-    #: Serial (arm A) against concurrent (C passes) throughput, from ``provenance.arms``.
-    throughput: Throughput | None
     provenance: Mapping[str, Any]
     evidence: EvidenceRecord
     digest: str
+    #: Serial (arm A) against concurrent (C passes) throughput, from ``provenance.arms``;
+    #: absent (never ``null``) in certs written before it was measured.
+    throughput: Throughput | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,9 @@ def canonical_json(data: Any) -> str:
 def cert_to_json(cert: Cert) -> dict[str, Any]:
     """The cert as plain JSON values, with the JSON key names."""
     out: dict[str, Any] = CERT_ADAPTER.dump_python(cert, mode="json", by_alias=True, warnings=False)
+    if out.get("throughput") is None:
+        # Absent, not null: a cert written without the block keeps its digest.
+        out.pop("throughput", None)
     return out
 
 

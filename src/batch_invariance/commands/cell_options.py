@@ -27,6 +27,31 @@ from batch_invariance.run.live import (
 from batch_invariance.run.live_profile import ProfileRequest
 
 
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    """What a live run measures and where it writes (``run-live`` and ``sweep``; each adds
+    its own ``--parallel``)."""
+    p.add_argument("--server-bin", type=Path, default=None, help="path to llama-server")
+    p.add_argument("--model", type=Path, default=None, help="GGUF model file")
+    p.add_argument("--workset", type=Path, default=None, help="work-set JSON")
+    p.add_argument("--ctx", type=int, default=None, help="context tokens per slot (C)")
+    p.add_argument("--out-dir", type=Path, default=None, help="folder for the certs and logs")
+    p.add_argument(
+        "--kv-layout",
+        choices=("split", "unified"),
+        default="split",
+        help="B/C server KV cache: split (each slot owns ctx) or unified (-kvu, one ctx*N pool)",
+    )
+    prof = p.add_argument_group("profile (the spark measurement profile; see docs)")
+    prof.add_argument("--profile", default=None, help="bundled profile name or a folder")
+    prof.add_argument("--model-alias", default=None, help="model alias in the profile registry")
+    prof.add_argument("--models-dir", default=None, help="fills {MODELS_DIR} (or $MODELS_DIR)")
+    prof.add_argument("--models-file", default=None, help="models.toml (default: searched)")
+    prof.add_argument("--corner", default=None, help="profile work-set corner")
+    prof.add_argument(
+        "--profile-seed", type=int, default=None, help="profile work-set generator seed"
+    )
+
+
 def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> None:
     """Options shared by ``run-live`` and ``demo`` (``defaults`` differ)."""
     p.add_argument("--gate-passes", type=int, default=defaults.gate_passes, help="C passes T")

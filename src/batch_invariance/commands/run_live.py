@@ -8,11 +8,11 @@ request (argparse -> :class:`~batch_invariance.run.live.LiveRequest`) -> service
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from batch_invariance.commands.cell_options import (
     add_cell_options,
+    add_target_options,
     print_dry_run,
     report,
     request_from_args,
@@ -32,28 +32,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "1 RED, 2 usage/guard, 3 AMBER/UNVERIFIED, 4 infrastructure, 130/143 signals."
         ),
     )
-    p.add_argument("--server-bin", type=Path, default=None, help="path to llama-server")
-    p.add_argument("--model", type=Path, default=None, help="GGUF model file")
-    p.add_argument("--workset", type=Path, default=None, help="work-set JSON")
-    p.add_argument("--ctx", type=int, default=None, help="context tokens per slot (C)")
     p.add_argument("--parallel", type=int, default=None, help="slots N of the B/C server")
-    p.add_argument("--out-dir", type=Path, default=None, help="folder for the cert and logs")
-    p.add_argument(
-        "--kv-layout",
-        choices=("split", "unified"),
-        default="split",
-        help="B/C server KV cache: split (each slot owns ctx) or unified (-kvu, one ctx*N pool)",
-    )
+    add_target_options(p)
     add_cell_options(p, defaults=RUN_LIVE_DEFAULTS)
-    prof = p.add_argument_group("profile (the spark measurement profile; see docs)")
-    prof.add_argument("--profile", default=None, help="bundled profile name or a folder")
-    prof.add_argument("--model-alias", default=None, help="model alias in the profile registry")
-    prof.add_argument("--models-dir", default=None, help="fills {MODELS_DIR} (or $MODELS_DIR)")
-    prof.add_argument("--models-file", default=None, help="models.toml (default: searched)")
-    prof.add_argument("--corner", default=None, help="profile work-set corner")
-    prof.add_argument(
-        "--profile-seed", type=int, default=None, help="profile work-set generator seed"
-    )
     p.set_defaults(func=handle)
 
 

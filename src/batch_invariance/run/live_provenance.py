@@ -3,11 +3,12 @@ memory guard and profile (merged over the driver's own block in ``finish_cell``)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from batch_invariance import __version__
 from batch_invariance.engines import host as hostinfo
-from batch_invariance.engines.live_launcher import BinaryIdentity, LiveLauncher
+from batch_invariance.engines.live_launcher import BinaryIdentity, LaunchRecord, LiveLauncher
 from batch_invariance.run.workset import Workset
 
 if TYPE_CHECKING:
@@ -25,8 +26,10 @@ def provenance_for(
     n_items: int,
     binary: BinaryIdentity,
     model_sha: str,
+    launches: Sequence[LaunchRecord] | None = None,
 ) -> dict[str, Any]:
-    """The caller's provenance block of a live cell."""
+    """The caller's provenance block of a live cell (``launches``: the servers this cell
+    used, when the launcher also started others, as a sweep's does)."""
     return {
         "tool_version": __version__,
         "driver": cell.request.driver_name,
@@ -64,7 +67,7 @@ def provenance_for(
                     "ready_s": _round(r.ready_s),
                     "alive_s": _round(r.alive_s),
                 }
-                for r in launcher.launches
+                for r in (launcher.launches if launches is None else launches)
             ],
         },
         "profile": None if cell.profile is None else dict(cell.profile),

@@ -28,6 +28,9 @@ class ProgressSink(Protocol):
     def extend(self, n: int) -> None:
         """Change the total by ``n`` (A' decided on, passes cut short by an early stop)."""
 
+    def scope(self, text: str) -> None:
+        """Name what the next arms belong to (a sweep's ``cell k/K N=n``)."""
+
     def end(self) -> None: ...
 
 
@@ -66,6 +69,7 @@ class Progress:
         self._total = 0
         self._done = 0
         self._label = ""
+        self._scope = ""
         self._started = clock()
         self._last_draw = float("-inf")
         self._drawn = False
@@ -89,6 +93,10 @@ class Progress:
             self._done += n
             self._draw(force=self._done >= self._total)
 
+    def scope(self, text: str) -> None:
+        with self._lock:
+            self._scope = f"{text}: " if text else ""
+
     def extend(self, n: int) -> None:
         with self._lock:
             self._total = max(self._done, self._total + n)
@@ -101,7 +109,7 @@ class Progress:
             eta = elapsed / self._done * (self._total - self._done)
         pct = 100.0 * self._done / self._total if self._total else 0.0
         return (
-            f"batch-invariance: {self._label:<18} {self._done}/{self._total} "
+            f"batch-invariance: {self._scope}{self._label:<18} {self._done}/{self._total} "
             f"({pct:3.0f}%) ETA {format_eta(eta)}"
         )
 
@@ -134,6 +142,9 @@ class NullProgress:
         return
 
     def extend(self, n: int) -> None:
+        return
+
+    def scope(self, text: str) -> None:
         return
 
     def advance(self, n: int = 1) -> None:

@@ -1,0 +1,71 @@
+"""`batch-invariance sweep`: one live cell per ``--parallel`` N, sharing arm A.
+
+request (argparse -> :class:`~batch_invariance.run.sweep.SweepRequest`) -> service
+(:func:`~batch_invariance.run.sweep.run_sweep`) -> render (a banner per cell and the sweep
+table) -> exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from typing import Any
+
+from batch_invariance import exitcodes
+from batch_invariance.cert.render import live_banner, sweep_text
+from batch_invariance.commands.cell_options import (
+    add_cell_options,
+    add_target_options,
+    print_dry_run,
+    request_from_args,
+)
+from batch_invariance.run.live import SWEEP_DEFAULTS
+from batch_invariance.run.progress import Progress
+from batch_invariance.run.sweep import SweepOutcome, SweepRequest, parse_parallels, run_sweep
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "sweep",
+        help="one live cell per --parallel N (sharing arm A); certs plus sweep.json",
+        description=(
+            "Runs arm A once on a --parallel 1 server, then for each N a --parallel N server "
+            "for arm B and the C passes (A' only when some B differs from A), and writes one "
+            "cert per N plus D/sweep.json with max_safe_parallel. N values that do not fit in "
+            "memory are refused before anything launches. Exit: 0 every N GREEN+promotable, "
+            "1 any RED, 2 usage/guard, 3 otherwise, 4 infrastructure, 130/143 signals."
+        ),
+    )
+    p.add_argument(
+        "--parallel", required=True, help="N values of the B/C servers, comma-separated: 2,4,8"
+    )
+    add_target_options(p)
+    add_cell_options(p, defaults=SWEEP_DEFAULTS)
+    p.set_defaults(func=handle)
+
+
+def exit_code(outcome: SweepOutcome) -> int:
+    """1 when any N is RED, 0 when every N is GREEN and promotable, else 3."""
+    cells = outcome.cells
+    if any(c.finished is not None and c.finished.cert.status == "failed" for c in cells):
+        return exitcodes.RED
+    if all(c.promotable_green for c in cells):
+        return exitcodes.PROMOTABLE
+    return exitcodes.NOT_PROMOTABLE
+
+
+def handle(args: argparse.Namespace) -> int:
+    parallels = parse_parallels(args.parallel)
+    request = SweepRequest(request_from_args(args, parallel=None), parallels)
+    if args.dry_run:
+        # The plan of every cell, as run-live --dry-run prints it (launches nothing).
+        return max(print_dry_run(replace(request.cell, parallel=n)) for n in parallels)
+    outcome = run_sweep(request, progress=Progress())
+    for cell in outcome.cells:
+        if cell.finished is not None:
+            f = cell.finished
+            label = f"sweep cell {outcome.model_name}"
+            sys.stdout.write(live_banner(f.cert, f.path, f.superseded, label))
+    sys.stdout.write(sweep_text(outcome.summary, outcome.path))
+    return exit_code(outcome)

@@ -1,0 +1,198 @@
+"""The sweep: one live cell per ``--parallel`` N, sharing one ground truth.
+
+Arm A (and A', once some N's B differed from A) runs once on its own ``--parallel 1`` server
+and every N compares against it; each N gets its own ``--parallel N`` server for arm B and its
+C passes, so K values make 1 + K launches (one more if A' runs). Every cell is finished
+exactly as ``run-live`` finishes it (:func:`~batch_invariance.run.finish.finish_cell`) and its
+cert re-derives on its own; ``sweep.json`` (:mod:`batch_invariance.run.sweep_summary`) lists
+them with ``max_safe_parallel``. N values the memory guard refuses are named there as not run,
+before anything launches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from batch_invariance.cert.store import atomic_write_text
+from batch_invariance.cert.verify import verify_path
+from batch_invariance.core.evidence import CellSpec
+from batch_invariance.engines import memory
+from batch_invariance.engines.gguf import cached_sha256
+from batch_invariance.engines.live_launcher import LaunchRecord, identify_binary
+from batch_invariance.engines.provision import cache_root
+from batch_invariance.errors import GuardRefused, InfraError, UsageError
+from batch_invariance.run.cell import (
+    ServerLauncher,
+    assemble,
+    complete_reference,
+    run_parallel,
+    run_reference,
+)
+from batch_invariance.run.finish import finish_cell
+from batch_invariance.run.live import LiveCell, LiveRequest, check_room_to_answer, prepare
+from batch_invariance.run.live_provenance import provenance_for
+from batch_invariance.run.progress import NullProgress, ProgressSink
+from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
+
+SWEEP_FILE = "sweep.json"
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """A live cell's options (its ``parallel`` is ignored) and the N values to sweep."""
+
+    cell: LiveRequest
+    parallels: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    cells: tuple[SweepCell, ...]
+    summary: dict[str, Any]
+    path: Path
+    launches: int
+    model_name: str
+
+
+def parse_parallels(text: str) -> tuple[int, ...]:
+    """``"2,4,8"`` -> ``(2, 4, 8)``; UsageError on anything else."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(
+            f"--parallel {text!r}: give N values separated by commas, e.g. 2,4,8"
+        ) from None
+    if not values:
+        raise UsageError("--parallel: give at least one N, e.g. 2,4,8")
+    if len(set(values)) != len(values):
+        raise UsageError(f"--parallel {text}: each N at most once")
+    if min(values) < 2:
+        raise UsageError(f"--parallel {text}: every N must be >= 2 (N=1 cannot co-batch)")
+    return tuple(sorted(values))
+
+
+def guard_refusal(cell: LiveCell, parallel: int, host: memory.HostMemory) -> str | None:
+    """Why the memory guard would refuse the ``--parallel N`` server, as sweep.json says it."""
+    launcher = cell.launcher()
+    proj = memory.project(
+        cell.gguf, cell.ctx, launcher.effective_parallel(parallel), cell.server_flags
+    )
+    cap_gb = cell.request.max_footprint_gb
+    decision = memory.evaluate(proj, host, cap_gb, memory.offloads_to_gpu(cell.server_flags))
+    if decision.refusal is None:
+        return None
+    if decision.cap_bytes is not None and proj.total_bytes > decision.cap_bytes:
+        cap = decision.cap_bytes
+    elif host.vram_free_bytes is not None and memory.offloads_to_gpu(cell.server_flags):
+        cap = host.vram_free_bytes
+    else:
+        cap = host.mem_available_bytes or 0
+    return f"not run: projected {proj.total_gib:.2f} GiB > cap {cap / memory.GIB:.2f} GiB"
+
+
+def _write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
+    path = out_dir / SWEEP_FILE
+    atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> SweepOutcome:
+    """Check everything, refuse what cannot fit, then measure every N that can."""
+    ns = request.parallels
+    base = replace(request.cell, parallel=ns[0], driver_name="sweep")
+    for n in ns:
+        replace(base, parallel=n).check_numbers()
+    cell = prepare(base)
+    host = memory.read_host_memory()
+    # The shared A server must fit, or nothing can run.
+    a_refusal = guard_refusal(cell, 1, host)
+    if a_refusal is not None:
+        raise GuardRefused(f"the --parallel 1 server (arm A) is refused: {a_refusal}")
+    refused = {n: r for n in ns if (r := guard_refusal(cell, n, host)) is not None}
+    runnable = [n for n in ns if n not in refused]
+    binary = identify_binary(cell.server_bin)
+    model_sha = cached_sha256(cell.model, cache_root() / "hashes.json")
+    sink: ProgressSink = progress if progress is not None else NullProgress()
+    launcher = cell.launcher()
+    cells: dict[int, SweepCell] = {n: SweepCell(n, None, None, refused[n]) for n in refused}
+    if not runnable:
+        summary = sweep_summary(cell, [cells[n] for n in ns], launches=0)
+        _write_summary(cell.out_dir, summary)
+        raise GuardRefused(f"every N was refused by the memory guard; {refused[ns[0]]}")
+    with contextlib.ExitStack() as stack:
+        runner: ServerLauncher = launcher
+        if cell.workset is not None:
+            workset = cell.workset
+        else:
+            from batch_invariance.profiles.calibration import PrelaunchedLauncher
+            from batch_invariance.profiles.tokens import server_token_counter
+
+            assert cell.build_workset is not None
+            pre = stack.enter_context(PrelaunchedLauncher(launcher, ctx=cell.ctx))
+            workset = cell.build_workset(cell.ctx, server_token_counter(pre.handle.base_url))
+            check_room_to_answer(workset, cell.ctx, cell.request.n_predict)
+            runner = pre
+        plan0 = cell.plan(workset)
+        n_items = len(plan0.items)
+        sink.begin(n_items * (1 + sum(1 + plan0.gate_passes for _ in runnable)))
+        try:
+            sink.scope(f"reference (ctx {cell.ctx})")
+            ref = run_reference(plan0, runner, cell.scorer, sink)
+            reference_launches: list[LaunchRecord] = list(launcher.launches)
+            for k, n in enumerate(runnable, 1):
+                started = time.monotonic()
+                cell_n = replace(cell, parallel=n, request=replace(cell.request, parallel=n))
+                plan = cell_n.plan(workset)
+                sink.scope(f"cell {k} of {len(runnable)} (N={n})")
+                before = len(launcher.launches)
+                par = run_parallel(plan, runner, cell.scorer, sink, ref.a_trials, cell.policy)
+                ref = complete_reference(plan, runner, cell.scorer, sink, ref, par)
+                new = launcher.launches[before:]
+                reference_launches += new[1:]  # an A' server launched for this cell
+                if launcher.aborted is not None:
+                    raise InfraError(launcher.aborted)
+                run = assemble(
+                    plan,
+                    ref,
+                    par,
+                    scorer=cell.scorer,
+                    source=runner.source,
+                    launches=ref.launches + 1,
+                    wall_s=time.monotonic() - started + ref.a_stats.wall_s,
+                    shared_reference=_shared_text(cell.ctx, ref.repeat is not None, runnable),
+                )
+                spec = CellSpec(
+                    model=cell.model_name,
+                    ctx=cell.ctx,
+                    dispatch_n=n,
+                    kv_label=run.kv_label,
+                    reps=cell.request.reps,
+                    is_moe=cell.gguf.is_moe,
+                )
+                used = [*reference_launches, new[0]] if new else reference_launches
+                prov = provenance_for(
+                    cell_n, workset, launcher, n_items, binary, model_sha, launches=used
+                )
+                finished = finish_cell(run, spec, cell.policy, prov, cell.out_dir)
+                cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
+        finally:
+            sink.end()
+    ordered = [cells[n] for n in ns]
+    summary = sweep_summary(cell, ordered, launches=len(launcher.launches))
+    path = _write_summary(cell.out_dir, summary)
+    return SweepOutcome(tuple(ordered), summary, path, len(launcher.launches), cell.model_name)
+
+
+def _shared_text(ctx: int, with_repeat: bool, parallels: Sequence[int]) -> str:
+    arms = "A and A'" if with_repeat else "A"
+    ns = ", ".join(str(n) for n in parallels)
+    return (
+        f"sweep: arm {arms} ran once for ctx {ctx} on --parallel 1 server(s) and are shared "
+        f"by the cells N={ns}; this cell's --parallel N server ran B and its C passes"
+    )
