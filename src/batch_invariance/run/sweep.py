@@ -14,14 +14,16 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.cert.verify import verify_path
-from batch_invariance.core.evidence import CellSpec
+from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines import memory
 from batch_invariance.engines.gguf import cached_sha256
 from batch_invariance.engines.live_launcher import LaunchRecord, identify_binary
@@ -38,6 +40,7 @@ from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.live import LiveCell, LiveRequest, check_room_to_answer, prepare
 from batch_invariance.run.live_provenance import provenance_for
 from batch_invariance.run.progress import NullProgress, ProgressSink
+from batch_invariance.run.records import CellRun
 from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
 
 SWEEP_FILE = "sweep.json"
@@ -122,7 +125,7 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
     launcher = cell.launcher()
     cells: dict[int, SweepCell] = {n: SweepCell(n, None, None, refused[n]) for n in refused}
     if not runnable:
-        summary = sweep_summary(cell, [cells[n] for n in ns], launches=0)
+        summary = sweep_summary(cell.model_name, cell.ctx, [cells[n] for n in ns], launches=0)
         _write_summary(cell.out_dir, summary)
         raise GuardRefused(f"every N was refused by the memory guard; {refused[ns[0]]}")
     with contextlib.ExitStack() as stack:
@@ -138,55 +141,87 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
             workset = cell.build_workset(cell.ctx, server_token_counter(pre.handle.base_url))
             check_room_to_answer(workset, cell.ctx, cell.request.n_predict)
             runner = pre
-        plan0 = cell.plan(workset)
-        n_items = len(plan0.items)
-        sink.begin(n_items * (1 + sum(1 + plan0.gate_passes for _ in runnable)))
+        plans = [
+            replace(cell, parallel=n, request=replace(cell.request, parallel=n)).plan(workset)
+            for n in runnable
+        ]
+
+        def finish(run: CellRun) -> None:
+            n = run.plan.parallel
+            if launcher.aborted is not None:
+                raise InfraError(launcher.aborted)
+            spec = CellSpec(
+                model=cell.model_name,
+                ctx=cell.ctx,
+                dispatch_n=n,
+                kv_label=run.kv_label,
+                reps=cell.request.reps,
+                is_moe=cell.gguf.is_moe,
+            )
+            cell_n = replace(cell, parallel=n)
+            prov = provenance_for(
+                cell_n,
+                workset,
+                launcher,
+                len(run.plan.items),
+                binary,
+                model_sha,
+                launches=cell_launches(launcher.launches),
+            )
+            finished = finish_cell(run, spec, cell.policy, prov, cell.out_dir)
+            cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
+
         try:
-            sink.scope(f"reference (ctx {cell.ctx})")
-            ref = run_reference(plan0, runner, cell.scorer, sink)
-            reference_launches: list[LaunchRecord] = list(launcher.launches)
-            for k, n in enumerate(runnable, 1):
-                started = time.monotonic()
-                cell_n = replace(cell, parallel=n, request=replace(cell.request, parallel=n))
-                plan = cell_n.plan(workset)
-                sink.scope(f"cell {k} of {len(runnable)} (N={n})")
-                before = len(launcher.launches)
-                par = run_parallel(plan, runner, cell.scorer, sink, ref.a_trials, cell.policy)
-                ref = complete_reference(plan, runner, cell.scorer, sink, ref, par)
-                new = launcher.launches[before:]
-                reference_launches += new[1:]  # an A' server launched for this cell
-                if launcher.aborted is not None:
-                    raise InfraError(launcher.aborted)
-                run = assemble(
-                    plan,
-                    ref,
-                    par,
-                    scorer=cell.scorer,
-                    source=runner.source,
-                    launches=ref.launches + 1,
-                    wall_s=time.monotonic() - started + ref.a_stats.wall_s,
-                    shared_reference=_shared_text(cell.ctx, ref.repeat is not None, runnable),
-                )
-                spec = CellSpec(
-                    model=cell.model_name,
-                    ctx=cell.ctx,
-                    dispatch_n=n,
-                    kv_label=run.kv_label,
-                    reps=cell.request.reps,
-                    is_moe=cell.gguf.is_moe,
-                )
-                used = [*reference_launches, new[0]] if new else reference_launches
-                prov = provenance_for(
-                    cell_n, workset, launcher, n_items, binary, model_sha, launches=used
-                )
-                finished = finish_cell(run, spec, cell.policy, prov, cell.out_dir)
-                cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
+            run_shared_cells(plans, runner, cell.scorer, cell.policy, sink, finish)
         finally:
             sink.end()
     ordered = [cells[n] for n in ns]
-    summary = sweep_summary(cell, ordered, launches=len(launcher.launches))
+    summary = sweep_summary(cell.model_name, cell.ctx, ordered, launches=len(launcher.launches))
     path = _write_summary(cell.out_dir, summary)
     return SweepOutcome(tuple(ordered), summary, path, len(launcher.launches), cell.model_name)
+
+
+def cell_launches(launches: Sequence[LaunchRecord]) -> list[LaunchRecord]:
+    """The launches the cell just measured used: every ``--parallel 1`` server so far (the
+    shared A, and A' once run) and the latest ``--parallel N`` one (its own)."""
+    reference = [r for r in launches if r.arm == "A"]
+    own = [r for r in launches if r.arm != "A"][-1:]
+    return [*reference, *own]
+
+
+def run_shared_cells(
+    plans: Sequence[CellPlan],
+    runner: ServerLauncher,
+    scorer: Scorer,
+    policy: GatePolicy,
+    sink: ProgressSink,
+    finish: Callable[[CellRun], None],
+) -> None:
+    """Measure arm A once (``plans`` differ only in N), then each N on its own server,
+    handing every finished :class:`CellRun` to ``finish`` as soon as it is measured."""
+    first = plans[0]
+    n_items = len(first.items)
+    sink.begin(n_items * (1 + sum(1 + p.gate_passes for p in plans)))
+    sink.scope(f"reference (ctx {first.ctx})")
+    ref = run_reference(first, runner, scorer, sink)
+    parallels = [p.parallel for p in plans]
+    for k, plan in enumerate(plans, 1):
+        started = time.monotonic()
+        sink.scope(f"cell {k} of {len(plans)} (N={plan.parallel})")
+        par = run_parallel(plan, runner, scorer, sink, ref.a_trials, policy)
+        ref = complete_reference(plan, runner, scorer, sink, ref, par)
+        finish(
+            assemble(
+                plan,
+                ref,
+                par,
+                scorer=scorer,
+                source=runner.source,
+                launches=ref.launches + 1,
+                wall_s=time.monotonic() - started + ref.a_stats.wall_s,
+                shared_reference=_shared_text(plan.ctx, ref.repeat is not None, parallels),
+            )
+        )
 
 
 def _shared_text(ctx: int, with_repeat: bool, parallels: Sequence[int]) -> str:

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from batch_invariance.cert.certificate import cert_to_json
 from batch_invariance.cert.verify import Verification
 from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
 from batch_invariance.run.finish import FinishedCell
-
-if TYPE_CHECKING:
-    from batch_invariance.run.live import LiveCell
 
 SWEEP_VERSION = 1
 
@@ -87,14 +84,16 @@ def _entry(cell: SweepCell) -> dict[str, Any]:
     }
 
 
-def sweep_summary(cell: LiveCell, cells: Sequence[SweepCell], *, launches: int) -> dict[str, Any]:
+def sweep_summary(
+    model: str, ctx: int, cells: Sequence[SweepCell], *, launches: int
+) -> dict[str, Any]:
     """The ``sweep.json`` object."""
     ran = [c for c in cells if c.finished is not None]
     points = [SweepPoint(c.parallel, c.promotable_green) for c in cells]
     return {
         "sweep_version": SWEEP_VERSION,
-        "model": cell.model_name,
-        "ctx": cell.ctx,
+        "model": model,
+        "ctx": ctx,
         "parallel": [c.parallel for c in cells],
         "max_safe_parallel": max_safe_parallel(points),
         "server_launches": launches,
