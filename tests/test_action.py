@@ -168,10 +168,15 @@ class FakeSigner:
 
     def __init__(self) -> None:
         self.calls: list[tuple[bytes, str]] = []
+        self.statements: list[dict[str, object]] = []
 
     def sign(self, payload: bytes, token: str) -> str:
         self.calls.append((payload, token))
         return json.dumps({"fake_bundle": True, "n_bytes": len(payload)})
+
+    def sign_statement(self, statement: bytes, token: str) -> str:
+        self.statements.append(json.loads(statement))
+        return json.dumps({"fake_dsse_bundle": True, "n_bytes": len(statement)})
 
 
 def with_process_env(env: Mapping[str, str]) -> pytest.MonkeyPatch:
@@ -271,6 +276,10 @@ def test_sign_with_ambient_github_oidc_writes_bundle_next_to_cert(tmp_path: Path
     assert payload == cert_file.read_bytes(), "the signature covers the cert's exact bytes"
     assert used_token == token
     assert "Signature bundle" in summary_of(env)
+    # The in-toto Test Result attestation is signed in the same step, beside the cert.
+    assert (cert_file.parent / (cert_file.name + ".intoto.sigstore.json")).is_file()
+    (statement,) = signer.statements
+    assert statement["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
 
 
 def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> None:
@@ -279,6 +288,9 @@ def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> Non
             from batch_invariance.errors import InfraError
 
             raise InfraError("sigstore signing failed: fulcio unreachable")
+
+        def sign_statement(self, statement: bytes, token: str) -> str:
+            return self.sign(statement, token)
 
     with oidc_endpoint(fake_github_jwt()) as url:
         env = actions_env(tmp_path, mode="mock", sign="true")

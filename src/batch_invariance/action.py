@@ -33,7 +33,8 @@ from types import FrameType
 from typing import Any, Literal, TextIO
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.signing import BundleSigner, detect_token, sign_file
+from batch_invariance.cert.attestation import attest_file
+from batch_invariance.cert.signing import BundleSigner, SigstoreSigner, detect_token, sign_file
 from batch_invariance.errors import BatchInvarianceError, Interrupted, UsageError
 
 Mode = Literal["live", "mock"]
@@ -596,7 +597,9 @@ def run_action(
     if inputs.sign:
         try:
             token = detect_token(None)
-            bundle = sign_file(result.path, token, signer).bundle
+            real_signer = signer or SigstoreSigner()
+            bundle = sign_file(result.path, token, real_signer).bundle
+            attest_file(result.path, token, real_signer)
         except BatchInvarianceError as exc:
             sign_error = exc
 
