@@ -18,8 +18,7 @@ engine_up() {
   }
   dockerd >"$log" 2>&1 &
   BI_DOCKERD_PID=$!
-  local i
-  for i in $(seq 1 60); do
+  for _ in $(seq 1 60); do
     if docker info >/dev/null 2>&1; then
       return 0
     fi

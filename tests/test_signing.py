@@ -342,7 +342,8 @@ def test_dsse_bundle_is_rejected_for_another_signer_issuer_or_instance(
         verify_statement_bundle(
             DSSE_BUNDLE, SignerPolicy(DSSE_IDENTITY, GITHUB_ACTIONS_ISSUER), TrustRoot(offline=True)
         )
-    assert "\n" not in str(production.value)
+    assert str(production.value).startswith("attestation not anchored in this Sigstore")
+    assert "--staging" in str(production.value) and "\n" not in str(production.value)
 
 
 @needs_dsse
@@ -371,7 +372,7 @@ def test_verify_cert_rejects_a_dsse_bundle_that_is_not_this_certs_test_result(
 @needs_fixture
 def test_production_bundle_is_rejected_by_a_staging_verifier(signed: tuple[Path, Path]) -> None:
     artifact, bundle = signed
-    with pytest.raises(CertInvalid):
+    with pytest.raises(CertInvalid, match="not anchored in this Sigstore instance"):
         verify_bundle(
             artifact, bundle, IDENTITY, GITHUB_ACTIONS_ISSUER, REPOSITORY, True, staging=True
         )

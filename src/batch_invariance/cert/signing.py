@@ -242,8 +242,14 @@ def classify_failure(message: str, policy: SignerPolicy) -> str:
         return f"signature issuer mismatch: {text} (expected issuer {policy.issuer})"
     if "GitHubWorkflowRepository" in text:
         return f"signature repository mismatch: {text} (expected {policy.repository})"
-    if "trust root" in text.lower() or "certificate chain" in text.lower() or "CT log" in text:
-        return f"signature not from this Sigstore instance: {text}"
+    lowered = text.lower()
+    if any(k in lowered for k in ("verified time", "certificate chain", "trust root", "ct log")):
+        # The bundle's certificate or log entry is not anchored in the trust root we used:
+        # typically a staging bundle checked against production, or the other way round.
+        return (
+            f"signature not anchored in this Sigstore instance's trust root ({text}); a "
+            "bundle from `sign --staging` verifies only with --staging, and vice versa"
+        )
     return f"signature verification failed: {text}"
 
 
