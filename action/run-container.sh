@@ -10,7 +10,8 @@
 # The image is BI_IMAGE (must be pinned by digest, NAME@sha256:...) or, when empty, built from
 # this action's own source (BI_ACTION_PATH, i.e. github.action_path) and tagged by a hash of
 # that source, so a runner builds each version once. BI_BASE_IMAGE sets the build's
-# BASE_IMAGE; BI_GPUS is passed as --gpus; BI_BUILD_NETWORK as `docker build --network`.
+# BASE_IMAGE; BI_GPUS is passed as --gpus; BI_BUILD_NETWORK as `docker build --network`;
+# BI_BUILD_ONLY=1 only makes sure the image exists and prints its name.
 # The exit code is the container's: the verdict (0 pass, 1 RED, 3 not promotable, ...).
 set -euo pipefail
 
@@ -48,6 +49,11 @@ else
     echo "action image $image: building from $action_path"
     docker "${build[@]}" "$action_path" >/dev/null || die "docker build of the action image failed" 4
   fi
+fi
+
+if [ "${BI_BUILD_ONLY:-}" = 1 ]; then
+  echo "$image"
+  exit 0
 fi
 
 file_commands=$(dirname "$GITHUB_OUTPUT")
