@@ -225,8 +225,8 @@ def test_sign_refuses_a_tampered_cert(mock_cert: Path, tmp_path: Path) -> None:
     assert not bundle_path_for(cert).exists()
 
 
-def test_ambient_github_identity_is_detected(tmp_path: Path) -> None:
-    token = fake_github_jwt()
+def _ambient_token(token: str) -> str:
+    """What the ambient detector returns from a loopback Actions token endpoint serving it."""
     with oidc_endpoint(token) as url:
         patch = with_process_env(
             {
@@ -237,9 +237,14 @@ def test_ambient_github_identity_is_detected(tmp_path: Path) -> None:
             }
         )
         try:
-            assert detect_token(None) == token
+            return detect_token(None)
         finally:
             patch.undo()
+
+
+def test_ambient_github_identity_is_detected(tmp_path: Path) -> None:
+    token = fake_github_jwt()
+    assert _ambient_token(token) == token
     who = identity_of(token)
     assert who.identity == f"https://github.com/{'octo/repo/.github/workflows/cell.yml'}" + (
         "@refs/heads/main"
@@ -426,19 +431,8 @@ def test_sign_writes_a_dsse_attestation_through_the_loopback_token_endpoint(
     shutil.copyfile(mock_cert, cert)
     token = fake_github_jwt()
     signer = FakeSigner()
-    with oidc_endpoint(token) as url:
-        patch = with_process_env(
-            {
-                "GITHUB_ACTIONS": "true",
-                "ACTIONS_ID_TOKEN_REQUEST_URL": url,
-                "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "request-token",
-                "NO_PROXY": "127.0.0.1,localhost",
-            }
-        )
-        try:
-            ambient = detect_token(None)
-        finally:
-            patch.undo()
+    ambient = _ambient_token(token)
+    assert ambient == token
     attested = attest_file(cert, ambient, signer)
     assert attested.bundle == attestation_path_for(cert)
     assert attested.bundle.name == cert.name + ".intoto.sigstore.json"

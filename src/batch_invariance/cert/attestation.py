@@ -36,9 +36,9 @@ from batch_invariance.cert.signing import (
     load_bundle,
     policy_for,
     verifier_for,
+    write_bundle,
 )
-from batch_invariance.cert.store import atomic_write_text
-from batch_invariance.errors import CertInvalid, InfraError, UsageError
+from batch_invariance.errors import CertInvalid, UsageError
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
@@ -159,10 +159,7 @@ def attest_file(cert_path: Path, token: str, signer: BundleSigner) -> SignedAtte
     payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode("utf-8")
     bundle_json = signer.sign_statement(payload, token)
     target = attestation_path_for(cert_path)
-    try:
-        atomic_write_text(target, bundle_json)
-    except OSError as exc:
-        raise InfraError(f"cannot write {target}: {exc.strerror or exc}") from None
+    write_bundle(target, bundle_json)
     return SignedAttestation(cert=cert_path, bundle=target, identity=who)
 
 

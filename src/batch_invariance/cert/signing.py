@@ -217,11 +217,16 @@ def sign_file(artifact: Path, token: str, signer: BundleSigner | None = None) ->
     who = identity_of(token)
     bundle_json = (signer or SigstoreSigner()).sign(payload, token)
     target = bundle_path_for(artifact)
+    write_bundle(target, bundle_json)
+    return SignedBundle(artifact=artifact, bundle=target, identity=who)
+
+
+def write_bundle(target: Path, bundle_json: str) -> None:
+    """Write a bundle atomically (a failure leaves any older bundle as it was)."""
     try:
         atomic_write_text(target, bundle_json)
     except OSError as exc:
         raise InfraError(f"cannot write {target}: {exc.strerror or exc}") from None
-    return SignedBundle(artifact=artifact, bundle=target, identity=who)
 
 
 def classify_failure(message: str, policy: SignerPolicy) -> str:
