@@ -142,7 +142,7 @@ def statement_for(cert: Any, cert_name: str, cert_sha256: str) -> dict[str, Any]
 
 
 def _read_cert_bytes(cert_path: Path) -> tuple[bytes, Any]:
-    from batch_invariance.cert.store import parse_cert
+    from batch_invariance.cert.parse import parse_cert
 
     try:
         raw = cert_path.read_bytes()
