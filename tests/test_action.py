@@ -19,13 +19,14 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
-from batch_invariance import action, exitcodes
-from batch_invariance.errors import UsageError
+from batch_invariance import action, action_inputs, action_outputs, exitcodes
+from batch_invariance.cert import render
 
 REPO = Path(__file__).resolve().parents[1]
 ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
@@ -198,7 +199,7 @@ def test_mock_mode_entrypoint_writes_outputs_summary_and_fails_require(tmp_path:
     proc = run_entrypoint(env)
     assert proc.returncode == exitcodes.NOT_PROMOTABLE, proc.stderr
     out = outputs_of(env)
-    assert set(action.OUTPUT_NAMES) <= set(out)
+    assert set(action_outputs.OUTPUT_NAMES) <= set(out)
     assert out["verdict"] == "GREEN" and out["status"] == "green"
     assert out["promotable"] == "false"
     assert out["divergent-ids"] == "0"
@@ -316,7 +317,8 @@ def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> Non
     [
         ({"mode": "dry"}, "input mode must be live or mock"),
         ({"ctx": "lots"}, "input ctx must be an integer"),
-        ({"parallel": "0"}, "input parallel must be at least 1"),
+        ({"parallel": "1"}, "input parallel must be at least 2"),
+        ({"reps": "0"}, "input reps must be at least 1"),
         ({"require": "amber"}, "input require must be green or promotable"),
         ({"sign": "maybe"}, "input sign must be true or false"),
         ({"server-bin": "bin/llama-server"}, "set both server-bin and model"),
@@ -353,19 +355,6 @@ def test_infrastructure_failure_is_distinct_and_has_no_verdict(tmp_path: Path) -
     assert "infrastructure failure" in summary_of(env)
 
 
-def test_an_input_value_that_looks_like_an_option_is_still_a_value(tmp_path: Path) -> None:
-    # "--model-alias -x" would make argparse exit with its usage text; the step must get one
-    # configuration error from our own checks instead.
-    env = actions_env(tmp_path, mode="live", sign="false", profile="spark", **{"model-alias": "-x"})
-    buf = io.StringIO()
-    code = action.run_action(env, out=buf, provisioner=_no_provision)
-    assert code == exitcodes.USAGE
-    text = buf.getvalue()
-    assert "--model-alias=-x" in text
-    assert "::error title=batch-invariance configuration error (no verdict)::" in text
-    assert outputs_of(env) == {}
-
-
 def test_unwritable_github_output_is_an_infrastructure_failure(tmp_path: Path) -> None:
     env = actions_env(tmp_path, mode="mock", sign="false")
     env["GITHUB_OUTPUT"] = str(tmp_path)  # a folder: appending to it fails
@@ -381,11 +370,11 @@ def test_unwritable_github_output_is_an_infrastructure_failure(tmp_path: Path) -
 
 def test_inputs_keep_hyphens_and_accept_underscores(tmp_path: Path) -> None:
     env = {"GITHUB_WORKSPACE": str(tmp_path), "INPUT_N-PREDICT": "7", "INPUT_GATE_PASSES": "3"}
-    got = action.read_inputs(env)
+    got = action_inputs.read_inputs(env)
     assert got.n_predict == 7 and got.gate_passes == 3
     assert got.out_dir == tmp_path / "batch-invariance-certs"
     assert got.sign is True and got.require == "green" and got.mode == "live"
-    flags = action.read_inputs({"INPUT_SERVER-FLAGS": "-ngl\n 99 \n\n--flash-attn\n"})
+    flags = action_inputs.read_inputs({"INPUT_SERVER-FLAGS": "-ngl\n 99 \n\n--flash-attn\n"})
     assert flags.server_flags == ("-ngl", "99", "--flash-attn")
 
 
@@ -405,8 +394,8 @@ def _action_yml() -> tuple[str, str, str, str]:
 def test_action_yml_declares_exactly_the_entrypoint_inputs_and_outputs() -> None:
     _, inputs_block, outputs_block, runs_block = _action_yml()
     names = re.findall(r"^  ([a-z-]+):$", inputs_block, flags=re.M)
-    assert names == [*action.INPUT_DEFAULTS, *WRAPPER_INPUTS]
-    for name, default in action.INPUT_DEFAULTS.items():
+    assert names == [*action_inputs.INPUT_DEFAULTS, *WRAPPER_INPUTS]
+    for name, default in action_inputs.INPUT_DEFAULTS.items():
         chunk = inputs_block.split(f"\n  {name}:\n", 1)[1]
         chunk = re.split(r"^  [a-z-]+:$", chunk, maxsplit=1, flags=re.M)[0]
         assert re.search(r"^    description: \S", chunk, flags=re.M), name
@@ -417,8 +406,8 @@ def test_action_yml_declares_exactly_the_entrypoint_inputs_and_outputs() -> None
         env_name = "INPUT_" + name.upper().replace("-", "_")
         assert f"        {env_name}: ${{{{ inputs.{name} }}}}\n" in runs_block, name
     outputs = re.findall(r"^  ([a-z-]+):$", outputs_block, flags=re.M)
-    assert outputs == [*action.OUTPUT_NAMES, *WRAPPER_OUTPUTS]
-    for name in action.OUTPUT_NAMES:
+    assert outputs == [*action_outputs.OUTPUT_NAMES, *WRAPPER_OUTPUTS]
+    for name in action_outputs.OUTPUT_NAMES:
         assert f"value: ${{{{ steps.cell.outputs.{name} }}}}" in outputs_block, name
 
 
@@ -510,20 +499,48 @@ def test_example_identity_policy_accepts_tag_and_sha_pins_only() -> None:
 
 def test_github_output_is_multiline_safe() -> None:
     tricky = {"a": "line one\nline two", "b": "EOF\nx<<y", "c": ""}
-    assert parse_github_output(action.format_outputs(tricky)) == tricky
+    assert parse_github_output(action_outputs.format_outputs(tricky)) == tricky
 
 
 def test_annotation_escapes_newlines_and_property_separators() -> None:
-    line = action.annotation("error", "t: a, b", "50% done\nnext")
+    line = render.annotation("error", "t: a, b", "50% done\nnext")
     assert line == "::error title=t%3A a%2C b::50%25 done%0Anext"
     assert "\n" not in line
 
 
-def test_live_mode_refuses_inputs_run_live_cannot_take(tmp_path: Path) -> None:
-    inputs = action.read_inputs({"GITHUB_WORKSPACE": str(tmp_path), "INPUT_SCORER": "pkg.mod:S"})
-    accepted = frozenset({"--server-bin", "--model", "--workset", "--ctx", "--parallel"})
-    with pytest.raises(UsageError, match="input scorer is not supported by run-live"):
-        action.build_command(inputs, accepted, ("/x/llama-server", "/x/m.gguf"))
+def test_input_defaults_come_from_the_run_live_table() -> None:
+    from batch_invariance.run.live import ACTION_DEFAULTS, RUN_LIVE_DEFAULTS
+
+    for name in ("gate_passes", "reps", "n_predict"):
+        assert getattr(ACTION_DEFAULTS, name) == getattr(RUN_LIVE_DEFAULTS, name)
+        assert action_inputs.INPUT_DEFAULTS[name.replace("_", "-")] == str(
+            getattr(ACTION_DEFAULTS, name)
+        )
+    assert action_inputs.INPUT_DEFAULTS["ctx"] == str(ACTION_DEFAULTS.ctx)
+
+
+def test_live_inputs_become_the_same_request_the_cli_builds(tmp_path: Path) -> None:
+    from batch_invariance.action_inputs import live_request
+    from batch_invariance.cli import build_parser
+    from batch_invariance.commands.cell_options import request_from_args
+
+    env = {
+        "GITHUB_WORKSPACE": str(tmp_path),
+        "INPUT_SERVER-BIN": "bin/llama-server",
+        "INPUT_MODEL": "m.gguf",
+        "INPUT_SERVER-FLAGS": "-ngl\n99",
+        "INPUT_SCORER": "p.m:S",
+    }
+    from_action = live_request(action_inputs.read_inputs(env), None)
+    args = build_parser().parse_args(
+        ["run-live", "--server-bin", str(tmp_path / "bin/llama-server"), "--model",
+         str(tmp_path / "m.gguf"), "--ctx", "2048", "--parallel", "4", "--out-dir",
+         str(tmp_path / "batch-invariance-certs"), "--server-flag=-ngl", "--server-flag=99",
+         "--scorer", "p.m:S"]
+    )  # fmt: skip
+    from_cli = request_from_args(args)
+    # The Action runs the bundled demo work-set when it names none; the CLI asks for one.
+    assert from_action == replace(from_cli, bundled_workset="demo")
 
 
 def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> None:
@@ -534,14 +551,14 @@ def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> No
     path = next(p for p in tmp_path.glob("*.json"))
     cert = read_cert(path)
     assert cert.status == "failed"
-    outputs = action.outputs_for(cert, path, None, tmp_path)
+    outputs = action_outputs.outputs_for(cert, path, None, tmp_path)
     assert outputs["verdict"] == "RED"
     assert int(outputs["divergent-ids"]) == len(cert.divergence_report.ac.divergent_ids) > 0
-    summary = action.summary_markdown(cert, "green", False, outputs)
+    summary = render.summary_markdown(cert, "green", False, outputs)
     assert "## batch-invariance: RED" in summary
     assert "| id | pass | field | A | C |" in summary
     first = cert.divergence_report.ac.divergent_ids[0]
     assert first in summary
-    note = action.verdict_annotation(cert, "green", False, outputs["cell"])
+    note = render.verdict_annotation(cert, "green", False, outputs["cell"])
     assert note.startswith("::error title=batch-invariance RED::")
     assert "batching changed scored outputs" in note

@@ -29,7 +29,7 @@ _CLOCK_SLACK_NS = 2_000_000_000
 
 
 def _server_bin(env: Mapping[str, str]) -> Path | None:
-    from batch_invariance.action import input_value
+    from batch_invariance.action_inputs import input_value
 
     raw = (input_value(env, "server-bin") or "").strip()
     if not raw:
@@ -42,7 +42,7 @@ def _server_bin(env: Mapping[str, str]) -> Path | None:
 
 def preflight(env: Mapping[str, str]) -> int | None:
     """None when the run may go ahead, else the exit code after reporting the problem."""
-    from batch_invariance.action import annotation
+    from batch_invariance.cert.render import annotation
     from batch_invariance.engines.preflight import check_binary
 
     binary = _server_bin(env)
@@ -62,7 +62,7 @@ def preflight(env: Mapping[str, str]) -> int | None:
 
 def give_back(env: Mapping[str, str], since_ns: int) -> None:
     """Hand the workspace's and HOME's new root-owned files to those folders' owners."""
-    from batch_invariance.action import annotation
+    from batch_invariance.cert.render import annotation
     from batch_invariance.engines.ownership import hand_back
 
     folders = {env.get("GITHUB_WORKSPACE") or os.getcwd(), env.get("HOME") or ""}

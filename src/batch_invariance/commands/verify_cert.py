@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.schema import Cert
-from batch_invariance.cert.verify import DIGEST_SCOPE, Verification, verify_cert_file
+from batch_invariance.cert.render import verify_report_text
+from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.errors import CertInvalid, UsageError
 
 
@@ -138,30 +138,9 @@ def _check_signature(args: argparse.Namespace) -> str | None:
     return f"verified {' + '.join(checked)} ({identity}, {signer.issuer}, {instance})"
 
 
-NO_BUNDLE = f"not checked (no --bundle): authenticity was not checked; {DIGEST_SCOPE}"
-
-
-def _print_report(report: Verification, cert: Cert, signature: str | None) -> None:
-    print(f"cert:       {report.path}")
-    print(f"cell:       model={cert.model} ctx={cert.ctx} N={cert.dispatch_n}")
-    print(f"status:     {report.verdict} ({cert.status})")
-    print(f"source:     {cert.source}   gate: {cert.gate}")
-    print(f"promotable: {'yes' if report.promotable else 'no'}")
-    for reason in report.promotable_reasons:
-        print(f"  - {reason}")
-    print(f"signature:  {signature or NO_BUNDLE}")
-    print(
-        "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, "
-        "identity matches its provenance"
-    )
-    print("reasons:")
-    for reason in cert.decision_reasons:
-        print(f"  - {reason}")
-
-
 def handle(args: argparse.Namespace) -> int:
     report = verify_cert_file(Path(args.path))
     assert report.cert is not None  # a valid verification always carries its cert
     signature = _check_signature(args)
-    _print_report(report, report.cert, signature)
+    print(verify_report_text(report, signature), end="")
     return exitcodes.for_status(report.cert.status, report.promotable)
