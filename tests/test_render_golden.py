@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cert import render
+from batch_invariance.cert.build import evidence_from_cert
 from batch_invariance.cert.certificate import Cert, is_promotable
+from batch_invariance.cert.render import sweep_text
 from batch_invariance.cert.verify import verify_cert
+from batch_invariance.core.verdict import decide
+from batch_invariance.run.finish import FinishedCell
+from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
 from factories import cert_for, changed, green_evidence, replace_pass, replace_trial
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -156,3 +161,16 @@ def test_dry_run_plan(tmp_path: Path) -> None:
         "dry_run.txt",
         plan.text.replace(str(tmp_path.resolve()), "<tmp>").replace(str(tmp_path), "<tmp>"),
     )
+
+
+def test_sweep_table_golden() -> None:
+    """The table `sweep` prints: a promotable GREEN N, a RED N (so max_safe_parallel is 2)
+    and an N the memory guard refused."""
+    cells = []
+    for n, cert in ((2, _green()), (4, _red())):
+        evidence = evidence_from_cert(cert)
+        finished = FinishedCell(cert, decide(evidence, cert.evidence.policy), CERT_PATH, None)
+        cells.append(SweepCell(n, finished, verify_cert(cert, path=CERT_PATH), None))
+    cells.append(SweepCell(8, None, None, "not run: projected 9.50 GiB > cap 8.00 GiB"))
+    summary = sweep_summary("tiny-model", 2048, cells, launches=3)
+    _check("sweep.txt", sweep_text(summary, Path("/certs/sweep.json")))
