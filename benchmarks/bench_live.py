@@ -1,87 +1,160 @@
-"""Harness overhead of a live cell on the embedded default.
+"""Live cell wall time: a full run, a run that stops once RED is proven, and the reference.
 
-Runs one real cell (provisioning the pair first) and prints, per arm, the wall time the
-harness spent against what the server itself reports (prompt + predict time), plus model
-load time and the number of server launches. Overhead = cell wall - (load + server time of
-the serial arms + wall of the concurrent passes, where the server works on N requests at
-once and its per-request times overlap).
+On one real cell (default: the issue's cell, the embedded default's 16 demo prompts x 96
+tokens, ctx 1024, N 4, 3 passes, chat endpoint) it times, in alternating rounds:
 
-Usage: python benchmarks/bench_live.py [--out-dir DIR] [--n-predict K] [--gate-passes T]
+* this tool, full run (``--no-stop-on-red``);
+* this tool, ``--stop-on-red`` (time to RED; the same as a full run when the cell is not RED);
+* the reference implementation (``addiplus/llamacpp-batch-invariance`` v0.1.0, stdlib-only),
+  run from its own source tree with the base interpreter, as
+  ``run-live ... --gate-passes 3 --reps 1 --n-predict 96 --cert-source live
+  --i-understand-this-launches-a-real-server --server-flag=--cache-ram --server-flag=0``.
+  Without ``--reference-src`` its measured 125.7 s is used as a constant, and the output says so.
+
+It prints the medians, the ratios full/reference and RED/reference (targets 0.8 and 0.5), and
+the per-arm wall time of this tool's last full run. ``--smoke`` runs a tiny cell (3 prompts,
+short answers, no reference) to check the script itself on a loaded machine.
+
+Usage: python benchmarks/bench_live.py [--server-bin S --model M] [--reference-src DIR]
+       [--rounds R] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batch_invariance.cli import build_parser
-from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.engines.provision import provision
-from batch_invariance.run.live import run_live_cell
+from batch_invariance.run.live import LiveOutcome, LiveRequest, run_live_cell
 
 DEMO = Path(__file__).resolve().parents[1] / "src/batch_invariance/data/worksets/demo.json"
+#: The reference's median wall time on the issue's cell (3 alternating runs, 2 CPU cores).
+REFERENCE_CONSTANT_S = 125.7
+FULL_TARGET, RED_TARGET = 0.8, 0.5
+
+
+@dataclass(frozen=True)
+class Timed:
+    wall_s: float
+    verdict: str
+    passes: int
+
+
+def _ours(request: LiveRequest) -> tuple[Timed, LiveOutcome]:
+    t0 = time.monotonic()
+    outcome = run_live_cell(request)
+    cert = outcome.finished.cert
+    return Timed(time.monotonic() - t0, cert.verdict, cert.n_passes), outcome
+
+
+def _reference_workset(rows: list[dict[str, object]], folder: Path) -> Path:
+    """Our work-set rows in the reference's format (``item``, ``expected_answer``, ...)."""
+    path = folder / "reference-workset.json"
+    converted = [
+        {"item": r["prompt"], "expected_answer": r["prompt"], "family": r.get("family", "x"),
+         "fill": 0.5}
+        for r in rows
+    ]  # fmt: skip
+    path.write_text(json.dumps(converted, indent=1))
+    return path
+
+
+def _reference(src: Path, server: Path, model: Path, workset: Path, out: Path) -> Timed:
+    argv = [
+        getattr(sys, "_base_executable", sys.executable), "-m", "batch_invariance.cli",
+        "run-live", "--server-bin", str(server), "--model", str(model),
+        "--workset", str(workset), "--ctx", "1024", "--parallel", "4", "--gate-passes", "3",
+        "--reps", "1", "--n-predict", "96", "--cert-source", "live",
+        "--i-understand-this-launches-a-real-server", "--server-flag=--cache-ram",
+        "--server-flag=0", "--out-dir", str(out),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(src / "src")
+    t0 = time.monotonic()
+    done = subprocess.run(argv, env=env, cwd=out.parent, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    verdict = "exit " + str(done.returncode)
+    for cert in out.glob("*.json"):
+        verdict = str(json.loads(cert.read_text()).get("status", verdict))
+    return Timed(wall, verdict, 3)
+
+
+def _median(runs: list[Timed]) -> float:
+    return statistics.median(r.wall_s for r in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server-bin", type=Path, default=None)
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--reference-src", type=Path, default=None,
+                    help="the reference's source tree (git archive of v0.1.0)")  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="tiny cell, no reference run")
     ap.add_argument("--out-dir", type=Path, default=None)
-    ap.add_argument("--n-predict", type=int, default=64)
-    ap.add_argument("--gate-passes", type=int, default=2)
-    ap.add_argument("--parallel", type=int, default=4)
-    ap.add_argument("--ctx", type=int, default=512)
     opts = ap.parse_args(argv)
-    pair = provision()
-    out_dir = opts.out_dir or Path(tempfile.mkdtemp(prefix="bench-live-"))
-    args = build_parser().parse_args(
-        [
-            "run-live",
-            "--server-bin", str(pair.server_bin),
-            "--model", str(pair.model),
-            "--workset", str(DEMO),
-            "--ctx", str(opts.ctx),
-            "--parallel", str(opts.parallel),
-            "--gate-passes", str(opts.gate_passes),
-            "--reps", "1",
-            "--n-predict", str(opts.n_predict),
-            "--out-dir", str(out_dir),
-        ]
+    if opts.server_bin is None or opts.model is None:
+        pair = provision()
+        server, model = pair.server_bin, pair.model
+    else:
+        server, model = opts.server_bin, opts.model
+    root = opts.out_dir or Path(tempfile.mkdtemp(prefix="bench-live-"))
+    rows = json.loads(DEMO.read_text())
+    if opts.smoke:
+        rows = rows[:3]
+    workset = root / "workset.json"
+    root.mkdir(parents=True, exist_ok=True)
+    workset.write_text(json.dumps(rows, indent=1))
+    base = LiveRequest(
+        out_dir=None, server_bin=server, model=model, workset=workset, ctx=1024, parallel=4,
+        gate_passes=2 if opts.smoke else 3, reps=1, n_predict=16 if opts.smoke else 96,
+        min_hot_trials=1 if opts.smoke else LiveRequest.min_hot_trials, driver_name="bench",
     )  # fmt: skip
-    outcome = run_live_cell(request_from_args(args))
-    run = outcome.run
-    launches = outcome.launcher.launches
-    load_s = sum(r.ready_s or 0.0 for r in launches)
-    alive_s = sum(r.alive_s or 0.0 for r in launches)
-    print(f"cell: N={run.plan.parallel} items={len(run.plan.items)} "
-          f"n_predict={run.plan.n_predict} passes={run.plan.gate_passes}")  # fmt: skip
-    print(f"verdict: {outcome.finished.cert.verdict} ({outcome.finished.cert.status})")
-    loads = ", ".join(f"{r.arm} {r.ready_s:.2f}s" for r in launches if r.ready_s is not None)
-    print(f"server launches: {len(launches)}; model load (spawn -> /health 200): {loads}")
-    print(f"{'arm':<10} {'wall_s':>8} {'server_s':>9} {'overhead':>9}")
-    accounted = load_s
-    for s in run.arm_stats:
-        server_s = (s.prompt_ms + s.predicted_ms) / 1000.0
-        name = s.arm if s.pass_index is None else f"{s.arm}[{s.pass_index}]"
-        if s.pass_index is None:
-            # Serial: one request at a time, so server time is directly comparable.
-            busy = server_s
-            note = f"{(s.wall_s - busy) / s.wall_s * 100:8.1f}%"
-        else:
-            # Concurrent: per-request server times overlap; the server is busy the whole pass
-            # when every slot is fed, so compare against an ideal of server_s / N.
-            busy = min(s.wall_s, server_s / run.plan.parallel)
-            note = f"{(s.wall_s - busy) / s.wall_s * 100:8.1f}%*"
-        accounted += busy if s.pass_index is None else s.wall_s
-        print(f"{name:<10} {s.wall_s:8.2f} {server_s:9.2f} {note:>9}")
-    overhead = run.wall_s - accounted
-    print(f"cell wall {run.wall_s:.2f}s; launches alive {alive_s:.2f}s; load {load_s:.2f}s")
-    print(
-        f"harness overhead (cell wall - load - serial server time - concurrent pass wall): "
-        f"{overhead:.2f}s = {overhead / run.wall_s * 100:.1f}% of the cell (target < 5%)"
-    )
-    print("* concurrent: wall vs summed server time / N (requests overlap; tail imbalance)")
-    print(f"cert: {outcome.finished.path}")
+    reference_src = None if opts.smoke else opts.reference_src
+    full: list[Timed] = []
+    red: list[Timed] = []
+    ref: list[Timed] = []
+    last: LiveOutcome | None = None
+    for k in range(opts.rounds):
+        timed, last = _ours(replace(base, out_dir=root / f"full-{k}", stop_on_red=False))
+        full.append(timed)
+        if reference_src is not None:
+            ref_ws = _reference_workset(rows, root)
+            ref.append(_reference(reference_src, server, model, ref_ws, root / f"ref-{k}"))
+        red.append(_ours(replace(base, out_dir=root / f"red-{k}", stop_on_red=True))[0])
+    cell = (f"{len(rows)} prompts x {base.n_predict} tokens, ctx {base.ctx}, N {base.parallel}, "
+            f"{base.gate_passes} passes, {opts.rounds} round(s)")  # fmt: skip
+    print(f"cell: {cell}")
+    for name, runs in (("full", full), ("stop-on-red", red), ("reference", ref)):
+        for r in runs:
+            print(f"  {name:<12} {r.wall_s:8.1f} s  {r.verdict:<10} passes {r.passes}")
+    if ref:
+        ref_s, ref_note = _median(ref), "measured side by side"
+    else:
+        ref_s, ref_note = REFERENCE_CONSTANT_S, "reference not run: its measured 125.7 s constant"
+    print(f"full run median:    {_median(full):.1f} s")
+    print(f"time to RED median: {_median(red):.1f} s (verdicts: {[r.verdict for r in red]})")
+    print(f"reference:          {ref_s:.1f} s ({ref_note})")
+    if opts.smoke:
+        print("smoke cell: ratios against the reference are not meaningful, none printed")
+    else:
+        print(f"full / reference:   {_median(full) / ref_s:.2f}x (target <= {FULL_TARGET})")
+        print(f"RED / reference:    {_median(red) / ref_s:.2f}x (target <= {RED_TARGET})")
+    if last is not None:
+        print("arms of the last full run (wall s):")
+        for s in last.run.arm_stats:
+            name = s.arm if s.pass_index is None else f"{s.arm}[{s.pass_index}]"
+            print(f"  {name:<10} {s.wall_s:8.2f}")
+        loads = [r.ready_s for r in last.launcher.launches if r.ready_s is not None]
+        print(f"server launches: {len(last.launcher.launches)}, load {sum(loads):.1f} s")
     return 0
 
 
