@@ -22,10 +22,10 @@ from batch_invariance.engines import memory
 from batch_invariance.engines.gguf import parse_info
 from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
-from batch_invariance.run.cell import ServerHandle
+from batch_invariance.run.cell import ServerHandle, run_cells
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.records import CellRun
-from batch_invariance.run.sweep import parse_parallels, run_shared_cells
+from batch_invariance.run.sweep import parse_parallels
 from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
 from batch_invariance.run.workset import bundled_workset_path, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
@@ -68,7 +68,7 @@ def _sweep(
         done = finish_cell(run, spec, POLICY, {"tool_version": "test"}, tmp_path)
         cells.append(SweepCell(n, done, verify_path(done.path), None))
 
-    run_shared_cells(_plans(parallels, stop_on_red), launcher, ExactMatchScorer(), POLICY,
+    run_cells(_plans(parallels, stop_on_red), launcher, ExactMatchScorer(), POLICY,
                      _NullSink(), finish)  # fmt: skip
     return launcher, cells
 

@@ -18,301 +18,41 @@ cert. ``run-mock``, ``run-live``, ``demo`` and the Action all go through these t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Sequence
+from typing import Literal
 
-from batch_invariance.core.evidence import (
-    ARM_A,
-    ARM_A_REPEAT,
-    ARM_B,
-    ARM_C,
-    CellEvidence,
-    GatePolicy,
-    ItemMeta,
-    PassRecord,
-    Trial,
-)
+from batch_invariance.core.evidence import ARM_A_REPEAT, CellEvidence, GatePolicy, ItemMeta
 from batch_invariance.core.plan import CellPlan
-from batch_invariance.core.schedule import RedProof, red_proof, serial_repeat_decision
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import UsageError
-from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
+from batch_invariance.run.arms import (
+    ParallelRun,
+    Reference,
+    ServerHandle,
+    ServerLauncher,
+    complete_reference,
+    request_template,
+    run_parallel,
+    run_reference,
+    schedule_record,
+    slot_notes,
+)
 from batch_invariance.run.progress import NullProgress, ProgressSink
-from batch_invariance.run.records import ArmStats, CellRun, ServerRecord
-from batch_invariance.run.transport import RawResponse, RequestTemplate
+from batch_invariance.run.records import CellRun
 from batch_invariance.run.trials import Notes, trials_for
 
-
-class ServerHandle(Protocol):
-    """A running server as the driver uses it."""
-
-    @property
-    def base_url(self) -> str: ...
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def argv(self) -> tuple[str, ...]: ...
-
-    @property
-    def metrics_enabled(self) -> bool: ...
-
-    @property
-    def kv_label(self) -> str: ...
-
-    def check_alive(self) -> None:
-        """Raise :class:`~batch_invariance.errors.InfraError` (with the log tail) if it died."""
-
-    def info(self) -> Mapping[str, Any]:
-        """Provenance of this server (binary, version, ...), JSON-ready."""
-
-
-class ServerLauncher(Protocol):
-    """Starts servers for the driver. ``arm`` is ``"A"`` or ``"BC"``.
-
-    ``source`` says what kind of server it starts: ``"live"`` only for a launcher that spawns
-    a real server process itself. The cert's ``source`` is taken from here (never from a flag).
-    """
-
-    @property
-    def source(self) -> Literal["live", "mock"]:
-        """``"live"`` when this launcher spawns real server processes, else ``"mock"``."""
-
-    def launch(self, arm: str, parallel: int, ctx: int) -> AbstractContextManager[ServerHandle]:
-        """A context manager that starts a ready server and tears it down on exit."""
-
-
-def request_template(plan: CellPlan) -> RequestTemplate:
-    """The request every arm sends for ``plan``."""
-    return RequestTemplate(
-        endpoint=plan.endpoint,
-        n_predict=plan.n_predict,
-        seed=plan.seed,
-        n_probs=plan.n_probs,
-        timeout_s=plan.req_timeout,
-    )
-
-
-def _arm_stats(
-    arm: str,
-    pass_index: int | None,
-    wall_s: float,
-    responses: Mapping[str, RawResponse],
-    busy: tuple[int | None, str | None] = (None, None),
-) -> ArmStats:
-    prompt_ms = sum((r.timings or {}).get("prompt_ms", 0.0) for r in responses.values())
-    predicted_ms = sum((r.timings or {}).get("predicted_ms", 0.0) for r in responses.values())
-    predicted_n = sum(int((r.timings or {}).get("predicted_n", 0)) for r in responses.values())
-    return ArmStats(
-        arm=arm,
-        pass_index=pass_index,
-        wall_s=wall_s,
-        n_requests=len(responses),
-        n_transport_failures=sum(1 for r in responses.values() if not r.ok),
-        prompt_ms=prompt_ms,
-        predicted_ms=predicted_ms,
-        predicted_n=predicted_n,
-        server_busy_max=busy[0],
-        busy_source=busy[1],
-    )
-
-
-def _server_record(role: str, handle: ServerHandle, wall_s: float) -> ServerRecord:
-    return ServerRecord(
-        role=role,
-        label=handle.label,
-        argv=tuple(handle.argv),
-        kv_label=handle.kv_label,
-        metrics_enabled=handle.metrics_enabled,
-        info=dict(handle.info()),
-        wall_s=wall_s,
-    )
-
-
-@dataclass(frozen=True)
-class Reference:
-    """Arm A (and, once run, its serial repeat A') on ``--parallel 1`` servers: the ground
-    truth a cell compares against. A sweep measures it once per ctx and shares it with every
-    N (``shared_by`` then names the cells that used it)."""
-
-    a: Mapping[str, RawResponse]
-    a_trials: Mapping[str, Trial]
-    a_stats: ArmStats
-    server: ServerRecord
-    notes: tuple[str, ...] = ()
-    repeat: Mapping[str, RawResponse] | None = None
-    repeat_stats: ArmStats | None = None
-    repeat_server: ServerRecord | None = None
-    #: Why A' ran or did not (recorded in the cert's ``provenance.schedule``).
-    repeat_reason: str | None = None
-
-    @property
-    def launches(self) -> int:
-        return 1 + (self.repeat_server is not None)
-
-
-@dataclass(frozen=True)
-class ParallelRun:
-    """What the ``--parallel N`` server measured: arm B and the C passes run."""
-
-    b: Mapping[str, RawResponse]
-    b_trials: Mapping[str, Trial]
-    c_passes: tuple[PassRecord, ...]
-    stats: tuple[ArmStats, ...]
-    server: ServerRecord
-    notes: tuple[str, ...]
-    #: The pass that proved RED when ``--stop-on-red`` ended the cell there, else ``None``.
-    red_proof: RedProof | None
-
-
-def _serial_arm(
-    arm: str, server: ServerHandle, template: RequestTemplate, plan: CellPlan, sink: ProgressSink
-) -> tuple[Mapping[str, RawResponse], ArmStats]:
-    sink.arm("A'" if arm == ARM_A_REPEAT else arm)
-    t0 = time.monotonic()
-    resp = run_serial(server.base_url, template, plan.items, server.check_alive, _ticker(sink))
-    return resp, _arm_stats(arm, None, time.monotonic() - t0, resp)
-
-
-def _ticker(sink: ProgressSink) -> Callable[[RawResponse], None]:
-    def tick(_: RawResponse) -> None:
-        sink.advance(1)
-
-    return tick
-
-
-def run_reference(
-    plan: CellPlan, launcher: ServerLauncher, scorer: Scorer, sink: ProgressSink
-) -> Reference:
-    """Arm A on a ``--parallel 1`` server, serial dispatch (ground truth)."""
-    notes = Notes()
-    with launcher.launch("A", 1, plan.ctx) as server_a:
-        started = time.monotonic()
-        resp, stats = _serial_arm(ARM_A, server_a, request_template(plan), plan, sink)
-        record = _server_record("A", server_a, time.monotonic() - started)
-    trials = trials_for(resp, plan.items, scorer, plan.n_predict, notes, ARM_A)
-    return Reference(resp, trials, stats, record, tuple(notes.items))
-
-
-def run_repeat(
-    plan: CellPlan, launcher: ServerLauncher, sink: ProgressSink, ref: Reference, reason: str
-) -> Reference:
-    """The serial repeat A' on a fresh ``--parallel 1`` server (see
-    :func:`~batch_invariance.core.schedule.serial_repeat_decision` for when)."""
-    with launcher.launch("A", 1, plan.ctx) as server_a:
-        started = time.monotonic()
-        resp, stats = _serial_arm(ARM_A_REPEAT, server_a, request_template(plan), plan, sink)
-        record = _server_record("A", server_a, time.monotonic() - started)
-    return replace(ref, repeat=resp, repeat_stats=stats, repeat_server=record, repeat_reason=reason)
-
-
-def run_parallel(
-    plan: CellPlan,
-    launcher: ServerLauncher,
-    scorer: Scorer,
-    sink: ProgressSink,
-    a_trials: Mapping[str, Trial],
-    policy: GatePolicy,
-) -> ParallelRun:
-    """Arm B (serial) and the C passes on the ``--parallel N`` server; with
-    ``plan.stop_on_red`` the passes end at the first that proves RED."""
-    template = request_template(plan)
-    notes = Notes()
-    stats: list[ArmStats] = []
-    passes: list[PassRecord] = []
-    proof: RedProof | None = None
-    with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
-        started = time.monotonic()
-        b_resp, b_stats = _serial_arm(ARM_B, server_bc, template, plan, sink)
-        stats.append(b_stats)
-        for index in range(plan.gate_passes):
-            sink.arm(ARM_C, index, plan.gate_passes)
-            result = run_concurrent_pass(
-                server_bc.base_url,
-                template,
-                plan.items,
-                workers=plan.parallel,
-                pass_index=index,
-                seed=plan.seed,
-                metrics_enabled=server_bc.metrics_enabled,
-                check_alive=server_bc.check_alive,
-                on_done=_ticker(sink),
-            )
-            busy = (result.server_busy_max, result.busy_source)
-            stats.append(_arm_stats(ARM_C, index, result.wall_s, result.responses, busy))
-            for note in slot_notes(result):
-                notes.add(note)
-            trials = trials_for(
-                result.responses, plan.items, scorer, plan.n_predict, notes, f"C{index}"
-            )
-            passes.append(_pass_record(result, trials))
-            if plan.stop_on_red:
-                found = red_proof(a_trials, passes[-1], policy)
-                if found.proven:
-                    proof = found
-                    sink.extend(-len(plan.items) * (plan.gate_passes - index - 1))
-                    break
-        record = _server_record("BC", server_bc, time.monotonic() - started)
-    b_trials = trials_for(b_resp, plan.items, scorer, plan.n_predict, notes, ARM_B)
-    return ParallelRun(
-        b_resp,
-        b_trials,
-        tuple(passes),
-        tuple(stats),
-        record,
-        tuple(notes.items),
-        proof,
-    )
-
-
-def _pass_record(result: ConcurrentPass, trials: Mapping[str, Trial]) -> PassRecord:
-    return PassRecord(
-        index=result.index,
-        trials=trials,
-        server_busy_max=result.server_busy_max,
-        busy_source=result.busy_source,
-        order=result.order,
-    )
-
-
-def complete_reference(
-    plan: CellPlan,
-    launcher: ServerLauncher,
-    scorer: Scorer,
-    sink: ProgressSink,
-    ref: Reference,
-    parallel: ParallelRun,
-) -> Reference:
-    """``ref`` with A' run when it decides something (once; a sweep reuses it)."""
-    if ref.repeat is not None:
-        return ref
-    if not plan.serial_repeat:
-        return replace(ref, repeat_reason="A' not run: --no-serial-repeat")
-    decision = serial_repeat_decision(ref.a_trials, parallel.b_trials)
-    if not decision.run:
-        return replace(ref, repeat_reason=decision.reason)
-    sink.extend(len(plan.items))
-    return run_repeat(plan, launcher, sink, ref, decision.reason)
-
-
-def schedule_record(
-    plan: CellPlan, ref: Reference, parallel: ParallelRun, shared_reference: str | None
-) -> dict[str, Any]:
-    """``provenance.schedule``: which arms ran and why, and whether passes were cut short."""
-    proof = parallel.red_proof
-    return {
-        "arms_run": [ARM_A, *([ARM_A_REPEAT] if ref.repeat is not None else []), ARM_B, ARM_C],
-        "serial_repeat": ref.repeat_reason,
-        "reference_shared": shared_reference,
-        "passes_planned": plan.gate_passes,
-        "passes_run": len(parallel.c_passes),
-        "stop_on_red": plan.stop_on_red,
-        "stopped_early": proof is not None and len(parallel.c_passes) < plan.gate_passes,
-        "stop_reason": None if proof is None else proof.reason,
-    }
+#: Names other modules import from here (the launcher Protocols live in run.arms).
+__all__ = [
+    "CellPlan",
+    "CellRun",
+    "ServerHandle",
+    "ServerLauncher",
+    "assemble",
+    "request_template",
+    "run_cell",
+    "run_cells",
+    "slot_notes",
+]
 
 
 def assemble(
@@ -357,6 +97,55 @@ def assemble(
     )
 
 
+def run_cells(
+    plans: Sequence[CellPlan],
+    runner: ServerLauncher,
+    scorer: Scorer,
+    policy: GatePolicy,
+    sink: ProgressSink,
+    finish: Callable[[CellRun], None],
+) -> None:
+    """Measure arm A once (``plans`` differ only in N), then each N on its own server, handing
+    every :class:`CellRun` to ``finish`` as soon as it is measured. With more than one plan
+    (a sweep) each cell's provenance says the reference is shared."""
+    first = plans[0]
+    sink.begin(len(first.items) * (1 + sum(1 + p.gate_passes for p in plans)))
+    if len(plans) > 1:
+        sink.scope(f"reference (ctx {first.ctx})")
+    t0 = time.monotonic()
+    ref = run_reference(first, runner, scorer, sink)
+    reference_wall_s = time.monotonic() - t0
+    parallels = [p.parallel for p in plans]
+    for k, plan in enumerate(plans, 1):
+        started = time.monotonic()
+        if len(plans) > 1:
+            sink.scope(f"cell {k} of {len(plans)} (N={plan.parallel})")
+        par = run_parallel(plan, runner, scorer, sink, ref.a_trials, policy)
+        ref = complete_reference(plan, runner, scorer, sink, ref, par)
+        shared = _shared_text(plan.ctx, ref.repeat is not None, parallels)
+        finish(
+            assemble(
+                plan,
+                ref,
+                par,
+                scorer=scorer,
+                source=runner.source,
+                launches=ref.launches + 1,
+                wall_s=time.monotonic() - started + reference_wall_s,
+                shared_reference=shared if len(plans) > 1 else None,
+            )
+        )
+
+
+def _shared_text(ctx: int, with_repeat: bool, parallels: Sequence[int]) -> str:
+    arms = "A and A'" if with_repeat else "A"
+    ns = ", ".join(str(n) for n in parallels)
+    return (
+        f"sweep: arm {arms} ran once for ctx {ctx} on --parallel 1 server(s) and are shared "
+        f"by the cells N={ns}; this cell's --parallel N server ran B and its C passes"
+    )
+
+
 def run_cell(
     plan: CellPlan,
     launcher: ServerLauncher,
@@ -374,32 +163,9 @@ def run_cell(
     if problems:
         raise UsageError(problems[0])
     sink: ProgressSink = progress if progress is not None else NullProgress()
-    cell_start = time.monotonic()
-    sink.begin(plan.n_requests)
+    runs: list[CellRun] = []
     try:
-        ref = run_reference(plan, launcher, scorer, sink)
-        parallel = run_parallel(plan, launcher, scorer, sink, ref.a_trials, policy or GatePolicy())
-        ref = complete_reference(plan, launcher, scorer, sink, ref, parallel)
+        run_cells([plan], launcher, scorer, policy or GatePolicy(), sink, runs.append)
     finally:
         sink.end()
-    return assemble(
-        plan,
-        ref,
-        parallel,
-        scorer=scorer,
-        source=launcher.source,
-        launches=ref.launches + 1,
-        wall_s=time.monotonic() - cell_start,
-    )
-
-
-def slot_notes(result: ConcurrentPass) -> tuple[str, ...]:
-    """What a pass says about its slots (diagnostic: the slot ids responses reported, and a
-    busy-slot sampler that saw nothing)."""
-    notes: list[str] = []
-    slots = sorted({r.slot_id for r in result.responses.values() if r.slot_id is not None})
-    if slots:
-        notes.append(f"C{result.index}: responses reported slots {slots}")
-    if result.busy.n_samples == 0:
-        notes.append(f"C{result.index}: the busy-slot sampler took no samples")
-    return tuple(notes)
+    return runs[0]

@@ -13,29 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.cert.verify import verify_path
-from batch_invariance.core.evidence import CellSpec, GatePolicy
-from batch_invariance.core.plan import CellPlan
-from batch_invariance.core.scoring import Scorer
+from batch_invariance.core.evidence import CellSpec
 from batch_invariance.engines import memory
 from batch_invariance.engines.gguf import cached_sha256
 from batch_invariance.engines.live_launcher import LaunchRecord, identify_binary
 from batch_invariance.engines.provision import cache_root
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
-from batch_invariance.run.cell import (
-    ServerLauncher,
-    assemble,
-    complete_reference,
-    run_parallel,
-    run_reference,
-)
+from batch_invariance.run.cell import ServerLauncher, run_cells
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.live import LiveCell, LiveRequest, check_room_to_answer, prepare
 from batch_invariance.run.live_provenance import provenance_for
@@ -172,7 +163,7 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
             cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
 
         try:
-            run_shared_cells(plans, runner, cell.scorer, cell.policy, sink, finish)
+            run_cells(plans, runner, cell.scorer, cell.policy, sink, finish)
         finally:
             sink.end()
     ordered = [cells[n] for n in ns]
@@ -187,47 +178,3 @@ def cell_launches(launches: Sequence[LaunchRecord]) -> list[LaunchRecord]:
     reference = [r for r in launches if r.arm == "A"]
     own = [r for r in launches if r.arm != "A"][-1:]
     return [*reference, *own]
-
-
-def run_shared_cells(
-    plans: Sequence[CellPlan],
-    runner: ServerLauncher,
-    scorer: Scorer,
-    policy: GatePolicy,
-    sink: ProgressSink,
-    finish: Callable[[CellRun], None],
-) -> None:
-    """Measure arm A once (``plans`` differ only in N), then each N on its own server,
-    handing every finished :class:`CellRun` to ``finish`` as soon as it is measured."""
-    first = plans[0]
-    n_items = len(first.items)
-    sink.begin(n_items * (1 + sum(1 + p.gate_passes for p in plans)))
-    sink.scope(f"reference (ctx {first.ctx})")
-    ref = run_reference(first, runner, scorer, sink)
-    parallels = [p.parallel for p in plans]
-    for k, plan in enumerate(plans, 1):
-        started = time.monotonic()
-        sink.scope(f"cell {k} of {len(plans)} (N={plan.parallel})")
-        par = run_parallel(plan, runner, scorer, sink, ref.a_trials, policy)
-        ref = complete_reference(plan, runner, scorer, sink, ref, par)
-        finish(
-            assemble(
-                plan,
-                ref,
-                par,
-                scorer=scorer,
-                source=runner.source,
-                launches=ref.launches + 1,
-                wall_s=time.monotonic() - started + ref.a_stats.wall_s,
-                shared_reference=_shared_text(plan.ctx, ref.repeat is not None, parallels),
-            )
-        )
-
-
-def _shared_text(ctx: int, with_repeat: bool, parallels: Sequence[int]) -> str:
-    arms = "A and A'" if with_repeat else "A"
-    ns = ", ".join(str(n) for n in parallels)
-    return (
-        f"sweep: arm {arms} ran once for ctx {ctx} on --parallel 1 server(s) and are shared "
-        f"by the cells N={ns}; this cell's --parallel N server ran B and its C passes"
-    )
