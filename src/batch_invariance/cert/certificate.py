@@ -43,7 +43,7 @@ from batch_invariance.core.verdict import Verdict, decide
 
 CERT_VERSION = 1
 GATE_ABC_UNION = "abc_union"
-SOURCES: tuple[str, ...] = ("live", "mock")
+SOURCES: tuple[str, ...] = ("live", "mock", "attached")
 
 _DISPLAY: Mapping[str, str] = {
     "failed": "RED",
@@ -296,7 +296,7 @@ class Cert(_Model):
     dispatch_n: int
     status: StatusLiteral
     verdict: Literal["GREEN", "RED", "AMBER", "UNVERIFIED"]
-    source: Literal["live", "mock"]
+    source: Literal["live", "mock", "attached"]
     gate: str
     overlap_ok: bool
     overlap: OverlapBlock
@@ -576,13 +576,13 @@ def build_cert(
     spec: CellSpec,
     policy: GatePolicy,
     provenance: Mapping[str, Any],
-    source: Literal["live", "mock"],
+    source: Literal["live", "mock", "attached"],
     ts_utc: str,
 ) -> Cert:
     """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
     what the caller really ran against (``run-mock`` always passes ``"mock"``)."""
     if source not in SOURCES:
-        raise ValueError(f"source must be 'live' or 'mock', got {source!r}")
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     r = verdict.reports
     g = verdict.gates
     s = verdict.sensitivity

@@ -30,6 +30,7 @@ from typing import IO, Any, Literal
 import requests
 
 from batch_invariance.engines import memory, ports
+from batch_invariance.engines.base import LaunchCommand
 from batch_invariance.engines.gguf import GgufInfo
 from batch_invariance.errors import InfraError, Interrupted
 
@@ -211,6 +212,7 @@ class LlamaServer:
         ready_timeout: float = 120.0,
         rss_cap_bytes: int | None = None,
         term_grace_s: float = 5.0,
+        command: LaunchCommand | None = None,
     ) -> None:
         self.arm = arm
         self.label = f"{arm}:np{parallel}"
@@ -220,16 +222,23 @@ class LlamaServer:
         self.host = host
         self.metrics_enabled = metrics
         self.kv_label = kv_label(ctx, parallel)
-        self.argv = build_argv(
-            server_bin,
-            model,
-            host=host,
-            port=port,
-            parallel=parallel,
-            ctx=ctx,
-            metrics=metrics,
-            extra_flags=extra_flags,
+        # Another engine's process (engines.launch) brings its own command and ready path.
+        self.argv = (
+            command.argv
+            if command is not None
+            else build_argv(
+                server_bin,
+                model,
+                host=host,
+                port=port,
+                parallel=parallel,
+                ctx=ctx,
+                metrics=metrics,
+                extra_flags=extra_flags,
+            )
         )
+        self._env = dict(command.env) if command is not None else {}
+        self._ready_path = command.ready_path if command is not None else "/health"
         self.base_url = f"http://{host}:{port}"
         self.log_path = log_dir / f"server-{arm}-{port}.log"
         self._log_dir = log_dir
@@ -276,6 +285,7 @@ class LlamaServer:
         try:
             self._proc = subprocess.Popen(
                 self.argv,
+                env={**os.environ, **self._env} if self._env else None,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
@@ -313,7 +323,7 @@ class LlamaServer:
                         f"{self.log_path}: {log_tail(self.log_path)}"
                     )
                 try:
-                    resp = session.get(f"{self.base_url}/health", timeout=0.5)
+                    resp = session.get(self.base_url + self._ready_path, timeout=0.5)
                     if resp.status_code == 200:
                         break
                 except requests.RequestException:

@@ -80,8 +80,9 @@ class ServerLauncher(Protocol):
     """
 
     @property
-    def source(self) -> Literal["live", "mock"]:
-        """``"live"`` when this launcher spawns real server processes, else ``"mock"``."""
+    def source(self) -> Literal["live", "mock", "attached"]:
+        """``"live"`` when this launcher spawns real server processes, ``"attached"`` for a
+        server it did not start, else ``"mock"``."""
 
     def launch(self, arm: str, parallel: int, ctx: int) -> AbstractContextManager[ServerHandle]:
         """A context manager that starts a ready server and tears it down on exit."""
@@ -208,7 +209,7 @@ class CellRun:
     scorer_id: str
     wall_s: float
     #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
-    source: Literal["live", "mock"] = "mock"
+    source: Literal["live", "mock", "attached"] = "mock"
     notes: tuple[str, ...] = ()
 
     @property
@@ -448,6 +449,9 @@ def run_cell(
                     metrics_enabled=server_bc.metrics_enabled,
                     check_alive=server_bc.check_alive,
                     on_done=tick,
+                    # An engine's handle names its own busy witnesses (possibly none: F1 then
+                    # fails closed); without the attribute, llama-server's /slots and /metrics.
+                    probes=getattr(server_bc, "busy_probes", None),
                 )
                 passes.append(result)
                 stats.append(

@@ -1,0 +1,57 @@
+"""llama.cpp's ``llama-server`` as an :class:`~batch_invariance.engines.base.Engine`.
+
+The launch itself stays in :mod:`batch_invariance.engines.llama_server` (memory guard, split KV
+cache, ``--slots``, ``--cache-ram 0``); this adapter names the same facts for the engine layer:
+its argv, its witnesses (``/slots`` and the ``llamacpp:requests_processing`` gauge) and its
+cache evidence (per-response ``timings.cache_n``, which the transport reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from batch_invariance.engines import llama_server
+from batch_invariance.engines.base import CacheEvidence, LaunchCommand
+from batch_invariance.run.dispatch import BusyProbe, llama_server_probes
+
+
+class LlamaServerEngine:
+    """``llama-server --parallel N --ctx-size C*N --no-kv-unified --slots --metrics ...``."""
+
+    name = "llama-server"
+    cobatches = True
+    owned_flags: frozenset[str] = llama_server.OWNED_FLAGS
+    #: Continuous batching off, no slots to witness, or host-side prompt reuse.
+    refused_flags: frozenset[str] = frozenset(
+        {"-nocb", "--no-cont-batching", "--no-slots", "--cache-reuse", "-hf", "--hf-repo"}
+    )
+
+    def launch_command(
+        self,
+        server_bin: Path,
+        model: Path,
+        *,
+        parallel: int,
+        ctx: int,
+        host: str,
+        port: int,
+        extra_flags: Sequence[str] = (),
+        env: Mapping[str, str] = {},
+    ) -> LaunchCommand:
+        argv = llama_server.build_argv(
+            server_bin, model, host=host, port=port, parallel=parallel, ctx=ctx,
+            metrics=True, extra_flags=extra_flags,
+        )  # fmt: skip
+        return LaunchCommand(argv, {}, "/health")
+
+    def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
+        return llama_server_probes(base_url, metrics_enabled=True, metrics_url=metrics_url)
+
+    def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
+        # Per-response timings.cache_n is the evidence here (the prompt_cache gate reads it).
+        return CacheEvidence({}, None)
+
+    def provenance(self, command: LaunchCommand) -> dict[str, Any]:
+        return {"engine": self.name, "busy_witness": "/slots + llamacpp:requests_processing"}
