@@ -184,7 +184,7 @@ def test_concurrent_provisions_do_not_race(tmp_path: Path) -> None:
 
     def one() -> None:
         try:
-            with prov._locked(layout.lock):
+            with prov.locked(layout.lock):
                 results.append(prov.ensure_server(layout, lambda m: None, allow_build=False))
         except BaseException as exc:  # surfaced below
             errors.append(exc)

@@ -60,7 +60,7 @@ CMAKE_FLAGS: tuple[str, ...] = (
 Say = Callable[[str], None]
 
 
-def _stderr(msg: str) -> None:
+def say_stderr(msg: str) -> None:
     print(f"batch-invariance provision: {msg}", file=sys.stderr, flush=True)
 
 
@@ -133,7 +133,7 @@ class Provisioned:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
@@ -282,12 +282,21 @@ def _extract(sdist: Path, layout: Layout) -> Path:
     return src
 
 
-def _run_logged(argv: list[str], log: Path, what: str) -> None:
+def run_logged(
+    argv: list[str], log: Path, what: str, env_add: Mapping[str, str] | None = None
+) -> None:
+    """Run ``argv`` with its output appended to ``log``; :class:`InfraError` with the tail."""
+    env = {**os.environ, **env_add} if env_add else None
     with log.open("ab") as fh:
         fh.write(f"\n$ {' '.join(argv)}\n".encode())
         fh.flush()
         code = subprocess.run(
-            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            check=False,
+            env=env,
         ).returncode
     if code != 0:
         tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-8:])
@@ -310,12 +319,12 @@ def build_server(layout: Layout, say: Say, jobs: int | None = None) -> Path:
     n = jobs or len(os.sched_getaffinity(0)) or 2
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     say(f"building llama-server ({n} jobs; several minutes on 2 cores); log {log}")
-    _run_logged(
+    run_logged(
         ["cmake", "-S", str(src / "llama.cpp"), "-B", str(build), *generator, *CMAKE_FLAGS],
         log,
         "cmake configure",
     )
-    _run_logged(
+    run_logged(
         ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(n)],
         log,
         "cmake build",
@@ -384,7 +393,7 @@ def provision(
     *,
     allow_build: bool = True,
     jobs: int | None = None,
-    say: Say = _stderr,
+    say: Say = say_stderr,
 ) -> Provisioned:
     """Make sure the embedded server and model exist (build/assemble when missing); verified.
 
@@ -392,7 +401,7 @@ def provision(
     when a download, build or verification fails.
     """
     layout = Layout(cache if cache is not None else cache_root())
-    with _locked(layout.lock):
+    with locked(layout.lock):
         model, model_sha, model_origin = ensure_model(layout, say)
         server, server_sha, server_origin = ensure_server(layout, say, allow_build, jobs)
     return Provisioned(
