@@ -24,6 +24,11 @@ from typing import Any, Literal
 
 from batch_invariance import __version__, exitcodes
 from batch_invariance.cert.certificate import display_verdict, is_promotable
+from batch_invariance.commands.run_engine import (
+    add_engine_options,
+    run_engine_cell,
+    uses_engine_layer,
+)
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines import host as hostinfo
@@ -464,6 +469,8 @@ def execute(args: argparse.Namespace) -> FinishedCell:
     """Validate, run and write the cert (no printing); used by the handler and the Action."""
     if getattr(args, "dry_run", False):
         raise UsageError("execute() does not do --dry-run; call the handler")
+    if uses_engine_layer(args):
+        return run_engine_cell(args, progress=Progress())
     cfg = config_from_args(args)
     return run_live_cell(cfg, progress=Progress()).finished
 
@@ -661,6 +668,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "n_predict": DEFAULT_N_PREDICT,
         },
     )
+    add_engine_options(p)
     prof = p.add_argument_group("profile (the spark measurement profile; see docs)")
     prof.add_argument("--profile", default=None, help="bundled profile name or a folder")
     prof.add_argument("--model-alias", default=None, help="model alias in the profile registry")
@@ -674,6 +682,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if uses_engine_layer(args):
+        where = args.base_url or args.engine
+        return report(run_engine_cell(args, progress=Progress()), f"{args.engine} cell ({where})")
     if args.dry_run:
         return print_dry_run(config_from_args(args, create_out_dir=False))
     cfg = config_from_args(args)

@@ -1,0 +1,143 @@
+"""``run-live --engine E`` (a work-alike engine) and ``run-live --base-url URL`` (attach mode).
+
+The default path, llama-server launched by the tool, stays in :mod:`.run_live`. This module
+runs the same cell (:func:`~batch_invariance.run.cell.run_cell` and
+:func:`~batch_invariance.run.cell.finish_cell`) over the engine layer's launchers:
+
+- ``--engine llama-cpp-python|vllm|sglang``: ``engines.launch.EngineLauncher`` starts the
+  engine's own server (``--server-bin`` is its executable or Python interpreter);
+  ``source: live``.
+- ``--base-url``: :class:`~batch_invariance.engines.attach.AttachLauncher` measures a server the
+  tool did not start (``--engine`` picks which busy witness to read); ``source: attached``,
+  never promotable. Loopback only unless ``--allow-remote``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from batch_invariance import __version__
+from batch_invariance.core.evidence import CellSpec
+from batch_invariance.engines import ports
+from batch_invariance.engines.attach import AttachLauncher, attach_target
+from batch_invariance.engines.base import flag_conflicts
+from batch_invariance.engines.gguf import cached_sha256, sha256_file
+from batch_invariance.engines.launch import EngineLauncher
+from batch_invariance.engines.provision import cache_root
+from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_for
+from batch_invariance.errors import UsageError
+from batch_invariance.run.cell import CellPlan, FinishedCell, ServerLauncher, finish_cell, run_cell
+from batch_invariance.run.progress import ProgressSink
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import expand_reps, load_workset
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """``--engine``, and the attach-mode options, on ``run-live``."""
+    g = p.add_argument_group("engines and attach mode (see docs/engines.md)")
+    g.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default=DEFAULT_ENGINE,
+        help="which server to launch (or, with --base-url, whose busy witness to read)",
+    )
+    g.add_argument(
+        "--base-url",
+        default=None,
+        help="attach to a running server the tool did not start (e.g. http://127.0.0.1:8080); "
+        "arm A is not available and the cert (source: attached) is never promotable",
+    )
+    g.add_argument("--metrics-url", default=None, help="its Prometheus /metrics, if elsewhere")
+    g.add_argument(
+        "--allow-remote", action="store_true", help="allow a non-loopback --base-url (recorded)"
+    )
+
+
+def uses_engine_layer(args: argparse.Namespace) -> bool:
+    """Whether this run-live goes through the engine layer rather than the llama-server path."""
+    return args.base_url is not None or getattr(args, "engine", DEFAULT_ENGINE) != DEFAULT_ENGINE
+
+
+def _file_sha(path: Path) -> str | None:
+    return sha256_file(path) if path.is_file() else None
+
+
+def run_engine_cell(args: argparse.Namespace, progress: ProgressSink | None = None) -> FinishedCell:
+    """Validate, run and write the cert of an engine-layer cell (UsageError on bad input)."""
+    from batch_invariance.commands.run_live import (
+        _prepare_out_dir,
+        cell_fields,
+        check_numbers,
+        policy_from_args,
+    )
+
+    if args.dry_run:
+        raise UsageError("--dry-run is not available with --engine or --base-url")
+    if getattr(args, "profile", None) is not None:
+        raise UsageError("--profile works only with the default engine (llama-server, launched)")
+    if args.ctx is None or args.parallel is None or args.workset is None:
+        raise UsageError("--ctx, --parallel and --workset are required")
+    if args.out_dir is None:
+        raise UsageError("--out-dir DIR is required (where the cert and server logs go)")
+    if args.metrics_url is not None and args.base_url is None:
+        raise UsageError("--metrics-url goes with --base-url (attach mode)")
+    check_numbers(args)
+    engine = engine_for(args.engine)
+    flags = tuple(args.server_flag or ())
+    if flags and args.base_url is not None:
+        raise UsageError("--server-flag has no effect on an attached server; drop it")
+    problems = flag_conflicts(engine, flags)
+    if problems:
+        raise UsageError(f"--server-flag {problems[0]}")
+    workset = load_workset(args.workset)
+    scorer = load_scorer(args.scorer)
+    fields = cell_fields(args)
+    plan = CellPlan(
+        items=expand_reps(workset.items, args.reps),
+        **{k: fields[k] for k in ("ctx", "parallel", "gate_passes", "n_predict", "seed",
+                                  "endpoint", "n_probs", "serial_repeat", "req_timeout")},
+    )  # fmt: skip
+    out_dir = _prepare_out_dir(args.out_dir)
+    launcher: ServerLauncher
+    provenance: dict[str, Any] = {"tool_version": __version__, "driver": "run-live"}
+    if args.base_url is not None:
+        target = attach_target(args.base_url, args.metrics_url, args.allow_remote)
+        launcher = AttachLauncher(target, engine)
+        model_name = args.model.name if args.model is not None else "attached"
+        provenance["attach"] = target.to_record()
+    else:
+        if args.server_bin is None or args.model is None:
+            raise UsageError(f"--server-bin and --model are required for --engine {engine.name}")
+        if not args.server_bin.exists():
+            raise UsageError(f"--server-bin {args.server_bin}: not found")
+        launcher = EngineLauncher(
+            engine, args.server_bin, args.model, out_dir,
+            port_policy=ports.make_policy(args.port, args.reserved_port), server_flags=flags,
+            env=dict(os.environ), ready_timeout=args.ready_timeout,
+        )  # fmt: skip
+        model_name = args.model.name.removesuffix(".gguf")
+        model_sha = (
+            cached_sha256(args.model, cache_root() / "hashes.json")
+            if args.model.is_file()
+            else None
+        )
+        provenance["server_binary"] = {
+            "path": str(args.server_bin),
+            "sha256": _file_sha(args.server_bin),
+        }
+        provenance["model_file"] = {"path": str(args.model), "sha256": model_sha}
+    run = run_cell(plan, launcher, scorer, progress=progress)
+    provenance.update(
+        engine=engine.name,
+        server_flags=list(flags),
+        workset={"source": workset.source, "sha256": workset.sha256,
+                 "n_rows": len(workset.items), "n_items": len(plan.items)},
+    )  # fmt: skip
+    spec = CellSpec(
+        model=model_name, ctx=args.ctx, dispatch_n=args.parallel, kv_label=run.kv_label,
+        reps=args.reps,
+    )  # fmt: skip
+    return finish_cell(run, spec, policy_from_args(args), provenance, out_dir)
