@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from batch_invariance.engines import witness
-from batch_invariance.engines.base import flag_conflicts
+from batch_invariance.engines.base import LaunchRequest, flag_conflicts
 from batch_invariance.engines.llama_cpp_python import LlamaCppPythonEngine
 from batch_invariance.engines.llama_server_engine import LlamaServerEngine
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_for
@@ -54,21 +54,24 @@ def test_histogram_share_above_a_bound() -> None:
     assert witness.Histogram({}, 0.0, 0.0).share_above(1.0) is None
 
 
+def req(server_bin: str, **kw: object) -> LaunchRequest:
+    base: dict[str, object] = {
+        "server_bin": Path(server_bin), "model": M, "parallel": 4, "ctx": 2048,
+        "host": "127.0.0.1", "port": 9000,
+    }  # fmt: skip
+    base.update(kw)
+    return LaunchRequest(**base)  # type: ignore[arg-type]
+
+
 def test_launch_argv_of_each_engine() -> None:
-    kw = {"parallel": 4, "ctx": 2048, "host": "127.0.0.1", "port": 9000}
-    vllm = VllmEngine().launch_command(Path("vllm"), M, **kw, env={"VLLM_BATCH_INVARIANT": "1"})  # type: ignore[arg-type]
+    vllm = VllmEngine().launch_command(req("vllm", env={"VLLM_BATCH_INVARIANT": "1"}))
     assert vllm.argv == (
         "vllm", "serve", "/models/m", "--max-num-seqs", "4", "--max-model-len", "2048",
         "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", "9000",
     )  # fmt: skip
     assert vllm.env == {"VLLM_BATCH_INVARIANT": "1"} and vllm.ready_path == "/health"
     assert VllmEngine().provenance(vllm)["batch_invariant_mode"] is True
-    sg = SglangEngine().launch_command(
-        Path("py"),
-        M,
-        **kw,
-        extra_flags=("--enable-deterministic-inference",),  # type: ignore[arg-type]
-    )
+    sg = SglangEngine().launch_command(req("py", extra_flags=("--enable-deterministic-inference",)))
     assert sg.argv == (
         "py", "-m", "sglang.launch_server", "--model-path", "/models/m",
         "--max-running-requests", "4", "--context-length", "2048", "--disable-radix-cache",
@@ -76,21 +79,25 @@ def test_launch_argv_of_each_engine() -> None:
         "--enable-deterministic-inference",
     )  # fmt: skip
     assert SglangEngine().provenance(sg)["deterministic_inference"] is True
-    lcp = LlamaCppPythonEngine().launch_command(Path("py"), M, **kw)  # type: ignore[arg-type]
+    assert (
+        SglangEngine().provenance(SglangEngine().launch_command(req("py")))[
+            "deterministic_inference"
+        ]
+        is False
+    )
+    lcp = LlamaCppPythonEngine().launch_command(req("py"))
     assert lcp.argv == (
         "py", "-m", "llama_cpp.server", "--model", "/models/m", "--n_ctx", "2048",
         "--host", "127.0.0.1", "--port", "9000",
     )  # fmt: skip
     assert lcp.ready_path == "/v1/models"
-    ls = LlamaServerEngine().launch_command(Path("llama-server"), M, **kw)  # type: ignore[arg-type]
+    ls = LlamaServerEngine().launch_command(req("llama-server"))
     assert ls.argv[ls.argv.index("--parallel") + 1] == "4"
     assert ls.argv[ls.argv.index("--ctx-size") + 1] == str(4 * 2048)
 
 
 def test_env_without_the_switch_passes_nothing() -> None:
-    cmd = VllmEngine().launch_command(
-        Path("vllm"), M, parallel=2, ctx=512, host="127.0.0.1", port=1, env={"HOME": "/root"}
-    )
+    cmd = VllmEngine().launch_command(req("vllm", env={"HOME": "/root"}))
     assert cmd.env == {}
     assert VllmEngine().provenance(cmd)["batch_invariant_mode"] is False
 

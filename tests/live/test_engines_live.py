@@ -11,6 +11,7 @@ from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.engines import ports
 from batch_invariance.engines.attach import AttachLauncher, attach_target
+from batch_invariance.engines.base import LaunchRequest
 from batch_invariance.engines.launch import EngineLauncher
 from batch_invariance.engines.llama_server import LlamaServer
 from batch_invariance.engines.provision import Layout, Provisioned, cache_root
@@ -91,3 +92,23 @@ def test_attached_real_llama_server_at_default_flags_reaches_red(
     assert cert.overlap.ok and cert.divergence_report.AC.n_divergent >= 1
     assert not is_promotable(cert)
     assert run.servers[0].info["kind"] == "attached"
+
+
+def test_attached_llama_cpp_python_is_unverified(
+    live_pair: Provisioned, llama_cpp_python: EngineVenv, tmp_path: Path
+) -> None:
+    plan = _plan(ctx=512, parallel=2, passes=1, n_predict=16, rows=8)
+    engine = engine_for("llama-cpp-python")
+    port = ports.pick_free(frozenset())
+    command = engine.launch_command(
+        LaunchRequest(llama_cpp_python.python, live_pair.model, 2, 512, ports.LOOPBACK, port)
+    )
+    with LlamaServer(
+        llama_cpp_python.python, live_pair.model, arm="external", parallel=1, ctx=512,
+        port=port, log_dir=tmp_path / "logs", ready_timeout=180.0, command=command,
+    ) as server:  # fmt: skip
+        launcher = AttachLauncher(attach_target(server.base_url), engine)
+        run = run_cell(plan, launcher, ExactMatchScorer())
+    cert = _finish(run, plan, tmp_path / "out", "llama-cpp-python").cert
+    assert cert.source == "attached" and cert.verdict == "UNVERIFIED", cert.decision_reasons
+    assert not cert.overlap.ok and cert.divergence_report.AC.n_divergent == 0

@@ -19,6 +19,21 @@ from batch_invariance.run.dispatch import BusyProbe
 
 
 @dataclass(frozen=True)
+class LaunchRequest:
+    """What the driver asks of a launch: ``parallel`` sequences of ``ctx`` tokens each."""
+
+    server_bin: Path
+    model: Path
+    parallel: int
+    ctx: int
+    host: str
+    port: int
+    extra_flags: tuple[str, ...] = ()
+    #: The environment the numerics switches are read from (never the process's own here).
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class LaunchCommand:
     """How to start one server: argv, environment additions, and the path that says ready."""
 
@@ -61,19 +76,8 @@ class Engine(Protocol):
     def cobatches(self) -> bool:
         """Whether the engine can run several sequences at once at all."""
 
-    def launch_command(
-        self,
-        server_bin: Path,
-        model: Path,
-        *,
-        parallel: int,
-        ctx: int,
-        host: str,
-        port: int,
-        extra_flags: Sequence[str] = (),
-        env: Mapping[str, str] = {},
-    ) -> LaunchCommand:
-        """The command that starts it with ``parallel`` sequences of ``ctx`` tokens each."""
+    def launch_command(self, request: LaunchRequest) -> LaunchCommand:
+        """The command that starts it as ``request`` asks."""
 
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         """Its server-side busy witnesses (empty: it offers none, and F1 fails closed)."""

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import requests
 
 from batch_invariance.engines import ports
-from batch_invariance.engines.base import Engine, LaunchCommand
+from batch_invariance.engines.base import Engine, LaunchCommand, LaunchRequest
 from batch_invariance.engines.llama_server import LlamaServer
 from batch_invariance.run.dispatch import BusyProbe
 from batch_invariance.run.transport import get_text
@@ -109,8 +109,8 @@ class EngineLauncher:
     def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[EngineHandle]:
         port = ports.choose(self.port_policy)
         command = self.engine.launch_command(
-            self.server_bin, self.model, parallel=parallel, ctx=ctx, host=ports.LOOPBACK,
-            port=port, extra_flags=self.server_flags, env=self.env,
+            LaunchRequest(self.server_bin, self.model, parallel, ctx, ports.LOOPBACK, port,
+                          self.server_flags, self.env)
         )  # fmt: skip
         self.commands.append(command)
         server = LlamaServer(

@@ -9,11 +9,9 @@ computed one at a time on the same context size, should not see RED either.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from batch_invariance.engines.base import CacheEvidence, LaunchCommand
+from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
 from batch_invariance.run.dispatch import BusyProbe
 
 #: Ready when the OpenAI model list answers (the server has no ``/health``).
@@ -29,22 +27,11 @@ class LlamaCppPythonEngine:
     #: ``--cache`` turns on its prompt cache; a config file could set anything.
     refused_flags: frozenset[str] = frozenset({"--cache", "--config_file"})
 
-    def launch_command(
-        self,
-        server_bin: Path,
-        model: Path,
-        *,
-        parallel: int,
-        ctx: int,
-        host: str,
-        port: int,
-        extra_flags: Sequence[str] = (),
-        env: Mapping[str, str] = {},
-    ) -> LaunchCommand:
+    def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         # ``parallel`` has no flag here: the server runs one request at a time whatever N is.
         argv = (
-            str(server_bin), "-m", "llama_cpp.server", "--model", str(model),
-            "--n_ctx", str(ctx), "--host", host, "--port", str(port), *extra_flags,
+            str(r.server_bin), "-m", "llama_cpp.server", "--model", str(r.model),
+            "--n_ctx", str(r.ctx), "--host", r.host, "--port", str(r.port), *r.extra_flags,
         )  # fmt: skip
         return LaunchCommand(argv, {}, READY_PATH)
 

@@ -8,12 +8,10 @@ cache evidence (per-response ``timings.cache_n``, which the transport reads).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from batch_invariance.engines import llama_server
-from batch_invariance.engines.base import CacheEvidence, LaunchCommand
+from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
 from batch_invariance.run.dispatch import BusyProbe, llama_server_probes
 
 
@@ -28,21 +26,10 @@ class LlamaServerEngine:
         {"-nocb", "--no-cont-batching", "--no-slots", "--cache-reuse", "-hf", "--hf-repo"}
     )
 
-    def launch_command(
-        self,
-        server_bin: Path,
-        model: Path,
-        *,
-        parallel: int,
-        ctx: int,
-        host: str,
-        port: int,
-        extra_flags: Sequence[str] = (),
-        env: Mapping[str, str] = {},
-    ) -> LaunchCommand:
+    def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         argv = llama_server.build_argv(
-            server_bin, model, host=host, port=port, parallel=parallel, ctx=ctx,
-            metrics=True, extra_flags=extra_flags,
+            r.server_bin, r.model, host=r.host, port=r.port, parallel=r.parallel, ctx=r.ctx,
+            metrics=True, extra_flags=r.extra_flags,
         )  # fmt: skip
         return LaunchCommand(argv, {}, "/health")
 

@@ -9,11 +9,9 @@ radix (prefix) cache is off (``--disable-radix-cache``) and metrics are on. A us
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from batch_invariance.engines.base import CacheEvidence, LaunchCommand
+from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
 from batch_invariance.engines.witness import counters, gauge_probe
 from batch_invariance.run.dispatch import BusyProbe
 
@@ -36,23 +34,12 @@ class SglangEngine:
     )  # fmt: skip
     refused_flags: frozenset[str] = frozenset({"--enable-hierarchical-cache"})
 
-    def launch_command(
-        self,
-        server_bin: Path,
-        model: Path,
-        *,
-        parallel: int,
-        ctx: int,
-        host: str,
-        port: int,
-        extra_flags: Sequence[str] = (),
-        env: Mapping[str, str] = {},
-    ) -> LaunchCommand:
+    def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         argv = (
-            str(server_bin), "-m", "sglang.launch_server", "--model-path", str(model),
-            "--max-running-requests", str(parallel), "--context-length", str(ctx),
-            "--disable-radix-cache", "--enable-metrics", "--host", host, "--port", str(port),
-            *extra_flags,
+            str(r.server_bin), "-m", "sglang.launch_server", "--model-path", str(r.model),
+            "--max-running-requests", str(r.parallel), "--context-length", str(r.ctx),
+            "--disable-radix-cache", "--enable-metrics", "--host", r.host, "--port", str(r.port),
+            *r.extra_flags,
         )  # fmt: skip
         return LaunchCommand(argv, {}, "/health")
 

@@ -9,11 +9,14 @@ hit/query counters (older releases prefix them ``gpu_``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from batch_invariance.engines.base import CacheEvidence, LaunchCommand, passthrough_env
+from batch_invariance.engines.base import (
+    CacheEvidence,
+    LaunchCommand,
+    LaunchRequest,
+    passthrough_env,
+)
 from batch_invariance.engines.witness import counters, gauge_probe
 from batch_invariance.run.dispatch import BusyProbe
 
@@ -36,25 +39,14 @@ class VllmEngine:
     )
     refused_flags: frozenset[str] = frozenset({"--enable-prefix-caching"})
 
-    def launch_command(
-        self,
-        server_bin: Path,
-        model: Path,
-        *,
-        parallel: int,
-        ctx: int,
-        host: str,
-        port: int,
-        extra_flags: Sequence[str] = (),
-        env: Mapping[str, str] = {},
-    ) -> LaunchCommand:
+    def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         argv = (
-            str(server_bin), "serve", str(model),
-            "--max-num-seqs", str(parallel), "--max-model-len", str(ctx),
-            "--no-enable-prefix-caching", "--host", host, "--port", str(port),
-            *extra_flags,
+            str(r.server_bin), "serve", str(r.model),
+            "--max-num-seqs", str(r.parallel), "--max-model-len", str(r.ctx),
+            "--no-enable-prefix-caching", "--host", r.host, "--port", str(r.port),
+            *r.extra_flags,
         )  # fmt: skip
-        return LaunchCommand(argv, passthrough_env(NUMERICS_ENV, env), "/health")
+        return LaunchCommand(argv, passthrough_env(NUMERICS_ENV, r.env), "/health")
 
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         url = metrics_url or base_url.rstrip("/") + "/metrics"
