@@ -1,9 +1,10 @@
 """The deploy gate: config parsing (pure) and `check-deploy` against real cert files.
 
-The promotable cert comes from a real driver run against the loopback mock with the verdict
-really decided by the core; only its ``source`` is set to ``live`` by this fixture (the
-driver's ``finish_cell`` takes the source from its caller), because no live GREEN can be
-earned in a unit test and the gate must be shown passing as well as failing.
+The promotable cert is built by the test factories with a live provenance that agrees with
+its cell (a relabelled mock cert is invalid since the identity check), with the verdict
+really decided by the core, because no live GREEN can be earned in a unit test and the gate
+must be shown passing as well as failing. The mock cert comes from a real driver run against
+the loopback mock.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def test_config_without_any_server_is_a_usage_error(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- check-deploy
 
 
-def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Path:
+def _run_mock_cell(out_dir: Path, model: str, parallel: int) -> Path:
     from importlib import resources
 
     from batch_invariance.core.evidence import CellSpec, GatePolicy
@@ -153,33 +154,23 @@ def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Pat
     with resources.as_file(ref) as path:
         workset = load_workset(path)
     plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=32)
-    # A test-only fake that claims to spawn real servers is the only way to get a promotable
-    # cert without a batch-invariant live server. The verdict is still the core's.
-    launcher = _claims_live_launcher() if source == "live" else MockLauncher(MockKnobs())
-    run = run_cell(plan, launcher, load_scorer(None))  # type: ignore[arg-type]
+    launcher = MockLauncher(MockKnobs())
+    run = run_cell(plan, launcher, load_scorer(None))
     spec = CellSpec(model=model, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
     finished = finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir)
     return finished.path
-
-
-def _claims_live_launcher() -> object:
-    from typing import Literal
-
-    from batch_invariance.engines.mock import MockKnobs, MockLauncher
-
-    class ClaimsLiveLauncher(MockLauncher):
-        source: Literal["live", "mock"] = "live"
-
-    return ClaimsLiveLauncher(MockKnobs())
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A certs folder: a promotable cell (ctx 1024, N 4) and a mock cell (ctx 1024, N 2)."""
     out = tmp_path_factory.mktemp("certs")
-    green = _run_mock_cell(out, "live", MODEL, 4)
+    from batch_invariance.cert.store import write_cert
+    from factories import cert_for, spec
+
+    green = write_cert(out, cert_for(cell=spec(model=MODEL, ctx=1024, n=4))[0]).path
     assert json.loads(green.read_text())["status"] == "green"
-    _run_mock_cell(out / "mock", "mock", MODEL, 2)
+    _run_mock_cell(out / "mock", MODEL, 2)
     return out
 
 

@@ -572,7 +572,7 @@ def report(finished: FinishedCell, label: str, out: Any = None) -> int:
         f"transport {'clean' if cert.transport.ok else 'failures'}"
     )
     print(f"  gates: {gates}", file=stream)
-    ac = cert.divergence_report.AC
+    ac = cert.divergence_report.ac
     print(
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
         file=stream,
