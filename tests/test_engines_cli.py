@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.engines.mock import MockKnobs, MockServer
 from batch_invariance.run.workset import items_to_row
@@ -56,8 +57,8 @@ def test_launched_vllm_fake_through_the_cli(
 ) -> None:
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     exe = stand_in(tmp_path, "vllm")
-    model = tmp_path / "model-dir"
-    model.mkdir()
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(b"weights")
     argv = _cell(workset, tmp_path / "out", "--engine", "vllm", "--server-bin", str(exe),
                  "--model", str(model))  # fmt: skip
     code = main(argv)
@@ -67,6 +68,13 @@ def test_launched_vllm_fake_through_the_cli(
     assert code == 0, cert["decision_reasons"]
     bc = cert["provenance"]["servers"][1]
     assert bc["info"]["numerics_env"] == {"VLLM_BATCH_INVARIANT": "1"}
+    # The identity check reads vLLM's own flags (--max-num-seqs, --max-model-len, serve M).
+    checked = verify_path(cert_path)
+    assert checked.problems == () and checked.promotable
+    cert["provenance"]["engine"] = "ollama"
+    relabelled = tmp_path / "relabelled.json"
+    relabelled.write_text(json.dumps(cert))
+    assert verify_path(relabelled).problems  # digest and identity no longer hold
 
 
 @pytest.mark.parametrize(

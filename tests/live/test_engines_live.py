@@ -3,16 +3,19 @@ mode against a real llama-server that the test started itself (attached, not lau
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from batch_invariance import exitcodes
 from batch_invariance.cert.certificate import is_promotable
+from batch_invariance.cert.verify import verify_path
+from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.engines import ports
 from batch_invariance.engines.attach import AttachLauncher, attach_target
 from batch_invariance.engines.base import LaunchRequest
-from batch_invariance.engines.launch import EngineLauncher
 from batch_invariance.engines.llama_server import LlamaServer
 from batch_invariance.engines.provision import Layout, Provisioned, cache_root
 from batch_invariance.engines.provision_engines import EngineVenv, ensure_llama_cpp_python
@@ -52,23 +55,31 @@ def _finish(run: object, plan: CellPlan, out: Path, engine: str) -> FinishedCell
 
 
 def test_llama_cpp_python_is_unverified_for_want_of_a_cobatching_witness(
-    live_pair: Provisioned, llama_cpp_python: EngineVenv, tmp_path: Path
+    live_pair: Provisioned,
+    llama_cpp_python: EngineVenv,
+    demo_subset: Callable[[int], Path],
+    tmp_path: Path,
 ) -> None:
-    plan = _plan(ctx=512, parallel=2, passes=1, n_predict=16, rows=8)
-    launcher = EngineLauncher(
-        engine_for("llama-cpp-python"), llama_cpp_python.python, live_pair.model,
-        tmp_path / "logs", port_policy=ports.make_policy(None, None), ready_timeout=180.0,
-    )  # fmt: skip
-    run = run_cell(plan, launcher, ExactMatchScorer())
-    done = _finish(run, plan, tmp_path / "out", "llama-cpp-python")
-    cert = done.cert
+    out = tmp_path / "out"
+    code = main([
+        "run-live", "--engine", "llama-cpp-python", "--server-bin", str(llama_cpp_python.python),
+        "--model", str(live_pair.model), "--workset", str(demo_subset(8)), "--ctx", "512",
+        "--parallel", "2", "--gate-passes", "1", "--n-predict", "16", "--no-serial-repeat",
+        "--req-timeout", "300", "--out-dir", str(out),
+    ])  # fmt: skip
+    (path,) = out.glob("*.json")
+    checked = verify_path(path)
+    assert checked.problems == ()  # its identity reads --n_ctx and --model
+    cert = checked.cert
+    assert cert is not None
+    assert code == exitcodes.for_status("green_unverified", False)
     assert cert.source == "live" and cert.verdict == "UNVERIFIED", cert.decision_reasons
     assert not cert.overlap.ok and "no server signal" in cert.overlap.reason
-    assert all(p.server_busy_max is None for p in run.evidence.c_passes)
+    assert all(p.server_busy_max is None for p in cert.overlap.per_pass)
     assert cert.divergence_report.AC.n_divergent == 0  # serialized: never RED
-    assert run.servers[1].info["engine"] == "llama-cpp-python"
-    assert "llama_cpp.server" in run.servers[1].argv
-    assert not is_promotable(cert)
+    assert cert.provenance["engine"] == "llama-cpp-python"
+    assert "llama_cpp.server" in cert.provenance["servers"][1]["argv"]
+    assert not checked.promotable
 
 
 def test_attached_real_llama_server_at_default_flags_reaches_red(

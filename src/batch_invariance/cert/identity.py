@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from batch_invariance.cert.schema import Cert
@@ -34,6 +35,43 @@ _SPLIT_FLAGS = frozenset({"--no-kv-unified", "-no-kvu"})
 _UNIFIED_FLAGS = frozenset({"--kv-unified", "-kvu"})
 _ROLE_PARALLEL_IS_ONE = "A"
 _ROLE_UNDER_TEST = "BC"
+
+
+@dataclass(frozen=True)
+class _EngineFlags:
+    """How one engine's argv names the model, the parallel sequences and the context."""
+
+    model: tuple[str, ...]
+    parallel: tuple[str, ...]
+    ctx: tuple[str, ...]
+    #: llama-server's ``--ctx-size`` is the total over slots (ctx x parallel).
+    ctx_is_total: bool = False
+    kv_layout: bool = False
+    #: The model is the argument after this word (``vllm serve MODEL``), not a flag's value.
+    model_after: str | None = None
+
+    def model_of(self, argv: Sequence[str]) -> str | None:
+        if self.model_after is not None:  # positional: ``vllm serve MODEL``
+            k = argv.index(self.model_after) if self.model_after in argv else -1
+            return argv[k + 1] if 0 <= k < len(argv) - 1 else None
+        return _flag(argv, self.model)
+
+
+#: ``provenance.engine`` -> its flags (a cert without ``engine`` was run on llama-server).
+#: llama-cpp-python has no parallel flag: it serves one request at a time whatever N is.
+_ENGINES: Mapping[str, _EngineFlags] = {
+    "llama-server": _EngineFlags(
+        tuple(_MODEL_FLAGS), tuple(_PARALLEL_FLAGS), tuple(_CTX_FLAGS), True, True
+    ),
+    "llama-cpp-python": _EngineFlags(("--model",), (), ("--n_ctx",)),
+    "vllm": _EngineFlags((), ("--max-num-seqs",), ("--max-model-len",), model_after="serve"),
+    "sglang": _EngineFlags(("--model-path",), ("--max-running-requests",), ("--context-length",)),
+}
+
+
+def _engine_flags(cert: Cert) -> _EngineFlags | None:
+    engine = cert.provenance.get("engine", "llama-server")
+    return _ENGINES.get(engine) if isinstance(engine, str) else None
 
 
 def _flag(argv: Sequence[str], names: Sequence[str]) -> str | None:
@@ -127,14 +165,18 @@ def _model_problems(cert: Cert) -> list[str]:
     alias = profile.get("model_alias") if isinstance(profile, Mapping) else None
     if cert.model not in {name.removesuffix(".gguf"), alias}:
         problems.append(f"model {cert.model} but the model file recorded is {name}")
+    flags = _engine_flags(cert) or _ENGINES["llama-server"]
     for server in _servers(cert.provenance):
-        served = _flag(_argv(server) or [], _MODEL_FLAGS)
+        served = flags.model_of(_argv(server) or [])
         if served != path:
             problems.append(f"server {server.get('role')} was started on {served}, not {path}")
     return problems
 
 
 def _server_problems(cert: Cert) -> list[str]:
+    flags = _engine_flags(cert)
+    if flags is None:
+        return [f"engine {cert.provenance.get('engine')!r} is not one this tool launches"]
     problems: list[str] = []
     claimed_layout = cert.kv_label.split(":", 1)[0]
     roles: list[str] = []
@@ -142,24 +184,30 @@ def _server_problems(cert: Cert) -> list[str]:
         role = str(server.get("role"))
         roles.append(role)
         argv = _argv(server) or []
-        parallel = _int(_flag(argv, _PARALLEL_FLAGS))
-        ctx_size = _int(_flag(argv, _CTX_FLAGS))
+        ctx_size = _int(_flag(argv, flags.ctx))
         want = 1 if role == _ROLE_PARALLEL_IS_ONE else cert.dispatch_n
+        # An engine without a parallel flag serves one sequence at a time, whatever N was.
+        parallel = _int(_flag(argv, flags.parallel)) if flags.parallel else 1
         if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST):
             problems.append(f"a server with unknown role {role!r} is recorded")
+            continue
+        if not flags.parallel:
+            if ctx_size != cert.ctx:
+                problems.append(f"ctx {cert.ctx} but server {role} ran a context of {ctx_size}")
             continue
         if parallel != want:
             problems.append(
                 f"dispatch_n {cert.dispatch_n} but server {role} ran --parallel {parallel} "
                 f"(expected {want})"
             )
-        if parallel and ctx_size != cert.ctx * parallel:
+        expected_ctx = cert.ctx * parallel if flags.ctx_is_total and parallel else cert.ctx
+        if parallel and ctx_size != expected_ctx:
             problems.append(
                 f"ctx {cert.ctx} per slot but server {role} ran --ctx-size {ctx_size} for "
                 f"{parallel} slot(s)"
             )
         layout = _layout(argv)
-        if role == _ROLE_UNDER_TEST and layout != claimed_layout:
+        if flags.kv_layout and role == _ROLE_UNDER_TEST and layout != claimed_layout:
             problems.append(
                 f"KV layout {claimed_layout} (kv_label) but server {role} ran "
                 f"{layout or 'the server default'}"

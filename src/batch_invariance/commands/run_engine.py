@@ -128,7 +128,9 @@ def run_engine_cell(args: argparse.Namespace, progress: ProgressSink | None = No
             "path": str(args.server_bin),
             "sha256": _file_sha(args.server_bin),
         }
-        provenance["model_file"] = {"path": str(args.model), "sha256": model_sha}
+        provenance["model_file"] = {
+            "path": str(args.model), "name": args.model.name, "sha256": model_sha,
+        }  # fmt: skip
     run = run_cell(plan, launcher, scorer, progress=progress)
     provenance.update(
         engine=engine.name,
