@@ -25,83 +25,97 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_invariance.cert.schema import Cert
+from batch_invariance.core.llama_flags import FlagError, ServerFlags, read_flags
 
 MOCK_DRIVERS: frozenset[str] = frozenset({"run-mock"})
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_MODEL_FLAGS = ("--model", "-m")
-_CTX_FLAGS = ("--ctx-size", "-c")
-_PARALLEL_FLAGS = ("--parallel", "-np")
-_SPLIT_FLAGS = frozenset({"--no-kv-unified", "-no-kvu"})
-_UNIFIED_FLAGS = frozenset({"--kv-unified", "-kvu"})
 _ROLE_PARALLEL_IS_ONE = "A"
 _ROLE_UNDER_TEST = "BC"
 
 
+def _flags(argv: Sequence[str]) -> ServerFlags:
+    """The recorded argv through the one llama-server flag reader; an argv it cannot read
+    reads as no flags at all (every check below then fails, as it should)."""
+    try:
+        return read_flags(argv)
+    except FlagError:
+        return read_flags(())
+
+
+def _layout(flags: ServerFlags) -> str | None:
+    """``split`` / ``unified`` as the argv says, ``None`` when it leaves it to the server."""
+    return None if flags.kv_unified is None else ("unified" if flags.kv_unified else "split")
+
+
 @dataclass(frozen=True)
-class _EngineFlags:
-    """How one engine's argv names the model, the parallel sequences and the context."""
+class _Launched:
+    """What a recorded argv says was started, whatever the engine."""
 
-    model: tuple[str, ...]
-    parallel: tuple[str, ...]
-    ctx: tuple[str, ...]
-    #: llama-server's ``--ctx-size`` is the total over slots (ctx x parallel).
-    ctx_is_total: bool = False
-    kv_layout: bool = False
-    #: The model is the argument after this word (``vllm serve MODEL``), not a flag's value.
-    model_after: str | None = None
-
-    def model_of(self, argv: Sequence[str]) -> str | None:
-        if self.model_after is not None:  # positional: ``vllm serve MODEL``
-            k = argv.index(self.model_after) if self.model_after in argv else -1
-            return argv[k + 1] if 0 <= k < len(argv) - 1 else None
-        return _flag(argv, self.model)
+    model: str | None
+    parallel: int | None
+    #: Context tokens per sequence.
+    ctx: int | None
+    #: ``split`` / ``unified`` for llama-server; other engines do not name a KV layout.
+    layout: str | None = None
+    checks_layout: bool = False
+    #: The engine has no parallel flag: it serves one request at a time whatever N was.
+    serves_one: bool = False
+    #: How the argv said the context, for messages (``--ctx-size 2048``).
+    ctx_said: str = ""
 
 
-#: ``provenance.engine`` -> its flags (a cert without ``engine`` was run on llama-server).
-#: llama-cpp-python has no parallel flag: it serves one request at a time whatever N is.
-_ENGINES: Mapping[str, _EngineFlags] = {
-    "llama-server": _EngineFlags(
-        tuple(_MODEL_FLAGS), tuple(_PARALLEL_FLAGS), tuple(_CTX_FLAGS), True, True
-    ),
-    "llama-cpp-python": _EngineFlags(("--model",), (), ("--n_ctx",)),
-    "vllm": _EngineFlags((), ("--max-num-seqs",), ("--max-model-len",), model_after="serve"),
-    "sglang": _EngineFlags(("--model-path",), ("--max-running-requests",), ("--context-length",)),
+#: Other engines' (model flag or positional marker, parallel flag, context flag), as
+#: ``engines/`` launches them; llama-cpp-python has no parallel flag: it serves one request
+#: at a time whatever N is. ``"@serve"`` = the argument after ``serve`` (``vllm serve M``).
+_OTHER_ENGINES: Mapping[str, tuple[str, str | None, str]] = {
+    "llama-cpp-python": ("--model", None, "--n_ctx"),
+    "vllm": ("@serve", "--max-num-seqs", "--max-model-len"),
+    "sglang": ("--model-path", "--max-running-requests", "--context-length"),
 }
 
 
-def _engine_flags(cert: Cert) -> _EngineFlags | None:
-    engine = cert.provenance.get("engine", "llama-server")
-    return _ENGINES.get(engine) if isinstance(engine, str) else None
-
-
-def _flag(argv: Sequence[str], names: Sequence[str]) -> str | None:
-    """The value of the last occurrence of a flag (``--flag V`` or ``--flag=V``)."""
+def _value_after(argv: Sequence[str], name: str) -> str | None:
+    """The value of the last ``name V`` or ``name=V`` (or the word after ``@word``)."""
+    word = name[1:] if name.startswith("@") else name
     value: str | None = None
     for k, arg in enumerate(argv):
-        for name in names:
-            if arg == name and k + 1 < len(argv):
-                value = argv[k + 1]
-            elif arg.startswith(name + "="):
-                value = arg[len(name) + 1 :]
+        if arg == word and k + 1 < len(argv):
+            value = argv[k + 1]
+        elif not name.startswith("@") and arg.startswith(name + "="):
+            value = arg[len(name) + 1 :]
     return value
 
 
-def _layout(argv: Sequence[str]) -> str | None:
-    """``split`` / ``unified`` as the argv says, ``None`` when it leaves it to the server."""
-    found: str | None = None
-    for arg in argv:
-        if arg in _SPLIT_FLAGS:
-            found = "split"
-        elif arg in _UNIFIED_FLAGS:
-            found = "unified"
-    return found
+def _as_int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return None if text is None else int(text)
-    except ValueError:
+def _launched(cert: Cert, argv: Sequence[str]) -> _Launched | None:
+    """``None`` when ``provenance.engine`` names an engine this tool does not launch."""
+    engine = cert.provenance.get("engine", "llama-server")
+    if engine == "llama-server":
+        flags = _flags(argv)
+        per_slot = (
+            flags.ctx_size // flags.parallel
+            if flags.ctx_size is not None
+            and flags.parallel
+            and flags.ctx_size % flags.parallel == 0
+            else None
+        )
+        said = f"--ctx-size {flags.ctx_size}"
+        return _Launched(flags.model, flags.parallel, per_slot, _layout(flags), True, False, said)
+    if not isinstance(engine, str) or engine not in _OTHER_ENGINES:
         return None
+    model_flag, parallel_flag, ctx_flag = _OTHER_ENGINES[engine]
+    parallel = 1 if parallel_flag is None else _as_int(_value_after(argv, parallel_flag))
+    ctx_text = _value_after(argv, ctx_flag)
+    return _Launched(
+        _value_after(argv, model_flag),
+        parallel,
+        _as_int(ctx_text),
+        serves_one=parallel_flag is None,
+        ctx_said=f"{ctx_flag} {ctx_text}",
+    )
 
 
 def _servers(provenance: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -165,49 +179,41 @@ def _model_problems(cert: Cert) -> list[str]:
     alias = profile.get("model_alias") if isinstance(profile, Mapping) else None
     if cert.model not in {name.removesuffix(".gguf"), alias}:
         problems.append(f"model {cert.model} but the model file recorded is {name}")
-    flags = _engine_flags(cert) or _ENGINES["llama-server"]
     for server in _servers(cert.provenance):
-        served = flags.model_of(_argv(server) or [])
+        launched = _launched(cert, _argv(server) or [])
+        served = launched.model if launched is not None else None
         if served != path:
             problems.append(f"server {server.get('role')} was started on {served}, not {path}")
     return problems
 
 
 def _server_problems(cert: Cert) -> list[str]:
-    flags = _engine_flags(cert)
-    if flags is None:
-        return [f"engine {cert.provenance.get('engine')!r} is not one this tool launches"]
     problems: list[str] = []
     claimed_layout = cert.kv_label.split(":", 1)[0]
     roles: list[str] = []
     for server in _servers(cert.provenance):
         role = str(server.get("role"))
         roles.append(role)
-        argv = _argv(server) or []
-        ctx_size = _int(_flag(argv, flags.ctx))
-        want = 1 if role == _ROLE_PARALLEL_IS_ONE else cert.dispatch_n
-        # An engine without a parallel flag serves one sequence at a time, whatever N was.
-        parallel = _int(_flag(argv, flags.parallel)) if flags.parallel else 1
+        launched = _launched(cert, _argv(server) or [])
+        if launched is None:
+            return [f"engine {cert.provenance.get('engine')!r} is not one this tool launches"]
+        parallel = launched.parallel
+        want = 1 if role == _ROLE_PARALLEL_IS_ONE or launched.serves_one else cert.dispatch_n
         if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST):
             problems.append(f"a server with unknown role {role!r} is recorded")
-            continue
-        if not flags.parallel:
-            if ctx_size != cert.ctx:
-                problems.append(f"ctx {cert.ctx} but server {role} ran a context of {ctx_size}")
             continue
         if parallel != want:
             problems.append(
                 f"dispatch_n {cert.dispatch_n} but server {role} ran --parallel {parallel} "
                 f"(expected {want})"
             )
-        expected_ctx = cert.ctx * parallel if flags.ctx_is_total and parallel else cert.ctx
-        if parallel and ctx_size != expected_ctx:
+        if parallel and launched.ctx != cert.ctx:
             problems.append(
-                f"ctx {cert.ctx} per slot but server {role} ran --ctx-size {ctx_size} for "
+                f"ctx {cert.ctx} per slot but server {role} ran {launched.ctx_said} for "
                 f"{parallel} slot(s)"
             )
-        layout = _layout(argv)
-        if flags.kv_layout and role == _ROLE_UNDER_TEST and layout != claimed_layout:
+        layout = launched.layout
+        if launched.checks_layout and role == _ROLE_UNDER_TEST and layout != claimed_layout:
             problems.append(
                 f"KV layout {claimed_layout} (kv_label) but server {role} ran "
                 f"{layout or 'the server default'}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from batch_invariance.core import llama_flags
 from batch_invariance.engines import llama_server
 from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
 from batch_invariance.run.dispatch import BusyProbe, llama_server_probes
@@ -20,11 +21,9 @@ class LlamaServerEngine:
 
     name = "llama-server"
     cobatches = True
-    owned_flags: frozenset[str] = llama_server.OWNED_FLAGS
-    #: Continuous batching off, no slots to witness, or host-side prompt reuse.
-    refused_flags: frozenset[str] = frozenset(
-        {"-nocb", "--no-cont-batching", "--no-slots", "--cache-reuse", "-hf", "--hf-repo"}
-    )
+    #: The one llama-server flag reader's lists (core.llama_flags).
+    owned_flags: frozenset[str] = llama_flags.OWNED_FLAGS
+    refused_flags: frozenset[str] = llama_flags.REFUSED_FLAGS
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         argv = llama_server.build_argv(
