@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from batch_invariance.cert.identity import identity_problems
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.engines.mock import MockKnobs, MockServer
@@ -71,6 +73,16 @@ def test_launched_vllm_fake_through_the_cli(
     # The identity check reads vLLM's own flags (--max-num-seqs, --max-model-len, serve M).
     checked = verify_path(cert_path)
     assert checked.problems == () and checked.promotable
+    # A relabelled BC server (one sequence where the cert claims N=4) is caught per engine.
+    assert checked.cert is not None
+    prov = json.loads(json.dumps(checked.cert.provenance))
+    argv = prov["servers"][1]["argv"]
+    argv[argv.index("--max-num-seqs") + 1] = "1"
+    relabel = replace(checked.cert, provenance=prov)
+    assert any("dispatch_n 4 but server BC" in p for p in identity_problems(relabel))
+    prov["engine"] = "ollama"
+    unknown = replace(checked.cert, provenance=prov)
+    assert "engine 'ollama' is not one this tool launches" in identity_problems(unknown)
     cert["provenance"]["engine"] = "ollama"
     relabelled = tmp_path / "relabelled.json"
     relabelled.write_text(json.dumps(cert))
