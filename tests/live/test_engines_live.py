@@ -76,7 +76,7 @@ def test_llama_cpp_python_is_unverified_for_want_of_a_cobatching_witness(
     assert cert.source == "live" and cert.verdict == "UNVERIFIED", cert.decision_reasons
     assert not cert.overlap.ok and "no server signal" in cert.overlap.reason
     assert all(p.server_busy_max is None for p in cert.overlap.per_pass)
-    assert cert.divergence_report.AC.n_divergent == 0  # serialized: never RED
+    assert cert.divergence_report.ac.n_divergent == 0  # serialized: never RED
     assert cert.provenance["engine"] == "llama-cpp-python"
     assert "llama_cpp.server" in cert.provenance["servers"][1]["argv"]
     assert not checked.promotable
@@ -100,7 +100,7 @@ def test_attached_real_llama_server_at_default_flags_reaches_red(
     cert = done.cert
     assert cert.source == "attached"
     assert cert.verdict == "RED", cert.decision_reasons
-    assert cert.overlap.ok and cert.divergence_report.AC.n_divergent >= 1
+    assert cert.overlap.ok and cert.divergence_report.ac.n_divergent >= 1
     assert not is_promotable(cert)
     assert run.servers[0].info["kind"] == "attached"
 
@@ -122,4 +122,4 @@ def test_attached_llama_cpp_python_is_unverified(
         run = run_cell(plan, launcher, ExactMatchScorer())
     cert = _finish(run, plan, tmp_path / "out", "llama-cpp-python").cert
     assert cert.source == "attached" and cert.verdict == "UNVERIFIED", cert.decision_reasons
-    assert not cert.overlap.ok and cert.divergence_report.AC.n_divergent == 0
+    assert not cert.overlap.ok and cert.divergence_report.ac.n_divergent == 0
