@@ -19,7 +19,8 @@ from batch_invariance.engines.launch import EngineLauncher
 from batch_invariance.engines.mock import MockKnobs, MockServer
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import InfraError, UsageError
-from batch_invariance.run.cell import finish_cell, run_cell
+from batch_invariance.run.cell import run_cell
+from batch_invariance.run.finish import finish_cell
 from batch_invariance.scorer_api import ExactMatchScorer
 from engine_fakes import fake_engine
 from test_driver import ITEMS, POLICY, plan

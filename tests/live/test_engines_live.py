@@ -13,6 +13,7 @@ from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.plan import CellPlan
 from batch_invariance.engines import ports
 from batch_invariance.engines.attach import AttachLauncher, attach_target
 from batch_invariance.engines.base import LaunchRequest
@@ -20,7 +21,8 @@ from batch_invariance.engines.llama_server import LlamaServer
 from batch_invariance.engines.provision import Layout, Provisioned, cache_root
 from batch_invariance.engines.provision_engines import EngineVenv, ensure_llama_cpp_python
 from batch_invariance.engines.registry import engine_for
-from batch_invariance.run.cell import CellPlan, FinishedCell, finish_cell, run_cell
+from batch_invariance.run.cell import run_cell
+from batch_invariance.run.finish import FinishedCell, finish_cell
 from batch_invariance.run.workset import expand_reps, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
 
@@ -44,7 +46,7 @@ def _plan(ctx: int, parallel: int, passes: int, n_predict: int, rows: int | None
 
 
 def _finish(run: object, plan: CellPlan, out: Path, engine: str) -> FinishedCell:
-    from batch_invariance.run.cell import CellRun
+    from batch_invariance.run.records import CellRun
 
     assert isinstance(run, CellRun)
     spec = CellSpec(
