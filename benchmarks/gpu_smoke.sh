@@ -9,7 +9,7 @@
 # Prints one line per engine: the verdict, or why it was skipped. Exit 0 unless a cell that
 # ran failed to produce a cert (RED/AMBER/UNVERIFIED are results, not failures here).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 OUT=${OUT:-gpu-smoke-out}
 WORKSET=${WORKSET:-src/batch_invariance/data/worksets/demo.json}
