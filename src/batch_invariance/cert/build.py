@@ -161,7 +161,7 @@ def build_cert(
     ``throughput`` block is computed from ``provenance.arms`` (``with_throughput=False``
     leaves it out, as certs written before it existed have it)."""
     if source not in SOURCES:
-        raise ValueError(f"source must be 'live' or 'mock', got {source!r}")
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     r = verdict.reports
     g = verdict.gates
     recorded = _json_safe(provenance)

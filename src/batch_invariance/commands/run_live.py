@@ -17,6 +17,12 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
+from batch_invariance.commands.run_engine import (
+    add_engine_options,
+    report_engine_cell,
+    run_engine_cell,
+    uses_engine_layer,
+)
 from batch_invariance.run.live import RUN_LIVE_DEFAULTS, run_live_cell
 from batch_invariance.run.progress import Progress
 
@@ -35,10 +41,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--parallel", type=int, default=None, help="slots N of the B/C server")
     add_target_options(p)
     add_cell_options(p, defaults=RUN_LIVE_DEFAULTS)
+    add_engine_options(p)
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    if uses_engine_layer(args):
+        finished = run_engine_cell(args, progress=Progress())
+        return report_engine_cell(finished, f"{args.engine} cell ({args.base_url or 'launched'})")
     request = request_from_args(args)
     if args.dry_run:
         return print_dry_run(request)

@@ -61,7 +61,7 @@ def assemble(
     parallel: ParallelRun,
     *,
     scorer: Scorer,
-    source: Literal["live", "mock"],
+    source: Literal["live", "mock", "attached"],
     launches: int,
     wall_s: float,
     shared_reference: str | None = None,

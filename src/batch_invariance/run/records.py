@@ -79,7 +79,7 @@ class CellRun:
     scorer_id: str
     wall_s: float
     #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
-    source: Literal["live", "mock"] = "mock"
+    source: Literal["live", "mock", "attached"] = "mock"
     notes: tuple[str, ...] = ()
     #: Which arms ran and why, and whether the passes were cut short (``provenance.schedule``).
     schedule: Mapping[str, Any] | None = None

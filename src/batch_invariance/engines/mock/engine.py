@@ -39,8 +39,14 @@ class MockServer:
         parallel: int = 1,
         ctx: int = 2048,
         knobs: MockKnobs | None = None,
+        *,
+        port: int = 0,
+        handler: type[MockHandler] = MockHandler,
         instance: int = 0,
     ) -> None:
+        """``port`` 0 picks a free one; ``handler`` gives another engine's HTTP surface over the
+        same slots (the protocol fakes for vLLM and SGLang); ``instance`` numbers the launch
+        (each instance draws its own run-to-run noise)."""
         if parallel < 1:
             raise ValueError("parallel must be >= 1")
         self.parallel = parallel
@@ -60,6 +66,8 @@ class MockServer:
         self._prompt_tokens_total = 0
         self._predicted_tokens_total = 0
         self._answered = 0
+        self._port = port
+        self._handler = handler
 
     # ----- lifecycle -------------------------------------------------------------------------
 
@@ -72,11 +80,8 @@ class MockServer:
 
     def start(self) -> None:
         server = self
-
-        class Handler(MockHandler):
-            mock = server
-
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        handler = type("Handler", (self._handler,), {"mock": server})
+        httpd = ThreadingHTTPServer(("127.0.0.1", self._port), handler)
         httpd.daemon_threads = True
         self._httpd = httpd
         self._started_at = time.monotonic()
