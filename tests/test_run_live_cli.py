@@ -58,7 +58,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(
     assert "--parallel 1 --ctx-size 512" in out and "--parallel 4 --ctx-size 2048" in out
     assert "-ngl 0" in out  # dash-valued server flags reach the argv
     # 5 rows x 2 reps = 10 items; A, A', B + 3 passes = 6 sweeps.
-    assert "requests: 60 = 10 items" in out
+    assert "requests: up to 60 = 10 items" in out
     assert "projected" in out and "ETA" in out
 
 

@@ -107,7 +107,7 @@ def run_engine_cell(args: argparse.Namespace, progress: ProgressSink | None = No
         items=expand_reps(workset.items, req.reps), ctx=req.ctx, parallel=req.parallel,
         gate_passes=req.gate_passes, n_predict=req.n_predict, seed=req.seed,
         endpoint=req.endpoint, n_probs=req.n_probs, serial_repeat=req.serial_repeat,
-        req_timeout=req.req_timeout,
+        req_timeout=req.req_timeout, stop_on_red=req.stop_on_red,
     )  # fmt: skip
     out_dir = _out_dir(req.out_dir)
     launcher: ServerLauncher
@@ -138,7 +138,7 @@ def run_engine_cell(args: argparse.Namespace, progress: ProgressSink | None = No
         provenance["model_file"] = {
             "path": str(req.model), "name": req.model.name, "sha256": model_sha,
         }  # fmt: skip
-    run = run_cell(plan, launcher, scorer, progress=progress)
+    run = run_cell(plan, launcher, scorer, progress=progress, policy=req.policy())
     provenance.update(
         engine=engine.name,
         server_flags=list(flags),

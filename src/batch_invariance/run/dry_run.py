@@ -73,11 +73,13 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     )
     if cell.workset is not None:
         n_items = len(cell.workset.items) * req.reps
-        arms = "A, A', B" if req.serial_repeat else "A, B"
+        # An upper bound: A' runs only when B differs from A, and --stop-on-red may end the
+        # C passes early.
+        arms = "A, B, A' if B differs" if req.serial_repeat else "A, B"
         total = n_items * (serial_arm_count(req.serial_repeat) + req.gate_passes)
         lines.append(
-            f"requests: {total} = {n_items} items x ({arms} + {req.gate_passes} C passes of "
-            f"{cell.parallel} workers); endpoint {req.endpoint}; n_predict {req.n_predict}"
+            f"requests: up to {total} = {n_items} items x ({arms} + {req.gate_passes} C passes "
+            f"of {cell.parallel} workers); endpoint {req.endpoint}; n_predict {req.n_predict}"
         )
         eta = eta_seconds(
             cell.gguf.file_size,
