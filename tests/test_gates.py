@@ -106,7 +106,7 @@ def test_f1_fails_closed_with_no_passes() -> None:
 # ----------------------------------------------------------------- F2 floor
 
 
-def _with_failed(n_failed: int, total: int = 20) -> PassRecord:
+def _with_failed(n_failed: int, total: int = 32) -> PassRecord:
     p = concurrent_pass(ids(total), 0)
     trials = dict(p.trials)
     for t in ids(total)[:n_failed]:
@@ -116,13 +116,15 @@ def _with_failed(n_failed: int, total: int = 20) -> PassRecord:
 
 def test_f2_floor_met_at_exactly_80_percent() -> None:
     ev = green_evidence()
-    gate = g.completion_floor_gate(ev.a, [_with_failed(4)], POLICY)
+    a = {t: ev.a[t] for t in ids(20)}
+    gate = g.completion_floor_gate(a, [_with_failed(4, 20)], POLICY)
     assert gate.ok and gate.n_scored == 16 and gate.n_total == 20
 
 
 def test_f2_floor_not_met_below_80_percent() -> None:
     ev = green_evidence()
-    gate = g.completion_floor_gate(ev.a, [_with_failed(5)], POLICY)
+    a = {t: ev.a[t] for t in ids(20)}
+    gate = g.completion_floor_gate(a, [_with_failed(5, 20)], POLICY)
     assert not gate.ok and gate.observed == 0.75
 
 
@@ -144,7 +146,7 @@ def test_required_is_exact_and_at_least_two() -> None:
 
 def test_f3_met_when_all_ids_cobatched() -> None:
     gate = g.coverage_gate(green_evidence().c_passes, POLICY)
-    assert gate.ok and all(p.n_cobatched == 20 for p in gate.per_pass)
+    assert gate.ok and all(p.n_cobatched == 32 for p in gate.per_pass)
 
 
 def test_f3_fails_when_too_few_ids_overlap() -> None:
@@ -194,7 +196,7 @@ def test_transport_gate_met_and_not_met() -> None:
 def test_prompt_cache_gate_met_and_not_met() -> None:
     ev = green_evidence()
     gate = g.prompt_cache_gate(ev)
-    assert gate.ok and "every reported cache_n was 0" in gate.reason
+    assert gate.ok and "every trial reported cache_n 0" in gate.reason
     zero = replace_trial(ev, "B", "t002", replace(ev.b["t002"], timings={"cache_n": 0.0}))
     assert g.prompt_cache_gate(zero).ok
     reused = replace_trial(ev, "A", "t002", replace(ev.a["t002"], timings={"cache_n": 9.0}))

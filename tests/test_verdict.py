@@ -41,8 +41,9 @@ def _ungated(ev: CellEvidence) -> CellEvidence:
 def test_green_when_everything_holds() -> None:
     v = decide(green_evidence(), POLICY)
     assert v.status == "green" and v.divergence_class is None and v.anomaly is None
-    assert v.sensitivity.n_hot_trials == 40
-    assert v.sensitivity.rate_upper_bound_95 == pytest.approx(3 / 40)
+    assert v.sensitivity.n_hot_trials == 64 and v.sensitivity.n_distinct_prompts == 32
+    assert v.sensitivity.rate_upper_bound_95 == pytest.approx(3 / 32)
+    assert v.sensitivity.per_comparison_rate_upper_bound_95 == pytest.approx(3 / 64)
     assert v.sensitivity.observed_rate is None
 
 
@@ -91,12 +92,12 @@ def test_row1_missed_when_ac_is_clean() -> None:
 
 
 def _serial_pass(ev: CellEvidence) -> CellEvidence:
-    serial = {t: make_trial(t, interval=(float(k), k + 0.5)) for k, t in enumerate(ids(20))}
+    serial = {t: make_trial(t, interval=(float(k), k + 0.5)) for k, t in enumerate(ids(32))}
     return replace_pass(ev, 0, trials=serial)
 
 
 def _low_floor(ev: CellEvidence) -> CellEvidence:
-    for t in ids(20)[:5]:  # equal in A and C (no divergence), just not scored
+    for t in ids(32)[:7]:  # equal in A and C (no divergence), just not scored
         ev = replace_trial(ev, "A", t, changed(ev.a[t], failure_mode="empty"))
         for p in ev.c_passes:
             ev = _c(ev, t, p.index, failure_mode="empty")
@@ -153,8 +154,9 @@ def test_row2_run_to_run_is_named_in_divergence_class() -> None:
 
 
 def test_row2_missed_when_gates_hold_and_min_hot_trials_is_policy() -> None:
-    few = green_evidence(n_ids=10, n_passes=2)
-    assert decide(few, GatePolicy(min_hot_trials=20)).status == "green"
+    few = green_evidence(n_ids=32, n_passes=1)
+    assert decide(few, GatePolicy(min_hot_trials=32)).status == "green"
+    assert decide(few, GatePolicy(min_hot_trials=33)).status == "green_unverified"
     assert decide(green_evidence(serial_repeat=False), POLICY).status == "green"
 
 
@@ -196,7 +198,7 @@ def test_row4_token_only_is_amber() -> None:
 
 
 def _with_logprobs(ev: CellEvidence, c_logprob: float) -> CellEvidence:
-    for t in ids(20):
+    for t in ids(32):
         ev = replace_trial(ev, "A", t, changed(ev.a[t], tokens=("1",), token_logprobs=(-0.1,)))
         for p in ev.c_passes:
             ev = _c(ev, t, p.index, tokens=("1",), token_logprobs=(c_logprob,))
@@ -220,12 +222,14 @@ def test_row4_loses_to_row3() -> None:
     assert decide(ev, POLICY).anomaly == "AC_agree_B_disagrees"
 
 
-def test_bc_differences_alone_do_not_change_a_green() -> None:
-    # B and C agree with A, so BC is clean; a token-only BC difference is reported, not gated.
+def test_token_only_b_is_amber_like_token_only_c() -> None:
+    # Invariant fields equal everywhere, but B's content differs from A: as for AC (row 4),
+    # token-only differences of the serial control are AMBER, never GREEN.
     ev = _b(green_evidence(), "t009", completion="b only")
     v = decide(ev, POLICY)
     assert v.reports.bc.n_token_only == 1 and v.reports.ab.n_token_only == 1
-    assert v.status == "green"
+    assert v.status == "green_with_caveat" and v.anomaly == "AC_agree_B_disagrees"
+    assert any("AB token-only differences on 1 id(s)" in r for r in v.decision_reasons)
 
 
 def test_decide_does_not_depend_on_pass_order() -> None:

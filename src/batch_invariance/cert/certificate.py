@@ -38,10 +38,11 @@ from batch_invariance.core.evidence import (
     ItemMeta,
     PassRecord,
     Trial,
+    policy_problems,
 )
 from batch_invariance.core.verdict import Verdict, decide
 
-CERT_VERSION = 1
+CERT_VERSION = 2
 GATE_ABC_UNION = "abc_union"
 SOURCES: tuple[str, ...] = ("live", "mock")
 
@@ -110,6 +111,8 @@ class PolicyRecord(_Model):
     coverage_fraction: float
     overlap_margin_s: float
     logit_eps: float | None
+    min_answer_tokens: int
+    max_bound: float
 
 
 class EvidenceBlock(_Model):
@@ -265,7 +268,9 @@ class SensitivityBlock(_Model):
     n_scored_comparisons: int
     n_ac_divergent: int
     n_ac_divergent_ids: int
+    n_distinct_prompts: int
     rate_upper_bound_95: float | None
+    per_comparison_rate_upper_bound_95: float | None
     observed_rate: float | None
     ci95_low: float | None
     ci95_high: float | None
@@ -281,6 +286,10 @@ class PromotionScope(_Model):
     is_moe: bool | None
     moe_warning: str
     rule_of_three: str
+    answer_tokens_min: int | None
+    answer_tokens_median: int | None
+    answer_tokens_max: int | None
+    share_cut_by_budget: float | None
 
 
 # --------------------------------------------------------------------------- the cert
@@ -289,7 +298,7 @@ class PromotionScope(_Model):
 class Cert(_Model):
     """One cell's cert. See ``docs/output-contract.md`` for every field."""
 
-    cert_version: Literal[1]
+    cert_version: Literal[2]
     tool_version: str
     model: str
     ctx: int
@@ -391,6 +400,8 @@ def _policy_record(policy: GatePolicy) -> dict[str, Any]:
         "coverage_fraction": float(policy.coverage_fraction),
         "overlap_margin_s": float(policy.overlap_margin_s),
         "logit_eps": None if policy.logit_eps is None else float(policy.logit_eps),
+        "min_answer_tokens": policy.min_answer_tokens,
+        "max_bound": float(policy.max_bound),
     }
 
 
@@ -499,12 +510,27 @@ def _rule_of_three_text(verdict: Verdict) -> str:
             f"rate {s.observed_rate:.4g}, exact 95% interval [{s.ci95_low:.4g}, "
             f"{s.ci95_high:.4g}]"
         )
-    if s.rate_upper_bound_95 is None:
+    if s.rate_upper_bound_95 is None or s.per_comparison_rate_upper_bound_95 is None:
         return "no co-batched comparison was scored: no bound on the divergence rate"
     return (
-        f"0 divergences in {s.n_hot_trials} co-batched comparisons: by the rule of three the "
-        f"per-comparison divergence rate is below {s.rate_upper_bound_95:.4g} (about 95% "
-        "confidence); rarer effects can still exist"
+        f"0 divergences over {s.n_distinct_prompts} distinct co-batched prompts: by the rule "
+        f"of three the per-prompt divergence rate is below {s.rate_upper_bound_95:.4g} (about "
+        f"95% confidence); per id x pass comparison ({s.n_hot_trials}, repetitions not "
+        f"independent) below {s.per_comparison_rate_upper_bound_95:.4g}; rarer effects can "
+        "still exist"
+    )
+
+
+def _valid_for(spec: CellSpec, verdict: Verdict) -> str:
+    longest = verdict.gates.length.answer_tokens_max
+    length = (
+        f"; holds for answers up to {longest} tokens"
+        if longest is not None
+        else "; answer length unknown, so it holds for no answer length"
+    )
+    return (
+        f"only model {spec.model} at ctx {spec.ctx} with --parallel {spec.dispatch_n} "
+        f"(KV {spec.kv_label}) on this server build and host{length}"
     )
 
 
@@ -521,7 +547,7 @@ def _moe_warning(is_moe: bool | None) -> str:
 
 
 def _gates_block(
-    verdict: Verdict, spec: CellSpec, source: str, ac: PairReport
+    verdict: Verdict, spec: CellSpec, source: str, ac: PairReport, policy: GatePolicy
 ) -> dict[str, dict[str, Any]]:
     g = verdict.gates
     drift = ac.logit_drift
@@ -535,12 +561,20 @@ def _gates_block(
         }
     else:
         f4 = {"ok": True, "reason": f"F4 armed (eps {drift.eps:g}): no drift beyond eps"}
-    promotable = verdict.status == "green" and source == "live" and spec.gate == GATE_ABC_UNION
+    loose = policy_problems(policy)
+    promotable = (
+        verdict.status == "green"
+        and source == "live"
+        and spec.gate == GATE_ABC_UNION
+        and not loose
+    )
     f5_reason = (
-        "F5 promotable: status green, source live, gate abc_union; valid for this cell only"
+        "F5 promotable: status green, source live, gate abc_union, default-or-stricter "
+        "policy; valid for this cell only"
         if promotable
         else f"F5 not promotable: needs status green (is {verdict.status}), source live "
-        f"(is {source}) and gate {GATE_ABC_UNION} (is {spec.gate})"
+        f"(is {source}), gate {GATE_ABC_UNION} (is {spec.gate}) and a policy no looser "
+        f"than the defaults ({'; '.join(loose) if loose else 'it is'})"
     )
     f0_reason = (
         f"F0 exact match: AC clean on {ac.n_compared} id(s) over every pass"
@@ -556,6 +590,8 @@ def _gates_block(
         "F5": {"ok": promotable, "reason": f5_reason},
         "transport": {"ok": g.transport.ok, "reason": g.transport.reason},
         "min_hot_trials": {"ok": g.sample.ok, "reason": g.sample.reason},
+        "per_prompt_bound": {"ok": g.bound.ok, "reason": g.bound.reason},
+        "answer_length": {"ok": g.length.ok, "reason": g.length.reason},
         "serial_repeat": {"ok": g.serial_repeat.ok, "reason": g.serial_repeat.reason},
         "prompt_cache": {"ok": g.prompt_cache.ok, "reason": g.prompt_cache.reason},
     }
@@ -670,13 +706,15 @@ def build_cert(
             "ids": list(g.serial_repeat.ids),
             "reason": g.serial_repeat.reason,
         },
-        "gates": _gates_block(verdict, spec, source, r.ac),
+        "gates": _gates_block(verdict, spec, source, r.ac, policy),
         "sensitivity": {
             "n_hot_trials": s.n_hot_trials,
             "n_scored_comparisons": s.n_scored_comparisons,
             "n_ac_divergent": s.n_ac_divergent,
             "n_ac_divergent_ids": s.n_ac_divergent_ids,
+            "n_distinct_prompts": s.n_distinct_prompts,
             "rate_upper_bound_95": s.rate_upper_bound_95,
+            "per_comparison_rate_upper_bound_95": s.per_comparison_rate_upper_bound_95,
             "observed_rate": s.observed_rate,
             "ci95_low": s.ci95_low,
             "ci95_high": s.ci95_high,
@@ -686,14 +724,15 @@ def build_cert(
             "ctx": spec.ctx,
             "dispatch_n": spec.dispatch_n,
             "kv_label": spec.kv_label,
-            "valid_for": (
-                f"only model {spec.model} at ctx {spec.ctx} with --parallel {spec.dispatch_n} "
-                f"(KV {spec.kv_label}) on this server build and host"
-            ),
+            "valid_for": _valid_for(spec, verdict),
             "generalizes": False,
             "is_moe": spec.is_moe,
             "moe_warning": _moe_warning(spec.is_moe),
             "rule_of_three": _rule_of_three_text(verdict),
+            "answer_tokens_min": g.length.answer_tokens_min,
+            "answer_tokens_median": g.length.answer_tokens_median,
+            "answer_tokens_max": g.length.answer_tokens_max,
+            "share_cut_by_budget": g.length.share_cut_by_budget,
         },
         "provenance": _json_safe(provenance),
         "evidence": _evidence_block(evidence, policy),
@@ -781,6 +820,8 @@ def policy_from_cert(cert: object) -> GatePolicy:
         coverage_fraction=p.coverage_fraction,
         overlap_margin_s=p.overlap_margin_s,
         logit_eps=p.logit_eps,
+        min_answer_tokens=p.min_answer_tokens,
+        max_bound=p.max_bound,
     )
 
 
@@ -857,6 +898,10 @@ def is_promotable(cert: object, require_gate: str = GATE_ABC_UNION) -> bool:
     raises; a mock cert is never promotable."""
     try:
         c = coerce_cert(cert)
-        return c.gate == require_gate and cert_is_green(c, require_source="live")
+        return (
+            c.gate == require_gate
+            and not policy_problems(policy_from_cert(c))
+            and cert_is_green(c, require_source="live")
+        )
     except Exception:
         return False

@@ -16,13 +16,18 @@ counts as "not met", never as "met".
 * transport - no transport failure in any arm.
 * sample size - at least ``min_hot_trials`` id x pass comparisons genuinely scored in both A
   and the pass, and co-batched in that pass.
+* per-prompt bound - the 95% upper bound on the divergence rate over DISTINCT prompts
+  (work-set rows; repetitions are not independent) at most ``max_bound``.
+* answer length - the median server-reported generated length of the hot comparisons at
+  least ``min_answer_tokens`` (an unknown length fails).
+* prompt cache - every answered trial reported ``cache_n == 0`` (unreported fails).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from batch_invariance.core.evidence import (
@@ -372,33 +377,52 @@ class PromptCacheGate:
     counts: Mapping[str, int]
     ids: tuple[str, ...]
     reason: str
+    #: Answered trials per arm label whose server reported no ``cache_n`` at all.
+    unreported: Mapping[str, int] = field(default_factory=dict)
 
 
 def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
-    """Every request must have evaluated its whole prompt (``cache_n == 0`` wherever the
-    server reports it). A reused KV prefix means the arms did not compute the same thing, so
-    agreement proves less: GREEN is impossible. Trials whose server reports no ``cache_n``
-    pass (nothing to check)."""
+    """Every answered request must have evaluated its whole prompt: the server reported
+    ``cache_n == 0``. A reused KV prefix means the arms did not compute the same thing, and a
+    server that does not report ``cache_n`` leaves that unproven; either makes GREEN
+    impossible. Transport failures are left to the transport gate."""
     counts: dict[str, int] = {}
+    unreported: dict[str, int] = {}
     ids: set[str] = set()
     for label, trials in _arms(evidence):
         for test_id, t in trials.items():
+            if t.is_transport_failure:
+                continue
             cached = t.timings.get("cache_n")
-            if cached is not None and cached > 0:
+            if cached is None:
+                unreported[label] = unreported.get(label, 0) + 1
+                ids.add(test_id)
+            elif cached != 0:
                 counts[label] = counts.get(label, 0) + 1
                 ids.add(test_id)
-    if not counts:
+    if counts:
+        where = ", ".join(f"{k}: {v}" for k, v in counts.items())
         return PromptCacheGate(
-            True, {}, (), "prompt cache: every reported cache_n was 0 (whole prompts evaluated)"
+            False,
+            counts,
+            tuple(sorted(ids)),
+            f"prompt cache: the server reused cached prompt tokens (cache_n > 0) in {where} "
+            "despite cache_prompt=false, so the arms did not compute the same thing; GREEN is "
+            "impossible",
+            unreported,
         )
-    where = ", ".join(f"{k}: {v}" for k, v in counts.items())
+    if unreported:
+        where = ", ".join(f"{k}: {v}" for k, v in unreported.items())
+        return PromptCacheGate(
+            False,
+            counts,
+            tuple(sorted(ids)),
+            f"prompt cache: the server did not report timings.cache_n for {where} trial(s), "
+            "so a reused prompt cache cannot be ruled out; GREEN is impossible",
+            unreported,
+        )
     return PromptCacheGate(
-        False,
-        counts,
-        tuple(sorted(ids)),
-        f"prompt cache: the server reused cached prompt tokens (cache_n > 0) in {where} "
-        "despite cache_prompt=false, so the arms did not compute the same thing; GREEN is "
-        "impossible",
+        True, {}, (), "prompt cache: every trial reported cache_n 0 (whole prompts evaluated)"
     )
 
 
@@ -440,4 +464,106 @@ def sample_gate(n_hot: int, policy: GatePolicy) -> SampleGate:
         policy.min_hot_trials,
         f"sample size {verb}: {n_hot} co-batched id x pass comparisons scored in both A and C "
         f"(need >= {policy.min_hot_trials})",
+    )
+
+
+# --------------------------------------------------------------------------- answer length
+
+
+@dataclass(frozen=True)
+class LengthGate:
+    """How long the compared answers were: a GREEN holds only for the length measured.
+
+    Each hot comparison counts the shorter of its two server-reported generated-token counts
+    (A and the C pass): beyond that, nothing was compared.
+    """
+
+    ok: bool
+    min_answer_tokens: int
+    n_measured: int
+    #: Hot comparisons where A or C reported no generated-token count.
+    n_unknown: int
+    answer_tokens_min: int | None
+    #: The lower median (an integer, never rounded up).
+    answer_tokens_median: int | None
+    answer_tokens_max: int | None
+    #: Share of hot comparisons where the token budget cut A or C (finish_reason "length").
+    share_cut_by_budget: float | None
+    reason: str
+
+
+def length_gate(
+    a: Mapping[str, Trial],
+    passes: Sequence[PassRecord],
+    hot: Sequence[tuple[int, str]],
+    policy: GatePolicy,
+) -> LengthGate:
+    """The median generated length of the hot comparisons must reach ``min_answer_tokens``;
+    an unknown length (the server reported no count) fails closed."""
+    by_index = {p.index: p.trials for p in passes}
+    lengths: list[int] = []
+    unknown = cut = 0
+    for index, test_id in hot:
+        at, ct = a[test_id], by_index[index][test_id]
+        if at.cut_by_budget or ct.cut_by_budget:
+            cut += 1
+        if at.generated_tokens is None or ct.generated_tokens is None:
+            unknown += 1
+        else:
+            lengths.append(min(at.generated_tokens, ct.generated_tokens))
+    floor = policy.min_answer_tokens
+    share = cut / len(hot) if hot else None
+    if not lengths:
+        return LengthGate(
+            False, floor, 0, unknown, None, None, None, share,
+            f"answer length not met: no hot comparison has a server-reported generated-token "
+            f"count, so the length measured is unknown (need a median >= {floor} tokens)",
+        )  # fmt: skip
+    lengths.sort()
+    low, median, high = lengths[0], lengths[(len(lengths) - 1) // 2], lengths[-1]
+    cut_text = f"{share:.0%} cut by the token budget" if share is not None else ""
+    if unknown:
+        return LengthGate(
+            False, floor, len(lengths), unknown, low, median, high, share,
+            f"answer length not met: {unknown} hot comparison(s) have no server-reported "
+            "generated-token count, so the length measured is unknown",
+        )  # fmt: skip
+    ok = median >= floor
+    verb = "met" if ok else "not met"
+    return LengthGate(
+        ok, floor, len(lengths), 0, low, median, high, share,
+        f"answer length {verb}: median {median} generated tokens over {len(lengths)} hot "
+        f"comparisons (min {low}, max {high}, {cut_text}; need a median >= {floor})",
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- per-prompt bound
+
+
+@dataclass(frozen=True)
+class BoundGate:
+    """The 95% upper bound on the per-prompt divergence rate must be small enough."""
+
+    ok: bool
+    n_distinct_prompts: int
+    bound: float | None
+    max_bound: float
+    reason: str
+
+
+def bound_gate(n_distinct: int, bound: float | None, policy: GatePolicy) -> BoundGate:
+    """``bound`` (over distinct prompts) at or below ``max_bound``; no bound fails."""
+    limit = policy.max_bound
+    ok = bound is not None and _fraction(bound) <= _fraction(limit)
+    verb = "met" if ok else "not met"
+    shown = "none" if bound is None else f"{bound:.4g}"
+    return BoundGate(
+        ok,
+        n_distinct,
+        bound,
+        limit,
+        f"per-prompt bound {verb}: 95% upper bound {shown} on the divergence rate from "
+        f"{n_distinct} distinct co-batched prompt(s) (need <= {limit:g}, i.e. >= "
+        f"{math.ceil(Fraction(3) / _fraction(limit)) if limit > 0 else 'infinitely many'} distinct prompts, "
+        "none diverging; repetitions of a prompt are not independent)",
     )
