@@ -24,7 +24,13 @@ from typing import Any, Literal
 
 from batch_invariance import __version__, exitcodes
 from batch_invariance.cert.certificate import display_verdict, is_promotable
-from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.evidence import (
+    DEFAULT_MAX_BOUND,
+    DEFAULT_MIN_ANSWER_TOKENS,
+    DEFAULT_MIN_HOT_TRIALS,
+    CellSpec,
+    GatePolicy,
+)
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines import host as hostinfo
 from batch_invariance.engines import memory, ports
@@ -214,7 +220,6 @@ def check_numbers(args: argparse.Namespace) -> None:
         ("--gate-passes", args.gate_passes),
         ("--reps", args.reps),
         ("--n-predict", args.n_predict),
-        ("--min-hot-trials", args.min_hot_trials),
     ):
         if value < 1:
             raise UsageError(f"{name} must be at least 1 (got {value})")
@@ -228,6 +233,7 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"{name} must be positive (got {fvalue})")
     if args.max_footprint_gb is not None and args.max_footprint_gb <= 0:
         raise UsageError("--max-footprint-gb must be positive")
+    policy_from_args(args)  # the policy options too, before anything is provisioned
 
 
 def cell_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -249,11 +255,47 @@ def cell_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def add_policy_options(p: argparse.ArgumentParser) -> None:
+    """The gate-policy options of run-live, demo and run-mock. Stricter than the defaults is
+    always allowed; looser is accepted but the cert is never promotable."""
+    p.add_argument(
+        "--min-hot-trials",
+        type=int,
+        default=DEFAULT_MIN_HOT_TRIALS,
+        help=f"GREEN needs this many co-batched comparisons (default {DEFAULT_MIN_HOT_TRIALS}; "
+        "lower is never promotable)",
+    )
+    p.add_argument(
+        "--min-answer-tokens",
+        type=int,
+        default=DEFAULT_MIN_ANSWER_TOKENS,
+        help="GREEN needs a median generated length of at least this many tokens (default "
+        f"{DEFAULT_MIN_ANSWER_TOKENS}; lower is never promotable)",
+    )
+    p.add_argument(
+        "--max-bound",
+        type=float,
+        default=DEFAULT_MAX_BOUND,
+        help="GREEN needs the 95%% upper bound on the per-prompt divergence rate at or below "
+        f"this (default {DEFAULT_MAX_BOUND:g}, i.e. >= 30 distinct prompts; higher is never "
+        "promotable)",
+    )
+
+
 def policy_from_args(args: argparse.Namespace) -> GatePolicy:
     """The gate policy the options ask for (F4 armed only with ``--n-probs``)."""
+    if args.min_hot_trials < 1:
+        raise UsageError(f"--min-hot-trials must be at least 1 (got {args.min_hot_trials})")
+    if args.min_answer_tokens < 1:
+        raise UsageError(f"--min-answer-tokens must be at least 1 (got {args.min_answer_tokens})")
+    if not 0.0 < args.max_bound <= 1.0:
+        raise UsageError(f"--max-bound must be a rate in (0, 1] (got {args.max_bound:g})")
+    n_probs = getattr(args, "n_probs", None)
     return GatePolicy(
         min_hot_trials=args.min_hot_trials,
-        logit_eps=args.logit_eps if args.n_probs is not None else None,
+        logit_eps=args.logit_eps if n_probs is not None else None,
+        min_answer_tokens=args.min_answer_tokens,
+        max_bound=args.max_bound,
     )
 
 
@@ -617,7 +659,7 @@ def add_cell_options(p: argparse.ArgumentParser, *, defaults: Mapping[str, Any])
         default=DEFAULT_LOGIT_EPS,
         help=f"F4 drift threshold with --n-probs (default {DEFAULT_LOGIT_EPS})",
     )
-    p.add_argument("--min-hot-trials", type=int, default=30, help="GREEN needs this many")
+    add_policy_options(p)
     p.add_argument("--max-footprint-gb", type=float, default=None, help="memory cap (GiB)")
     p.add_argument("--req-timeout", type=float, default=DEFAULT_REQ_TIMEOUT, help="seconds")
     p.add_argument(
