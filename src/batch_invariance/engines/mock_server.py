@@ -105,8 +105,10 @@ NOTE_EXTRA_WORDS = 24
 
 def note_for(text: str) -> str:
     """A deterministic note of filler words for an open prompt, one token per word and no
-    final punctuation (so a first-line scorer and exact match read the same answer)."""
-    stream = hashlib.sha256(text.encode()).digest()
+    final punctuation (so a first-line scorer and exact match read the same answer). Chat
+    markup is ignored: the same question gets the same note through either endpoint."""
+    question = re.sub(r"<start_of_turn>\w*\n|<end_of_turn>\n?", "", text).strip()
+    stream = hashlib.sha256(question.encode()).digest()
     while len(stream) < 1 + NOTE_MIN_WORDS + NOTE_EXTRA_WORDS:
         stream += hashlib.sha256(stream).digest()
     n_words = NOTE_MIN_WORDS + stream[0] % NOTE_EXTRA_WORDS
