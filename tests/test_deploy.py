@@ -152,7 +152,7 @@ def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Pat
     ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
     with resources.as_file(ref) as path:
         workset = load_workset(path)
-    plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=32)
+    plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=128)
     # A test-only fake that claims to spawn real servers is the only way to get a promotable
     # cert without a batch-invariant live server. The verdict is still the core's.
     launcher = _claims_live_launcher() if source == "live" else MockLauncher(MockKnobs())

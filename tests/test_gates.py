@@ -202,6 +202,13 @@ def test_prompt_cache_gate_met_and_not_met() -> None:
     reused = replace_trial(ev, "A", "t002", replace(ev.a["t002"], timings={"cache_n": 9.0}))
     bad = g.prompt_cache_gate(reused)
     assert not bad.ok and bad.counts == {"A": 1} and bad.ids == ("t002",)
+    silent = replace_trial(ev, "B", "t003", replace(ev.b["t003"], timings={}))
+    unreported = g.prompt_cache_gate(silent)
+    assert not unreported.ok and unreported.unreported == {"B": 1}
+    assert "did not report timings.cache_n" in unreported.reason
+    # A transport failure has no timings: the transport gate owns it, not this one.
+    lost = replace_trial(ev, "C", "t001", transport_failure("t001", "timeout", (100.0, 101.0)))
+    assert g.prompt_cache_gate(lost).ok
 
 
 def test_hot_trials_need_ok_in_both_and_cobatched() -> None:
@@ -215,3 +222,34 @@ def test_sample_gate_met_and_not_met() -> None:
     assert g.sample_gate(30, POLICY).ok
     assert not g.sample_gate(29, POLICY).ok
     assert not g.sample_gate(0, GatePolicy(min_hot_trials=0)).ok
+
+
+# ----------------------------------------------------------------- per-prompt bound, length
+
+
+def test_bound_gate_is_exact_at_the_limit_and_fails_closed_without_a_bound() -> None:
+    assert g.bound_gate(30, 3 / 30, POLICY).ok
+    assert not g.bound_gate(29, 3 / 29, POLICY).ok
+    gate = g.bound_gate(0, None, POLICY)
+    assert not gate.ok and "bound none" in gate.reason and ">= 30 distinct prompts" in gate.reason
+
+
+def test_length_gate_uses_lower_median_and_counts_budget_cuts() -> None:
+    ev = green_evidence(n_ids=4, n_passes=1)
+    p = ev.c_passes[0]
+    lengths = {"t000": 10, "t001": 70, "t002": 90, "t003": 100}
+    a = {k: changed(t, completion_tokens=lengths[k]) for k, t in ev.a.items()}
+    trials = dict(p.trials)
+    trials["t003"] = changed(trials["t003"], finish_reason="length")
+    hot = tuple((0, k) for k in sorted(lengths))
+    gate = g.length_gate(a, [replace(p, trials=trials)], hot, POLICY)
+    # C answered 80 tokens each: the shorter side counts (10, 70, 80, 80), lower median 70.
+    assert (gate.answer_tokens_min, gate.answer_tokens_median, gate.answer_tokens_max) == (
+        10,
+        70,
+        80,
+    )
+    assert gate.ok and gate.share_cut_by_budget == 0.25
+    assert not g.length_gate(a, [p], hot, GatePolicy(min_answer_tokens=71)).ok
+    empty = g.length_gate(a, [p], (), POLICY)
+    assert not empty.ok and empty.answer_tokens_median is None

@@ -154,12 +154,17 @@ def build_reports(evidence: CellEvidence, policy: GatePolicy) -> Reports:
     )
 
 
+def _both_present(report: PairReport) -> int:
+    """Ids the report compared with a trial on both sides (a missing id repeats nothing)."""
+    return report.n_compared - len(set(report.only_x) | set(report.only_y))
+
+
 def serial_repeat_gate(aa: PairReport | None, ab: PairReport) -> SerialRepeatGate:
     """A GREEN needs a serial repeat that agrees with A: A' (same server) or, when A' was not
     run, arm B (serial, on the other server). Any A vs A' difference makes GREEN impossible;
     so does having neither repeat. (A B that disagrees with A is row 3, AMBER.)"""
     if aa is None:
-        if ab.n_compared == 0:
+        if _both_present(ab) == 0:
             return SerialRepeatGate(
                 False, False, 0, 0, (),
                 "serial repeat not met: neither A' nor B compared any id with A, so nothing "
@@ -167,10 +172,10 @@ def serial_repeat_gate(aa: PairReport | None, ab: PairReport) -> SerialRepeatGat
             )  # fmt: skip
         return SerialRepeatGate(
             False, True, 0, 0, (),
-            f"serial repeat A' not run; arm B (serial) is the repeat ({ab.n_compared} id(s))",
+            f"serial repeat A' not run; arm B (serial) is the repeat ({_both_present(ab)} id(s))",
         )  # fmt: skip
     ids = tuple(sorted(set(aa.divergent_ids) | set(aa.token_divergence_ids)))
-    if aa.n_compared == 0:
+    if _both_present(aa) == 0:
         return SerialRepeatGate(
             True, False, 0, 0, (), "serial repeat not met: A' compared no id with A"
         )
