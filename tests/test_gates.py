@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from batch_invariance.core import gates as g
+from batch_invariance.core import sample
 from batch_invariance.core.evidence import GatePolicy, PassRecord
 from factories import (
     changed,
@@ -213,24 +214,24 @@ def test_prompt_cache_gate_met_and_not_met() -> None:
 
 def test_hot_trials_need_ok_in_both_and_cobatched() -> None:
     ev = green_evidence(n_ids=10, n_passes=2)
-    assert len(g.hot_trials(ev.a, ev.c_passes, 0.005)) == 20
+    assert len(sample.hot_trials(ev.a, ev.c_passes, 0.005)) == 20
     ev2 = replace_trial(ev, "A", "t000", changed(ev.a["t000"], failure_mode="empty"))
-    assert len(g.hot_trials(ev2.a, ev2.c_passes, 0.005)) == 18
+    assert len(sample.hot_trials(ev2.a, ev2.c_passes, 0.005)) == 18
 
 
 def test_sample_gate_met_and_not_met() -> None:
-    assert g.sample_gate(30, POLICY).ok
-    assert not g.sample_gate(29, POLICY).ok
-    assert not g.sample_gate(0, GatePolicy(min_hot_trials=0)).ok
+    assert sample.sample_gate(30, POLICY).ok
+    assert not sample.sample_gate(29, POLICY).ok
+    assert not sample.sample_gate(0, GatePolicy(min_hot_trials=0)).ok
 
 
 # ----------------------------------------------------------------- per-prompt bound, length
 
 
 def test_bound_gate_is_exact_at_the_limit_and_fails_closed_without_a_bound() -> None:
-    assert g.bound_gate(30, 3 / 30, POLICY).ok
-    assert not g.bound_gate(29, 3 / 29, POLICY).ok
-    gate = g.bound_gate(0, None, POLICY)
+    assert sample.bound_gate(30, 3 / 30, POLICY).ok
+    assert not sample.bound_gate(29, 3 / 29, POLICY).ok
+    gate = sample.bound_gate(0, None, POLICY)
     assert not gate.ok and "bound none" in gate.reason and ">= 30 distinct prompts" in gate.reason
 
 
@@ -242,7 +243,7 @@ def test_length_gate_uses_lower_median_and_counts_budget_cuts() -> None:
     trials = dict(p.trials)
     trials["t003"] = changed(trials["t003"], finish_reason="length")
     hot = tuple((0, k) for k in sorted(lengths))
-    gate = g.length_gate(a, [replace(p, trials=trials)], hot, POLICY)
+    gate = sample.length_gate(a, [replace(p, trials=trials)], hot, POLICY)
     # C answered 80 tokens each: the shorter side counts (10, 70, 80, 80), lower median 70.
     assert (gate.answer_tokens_min, gate.answer_tokens_median, gate.answer_tokens_max) == (
         10,
@@ -250,6 +251,6 @@ def test_length_gate_uses_lower_median_and_counts_budget_cuts() -> None:
         80,
     )
     assert gate.ok and gate.share_cut_by_budget == 0.25
-    assert not g.length_gate(a, [p], hot, GatePolicy(min_answer_tokens=71)).ok
-    empty = g.length_gate(a, [p], (), POLICY)
+    assert not sample.length_gate(a, [p], hot, GatePolicy(min_answer_tokens=71)).ok
+    empty = sample.length_gate(a, [p], (), POLICY)
     assert not empty.ok and empty.answer_tokens_median is None

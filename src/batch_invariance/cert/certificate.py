@@ -563,10 +563,7 @@ def _gates_block(
         f4 = {"ok": True, "reason": f"F4 armed (eps {drift.eps:g}): no drift beyond eps"}
     loose = policy_problems(policy)
     promotable = (
-        verdict.status == "green"
-        and source == "live"
-        and spec.gate == GATE_ABC_UNION
-        and not loose
+        verdict.status == "green" and source == "live" and spec.gate == GATE_ABC_UNION and not loose
     )
     f5_reason = (
         "F5 promotable: status green, source live, gate abc_union, default-or-stricter "

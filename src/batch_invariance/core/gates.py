@@ -14,13 +14,10 @@ counts as "not met", never as "met".
   ``max(2, ceil(coverage_fraction x ids))`` ids overlap another request of the pass by at
   least ``overlap_margin_s``; any trial without an interval fails the pass.
 * transport - no transport failure in any arm.
-* sample size - at least ``min_hot_trials`` id x pass comparisons genuinely scored in both A
-  and the pass, and co-batched in that pass.
-* per-prompt bound - the 95% upper bound on the divergence rate over DISTINCT prompts
-  (work-set rows; repetitions are not independent) at most ``max_bound``.
-* answer length - the median server-reported generated length of the hot comparisons at
-  least ``min_answer_tokens`` (an unknown length fails).
 * prompt cache - every answered trial reported ``cache_n == 0`` (unreported fails).
+
+How much a clean result covers (sample size, per-prompt bound, answer length) is in
+:mod:`batch_invariance.core.sample`.
 """
 
 from __future__ import annotations
@@ -45,7 +42,7 @@ from batch_invariance.core.evidence import (
 REQUIRED_DEPTH = 2
 
 
-def _fraction(value: float) -> Fraction:
+def exact_fraction(value: float) -> Fraction:
     """An exact fraction for a policy threshold (0.8 is 4/5, not 0.8000000000000000444)."""
     return Fraction(repr(float(value)))
 
@@ -221,7 +218,7 @@ def completion_floor_gate(
     if total == 0:
         return FloorGate(False, required, None, 0, 0, "F2 completion floor not met: no trials")
     observed = scored / total
-    ok = Fraction(scored, total) >= _fraction(required)
+    ok = Fraction(scored, total) >= exact_fraction(required)
     verb = "met" if ok else "not met"
     return FloorGate(
         ok,
@@ -258,7 +255,7 @@ class CoverageGate:
 
 def required_cobatched(n_ids: int, fraction: float) -> int:
     """``max(2, ceil(fraction x n_ids))``, computed exactly."""
-    return max(REQUIRED_DEPTH, math.ceil(_fraction(fraction) * n_ids))
+    return max(REQUIRED_DEPTH, math.ceil(exact_fraction(fraction) * n_ids))
 
 
 def cobatched_by_pass(passes: Sequence[PassRecord], margin: float) -> dict[int, frozenset[str]]:
@@ -423,147 +420,4 @@ def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
         )
     return PromptCacheGate(
         True, {}, (), "prompt cache: every trial reported cache_n 0 (whole prompts evaluated)"
-    )
-
-
-# --------------------------------------------------------------------------- sample size
-
-
-@dataclass(frozen=True)
-class SampleGate:
-    ok: bool
-    n_hot_trials: int
-    min_hot_trials: int
-    reason: str
-
-
-def hot_trials(
-    a: Mapping[str, Trial],
-    passes: Sequence[PassRecord],
-    margin: float,
-    cobatched: Mapping[int, frozenset[str]] | None = None,
-) -> tuple[tuple[int, str], ...]:
-    """(pass, id) comparisons scored ``ok`` in A and in the pass and co-batched in it."""
-    co_sets = cobatched if cobatched is not None else cobatched_by_pass(passes, margin)
-    hot: list[tuple[int, str]] = []
-    for p in passes:
-        for test_id in co_sets[p.index]:
-            at, ct = a.get(test_id), p.trials.get(test_id)
-            if at is not None and ct is not None and at.is_ok and ct.is_ok:
-                hot.append((p.index, test_id))
-    return tuple(sorted(hot))
-
-
-def sample_gate(n_hot: int, policy: GatePolicy) -> SampleGate:
-    """At least ``min_hot_trials`` hot comparisons."""
-    ok = n_hot >= policy.min_hot_trials and n_hot > 0
-    verb = "met" if ok else "not met"
-    return SampleGate(
-        ok,
-        n_hot,
-        policy.min_hot_trials,
-        f"sample size {verb}: {n_hot} co-batched id x pass comparisons scored in both A and C "
-        f"(need >= {policy.min_hot_trials})",
-    )
-
-
-# --------------------------------------------------------------------------- answer length
-
-
-@dataclass(frozen=True)
-class LengthGate:
-    """How long the compared answers were: a GREEN holds only for the length measured.
-
-    Each hot comparison counts the shorter of its two server-reported generated-token counts
-    (A and the C pass): beyond that, nothing was compared.
-    """
-
-    ok: bool
-    min_answer_tokens: int
-    n_measured: int
-    #: Hot comparisons where A or C reported no generated-token count.
-    n_unknown: int
-    answer_tokens_min: int | None
-    #: The lower median (an integer, never rounded up).
-    answer_tokens_median: int | None
-    answer_tokens_max: int | None
-    #: Share of hot comparisons where the token budget cut A or C (finish_reason "length").
-    share_cut_by_budget: float | None
-    reason: str
-
-
-def length_gate(
-    a: Mapping[str, Trial],
-    passes: Sequence[PassRecord],
-    hot: Sequence[tuple[int, str]],
-    policy: GatePolicy,
-) -> LengthGate:
-    """The median generated length of the hot comparisons must reach ``min_answer_tokens``;
-    an unknown length (the server reported no count) fails closed."""
-    by_index = {p.index: p.trials for p in passes}
-    lengths: list[int] = []
-    unknown = cut = 0
-    for index, test_id in hot:
-        at, ct = a[test_id], by_index[index][test_id]
-        if at.cut_by_budget or ct.cut_by_budget:
-            cut += 1
-        if at.generated_tokens is None or ct.generated_tokens is None:
-            unknown += 1
-        else:
-            lengths.append(min(at.generated_tokens, ct.generated_tokens))
-    floor = policy.min_answer_tokens
-    share = cut / len(hot) if hot else None
-    if not lengths:
-        return LengthGate(
-            False, floor, 0, unknown, None, None, None, share,
-            f"answer length not met: no hot comparison has a server-reported generated-token "
-            f"count, so the length measured is unknown (need a median >= {floor} tokens)",
-        )  # fmt: skip
-    lengths.sort()
-    low, median, high = lengths[0], lengths[(len(lengths) - 1) // 2], lengths[-1]
-    cut_text = f"{share:.0%} cut by the token budget" if share is not None else ""
-    if unknown:
-        return LengthGate(
-            False, floor, len(lengths), unknown, low, median, high, share,
-            f"answer length not met: {unknown} hot comparison(s) have no server-reported "
-            "generated-token count, so the length measured is unknown",
-        )  # fmt: skip
-    ok = median >= floor
-    verb = "met" if ok else "not met"
-    return LengthGate(
-        ok, floor, len(lengths), 0, low, median, high, share,
-        f"answer length {verb}: median {median} generated tokens over {len(lengths)} hot "
-        f"comparisons (min {low}, max {high}, {cut_text}; need a median >= {floor})",
-    )  # fmt: skip
-
-
-# --------------------------------------------------------------------------- per-prompt bound
-
-
-@dataclass(frozen=True)
-class BoundGate:
-    """The 95% upper bound on the per-prompt divergence rate must be small enough."""
-
-    ok: bool
-    n_distinct_prompts: int
-    bound: float | None
-    max_bound: float
-    reason: str
-
-
-def bound_gate(n_distinct: int, bound: float | None, policy: GatePolicy) -> BoundGate:
-    """``bound`` (over distinct prompts) at or below ``max_bound``; no bound fails."""
-    limit = policy.max_bound
-    ok = bound is not None and _fraction(bound) <= _fraction(limit)
-    verb = "met" if ok else "not met"
-    shown = "none" if bound is None else f"{bound:.4g}"
-    return BoundGate(
-        ok,
-        n_distinct,
-        bound,
-        limit,
-        f"per-prompt bound {verb}: 95% upper bound {shown} on the divergence rate from "
-        f"{n_distinct} distinct co-batched prompt(s) (need <= {limit:g}, i.e. >= "
-        f"{math.ceil(Fraction(3) / _fraction(limit)) if limit > 0 else 'infinitely many'} distinct prompts, "
-        "none diverging; repetitions of a prompt are not independent)",
     )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from batch_invariance.core import gates as g
+from batch_invariance.core import sample as sg
 from batch_invariance.core import stats
 from batch_invariance.core.diff import PairReport, compare, diff_pair
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
@@ -88,9 +89,9 @@ class Gates:
     floor: g.FloorGate
     coverage: g.CoverageGate
     transport: g.TransportGate
-    sample: g.SampleGate
-    bound: g.BoundGate
-    length: g.LengthGate
+    sample: sg.SampleGate
+    bound: sg.BoundGate
+    length: sg.LengthGate
     serial_repeat: SerialRepeatGate
     prompt_cache: g.PromptCacheGate
 
@@ -248,16 +249,16 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     reports = build_reports(evidence, policy)
     margin = policy.overlap_margin_s
     co_sets = g.cobatched_by_pass(evidence.c_passes, margin)
-    hot = g.hot_trials(evidence.a, evidence.c_passes, margin, co_sets)
+    hot = sg.hot_trials(evidence.a, evidence.c_passes, margin, co_sets)
     sens = sensitivity(hot, reports.ac)
     gates = Gates(
         overlap=g.overlap_gate(evidence.c_passes),
         floor=g.completion_floor_gate(evidence.a, evidence.c_passes, policy),
         coverage=g.coverage_gate(evidence.c_passes, policy, co_sets),
         transport=g.transport_gate(evidence),
-        sample=g.sample_gate(len(hot), policy),
-        bound=g.bound_gate(sens.n_distinct_prompts, sens.rate_upper_bound_95, policy),
-        length=g.length_gate(evidence.a, evidence.c_passes, hot, policy),
+        sample=sg.sample_gate(len(hot), policy),
+        bound=sg.bound_gate(sens.n_distinct_prompts, sens.rate_upper_bound_95, policy),
+        length=sg.length_gate(evidence.a, evidence.c_passes, hot, policy),
         serial_repeat=serial_repeat_gate(reports.aa, reports.ab),
         prompt_cache=g.prompt_cache_gate(evidence),
     )

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
 #: Repetitions of one work-set row get ids ``{row id}{REP_SEPARATOR}{k}``.
 REP_SEPARATOR = "#r"
 
