@@ -158,3 +158,27 @@ def test_policy_options_are_validated(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert "--max-bound must be a rate in (0, 1]" in err and "--min-answer-tokens" in err
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_scorer_returning_nan_or_inf_gives_scorer_error_and_the_cell_still_gets_a_cert(
+    tmp_path: Path,
+) -> None:
+    scorer = tmp_path / "odd_scorer.py"
+    scorer.write_text(
+        "import math\n"
+        "def odd(text, expected, *, item):\n"
+        "    if item.test_id == 'n1':\n"
+        "        return math.nan, True, 'ok'\n"
+        "    if item.test_id == 'n2':\n"
+        "        return -math.inf, False, 'ok'\n"
+        "    return 1.0, True, 'ok'\n"
+    )
+    notes = str(_notes(tmp_path / "w4.json", 4))
+    code, data = _run(
+        tmp_path, "--workset", notes, "--gate-passes", "1", "--scorer", f"{scorer}:odd"
+    )
+    assert code == 3 and data["status"] == "green_unverified"
+    for arm in (data["evidence"]["a"], data["evidence"]["c_passes"][0]["trials"]):
+        assert arm["n1"]["failure_mode"] == "scorer_error" and arm["n1"]["score"] is None
+        assert arm["n2"]["failure_mode"] == "scorer_error"
+        assert arm["n0"]["failure_mode"] == "ok"
