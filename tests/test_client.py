@@ -15,7 +15,7 @@ import requests
 
 from batch_invariance.core.evidence import TRANSPORT_MODES
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines.mock_server import MockKnobs, MockServer
+from batch_invariance.engines.mock import MockKnobs, MockServer
 from batch_invariance.errors import InfraError
 from batch_invariance.run.transport import (
     CHAT_PATH,

@@ -144,7 +144,7 @@ def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Pat
     from importlib import resources
 
     from batch_invariance.core.evidence import CellSpec, GatePolicy
-    from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
+    from batch_invariance.engines.mock import MockKnobs, MockLauncher
     from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
     from batch_invariance.run.workset import load_workset
     from batch_invariance.scorer_api import load_scorer
@@ -165,7 +165,7 @@ def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Pat
 def _claims_live_launcher() -> object:
     from typing import Literal
 
-    from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
+    from batch_invariance.engines.mock import MockKnobs, MockLauncher
 
     class ClaimsLiveLauncher(MockLauncher):
         source: Literal["live", "mock"] = "live"

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines.mock_server import MockKnobs, MockServer
+from batch_invariance.engines.mock import MockKnobs, MockServer
 from batch_invariance.run.dispatch import pass_order, run_concurrent_pass, run_serial
 from batch_invariance.run.transport import RawResponse, RequestTemplate
 

@@ -15,7 +15,7 @@ import pytest
 from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
 from batch_invariance.core.verdict import Verdict, decide
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
+from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
 from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, finish_cell, run_cell
 from batch_invariance.run.progress import Progress

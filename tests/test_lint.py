@@ -51,7 +51,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 def test_workflows_are_present() -> None:
     names = {path.name for path in WORKFLOWS}
     assert "cell.yml" in names
-    assert len(list((REPO / "examples" / "workflows").glob("*.yml"))) == 3
+    assert len(list((REPO / "examples" / "workflows").glob("*.yml"))) == 4
 
 
 def test_actionlint() -> None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import requests
 
-from batch_invariance.engines.mock_server import (
+from batch_invariance.engines.mock import (
     MockKnobs,
     MockLauncher,
     MockServer,

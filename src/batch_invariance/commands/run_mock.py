@@ -2,7 +2,7 @@
 
 The same :func:`~batch_invariance.run.cell.run_cell` /
 :func:`~batch_invariance.run.cell.finish_cell` path as a live run, with
-:class:`~batch_invariance.engines.mock_server.MockLauncher` in place of real
+:class:`~batch_invariance.engines.mock.MockLauncher` in place of real
 ``llama-server`` processes. The verdict is really computed: the default mock is batch-invariant
 and should earn GREEN; ``--batch-divergence`` makes co-batched requests change their answers and
 should earn RED. The cert says ``source: mock`` and is never promotable, so the exit code is
@@ -21,7 +21,7 @@ from batch_invariance import __version__, exitcodes
 from batch_invariance.cert.certificate import display_verdict
 from batch_invariance.commands.run_live import add_policy_options, policy_from_args
 from batch_invariance.core.evidence import CellSpec
-from batch_invariance.engines.mock_server import MockKnobs, MockLauncher
+from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
 from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
 from batch_invariance.run.progress import Progress

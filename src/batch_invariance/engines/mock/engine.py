@@ -1,0 +1,265 @@
+"""The mock's slot engine: ``parallel`` real concurrent slots behind a loopback HTTP server.
+
+A request holds a slot while it "generates" with a per-token delay, and requests beyond N wait
+for a free slot, so concurrent requests genuinely overlap and ``/slots`` shows it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+from batch_invariance.engines.mock.http import MockHandler
+from batch_invariance.engines.mock.knobs import Busy, Generation, MockKnobs, MockStats
+from batch_invariance.engines.mock.oracle import answer_for, diverged_answer, resplit, tokenize
+from batch_invariance.errors import InfraError
+
+
+@dataclass
+class _Slot:
+    index: int
+    processing: bool = False
+    id_task: int | None = None
+
+
+class MockServer:
+    """A loopback llama-server look-alike with ``parallel`` real concurrent slots.
+
+    Use as a context manager; ``base_url`` is valid inside it. ``check_alive`` raises
+    :class:`InfraError` once it has stopped.
+    """
+
+    def __init__(self, parallel: int = 1, ctx: int = 2048, knobs: MockKnobs | None = None) -> None:
+        if parallel < 1:
+            raise ValueError("parallel must be >= 1")
+        self.parallel = parallel
+        self.ctx = ctx
+        self.knobs = knobs or MockKnobs()
+        self.stats = MockStats()
+        self._slots = [_Slot(i) for i in range(parallel)]
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._rng = random.Random(f"mock:{self.knobs.seed}")
+        self._next_task = 0
+        self._started_at = 0.0
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._prompt_tokens_total = 0
+        self._predicted_tokens_total = 0
+        self._answered = 0
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> MockServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        server = self
+
+        class Handler(MockHandler):
+            mock = server
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        httpd.daemon_threads = True
+        self._httpd = httpd
+        self._started_at = time.monotonic()
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+            name="bi-mock-server",
+        )  # fmt: skip
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop.set()
+            self._cond.notify_all()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("mock server not started")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def check_alive(self) -> None:
+        if self._httpd is None or self._stop.is_set():
+            raise InfraError("mock server has stopped")
+
+    @property
+    def dead(self) -> bool:
+        """True once the server stopped (closed, or died by the ``die_after_requests`` knob)."""
+        return self._stop.is_set()
+
+    def count_answer(self) -> None:
+        """Count one answered completion; past ``die_after_requests`` the server dies."""
+        limit = self.knobs.die_after_requests
+        with self._cond:
+            self._answered += 1
+            dying = limit is not None and self._answered >= limit and not self._stop.is_set()
+            if dying:
+                self._stop.set()
+                self._cond.notify_all()
+        if dying and self._httpd is not None:
+            # Stop listening from another thread (shutdown() waits for serve_forever()).
+            threading.Thread(target=self._die, daemon=True).start()
+
+    def _die(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    @property
+    def loading(self) -> bool:
+        return time.monotonic() - self._started_at < self.knobs.loading_delay_s
+
+    # ----- state views -----------------------------------------------------------------------
+
+    def busy_count(self) -> int:
+        with self._cond:
+            return sum(1 for s in self._slots if s.processing)
+
+    def slots_json(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return [
+                {
+                    "id": s.index,
+                    "id_task": s.id_task if s.id_task is not None else -1,
+                    "n_ctx": self.ctx,
+                    "speculative": False,
+                    "is_processing": s.processing,
+                }
+                for s in self._slots
+            ]
+
+    def metrics_text(self) -> str:
+        busy = self.busy_count()
+        lines = [
+            "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.",
+            "# TYPE llamacpp:prompt_tokens_total counter",
+            f"llamacpp:prompt_tokens_total {self._prompt_tokens_total}",
+            "# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.",
+            "# TYPE llamacpp:tokens_predicted_total counter",
+            f"llamacpp:tokens_predicted_total {self._predicted_tokens_total}",
+            "# HELP llamacpp:requests_processing Number of requests processing.",
+            "# TYPE llamacpp:requests_processing gauge",
+            f"llamacpp:requests_processing {busy}",
+            "# HELP llamacpp:requests_deferred Number of requests deferred.",
+            "# TYPE llamacpp:requests_deferred gauge",
+            "llamacpp:requests_deferred 0",
+        ]
+        return "\n".join(lines) + "\n"
+
+    # ----- generation ------------------------------------------------------------------------
+
+    def _acquire(self) -> _Slot:
+        with self._cond:
+            busy = sum(1 for s in self._slots if s.processing)
+            k = self.knobs.http_error_min_busy
+            if k is not None and busy >= k:
+                self.stats.refused += 1
+                raise Busy
+            while True:
+                if self._stop.is_set():
+                    raise Busy
+                for slot in self._slots:
+                    if not slot.processing:
+                        slot.processing = True
+                        slot.id_task = self._next_task
+                        self._next_task += 1
+                        now_busy = sum(1 for s in self._slots if s.processing)
+                        self.stats.max_busy = max(self.stats.max_busy, now_busy)
+                        self.stats.requests += 1
+                        self.stats.task_ids.append(slot.id_task)
+                        return slot
+                self._cond.wait(timeout=0.1)
+
+    def _release(self, slot: _Slot) -> None:
+        with self._cond:
+            slot.processing = False
+            self._cond.notify_all()
+
+    def generate(self, prompt_text: str, n_predict: int) -> Generation:
+        """Run one request on a free slot (waiting for one); raises :class:`Busy` on refusal."""
+        knobs = self.knobs
+        slot = self._acquire()
+        try:
+            task_id = slot.id_task if slot.id_task is not None else -1
+            prompt_tokens = len(tokenize(prompt_text)) + 1  # + BOS
+            t0 = time.monotonic()
+            self._stop.wait(prompt_tokens * knobs.prompt_token_delay_s)
+            t1 = time.monotonic()
+            if any(s in prompt_text for s in knobs.hang_if_contains):
+                self._stop.wait(knobs.hang_s)
+            if any(s in prompt_text for s in knobs.empty_if_contains):
+                answer = ""
+            else:
+                answer = answer_for(prompt_text)
+            planned = tokenize(answer)
+            cobatched = False
+            for _ in range(max(1, min(len(planned), n_predict))):
+                if self.busy_count() > 1:
+                    cobatched = True
+                self._stop.wait(knobs.token_delay_s)
+            if self.busy_count() > 1:
+                cobatched = True
+            t2 = time.monotonic()
+            text = answer
+            if cobatched and knobs.cobatch_divergence:
+                text = diverged_answer(text)
+            if knobs.divergence_probability > 0:
+                with self._cond:
+                    draw = self._rng.random()
+                if draw < knobs.divergence_probability:
+                    text = diverged_answer(text)
+            token_only = cobatched and knobs.token_divergence and bool(text)
+            if token_only:
+                pieces = [*resplit(tokenize(text)), "\n"]
+                text = "".join(pieces)
+            else:
+                pieces = tokenize(text)
+            finish = "stop"
+            if len(pieces) > n_predict:
+                pieces = pieces[:n_predict]
+                text = "".join(pieces)
+                finish = "length"
+            drift = 0.05 if token_only else 0.0
+            logprobs = tuple(
+                -((zlib.crc32(f"{i}:{p}".encode()) % 500) / 10000.0) - drift
+                for i, p in enumerate(pieces)
+            )
+            with self._cond:
+                self._prompt_tokens_total += prompt_tokens
+                self._predicted_tokens_total += len(pieces)
+                if cobatched:
+                    self.stats.cobatched += 1
+            return Generation(
+                text=text,
+                pieces=tuple(pieces),
+                logprobs=logprobs,
+                finish_reason=finish,
+                prompt_tokens=prompt_tokens,
+                slot_id=slot.index,
+                task_id=task_id,
+                prompt_ms=(t1 - t0) * 1000.0,
+                predicted_ms=(t2 - t1) * 1000.0,
+                cobatched=cobatched,
+            )
+        finally:
+            self._release(slot)

@@ -1,0 +1,258 @@
+"""The mock's HTTP surface: llama-server's endpoints and response shapes over the slot engine.
+
+``/health``, ``/props``, ``/slots``, ``/metrics``, ``/completion``, ``/v1/completions``,
+``/v1/chat/completions`` and ``/tokenize``, with llama-server's error bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+
+from batch_invariance.engines.mock.knobs import Busy, Generation
+from batch_invariance.engines.mock.oracle import token_id, tokenize
+
+if TYPE_CHECKING:
+    from batch_invariance.engines.mock.engine import MockServer
+
+
+def _render_chat(messages: Any) -> str:
+    """A Gemma-like chat rendering: what the prompt tokens are counted on."""
+    out: list[str] = []
+    if isinstance(messages, list):
+        for m in messages:
+            if isinstance(m, dict):
+                out.append(
+                    f"<start_of_turn>{m.get('role', 'user')}\n{m.get('content', '')}<end_of_turn>\n"
+                )
+    out.append("<start_of_turn>model\n")
+    return "".join(out)
+
+
+def _top_alternatives(piece: str, logprob: float, k: int) -> list[dict[str, Any]]:
+    alts = [
+        {"id": token_id(piece), "token": piece, "bytes": list(piece.encode()), "logprob": logprob}
+    ]
+    for j in range(1, k):
+        alt = f"{piece.strip() or '_'}~{j}"
+        alts.append(
+            {
+                "id": token_id(alt),
+                "token": alt,
+                "bytes": list(alt.encode()),
+                "logprob": logprob - 1.5 * j,
+            }
+        )
+    return alts
+
+
+def _probs_json(gen: Generation, k: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": token_id(p),
+            "token": p,
+            "bytes": list(p.encode()),
+            "logprob": lp,
+            "top_logprobs": _top_alternatives(p, lp, k),
+        }
+        for p, lp in zip(gen.pieces, gen.logprobs, strict=True)
+    ]
+
+
+def _timings(gen: Generation) -> dict[str, float]:
+    n_gen = len(gen.pieces)
+    return {
+        "cache_n": 0,
+        "prompt_n": gen.prompt_tokens,
+        "prompt_ms": gen.prompt_ms,
+        "prompt_per_token_ms": gen.prompt_ms / max(gen.prompt_tokens, 1),
+        "prompt_per_second": gen.prompt_tokens / max(gen.prompt_ms / 1000.0, 1e-9),
+        "predicted_n": n_gen,
+        "predicted_ms": gen.predicted_ms,
+        "predicted_per_token_ms": gen.predicted_ms / max(n_gen, 1),
+        "predicted_per_second": n_gen / max(gen.predicted_ms / 1000.0, 1e-9),
+    }
+
+
+def _usage(gen: Generation) -> dict[str, Any]:
+    return {
+        "completion_tokens": len(gen.pieces),
+        "prompt_tokens": gen.prompt_tokens,
+        "total_tokens": len(gen.pieces) + gen.prompt_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def _error(code: int, message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "type": kind}}
+
+
+class MockHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive handler; one instance per connection."""
+
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; without TCP_NODELAY, Nagle plus delayed ACKs
+    # add ~40 ms to every keep-alive request.
+    disable_nagle_algorithm = True
+    mock: MockServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read their output
+        return
+
+    def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
+        body = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up (e.g. its timeout); nothing to do
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw) if raw else {}
+
+    def do_GET(self) -> None:
+        mock = self.mock
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            if mock.loading:
+                self._send(503, _error(503, "Loading model", "unavailable_error"))
+            else:
+                self._send(200, {"status": "ok"})
+            return
+        if mock.loading:
+            self._send(503, _error(503, "Loading model", "unavailable_error"))
+            return
+        if path == "/props":
+            self._send(200, {
+                "total_slots": mock.parallel,
+                "default_generation_settings": {"n_ctx": mock.ctx},
+                "model_path": "mock.gguf",
+                "build_info": "batch-invariance mock",
+                "endpoint_slots": mock.knobs.slots_endpoint,
+                "endpoint_metrics": mock.knobs.metrics,
+            })  # fmt: skip
+        elif path == "/slots":
+            if not mock.knobs.slots_endpoint:
+                self._send(
+                    501,
+                    _error(
+                        501, "This server does not support slots endpoint.", "not_supported_error"
+                    ),
+                )
+            else:
+                self._send(200, mock.slots_json())
+        elif path == "/metrics":
+            if not mock.knobs.metrics:
+                self._send(
+                    501,
+                    _error(
+                        501, "This server does not support metrics endpoint.", "not_supported_error"
+                    ),
+                )
+            else:
+                self._send(200, mock.metrics_text(), "text/plain; version=0.0.4")
+        else:
+            self._send(404, _error(404, "File Not Found", "not_found_error"))
+
+    def do_POST(self) -> None:
+        mock = self.mock
+        path = self.path.split("?", 1)[0]
+        try:
+            body = self._body()
+        except (ValueError, UnicodeDecodeError):
+            self._send(400, _error(400, "invalid JSON body", "invalid_request_error"))
+            return
+        if not isinstance(body, dict):
+            self._send(400, _error(400, "body must be a JSON object", "invalid_request_error"))
+            return
+        if mock.dead:
+            self.close_connection = True  # drop the connection without an answer
+            return
+        if mock.loading:
+            self._send(503, _error(503, "Loading model", "unavailable_error"))
+            return
+        if path == "/tokenize":
+            pieces = tokenize(str(body.get("content", "")))
+            if body.get("with_pieces"):
+                self._send(200, {"tokens": [{"id": token_id(p), "piece": p} for p in pieces]})
+            else:
+                self._send(200, {"tokens": [token_id(p) for p in pieces]})
+            return
+        if path not in ("/completion", "/v1/completions", "/v1/chat/completions"):
+            self._send(404, _error(404, "File Not Found", "not_found_error"))
+            return
+        chat = path == "/v1/chat/completions"
+        if chat:
+            prompt_text = _render_chat(body.get("messages"))
+            if body.get("logprobs"):
+                k = int(body.get("top_logprobs", 20))
+            elif body.get("top_logprobs") is not None:
+                self._send(
+                    400,
+                    _error(
+                        400,
+                        "top_logprobs requires logprobs to be set to true",
+                        "invalid_request_error",
+                    ),
+                )
+                return
+            else:
+                k = 0
+        else:
+            prompt_text = str(body.get("prompt", ""))
+            k = int(body.get("n_probs", body.get("logprobs", 0)) or 0)
+        raw_n = body.get("n_predict", body.get("max_tokens"))
+        n_predict = int(raw_n) if isinstance(raw_n, (int, float)) else -1
+        if n_predict < 0:
+            n_predict = 1 << 20
+        try:
+            gen = mock.generate(prompt_text, n_predict)
+            mock.count_answer()
+        except Busy:
+            status = mock.knobs.http_error_status
+            self._send(status, _error(status, "server busy (mock under load)", "unavailable_error"))
+            return
+        if path == "/completion":
+            payload: dict[str, Any] = {
+                "index": 0,
+                "content": gen.text,
+                "tokens": [],
+                "id_slot": gen.slot_id,
+                "stop": True,
+                "model": "mock",
+                "tokens_predicted": len(gen.pieces),
+                "tokens_evaluated": gen.prompt_tokens,
+                "stop_type": "eos" if gen.finish_reason == "stop" else "limit",
+                "tokens_cached": gen.prompt_tokens + len(gen.pieces),
+                "timings": _timings(gen),
+            }
+            if k > 0:
+                payload["completion_probabilities"] = _probs_json(gen, k)
+            self._send(200, payload)
+            return
+        logprobs: Any = {"content": _probs_json(gen, k)} if k > 0 else None
+        choice: dict[str, Any] = {"index": 0, "finish_reason": gen.finish_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": gen.text}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
+        else:
+            choice["text"] = gen.text
+            choice["logprobs"] = logprobs
+        self._send(200, {
+            "choices": [choice],
+            "created": int(time.time()),
+            "model": "mock",
+            "system_fingerprint": "batch-invariance-mock",
+            "object": "chat.completion" if chat else "text_completion",
+            "usage": _usage(gen),
+            "id": f"cmpl-mock-{gen.task_id}",
+            "timings": _timings(gen),
+        })  # fmt: skip

@@ -1,0 +1,73 @@
+"""The mock's value types: its fault knobs, one request's output, server-side truth, refusal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MockKnobs:
+    """Faults and timing of the mock. The defaults give a well-behaved, batch-invariant server."""
+
+    #: Score-bearing change of content when another slot was busy during generation.
+    cobatch_divergence: bool = False
+    #: Same answer, different tokens and logprobs when co-batched (a trailing newline and a
+    #: different split), so the invariant fields stay equal.
+    token_divergence: bool = False
+    #: Probability that any request's answer changes (seeded by ``seed``), in every arm.
+    divergence_probability: float = 0.0
+    #: Prompts containing any of these substrings get an empty completion.
+    empty_if_contains: tuple[str, ...] = ()
+    #: Prompts containing any of these substrings hang ``hang_s`` seconds (holding a slot).
+    hang_if_contains: tuple[str, ...] = ()
+    hang_s: float = 2.0
+    #: Answer HTTP ``http_error_status`` when a request arrives while at least this many slots
+    #: are busy (``None``: never).
+    http_error_min_busy: int | None = None
+    http_error_status: int = 503
+    #: ``/health`` answers 503 (and other endpoints refuse) for this long after start.
+    loading_delay_s: float = 0.0
+    #: Simulated time per generated token and per prompt token.
+    token_delay_s: float = 0.0005
+    prompt_token_delay_s: float = 0.001
+    #: Serve ``/metrics`` (as ``llama-server --metrics``) and ``/slots``.
+    metrics: bool = True
+    slots_endpoint: bool = True
+    #: Serve this many slots on the B/C server whatever was asked (1 = a server that cannot
+    #: co-batch behind the C arm).
+    bc_parallel_override: int | None = None
+    #: The server "dies" (stops listening and drops every connection) after answering this
+    #: many completion requests (``None``: never).
+    die_after_requests: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What one request produced (before shaping it as JSON)."""
+
+    text: str
+    pieces: tuple[str, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    prompt_tokens: int
+    slot_id: int
+    task_id: int
+    prompt_ms: float
+    predicted_ms: float
+    cobatched: bool
+
+
+@dataclass
+class MockStats:
+    """Server-side truth, for tests: how many requests, how many slots busy at most."""
+
+    requests: int = 0
+    max_busy: int = 0
+    cobatched: int = 0
+    refused: int = 0
+    task_ids: list[int] = field(default_factory=list)
+
+
+class Busy(Exception):
+    """Refused under load (the http-errors knob), or the server stopped while waiting."""

@@ -1,0 +1,167 @@
+"""Per divergent id: the A and C answers split at the first divergent token, the passes it
+diverged in, and whether the flip was a near tie. Pure, from ``divergence_report.AC.per_id``
+and the trials in ``evidence``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from batch_invariance.report.fields import dig, integer, num
+
+#: A flip whose top-1 minus top-2 logprob margin (on either side) is below this many nats is
+#: a near-tie: a tiny numerical change in the batched kernels is enough to swap the argmax.
+TIE_FLIP_MARGIN = 0.1
+
+#: Characters of context kept on each side of the first divergent token in the text views.
+CONTEXT_CHARS = 240
+
+
+@dataclass(frozen=True)
+class TextSide:
+    """One side of a divergent answer split at the first divergent token.
+
+    ``token`` is ``None`` when tokens were not recorded (then ``before`` holds the excerpt).
+    """
+
+    before: str
+    token: str | None
+    after: str
+    margin: float | None
+
+
+@dataclass(frozen=True)
+class DivergentId:
+    test_id: str
+    kind: str
+    field: str
+    passes: tuple[int, ...]
+    shown_pass: int | None
+    first_token: int | None
+    a: TextSide
+    c: TextSide
+    flip: str
+
+
+def _trial(data: Mapping[str, Any], arm: str, pass_index: int | None) -> Mapping[str, Any] | None:
+    evidence = data.get("evidence")
+    if not isinstance(evidence, Mapping):
+        return None
+    if arm == "a":
+        found = evidence.get("a")
+        return found if isinstance(found, Mapping) else None
+    for record in evidence.get("c_passes") or ():
+        if isinstance(record, Mapping) and record.get("index") == pass_index:
+            trials = record.get("trials")
+            return trials if isinstance(trials, Mapping) else None
+    return None
+
+
+def _clip_left(text: str) -> str:
+    return text if len(text) <= CONTEXT_CHARS else "…" + text[-CONTEXT_CHARS:]
+
+
+def _clip_right(text: str) -> str:
+    return text if len(text) <= CONTEXT_CHARS else text[:CONTEXT_CHARS] + "…"
+
+
+def _side(
+    trial: Mapping[str, Any] | None, position: int | None, margin: Any, fallback: Any
+) -> TextSide:
+    """Split a trial's recorded tokens at ``position``; without tokens show the excerpt."""
+    shown_margin = num(margin)
+    tokens = trial.get("tokens") if isinstance(trial, Mapping) else None
+    if trial is None:
+        return TextSide("(no answer in this arm)", None, "", shown_margin)
+    if (
+        position is None
+        or not isinstance(tokens, list)
+        or not all(isinstance(t, str) for t in tokens)
+    ):
+        text = trial.get("completion_excerpt")
+        if not isinstance(text, str):
+            text = fallback if isinstance(fallback, str) else ""
+        return TextSide(_clip_right(text), None, "", shown_margin)
+    if shown_margin is None:
+        margins = trial.get("top_margins")
+        if isinstance(margins, list) and position < len(margins):
+            shown_margin = num(margins[position])
+    before = "".join(tokens[:position])
+    token = tokens[position] if position < len(tokens) else ""
+    after = "".join(tokens[position + 1 :])
+    return TextSide(_clip_left(before), token, _clip_right(after), shown_margin)
+
+
+def flip_kind(a_margin: float | None, c_margin: float | None) -> str:
+    """``tie flip`` when either recorded margin is below :data:`TIE_FLIP_MARGIN`."""
+    known = [m for m in (a_margin, c_margin) if m is not None]
+    if not known:
+        return "margin not recorded"
+    smallest = min(known)
+    if smallest < TIE_FLIP_MARGIN:
+        return f"tie flip (top1-top2 margin {smallest:.3g} < {TIE_FLIP_MARGIN})"
+    return f"confident flip (top1-top2 margin {smallest:.3g} >= {TIE_FLIP_MARGIN})"
+
+
+def divergent_ids(data: Mapping[str, Any]) -> tuple[DivergentId, ...]:
+    """One entry per id that differed between A and C, shown at its first divergent pass."""
+    ac = dig(data, "divergence_report", "AC")
+    if not isinstance(ac, Mapping):
+        return ()
+    rows = [r for r in ac.get("per_id") or () if isinstance(r, Mapping)]
+    by_id: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        test_id = row.get("test_id")
+        if isinstance(test_id, str):
+            by_id.setdefault(test_id, []).append(row)
+    out = []
+    for test_id in sorted(by_id):
+        id_rows = by_id[test_id]
+        # Invariant differences first: an id that also had token-only passes is divergent.
+        ranked = sorted(
+            id_rows,
+            key=lambda r: (r.get("kind") == "token_only", integer(r.get("pass_index")) or 0),
+        )
+        first = ranked[0]
+        kind = str(first.get("kind"))
+        passes = tuple(
+            sorted(
+                {
+                    p
+                    for r in id_rows
+                    if (p := integer(r.get("pass_index"))) is not None
+                    and (kind == "token_only" or r.get("kind") != "token_only")
+                }
+            )
+        )
+        shown_pass = integer(first.get("pass_index"))
+        position = integer(first.get("first_divergent_token"))
+        a_trials = _trial(data, "a", None)
+        c_trials = _trial(data, "c", shown_pass)
+        a_side = _side(
+            a_trials.get(test_id) if a_trials else None,
+            position,
+            first.get("x_top_margin"),
+            first.get("x_excerpt"),
+        )
+        c_side = _side(
+            c_trials.get(test_id) if c_trials else None,
+            position,
+            first.get("y_top_margin"),
+            first.get("y_excerpt"),
+        )
+        out.append(
+            DivergentId(
+                test_id=test_id,
+                kind=kind,
+                field=str(first.get("field")),
+                passes=passes,
+                shown_pass=shown_pass,
+                first_token=position,
+                a=a_side,
+                c=c_side,
+                flip=flip_kind(a_side.margin, c_side.margin),
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,98 @@
+"""Finding, reading and checking the certs of a report (the imperative shell).
+
+A path may be a cert file or a folder. A folder is searched recursively for cert files, named
+``{model}__ctx{C}__N{N}.json`` as ``write_cert`` names them; superseded copies
+(``*.superseded-*.json``), sigstore bundles and other JSON files (``sweep.json``, work-sets)
+are skipped. Each cert is checked end to end (schema, digest, verdict re-derived from its
+evidence) by :func:`~batch_invariance.cert.verify.verify_cert_file`; a cert that fails is
+kept as a :class:`~batch_invariance.report.model.LoadedCert` with its one-line problem.
+
+The bundle beside a cert (``CERT.sigstore.json``) is verified only against an identity
+policy; without one the report says "bundle present, not verified".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from batch_invariance.cert.signing import bundle_path_for
+from batch_invariance.cert.verify import verify_cert_file
+from batch_invariance.errors import BatchInvarianceError, CertInvalid, UsageError
+from batch_invariance.report.model import LoadedCert, Signature
+
+_CERT_NAME = re.compile(r".+__ctx\d+__N\d+\.json")
+
+
+@dataclass(frozen=True)
+class BundlePolicy:
+    """Who must have signed each bundle (as for ``verify-cert --bundle``)."""
+
+    identity: str
+    issuer: str
+    repository: str | None
+    offline: bool
+
+
+def is_cert_name(path: Path) -> bool:
+    return bool(_CERT_NAME.fullmatch(path.name)) and ".superseded-" not in path.name
+
+
+def collect(paths: Sequence[Path]) -> list[Path]:
+    """Every cert file named by ``paths`` (files as given, folders searched), in order,
+    without repeats. Raises UsageError for a path that does not exist or finds nothing."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            inside = sorted(p for p in path.rglob("*.json") if p.is_file() and is_cert_name(p))
+            if not inside:
+                raise UsageError(
+                    f"{path}: no cert files ({{model}}__ctx{{C}}__N{{N}}.json) in this folder; "
+                    "pass the folder the certs were written to"
+                )
+            found.extend(inside)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UsageError(f"{path}: no such file or folder; pass cert files or folders")
+    unique: dict[Path, None] = {}
+    for path in found:
+        unique.setdefault(path, None)
+    return list(unique)
+
+
+def check_signature(cert: Path, policy: BundlePolicy | None) -> Signature:
+    bundle = bundle_path_for(cert)
+    if not bundle.is_file():
+        return Signature("unsigned", "no bundle")
+    if policy is None:
+        return Signature("present", f"{bundle.name}; pass --cert-identity to check it")
+    # Imported here so that sigstore is only loaded when a signature is checked.
+    from batch_invariance.cert.signing import verify_bundle
+
+    try:
+        verify_bundle(
+            cert, bundle, policy.identity, policy.issuer, policy.repository, policy.offline
+        )
+    except CertInvalid as exc:
+        return Signature("failed", str(exc))
+    except BatchInvarianceError as exc:  # trust root unavailable: no answer either way
+        return Signature("error", str(exc))
+    return Signature("verified", f"{policy.identity}, {policy.issuer}")
+
+
+def load_cert(path: Path, policy: BundlePolicy | None) -> LoadedCert:
+    """Check one cert file; a failure becomes the cert's problem, never an exception."""
+    origin = str(path)
+    try:
+        checked = verify_cert_file(path)
+    except CertInvalid as exc:
+        return LoadedCert(origin, None, str(exc), False, Signature("unsigned", "not checked"))
+    data = checked.cert.model_dump(mode="json")
+    return LoadedCert(origin, data, None, checked.promotable, check_signature(path, policy))
+
+
+def load_all(paths: Sequence[Path], policy: BundlePolicy | None) -> list[LoadedCert]:
+    return [load_cert(path, policy) for path in collect(paths)]

@@ -1,0 +1,67 @@
+"""Short texts shared by every view of the report (HTML, Markdown, JSON). Pure."""
+
+from __future__ import annotations
+
+import re
+
+from batch_invariance.report.model import Cell, Report
+
+#: Verdicts in the order the summaries count them.
+VERDICT_ORDER = ("RED", "UNVERIFIED", "AMBER", "GREEN")
+
+_ANCHOR_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def cell_anchor(cell: Cell) -> str:
+    """A stable element id for a cell's details (model, ctx, N and its file)."""
+    raw = f"cell-{cell.model}-ctx{cell.ctx}-N{cell.n}-{cell.origin}"
+    return _ANCHOR_UNSAFE.sub("_", raw)
+
+
+def speedup_text(cell: Cell) -> str:
+    if cell.throughput is None or cell.throughput.speedup is None:
+        return "not measured"
+    return f"{cell.throughput.speedup:.2f}x"
+
+
+def answer_length_text(cell: Cell) -> str:
+    length = cell.answer_length
+    if length is None:
+        return "not measured"
+
+    def show(value: int | None) -> str:
+        return "?" if value is None else str(value)
+
+    text = f"{show(length.min)} / {show(length.median)} / {show(length.max)} (min/median/max)"
+    if length.share_cut_by_budget is not None:
+        text += f", {length.share_cut_by_budget:.0%} cut by the token budget"
+    return text
+
+
+def signature_text(cell: Cell) -> str:
+    state = cell.signature.state
+    detail = cell.signature.detail
+    return {
+        "unsigned": "unsigned (no bundle)",
+        "present": "bundle present, not verified",
+        "verified": f"signed, verified ({detail})",
+        "failed": f"signature FAILED: {detail}",
+        "error": f"signature not checked: {detail}",
+    }[state]
+
+
+def verdict_counts(report: Report) -> tuple[tuple[int, str], ...]:
+    """``(count, verdict)`` for each verdict present, in :data:`VERDICT_ORDER`."""
+    cells = report.cells
+    return tuple(
+        (count, verdict)
+        for verdict in VERDICT_ORDER
+        if (count := sum(1 for c in cells if c.verdict == verdict))
+    )
+
+
+def promotable_text(cell: Cell) -> str:
+    """``yes`` / ``no``; a mock cert says why it never can be."""
+    if cell.promotable:
+        return "yes"
+    return "no" if cell.source == "live" else f"no (source {cell.source})"

@@ -1,0 +1,159 @@
+"""The HTML report in a real browser: headless Chromium (Debian's ``chromium``) renders the
+report of a mock sweep (N = 2, 4 GREEN; N = 8 RED) and of one RED cert; the test reads the
+DOM Chromium built (verdicts, ids, the highlighted token), takes a screenshot and checks the
+file references no external URL. Skips, saying so, only when Chromium is not installed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from batch_invariance.cli import main
+from report_fixtures import mock_cert
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (apt-get install chromium) for the DOM test"
+)
+VOID = {"meta", "br", "img", "input", "link", "hr", "col", "wbr", "source", "area", "base"}
+
+
+@dataclass
+class Element:
+    tag: str
+    attrs: dict[str, str]
+    text: str = ""
+    children: list[Element] = field(default_factory=list)
+
+
+class _Dom(HTMLParser):
+    """Every element with its attributes and the text inside it (no external parser)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[Element] = []
+        self._open: list[Element] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element = Element(tag, {k: v or "" for k, v in attrs})
+        self.elements.append(element)
+        if tag not in VOID:
+            self._open.append(element)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._open:
+            if self._open.pop().tag == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        for element in self._open:
+            element.text += data
+
+
+def dom(text: str) -> list[Element]:
+    parser = _Dom()
+    parser.feed(text)
+    return parser.elements
+
+
+def having(elements: list[Element], cls: str) -> list[Element]:
+    return [e for e in elements if cls in e.attrs.get("class", "").split()]
+
+
+def chromium(args: list[str], profile: Path) -> str:
+    """Run headless Chromium in its own process group; the group never outlives the call."""
+    assert CHROMIUM is not None
+    argv = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        f"--user-data-dir={profile}", "--window-size=1280,2000", *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, f"chromium exited {proc.returncode}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("sweep")
+    mock_cert(folder, 2)
+    mock_cert(folder, 4)
+    mock_cert(folder, 8, red=True)
+    return folder
+
+
+def _render(paths: list[Path], out: Path) -> str:
+    assert main(["report", *map(str, paths), "--out", str(out)]) == 0
+    return out.read_text(encoding="utf-8")
+
+
+def assert_no_external_reference(text: str) -> None:
+    for element in dom(text):
+        for name, value in element.attrs.items():
+            assert "://" not in value and not value.startswith("//"), f"{element.tag} {name}"
+            if name in ("href", "src", "srcset", "action", "poster", "data"):
+                assert value.startswith("#"), f"{element.tag} {name}={value!r}"
+    assert "url(" not in text and "@import" not in text and "<script" not in text
+    assert "http:" not in text and "https:" not in text  # mock certs carry no URL either
+
+
+def test_sweep_report_renders_in_chromium(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    text = _render([sweep], out)
+    assert_no_external_reference(text)
+    built = dom(chromium(["--dump-dom", out.as_uri()], tmp_path / "profile"))
+    rows = [e for e in built if e.tag == "tr" and "cell-row" in e.attrs.get("class", "")]
+    assert [(r.attrs["data-n"], r.attrs["data-verdict"]) for r in rows] == [
+        ("2", "GREEN"),
+        ("4", "GREEN"),
+        ("8", "RED"),
+    ]
+    assert [b.text for b in having(built, "verdict")][:3] == ["GREEN", "GREEN", "RED"]
+    points = [e for e in built if e.tag == "circle" and "rate-point" in e.attrs["class"]]
+    assert [p.attrs["data-verdict"] for p in points] == ["GREEN", "GREEN", "RED"]
+    assert len(having(built, "interval-bar")) == 3
+    ids = {e.attrs["data-test-id"] for e in having(built, "divergent")}
+    assert ids and ids <= {
+        "arith-add-1", "arith-add-2", "arith-mul-1", "arith-mul-2", "arith-sub-1",
+        "capital-fr", "capital-jp", "capital-ke", "capital-no", "count-1", "count-2",
+        "needle-1", "needle-2", "reverse-1", "reverse-2", "upper-1",
+    }  # fmt: skip
+    gates = {e.attrs["data-gate"] for e in built if e.tag == "tr" and "data-gate" in e.attrs}
+    assert {"F0", "F1", "F2", "F3", "transport", "serial_repeat"} <= gates
+    shot = tmp_path / "sweep.png"
+    chromium([f"--screenshot={shot}", out.as_uri()], tmp_path / "profile")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_red_cert_report_highlights_the_first_divergent_token(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "red.html"
+    text = _render([sweep / "mock__ctx2048__N8.json"], out)
+    assert_no_external_reference(text)
+    built = dom(chromium(["--dump-dom", out.as_uri()], tmp_path / "profile"))
+    assert next(b.text for b in having(built, "verdict")) == "RED"
+    divergent = having(built, "divergent")
+    assert divergent, "a RED mock cell has divergent ids"
+    marks = [e for e in built if e.tag == "mark" and "first-divergent-token" in e.attrs["class"]]
+    # One highlighted token on the A side and one on the C side of every divergent id.
+    assert len(marks) == 2 * len(divergent)
+    assert all(m.text for m in marks)
+    assert having(built, "side-a") and having(built, "side-c")
+    assert len(having(built, "flip")) == len(divergent)
+    shot = tmp_path / "red.png"
+    chromium([f"--screenshot={shot}", out.as_uri()], tmp_path / "profile")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
