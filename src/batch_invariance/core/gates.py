@@ -354,7 +354,7 @@ def transport_gate(evidence: CellEvidence) -> TransportGate:
                 modes.add(t.failure_mode)
     if not counts:
         return TransportGate(True, {}, (), "transport: no transport failures in any arm")
-    where = ", ".join(f"{k}: {v}" for k, v in counts.items())
+    where = _per_arm(counts)
     return TransportGate(
         False,
         counts,
@@ -378,6 +378,10 @@ class PromptCacheGate:
     unreported: Mapping[str, int] = field(default_factory=dict)
 
 
+def _per_arm(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in counts.items())
+
+
 def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
     """Every answered request must have evaluated its whole prompt: the server reported
     ``cache_n == 0``. A reused KV prefix means the arms did not compute the same thing, and a
@@ -397,27 +401,20 @@ def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
             elif cached != 0:
                 counts[label] = counts.get(label, 0) + 1
                 ids.add(test_id)
+    if not counts and not unreported:
+        return PromptCacheGate(
+            True, {}, (), "prompt cache: every trial reported cache_n 0 (whole prompts evaluated)"
+        )
     if counts:
-        where = ", ".join(f"{k}: {v}" for k, v in counts.items())
-        return PromptCacheGate(
-            False,
-            counts,
-            tuple(sorted(ids)),
-            f"prompt cache: the server reused cached prompt tokens (cache_n > 0) in {where} "
-            "despite cache_prompt=false, so the arms did not compute the same thing; GREEN is "
-            "impossible",
-            unreported,
+        reason = (
+            f"prompt cache: the server reused cached prompt tokens (cache_n > 0) in "
+            f"{_per_arm(counts)} despite cache_prompt=false, so the arms did not compute the "
+            "same thing; GREEN is impossible"
         )
-    if unreported:
-        where = ", ".join(f"{k}: {v}" for k, v in unreported.items())
-        return PromptCacheGate(
-            False,
-            counts,
-            tuple(sorted(ids)),
-            f"prompt cache: the server did not report timings.cache_n for {where} trial(s), "
-            "so a reused prompt cache cannot be ruled out; GREEN is impossible",
-            unreported,
+    else:
+        reason = (
+            f"prompt cache: the server did not report timings.cache_n for "
+            f"{_per_arm(unreported)} trial(s), so a reused prompt cache cannot be ruled out; "
+            "GREEN is impossible"
         )
-    return PromptCacheGate(
-        True, {}, (), "prompt cache: every trial reported cache_n 0 (whole prompts evaluated)"
-    )
+    return PromptCacheGate(False, counts, tuple(sorted(ids)), reason, unreported)
