@@ -190,10 +190,36 @@ def replace_pass(evidence: CellEvidence, index: int, **changes: Any) -> CellEvid
 def spec(
     model: str = "tiny-model", ctx: int = 2048, n: int = 4, is_moe: bool | None = False
 ) -> CellSpec:
-    return CellSpec(model=model, ctx=ctx, dispatch_n=n, kv_label="f16", reps=1, is_moe=is_moe)
+    kv = f"split:-c {ctx * n} -np {n} (ctx {ctx} per slot, no-kv-unified)"
+    return CellSpec(model=model, ctx=ctx, dispatch_n=n, kv_label=kv, reps=1, is_moe=is_moe)
 
 
 PROVENANCE: dict[str, Any] = {"tool": "batch-invariance", "scorer": "exact_match"}
+MODEL_SHA = "ab" * 32
+
+
+def server_argv(model_path: str, ctx: int, parallel: int) -> list[str]:
+    """The argv the live launcher records for one server (split KV, ctx per slot)."""
+    return [
+        "/opt/llama/bin/llama-server", "--model", model_path, "--host", "127.0.0.1",
+        "--port", "40000", "--parallel", str(parallel), "--ctx-size", str(ctx * parallel),
+        "--no-kv-unified", "--slots", "--cache-ram", "0", "--no-webui", "--metrics",
+    ]  # fmt: skip
+
+
+def live_provenance(cell: CellSpec) -> dict[str, Any]:
+    """A provenance that agrees with ``cell``: the model file and the A / BC servers started
+    on it, as run-live records them."""
+    path = f"/models/{cell.model}.gguf"
+    return {
+        **PROVENANCE,
+        "driver": "run-live",
+        "model_file": {"path": path, "name": f"{cell.model}.gguf", "sha256": MODEL_SHA},
+        "servers": [
+            {"role": "A", "argv": server_argv(path, cell.ctx, 1)},
+            {"role": "BC", "argv": server_argv(path, cell.ctx, cell.dispatch_n)},
+        ],
+    }
 
 
 def cert_for(
@@ -205,7 +231,8 @@ def cert_for(
     """Decide and build a cert in one go."""
     ev = green_evidence() if evidence is None else evidence
     verdict = decide(ev, policy)
-    cert = build_cert(
-        ev, verdict, cell or spec(), policy, PROVENANCE, "live" if source == "live" else "mock", TS
-    )
+    cell = cell or spec()
+    live = source == "live"
+    provenance = live_provenance(cell) if live else {**PROVENANCE, "driver": "run-mock"}
+    cert = build_cert(ev, verdict, cell, policy, provenance, "live" if live else "mock", TS)
     return cert, verdict

@@ -422,11 +422,11 @@ def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> No
     assert cert.status == "failed"
     outputs = action.outputs_for(cert, path, None, tmp_path)
     assert outputs["verdict"] == "RED"
-    assert int(outputs["divergent-ids"]) == len(cert.divergence_report.AC.divergent_ids) > 0
+    assert int(outputs["divergent-ids"]) == len(cert.divergence_report.ac.divergent_ids) > 0
     summary = action.summary_markdown(cert, "green", False, outputs)
     assert "## batch-invariance: RED" in summary
     assert "| id | pass | field | A | C |" in summary
-    first = cert.divergence_report.AC.divergent_ids[0]
+    first = cert.divergence_report.ac.divergent_ids[0]
     assert first in summary
     note = action.verdict_annotation(cert, "green", False, outputs["cell"])
     assert note.startswith("::error title=batch-invariance RED::")

@@ -3,27 +3,43 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
 
-from batch_invariance.cert.certificate import (
-    Cert,
+from batch_invariance.cert.build import (
     build_cert,
-    canonical_json,
-    cert_is_green,
-    compute_digest,
-    consistency_errors,
-    digest_ok,
-    display_verdict,
+    differing_fields,
+    embed_trial,
     evidence_from_cert,
-    is_promotable,
-    policy_from_cert,
     rederive,
 )
-from batch_invariance.core.evidence import INVARIANT_FIELDS, GatePolicy
+from batch_invariance.cert.parse import parse_cert
+from batch_invariance.cert.schema import (
+    CERT_VERSION,
+    JSON_RENAMES,
+    TrialRecord,
+    canonical_json,
+    cert_from_json,
+    cert_to_json,
+    compute_digest,
+    display_verdict,
+    schema_text,
+)
+from batch_invariance.cert.verify import cert_is_green, is_promotable
+from batch_invariance.core.evidence import INVARIANT_FIELDS, GatePolicy, Trial
 from batch_invariance.core.verdict import decide
-from factories import PROVENANCE, TS, cert_for, changed, green_evidence, replace_trial, spec
+from factories import (
+    PROVENANCE,
+    TS,
+    cert_for,
+    changed,
+    green_evidence,
+    make_trial,
+    replace_trial,
+    spec,
+)
 
 CONTRACT_FIELDS = [
     "model",
@@ -66,7 +82,7 @@ def _redigest(d: dict[str, Any]) -> dict[str, Any]:
 
 def test_every_contract_field_is_present() -> None:
     cert, _ = cert_for()
-    d = cert.model_dump(mode="json")
+    d = cert_to_json(cert)
     for name in CONTRACT_FIELDS:
         assert name in d, name
     assert set(d["arm_b"]) == {"ab_passed", "bc_passed"}
@@ -137,17 +153,17 @@ def test_per_id_rows_carry_excerpts_and_shas() -> None:
         changed(ev.c_passes[0].trials["t001"], score=0.0, completion="something else"),
     )
     cert, _ = cert_for(ev)
-    (row,) = cert.divergence_report.AC.per_id
+    (row,) = cert.divergence_report.ac.per_id
     assert row.test_id == "t001" and row.field == "score" and row.pass_index == 0
     assert row.x_excerpt == "answer-t001" and row.y_excerpt == "something else"
     assert row.x_content_sha and row.y_content_sha and row.x_content_sha != row.y_content_sha
-    assert cert.mismatch and cert.status == "failed" and cert.per_pass_ac_divergent == [1, 0]
+    assert cert.mismatch and cert.status == "failed" and cert.per_pass_ac_divergent == (1, 0)
 
 
 def test_digest_covers_everything_but_itself() -> None:
     cert, _ = cert_for()
-    d = cert.model_dump(mode="json")
-    assert d["digest"] == compute_digest(d) and digest_ok(cert)
+    d = cert_to_json(cert)
+    assert d["digest"] == compute_digest(d)
     d["ts_utc"] = "2030-01-01T00:00:00Z"
     assert compute_digest(d) != cert.digest
 
@@ -172,9 +188,9 @@ def test_evidence_round_trip_rederives_the_same_cert(mutate: str) -> None:
         ev = green_evidence(n_ids=6)
     cert, verdict = cert_for(ev)
     back = evidence_from_cert(cert)
-    assert decide(back, policy_from_cert(cert)).status == verdict.status
+    assert decide(back, cert.evidence.policy).status == verdict.status
     assert rederive(cert) == cert
-    assert consistency_errors(cert.model_dump(mode="json")) == []
+    assert differing_fields(cert, rederive(cert)) == []
 
 
 def test_source_must_be_live_or_mock() -> None:
@@ -204,7 +220,7 @@ def test_provenance_becomes_plain_json() -> None:
 
 def test_green_live_cert_is_green_and_promotable_as_object_and_dict() -> None:
     cert, _ = cert_for()
-    d = json.loads(json.dumps(cert.model_dump(mode="json")))
+    d = json.loads(json.dumps(cert_to_json(cert)))
     assert cert_is_green(cert) and is_promotable(cert)
     assert cert_is_green(d) and is_promotable(d)
 
@@ -248,7 +264,7 @@ def test_wrong_gate_is_not_promotable() -> None:
 )
 def test_predicates_fail_closed_on_malformed_certs(edit: Any) -> None:
     cert, _ = cert_for()
-    d = cert.model_dump(mode="json")
+    d = cert_to_json(cert)
     edit(d)
     assert not is_promotable(d) and not cert_is_green(d)
     if d.get("digest") == cert.digest:
@@ -261,19 +277,21 @@ def test_predicates_fail_closed_on_non_certs(value: Any) -> None:
     assert not is_promotable(value) and not cert_is_green(value)
 
 
-def test_model_construct_smuggling_is_caught() -> None:
+def test_values_smuggled_into_a_cert_object_are_caught() -> None:
     cert, _ = cert_for(green_evidence(n_ids=6))  # unverified
-    forged = Cert.model_construct(**{**dict(cert), "status": "green"})
-    assert not is_promotable(forged)
+    # A dataclass does not validate on construction: the predicates go through the JSON edge.
+    assert not is_promotable(replace(cert, status="green", verdict="GREEN"))
+    assert not is_promotable(replace(cert, ctx="2048"))  # type: ignore[arg-type]
 
 
 def test_redigested_status_edit_is_not_promotable() -> None:
     cert, _ = cert_for(green_evidence(n_ids=6))
-    d = cert.model_dump(mode="json")
+    d = cert_to_json(cert)
     d.update(status="green", verdict="GREEN")
     d = _redigest(d)
-    assert digest_ok(d) and not is_promotable(d)
-    assert consistency_errors(d)[0] == "status"
+    parsed = parse_cert(canonical_json(d))  # the digest is fine: it is recomputable
+    assert not is_promotable(d)
+    assert differing_fields(parsed, rederive(parsed))[0] == "status"
 
 
 @pytest.mark.parametrize(
@@ -288,3 +306,57 @@ def test_redigested_status_edit_is_not_promotable() -> None:
 )
 def test_display_verdict(status: str, shown: str) -> None:
     assert display_verdict(status) == shown
+
+
+# ----------------------------------------------------------------- one model, one edge
+
+
+def test_the_json_edge_round_trips_a_cert_exactly() -> None:
+    cert, _ = cert_for()
+    assert cert_from_json(canonical_json(cert_to_json(cert))) == cert
+
+
+def test_every_rename_names_a_real_attribute_and_a_real_json_key() -> None:
+    d = cert_to_json(cert_for()[0])
+    report = d["divergence_report"]
+    for attr, key in JSON_RENAMES.items():
+        assert key in report and attr not in report, (attr, key)
+
+
+def test_the_embedded_trial_carries_every_trial_field_but_the_text_and_timings() -> None:
+    # If Trial gains a field, the cert must carry it (or say here why not).
+    carried = {f.name for f in fields(TrialRecord)}
+    trial_fields = {f.name for f in fields(Trial)}
+    assert trial_fields - carried == {"test_id", "completion", "timings"}
+    assert carried - trial_fields == {"completion_excerpt", "cache_n"}
+    record = embed_trial(replace(make_trial("x", completion="y" * 100), timings={"cache_n": 3.0}))
+    assert record.completion_excerpt == "y" * 80 and record.cache_n == 3
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d["evidence"]["a"]["t000"].update(extra=1),
+        lambda d: d["evidence"]["policy"].update(min_hot_trials="30"),
+        lambda d: d["divergence_report"]["AC"].update(n_compared=1.5),
+        lambda d: d["overlap"]["per_pass"][0].update(ok=1),
+        lambda d: d["sensitivity"].update(unknown=None),
+        lambda d: d["divergence_report"].update(ac=d["divergence_report"]["AC"]),
+        # pydantic matches int and bool Literals by equality: the JSON type must match too
+        lambda d: d.update(cert_version=True),
+        lambda d: d.update(cert_version=1.0),
+        lambda d: d["promotion_scope"].update(generalizes=0),
+    ],
+)
+def test_nested_blocks_are_strict_and_closed(edit: Any) -> None:
+    d = cert_to_json(cert_for()[0])
+    edit(d)
+    with pytest.raises(ValueError):
+        cert_from_json(json.dumps(d))
+
+
+def test_the_schema_pins_the_current_cert_version() -> None:
+    # Bumping CERT_VERSION means bumping the Literal on Cert.cert_version with it.
+    schema = json.loads(schema_text())
+    assert schema["properties"]["cert_version"]["const"] == CERT_VERSION
+    assert cert_to_json(cert_for()[0])["cert_version"] == CERT_VERSION

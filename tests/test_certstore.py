@@ -41,7 +41,7 @@ def test_existing_cert_is_moved_aside_never_overwritten(tmp_path: Path) -> None:
     first, _ = cert_for()
     write_cert(tmp_path, first)
     second, _ = cert_for(green_evidence(n_ids=6))
-    second = second.model_copy(update={"ts_utc": "2025-02-03T04:05:06Z"})
+    second = replace(second, ts_utc="2025-02-03T04:05:06Z")
     w = write_cert(tmp_path, second)
     assert w.superseded is not None and w.superseded.exists()
     assert "20250203T040506Z" in w.superseded.name

@@ -1,149 +1,87 @@
-"""The deploy gate: config parsing (pure) and `check-deploy` against real cert files.
+"""`check-deploy` against real cert files: a cert covers exactly the cell it measured.
 
-The promotable cert comes from a real driver run against the loopback mock with the verdict
-really decided by the core; only its ``source`` is set to ``live`` by this fixture (the
-driver's ``finish_cell`` takes the source from its caller), because no live GREEN can be
-earned in a unit test and the gate must be shown passing as well as failing.
+The promotable certs come from real driver runs against the loopback mock with the verdict
+really decided by the core. Two things are set by this fixture: ``source`` is ``live`` (the
+driver takes it from the launcher; no live GREEN can be earned in a unit test), and the
+provenance records the llama-server argv and model file a live run of that cell records
+(``build_argv``'s argv with ``-ub 1``, a model file in tmp). Every reproducer of issue 12 §4 is
+a test below.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.deploy.gate import (
-    cell_from_flags,
-    command_lines,
-    kv_types_of,
-    load_deploy_config,
-    model_key,
-    toml_entries,
-)
-from batch_invariance.errors import UsageError
+from batch_invariance.core.evidence import GatePolicy
 
 MODEL = "gemma-3-270m-q4_k_m"
+SIGSTORE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sigstore"
+MEASURED_FLAGS = ("-ub", "1")
+OK_FLAGS = "-c 4096 -np 4 -ub 1 --cache-ram 0"
 
 
-# --------------------------------------------------------------------------- parsing
+def _provenance(model: Path, parallel: int, layout: str) -> dict[str, Any]:
+    """What run-live records for this cell: the model file and the A / BC servers' argv."""
+    from batch_invariance.engines.llama_server import build_argv
 
+    def argv(n: int, kv: str) -> list[str]:
+        return list(
+            build_argv(Path("/opt/llama-server"), model, host="127.0.0.1", port=1, parallel=n,
+                       ctx=1024, extra_flags=MEASURED_FLAGS, kv_layout=kv)  # type: ignore[arg-type]
+        )  # fmt: skip
 
-def test_llama_server_defaults_apply_when_flags_are_absent() -> None:
-    cell = cell_from_flags(["llama-server", "-m", f"/m/{MODEL}.gguf", "-c", "8192"], "x:1")
-    # No -np: llama-server's auto = 4 slots with a unified KV cache, so each slot may use all.
-    assert (cell.parallel, cell.kv_unified, cell.ctx) == (4, True, 8192)
-    assert cell.names == (MODEL,)
-    split = cell_from_flags(["-m", "a.gguf", "-c", "8192", "-np", "4"], "x:1")
-    assert (split.parallel, split.kv_unified, split.ctx) == (4, False, 2048)
-    unified = cell_from_flags(["-m", "a.gguf", "--ctx-size=8192", "--parallel=4", "-kvu"], "x")
-    assert (unified.ctx, unified.kv_unified) == (8192, True)
-    serial = cell_from_flags(["--model", "a.gguf", "-c", "4096", "-np", "1"], "x")
-    assert (serial.parallel, serial.ctx, serial.needs_cert) == (1, 4096, False)
-    unknown = cell_from_flags(["-m", "/nowhere/a.gguf", "-np", "2"], "x")
-    assert unknown.ctx is None, "ctx 0 = the model's training context, unknown without the file"
-    later_wins = cell_from_flags(["-m", "a.gguf", "-c", "1", "-c", "64", "-np", "2"], "x")
-    assert later_wins.ctx == 32
-
-
-def test_environment_variable_forms_are_read_and_flags_win() -> None:
-    cell = cell_from_flags(
-        ["LLAMA_ARG_MODEL=/m/b.gguf", "LLAMA_ARG_CTX_SIZE=4096", "LLAMA_ARG_N_PARALLEL=2",
-         "llama-server", "-c", "2048"],
-        "env",
-    )  # fmt: skip
-    assert (cell.names[0], cell.parallel, cell.ctx) == ("b", 2, 1024)
-
-
-def test_kv_cache_types_are_read_from_flags_and_environment() -> None:
-    plain = cell_from_flags(["-m", "a.gguf", "-c", "4096", "-np", "2"], "x")
-    assert plain.kv_types == ("f16", "f16")
-    quant = cell_from_flags(
-        ["-m", "a.gguf", "-np", "2", "-ctk", "q8_0", "--cache-type-v=q4_0"], "x"
-    )
-    assert quant.kv_types == ("q8_0", "q4_0")
-    env = cell_from_flags(["LLAMA_ARG_CACHE_TYPE_K=q8_0", "llama-server", "-m", "a.gguf"], "e")
-    assert env.kv_types == ("q8_0", "f16")
-    assert kv_types_of(["llama-server", "--cache-type-k", "bf16", "-ctv", "bf16"]) == (
-        "bf16",
-        "bf16",
-    )
-
-
-def test_bad_values_are_one_line_usage_errors() -> None:
-    with pytest.raises(UsageError, match=r"deploy.sh:3: -np needs an integer"):
-        cell_from_flags(["-m", "a.gguf", "-np", "four"], "deploy.sh:3")
-    with pytest.raises(UsageError, match="no model"):
-        cell_from_flags(["llama-server", "-c", "4096"], "deploy.sh:1")
-    with pytest.raises(UsageError, match="missing its value"):
-        cell_from_flags(["-m", "a.gguf", "-c"], "x")
-
-
-def test_command_lines_join_continuations_and_skip_comments() -> None:
-    text = (
-        "#!/bin/sh\n"
-        "# start two servers\n"
-        "exec /opt/bin/llama-server \\\n"
-        "  -m /srv/a.gguf \\\n"
-        "  -c 8192 -np 4 &   # batched\n"
-        "echo hello\n"
-        "ExecStart=/usr/bin/llama-server --model /srv/b.gguf -c 4096 -np 1\n"
-    )
-    found = command_lines(text, "run.sh")
-    assert [origin for origin, _ in found] == ["run.sh:3", "run.sh:7"]
-    cells = [cell_from_flags(tokens, origin) for origin, tokens in found]
-    assert [(c.names[0], c.ctx, c.parallel) for c in cells] == [("a", 2048, 4), ("b", 4096, 1)]
-
-
-def test_models_toml_entries_merge_default_and_model_flags() -> None:
-    data = {
-        "defaults": {"server_bin": "/x/llama-server", "server_flags": ["-c", "8192"]},
-        "models": [
-            {"alias": "small", "gguf": "{MODELS_DIR}/small.gguf", "server_flags": ["-np", "2"]},
-            {"alias": "big", "gguf": "{MODELS_DIR}/big.gguf", "server_flags": "-np 1"},
+    data = model.read_bytes()
+    return {
+        "driver": "run-live",
+        "servers": [
+            {"role": "A", "argv": argv(1, "split")},
+            {"role": "BC", "argv": argv(parallel, layout)},
         ],
+        "model_file": {
+            "path": str(model),
+            "name": model.name,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+        },
+        "plan": {"n_predict": 128},
     }
-    entries = toml_entries(data, "models.toml")
-    assert entries[0].flags == ("-c", "8192", "-np", "2")
-    cell = cell_from_flags(
-        entries[0].flags, entries[0].origin, model=entries[0].gguf, alias="small"
-    )
-    # A file stem and an alias that coincide are one name.
-    assert (cell.names, cell.ctx, cell.parallel) == (("small",), 4096, 2)
-    quant = toml_entries(
-        {"models": [{"alias": "q", "gguf": "q.gguf", "kv": "q8_0", "server_flags": ["-np", "2"]}]},
-        "models.toml",
-    )[0]
-    assert cell_from_flags(quant.flags, quant.origin, model=quant.gguf).kv_types == ("q8_0",) * 2
-    with pytest.raises(UsageError, match=r"models.toml \[bad\]: missing gguf"):
-        toml_entries({"models": [{"alias": "bad"}]}, "models.toml")
-    with pytest.raises(UsageError, match="no \\[\\[models\\]\\] entries"):
-        toml_entries({"defaults": {}}, "models.toml")
 
 
-def test_model_key_matches_paths_names_and_stems() -> None:
-    assert model_key("/srv/models/Gemma.GGUF") == "Gemma"
-    assert model_key("gemma") == "gemma"
-    assert model_key("{MODELS_DIR}/x/y.gguf") == "y"
+def _live_cert(
+    out_dir: Path, model: Path, *, layout: str = "split", policy: GatePolicy | None = None
+) -> Path:
+    """A GREEN live cert of (MODEL, ctx 1024, N 4) whose provenance agrees with its cell; the
+    verdict is decided by the core from the factories' green evidence."""
+    from batch_invariance.cert.certificate import build_cert
+    from batch_invariance.cert.store import write_cert
+    from batch_invariance.core.evidence import CellSpec
+    from batch_invariance.core.verdict import decide
+    from batch_invariance.engines.llama_server import kv_label
+    from factories import green_evidence
+
+    chosen = policy or GatePolicy()
+    evidence = green_evidence()
+    label = kv_label(1024, 4, layout)  # type: ignore[arg-type]
+    cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=label, reps=1, is_moe=False)
+    provenance = _provenance(model, 4, layout)
+    cert = build_cert(evidence, decide(evidence, chosen), cell, chosen, provenance, "live",
+                      "2025-01-02T03:04:05Z")  # fmt: skip
+    return write_cert(out_dir, cert).path
 
 
-def test_config_without_any_server_is_a_usage_error(tmp_path: Path) -> None:
-    config = tmp_path / "deploy.sh"
-    config.write_text("echo nothing here\n")
-    with pytest.raises(UsageError, match="no llama-server command line"):
-        load_deploy_config(config)
-
-
-# --------------------------------------------------------------------------- check-deploy
-
-
-def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Path:
+def _mock_cell(out_dir: Path, parallel: int) -> Path:
+    """A real driver run against the loopback mock (source mock: never promotable)."""
     from importlib import resources
 
-    from batch_invariance.core.evidence import CellSpec, GatePolicy
+    from batch_invariance.core.evidence import CellSpec
     from batch_invariance.engines.mock import MockKnobs, MockLauncher
     from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
     from batch_invariance.run.workset import load_workset
@@ -153,142 +91,274 @@ def _run_mock_cell(out_dir: Path, source: str, model: str, parallel: int) -> Pat
     with resources.as_file(ref) as path:
         workset = load_workset(path)
     plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=128)
-    # A test-only fake that claims to spawn real servers is the only way to get a promotable
-    # cert without a batch-invariant live server. The verdict is still the core's.
-    launcher = _claims_live_launcher() if source == "live" else MockLauncher(MockKnobs())
-    run = run_cell(plan, launcher, load_scorer(None))  # type: ignore[arg-type]
-    spec = CellSpec(model=model, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
-    finished = finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir)
-    return finished.path
-
-
-def _claims_live_launcher() -> object:
-    from typing import Literal
-
-    from batch_invariance.engines.mock import MockKnobs, MockLauncher
-
-    class ClaimsLiveLauncher(MockLauncher):
-        source: Literal["live", "mock"] = "live"
-
-    return ClaimsLiveLauncher(MockKnobs())
+    run = run_cell(plan, MockLauncher(MockKnobs()), load_scorer(None))
+    spec = CellSpec(model=MODEL, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
+    return finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir).path
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A certs folder: a promotable cell (ctx 1024, N 4) and a mock cell (ctx 1024, N 2)."""
-    out = tmp_path_factory.mktemp("certs")
-    green = _run_mock_cell(out, "live", MODEL, 4)
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A model file, a promotable split cert (ctx 1024, N 4, -ub 1), a mock cert (N 2) and,
+    in its own folder, a promotable unified-KV cert of the same cell."""
+    root = tmp_path_factory.mktemp("deploy")
+    model = root / "models" / f"{MODEL}.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF" + b"\x01" * 4096)
+    certs = root / "certs"
+    green = _live_cert(certs, model)
     assert json.loads(green.read_text())["status"] == "green"
-    _run_mock_cell(out / "mock", "mock", MODEL, 2)
-    return out
+    _mock_cell(certs / "mock", 2)
+    unified = root / "unified"
+    _live_cert(unified, model, layout="unified")
+    return {"root": root, "model": model, "certs": certs, "unified": unified, "green": green}
 
 
-def _deploy(tmp_path: Path, body: str) -> Path:
+def _check(
+    world: dict[str, Path], tmp_path: Path, body: str, *extra: str, certs: Path | None = None
+) -> int:
     config = tmp_path / "llama-server.sh"
     config.write_text(body)
-    return config
+    folder = certs or world["certs"]
+    return main(["check-deploy", str(config), "--certs", str(folder), *extra])
 
 
-def test_check_deploy_passes_when_every_batched_cell_is_promotable(
-    certs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def _unsigned(world: dict[str, Path], tmp_path: Path, body: str, **kw: Any) -> int:
+    return _check(world, tmp_path, body, "--allow-unsigned", **kw)
+
+
+def test_passes_when_every_batched_cell_is_covered(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = _deploy(
-        tmp_path,
-        f"llama-server -m /srv/{MODEL}.gguf -c 4096 -np 4\n"
-        f"llama-server -m /srv/{MODEL}.gguf -c 1024 -np 1\n",
-    )
-    assert main(["check-deploy", str(config), "--certs", str(certs)]) == exitcodes.PROMOTABLE
+    m = world["model"]
+    body = f"llama-server -m {m} {OK_FLAGS}\nllama-server -m {m} -c 1024 -np 1\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.PROMOTABLE
     out = capsys.readouterr().out
-    assert f"pass  {MODEL} ctx=1024 N=4" in out
-    assert "parallel 1: no batching" in out
-    assert "check-deploy: PASS" in out
-
-
-def test_check_deploy_fails_a_cell_whose_kv_cache_types_the_cert_did_not_measure(
-    certs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = _deploy(tmp_path, f"llama-server -m /srv/{MODEL}.gguf -c 4096 -np 4 -ctk q8_0\n")
-    assert main(["check-deploy", str(config), "--certs", str(certs)]) == exitcodes.NOT_PROMOTABLE
-    out = capsys.readouterr().out
-    assert f"FAIL  {MODEL} ctx=1024 N=4" in out
-    assert "measured with KV cache types (K/V) f16/f16" in out and "runs q8_0/f16" in out
-
-
-def test_check_deploy_names_every_missing_and_failing_cell(
-    certs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = _deploy(
-        tmp_path,
-        f"llama-server -m /srv/{MODEL}.gguf -c 4096 -np 4\n"  # certified
-        f"llama-server -m /srv/{MODEL}.gguf -c 2048 -np 2\n"  # only a mock cert
-        f"llama-server -m /srv/{MODEL}.gguf -c 8192 -np 8\n"  # no cert at all
-        "llama-server -m /srv/other.gguf -c 4096 -np 4\n",  # another model
+    assert f"pass  {MODEL} ctx=1024 N=4 kv=split" in out
+    assert "model by sha256" in out and "parallel 1: no batching" in out
+    assert out.strip().splitlines()[-1] == (
+        "check-deploy: PASS: 1 batched cell(s) certified "
+        "(UNSIGNED: --allow-unsigned, signatures not checked)"
     )
-    code = main(["check-deploy", str(config), "--certs", str(certs)])
-    assert code == exitcodes.NOT_PROMOTABLE
-    out = capsys.readouterr().out
-    assert f"pass  {MODEL} ctx=1024 N=4" in out
-    assert f"FAIL  {MODEL} ctx=1024 N=2" in out and "not promotable (GREEN, source=mock" in out
-    assert f"FAIL  {MODEL} ctx=1024 N=8" in out and "no cert for" in out
-    assert "FAIL  other ctx=1024 N=4" in out
-    summary = out.strip().splitlines()[-1]
-    assert summary.startswith("check-deploy: FAIL: 3 of 4 batched cell(s) not certified")
-    for label in (f"{MODEL} ctx=1024 N=2", f"{MODEL} ctx=1024 N=8", "other ctx=1024 N=4"):
-        assert label in summary
 
 
-def test_check_deploy_default_parallel_needs_a_cert(
-    certs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_n_from_the_environment_elsewhere_in_the_file(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # No -np: llama-server runs 4 slots with a unified KV cache; each slot may use all 1024.
-    config = _deploy(tmp_path, f"llama-server -m /srv/{MODEL}.gguf -c 1024\n")
-    assert main(["check-deploy", str(config), "--certs", str(certs)]) == exitcodes.PROMOTABLE
-    config = _deploy(tmp_path, f"llama-server -m /srv/{MODEL}.gguf -c 2048\n")
-    assert main(["check-deploy", str(config), "--certs", str(certs)]) == exitcodes.NOT_PROMOTABLE
-    assert "no cert for" in capsys.readouterr().out
-
-
-def test_check_deploy_reads_models_toml(certs: Path, tmp_path: Path) -> None:
-    config = tmp_path / "models.toml"
-    config.write_text(
-        '[defaults]\nserver_flags = ["-c", "4096"]\n\n'
-        f'[[models]]\nalias = "g"\ngguf = "{{MODELS_DIR}}/{MODEL}.gguf"\n'
-        'server_flags = ["-np", "4"]\n'
+    body = (
+        f"export LLAMA_ARG_N_PARALLEL=8\nllama-server -m {world['model']} -c 8192 -ub 1 -cram 0\n"
     )
-    args = ["check-deploy", str(config), "--certs", str(certs), "--models-dir", "/srv"]
-    assert main(args) == exitcodes.PROMOTABLE
-    config.write_text(config.read_text().replace('"-np", "4"', '"-np", "2"'))
-    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    assert f"FAIL  {MODEL} ctx=1024 N=8 kv=split" in capsys.readouterr().out
 
 
-def test_check_deploy_fails_a_tampered_cert_as_invalid(
-    certs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_systemd_unit_environment(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    unit = (
+        "[Unit]\nDescription=llama-server\n[Service]\nEnvironment=LLAMA_ARG_N_PARALLEL=16\n"
+        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 16384 -ub 1 --cache-ram 0\n"
+    )
+    assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"FAIL  {MODEL} ctx=1024 N=16 kv=split" in out and "1 of 1 batched" in out
+    # Variables from a file that is not here could set anything: the cell is not covered.
+    covered = f"ExecStart=/usr/bin/llama-server -m {world['model']} {OK_FLAGS}\n"
+    unit = "[Service]\nEnvironmentFile=/etc/nowhere/llm.env\n" + covered
+    assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
+    assert "environment file(s) /etc/nowhere/llm.env not readable here" in capsys.readouterr().out
+    assert _unsigned(world, tmp_path, "[Service]\n" + covered) == exitcodes.PROMOTABLE
+
+
+@pytest.mark.parametrize(
+    "flags",
+    ["-c 4096 -np 4 -kvu -ub 1 --cache-ram 0", "-c 4096 -ub 1 --cache-ram 0"],
+    ids=["kvu", "no-np"],
+)
+def test_unified_kv_is_not_covered_by_a_split_cert_but_by_a_unified_one(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: str
+) -> None:
+    body = f"llama-server -m {world['model']} {flags}\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"FAIL  {MODEL} ctx=1024 N=4 kv=unified" in out
+    assert "KV layout unified (measured split)" in out
+    assert _unsigned(world, tmp_path, body, certs=world["unified"]) == exitcodes.PROMOTABLE
+    # ... and the unified cert does not cover the split deploy, nor another pool size.
+    split = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, split, certs=world["unified"]) == exitcodes.NOT_PROMOTABLE
+    assert "KV layout split (measured unified)" in capsys.readouterr().out
+
+
+def test_same_file_name_but_another_model_is_not_covered(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other-vendor" / f"{MODEL}.gguf"
+    other.parent.mkdir()
+    other.write_bytes(b"GGUF" + b"\x02" * 4096)
+    assert _unsigned(world, tmp_path, f"llama-server -m {other} {OK_FLAGS}\n") == 3
+    assert "model sha256" in capsys.readouterr().out
+    # A model file that is not here cannot be identified: not covered, never matched by name.
+    missing = f"llama-server -m /srv/nowhere/{MODEL}.gguf {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, missing) == exitcodes.NOT_PROMOTABLE
+    assert "not found here: its identity (sha256, or size and name)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        ("-fa on", "-fa on (measured auto)"),
+        ("-ub 512", "-ub 512 (measured 1)"),
+        ("-ngl 99", "-ngl 99 (measured auto)"),
+        ("-ctk q8_0", "-ctk q8_0 (measured f16)"),
+        ("-md /srv/draft.gguf --spec-draft-n-max 8", "-md /srv/draft.gguf (measured unset)"),
+        ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)"),
+        ("-bs", "-bs on (measured off)"),
+        ("--cache-ram 8192", "--cache-ram 8192 (measured 0)"),
+    ],
+)
+def test_numerics_flags_must_match_the_measured_argv(
+    world: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    named: str,
+) -> None:
+    body = f"llama-server -m {world['model']} {OK_FLAGS} {flag}\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert "no cert measured this cell" in out and named in out
+
+
+def test_a_generation_limit_longer_than_measured_is_not_covered(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = world["model"]
+    data = json.loads(world["green"].read_text())
+    scope = data.get("promotion_scope") or {}
+    longest = scope.get("answer_tokens_max") or data["provenance"]["plan"]["n_predict"]
+    over = f"llama-server -m {m} {OK_FLAGS} -n {longest + 1}\n"
+    assert _unsigned(world, tmp_path, over) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"-n {longest + 1}: the cert measured answers up to {longest} tokens only" in out
+    body = f"LLAMA_ARG_N_PREDICT={longest + 1} llama-server -m {m} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n {longest}\n") == 0
+    # A cert that records neither a measured length nor a budget covers no fixed -n.
+    from batch_invariance.core.llama_flags import read_flags
+    from batch_invariance.deploy.cells import cell_of
+    from batch_invariance.deploy.config import ServerCommand
+    from batch_invariance.deploy.gate import CertFile, config_differences
+    from batch_invariance.deploy.identity import identify_model
+
+    argv = data["provenance"]["servers"][1]["argv"]
+    bare = CertFile(world["green"], {"provenance": {}}, None, True, None, MODEL, 1024, 4,
+                    read_flags(argv))  # fmt: skip
+    cell = cell_of(
+        ServerCommand("x", ("llama-server", "-m", str(m), *OK_FLAGS.split(), "-n", "8"), {})
+    )
+    diffs = config_differences(cell, bare, identify_model(cell.model_path, cell.model))
+    assert "-n 8: the cert records no measured answer length" in diffs
+
+
+def test_mock_and_tampered_certs_do_not_cover(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = f"llama-server -m {world['model']} -c 2048 -np 2 -ub 1 --cache-ram 0\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    # A mock run records no model file and a mock server argv: it measured no deploy cell.
+    assert f"FAIL  {MODEL} ctx=1024 N=2 kv=split" in out and "no cert measured this cell" in out
     folder = tmp_path / "certs"
-    shutil.copytree(certs, folder)
-    cert = next(p for p in folder.glob("*.json"))
+    shutil.copytree(world["certs"], folder)
+    cert = folder / world["green"].name
     data = json.loads(cert.read_text())
     data["sensitivity"]["n_hot_trials"] += 1000
     cert.write_text(json.dumps(data, sort_keys=True, indent=2))
-    config = _deploy(tmp_path, f"llama-server -m /srv/{MODEL}.gguf -c 4096 -np 4\n")
-    assert main(["check-deploy", str(config), "--certs", str(folder)]) == exitcodes.CERT_INVALID
+    ok = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, ok, certs=folder) == exitcodes.CERT_INVALID
     assert "is invalid" in capsys.readouterr().out
 
 
-def test_check_deploy_with_bundle_identity_requires_a_signature(
-    certs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_cert_recorded_under_a_looser_policy_does_not_cover(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = _deploy(tmp_path, f"llama-server -m /srv/{MODEL}.gguf -c 4096 -np 4\n")
-    code = main(
-        ["check-deploy", str(config), "--certs", str(certs), "--offline",
-         "--bundle-identity", "https://github.com/o/r/.github/workflows/cell.yml@refs/tags/v0"]
-    )  # fmt: skip
-    assert code == exitcodes.CERT_INVALID
-    assert "signature bundle missing" in capsys.readouterr().out
+    folder = tmp_path / "loose"
+    _live_cert(folder, world["model"], policy=GatePolicy(min_hot_trials=1))
+    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, body, certs=folder) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert "is not promotable (" in out and "min_hot_trials 1" in out
 
 
-def test_check_deploy_usage_errors(certs: Path, tmp_path: Path) -> None:
-    config = _deploy(tmp_path, f"llama-server -m /srv/{MODEL}.gguf -c 4096 -np 4\n")
-    assert main(["check-deploy", str(config), "--certs", str(tmp_path / "nope")]) == 2
-    assert main(["check-deploy", str(tmp_path / "missing.sh"), "--certs", str(certs)]) == 2
-    assert main(["check-deploy", str(config), "--certs", str(certs), "--repository", "o/r"]) == 2
+def test_files_that_are_not_certs_are_named_and_skipped(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "certs"
+    shutil.copytree(world["certs"], folder)
+    (folder / "broken.json").write_text("{")
+    nan = json.loads(world["green"].read_text())
+    nan["sensitivity"]["rate_upper_bound_95"] = float("nan")
+    (folder / "nan.json").write_text(json.dumps(nan))
+    (folder / "huge.json").write_text('{"model": "m", "ctx": ' + "9" * 5000 + "}")
+    m = world["model"]
+    body = f"llama-server -m {m} {OK_FLAGS}\nllama-server -m {m} -c 8192 -np 8\n"
+    assert _unsigned(world, tmp_path, body, certs=folder) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"pass  {MODEL} ctx=1024 N=4" in out
+    assert "broken.json (not a readable cert" in out and "nan.json (not a readable cert" in out
+    assert "huge.json (not a readable cert" in out
+
+
+def test_signatures_are_required_by_default(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    # No identity policy and no --allow-unsigned: a usage error that says what to add.
+    assert _check(world, tmp_path, body) == exitcodes.USAGE
+    identity = [
+        "--cert-identity",
+        "https://github.com/o/r/.github/workflows/c.yml@refs/tags/v1",
+        "--cert-oidc-issuer",
+        "https://token.actions.githubusercontent.com",
+        "--offline",
+    ]
+    assert _check(world, tmp_path, body, *identity) == exitcodes.NOT_PROMOTABLE
+    assert "is not signed (no " in capsys.readouterr().out
+    assert _check(world, tmp_path, body, "--allow-unsigned", *identity[:2]) == exitcodes.USAGE
+
+
+def test_a_bundle_for_another_file_is_rejected(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = SIGSTORE / "rfc8785-0.1.2-py3-none-any.whl.sigstore.json"
+    if not bundle.is_file():
+        pytest.skip("the public sigstore fixture is not here")
+    folder = tmp_path / "certs"
+    shutil.copytree(world["certs"], folder)
+    shutil.copy(bundle, folder / (world["green"].name + ".sigstore.json"))
+    policy = tmp_path / "signing.toml"
+    policy.write_text(
+        'identity = "https://github.com/trailofbits/rfc8785.py/.github/workflows/release.yml'
+        '@refs/tags/v0.1.2"\nissuer = "https://token.actions.githubusercontent.com"\n'
+    )
+    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    args = ("--signing-policy", str(policy), "--offline")
+    assert _check(world, tmp_path, body, *args, certs=folder) == exitcodes.CERT_INVALID
+    assert "digest mismatch" in capsys.readouterr().out
+
+
+def test_models_toml_and_usage_errors(world: dict[str, Path], tmp_path: Path) -> None:
+    config = tmp_path / "models.toml"
+    config.write_text(
+        '[defaults]\nserver_flags = ["-c", "4096", "-ub", "1", "--cache-ram", "0"]\n\n'
+        f'[[models]]\nalias = "g"\ngguf = "{{MODELS_DIR}}/{MODEL}.gguf"\nkv = "f16"\n'
+        'server_flags = ["-np", "4"]\n'
+    )
+    models_dir = str(world["model"].parent)
+    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned"]
+    assert main([*args, "--models-dir", models_dir]) == exitcodes.PROMOTABLE
+    config.write_text(config.read_text().replace('kv = "f16"', 'kv = "q8_0"'))
+    assert main([*args, "--models-dir", models_dir]) == exitcodes.NOT_PROMOTABLE
+    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, body, certs=tmp_path / "nope") == exitcodes.USAGE
+    assert main([*args[:1], str(tmp_path / "missing.sh"), *args[2:]]) == exitcodes.USAGE

@@ -10,7 +10,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch_invariance.cert.certificate import build_cert, compute_digest, is_promotable
+from batch_invariance.cert.build import build_cert
+from batch_invariance.cert.schema import cert_to_json, compute_digest
+from batch_invariance.cert.verify import is_promotable
 from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import (
     INVARIANT_FIELDS,
@@ -109,8 +111,8 @@ def test_verdict_and_cert_independent_of_insertion_and_completion_order(
     )
     v1, v2 = decide(ev, POLICY), decide(other, POLICY)
     assert v1 == v2
-    c1 = cert_for(ev)[0].model_dump(mode="json")
-    c2 = cert_for(other)[0].model_dump(mode="json")
+    c1 = cert_to_json(cert_for(ev)[0])
+    c2 = cert_to_json(cert_for(other)[0])
     assert c1 == c2
 
 
@@ -208,7 +210,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 
-_PROMOTABLE = cert_for()[0].model_dump(mode="json")
+_PROMOTABLE = cert_to_json(cert_for()[0])
 assert is_promotable(_PROMOTABLE)
 
 GATING_PATHS: tuple[tuple[str, ...], ...] = (
@@ -242,6 +244,15 @@ GATING_PATHS: tuple[tuple[str, ...], ...] = (
     ("evidence", "policy", "overlap_margin_s"),
     ("divergence_report", "AC", "n_divergent"),
     ("invariant_fields",),
+    # identity: the cell must be the one its own provenance ran, by the version that reads it
+    ("ctx",),
+    ("dispatch_n",),
+    ("model",),
+    ("kv_label",),
+    ("tool_version",),
+    ("cert_version",),
+    ("provenance", "model_file", "sha256"),
+    ("provenance", "servers"),
 )
 
 

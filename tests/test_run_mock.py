@@ -149,7 +149,7 @@ def test_min_hot_trials_1_keeps_every_bound_a_probability(tmp_path: Path) -> Non
     for key in ("rate_upper_bound_95", "per_comparison_rate_upper_bound_95"):
         assert 0.0 <= sens[key] <= 1.0
     assert data["evidence"]["policy"]["min_hot_trials"] == 1
-    assert "min_hot_trials 1 is below the default 30" in data["gates"]["F5"]["reason"]
+    assert "min_hot_trials 1 is looser than the default 30" in data["gates"]["F5"]["reason"]
 
 
 def test_policy_options_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

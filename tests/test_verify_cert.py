@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.cert.certificate import compute_digest
+from batch_invariance.cert.schema import compute_digest
 from batch_invariance.cert.store import write_cert
 from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.cli import main
@@ -131,7 +131,8 @@ def test_corrupt_bundle_is_cert_invalid(tmp_path: Path) -> None:
 def test_verify_cert_file_report(tmp_path: Path) -> None:
     report = verify_cert_file(_write(tmp_path))
     assert report.status == "green" and report.verdict == "GREEN" and report.promotable
-    assert report.reasons and report.dispatch_n == 4
+    assert report.cert is not None and report.cert.dispatch_n == 4 and report.valid
+    assert report.promotable_reasons and not report.problems
 
 
 @pytest.mark.parametrize("payload", ["", "null", "123", '"text"'])

@@ -411,7 +411,7 @@ def outputs_for(cert: Any, cert_path: Path, bundle: Path | None, workspace: Path
         "promotable": "true" if is_promotable(cert) else "false",
         "cert-path": relative_to_workspace(cert_path, workspace),
         "bundle-path": relative_to_workspace(bundle, workspace) if bundle else "",
-        "divergent-ids": str(len(cert.divergence_report.AC.divergent_ids)),
+        "divergent-ids": str(len(cert.divergence_report.ac.divergent_ids)),
         "cell": _cell_text(cert),
         "cell-id": cert_path.stem,
     }
@@ -425,7 +425,7 @@ def require_holds(cert: Any, require: Require) -> bool:
 
 def summary_markdown(cert: Any, require: Require, passed: bool, outputs: Mapping[str, str]) -> str:
     """The job summary: verdict, gate table, divergent ids, bound, scope (pure)."""
-    ac = cert.divergence_report.AC
+    ac = cert.divergence_report.ac
     lines = [
         f"## batch-invariance: {outputs['verdict']} — `{outputs['cell']}`",
         "",
@@ -500,7 +500,7 @@ def verdict_annotation(cert: Any, require: Require, passed: bool, cell: str) -> 
     if passed:
         return annotation("notice", title, f"{cell}: {verdict}, require {require} met. {reasons}")
     if cert.status == "failed":
-        n = len(cert.divergence_report.AC.divergent_ids)
+        n = len(cert.divergence_report.ac.divergent_ids)
         mock = " (mock run)" if cert.source == "mock" else ""
         return annotation(
             "error",

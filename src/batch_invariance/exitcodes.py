@@ -8,7 +8,7 @@ code   meaning
 2      usage or configuration error, or a refused guard (nothing ran)
 3      AMBER, UNVERIFIED, or otherwise not promotable
 4      infrastructure failure with no verdict
-5      cert invalid: schema, digest, re-derived verdict or signature failed
+5      cert invalid: schema, digest, version, re-derived verdict, identity or signature
 130    interrupted by SIGINT
 143    interrupted by SIGTERM
 =====  ==========================================================

@@ -70,7 +70,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     assert cert.divergence_class is not None and "co_batching" in cert.divergence_class
     assert cert.overlap.ok and cert.completion_floor.ok and cert.cobatch_coverage.ok
     assert cert.transport.ok
-    assert cert.divergence_report.AC.n_divergent >= 1
+    assert cert.divergence_report.ac.n_divergent >= 1
     assert outcome.finished.path.is_file()
     prov = cert.provenance
     assert prov["server_binary"]["sha256"] == live_pair.server_sha256
@@ -81,6 +81,12 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     argvs = [s["argv"] for s in prov["servers"]]
     assert "--metrics" in argvs[1] and argvs[1][argvs[1].index("--ctx-size") + 1] == "2048"
     assert "split" in cert.kv_label
+    # The real live cert passes the one verification path, identity against provenance too.
+    from batch_invariance.cert.verify import verify_path
+
+    verification = verify_path(outcome.finished.path)
+    assert verification.valid, verification.problems
+    assert verification.verdict == "RED" and not verification.promotable
 
 
 def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(

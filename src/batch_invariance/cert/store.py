@@ -6,7 +6,8 @@
   never a partial file. A cert already at the target is first moved aside to a name suffixed
   with the NEW cert's timestamp and reported in :attr:`WrittenCert.superseded`: nothing is
   silently overwritten.
-* :func:`read_cert` parses, validates and checks the digest, raising
+* :func:`read_cert` reads a cert file once and hands the text to
+  :func:`~batch_invariance.cert.parse.parse_cert` (schema and digest), raising
   :class:`~batch_invariance.errors.CertInvalid` with a one-line message.
 
 ``python -m batch_invariance.cert.store --write-schema docs/cert.schema.json`` regenerates the
@@ -26,9 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from batch_invariance.cert.certificate import Cert, compute_digest, schema_text
+from batch_invariance.cert.parse import parse_cert
+from batch_invariance.cert.schema import Cert, cert_to_json, schema_text
 from batch_invariance.errors import CertInvalid, InfraError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -58,7 +58,7 @@ def render(cert: Cert) -> str:
     """The canonical text of a cert file."""
     return (
         json.dumps(
-            cert.model_dump(mode="json"),
+            cert_to_json(cert),
             sort_keys=True,
             indent=2,
             ensure_ascii=False,
@@ -161,52 +161,20 @@ def _write_failure(target: Path, exc: OSError) -> str:
     )
 
 
-def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors()
-    if not errors:
-        return str(exc).splitlines()[0]
-    err = errors[0]
-    where = ".".join(str(p) for p in err.get("loc", ())) or "(top level)"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {err.get('msg', 'invalid')}{more}"
-
-
-def parse_cert(text: str, origin: str = "cert") -> Cert:
-    """Parse and validate cert JSON text and check its digest; raises :class:`CertInvalid`."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CertInvalid(
-            f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-            "the file is damaged or not a cert"
-        ) from None
-    if not isinstance(data, dict):
-        raise CertInvalid(f"{origin}: a cert is a JSON object, got {type(data).__name__}")
-    try:
-        cert = Cert.model_validate(data)
-    except ValidationError as exc:
-        raise CertInvalid(
-            f"{origin}: does not match the cert schema: {_first_error(exc)}"
-        ) from None
-    computed = compute_digest(cert.model_dump(mode="json"))
-    if cert.digest != computed:
-        raise CertInvalid(
-            f"{origin}: digest mismatch (stored {cert.digest[:19]}..., content gives "
-            f"{computed[:19]}...): the cert was changed after it was written"
-        )
-    return cert
-
-
-def read_cert(path: Path) -> Cert:
-    """Read, validate and digest-check the cert at ``path``; raises :class:`CertInvalid`."""
+def read_cert_text(path: Path) -> str:
+    """The text of the cert file at ``path``; raises :class:`CertInvalid` when unreadable."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CertInvalid(f"{p}: no such cert file; check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CertInvalid(f"{p}: cannot read cert ({exc.__class__.__name__}: {exc})") from None
-    return parse_cert(text, str(p))
+
+
+def read_cert(path: Path) -> Cert:
+    """Read, validate and digest-check the cert at ``path``; raises :class:`CertInvalid`."""
+    return parse_cert(read_cert_text(path), str(path))
 
 
 def write_schema(path: Path) -> None:

@@ -1,78 +1,195 @@
-"""Checking a cert file end to end: schema, digest, and the verdict re-derived from its own
-evidence with the same pure core that wrote it."""
+"""The one verification path and the one promotability rule.
+
+:func:`verify_text` parses a cert once (schema, digest: :mod:`~batch_invariance.cert.parse`),
+refuses one written under other rules, re-derives it once from its own evidence, checks its
+identity against its own provenance (:mod:`~batch_invariance.cert.identity`) and then says
+whether it is promotable. Everything that reads a cert asks it: ``verify-cert``,
+:func:`is_promotable`, :func:`cert_is_green`, check-deploy and the Action.
+
+Fail closed: anything absent, malformed, re-digested after an edit, inconsistent with its
+evidence or with its provenance is not promotable, and :func:`verify_text` never raises.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_invariance.cert.certificate import (
+from batch_invariance.cert.build import differing_fields, rederive
+from batch_invariance.cert.identity import identity_problems
+from batch_invariance.cert.parse import parse_cert, version_problem
+from batch_invariance.cert.schema import (
+    GATE_ABC_UNION,
     Cert,
-    consistency_errors,
+    CertHeader,
+    canonical_json,
+    cert_to_json,
     display_verdict,
-    is_promotable,
-    rederive,
 )
-from batch_invariance.cert.store import read_cert
+from batch_invariance.core.evidence import policy_problems
 from batch_invariance.errors import CertInvalid
+
+#: What the digest is for, said wherever a cert is reported valid.
+DIGEST_SCOPE = "the digest catches accidents, not forgery"
 
 
 @dataclass(frozen=True)
-class VerificationReport:
-    """What ``verify-cert`` found for a cert that passed every check."""
+class Verification:
+    """Everything known about one cert after the one verification path."""
 
-    path: Path
-    cert: Cert
-    model: str
-    ctx: int
-    dispatch_n: int
-    status: str
+    path: Path | None
+    #: The parsed cert; ``None`` when it could not be parsed at all.
+    cert: Cert | None
+    #: Why the cert is invalid, first problem first; empty = valid.
+    problems: tuple[str, ...]
+    status: str | None
     verdict: str
-    source: str
-    gate: str
     promotable: bool
-    reasons: tuple[str, ...]
+    #: Why it is (one line) or is not (every unmet condition) promotable.
+    promotable_reasons: tuple[str, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    def raise_if_invalid(self) -> None:
+        """Raise :class:`CertInvalid` with the first problem (and a count of the others)."""
+        if self.problems:
+            more = len(self.problems) - 1
+            tail = f" (and {more} more problem(s))" if more else ""
+            raise CertInvalid(self.problems[0] + tail)
 
 
-def verify_cert(cert: Cert, origin: str = "cert") -> None:
-    """Re-derive ``cert`` from its embedded evidence; raise :class:`CertInvalid` naming the
-    first disagreement (the status first, then any other top-level field)."""
+def _promotability(cert: Cert) -> tuple[bool, tuple[str, ...]]:
+    unmet: list[str] = []
+    if cert.status != "green":
+        unmet.append(f"status is {cert.status} ({display_verdict(cert.status)}), not green")
+    if cert.source != "live":
+        unmet.append(f"source is {cert.source}: only a live run can be promoted")
+    if cert.gate != GATE_ABC_UNION:
+        unmet.append(f"gate is {cert.gate}, not {GATE_ABC_UNION}")
+    unmet.extend(policy_problems(cert.evidence.policy))
+    if unmet:
+        return False, tuple(unmet)
+    return True, ("status green, source live, gate abc_union, policy no looser than defaults",)
+
+
+def _rederivation_problems(cert: Cert, origin: str) -> list[str]:
     try:
-        errors = consistency_errors(cert)
-    except Exception as exc:  # evidence that cannot be judged is not a valid cert
-        raise CertInvalid(
-            f"{origin}: the embedded evidence cannot be re-judged ({type(exc).__name__}: {exc})"
-        ) from None
-    if not errors:
-        return
-    if errors[0] == "status":
         rebuilt = rederive(cert)
-        raise CertInvalid(
+        fields = differing_fields(cert, rebuilt)
+    except Exception as exc:  # evidence that cannot be judged is not a valid cert
+        return [
+            f"{origin}: the embedded evidence cannot be re-judged ({type(exc).__name__}: {exc})"
+        ]
+    if not fields:
+        return []
+    if fields[0] == "status":
+        return [
             f"{origin}: stored status {cert.status!r} but its own evidence gives "
             f"{rebuilt.status!r}; the verdict was edited or the evidence was changed"
-        )
-    shown = ", ".join(errors[:5]) + (" ..." if len(errors) > 5 else "")
-    raise CertInvalid(
-        f"{origin}: fields disagree with the verdict re-derived from its evidence: {shown}"
+        ]
+    shown = ", ".join(fields[:5]) + (" ..." if len(fields) > 5 else "")
+    return [f"{origin}: fields disagree with the verdict re-derived from its evidence: {shown}"]
+
+
+def _invalid(path: Path | None, cert: Cert | None, problems: list[str]) -> Verification:
+    return Verification(
+        path=path,
+        cert=cert,
+        problems=tuple(problems),
+        status=None if cert is None else cert.status,
+        verdict="INVALID",
+        promotable=False,
+        promotable_reasons=("the cert is not valid: " + problems[0],),
     )
 
 
-def verify_cert_file(path: Path) -> VerificationReport:
-    """Read ``path`` and check schema, digest and re-derivation; raise :class:`CertInvalid`
-    with a specific one-line message on the first failure."""
-    p = Path(path)
-    cert = read_cert(p)
-    verify_cert(cert, str(p))
-    return VerificationReport(
-        path=p,
+def verify_cert(cert: Cert, origin: str = "cert", path: Path | None = None) -> Verification:
+    """Verify an already parsed cert: version, re-derivation, identity, promotability."""
+    version = version_problem(origin, CertHeader(cert.cert_version, cert.tool_version))
+    if version is not None:
+        return _invalid(path, cert, [version])
+    problems = _rederivation_problems(cert, origin)
+    problems += [f"{origin}: {p}" for p in identity_problems(cert)]
+    if problems:
+        return _invalid(path, cert, problems)
+    promotable, reasons = _promotability(cert)
+    return Verification(
+        path=path,
         cert=cert,
-        model=cert.model,
-        ctx=cert.ctx,
-        dispatch_n=cert.dispatch_n,
+        problems=(),
         status=cert.status,
         verdict=display_verdict(cert.status),
-        source=cert.source,
-        gate=cert.gate,
-        promotable=is_promotable(cert),
-        reasons=tuple(cert.decision_reasons),
+        promotable=promotable,
+        promotable_reasons=reasons,
+    )
+
+
+def verify_text(text: str | bytes, origin: str = "cert", path: Path | None = None) -> Verification:
+    """The one verification path, from cert JSON text. Never raises."""
+    try:
+        cert = parse_cert(text, origin)
+    except CertInvalid as exc:
+        return _invalid(path, None, [str(exc)])
+    return verify_cert(cert, origin, path)
+
+
+def verify_path(path: Path) -> Verification:
+    """Read the cert at ``path`` once and verify it. Never raises."""
+    from batch_invariance.cert.store import read_cert_text
+
+    p = Path(path)
+    try:
+        text = read_cert_text(p)
+    except CertInvalid as exc:
+        return _invalid(p, None, [str(exc)])
+    return verify_text(text, str(p), p)
+
+
+def verify_cert_file(path: Path) -> Verification:
+    """:func:`verify_path`, raising :class:`CertInvalid` (exit 5) when the cert is invalid."""
+    verification = verify_path(path)
+    verification.raise_if_invalid()
+    return verification
+
+
+def _verify_object(cert: object) -> Verification:
+    """Verify a :class:`Cert` or a JSON-like ``dict`` through its JSON form (so values
+    smuggled into a ``Cert`` past validation are caught). Never raises."""
+    try:
+        if isinstance(cert, Cert):
+            text = canonical_json(cert_to_json(cert))
+        elif isinstance(cert, Mapping):
+            text = canonical_json(dict(cert))
+        else:
+            return _invalid(None, None, [f"not a cert: {type(cert).__name__}"])
+    except Exception as exc:
+        return _invalid(None, None, [f"cert: cannot be written as JSON ({exc})"])
+    return verify_text(text)
+
+
+def is_promotable(cert: object, require_gate: str = GATE_ABC_UNION) -> bool:
+    """The one promotability rule: valid, status green, source live, gate ``require_gate``,
+    policy no looser than the defaults. Never raises; a mock cert is never promotable."""
+    verification = _verify_object(cert)
+    return (
+        verification.promotable
+        and verification.cert is not None
+        and verification.cert.gate == require_gate
+    )
+
+
+def cert_is_green(cert: object, require_source: str = "live") -> bool:
+    """True only for a valid cert whose status is literally ``"green"`` and whose source is
+    ``require_source``. Never raises."""
+    if isinstance(cert, Mapping) and (
+        cert.get("status") != "green" or cert.get("source") != require_source
+    ):
+        return False
+    verification = _verify_object(cert)
+    c = verification.cert
+    return (
+        verification.valid and c is not None and c.status == "green" and c.source == require_source
     )

@@ -1,9 +1,11 @@
 """`batch-invariance check-deploy CONFIG --certs DIR`: the deploy gate.
 
-Passes (exit 0) only when every cell of the deploy config with ``parallel > 1`` has a cert in
-DIR that verifies, is promotable and, with ``--bundle-identity``, is correctly signed. Names
-every missing or failing cell; exit 3 when any is missing or not promotable, 5 when a cert or
-its signature is invalid.
+Passes (exit 0) only when every cell of the deploy config with ``parallel > 1`` is covered by
+a cert in DIR that measured exactly that cell (model identity, ctx per slot, N, KV layout,
+numerics flags, answer length), verifies, is promotable and carries a sigstore bundle that
+verifies against the identity policy (``--allow-unsigned`` skips signatures, and says so).
+Exit 3 when a cell is not covered, 5 when a covering cert or its signature is invalid.
+The rules: docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.signing import GITHUB_ACTIONS_ISSUER
 from batch_invariance.errors import UsageError
 
 
@@ -23,19 +24,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "check-deploy",
         help="pass only when every batched cell of a deploy config has a promotable cert",
         description=(
-            "Read a deploy config (a file with llama-server command line(s), or a "
-            "models.toml-style file), list the (model, ctx, N) cells it runs, and pass only "
-            "when each cell with parallel > 1 has a promotable cert in --certs (and, with "
-            "--bundle-identity, a valid sigstore bundle). ctx is the context per slot."
+            "Read a deploy config (shell script, systemd unit, compose file or models.toml), "
+            "list the (model, ctx, N) cells its llama-server processes run, and pass only when "
+            "each cell with parallel > 1 is covered by a promotable, signed cert in --certs "
+            "that measured exactly that cell. ctx is the context per slot. See docs/deploy.md."
         ),
     )
     parser.add_argument("config", type=Path, metavar="CONFIG", help="deploy config file")
     parser.add_argument(
-        "--certs",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="folder of certs (searched recursively)",
+        "--certs", type=Path, required=True, metavar="DIR", help="certs (searched recursively)"
     )
     parser.add_argument(
         "--models-dir",
@@ -44,16 +41,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="fills {MODELS_DIR} in a models.toml (default: $MODELS_DIR)",
     )
     parser.add_argument(
-        "--bundle-identity",
+        "--cert-identity",
         default=None,
         metavar="ID",
-        help="require CERT.sigstore.json signed by this identity (certificate SAN)",
+        help="every covering cert's CERT.sigstore.json must be signed by this identity (SAN)",
     )
     parser.add_argument(
-        "--bundle-issuer",
-        default=GITHUB_ACTIONS_ISSUER,
-        metavar="URL",
-        help=f"OIDC issuer of --bundle-identity (default: {GITHUB_ACTIONS_ISSUER})",
+        "--cert-oidc-issuer", default=None, metavar="URL", help="OIDC issuer of --cert-identity"
     )
     parser.add_argument(
         "--repository",
@@ -62,47 +56,83 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="also require the signing workflow to run in this GitHub repository",
     )
     parser.add_argument(
+        "--signing-policy",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TOML file with identity, issuer and optional repository (instead of the flags)",
+    )
+    parser.add_argument(
         "--offline",
         action="store_true",
         help="verify bundles with the trust root embedded in sigstore (no network)",
     )
+    parser.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="local use only: accept certs without a verified signature (the result says so)",
+    )
     parser.set_defaults(func=handle)
 
 
-def handle(args: argparse.Namespace) -> int:
-    from batch_invariance.deploy.gate import BundlePolicy, check_cells, load_deploy_config
+def signing_policy(args: argparse.Namespace) -> Any:
+    """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned."""
+    from batch_invariance.deploy.gate import SigningPolicy
+    from batch_invariance.profiles.models import load_toml
 
-    if args.repository and not args.bundle_identity:
-        raise UsageError("--repository needs --bundle-identity (it checks the signature)")
-    policy = (
-        BundlePolicy(
-            identity=args.bundle_identity,
-            issuer=args.bundle_issuer,
-            repository=args.repository,
-            offline=args.offline,
+    identity, issuer, repository = args.cert_identity, args.cert_oidc_issuer, args.repository
+    if args.signing_policy is not None:
+        try:
+            text = args.signing_policy.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read --signing-policy {args.signing_policy}: {exc}") from None
+        table = load_toml(text, str(args.signing_policy))
+        identity = identity or table.get("identity")
+        issuer = issuer or table.get("issuer")
+        repository = repository or table.get("repository")
+    given = identity or issuer or repository
+    if args.allow_unsigned:
+        if given:
+            raise UsageError("--allow-unsigned skips signatures; drop it or the identity policy")
+        return None
+    if not (isinstance(identity, str) and identity and isinstance(issuer, str) and issuer):
+        raise UsageError(
+            "check-deploy verifies every covering cert's signature: pass --cert-identity and "
+            "--cert-oidc-issuer (or --signing-policy FILE), or --allow-unsigned for a local check"
         )
-        if args.bundle_identity
-        else None
+    return SigningPolicy(
+        identity=identity,
+        issuer=issuer,
+        repository=repository if isinstance(repository, str) else None,
+        offline=args.offline,
     )
+
+
+def handle(args: argparse.Namespace) -> int:
+    from batch_invariance.deploy.cells import load_deploy_cells
+    from batch_invariance.deploy.gate import check_cells
+
+    signing = signing_policy(args)
     models_dir = args.models_dir or os.environ.get("MODELS_DIR")
-    cells = load_deploy_config(args.config, models_dir)
-    report = check_cells(args.config, cells, args.certs, policy)
+    cells = load_deploy_cells(args.config, models_dir)
+    report = check_cells(args.config, cells, args.certs, signing)
 
     for cell in report.serial:
         print(f"skip  {cell.label}  [{cell.origin}]  parallel 1: no batching, no cert needed")
     for check in report.checks:
         mark = "pass" if check.ok else "FAIL"
         print(f"{mark}  {check.cell.label}  [{check.cell.origin}]  {check.reason}")
+    note = " (UNSIGNED: --allow-unsigned, signatures not checked)" if signing is None else ""
     if not report.checks:
-        print(f"check-deploy: PASS: {args.config} runs no batched cell (parallel > 1)")
+        print(f"check-deploy: PASS: {args.config} runs no batched cell (parallel > 1){note}")
         return exitcodes.PROMOTABLE
     if report.passed:
-        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified")
+        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified{note}")
         return exitcodes.PROMOTABLE
     failing = report.failing
     print(
         f"check-deploy: FAIL: {len(failing)} of {len(report.checks)} batched cell(s) not "
-        f"certified: {', '.join(c.cell.label for c in failing)}"
+        f"certified: {', '.join(c.cell.label for c in failing)}{note}"
     )
     if any(check.kind == "invalid" for check in failing):
         return exitcodes.CERT_INVALID

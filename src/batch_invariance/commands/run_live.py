@@ -37,6 +37,7 @@ from batch_invariance.engines import memory, ports
 from batch_invariance.engines.gguf import GgufInfo, cached_sha256, parse_info
 from batch_invariance.engines.llama_server import (
     BinaryIdentity,
+    KvLayout,
     LiveLauncher,
     build_argv,
     identify_binary,
@@ -161,6 +162,8 @@ class LiveConfig:
     #: Test hook: launch every server with at most this many slots (cannot co-batch).
     cap_parallel: int | None = None
     profile: Mapping[str, Any] | None = None
+    #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
+    kv_layout: KvLayout = "split"
 
     def plan(self, workset: Workset) -> CellPlan:
         return CellPlan(
@@ -187,6 +190,7 @@ class LiveConfig:
             max_footprint_gb=self.max_footprint_gb,
             ready_timeout=self.ready_timeout,
             cap_parallel=self.cap_parallel,
+            kv_layout=self.kv_layout,
         )
 
 
@@ -348,6 +352,7 @@ def config_from_args(args: argparse.Namespace, *, create_out_dir: bool = True) -
         port_policy=port_policy,
         out_dir=out_dir,
         profile=None if prof is None else dict(prof.provenance),
+        kv_layout=getattr(args, "kv_layout", "split"),
         **cell_fields(args),
     )
 
@@ -549,6 +554,7 @@ def print_dry_run(cfg: LiveConfig, out: Any = None) -> int:
             parallel=n,
             ctx=cfg.ctx,
             extra_flags=cfg.server_flags,
+            kv_layout=cfg.kv_layout if n > 1 else "split",
         )
         shown = [port if a == "0" and i > 0 and argv[i - 1] == "--port" else a
                  for i, a in enumerate(argv)]  # fmt: skip
@@ -557,7 +563,8 @@ def print_dry_run(cfg: LiveConfig, out: Any = None) -> int:
         refused = refused or decision.refusal
         print(f"server {arm}: {' '.join(shown)}", file=stream)
         print(
-            f"  kv: {kv_label(cfg.ctx, n)}; projected {_gib(proj.total_bytes)} (weights "
+            f"  kv: {kv_label(cfg.ctx, n, cfg.kv_layout if n > 1 else 'split')}; projected "
+            f"{_gib(proj.total_bytes)} (weights "
             f"{_gib(proj.weights_bytes)} + KV {_gib(proj.kv_bytes)} + overhead "
             f"{_gib(proj.overhead_bytes)}); guard: {decision.refusal or 'ok'}",
             file=stream,
@@ -607,7 +614,7 @@ def report(finished: FinishedCell, label: str, out: Any = None) -> int:
         f"transport {'clean' if cert.transport.ok else 'failures'}"
     )
     print(f"  gates: {gates}", file=stream)
-    ac = cert.divergence_report.AC
+    ac = cert.divergence_report.ac
     print(
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
         file=stream,
@@ -695,6 +702,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="accepted for compatibility; only 'live' (the driver sets the source itself)",
     )
     p.add_argument("--out-dir", type=Path, default=None, help="folder for the cert and logs")
+    p.add_argument(
+        "--kv-layout",
+        choices=("split", "unified"),
+        default="split",
+        help="B/C server KV cache: split (each slot owns ctx) or unified (-kvu, one ctx*N pool)",
+    )
     add_cell_options(
         p,
         defaults={

@@ -1,8 +1,11 @@
 """`batch-invariance verify-cert PATH`: is this cert intact, self-consistent and promotable?
 
-Checks, in order: the JSON schema, the integrity digest, the verdict re-derived from the
-embedded evidence against the stored one and, with ``--bundle``, the sigstore signature and
-its identity policy. Prints model/ctx/N, status, source, promotable and the reasons.
+Checks, in order (one verification path, :func:`~batch_invariance.cert.verify.verify_path`):
+the JSON schema, the integrity digest, the version that wrote it, the verdict re-derived from
+the embedded evidence, the cell's identity against its own provenance and, with ``--bundle``,
+the sigstore signature and its identity policy. Prints model/ctx/N, status, source,
+promotable and the reasons. Without ``--bundle`` it says that authenticity was not checked:
+the digest catches accidents, not forgery.
 
 Exit: 0 promotable, 1 RED, 3 valid but not promotable, 5 invalid or tampered (raised as
 :class:`~batch_invariance.errors.CertInvalid`; ``cli.main`` maps it).
@@ -15,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.verify import VerificationReport, verify_cert_file
+from batch_invariance.cert.schema import Cert
+from batch_invariance.cert.verify import DIGEST_SCOPE, Verification, verify_cert_file
 from batch_invariance.errors import CertInvalid, UsageError
 
 
@@ -87,21 +91,30 @@ def _check_signature(args: argparse.Namespace) -> str | None:
     return f"verified ({args.cert_identity}, {args.cert_oidc_issuer})"
 
 
-def _print_report(report: VerificationReport, signature: str | None) -> None:
+NO_BUNDLE = f"not checked (no --bundle): authenticity was not checked; {DIGEST_SCOPE}"
+
+
+def _print_report(report: Verification, cert: Cert, signature: str | None) -> None:
     print(f"cert:       {report.path}")
-    print(f"cell:       model={report.model} ctx={report.ctx} N={report.dispatch_n}")
-    print(f"status:     {report.verdict} ({report.status})")
-    print(f"source:     {report.source}   gate: {report.gate}")
+    print(f"cell:       model={cert.model} ctx={cert.ctx} N={cert.dispatch_n}")
+    print(f"status:     {report.verdict} ({cert.status})")
+    print(f"source:     {cert.source}   gate: {cert.gate}")
     print(f"promotable: {'yes' if report.promotable else 'no'}")
-    print(f"signature:  {signature or 'not checked (no --bundle)'}")
-    print("integrity:  schema ok, digest ok, verdict re-derived from evidence matches")
+    for reason in report.promotable_reasons:
+        print(f"  - {reason}")
+    print(f"signature:  {signature or NO_BUNDLE}")
+    print(
+        "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, "
+        "identity matches its provenance"
+    )
     print("reasons:")
-    for reason in report.reasons:
+    for reason in cert.decision_reasons:
         print(f"  - {reason}")
 
 
 def handle(args: argparse.Namespace) -> int:
     report = verify_cert_file(Path(args.path))
+    assert report.cert is not None  # a valid verification always carries its cert
     signature = _check_signature(args)
-    _print_report(report, signature)
-    return exitcodes.for_status(report.status, report.promotable)
+    _print_report(report, report.cert, signature)
+    return exitcodes.for_status(report.cert.status, report.promotable)

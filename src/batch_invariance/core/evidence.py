@@ -189,8 +189,10 @@ def policy_problems(policy: GatePolicy) -> tuple[str, ...]:
         if value != value:  # NaN compares false with everything: never acceptable
             problems.append(f"policy {name} is not a number")
         elif value < default if lower_is_looser else value > default:
-            side = "below" if lower_is_looser else "above"
-            problems.append(f"policy {name} {value:g} is {side} the default {default:g}")
+            side = "lower" if lower_is_looser else "higher"
+            problems.append(
+                f"policy {name} {value} is looser than the default {default} ({side} is looser)"
+            )
 
     looser("min_hot_trials", policy.min_hot_trials, DEFAULT_MIN_HOT_TRIALS, True)
     looser("completion_floor", policy.completion_floor, DEFAULT_COMPLETION_FLOOR, True)

@@ -29,28 +29,10 @@ from typing import IO, Any, Literal
 
 import requests
 
+from batch_invariance.core.llama_flags import flag_conflicts
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.gguf import GgufInfo
 from batch_invariance.errors import InfraError, Interrupted
-
-#: Flags the launcher owns; a user ``--server-flag`` may not override them.
-OWNED_FLAGS: frozenset[str] = frozenset(
-    {
-        "-m",
-        "--model",
-        "--host",
-        "--port",
-        "-np",
-        "--parallel",
-        "-c",
-        "--ctx-size",
-        "-kvu",
-        "--kv-unified",
-        "-no-kvu",
-        "--no-kv-unified",
-        "--kv-unified-per-slot",
-    }
-)
 
 _TAIL_LINES = 15
 
@@ -70,12 +52,19 @@ atexit.register(_cleanup_all)
 
 
 def owned_flag_conflicts(server_flags: Sequence[str]) -> list[str]:
-    """User server flags that would override what the launcher must control."""
-    return [f for f in server_flags if f.partition("=")[0] in OWNED_FLAGS]
+    """User server flags the launcher owns (it sets them) or refuses (they change what is
+    measured), as written; the one list is :mod:`batch_invariance.core.llama_flags`'s."""
+    return list(flag_conflicts(server_flags))
 
 
-def kv_label(ctx: int, parallel: int) -> str:
-    """How the KV cache is sized: split per slot, every slot gets ``ctx`` tokens."""
+KvLayout = Literal["split", "unified"]
+
+
+def kv_label(ctx: int, parallel: int, layout: KvLayout = "split") -> str:
+    """How the KV cache is sized. Split: every slot owns ``ctx`` tokens. Unified: one pool
+    of ``ctx * parallel`` tokens that every slot draws from."""
+    if layout == "unified":
+        return f"unified:-c {ctx * parallel} -np {parallel} -kvu (one pool, ctx {ctx} per slot)"
     return f"split:-c {ctx * parallel} -np {parallel} (ctx {ctx} per slot, no-kv-unified)"
 
 
@@ -89,8 +78,10 @@ def build_argv(
     ctx: int,
     metrics: bool = True,
     extra_flags: Sequence[str] = (),
+    kv_layout: KvLayout = "split",
 ) -> tuple[str, ...]:
-    """The server command line: every slot gets ``ctx`` tokens (``-c ctx*parallel``, split KV)."""
+    """The server command line: ``-c ctx*parallel`` and ``-np parallel`` with a split KV cache
+    (every slot gets ``ctx``) or, with ``kv_layout="unified"``, one pool of that size."""
     argv = [
         str(server_bin),
         "--model",
@@ -103,10 +94,10 @@ def build_argv(
         str(parallel),
         "--ctx-size",
         str(ctx * parallel),
-        "--no-kv-unified",
+        "--kv-unified" if kv_layout == "unified" else "--no-kv-unified",
         "--slots",
-        # No host-side prompt cache: every request is computed from scratch, and the memory
-        # projection stays honest.
+        # Owned: no host-side prompt cache, so every request is computed from scratch and the
+        # memory projection stays honest. A deploy must run --cache-ram 0 to be covered.
         "--cache-ram",
         "0",
         "--no-webui",
@@ -115,6 +106,15 @@ def build_argv(
         argv.append("--metrics")
     argv.extend(extra_flags)
     return tuple(argv)
+
+
+def server_env(parent: Mapping[str, str]) -> dict[str, str]:
+    """The environment a measured server gets: the tool's own without ``LLAMA_ARG_*``.
+
+    llama-server reads those variables as flags; one left in the tool's environment would
+    change what is measured without showing in the recorded argv (which check-deploy compares).
+    """
+    return {k: v for k, v in parent.items() if not k.startswith("LLAMA_ARG_")}
 
 
 def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
@@ -211,6 +211,7 @@ class LlamaServer:
         ready_timeout: float = 120.0,
         rss_cap_bytes: int | None = None,
         term_grace_s: float = 5.0,
+        kv_layout: KvLayout = "split",
     ) -> None:
         self.arm = arm
         self.label = f"{arm}:np{parallel}"
@@ -219,7 +220,7 @@ class LlamaServer:
         self.port = port
         self.host = host
         self.metrics_enabled = metrics
-        self.kv_label = kv_label(ctx, parallel)
+        self.kv_label = kv_label(ctx, parallel, kv_layout)
         self.argv = build_argv(
             server_bin,
             model,
@@ -229,6 +230,7 @@ class LlamaServer:
             ctx=ctx,
             metrics=metrics,
             extra_flags=extra_flags,
+            kv_layout=kv_layout,
         )
         self.base_url = f"http://{host}:{port}"
         self.log_path = log_dir / f"server-{arm}-{port}.log"
@@ -281,6 +283,7 @@ class LlamaServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                env=server_env(os.environ),
             )
         except OSError as exc:
             self._log.close()
@@ -460,6 +463,7 @@ class LiveLauncher:
         ready_timeout: float = 120.0,
         metrics: bool = True,
         cap_parallel: int | None = None,
+        kv_layout: KvLayout = "split",
     ) -> None:
         self.server_bin = server_bin
         self.model = model
@@ -471,6 +475,7 @@ class LiveLauncher:
         self.ready_timeout = ready_timeout
         self.metrics = metrics
         self.cap_parallel = cap_parallel
+        self.kv_layout: KvLayout = kv_layout
         self.launches: list[LaunchRecord] = []
         #: Set when a server was aborted (RSS past the cap); the run must not write a cert.
         self.aborted: str | None = None
@@ -505,6 +510,8 @@ class LiveLauncher:
             metrics=self.metrics,
             ready_timeout=self.ready_timeout,
             rss_cap_bytes=cap,
+            # The serial A server has one slot: its layout cannot matter; B/C get the asked one.
+            kv_layout=self.kv_layout if slots > 1 else "split",
         )
         record = LaunchRecord(
             arm=arm,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from batch_invariance.core.llama_flags import read_flags
 from batch_invariance.engines.gguf import GgufInfo
 from batch_invariance.errors import GuardRefused
 
@@ -61,19 +62,8 @@ class HostMemory:
 
 
 def cache_types(server_flags: Sequence[str]) -> tuple[str, str]:
-    """KV cache types chosen by server flags (``-ctk/--cache-type-k``, ``-ctv/...``)."""
-    k = v = "f16"
-    flags = list(server_flags)
-    for i, arg in enumerate(flags):
-        name, eq, inline = arg.partition("=")
-        value = inline if eq else (flags[i + 1] if i + 1 < len(flags) else None)
-        if value is None:
-            continue
-        if name in ("-ctk", "--cache-type-k"):
-            k = value
-        elif name in ("-ctv", "--cache-type-v"):
-            v = value
-    return k, v
+    """KV cache types chosen by server flags (the one flag reader's ``-ctk``/``-ctv``)."""
+    return read_flags(server_flags).cache_types
 
 
 def project(
@@ -159,19 +149,7 @@ class GuardDecision:
 
 def offloads_to_gpu(server_flags: Sequence[str]) -> bool:
     """True when the flags ask for layers on a GPU (``-ngl``/``--n-gpu-layers`` > 0 or all)."""
-    flags = list(server_flags)
-    for i, arg in enumerate(flags):
-        name, eq, inline = arg.partition("=")
-        if name not in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
-            continue
-        value = inline if eq else (flags[i + 1] if i + 1 < len(flags) else "")
-        if value in ("all", "auto"):
-            return True
-        try:
-            return int(value) != 0
-        except ValueError:
-            return False
-    return False
+    return read_flags(server_flags).gpu_offload
 
 
 def evaluate(

@@ -41,6 +41,7 @@ from batch_invariance.errors import BatchInvarianceError, UsageError
 from batch_invariance.profiles.models import (
     Registry,
     ResolvedModel,
+    kv_flags,
     load_toml,
     read_registry,
     resolve_model,
@@ -325,10 +326,6 @@ class ProfileRun:
         return self.profile.workset(ctx, self.corner, self.seed, token_counter)
 
 
-def _kv_flags(kv: str | None) -> tuple[str, ...]:
-    return () if kv is None else ("--cache-type-k", kv, "--cache-type-v", kv)
-
-
 def resolve_profile_run(
     profile: str,
     model_alias: str | None,
@@ -379,7 +376,7 @@ def resolve_profile_run(
         server_bin=cli.get("server_bin") or (resolved.server_bin if resolved else None),
         model=None if model is None else str(model),
         kv=None if kv is None else str(kv),
-        server_flags=tuple(registry_flags) + _kv_flags(kv) + tuple(cli_flags),
+        server_flags=tuple(registry_flags) + kv_flags(kv) + tuple(cli_flags),
         corner=corner,
         seed=int(cli.get("seed", loaded.default_seed)),
         scorer=scorer,

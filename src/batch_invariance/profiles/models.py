@@ -133,6 +133,12 @@ def parse_registry(data: Mapping[str, Any], source: str) -> Registry:
     return Registry(source=source, models=models)
 
 
+def kv_flags(kv: str | None) -> tuple[str, ...]:
+    """A row's ``kv`` as server flags: both cache types, after the row's own flags (as run-live
+    applies it, and as check-deploy reads a registry used as a deploy config)."""
+    return () if kv is None else ("--cache-type-k", kv, "--cache-type-v", kv)
+
+
 def read_registry(path: Path) -> Registry:
     """Read and parse a ``models.toml``."""
     try:

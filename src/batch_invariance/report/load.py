@@ -4,7 +4,7 @@ A path may be a cert file or a folder. A folder is searched recursively for cert
 ``{model}__ctx{C}__N{N}.json`` as ``write_cert`` names them; superseded copies
 (``*.superseded-*.json``), sigstore bundles and other JSON files (``sweep.json``, work-sets)
 are skipped. Each cert is checked end to end (schema, digest, verdict re-derived from its
-evidence) by :func:`~batch_invariance.cert.verify.verify_cert_file`; a cert that fails is
+evidence, identity) by :func:`~batch_invariance.cert.verify.verify_path`; a cert that fails is
 kept as a :class:`~batch_invariance.report.model.LoadedCert` with its one-line problem.
 
 The bundle beside a cert (``CERT.sigstore.json``) is verified only against an identity
@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from batch_invariance.cert.schema import cert_to_json
 from batch_invariance.cert.signing import bundle_path_for
-from batch_invariance.cert.verify import verify_cert_file
+from batch_invariance.cert.verify import verify_path
 from batch_invariance.errors import BatchInvarianceError, CertInvalid, UsageError
 from batch_invariance.report.model import LoadedCert, Signature
 
@@ -86,11 +87,11 @@ def check_signature(cert: Path, policy: BundlePolicy | None) -> Signature:
 def load_cert(path: Path, policy: BundlePolicy | None) -> LoadedCert:
     """Check one cert file; a failure becomes the cert's problem, never an exception."""
     origin = str(path)
-    try:
-        checked = verify_cert_file(path)
-    except CertInvalid as exc:
-        return LoadedCert(origin, None, str(exc), False, Signature("unsigned", "not checked"))
-    data = checked.cert.model_dump(mode="json")
+    checked = verify_path(path)
+    if checked.problems or checked.cert is None:
+        problem = checked.problems[0] if checked.problems else f"{origin}: not a cert"
+        return LoadedCert(origin, None, problem, False, Signature("unsigned", "not checked"))
+    data = cert_to_json(checked.cert)
     return LoadedCert(origin, data, None, checked.promotable, check_signature(path, policy))
 
 

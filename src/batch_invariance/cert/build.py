@@ -1,0 +1,227 @@
+"""Building a cert from the core's values, and rebuilding it from its own evidence (pure).
+
+* :func:`build_cert` turns evidence + verdict + spec + provenance into a :class:`Cert` whose
+  ``digest`` is the sha256 of the canonical JSON of everything else. The cert is validated
+  from its own JSON form before it is digested, so what is written is exactly what a reader
+  gets back.
+* :func:`rederive` rebuilds the whole cert from its embedded evidence with the same pure
+  :func:`~batch_invariance.core.verdict.decide`; :func:`differing_fields` names every
+  top-level field where a stored cert and its rebuild disagree.
+
+Nothing here reads files or clocks: the timestamp comes from the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from typing import Any
+
+from batch_invariance import __version__
+from batch_invariance.cert.derived import gates_block, promotion_scope
+from batch_invariance.cert.schema import (
+    CERT_VERSION,
+    SOURCES,
+    ArmB,
+    Cert,
+    EvidenceRecord,
+    PassEvidence,
+    Source,
+    TrialRecord,
+    canonical_json,
+    cert_from_json,
+    cert_to_json,
+    compute_digest,
+    display_verdict,
+)
+from batch_invariance.core.diff import content_key, excerpt
+from batch_invariance.core.evidence import (
+    INVARIANT_FIELDS,
+    CellEvidence,
+    CellSpec,
+    GatePolicy,
+    PassRecord,
+    Trial,
+)
+from batch_invariance.core.verdict import Verdict, decide
+
+#: Trial attributes carried one to one into the embedded record (same name, same value).
+_SHARED_TRIAL_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(TrialRecord) if f.name in {g.name for g in fields(Trial)}
+)
+
+
+def embed_trial(trial: Trial) -> TrialRecord:
+    """The trial as the cert carries it: an excerpt and the content sha stand in for the
+    completion, and of the timings only ``cache_n`` is kept."""
+    cache_n = trial.timings.get("cache_n")
+    shared = {name: getattr(trial, name) for name in _SHARED_TRIAL_FIELDS}
+    shared["content_sha256"] = content_key(trial)
+    return TrialRecord(
+        **shared,
+        completion_excerpt=excerpt(trial),
+        cache_n=None if cache_n is None else int(cache_n),
+    )
+
+
+def trial_from_record(test_id: str, record: TrialRecord) -> Trial:
+    """The :class:`Trial` an embedded record stands for (the excerpt in place of the text)."""
+    shared = {name: getattr(record, name) for name in _SHARED_TRIAL_FIELDS}
+    return Trial(
+        test_id=test_id,
+        completion=record.completion_excerpt,
+        timings={} if record.cache_n is None else {"cache_n": float(record.cache_n)},
+        **shared,
+    )
+
+
+def _embed(trials: Mapping[str, Trial]) -> dict[str, TrialRecord]:
+    return {k: embed_trial(trials[k]) for k in sorted(trials)}
+
+
+def _unembed(records: Mapping[str, TrialRecord]) -> dict[str, Trial]:
+    return {k: trial_from_record(k, v) for k, v in records.items()}
+
+
+def _evidence_record(evidence: CellEvidence, policy: GatePolicy) -> EvidenceRecord:
+    return EvidenceRecord(
+        items=tuple(sorted(evidence.items, key=lambda m: m.test_id)),
+        a=_embed(evidence.a),
+        a_repeat=None if evidence.a_repeat is None else _embed(evidence.a_repeat),
+        b=_embed(evidence.b),
+        c_passes=tuple(
+            PassEvidence(
+                index=p.index,
+                server_busy_max=p.server_busy_max,
+                busy_source=p.busy_source,
+                order=tuple(p.order),
+                trials=_embed(p.trials),
+            )
+            for p in sorted(evidence.c_passes, key=lambda q: q.index)
+        ),
+        policy=policy,
+    )
+
+
+def evidence_from_cert(cert: Cert) -> CellEvidence:
+    """The :class:`CellEvidence` embedded in a cert."""
+    e = cert.evidence
+    return CellEvidence(
+        items=e.items,
+        a=_unembed(e.a),
+        a_repeat=None if e.a_repeat is None else _unembed(e.a_repeat),
+        b=_unembed(e.b),
+        c_passes=tuple(
+            PassRecord(
+                index=p.index,
+                trials=_unembed(p.trials),
+                server_busy_max=p.server_busy_max,
+                busy_source=p.busy_source,
+                order=p.order,
+            )
+            for p in e.c_passes
+        ),
+    )
+
+
+def spec_from_cert(cert: Cert) -> CellSpec:
+    """The :class:`CellSpec` the cert speaks for."""
+    return CellSpec(
+        model=cert.model,
+        ctx=cert.ctx,
+        dispatch_n=cert.dispatch_n,
+        kv_label=cert.kv_label,
+        reps=cert.reps,
+        gate=cert.gate,
+        is_moe=cert.promotion_scope.is_moe,
+    )
+
+
+def _json_safe(value: Mapping[str, Any]) -> dict[str, Any]:
+    """Provenance as plain JSON (paths and other objects become strings)."""
+    out: dict[str, Any] = json.loads(json.dumps(dict(value), sort_keys=True, default=str))
+    return out
+
+
+def build_cert(
+    evidence: CellEvidence,
+    verdict: Verdict,
+    spec: CellSpec,
+    policy: GatePolicy,
+    provenance: Mapping[str, Any],
+    source: Source,
+    ts_utc: str,
+) -> Cert:
+    """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
+    what the caller really ran against (``run-mock`` always passes ``"mock"``)."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be 'live' or 'mock', got {source!r}")
+    r = verdict.reports
+    g = verdict.gates
+    draft = Cert(
+        cert_version=CERT_VERSION,
+        tool_version=__version__,
+        model=spec.model,
+        ctx=spec.ctx,
+        dispatch_n=spec.dispatch_n,
+        status=verdict.status,
+        verdict=display_verdict(verdict.status),
+        source=source,
+        gate=spec.gate,
+        overlap_ok=g.overlap.ok,
+        overlap=g.overlap,
+        kv_label=spec.kv_label,
+        reps=spec.reps,
+        n_passes=len(evidence.c_passes),
+        invariant_fields=INVARIANT_FIELDS,
+        ts_utc=ts_utc,
+        mismatch=not r.ac.clean,
+        divergence_class=verdict.divergence_class,
+        anomaly=verdict.anomaly,
+        token_divergence_ids=r.ac.token_divergence_ids,
+        arm_b=ArmB(ab_passed=r.ab.clean, bc_passed=r.bc.clean),
+        per_pass_ac_divergent=tuple(p.n_divergent for p in r.ac.per_pass),
+        per_pass_ac_token_only=tuple(p.n_token_only for p in r.ac.per_pass),
+        decision_reasons=verdict.decision_reasons,
+        divergence_report=r,
+        completion_floor=g.floor,
+        cobatch_coverage=g.coverage,
+        transport=g.transport,
+        serial_repeat=g.serial_repeat,
+        gates=gates_block(verdict, spec, source, policy),
+        sensitivity=verdict.sensitivity,
+        promotion_scope=promotion_scope(spec, verdict),
+        provenance=_json_safe(provenance),
+        evidence=_evidence_record(evidence, policy),
+        digest="",
+    )
+    # Through the JSON edge once: types checked, keys closed, numbers in their JSON form
+    # (an int score becomes 1.0), so the digest is over exactly what a reader gets back.
+    cert = cert_from_json(canonical_json(cert_to_json(draft)))
+    return replace(cert, digest=compute_digest(cert_to_json(cert)))
+
+
+def rederive(cert: Cert) -> Cert:
+    """Rebuild the whole cert from its own evidence, policy, spec, provenance and timestamp
+    with the same pure :func:`~batch_invariance.core.verdict.decide`."""
+    evidence = evidence_from_cert(cert)
+    policy = cert.evidence.policy
+    return build_cert(
+        evidence,
+        decide(evidence, policy),
+        spec_from_cert(cert),
+        policy,
+        cert.provenance,
+        cert.source,
+        cert.ts_utc,
+    )
+
+
+def differing_fields(stored: Cert, rebuilt: Cert) -> list[str]:
+    """Top-level fields (``status`` first when it differs) where two certs disagree, the
+    digest aside. Empty means consistent."""
+    a = cert_to_json(stored)
+    b = cert_to_json(rebuilt)
+    keys = sorted((set(a) | set(b)) - {"digest"}, key=lambda k: (k != "status", k))
+    return [k for k in keys if canonical_json(a.get(k)) != canonical_json(b.get(k))]

@@ -1,0 +1,160 @@
+"""Does a cert's identity agree with its own provenance? (pure)
+
+The digest is a plain sha256 anyone can recompute, so a relabelled cert (``source`` set to
+``live``, ``ctx`` or ``dispatch_n`` edited, then rebuilt with :func:`rederive`) passes every
+consistency check. What a rebuild cannot change without also rewriting the provenance is
+checked here: the cell a cert claims must be the cell its recorded servers ran.
+
+* ``source`` ``live`` needs a live run: a mock driver, mock knobs, a mock server argv or a
+  mock KV label is never live, and a live cert must record the servers it started.
+* ``model`` must be the recorded model file (its name without ``.gguf``, or the profile's
+  model alias), with a sha256, and every server must have been started on that file.
+* ``ctx`` (per slot), ``dispatch_n`` and the KV layout must be what the argv of the servers
+  actually started say: A at ``--parallel 1``, BC at ``--parallel dispatch_n``, each with
+  ``--ctx-size`` = ctx x parallel, and the layout flag the ``kv_label`` names.
+
+This catches relabelling by accident or by a careless hand; it is not proof against forgery
+(a forger rewrites the provenance too). Authenticity is the signature's job.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from batch_invariance.cert.schema import Cert
+from batch_invariance.core.llama_flags import FlagError, ServerFlags, read_flags
+
+MOCK_DRIVERS: frozenset[str] = frozenset({"run-mock"})
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_ROLE_PARALLEL_IS_ONE = "A"
+_ROLE_UNDER_TEST = "BC"
+
+
+def _flags(argv: Sequence[str]) -> ServerFlags:
+    """The recorded argv through the one llama-server flag reader; an argv it cannot read
+    reads as no flags at all (every check below then fails, as it should)."""
+    try:
+        return read_flags(argv)
+    except FlagError:
+        return read_flags(())
+
+
+def _layout(flags: ServerFlags) -> str | None:
+    """``split`` / ``unified`` as the argv says, ``None`` when it leaves it to the server."""
+    return None if flags.kv_unified is None else ("unified" if flags.kv_unified else "split")
+
+
+def _servers(provenance: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    raw = provenance.get("servers")
+    return [s for s in raw if isinstance(s, Mapping)] if isinstance(raw, list) else []
+
+
+def _argv(server: Mapping[str, Any]) -> list[str] | None:
+    argv = server.get("argv")
+    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+        return list(argv)
+    return None
+
+
+def mock_markers(cert: Cert) -> tuple[str, ...]:
+    """What in the cert's provenance says the run was against the mock."""
+    prov = cert.provenance
+    found: list[str] = []
+    driver = prov.get("driver")
+    if isinstance(driver, str) and (driver in MOCK_DRIVERS or "mock" in driver):
+        found.append(f"driver {driver}")
+    if "mock_knobs" in prov:
+        found.append("mock knobs")
+    for server in _servers(prov):
+        argv = _argv(server) or []
+        info = server.get("info")
+        if (argv and "mock" in argv[0].rsplit("/", 1)[-1]) or (
+            isinstance(info, Mapping) and info.get("kind") == "mock"
+        ):
+            found.append("a mock server argv")
+            break
+    if cert.kv_label.startswith("mock:"):
+        found.append(f"KV label {cert.kv_label}")
+    return tuple(found)
+
+
+def _source_problems(cert: Cert) -> list[str]:
+    markers = mock_markers(cert)
+    if markers:
+        return [
+            f"source says live but its provenance records a mock run ({', '.join(markers)}): "
+            "a mock run is never live"
+        ]
+    if not any(_argv(s) for s in _servers(cert.provenance)):
+        return ["source says live but the provenance records no server argv"]
+    return []
+
+
+def _model_problems(cert: Cert) -> list[str]:
+    model_file = cert.provenance.get("model_file")
+    if not isinstance(model_file, Mapping):
+        return [f"model {cert.model} but the provenance records no model file"]
+    path, name, sha = model_file.get("path"), model_file.get("name"), model_file.get("sha256")
+    problems: list[str] = []
+    if not isinstance(sha, str) or not _SHA256.match(sha):
+        problems.append(f"model {cert.model} but no sha256 of the model file is recorded")
+    if not isinstance(path, str) or not isinstance(name, str) or path.rsplit("/", 1)[-1] != name:
+        problems.append(f"model file name {name!r} is not the file of path {path!r}")
+        return problems
+    profile = cert.provenance.get("profile")
+    alias = profile.get("model_alias") if isinstance(profile, Mapping) else None
+    if cert.model not in {name.removesuffix(".gguf"), alias}:
+        problems.append(f"model {cert.model} but the model file recorded is {name}")
+    for server in _servers(cert.provenance):
+        served = _flags(_argv(server) or []).model
+        if served != path:
+            problems.append(f"server {server.get('role')} was started on {served}, not {path}")
+    return problems
+
+
+def _server_problems(cert: Cert) -> list[str]:
+    problems: list[str] = []
+    claimed_layout = cert.kv_label.split(":", 1)[0]
+    roles: list[str] = []
+    for server in _servers(cert.provenance):
+        role = str(server.get("role"))
+        roles.append(role)
+        flags = _flags(_argv(server) or [])
+        parallel, ctx_size = flags.parallel, flags.ctx_size
+        want = 1 if role == _ROLE_PARALLEL_IS_ONE else cert.dispatch_n
+        if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST):
+            problems.append(f"a server with unknown role {role!r} is recorded")
+            continue
+        if parallel != want:
+            problems.append(
+                f"dispatch_n {cert.dispatch_n} but server {role} ran --parallel {parallel} "
+                f"(expected {want})"
+            )
+        if parallel and ctx_size != cert.ctx * parallel:
+            problems.append(
+                f"ctx {cert.ctx} per slot but server {role} ran --ctx-size {ctx_size} for "
+                f"{parallel} slot(s)"
+            )
+        layout = _layout(flags)
+        if role == _ROLE_UNDER_TEST and layout != claimed_layout:
+            problems.append(
+                f"KV layout {claimed_layout} (kv_label) but server {role} ran "
+                f"{layout or 'the server default'}"
+            )
+    if _ROLE_UNDER_TEST not in roles:
+        problems.append(f"no server under test ({_ROLE_UNDER_TEST}) is recorded")
+    return problems
+
+
+def identity_problems(cert: Cert) -> tuple[str, ...]:
+    """Every way the cert's ``source``, ``model``, ``ctx``, ``dispatch_n`` and KV layout
+    disagree with its own provenance. Empty = consistent. A mock cert claims nothing that
+    could be promoted, so only a live one is checked."""
+    if cert.source != "live":
+        return ()
+    source = _source_problems(cert)
+    if source:
+        return tuple(source)
+    return tuple(_model_problems(cert) + _server_problems(cert))

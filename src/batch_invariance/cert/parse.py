@@ -1,0 +1,91 @@
+"""Cert JSON text -> a validated, digest-checked :class:`Cert`, or one line saying why not.
+
+The text is parsed once, by the schema's ``TypeAdapter``. Every failure is a
+:class:`~batch_invariance.errors.CertInvalid` with a one-line message (exit 5): broken JSON,
+NaN / Infinity, an integer too long to parse, a schema error, a digest that does not match,
+or a cert written under another ``cert_version`` (its rules are not re-derivable here).
+Pure: no files, no clocks.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from batch_invariance import __version__
+from batch_invariance.cert.schema import (
+    CERT_VERSION,
+    HEADER_ADAPTER,
+    Cert,
+    CertHeader,
+    cert_from_json,
+    cert_to_json,
+    compute_digest,
+)
+from batch_invariance.errors import CertInvalid
+
+_NON_FINITE = ("finite_number",)
+
+
+def version_problem(origin: str, header: CertHeader) -> str | None:
+    """The one line for a cert this tool version cannot re-derive, or ``None``."""
+    if header.cert_version == CERT_VERSION and header.tool_version == __version__:
+        return None
+    return (
+        f"{origin}: written by batch-invariance {header.tool_version} (cert_version "
+        f"{header.cert_version}); its rules are not re-derivable here (this is "
+        f"batch-invariance {__version__}, cert_version {CERT_VERSION}), so it is not "
+        f"promotable; verify it with `pip install batch-invariance=={header.tool_version}` "
+        "or re-run the cell with this version"
+    )
+
+
+def _header(text: str | bytes) -> CertHeader | None:
+    try:
+        return HEADER_ADAPTER.validate_json(text)
+    except ValidationError:
+        return None
+
+
+def _schema_message(origin: str, exc: ValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return f"{origin}: does not match the cert schema"
+    err = errors[0]
+    kind = err.get("type", "")
+    msg = str(err.get("msg", "invalid"))
+    if kind == "json_invalid":
+        why = str(err.get("ctx", {}).get("error", msg))
+        return (
+            f"{origin}: not valid JSON ({why}); the file is damaged, not a cert, or holds a "
+            "number too long to parse"
+        )
+    if kind in ("dataclass_type", "dataclass_exact_type") and not err.get("loc"):
+        return f"{origin}: a cert is a JSON object, got {type(err.get('input')).__name__}"
+    where = ".".join(str(p) for p in err.get("loc", ())) or "(top level)"
+    if kind in _NON_FINITE:
+        msg = "NaN or Infinity, which a cert may not hold"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{origin}: does not match the cert schema: {where}: {msg}{more}"
+
+
+def parse_cert(text: str | bytes, origin: str = "cert") -> Cert:
+    """Parse and validate cert JSON text and check its digest; raises :class:`CertInvalid`."""
+    try:
+        cert = cert_from_json(text)
+    except ValidationError as exc:
+        header = _header(text)
+        problem = None if header is None else version_problem(origin, header)
+        raise CertInvalid(problem or _schema_message(origin, exc)) from None
+    try:
+        computed = compute_digest(cert_to_json(cert))
+    except ValueError:
+        # Only free-form provenance can still hold a NaN here; the digest cannot cover it.
+        raise CertInvalid(
+            f"{origin}: holds NaN, Infinity or a number JSON cannot carry; not a valid cert"
+        ) from None
+    if cert.digest != computed:
+        raise CertInvalid(
+            f"{origin}: digest mismatch (stored {cert.digest[:19]}..., content gives "
+            f"{computed[:19]}...): the cert was changed after it was written"
+        )
+    return cert

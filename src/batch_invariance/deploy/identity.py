@@ -1,0 +1,70 @@
+"""Which model file a deploy runs, compared with the one a cert measured.
+
+The strongest check available is used, and the result says which: the file's sha256 when it
+can be read here; its size and file name when it can only be stat'ed (no read permission);
+nothing when it is not here at all (or is an ``-hf``/``-mu`` download), and then the cell is
+not covered: a file name alone cannot tell two vendors' ``model.gguf`` apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    method: Literal["sha256", "size and name", "nothing"]
+    name: str
+    sha256: str | None = None
+    size: int | None = None
+    #: Why nothing could be checked (for the message).
+    missing: str | None = None
+
+
+def identify_model(path: Path | None, written: str) -> ModelIdentity:
+    """Hash the deploy's model file when readable; else stat it; else say why not."""
+    from batch_invariance.engines.gguf import cached_sha256
+
+    if path is None:
+        return ModelIdentity("nothing", written, missing=f"{written} is downloaded, not a file")
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return ModelIdentity("nothing", path.name, missing=f"model file {path} not found here")
+    try:
+        return ModelIdentity("sha256", path.name, sha256=cached_sha256(path, None), size=size)
+    except OSError:
+        return ModelIdentity("size and name", path.name, size=size)
+
+
+def _recorded(provenance: Mapping[str, Any]) -> tuple[str | None, int | None, str | None]:
+    """(sha256, size, file name) of the model a cert's provenance records."""
+    model = provenance.get("model_file")
+    model = model if isinstance(model, Mapping) else {}
+    sha = provenance.get("model_sha256") or model.get("sha256")
+    size = model.get("size")
+    name = model.get("name")
+    return (
+        sha if isinstance(sha, str) else None,
+        size if type(size) is int else None,
+        name if isinstance(name, str) else None,
+    )
+
+
+def model_differences(model: ModelIdentity, provenance: Mapping[str, Any]) -> tuple[str, ...]:
+    """Why the cert's model is not (provably) the deploy's (empty = the same file)."""
+    sha, size, name = _recorded(provenance)
+    if model.method == "nothing":
+        return (f"{model.missing}: its identity (sha256, or size and name) cannot be checked",)
+    if model.method == "sha256":
+        if sha is None:
+            return ("the cert records no model sha256",)
+        if sha != model.sha256:
+            return (f"model sha256 {str(model.sha256)[:12]}... (measured {sha[:12]}...)",)
+        return ()
+    if (size, name) != (model.size, model.name):
+        return (f"model {model.name} of {model.size} bytes (measured {name} of {size} bytes)",)
+    return ()

@@ -1,0 +1,141 @@
+"""The one llama-server flag reader, the owned/refused flags and the unified-KV argv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.cli import main
+from batch_invariance.core.llama_flags import (
+    OWNED_FLAGS,
+    REFUSED_FLAGS,
+    FlagError,
+    flag_conflicts,
+    numerics_differences,
+    read_flags,
+    slot_layout,
+)
+from batch_invariance.engines.llama_server import build_argv, kv_label, owned_flag_conflicts
+
+
+def test_command_line_beats_environment_and_later_beats_earlier() -> None:
+    flags = read_flags(
+        ["llama-server", "-c", "1", "--ctx-size=2048", "-ctk", "q8_0"],
+        {"LLAMA_ARG_CTX_SIZE": "99", "LLAMA_ARG_N_PARALLEL": "3", "LLAMA_ARG_CACHE_TYPE_V": "q4_0"},
+    )
+    assert (flags.ctx_size, flags.parallel, flags.cache_types) == (2048, 3, ("q8_0", "q4_0"))
+    assert read_flags(["--lora", "a", "--lora", "b"]).values["lora"] == "a,b"
+    assert read_flags(["-kvu", "--no-kv-unified"]).kv_unified is False
+    assert read_flags([], {"LLAMA_ARG_KV_UNIFIED": "true"}).kv_unified is True
+    with pytest.raises(FlagError, match="-np needs an integer"):
+        read_flags(["-np", "four"])
+    with pytest.raises(FlagError, match="needs on/off"):
+        read_flags([], {"LLAMA_ARG_KV_UNIFIED": "maybe"})
+
+
+def test_slot_layout_follows_the_server() -> None:
+    assert slot_layout(read_flags([])).__dict__ == {"parallel": 4, "kv_unified": True, "auto": True}
+    assert slot_layout(read_flags(["-np", "-1", "-no-kvu"])).kv_unified is True
+    assert slot_layout(read_flags(["-np", "8"])).kv_unified is False
+    assert slot_layout(read_flags(["-np", "8", "-kvu"])).kv_unified is True
+    with pytest.raises(FlagError):
+        slot_layout(read_flags(["-np", "0"]))
+
+
+def test_flash_attention_and_booleans_are_normalised() -> None:
+    assert read_flags(["-fa"]).values["flash_attn"] == "on"  # old bare form
+    assert read_flags(["-fa", "1"]).values["flash_attn"] == "on"
+    assert read_flags(["--flash-attn=auto"]).values["flash_attn"] == "auto"
+    same = numerics_differences(read_flags(["-fa", "auto", "-b", "2048"]), read_flags([]))
+    assert same == ()
+    assert numerics_differences(read_flags(["-nkvo"]), read_flags([])) == (
+        "-kvo off (measured on)",
+    )
+    spec = numerics_differences(read_flags(["--spec-draft-n-max", "8"]), read_flags([]))
+    assert spec == ("--spec-draft-n-max 8 (measured unset)",)
+
+
+def test_cache_types_and_gpu_offload_come_from_the_same_reader() -> None:
+    from batch_invariance.engines import memory
+
+    assert memory.cache_types(["-ctk", "q8_0", "--cache-type-v=q4_0"]) == ("q8_0", "q4_0")
+    assert memory.offloads_to_gpu(["--n-gpu-layers", "all"]) is True
+    assert memory.offloads_to_gpu(["-ngl", "0"]) is False
+
+
+def test_the_driver_owns_or_refuses_every_flag_that_changes_what_is_measured() -> None:
+    for flag in ("-np", "--parallel", "-c", "--ctx-size", "-kvu", "--kv-unified", "--cache-ram"):
+        assert flag in OWNED_FLAGS
+    for flag in ("-hf", "--hf-repo", "-mu", "--no-slots", "-nocb", "--cache-reuse", "-n"):
+        assert flag in REFUSED_FLAGS
+    user = ["-ngl", "99", "-hf", "x/y", "--cache-reuse=256", "--cache-ram", "0", "-ub", "1"]
+    assert flag_conflicts(user) == ("-hf", "--cache-reuse=256", "--cache-ram")
+    assert owned_flag_conflicts(["-nocb", "--metrics"]) == ["-nocb"]
+    parsed = read_flags(["--no-slots", "-ub", "1"], {"LLAMA_ARG_N_PARALLEL": "2"})
+    assert flag_conflicts(parsed) == ("--no-slots",)
+
+
+@pytest.mark.parametrize(
+    "flag", ["-hf=o/m", "--cache-reuse=256", "--cache-ram=0", "-nocb", "-mu=x"]
+)
+def test_run_live_refuses_them_as_a_usage_error_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    server = tmp_path / "llama-server"
+    server.write_text("#!/bin/sh\nexit 1\n")
+    server.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    workset = tmp_path / "w.json"
+    workset.write_text('[{"id": "a", "prompt": "hi"}]')
+    code = main(
+        ["run-live", "--server-bin", str(server), "--model", str(model), "--workset",
+         str(workset), "--ctx", "256", "--parallel", "2", "--out-dir", str(tmp_path / "o"),
+         f"--server-flag={flag}"]
+    )  # fmt: skip
+    assert code == exitcodes.USAGE
+    assert flag in capsys.readouterr().err
+
+
+def test_unified_layout_is_one_pool_of_ctx_times_n() -> None:
+    argv = build_argv(Path("s"), Path("m"), host="h", port=1, parallel=4, ctx=512,
+                      kv_layout="unified")  # fmt: skip
+    flags = read_flags(argv, first_is_binary=True)
+    assert (flags.ctx_size, flags.parallel, flags.kv_unified) == (2048, 4, True)
+    assert kv_label(512, 4, "unified").startswith("unified:-c 2048 -np 4 -kvu")
+    split = read_flags(build_argv(Path("s"), Path("m"), host="h", port=1, parallel=4, ctx=512))
+    assert (split.ctx_size, split.kv_unified, split.values["cache_ram"]) == (2048, False, "0")
+    assert kv_label(512, 4).startswith("split:")
+
+
+def test_run_live_dry_run_shows_the_unified_bc_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = Path.home() / ".cache/batch-invariance/models/gemma-3-270m-q4_k_m.gguf"
+    if not model.is_file():
+        pytest.skip("the provisioned model is not here")
+    server = tmp_path / "llama-server"
+    server.write_text("#!/bin/sh\nexit 1\n")
+    server.chmod(0o755)
+    workset = tmp_path / "w.json"
+    workset.write_text('[{"id": "a", "prompt": "hi"}]')
+    code = main(
+        ["run-live", "--dry-run", "--server-bin", str(server), "--model", str(model),
+         "--workset", str(workset), "--ctx", "256", "--parallel", "4", "--out-dir",
+         str(tmp_path / "o"), "--kv-layout", "unified"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    bc = next(line for line in out.splitlines() if line.startswith("server BC:"))
+    assert "--ctx-size 1024 --kv-unified" in bc and "kv: unified:-c 1024 -np 4 -kvu" in out
+    a = next(line for line in out.splitlines() if line.startswith("server A:"))
+    assert "--no-kv-unified" in a
+
+
+def test_measured_servers_get_no_llama_arg_variables() -> None:
+    from batch_invariance.engines.llama_server import server_env
+
+    env = server_env({"PATH": "/bin", "LLAMA_ARG_UBATCH": "512", "LLAMA_ARG_N_PARALLEL": "8"})
+    assert env == {"PATH": "/bin"}
