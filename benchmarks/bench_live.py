@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 
 from batch_invariance.cli import build_parser
-from batch_invariance.commands.run_live import config_from_args, run_live_cell
+from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.engines.provision import provision
+from batch_invariance.run.live import run_live_cell
 
 DEMO = Path(__file__).resolve().parents[1] / "src/batch_invariance/data/worksets/demo.json"
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             "--out-dir", str(out_dir),
         ]
     )  # fmt: skip
-    outcome = run_live_cell(config_from_args(args))
+    outcome = run_live_cell(request_from_args(args))
     run = outcome.run
     launches = outcome.launcher.launches
     load_s = sum(r.ready_s or 0.0 for r in launches)

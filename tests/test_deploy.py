@@ -83,7 +83,8 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
 
     from batch_invariance.core.evidence import CellSpec
     from batch_invariance.engines.mock import MockKnobs, MockLauncher
-    from batch_invariance.run.cell import CellPlan, finish_cell, run_cell
+    from batch_invariance.run.cell import CellPlan, run_cell
+    from batch_invariance.run.finish import finish_cell
     from batch_invariance.run.workset import load_workset
     from batch_invariance.scorer_api import load_scorer
 

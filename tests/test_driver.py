@@ -17,7 +17,8 @@ from batch_invariance.core.verdict import Verdict, decide
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
-from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, finish_cell, run_cell
+from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, run_cell
+from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import Progress
 from batch_invariance.scorer_api import Completion, ExactMatchScorer, Score, Scorer
 
@@ -239,3 +240,17 @@ def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
     assert data["provenance"]["tool_version"] == "test"
     again = finish_cell(run, spec, POLICY, {}, tmp_path, ts_utc="2030-01-01T00:00:00Z")
     assert again.superseded is not None and again.superseded.exists()
+
+
+def test_slot_notes_name_the_slots_that_answered_and_a_blind_sampler() -> None:
+    from batch_invariance.run.cell import slot_notes
+    from batch_invariance.run.dispatch import BusySample, ConcurrentPass
+    from batch_invariance.run.transport import RawResponse
+
+    def result(n_samples: int, slots: tuple[int | None, ...]) -> ConcurrentPass:
+        responses = {f"t{k}": RawResponse(f"t{k}", None, slot_id=s) for k, s in enumerate(slots)}
+        busy = BusySample(2, "slots", n_samples, 2, None, ())
+        return ConcurrentPass(3, responses, tuple(responses), 2, "slots", busy, 1.0)
+
+    assert slot_notes(result(5, (1, 0, 1, None))) == ("C3: responses reported slots [0, 1]",)
+    assert slot_notes(result(0, (None,))) == ("C3: the busy-slot sampler took no samples",)

@@ -40,7 +40,6 @@ def _argv(s: dict[str, Path], *extra: str) -> list[str]:
         "--workset", str(s["ws"]),
         "--ctx", "512",
         "--parallel", "4",
-        "--cert-source", "live",
         "--out-dir", str(s["out"]),
         *extra,
     ]  # fmt: skip
@@ -129,13 +128,22 @@ def test_usage_errors_exit_2_with_one_line(
     assert not setup["marker"].exists()
 
 
-def test_cert_source_accepts_only_live(
+def test_the_removed_cert_source_flag_is_refused(
     setup: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = _argv(setup)
-    argv[argv.index("--cert-source") + 1] = "mock"
-    assert main(argv) == 2
-    assert "invalid choice" in capsys.readouterr().err
+    assert main([*_argv(setup), "--cert-source", "live"]) == 2
+    assert "unrecognized arguments: --cert-source" in capsys.readouterr().err
+
+
+def test_eta_follows_model_size_cpus_and_the_plan() -> None:
+    from batch_invariance.core.plan import eta_seconds
+
+    weights = int(0.236 * 1024**3)  # 13 ms per token on 2 CPUs
+    kw = {"n_predict": 100, "gate_passes": 4, "serial_repeat": True}
+    # 2 loads x 5 s + 10 items x 1.3 s x 3 serial arms + 4 passes x 10 x 1.3 s / 2.
+    assert eta_seconds(weights, 10, cpus=2, **kw) == pytest.approx(75.0)  # type: ignore[arg-type]
+    assert eta_seconds(weights, 10, cpus=4, **kw) == pytest.approx(42.5)  # type: ignore[arg-type]
+    assert eta_seconds(2 * weights, 10, cpus=2, **kw) == pytest.approx(140.0)  # type: ignore[arg-type]
 
 
 def test_missing_files_are_usage_errors(
@@ -170,9 +178,9 @@ def test_plan_n_lists_every_n_and_launches_nothing(
 
 
 def test_fitted_prompts_must_leave_room_for_the_answer() -> None:
-    from batch_invariance.commands.run_live import check_room_to_answer
     from batch_invariance.core.workitem import WorkItem
     from batch_invariance.errors import UsageError
+    from batch_invariance.run.live import check_room_to_answer
     from batch_invariance.run.workset import workset_from_items
 
     def item(test_id: str, tokens: int | None) -> WorkItem:

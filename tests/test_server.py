@@ -6,6 +6,7 @@ that behave like one (ready, dead at once, hanging, forking a child, eating memo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -21,11 +22,10 @@ import requests
 
 from batch_invariance.engines import ports
 from batch_invariance.engines.gguf import parse_info
+from batch_invariance.engines.live_launcher import LiveLauncher, identify_binary
 from batch_invariance.engines.llama_server import (
-    LiveLauncher,
     LlamaServer,
     build_argv,
-    identify_binary,
     log_tail,
     owned_flag_conflicts,
 )
@@ -271,7 +271,7 @@ with srv:
 """
 
 
-@pytest.mark.parametrize("mode", ["sigterm", "atexit"])
+@pytest.mark.parametrize("mode", ["sigterm", "atexit", "sigkill"])
 def test_no_server_outlives_its_owner(
     tmp_path: Path, model: Path, mode: str, decoy: subprocess.Popen[bytes]
 ) -> None:
@@ -285,13 +285,29 @@ def test_no_server_outlives_its_owner(
     try:
         assert holder.stdout is not None
         pid = int(holder.stdout.readline())
-        if mode == "sigterm":
+        if mode in ("sigterm", "sigkill"):
             assert group_alive(pid, settle_s=0)
-            holder.send_signal(signal.SIGTERM)
+            # SIGKILL runs no Python code: only the parent-death signal can stop the server.
+            holder.send_signal(signal.SIGTERM if mode == "sigterm" else signal.SIGKILL)
         holder.wait(timeout=30)
     finally:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
-    assert not group_alive(pid)
+    try:
+        assert not group_alive(pid, settle_s=5.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
     assert decoy.poll() is None
+
+
+def test_host_summary_names_os_cpus_and_memory() -> None:
+    from batch_invariance.engines import host
+
+    facts = host.summary()
+    assert set(facts) == {"os", "machine", "python", "cpu_model", "cpu_count", "cpu_usable",
+                          "cpu_flags", "mem_total_bytes", "gpus"}  # fmt: skip
+    assert facts["os"] and facts["cpu_count"] >= facts["cpu_usable"] >= 1
+    assert isinstance(facts["mem_total_bytes"], int) and facts["mem_total_bytes"] > 0
+    assert isinstance(facts["gpus"], list)

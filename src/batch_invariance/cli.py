@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
 from collections.abc import Sequence
-from types import FrameType
 from typing import NoReturn
 
 from batch_invariance import __version__, exitcodes
 from batch_invariance.errors import BatchInvarianceError, Interrupted, UsageError
+from batch_invariance.interrupts import install_sigterm, restore_sigterm
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -79,10 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(signum)
-
-
 #: Set to show the full traceback of an unexpected error (a bug) instead of one line.
 TRACEBACK_ENV = "BATCH_INVARIANCE_TRACEBACK"
 
@@ -93,8 +88,7 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
     ``parser`` defaults to :func:`build_parser` (tests pass their own).
     """
     args_in = list(sys.argv[1:] if argv is None else argv)
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    previous = install_sigterm()
     try:
         if parser is None:
             parser = build_parser()
@@ -124,4 +118,4 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
         )
         return exitcodes.INFRA
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore_sigterm(previous)

@@ -6,6 +6,8 @@ Kept small (short generations, few passes) so the whole file runs in a few minut
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -20,8 +22,9 @@ import requests
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import build_parser
-from batch_invariance.commands.run_live import config_from_args, run_live_cell
+from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.engines.provision import Provisioned
+from batch_invariance.run.live import run_live_cell
 from fakes_live import exiting_server, group_alive, start_decoy
 
 pytestmark = pytest.mark.live
@@ -46,7 +49,6 @@ def _args(pair: Provisioned, workset: Path, out: Path, *extra: str) -> list[str]
         "--server-bin", str(pair.server_bin),
         "--model", str(pair.model),
         "--workset", str(workset),
-        "--cert-source", "live",
         "--out-dir", str(out),
         *extra,
     ]  # fmt: skip
@@ -63,7 +65,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
             *RED_CELL.split(),
         )
     )
-    outcome = run_live_cell(config_from_args(args))
+    outcome = run_live_cell(request_from_args(args))
     cert = outcome.finished.cert
     assert cert.source == "live"
     assert cert.status == "failed", cert.decision_reasons
@@ -77,6 +79,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     assert prov["model_file"]["sha256"] == live_pair.model_sha256
     assert prov["model_file"]["gguf"]["architecture"] == "gemma3"
     assert prov["is_moe"] is False
+    assert prov["host"]["cpu_count"] >= 1 and prov["host"]["os"]
     assert prov["server_launches"] == 2
     argvs = [s["argv"] for s in prov["servers"]]
     assert "--metrics" in argvs[1] and argvs[1][argvs[1].index("--ctx-size") + 1] == "2048"
@@ -100,9 +103,9 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
             *NO_COBATCH_CELL.split(),
         )
     )
-    cfg = config_from_args(args)
+    request = request_from_args(args)
     # Test hook: the B/C server gets --parallel 1 behind a C arm that dispatches 2 at once.
-    outcome = run_live_cell(replace(cfg, cap_parallel=1))
+    outcome = run_live_cell(replace(request, cap_parallel=1))
     cert = outcome.finished.cert
     assert cert.status == "green_unverified", (cert.status, cert.decision_reasons)
     assert not cert.overlap.ok
@@ -188,6 +191,56 @@ def test_sigint_in_the_middle_of_arm_c(
     assert "no cert written" in err and "Traceback" not in err
     assert not group_alive(server_pid)
     assert decoy.poll() is None  # the decoy named llama-server survived
+    assert list(out_dir.glob("*.json")) == []
+
+
+def _server_child(tool_pid: int) -> int | None:
+    """The pid of the llama-server the tool started, once its /health answers."""
+    try:
+        children = psutil.Process(tool_pid).children()
+    except psutil.Error:
+        return None
+    for child in children:
+        try:
+            argv = child.cmdline()
+        except psutil.Error:
+            continue
+        if "--port" in argv:
+            port = argv[argv.index("--port") + 1]
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return child.pid
+            except requests.RequestException:
+                pass
+    return None
+
+
+def test_kill_9_of_the_tool_takes_its_server_down(
+    live_pair: Provisioned, tmp_path: Path, demo_subset: Callable[[int], Path]
+) -> None:
+    """SIGKILL runs no Python code in the tool: only the parent-death signal stops the server."""
+    out_dir = tmp_path / "out"
+    proc = _cli(*_args(live_pair, demo_subset(8), out_dir, *SIGINT_CELL.split()))
+    server_pid = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and server_pid is None:
+            server_pid = _server_child(proc.pid)
+            time.sleep(0.05)
+        assert server_pid is not None, "the tool never brought a server up"
+        proc.kill()
+        proc.wait()
+        gone_by = time.monotonic() + 5.0
+        while time.monotonic() < gone_by and group_alive(server_pid, settle_s=0):
+            time.sleep(0.05)
+        assert not group_alive(server_pid, settle_s=0), "llama-server outlived kill -9 of the tool"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if server_pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(server_pid, signal.SIGKILL)
     assert list(out_dir.glob("*.json")) == []
 
 

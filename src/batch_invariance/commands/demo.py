@@ -11,44 +11,25 @@ with overlap, floor and coverage met).
 from __future__ import annotations
 
 import argparse
-from importlib import resources
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.commands.run_live import (
-    LiveConfig,
+from batch_invariance.commands.cell_options import (
     add_cell_options,
-    cell_fields,
-    check_numbers,
-    policy_from_args,
     print_dry_run,
     report,
-    run_live_cell,
+    request_from_args,
 )
-from batch_invariance.engines import ports
-from batch_invariance.engines.gguf import parse_info
-from batch_invariance.engines.llama_server import owned_flag_conflicts
 from batch_invariance.engines.provision import cache_root, provision
-from batch_invariance.errors import UsageError
+from batch_invariance.run.live import CellDefaults, run_live_cell
 from batch_invariance.run.progress import Progress
-from batch_invariance.run.scorer_loader import load_scorer
-from batch_invariance.run.workset import Workset, load_workset
 
 #: Measured demo defaults (2 cores, see examples/certs/README.md).
-DEMO_CTX = 1024
-DEMO_PARALLEL = 4
-DEMO_N_PREDICT = 96
-DEMO_GATE_PASSES = 4
-DEMO_REPS = 1
-DEMO_ENDPOINT = "chat"
+DEMO_DEFAULTS = CellDefaults(
+    gate_passes=4, reps=1, n_predict=96, endpoint="chat", ctx=1024, parallel=4
+)
 DEMO_MODEL_NAME = "gemma-3-270m-q4_k_m"
-
-
-def demo_workset() -> Workset:
-    """The bundled demo work-set: 16 open-ended prompts that produce long, varied outputs."""
-    ref = resources.files("batch_invariance").joinpath("data/worksets/demo.json")
-    with resources.as_file(ref) as path:
-        return load_workset(path)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -61,65 +42,27 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "host expect RED / co_batching: continuous batching changes this model's answers."
         ),
     )
+    ctx, parallel = DEMO_DEFAULTS.ctx, DEMO_DEFAULTS.parallel
     p.add_argument("--out-dir", type=Path, required=True, help="folder for the cert and logs")
-    p.add_argument("--ctx", type=int, default=DEMO_CTX, help=f"tokens per slot ({DEMO_CTX})")
-    p.add_argument("--parallel", type=int, default=DEMO_PARALLEL, help=f"N slots ({DEMO_PARALLEL})")
+    p.add_argument("--ctx", type=int, default=ctx, help=f"tokens per slot ({ctx})")
+    p.add_argument("--parallel", type=int, default=parallel, help=f"N slots ({parallel})")
     p.add_argument("--workset", type=Path, default=None, help="work-set (default: bundled)")
     p.add_argument("--cache-dir", type=Path, default=None, help="provision cache folder")
     p.add_argument("--no-build", action="store_true", help="fail instead of building llama-server")
-    add_cell_options(
-        p,
-        defaults={
-            "gate_passes": DEMO_GATE_PASSES,
-            "reps": DEMO_REPS,
-            "n_predict": DEMO_N_PREDICT,
-            "endpoint": DEMO_ENDPOINT,
-        },
-    )
+    add_cell_options(p, defaults=DEMO_DEFAULTS)
     p.set_defaults(func=handle)
 
 
-def config_for_demo(args: argparse.Namespace, server_bin: Path, model: Path) -> LiveConfig:
-    """The live config of a demo cell (validated like run-live's)."""
-    check_numbers(args)
-    flags = tuple(args.server_flag or ())
-    clash = owned_flag_conflicts(flags)
-    if clash:
-        raise UsageError(f"--server-flag {clash[0]} conflicts with what demo sets itself")
-    out_dir: Path = args.out_dir
-    if not args.dry_run:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(
-                f"--out-dir {out_dir}: cannot create it ({exc.strerror or exc})"
-            ) from None
-    workset = load_workset(args.workset) if args.workset is not None else demo_workset()
-    return LiveConfig(
-        server_bin=server_bin,
-        model=model,
-        gguf=parse_info(model),
-        model_name=DEMO_MODEL_NAME,
-        workset=workset,
-        build_workset=None,
-        scorer=load_scorer(args.scorer),
-        policy=policy_from_args(args),
-        server_flags=flags,
-        port_policy=ports.make_policy(args.port, args.reserved_port),
-        out_dir=out_dir,
-        driver_name="demo",
-        **cell_fields(args),
-    )
-
-
 def handle(args: argparse.Namespace) -> int:
-    check_numbers(args)  # before provisioning, which may build for minutes
-    cache = args.cache_dir if args.cache_dir is not None else cache_root()
-    got = provision(cache, allow_build=not args.no_build)
+    request = request_from_args(
+        args, bundled_workset="demo", model_name=DEMO_MODEL_NAME, driver_name="demo"
+    )
+    request.check_numbers()  # before provisioning, which may build for minutes
+    got = provision(args.cache_dir or cache_root(), allow_build=not args.no_build)
     print(f"server: {got.server_bin}")
     print(f"model:  {got.model}")
-    cfg = config_for_demo(args, got.server_bin, got.model)
+    request = replace(request, server_bin=got.server_bin, model=got.model)
     if args.dry_run:
-        return print_dry_run(cfg)
-    outcome = run_live_cell(cfg, progress=Progress())
-    return report(outcome.finished, f"demo cell {DEMO_MODEL_NAME}")
+        return print_dry_run(request)
+    outcome = run_live_cell(request, progress=Progress())
+    return report(outcome, f"demo cell {DEMO_MODEL_NAME}")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.core.plan import number_problems
 from batch_invariance.engines import memory
 from batch_invariance.engines.gguf import parse_info
 from batch_invariance.errors import UsageError
@@ -36,10 +37,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.ctx < 1 or args.parallel < 1:
-        raise UsageError("--ctx and --parallel must be at least 1")
-    if args.max_footprint_gb is not None and args.max_footprint_gb <= 0:
-        raise UsageError("--max-footprint-gb must be positive")
+    problems = number_problems({"ctx": args.ctx, "max_footprint_gb": args.max_footprint_gb})
+    if problems:
+        raise UsageError(problems[0])
+    if args.parallel < 1:  # the largest N to list: 1 is a plan too
+        raise UsageError(f"--parallel must be at least 1 (got {args.parallel})")
     info = parse_info(args.model)
     host = memory.read_host_memory()
     gpu = memory.offloads_to_gpu(args.server_flag)

@@ -177,6 +177,18 @@ class GatePolicy:
     max_bound: float = DEFAULT_MAX_BOUND
 
 
+def policy_usage_problems(policy: GatePolicy) -> tuple[str, ...]:
+    """What makes ``policy`` unusable at all, named by its CLI option (empty = usable)."""
+    problems: list[str] = []
+    if policy.min_hot_trials < 1:
+        problems.append(f"--min-hot-trials must be at least 1 (got {policy.min_hot_trials})")
+    if policy.min_answer_tokens < 1:
+        problems.append(f"--min-answer-tokens must be at least 1 (got {policy.min_answer_tokens})")
+    if not 0.0 < policy.max_bound <= 1.0:
+        problems.append(f"--max-bound must be a rate in (0, 1] (got {policy.max_bound:g})")
+    return tuple(problems)
+
+
 def policy_problems(policy: GatePolicy) -> tuple[str, ...]:
     """Why ``policy`` is looser than the defaults, one line each; empty when it is not.
 

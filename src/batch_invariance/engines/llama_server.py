@@ -4,35 +4,35 @@
 ``<log_dir>/server-<arm>-<port>.log``, waits for ``/health`` while watching the child (a dead
 child is noticed within a second and reported with the log tail), and on exit terminates,
 waits for and finally kills its own process group, and nothing else. A module-level registry
-and an ``atexit`` hook make sure no server outlives the tool, whatever path it leaves by.
+and an ``atexit`` hook make sure no server outlives the tool, whatever path it leaves by; a
+parent-death signal covers the one path that runs no Python code (``kill -9`` of the tool).
 
-:class:`LiveLauncher` implements the driver's ``ServerLauncher``: before every launch it
-re-reads host memory (the guard), re-checks the port, and sizes the server so every slot gets
-``ctx`` tokens (``-c ctx*N`` with a split KV cache).
+The launcher that guards memory and picks ports is in
+:mod:`batch_invariance.engines.live_launcher`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import IO, Any, Literal
 
 import requests
 
 from batch_invariance.core.llama_flags import flag_conflicts
 from batch_invariance.engines import memory, ports
-from batch_invariance.engines.gguf import GgufInfo
-from batch_invariance.errors import InfraError, Interrupted
+from batch_invariance.errors import InfraError
+from batch_invariance.interrupts import install_sigterm, restore_sigterm
 
 _TAIL_LINES = 15
 
@@ -49,6 +49,46 @@ def _cleanup_all() -> None:
 
 
 atexit.register(_cleanup_all)
+
+
+#: ``prctl(PR_SET_PDEATHSIG, ...)`` (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Any:
+    """libc's ``prctl`` on Linux, resolved once in the parent (the child may not import)."""
+    if sys.platform != "linux":  # pragma: no cover - the tool targets Linux hosts
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_parent_hook(parent_pid: int) -> Any:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when the tool dies.
+
+    The atexit hook and the context managers cover every exit that runs Python code; this
+    covers the one that does not (``kill -9`` of the tool, an OOM kill). The kernel sends the
+    signal when the *thread* that forked the child ends: servers are started and stopped by
+    the same ``with`` block, so the forking thread always outlives the server it started.
+    The hook does only a libc call and ``os._exit`` (no imports, no locks) because it runs
+    between ``fork`` and ``exec``. A parent that died before the call is caught by the
+    ``getppid`` check.
+    """
+    prctl = _PRCTL
+    if prctl is None:  # pragma: no cover - not Linux
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return hook
 
 
 def owned_flag_conflicts(server_flags: Sequence[str]) -> list[str]:
@@ -126,64 +166,6 @@ def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
     text = data.decode("utf-8", errors="replace").strip().splitlines()
     tail = [ln.strip() for ln in text[-lines:] if ln.strip()]
     return " | ".join(tail) if tail else "(log is empty)"
-
-
-@dataclass(frozen=True)
-class BinaryIdentity:
-    """What the cert records about the server binary."""
-
-    path: str
-    sha256: str
-    version: str
-    version_rc: int | None
-
-
-def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity:
-    """sha256 and ``--version`` of a server binary.
-
-    A failing ``--version`` is recorded, not raised: the launch itself reports a broken binary
-    with its log tail.
-    """
-    digest = hashlib.sha256()
-    with server_bin.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    try:
-        # Own process group: a --version that hangs is killed with everything it spawned,
-        # and nothing outside that group is touched.
-        proc = subprocess.Popen(
-            [str(server_bin), "--version"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return BinaryIdentity(
-            path=str(server_bin),
-            sha256=digest.hexdigest(),
-            version=f"(--version failed: {exc})",
-            version_rc=None,
-        )
-    try:
-        text, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        version, rc = f"(--version did not finish within {timeout_s:g} s)", None
-    else:
-        text = (text or "").strip()
-        lines = [
-            ln.strip() for ln in text.splitlines() if ln.strip().startswith(("version", "built"))
-        ]
-        version = " ; ".join(lines) if lines else text[-300:]
-        rc = proc.returncode
-    return BinaryIdentity(
-        path=str(server_bin), sha256=digest.hexdigest(), version=version, version_rc=rc
-    )
 
 
 class LlamaServer:
@@ -273,7 +255,7 @@ class LlamaServer:
     def start(self) -> None:
         """Spawn the server in a new process group (its own session) with output to the log."""
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._install_sigterm()
+        self._prev_sigterm = install_sigterm(only_if_default=True)
         self._log = self.log_path.open("wb")
         try:
             self._proc = subprocess.Popen(
@@ -283,11 +265,13 @@ class LlamaServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=die_with_parent_hook(os.getpid()),
                 env=server_env(os.environ),
             )
         except OSError as exc:
             self._log.close()
-            self._restore_sigterm()
+            restore_sigterm(self._prev_sigterm)
+            self._prev_sigterm = None
             raise InfraError(
                 f"cannot start {self.argv[0]}: {exc.strerror or exc}; check --server-bin"
             ) from None
@@ -379,30 +363,14 @@ class LlamaServer:
                 self._log.close()
             with _LIVE_LOCK:
                 _LIVE.discard(self)
-            self._restore_sigterm()
+            restore_sigterm(self._prev_sigterm)
+            self._prev_sigterm = None
 
     @staticmethod
     def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         # start_new_session made the child a group leader: its pgid is its pid.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
-
-    # ---- SIGTERM safety outside the CLI ------------------------------------------------
-    def _install_sigterm(self) -> None:
-        """Make SIGTERM unwind (so ``__exit__`` runs) when nobody else handles it."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        current = signal.getsignal(signal.SIGTERM)
-        if current in (signal.SIG_DFL, None):
-            self._prev_sigterm = current
-            signal.signal(signal.SIGTERM, _raise_interrupted)
-
-    def _restore_sigterm(self) -> None:
-        if self._prev_sigterm is None:
-            return
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._prev_sigterm)
-        self._prev_sigterm = None
 
     # ---- provenance ---------------------------------------------------------------------
     def info(self) -> Mapping[str, Any]:
@@ -421,119 +389,3 @@ class LlamaServer:
             "log": str(self.log_path),
             "metrics_enabled": self.metrics_enabled,
         }
-
-
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(signum)
-
-
-@dataclass
-class LaunchRecord:
-    """One launch the :class:`LiveLauncher` made (for provenance and the benchmark)."""
-
-    arm: str
-    parallel: int
-    ctx: int
-    port: int
-    argv: tuple[str, ...]
-    projected_bytes: int
-    ready_s: float | None = None
-    alive_s: float | None = None
-    rss_peak_bytes: int | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-class LiveLauncher:
-    """``ServerLauncher`` for the real server: guard, port check, then :class:`LlamaServer`.
-
-    ``cap_parallel`` is a test hook: it launches every server with at most that many slots
-    while the driver still dispatches as planned (a server that cannot co-batch).
-    """
-
-    def __init__(
-        self,
-        server_bin: Path,
-        model: Path,
-        gguf: GgufInfo,
-        log_dir: Path,
-        *,
-        port_policy: ports.PortPolicy,
-        server_flags: Sequence[str] = (),
-        max_footprint_gb: float | None = None,
-        ready_timeout: float = 120.0,
-        metrics: bool = True,
-        cap_parallel: int | None = None,
-        kv_layout: KvLayout = "split",
-    ) -> None:
-        self.server_bin = server_bin
-        self.model = model
-        self.gguf = gguf
-        self.log_dir = log_dir
-        self.port_policy = port_policy
-        self.server_flags = tuple(server_flags)
-        self.max_footprint_gb = max_footprint_gb
-        self.ready_timeout = ready_timeout
-        self.metrics = metrics
-        self.cap_parallel = cap_parallel
-        self.kv_layout: KvLayout = kv_layout
-        self.launches: list[LaunchRecord] = []
-        #: Set when a server was aborted (RSS past the cap); the run must not write a cert.
-        self.aborted: str | None = None
-
-    @property
-    def source(self) -> Literal["live", "mock"]:
-        """Always ``"live"``: this launcher spawns the real server process itself."""
-        return "live"
-
-    def effective_parallel(self, parallel: int) -> int:
-        return min(parallel, self.cap_parallel) if self.cap_parallel else parallel
-
-    @contextlib.contextmanager
-    def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[LlamaServer]:
-        """Guard memory, pick/re-check the port, start the server and yield it once ready."""
-        slots = self.effective_parallel(parallel)
-        proj = memory.project(self.gguf, ctx, slots, self.server_flags)
-        decision = memory.check(proj, self.max_footprint_gb, self.server_flags)
-        cap = decision.cap_bytes
-        if cap is None and decision.host.mem_available_bytes is not None:
-            cap = decision.host.mem_available_bytes
-        port = ports.choose(self.port_policy)
-        server = LlamaServer(
-            self.server_bin,
-            self.model,
-            arm=arm,
-            parallel=slots,
-            ctx=ctx,
-            port=port,
-            log_dir=self.log_dir,
-            extra_flags=self.server_flags,
-            metrics=self.metrics,
-            ready_timeout=self.ready_timeout,
-            rss_cap_bytes=cap,
-            # The serial A server has one slot: its layout cannot matter; B/C get the asked one.
-            kv_layout=self.kv_layout if slots > 1 else "split",
-        )
-        record = LaunchRecord(
-            arm=arm,
-            parallel=slots,
-            ctx=ctx,
-            port=port,
-            argv=server.argv,
-            projected_bytes=proj.total_bytes,
-        )
-        self.launches.append(record)
-        t0 = time.monotonic()
-        try:
-            with server:
-                record.ready_s = server.ready_s
-                yield server
-                # A server that died on its own is the driver's data (transport failures); one
-                # we aborted for memory ends the run without a verdict.
-                if server.aborted is not None:
-                    raise InfraError(server.aborted)
-        finally:
-            record.alive_s = time.monotonic() - t0
-            record.info = dict(server.info())
-            record.rss_peak_bytes = record.info.get("rss_peak_bytes")
-            if server.aborted is not None:
-                self.aborted = server.aborted

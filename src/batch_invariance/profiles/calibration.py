@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 from batch_invariance.run.cell import ServerHandle, ServerLauncher
 
@@ -28,8 +28,8 @@ class PrelaunchedLauncher:
     yields the already running one (and tears it down when the driver is done with it).
 
     Every other launch goes to the wrapped launcher. Leaving the ``with`` block tears the held
-    server down if the driver never took it (e.g. calibration failed). Attributes not defined
-    here (``launches``, ``aborted``, ...) are read from the wrapped launcher.
+    server down if the driver never took it (e.g. calibration failed). Read launch records
+    and aborts from the wrapped launcher itself.
     """
 
     def __init__(
@@ -92,6 +92,3 @@ class PrelaunchedLauncher:
             self._handed = True
             return self._yield_held()
         return self._inner.launch(arm, parallel, ctx)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)

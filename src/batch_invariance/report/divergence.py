@@ -1,5 +1,5 @@
 """Per divergent id: the A and C answers split at the first divergent token, the passes it
-diverged in, and whether the flip was a near tie. Pure, from ``divergence_report.AC.per_id``
+diverged in, and whether the flip was a near tie. Pure, from ``divergence_report.ac.per_id``
 and the trials in ``evidence``."""
 
 from __future__ import annotations

@@ -444,8 +444,3 @@ def busy_from_metrics(text: str, name: str = "llamacpp:requests_processing") -> 
             except ValueError:
                 return None
     return None
-
-
-def items_by_id(items: Sequence[WorkItem]) -> dict[str, WorkItem]:
-    """Index items by test id (ids are unique by work-set validation)."""
-    return {item.test_id: item for item in items}

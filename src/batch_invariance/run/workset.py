@@ -153,3 +153,17 @@ def expand_reps(items: Sequence[WorkItem], reps: int) -> tuple[WorkItem, ...]:
     if reps == 1:
         return tuple(items)
     return tuple(item.with_id(rep_id(item.test_id, k)) for item in items for k in range(reps))
+
+
+#: The work-sets shipped in the package (``data/worksets/<name>.json``).
+BUNDLED_WORKSETS: tuple[str, ...] = ("demo", "mock")
+
+
+def bundled_workset_path(name: str) -> Path:
+    """The path of a bundled work-set: ``demo`` (16 open-ended prompts, run by ``demo`` and
+    the Action) or ``mock`` (the ``run-mock`` default, a copy of ``examples/workset.json``)."""
+    from importlib import resources
+
+    if name not in BUNDLED_WORKSETS:
+        raise UsageError(f"no bundled work-set {name!r}; pick one of {', '.join(BUNDLED_WORKSETS)}")
+    return Path(str(resources.files("batch_invariance") / "data" / "worksets" / f"{name}.json"))

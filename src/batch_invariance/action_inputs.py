@@ -1,0 +1,224 @@
+"""The Action's inputs: ``INPUT_*`` -> :class:`ActionInputs` -> the cell request.
+
+The runner keeps the hyphens of input names (``INPUT_SERVER-BIN``); the underscore spelling
+(``INPUT_SERVER_BIN``) is accepted too, for the native reusable workflow. Numbers are checked
+against the same table as the command line (:mod:`batch_invariance.core.plan`), and the
+defaults come from the same table as ``run-live``'s (``action.yml`` states them too; a test
+keeps it equal to :data:`INPUT_DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from batch_invariance.cert.render import Require
+from batch_invariance.core.plan import number_problems
+from batch_invariance.errors import UsageError
+from batch_invariance.run.live import ACTION_DEFAULTS, LiveRequest
+from batch_invariance.run.live_profile import ProfileRequest
+from batch_invariance.run.mock_cell import MockRequest
+
+Mode = Literal["live", "mock"]
+
+#: Inputs and their defaults (``action.yml`` declares the same).
+INPUT_DEFAULTS: Mapping[str, str] = {
+    "mode": "live",
+    "server-bin": "",
+    "model": "",
+    "workset": "",
+    "profile": "",
+    "model-alias": "",
+    "models-dir": "",
+    "ctx": str(ACTION_DEFAULTS.ctx),
+    "parallel": str(ACTION_DEFAULTS.parallel),
+    "gate-passes": str(ACTION_DEFAULTS.gate_passes),
+    "reps": str(ACTION_DEFAULTS.reps),
+    "n-predict": str(ACTION_DEFAULTS.n_predict),
+    "server-flags": "",
+    "scorer": "",
+    "out-dir": "batch-invariance-certs",
+    "sign": "true",
+    "require": "green",
+}
+
+#: Inputs only a live cell takes (mock mode reports them as ignored).
+LIVE_ONLY_INPUTS: tuple[str, ...] = (
+    "server-bin", "model", "profile", "model-alias", "models-dir", "server-flags",
+)  # fmt: skip
+_NUMBER_INPUTS: tuple[str, ...] = ("ctx", "parallel", "gate-passes", "reps", "n-predict")
+
+
+@dataclass(frozen=True)
+class ActionInputs:
+    """The step's inputs, validated and typed."""
+
+    mode: Mode
+    server_bin: str
+    model: str
+    workset: str
+    profile: str
+    model_alias: str
+    models_dir: str
+    ctx: int
+    parallel: int
+    gate_passes: int
+    reps: int
+    n_predict: int
+    server_flags: tuple[str, ...]
+    scorer: str
+    out_dir: Path
+    sign: bool
+    require: Require
+    workspace: Path
+    #: Inputs set to something other than their default (for "ignored in mock mode").
+    explicit: frozenset[str] = field(default_factory=frozenset)
+
+    def ignored(self) -> tuple[str, ...]:
+        """Explicit inputs the mode does not use (reported, not an error)."""
+        if self.mode == "live":
+            return ()
+        return tuple(name for name in LIVE_ONLY_INPUTS if name in self.explicit)
+
+
+def input_value(env: Mapping[str, str], name: str) -> str | None:
+    """The raw value of input ``name`` (hyphenated form first), or None when unset."""
+    upper = name.upper()
+    for key in (f"INPUT_{upper}", f"INPUT_{upper.replace('-', '_')}"):
+        if key in env:
+            return env[key]
+    return None
+
+
+def _int_input(name: str, raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise UsageError(f"input {name} must be an integer, got {raw.strip()!r}") from None
+
+
+def _bool_input(name: str, raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in {"true", "1", "yes", "on"}:
+        return True
+    if text in {"false", "0", "no", "off", ""}:
+        return False
+    raise UsageError(f"input {name} must be true or false, got {raw.strip()!r}")
+
+
+def _spell_input(field_name: str) -> str:
+    return "input " + field_name.replace("_", "-")
+
+
+def read_inputs(env: Mapping[str, str]) -> ActionInputs:
+    """Validate the step's inputs (pure over ``env``); UsageError names the bad input."""
+    raw: dict[str, str] = {}
+    explicit: set[str] = set()
+    for name, default in INPUT_DEFAULTS.items():
+        given = input_value(env, name)
+        value = default if given is None or given.strip() == "" else given
+        raw[name] = value
+        if value.strip() != default:
+            explicit.add(name)
+    mode = raw["mode"].strip().lower()
+    if mode not in ("live", "mock"):
+        raise UsageError(f"input mode must be live or mock, got {raw['mode'].strip()!r}")
+    require = raw["require"].strip().lower()
+    if require not in ("green", "promotable"):
+        raise UsageError(
+            f"input require must be green or promotable, got {raw['require'].strip()!r}"
+        )
+    numbers = {name.replace("-", "_"): _int_input(name, raw[name]) for name in _NUMBER_INPUTS}
+    problems = number_problems(dict(numbers), spell=_spell_input)
+    if problems:
+        raise UsageError(problems[0])
+    workspace = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
+    out_dir = Path(raw["out-dir"].strip())
+    if not out_dir.is_absolute():
+        out_dir = workspace / out_dir
+    flags = tuple(line.strip() for line in raw["server-flags"].splitlines() if line.strip())
+    return ActionInputs(
+        mode="live" if mode == "live" else "mock",
+        server_bin=raw["server-bin"].strip(),
+        model=raw["model"].strip(),
+        workset=raw["workset"].strip(),
+        profile=raw["profile"].strip(),
+        model_alias=raw["model-alias"].strip(),
+        models_dir=raw["models-dir"].strip(),
+        server_flags=flags,
+        scorer=raw["scorer"].strip(),
+        out_dir=out_dir,
+        sign=_bool_input("sign", raw["sign"]),
+        require="green" if require == "green" else "promotable",
+        workspace=workspace,
+        explicit=frozenset(explicit),
+        **numbers,
+    )
+
+
+def _abs(workspace: Path, value: str) -> Path | None:
+    if not value:
+        return None
+    path = Path(value)
+    return path if path.is_absolute() else workspace / path
+
+
+def check_server_pair(inputs: ActionInputs) -> None:
+    """Live mode without a profile takes both server-bin and model, or neither."""
+    if (
+        inputs.mode == "live"
+        and not inputs.profile
+        and bool(inputs.server_bin) != bool(inputs.model)
+    ):
+        raise UsageError("set both server-bin and model, or neither to run the embedded default")
+
+
+def live_request(inputs: ActionInputs, embedded: tuple[Path, Path] | None) -> LiveRequest:
+    """The live cell the inputs ask for. ``embedded`` is the provisioned (server, model)
+    pair when the step named neither; without a work-set or profile the bundled demo
+    work-set runs."""
+    ws = inputs.workspace
+    server_bin, model = _abs(ws, inputs.server_bin), _abs(ws, inputs.model)
+    if embedded is not None:
+        server_bin, model = embedded
+    profile = None
+    if inputs.profile or inputs.model_alias or inputs.models_dir:
+        profile = ProfileRequest(
+            name=inputs.profile or None,
+            model_alias=inputs.model_alias or None,
+            models_dir=inputs.models_dir or None,
+        )
+    return LiveRequest(
+        out_dir=inputs.out_dir,
+        server_bin=server_bin,
+        model=model,
+        workset=_abs(ws, inputs.workset),
+        ctx=inputs.ctx,
+        parallel=inputs.parallel,
+        gate_passes=inputs.gate_passes,
+        reps=inputs.reps,
+        n_predict=inputs.n_predict,
+        server_flags=inputs.server_flags,
+        scorer=inputs.scorer or None,
+        profile=profile,
+        bundled_workset=None if inputs.profile else "demo",
+    )
+
+
+def mock_request(inputs: ActionInputs) -> MockRequest:
+    """The mock cell the inputs ask for: the mock's own numbers unless the step set them
+    (keeps a wiring check fast)."""
+    numbers = {
+        name.replace("-", "_"): getattr(inputs, name.replace("-", "_"))
+        for name in _NUMBER_INPUTS
+        if name in inputs.explicit
+    }
+    return MockRequest(
+        out_dir=inputs.out_dir,
+        workset=_abs(inputs.workspace, inputs.workset),
+        scorer=inputs.scorer or None,
+        **numbers,
+    )

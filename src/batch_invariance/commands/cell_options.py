@@ -1,0 +1,169 @@
+"""The cell options ``run-live`` and ``demo`` share, and the one reader that turns them into
+a :class:`~batch_invariance.run.live.LiveRequest`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from batch_invariance import exitcodes
+from batch_invariance.cert.certificate import is_promotable
+from batch_invariance.cert.render import live_banner
+from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
+from batch_invariance.engines import memory
+from batch_invariance.run.dry_run import dry_run, usable_cpus
+from batch_invariance.run.live import (
+    DEFAULT_LOGIT_EPS,
+    DEFAULT_MIN_HOT_TRIALS,
+    DEFAULT_READY_TIMEOUT,
+    DEFAULT_REQ_TIMEOUT,
+    DEFAULT_SEED,
+    CellDefaults,
+    LiveOutcome,
+    LiveRequest,
+    prepare,
+)
+from batch_invariance.run.live_profile import ProfileRequest
+
+
+def add_policy_options(p: argparse.ArgumentParser) -> None:
+    """The gate-policy options of run-live, demo and run-mock. Stricter than the defaults is
+    always allowed; looser is accepted but the cert is never promotable."""
+    p.add_argument(
+        "--min-hot-trials",
+        type=int,
+        default=DEFAULT_MIN_HOT_TRIALS,
+        help=f"GREEN needs this many co-batched comparisons (default {DEFAULT_MIN_HOT_TRIALS}; "
+        "lower is never promotable)",
+    )
+    p.add_argument(
+        "--min-answer-tokens",
+        type=int,
+        default=DEFAULT_MIN_ANSWER_TOKENS,
+        help="GREEN needs a median generated length of at least this many tokens (default "
+        f"{DEFAULT_MIN_ANSWER_TOKENS}; lower is never promotable)",
+    )
+    p.add_argument(
+        "--max-bound",
+        type=float,
+        default=DEFAULT_MAX_BOUND,
+        help="GREEN needs the 95%% upper bound on the per-prompt divergence rate at or below "
+        f"this (default {DEFAULT_MAX_BOUND:g}, i.e. >= 30 distinct prompts; higher is never "
+        "promotable)",
+    )
+
+
+def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> None:
+    """Options shared by ``run-live`` and ``demo`` (``defaults`` differ)."""
+    p.add_argument("--gate-passes", type=int, default=defaults.gate_passes, help="C passes T")
+    p.add_argument("--reps", type=int, default=defaults.reps, help="repeat each row R times")
+    p.add_argument(
+        "--n-predict", type=int, default=defaults.n_predict, help="token budget per request"
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=("chat", "completions"),
+        default=defaults.endpoint,
+        help="chat: /v1/chat/completions (default); completions: raw prompts to /v1/completions",
+    )
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="dispatch-order and request seed")
+    p.add_argument("--port", type=int, default=None, help="fixed port (default: a free one)")
+    p.add_argument(
+        "--reserved-port",
+        type=int,
+        action="append",
+        default=[],
+        help="never bind or address this port (repeatable; 8080 is always reserved)",
+    )
+    p.add_argument(
+        "--server-flag",
+        action="append",
+        default=[],
+        help="extra llama-server argument (repeatable; values may start with '-')",
+    )
+    p.add_argument("--n-probs", type=int, default=None, help="arm F4: top-K logprobs per token")
+    p.add_argument(
+        "--logit-eps",
+        type=float,
+        default=DEFAULT_LOGIT_EPS,
+        help=f"F4 drift threshold with --n-probs (default {DEFAULT_LOGIT_EPS})",
+    )
+    add_policy_options(p)
+    p.add_argument("--max-footprint-gb", type=float, default=None, help="memory cap (GiB)")
+    p.add_argument("--req-timeout", type=float, default=DEFAULT_REQ_TIMEOUT, help="seconds")
+    p.add_argument(
+        "--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT, help="server start, seconds"
+    )
+    p.add_argument(
+        "--no-serial-repeat", action="store_true", help="skip the A' serial-repeat control"
+    )
+    p.add_argument("--scorer", default=None, help="pkg.mod:NAME or file.py:NAME")
+    p.add_argument("--dry-run", action="store_true", help="print the plan; launch nothing")
+
+
+def _path(value: Any) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
+    """The one reader of the shared cell options (``fixed`` sets what the command decides)."""
+    profile = None
+    if any(getattr(args, f, None) for f in ("profile", "model_alias", "models_dir",
+                                           "models_file", "corner")):  # fmt: skip
+        profile = ProfileRequest(
+            name=getattr(args, "profile", None),
+            model_alias=getattr(args, "model_alias", None),
+            models_dir=getattr(args, "models_dir", None),
+            models_file=getattr(args, "models_file", None),
+            corner=getattr(args, "corner", None),
+            seed=getattr(args, "profile_seed", None),
+        )
+    values: dict[str, Any] = {
+        "out_dir": _path(args.out_dir),
+        "server_bin": _path(getattr(args, "server_bin", None)),
+        "model": _path(getattr(args, "model", None)),
+        "workset": _path(args.workset),
+        "ctx": args.ctx,
+        "parallel": args.parallel,
+        "gate_passes": args.gate_passes,
+        "reps": args.reps,
+        "n_predict": args.n_predict,
+        "seed": args.seed,
+        "endpoint": args.endpoint,
+        "n_probs": args.n_probs,
+        "logit_eps": args.logit_eps,
+        "min_hot_trials": args.min_hot_trials,
+        "min_answer_tokens": args.min_answer_tokens,
+        "max_bound": args.max_bound,
+        "serial_repeat": not args.no_serial_repeat,
+        "req_timeout": args.req_timeout,
+        "ready_timeout": args.ready_timeout,
+        "max_footprint_gb": args.max_footprint_gb,
+        "server_flags": tuple(args.server_flag or ()),
+        "scorer": args.scorer,
+        "port": args.port,
+        "reserved_ports": tuple(args.reserved_port or ()),
+        "profile": profile,
+        "kv_layout": getattr(args, "kv_layout", "split"),
+    }
+    values.update(fixed)
+    return LiveRequest(**values)
+
+
+def print_dry_run(request: LiveRequest) -> int:
+    """Print the plan of ``request`` (launch nothing); exit 2 when the guard would refuse."""
+    plan = dry_run(prepare(request, create_out_dir=False), memory.read_host_memory(), usable_cpus())
+    sys.stdout.write(plan.text)
+    if plan.refusal is not None:
+        print(f"batch-invariance: the memory guard would refuse: {plan.refusal}", file=sys.stderr)
+        return exitcodes.USAGE
+    return exitcodes.PROMOTABLE
+
+
+def report(outcome: LiveOutcome, label: str) -> int:
+    """Print the verdict banner; return the exit code for the cert."""
+    finished = outcome.finished
+    sys.stdout.write(live_banner(finished.cert, finished.path, finished.superseded, label))
+    return exitcodes.for_status(finished.cert.status, is_promotable(finished.cert))

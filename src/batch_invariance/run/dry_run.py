@@ -1,0 +1,95 @@
+"""``--dry-run``: the plan of a live cell (each server's argv, memory, requests, ETA) as text;
+nothing is launched."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from batch_invariance.core.plan import eta_seconds, serial_arm_count
+from batch_invariance.engines import memory, ports
+from batch_invariance.engines.llama_server import KvLayout, build_argv, kv_label
+from batch_invariance.run.live import LiveCell
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """The plan as text, and the memory guard's refusal when it would refuse to launch."""
+
+    text: str
+    refusal: str | None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the platform says)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    count = len(affinity(0)) if affinity is not None else os.cpu_count()
+    return count or 2
+
+
+def _gib(n: int) -> str:
+    return f"{n / memory.GIB:.2f} GiB"
+
+
+def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
+    """The plan of ``cell`` on a host with ``host`` memory and ``cpus`` CPUs."""
+    req = cell.request
+    port = str(cell.port_policy.fixed) if cell.port_policy.fixed is not None else "<free>"
+    gpu = memory.offloads_to_gpu(cell.server_flags)
+    refused: str | None = None
+
+    def layout(n: int) -> KvLayout:
+        # The serial A server has one slot: its layout cannot matter.
+        return req.kv_layout if n > 1 else "split"
+
+    lines = [f"dry run: cell {cell.model_name} ctx={cell.ctx} N={cell.parallel} (nothing launched)"]
+    for arm, n in (("A", 1), ("BC", cell.parallel)):
+        argv = build_argv(
+            cell.server_bin,
+            cell.model,
+            host=ports.LOOPBACK,
+            port=0,
+            parallel=n,
+            ctx=cell.ctx,
+            extra_flags=cell.server_flags,
+            kv_layout=layout(n),
+        )
+        shown = [port if a == "0" and i > 0 and argv[i - 1] == "--port" else a
+                 for i, a in enumerate(argv)]  # fmt: skip
+        proj = memory.project(cell.gguf, cell.ctx, n, cell.server_flags)
+        decision = memory.evaluate(proj, host, req.max_footprint_gb, gpu)
+        refused = refused or decision.refusal
+        lines.append(f"server {arm}: {' '.join(shown)}")
+        lines.append(
+            f"  kv: {kv_label(cell.ctx, n, layout(n))}; projected {_gib(proj.total_bytes)} "
+            f"(weights {_gib(proj.weights_bytes)} + KV {_gib(proj.kv_bytes)} + overhead "
+            f"{_gib(proj.overhead_bytes)}); guard: {decision.refusal or 'ok'}"
+        )
+    avail = host.mem_available_bytes
+    cap = "none" if req.max_footprint_gb is None else f"{req.max_footprint_gb:g} GiB"
+    lines.append(
+        f"memory: cap {cap}; available now {_gib(avail) if avail is not None else 'unknown'}"
+        + (f"; VRAM free {_gib(host.vram_free_bytes)}" if host.vram_free_bytes else "")
+    )
+    if cell.workset is not None:
+        n_items = len(cell.workset.items) * req.reps
+        arms = "A, A', B" if req.serial_repeat else "A, B"
+        total = n_items * (serial_arm_count(req.serial_repeat) + req.gate_passes)
+        lines.append(
+            f"requests: {total} = {n_items} items x ({arms} + {req.gate_passes} C passes of "
+            f"{cell.parallel} workers); endpoint {req.endpoint}; n_predict {req.n_predict}"
+        )
+        eta = eta_seconds(
+            cell.gguf.file_size,
+            n_items,
+            n_predict=req.n_predict,
+            gate_passes=req.gate_passes,
+            serial_repeat=req.serial_repeat,
+            cpus=cpus,
+        )
+        lines.append(f"ETA: ~{eta / 60:.1f} min (rough: from model size and CPU count)")
+    else:
+        lines.append("requests: the profile's work-set is built on a calibration server")
+    cert_name = f"{cell.model_name}__ctx{cell.ctx}__N{cell.parallel}.json"
+    lines.append(f"out-dir: {cell.out_dir} (cert {cert_name})")
+    return DryRun(text="\n".join(lines) + "\n", refusal=refused)

@@ -1,0 +1,82 @@
+"""From a measured cell to a written cert: :func:`finish_cell` (``verdict.decide``,
+``certificate.build_cert``, ``certstore.write_cert``), and the out-dir check every entry point
+runs before it measures anything."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.errors import UsageError
+from batch_invariance.run.records import CellRun
+
+if TYPE_CHECKING:
+    from batch_invariance.cert.certificate import Cert
+    from batch_invariance.core.verdict import Verdict
+
+
+@dataclass(frozen=True)
+class FinishedCell:
+    """A cell whose cert was written."""
+
+    cert: Cert
+    verdict: Verdict
+    path: Path
+    superseded: Path | None
+
+
+def prepare_out_dir(out_dir: Path, flag: str = "--out-dir") -> Path:
+    """Create the folder certs and logs go to, before the run: a bad folder must not cost a
+    whole cell. UsageError when it cannot be created or written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {out_dir}: cannot create it ({exc.strerror or exc})") from None
+    if not os.access(out_dir, os.W_OK):
+        raise UsageError(f"{flag} {out_dir}: not writable")
+    return out_dir
+
+
+def utc_now() -> str:
+    """The current UTC time as ``YYYY-MM-DDTHH:MM:SSZ`` (the shell's clock, not the core's)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def finish_cell(
+    run: CellRun,
+    spec: CellSpec,
+    policy: GatePolicy,
+    provenance: Mapping[str, Any],
+    out_dir: Path,
+    ts_utc: str | None = None,
+) -> FinishedCell:
+    """Decide the verdict, build the cert and write it atomically into ``out_dir``.
+
+    ``provenance`` from the caller (tool version, binary and model hashes, work-set sha256, ...)
+    is merged over the run's own block (request template, servers, timings). The cert's
+    ``source`` is the run's: what the launcher that started the servers is.
+    """
+    from batch_invariance.cert import certificate
+    from batch_invariance.cert import store as certstore
+    from batch_invariance.core import verdict
+
+    decided = verdict.decide(run.evidence, policy)
+    merged: dict[str, Any] = {**run.provenance(), **dict(provenance)}
+    cert = certificate.build_cert(
+        run.evidence,
+        decided,
+        spec,
+        policy,
+        merged,
+        run.source,
+        ts_utc if ts_utc is not None else utc_now(),
+    )
+    written = certstore.write_cert(out_dir, cert)
+    return FinishedCell(
+        cert=cert, verdict=decided, path=written.path, superseded=written.superseded
+    )

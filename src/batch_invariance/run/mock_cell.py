@@ -1,0 +1,90 @@
+"""The mock-cell service: the full A/B/C gate against the in-process mock server.
+
+The same :func:`~batch_invariance.run.cell.run_cell` and
+:func:`~batch_invariance.run.finish.finish_cell`
+path as a live cell, with the mock launcher in place of real ``llama-server`` processes. The
+verdict is really computed; the cert says ``source: mock`` and is never promotable.
+``run-mock`` and the Action's mock mode call :func:`run_mock_cell`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batch_invariance import __version__
+from batch_invariance.core.evidence import CellSpec, GatePolicy, policy_usage_problems
+from batch_invariance.core.plan import CellPlan, number_problems
+from batch_invariance.engines.mock import MockKnobs, MockLauncher
+from batch_invariance.errors import UsageError
+from batch_invariance.run.cell import run_cell
+from batch_invariance.run.finish import FinishedCell, finish_cell, prepare_out_dir
+from batch_invariance.run.progress import ProgressSink
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import bundled_workset_path, expand_reps, load_workset
+
+#: The cert's model name for mock cells.
+MOCK_MODEL = "mock"
+
+
+@dataclass(frozen=True)
+class MockRequest:
+    """A mock cell. Defaults are sized so the default run earns GREEN (40 distinct prompts,
+    notes of about 80 tokens, 4 passes) in a few seconds."""
+
+    out_dir: Path
+    batch_divergence: bool = False
+    ctx: int = 2048
+    parallel: int = 4
+    gate_passes: int = 4
+    reps: int = 1
+    #: Long enough for the mock's notes (about 66-89 tokens): the length floor needs 64.
+    n_predict: int = 128
+    seed: int = 0
+    workset: Path | None = None
+    scorer: str | None = None
+    policy: GatePolicy = field(default_factory=GatePolicy)
+
+
+def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) -> FinishedCell:
+    """Check the request, run the mock cell and write its cert."""
+    problems = number_problems(
+        {
+            "ctx": request.ctx,
+            "parallel": request.parallel,
+            "gate_passes": request.gate_passes,
+            "reps": request.reps,
+            "n_predict": request.n_predict,
+        }
+    )
+    problems += policy_usage_problems(request.policy)
+    if problems:
+        raise UsageError(problems[0])
+    workset = load_workset(request.workset or bundled_workset_path("mock"))
+    scorer = load_scorer(request.scorer)
+    out_dir = prepare_out_dir(request.out_dir)
+    items = expand_reps(workset.items, request.reps)
+    plan = CellPlan(
+        items=items,
+        ctx=request.ctx,
+        parallel=request.parallel,
+        gate_passes=request.gate_passes,
+        n_predict=request.n_predict,
+        seed=request.seed,
+        endpoint="chat",
+        req_timeout=30.0,
+    )
+    knobs = MockKnobs(cobatch_divergence=request.batch_divergence, seed=request.seed)
+    run = run_cell(plan, MockLauncher(knobs), scorer, progress=progress)
+    spec = CellSpec(
+        model=MOCK_MODEL, ctx=request.ctx, dispatch_n=request.parallel, kv_label=run.kv_label,
+        reps=request.reps,
+    )  # fmt: skip
+    provenance = {
+        "tool_version": __version__,
+        "driver": "run-mock",
+        "mock_knobs": {"cobatch_divergence": knobs.cobatch_divergence, "seed": knobs.seed},
+        "workset": {"source": workset.source, "sha256": workset.sha256, "n_rows": len(items)},
+        "scorer_id": run.scorer_id,
+    }
+    return finish_cell(run, spec, request.policy, provenance, out_dir)

@@ -1,0 +1,131 @@
+"""What one cell measured besides the evidence: per-arm timing, the servers it started, and
+the :class:`CellRun` that carries both with the evidence to ``finish_cell``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from batch_invariance.core.evidence import ARM_A, ARM_A_REPEAT, ARM_B, ARM_C, CellEvidence
+from batch_invariance.core.plan import CellPlan
+
+
+@dataclass(frozen=True)
+class ArmStats:
+    """Wall time and server-reported time of one arm (or one C pass)."""
+
+    arm: str
+    pass_index: int | None
+    wall_s: float
+    n_requests: int
+    n_transport_failures: int
+    prompt_ms: float
+    predicted_ms: float
+    server_busy_max: int | None = None
+    busy_source: str | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "arm": self.arm,
+            "pass": self.pass_index,
+            "wall_s": round(self.wall_s, 6),
+            "n_requests": self.n_requests,
+            "n_transport_failures": self.n_transport_failures,
+            "server_prompt_ms": round(self.prompt_ms, 3),
+            "server_predicted_ms": round(self.predicted_ms, 3),
+            "server_busy_max": self.server_busy_max,
+            "busy_source": self.busy_source,
+        }
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """One server the cell launched."""
+
+    role: str
+    label: str
+    argv: tuple[str, ...]
+    kv_label: str
+    metrics_enabled: bool
+    info: Mapping[str, Any]
+    wall_s: float
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "label": self.label,
+            "argv": list(self.argv),
+            "kv_label": self.kv_label,
+            "metrics_enabled": self.metrics_enabled,
+            "info": dict(self.info),
+            "wall_s": round(self.wall_s, 6),
+        }
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """Everything one cell measured: the evidence for the core, and how it was measured."""
+
+    plan: CellPlan
+    evidence: CellEvidence
+    arm_stats: tuple[ArmStats, ...]
+    request_template: Mapping[str, Any]
+    servers: tuple[ServerRecord, ...]
+    launches: int
+    scorer_id: str
+    wall_s: float
+    #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
+    source: Literal["live", "mock"] = "mock"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def kv_label(self) -> str:
+        """The KV layout of the B/C server (what the cert's ``kv_label`` names)."""
+        for server in self.servers:
+            if server.role == "BC":
+                return server.kv_label
+        return self.servers[-1].kv_label if self.servers else "unknown"
+
+    def arm_wall_s(self, arm: str) -> float:
+        return sum(s.wall_s for s in self.arm_stats if s.arm == arm)
+
+    def server_ms(self) -> tuple[float, float]:
+        """Summed server-reported (prompt_ms, predicted_ms) over every arm."""
+        return (
+            sum(s.prompt_ms for s in self.arm_stats),
+            sum(s.predicted_ms for s in self.arm_stats),
+        )
+
+    def provenance(self) -> dict[str, Any]:
+        """The run's own provenance block (merged under the caller's in :func:`finish_cell`)."""
+        prompt_ms, predicted_ms = self.server_ms()
+        return {
+            "request_template": dict(self.request_template),
+            "servers": [s.to_record() for s in self.servers],
+            "server_launches": self.launches,
+            "scorer_id": self.scorer_id,
+            "arms": [s.to_record() for s in self.arm_stats],
+            "timing": {
+                "cell_wall_s": round(self.wall_s, 6),
+                "arm_wall_s": {
+                    arm: round(self.arm_wall_s(arm), 6)
+                    for arm in (ARM_A, ARM_A_REPEAT, ARM_B, ARM_C)
+                },
+                "server_prompt_ms": round(prompt_ms, 3),
+                "server_predicted_ms": round(predicted_ms, 3),
+            },
+            "plan": {
+                "ctx": self.plan.ctx,
+                "parallel": self.plan.parallel,
+                "gate_passes": self.plan.gate_passes,
+                "n_predict": self.plan.n_predict,
+                "seed": self.plan.seed,
+                "endpoint": self.plan.endpoint,
+                "n_probs": self.plan.n_probs,
+                "serial_repeat": self.plan.serial_repeat,
+                "req_timeout": self.plan.req_timeout,
+                "n_items": len(self.plan.items),
+            },
+            "notes": list(self.notes[:200]),
+        }
