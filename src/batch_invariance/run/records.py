@@ -76,7 +76,7 @@ class CellRun:
     scorer_id: str
     wall_s: float
     #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
-    source: Literal["live", "mock"] = "mock"
+    source: Literal["live", "mock", "attached"] = "mock"
     notes: tuple[str, ...] = ()
 
     @property

@@ -138,6 +138,8 @@ class MockHandler(BaseHTTPRequestHandler):
                 "endpoint_slots": mock.knobs.slots_endpoint,
                 "endpoint_metrics": mock.knobs.metrics,
             })  # fmt: skip
+        elif path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "mock", "object": "model"}]})
         elif path == "/slots":
             if not mock.knobs.slots_endpoint:
                 self._send(
