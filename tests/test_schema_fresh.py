@@ -25,7 +25,9 @@ def test_schema_names_every_top_level_field_as_required() -> None:
     schema = json.loads(schema_text())
     cert = cert_to_json(cert_for()[0])
     assert set(schema["properties"]) == set(cert)
-    assert set(schema["required"]) == set(cert)
+    # `throughput` is the one optional block: absent (never null) in a cert written without
+    # per-arm timings, so such certs keep their digest.
+    assert set(schema["required"]) == set(cert) - {"throughput"}
     assert schema.get("additionalProperties") is False
 
 

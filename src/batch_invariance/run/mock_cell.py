@@ -77,7 +77,7 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
         stop_on_red=request.stop_on_red,
     )
     knobs = MockKnobs(cobatch_divergence=request.batch_divergence, seed=request.seed)
-    run = run_cell(plan, MockLauncher(knobs), scorer, progress=progress, policy=GatePolicy())
+    run = run_cell(plan, MockLauncher(knobs), scorer, progress=progress, policy=request.policy)
     spec = CellSpec(
         model=MOCK_MODEL, ctx=request.ctx, dispatch_n=request.parallel, kv_label=run.kv_label,
         reps=request.reps,
