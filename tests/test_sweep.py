@@ -159,24 +159,38 @@ def test_bad_parallel_lists_are_usage_errors(text: str, needle: str) -> None:
     assert parse_parallels("8, 2,4") == (2, 4, 8)
 
 
-def test_an_n_that_does_not_fit_is_named_not_run_and_never_launched(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture()
+def fake_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A fake server binary (it records each launch in ``marker``), a tiny GGUF, 3 prompts."""
     marker = tmp_path / "launched"
     monkeypatch.setenv("FAKE_SERVER_MARKER", str(marker))
     ws = tmp_path / "ws.json"
     ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(3)]))
-    model = write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20)
-    info = parse_info(model)
+    return {
+        "bin": fake_server(tmp_path / "bin"),
+        "model": write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20),
+        "ws": ws,
+        "out": tmp_path / "out",
+        "marker": marker,
+    }
+
+
+def _sweep_argv(cell: dict[str, Path], *extra: str) -> list[str]:
+    return ["sweep", "--server-bin", str(cell["bin"]), "--model", str(cell["model"]),
+            "--workset", str(cell["ws"]), "--out-dir", str(cell["out"]), *extra]  # fmt: skip
+
+
+def test_an_n_that_does_not_fit_is_named_not_run_and_never_launched(
+    fake_cell: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    info = parse_info(fake_cell["model"])
     fits = memory.project(info, 32768, 2, ()).total_bytes
     too_big = memory.project(info, 32768, 8, ()).total_bytes
     cap_gb = (fits + too_big) / 2 / memory.GIB
-    out = tmp_path / "out"
-    code = main(["sweep", "--server-bin", str(fake_server(tmp_path / "bin")),
-                 "--model", str(model), "--workset", str(ws), "--ctx", "32768",
-                 "--parallel", "8,2", "--gate-passes", "1", "--reps", "1",
-                 "--out-dir", str(out), "--max-footprint-gb", f"{cap_gb:.6f}",
-                 "--req-timeout", "5"])  # fmt: skip
+    out = fake_cell["out"]
+    cap = f"{cap_gb:.6f}"
+    numbers = ["--ctx", "32768", "--parallel", "8,2", "--gate-passes", "1", "--reps", "1"]
+    code = main(_sweep_argv(fake_cell, *numbers, "--max-footprint-gb", cap, "--req-timeout", "5"))
     text = capsys.readouterr().out
     # The fake server answers no completions: the N=2 cell is UNVERIFIED (exit 3), not GREEN.
     assert code == 3, text
@@ -184,7 +198,7 @@ def test_an_n_that_does_not_fit_is_named_not_run_and_never_launched(
     assert summary["parallel"] == [2, 8]
     assert summary["not_run"]["8"].startswith("not run: projected ")
     assert "GiB > cap" in summary["not_run"]["8"]
-    launched = marker.read_text().splitlines()
+    launched = fake_cell["marker"].read_text().splitlines()
     assert not any("--parallel 8" in line for line in launched)
     assert summary["server_launches"] == len(launched)
     assert [c["file"] for c in summary["certs"]] == ["tiny__ctx32768__N2.json"]
@@ -193,17 +207,10 @@ def test_an_n_that_does_not_fit_is_named_not_run_and_never_launched(
 
 
 def test_a_sweep_whose_reference_cannot_fit_launches_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    fake_cell: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    marker = tmp_path / "launched"
-    monkeypatch.setenv("FAKE_SERVER_MARKER", str(marker))
-    ws = tmp_path / "ws.json"
-    ws.write_text(json.dumps([{"id": "p", "prompt": "say"}]))
-    model = write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20)
-    code = main(["sweep", "--server-bin", str(fake_server(tmp_path / "bin")),
-                 "--model", str(model), "--workset", str(ws), "--ctx", "512",
-                 "--parallel", "2,4", "--out-dir", str(tmp_path / "out"),
-                 "--max-footprint-gb", "0.0001"])  # fmt: skip
+    code = main(_sweep_argv(fake_cell, "--ctx", "512", "--parallel", "2,4",
+                            "--max-footprint-gb", "0.0001"))  # fmt: skip
     assert code == 2
     assert "GuardRefused" in capsys.readouterr().err
-    assert not marker.exists()
+    assert not fake_cell["marker"].exists()
