@@ -97,6 +97,9 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     assert t.prompt_tokens_measured is not None and t.prompt_tokens_measured > 0
     assert t.content_sha256 is not None and len(t.content_sha256) == 64
     assert t.tokens == ("Paris",) and t.token_logprobs is not None and t.has_interval
+    # Logprobs only where they are read: A and C carry them, the serial controls do not.
+    assert all(p.trials["fr"].tokens is not None for p in ev.c_passes)
+    assert ev.b["fr"].tokens is None and ev.a_repeat["fr"].tokens is None
     assert [s.role for s in run.servers] == ["A", "BC"]
     assert "--parallel" in run.servers[1].argv and run.kv_label.startswith("mock:")
     assert run.request_template["cache_prompt"] is False

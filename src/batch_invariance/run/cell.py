@@ -140,6 +140,7 @@ def run_cell(
         raise UsageError(problems[0])
     sink: ProgressSink = progress if progress is not None else NullProgress()
     template = request_template(plan)
+    control = template.without_logprobs()  # B and A' never read logprobs (LOGPROB_ARMS)
     items = plan.items
     notes = Notes()
     stats: list[ArmStats] = []
@@ -166,7 +167,7 @@ def run_cell(
                 sink.arm("A'")
                 t0 = time.monotonic()
                 a_repeat_resp = run_serial(
-                    server_a.base_url, template, items, server_a.check_alive, tick
+                    server_a.base_url, control, items, server_a.check_alive, tick
                 )
                 stats.append(_arm_stats(ARM_A_REPEAT, None, time.monotonic() - t0, a_repeat_resp))
             servers.append(_server_record("A", server_a, time.monotonic() - started))
@@ -178,7 +179,7 @@ def run_cell(
             started = time.monotonic()
             sink.arm(ARM_B)
             t0 = time.monotonic()
-            b_resp = run_serial(server_bc.base_url, template, items, server_bc.check_alive, tick)
+            b_resp = run_serial(server_bc.base_url, control, items, server_bc.check_alive, tick)
             stats.append(_arm_stats(ARM_B, None, time.monotonic() - t0, b_resp))
             for index in range(plan.gate_passes):
                 sink.arm(ARM_C, index, plan.gate_passes)
