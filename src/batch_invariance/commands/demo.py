@@ -41,7 +41,7 @@ DEMO_MODEL_NAME = "gemma-3-270m-q4_k_m"
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "demo",
-        help="provision the embedded llama-server + Gemma 3 270M and run a real cell (~5 min on 2 cores)",
+        help="provision the embedded llama-server + Gemma 3 270M and run a real cell (minutes)",
         description=(
             "Builds/reuses the embedded llama-server and model (see `provision`), then runs one "
             "real A/B/C cell on the bundled work-set and prints the verdict. On a typical CPU "

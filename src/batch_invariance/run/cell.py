@@ -33,7 +33,7 @@ from batch_invariance.errors import UsageError
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import ArmStats, CellRun, ServerRecord
-from batch_invariance.run.transport import RawResponse, RequestTemplate
+from batch_invariance.run.transport import RawResponse, RequestTemplate, server_chat_template
 from batch_invariance.run.trials import Notes, trials_for
 
 if TYPE_CHECKING:
@@ -159,6 +159,7 @@ def run_cell(
         launches += 1
         with launcher.launch("A", 1, plan.ctx) as server_a:
             started = time.monotonic()
+            chat_template = server_chat_template(server_a.base_url)
             sink.arm(ARM_A)
             t0 = time.monotonic()
             a_resp = run_serial(server_a.base_url, template, items, server_a.check_alive, tick)
@@ -242,6 +243,7 @@ def run_cell(
         wall_s=time.monotonic() - cell_start,
         source=launcher.source,
         notes=tuple(notes.items),
+        server_chat_template=chat_template,
     )
 
 

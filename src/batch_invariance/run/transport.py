@@ -2,10 +2,13 @@
 
 :class:`RequestTemplate` turns a :class:`~batch_invariance.run.workset.WorkItem` into a request
 body that is byte-identical for the same test id in every arm (temperature 0, a fixed per-id
-seed, ``cache_prompt: false``, the same token budget). Token logprobs are asked for only by the
-arms that use them (A and C, for the first divergent token and its top1-top2 margin, and F4
-when armed); the serial controls B and A' leave them off, which only drops post-processing:
-at temperature 0 the chosen token is the argmax either way. :func:`send` posts it and always returns a :class:`RawResponse`: a transport failure
+seed, ``cache_prompt: false``, the same token budget), except for the logprobs fields: only the
+arms that read them ask for them (A and C: the first divergent token and its top1-top2 margin,
+and F4 when armed). The serial controls B and A' leave them off, which drops post-processing
+only: at temperature 0 the chosen token is the argmax either way
+(``benchmarks/bench_logprobs.py`` checks the texts agree and measures the cost).
+
+:func:`send` posts a body and always returns a :class:`RawResponse`: a transport failure
 (timeout, connection error, HTTP error, dropped connection, dead server) is a value with a
 failure mode from :data:`batch_invariance.core.evidence.TRANSPORT_MODES`, never an exception.
 """
@@ -22,6 +25,7 @@ from typing import Any, Literal
 
 import requests
 
+from batch_invariance.core.chat_template import sends_chat
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import InfraError
 
@@ -73,7 +77,7 @@ class RequestTemplate:
         return replace(self, logprobs=False)
 
     def uses_chat(self, item: WorkItem) -> bool:
-        return self.endpoint == "chat" or item.messages is not None
+        return sends_chat(self.endpoint, (item,))
 
     def path_for(self, item: WorkItem) -> str:
         return CHAT_PATH if self.uses_chat(item) else COMPLETIONS_PATH
@@ -399,6 +403,14 @@ def get_json(session: requests.Session, url: str, timeout_s: float = 2.0) -> Any
         return response.json()
     except (requests.RequestException, ValueError):
         return None
+
+
+def server_chat_template(base_url: str) -> str | None:
+    """The chat template the server applies (``/props`` ``chat_template``); ``None`` unknown."""
+    with requests.Session() as session:
+        props = get_json(session, base_url.rstrip("/") + "/props")
+    template = props.get("chat_template") if isinstance(props, dict) else None
+    return template if isinstance(template, str) else None
 
 
 def get_text(session: requests.Session, url: str, timeout_s: float = 2.0) -> str | None:

@@ -1,0 +1,102 @@
+"""What asking for token logprobs costs the server, per request.
+
+Starts one real ``llama-server --parallel 1`` (the provisioned embedded pair unless
+``--server-bin``/``--model`` are given) and sends the demo's completion openings serially,
+each one once per setting, the settings interleaved per prompt so a change of host load hits
+all of them alike: no logprobs (what B and A' send), top-2 (what A and C send: the least that
+gives the top1-top2 margin) and top-``--n-probs`` (F4 armed). Prints the median seconds per
+request, the server's own decode time per token, and whether every setting produced the same
+text (asking for logprobs must not change what is generated at temperature 0).
+
+Usage: python benchmarks/bench_logprobs.py [--items K] [--n-predict T] [--n-probs P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batch_invariance.engines import ports
+from batch_invariance.engines.gguf import parse_info
+from batch_invariance.engines.live_launcher import LiveLauncher
+from batch_invariance.engines.provision import provision
+from batch_invariance.run.dispatch import run_serial
+from batch_invariance.run.transport import MARGIN_TOP_LOGPROBS, RequestTemplate
+from batch_invariance.run.workset import bundled_workset_path, load_workset
+
+
+@dataclass
+class Setting:
+    name: str
+    template: RequestTemplate
+    wall_s: list[float] = field(default_factory=list)
+    ms_per_token: list[float] = field(default_factory=list)
+    texts: dict[str, str | None] = field(default_factory=dict)
+
+
+def settings(n_predict: int, n_probs: int) -> list[Setting]:
+    base = RequestTemplate("completions", n_predict=n_predict, seed=0)
+    return [
+        Setting("none (B, A')", base.without_logprobs()),
+        Setting(f"top-{MARGIN_TOP_LOGPROBS} (A, C)", base),
+        Setting(f"top-{n_probs} (F4 armed)", RequestTemplate(
+            "completions", n_predict=n_predict, seed=0, n_probs=n_probs
+        )),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server-bin", type=Path, default=None)
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--items", type=int, default=8)
+    ap.add_argument("--n-predict", type=int, default=96)
+    ap.add_argument("--n-probs", type=int, default=20)
+    ap.add_argument("--ctx", type=int, default=1024)
+    opts = ap.parse_args(argv)
+    if opts.server_bin is None or opts.model is None:
+        pair = provision()
+        server_bin, model = opts.server_bin or pair.server_bin, opts.model or pair.model
+    else:
+        server_bin, model = opts.server_bin, opts.model
+    items = load_workset(bundled_workset_path("demo_completions")).items[: opts.items]
+    runs = settings(opts.n_predict, opts.n_probs)
+    launcher = LiveLauncher(
+        server_bin,
+        model,
+        parse_info(model),
+        Path(tempfile.mkdtemp(prefix="bench-logprobs-")),
+        port_policy=ports.make_policy(None, []),
+    )
+    with launcher.launch("A", 1, opts.ctx) as server:
+        for k, item in enumerate(items):
+            for s in runs[k % len(runs) :] + runs[: k % len(runs)]:  # rotate who goes first
+                resp = run_serial(server.base_url, s.template, [item])[item.test_id]
+                if resp.dispatch_ts is not None and resp.complete_ts is not None:
+                    s.wall_s.append(resp.complete_ts - resp.dispatch_ts)
+                timings = resp.timings or {}
+                if timings.get("predicted_n"):
+                    s.ms_per_token.append(timings["predicted_ms"] / timings["predicted_n"])
+                s.texts[item.test_id] = resp.text
+    print(f"server: {server_bin}\nmodel: {model.name}; {len(items)} prompts x {opts.n_predict} "
+          "tokens, serial, --parallel 1, settings interleaved per prompt")  # fmt: skip
+    print(f"{'logprobs':<20} {'median s/req':>12} {'mean s/req':>11} {'decode ms/tok':>14}")
+    for s in runs:
+        med = statistics.median(s.wall_s) if s.wall_s else float("nan")
+        mean = statistics.fmean(s.wall_s) if s.wall_s else float("nan")
+        tok = statistics.median(s.ms_per_token) if s.ms_per_token else float("nan")
+        print(f"{s.name:<20} {med:12.3f} {mean:11.3f} {tok:14.2f}")
+    baseline = statistics.median(runs[0].wall_s) if runs[0].wall_s else float("nan")
+    for s in runs[1:]:
+        if s.wall_s:
+            print(f"{s.name}: {statistics.median(s.wall_s) / baseline:.3f}x the no-logprobs time")
+    same = all(s.texts == runs[0].texts for s in runs[1:])
+    print(f"same text under every setting: {'yes' if same else 'NO'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
