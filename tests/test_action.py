@@ -169,10 +169,15 @@ class FakeSigner:
 
     def __init__(self) -> None:
         self.calls: list[tuple[bytes, str]] = []
+        self.statements: list[dict[str, object]] = []
 
     def sign(self, payload: bytes, token: str) -> str:
         self.calls.append((payload, token))
         return json.dumps({"fake_bundle": True, "n_bytes": len(payload)})
+
+    def sign_statement(self, statement: bytes, token: str) -> str:
+        self.statements.append(json.loads(statement))
+        return json.dumps({"fake_dsse_bundle": True, "n_bytes": len(statement)})
 
 
 def with_process_env(env: Mapping[str, str]) -> pytest.MonkeyPatch:
@@ -272,6 +277,10 @@ def test_sign_with_ambient_github_oidc_writes_bundle_next_to_cert(tmp_path: Path
     assert payload == cert_file.read_bytes(), "the signature covers the cert's exact bytes"
     assert used_token == token
     assert "Signature bundle" in summary_of(env)
+    # The in-toto Test Result attestation is signed in the same step, beside the cert.
+    assert (cert_file.parent / (cert_file.name + ".intoto.sigstore.json")).is_file()
+    (statement,) = signer.statements
+    assert statement["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
 
 
 def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> None:
@@ -280,6 +289,9 @@ def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> Non
             from batch_invariance.errors import InfraError
 
             raise InfraError("sigstore signing failed: fulcio unreachable")
+
+        def sign_statement(self, statement: bytes, token: str) -> str:
+            return self.sign(statement, token)
 
     with oidc_endpoint(fake_github_jwt()) as url:
         env = actions_env(tmp_path, mode="mock", sign="true")
@@ -366,12 +378,23 @@ def test_inputs_keep_hyphens_and_accept_underscores(tmp_path: Path) -> None:
     assert flags.server_flags == ("-ngl", "99", "--flash-attn")
 
 
-def test_action_yml_declares_exactly_the_entrypoint_inputs_and_outputs() -> None:
+#: Inputs and outputs of the composite wrapper itself (not passed to the entrypoint).
+WRAPPER_INPUTS = ("image", "base-image", "gpus", "upload")
+WRAPPER_OUTPUTS = ("attestation-path", "artifact")
+
+
+def _action_yml() -> tuple[str, str, str, str]:
     text = (REPO / "action.yml").read_text(encoding="utf-8")
     inputs_block = "\n" + text.split("\ninputs:\n", 1)[1].split("\noutputs:\n", 1)[0]
     outputs_block = text.split("\noutputs:\n", 1)[1].split("\nruns:\n", 1)[0]
+    runs_block = text.split("\nruns:\n", 1)[1]
+    return text, inputs_block, outputs_block, runs_block
+
+
+def test_action_yml_declares_exactly_the_entrypoint_inputs_and_outputs() -> None:
+    _, inputs_block, outputs_block, runs_block = _action_yml()
     names = re.findall(r"^  ([a-z-]+):$", inputs_block, flags=re.M)
-    assert names == list(action_inputs.INPUT_DEFAULTS)
+    assert names == [*action_inputs.INPUT_DEFAULTS, *WRAPPER_INPUTS]
     for name, default in action_inputs.INPUT_DEFAULTS.items():
         chunk = inputs_block.split(f"\n  {name}:\n", 1)[1]
         chunk = re.split(r"^  [a-z-]+:$", chunk, maxsplit=1, flags=re.M)[0]
@@ -379,10 +402,99 @@ def test_action_yml_declares_exactly_the_entrypoint_inputs_and_outputs() -> None
         found = re.search(r"^    default: (.*)$", chunk, flags=re.M)
         assert found, name
         assert found.group(1).strip().strip('"') == default, name
-    assert re.findall(r"^  ([a-z-]+):$", outputs_block, flags=re.M) == list(
-        action_outputs.OUTPUT_NAMES
-    )
-    assert "using: docker" in text and "image: Dockerfile" in text
+        # The container step hands every entrypoint input on, as the runner would.
+        env_name = "INPUT_" + name.upper().replace("-", "_")
+        assert f"        {env_name}: ${{{{ inputs.{name} }}}}\n" in runs_block, name
+    outputs = re.findall(r"^  ([a-z-]+):$", outputs_block, flags=re.M)
+    assert outputs == [*action_outputs.OUTPUT_NAMES, *WRAPPER_OUTPUTS]
+    for name in action_outputs.OUTPUT_NAMES:
+        assert f"value: ${{{{ steps.cell.outputs.{name} }}}}" in outputs_block, name
+
+
+def test_action_yml_is_one_step_that_runs_signs_uploads_and_sets_the_status() -> None:
+    _, _, _, runs_block = _action_yml()
+    assert runs_block.startswith("  using: composite\n")
+    steps = re.split(r"^    - ", runs_block.split("\n  steps:\n", 1)[1], flags=re.M)[1:]
+    assert len(steps) == 3
+    cell, name, upload = steps
+    # 1: the container, run by the action's own script from the action's own source.
+    assert cell.startswith("id: cell\n")
+    assert "BI_ACTION_PATH: ${{ github.action_path }}" in cell
+    assert '"$BI_ACTION_PATH/action/run-container.sh"' in cell
+    assert "if:" not in cell  # its exit code is the job status
+    # 2: an artifact name unique per cell and run attempt, even when the cell failed.
+    assert "always()" in name and "RUN_ATTEMPT: ${{ github.run_attempt }}" in name
+    script = (REPO / "action" / "name-artifact.sh").read_text(encoding="utf-8")
+    assert "name=bi-cert-${CELL_ID}-a${RUN_ATTEMPT}" in script
+    # 3: the SHA-pinned upload of cert, bundle and attestation, RED included.
+    assert re.search(r"uses: actions/upload-artifact@[0-9a-f]{40} # v4", upload)
+    assert "always()" in upload and "steps.cell.outputs.cert-path != ''" in upload
+    for path in ("cell.outputs.cert-path", "cell.outputs.bundle-path", "attestation-path"):
+        assert path in upload
+    assert "name: ${{ steps.artifact.outputs.name }}" in upload
+
+
+def test_name_artifact_script_is_unique_per_attempt(tmp_path: Path) -> None:
+    cert = tmp_path / "m__ctx512__N2.json"
+    cert.write_text("{}")
+    (tmp_path / (cert.name + ".intoto.sigstore.json")).write_text("{}")
+    names = []
+    for attempt in ("1", "2"):
+        out = tmp_path / f"out{attempt}"
+        out.touch()
+        subprocess.run(
+            ["bash", str(REPO / "action" / "name-artifact.sh")],
+            env={"PATH": os.environ["PATH"], "CELL_ID": cert.stem, "CERT_PATH": str(cert),
+                 "RUN_ATTEMPT": attempt, "GITHUB_OUTPUT": str(out)},
+            check=True,
+            timeout=30,
+        )  # fmt: skip
+        got = parse_github_output(out.read_text())
+        assert got["attestation-path"] == str(cert) + ".intoto.sigstore.json"
+        names.append(got["name"])
+    assert names == ["bi-cert-m__ctx512__N2-a1", "bi-cert-m__ctx512__N2-a2"]
+
+
+def test_workflows_never_install_a_package_by_name() -> None:
+    """Every install is this repository's own source (action path or pinned checkout)."""
+    files = [
+        *(REPO / ".github" / "workflows").glob("*.yml"),
+        *(REPO / "examples" / "workflows").glob("*.yml"),
+        REPO / "action.yml",
+        REPO / "install" / "action.yml",
+    ]
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"pip install[^\n]*\bbatch-invariance\b", text), path.name
+        assert "inputs.package" not in text, path.name
+    cell = (REPO / ".github" / "workflows" / "cell.yml").read_text(encoding="utf-8")
+    assert "repository: ${{ job.workflow_repository }}" in cell
+    assert "ref: ${{ job.workflow_sha }}" in cell
+    install = (REPO / "install" / "action.yml").read_text(encoding="utf-8")
+    assert "SRC: ${{ github.action_path }}/.." in install
+
+
+def test_deploy_gate_runs_on_every_pull_request_and_checks_models_toml() -> None:
+    text = (REPO / "examples" / "workflows" / "deploy-gate.yml").read_text(encoding="utf-8")
+    trigger = text.split("\non:\n", 1)[1].split("\npermissions:", 1)[0]
+    assert trigger.strip() == "pull_request:"
+    assert "paths" not in trigger
+    assert "models.toml" in text and "--attestation" in text
+
+
+def test_example_identity_policy_accepts_tag_and_sha_pins_only() -> None:
+    for name in ("deploy-gate.yml", "release-certs.yml"):
+        text = (REPO / "examples" / "workflows" / name).read_text(encoding="utf-8")
+        found = re.search(r"CERT_IDENTITY_REGEXP: '([^']+)'", text)
+        assert found, name
+        pattern = re.compile(found.group(1))
+        base = "https://github.com/addiplus/batch-invariance/.github/workflows/cell.yml@"
+        assert pattern.fullmatch(base + "refs/tags/v0")
+        assert pattern.fullmatch(base + "refs/tags/v0.3.1")
+        assert pattern.fullmatch(base + "0123456789abcdef0123456789abcdef01234567")
+        assert not pattern.fullmatch(base + "refs/heads/main")
+        assert not pattern.fullmatch(base.replace("addiplus", "mallory") + "refs/tags/v0")
+        assert not pattern.fullmatch(base + "refs/tags/v0-evil")
 
 
 def test_github_output_is_multiline_safe() -> None:

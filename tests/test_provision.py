@@ -36,7 +36,10 @@ def test_cache_root_precedence(tmp_path: Path) -> None:
 
 def test_layout_is_versioned_and_outside_the_repo(tmp_path: Path) -> None:
     layout = prov.Layout(tmp_path)
-    assert layout.server_bin == tmp_path / "llama-server" / "11434.0.0" / "bin" / "llama-server"
+    assert (
+        layout.server_bin
+        == tmp_path / "llama-server" / "11434.0.0-portable" / "bin" / "llama-server"
+    )
     assert layout.model == tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"
 
 
@@ -47,7 +50,7 @@ _NEEDS_REAL_MODEL = pytest.mark.skipif(
 
 
 def _finished_build(cache: Path) -> Path:
-    return fake_server(cache / "build-11434.0.0" / "bin")
+    return fake_server(cache / "build-11434.0.0-portable" / "bin")
 
 
 def test_installs_a_finished_build_then_reuses_it(tmp_path: Path) -> None:
@@ -79,7 +82,7 @@ def test_no_binary_and_no_build_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_finished_build_that_does_not_run_is_not_installed(tmp_path: Path) -> None:
-    bad = tmp_path / "build-11434.0.0" / "bin" / "llama-server"
+    bad = tmp_path / "build-11434.0.0-portable" / "bin" / "llama-server"
     bad.parent.mkdir(parents=True)
     bad.write_text("#!/bin/sh\nexit 1\n")
     bad.chmod(0o755)
@@ -184,7 +187,7 @@ def test_concurrent_provisions_do_not_race(tmp_path: Path) -> None:
 
     def one() -> None:
         try:
-            with prov._locked(layout.lock):
+            with prov.locked(layout.lock):
                 results.append(prov.ensure_server(layout, lambda m: None, allow_build=False))
         except BaseException as exc:  # surfaced below
             errors.append(exc)

@@ -1,8 +1,9 @@
 """Sigstore signing and verification.
 
-Verification runs offline against a real public-good bundle (``../shared/fixtures/sigstore``
-beside the checkout: a PyPI wheel signed in GitHub Actions); the tests skip when that folder
-is absent. Signing runs up to the network boundary: ambient identity detection (against a
+Verification runs offline against real public bundles beside the checkout: a PyPI wheel signed
+in GitHub Actions on production (``../shared/fixtures/sigstore``) and a DSSE (in-toto) bundle
+signed on staging (``../shared/fixtures/sigstore-dsse``); the tests skip when a folder is
+absent. Signing runs up to the network boundary: ambient identity detection (against a
 loopback stand-in for the Actions OIDC endpoint), token checks and the atomic bundle write,
 with a fake in place of Fulcio/Rekor.
 """
@@ -19,8 +20,22 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.attestation import (
+    RESULT_OF_VERDICT,
+    STATEMENT_TYPE,
+    TEST_RESULT_PREDICATE,
+    Subject,
+    attest_file,
+    attestation_path_for,
+    check_subjects,
+    statement_for,
+    verify_attestation,
+    verify_statement_bundle,
+)
 from batch_invariance.cert.signing import (
     GITHUB_ACTIONS_ISSUER,
+    SignerPolicy,
+    TrustRoot,
     bundle_path_for,
     detect_token,
     identity_of,
@@ -210,8 +225,8 @@ def test_sign_refuses_a_tampered_cert(mock_cert: Path, tmp_path: Path) -> None:
     assert not bundle_path_for(cert).exists()
 
 
-def test_ambient_github_identity_is_detected(tmp_path: Path) -> None:
-    token = fake_github_jwt()
+def _ambient_token(token: str) -> str:
+    """What the ambient detector returns from a loopback Actions token endpoint serving it."""
     with oidc_endpoint(token) as url:
         patch = with_process_env(
             {
@@ -222,9 +237,14 @@ def test_ambient_github_identity_is_detected(tmp_path: Path) -> None:
             }
         )
         try:
-            assert detect_token(None) == token
+            return detect_token(None)
         finally:
             patch.undo()
+
+
+def test_ambient_github_identity_is_detected(tmp_path: Path) -> None:
+    token = fake_github_jwt()
+    assert _ambient_token(token) == token
     who = identity_of(token)
     assert who.identity == f"https://github.com/{'octo/repo/.github/workflows/cell.yml'}" + (
         "@refs/heads/main"
@@ -251,7 +271,178 @@ def test_sign_file_writes_bundle_atomically_and_keeps_old_one_on_failure(tmp_pat
         def sign(self, payload: bytes, token: str) -> str:
             raise InfraError("sigstore signing failed: no network")
 
+        def sign_statement(self, statement: bytes, token: str) -> str:
+            return self.sign(statement, token)
+
     with pytest.raises(InfraError):
         sign_file(artifact, fake_github_jwt(), Failing())
     assert signed.bundle.read_text() == first, "a failed signing never replaces a bundle"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cell.json", "cell.json.sigstore.json"]
+
+
+# --------------------------------------------------------------------------- in-toto attestation
+
+DSSE = REPO.parent / "shared" / "fixtures" / "sigstore-dsse"
+DSSE_BUNDLE = DSSE / "a.dsse.staging-rekor-v2.txt.sigstore.json"
+DSSE_IDENTITY = (
+    "https://github.com/sigstore-conformance/extremely-dangerous-public-oidc-beacon/"
+    ".github/workflows/extremely-dangerous-oidc-beacon.yml@refs/heads/main"
+)
+DSSE_SUBJECT = "a0cfc71271d6e278e57cd332ff957c3f7043fdda354c4cbb190a30d56efa01bf"
+
+needs_dsse = pytest.mark.skipif(
+    not DSSE_BUNDLE.is_file(), reason=f"sigstore DSSE fixture folder absent: {DSSE}"
+)
+
+
+@pytest.fixture
+def writable_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    return tmp_path
+
+
+def _staging(offline: bool = True) -> TrustRoot:
+    return TrustRoot(staging=True, offline=offline)
+
+
+@needs_dsse
+def test_real_staging_dsse_bundle_verifies_offline_with_its_subject(writable_home: Path) -> None:
+    signer = SignerPolicy(DSSE_IDENTITY, GITHUB_ACTIONS_ISSUER)
+    verified = verify_statement_bundle(DSSE_BUNDLE, signer, _staging())
+    assert verified.statement["_type"] == STATEMENT_TYPE
+    check_subjects(verified, (Subject("a.txt", DSSE_SUBJECT),))
+    with pytest.raises(CertInvalid, match="subject digest mismatch"):
+        check_subjects(verified, (Subject("a.txt", "0" * 64),))
+    # The identity as a pattern covers the same signer (tag-or-SHA policies use this form).
+    pattern = SignerPolicy(
+        r"https://github\.com/sigstore-conformance/.+@refs/heads/main",
+        GITHUB_ACTIONS_ISSUER,
+        identity_is_regexp=True,
+    )
+    verify_statement_bundle(DSSE_BUNDLE, pattern, _staging())
+
+
+@needs_dsse
+def test_dsse_bundle_is_rejected_for_another_signer_issuer_or_instance(
+    writable_home: Path,
+) -> None:
+    with pytest.raises(CertInvalid, match=r"^attestation identity mismatch: signed by https"):
+        verify_statement_bundle(
+            DSSE_BUNDLE, SignerPolicy(IDENTITY, GITHUB_ACTIONS_ISSUER), _staging()
+        )
+    with pytest.raises(CertInvalid, match=r"^attestation identity mismatch"):
+        verify_statement_bundle(
+            DSSE_BUNDLE,
+            SignerPolicy(r"https://github\.com/addiplus/.*", GITHUB_ACTIONS_ISSUER, None, True),
+            _staging(),
+        )
+    with pytest.raises(CertInvalid, match=r"^attestation issuer mismatch"):
+        verify_statement_bundle(
+            DSSE_BUNDLE, SignerPolicy(DSSE_IDENTITY, "https://accounts.google.com"), _staging()
+        )
+    # Signed on staging: the production trust root must not accept it.
+    with pytest.raises(CertInvalid) as production:
+        verify_statement_bundle(
+            DSSE_BUNDLE, SignerPolicy(DSSE_IDENTITY, GITHUB_ACTIONS_ISSUER), TrustRoot(offline=True)
+        )
+    assert str(production.value).startswith("attestation not anchored in this Sigstore")
+    assert "--staging" in str(production.value) and "\n" not in str(production.value)
+
+
+@needs_dsse
+def test_verify_cert_rejects_a_dsse_bundle_that_is_not_this_certs_test_result(
+    mock_cert: Path, writable_home: Path
+) -> None:
+    # A real, validly signed statement about another file (SLSA provenance of a.txt) must not
+    # pass as this cert's attestation.
+    with pytest.raises(CertInvalid, match="not the Test Result predicate"):
+        verify_attestation(
+            mock_cert, DSSE_BUNDLE, SignerPolicy(DSSE_IDENTITY, GITHUB_ACTIONS_ISSUER), _staging()
+        )
+    proc = subprocess.run(
+        [sys.executable, "-m", "batch_invariance", "verify-cert", str(mock_cert),
+         "--attestation", str(DSSE_BUNDLE), "--cert-identity", DSSE_IDENTITY,
+         "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--staging", "--offline"],
+        env=_clean_env(HOME=str(writable_home / "home")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == exitcodes.CERT_INVALID, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@needs_fixture
+def test_production_bundle_is_rejected_by_a_staging_verifier(signed: tuple[Path, Path]) -> None:
+    artifact, bundle = signed
+    with pytest.raises(CertInvalid, match="not anchored in this Sigstore instance"):
+        verify_bundle(
+            artifact, bundle, IDENTITY, GITHUB_ACTIONS_ISSUER, REPOSITORY, True, staging=True
+        )
+    verify_bundle(
+        artifact,
+        bundle,
+        r"https://github\.com/trailofbits/rfc8785\.py/\.github/workflows/release\.yml@"
+        r"(refs/tags/v[0-9.]+|[0-9a-f]{40})",
+        GITHUB_ACTIONS_ISSUER,
+        REPOSITORY,
+        True,
+        identity_is_regexp=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("verdict", "result"),
+    [("GREEN", "PASSED"), ("AMBER", "WARNED"), ("RED", "FAILED"), ("UNVERIFIED", "FAILED")],
+)
+def test_verdict_maps_to_the_test_result(verdict: str, result: str) -> None:
+    assert RESULT_OF_VERDICT[verdict] == result
+
+
+def test_statement_of_a_live_cert_names_cert_model_and_server(tmp_path: Path) -> None:
+    example = REPO / "examples" / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
+    from batch_invariance.cert.store import read_cert
+
+    cert = read_cert(example)
+    statement = statement_for(cert, example.name, "c" * 64)
+    prov = cert.provenance
+    assert statement["_type"] == STATEMENT_TYPE
+    assert statement["predicateType"] == TEST_RESULT_PREDICATE
+    assert [s["digest"]["sha256"] for s in statement["subject"]] == [
+        "c" * 64,
+        prov["model_file"]["sha256"],
+        prov["server_binary"]["sha256"],
+    ]
+    assert statement["subject"][1]["name"] == prov["model_file"]["name"]
+    predicate = statement["predicate"]
+    assert predicate["result"] == RESULT_OF_VERDICT[cert.verdict]
+    (config,) = predicate["configuration"]
+    assert config["name"] == f"{cert.model}/{cert.ctx}/{cert.dispatch_n}"
+    assert config["annotations"]["parallel"] == cert.dispatch_n
+    assert sorted(predicate["passedTests"] + predicate["failedTests"]) == sorted(cert.gates)
+
+
+def test_sign_writes_a_dsse_attestation_through_the_loopback_token_endpoint(
+    mock_cert: Path, tmp_path: Path
+) -> None:
+    cert = tmp_path / mock_cert.name
+    shutil.copyfile(mock_cert, cert)
+    token = fake_github_jwt()
+    signer = FakeSigner()
+    ambient = _ambient_token(token)
+    assert ambient == token
+    attested = attest_file(cert, ambient, signer)
+    assert attested.bundle == attestation_path_for(cert)
+    assert attested.bundle.name == cert.name + ".intoto.sigstore.json"
+    assert attested.identity.identity.endswith("cell.yml@refs/heads/main")
+    (statement,) = signer.statements
+    import hashlib
+
+    assert statement["subject"] == [
+        {"name": cert.name, "digest": {"sha256": hashlib.sha256(cert.read_bytes()).hexdigest()}}
+    ], "a mock cert has no model or server file: only the cert itself is attested"
+    assert statement["predicate"]["result"] == "PASSED"  # the mock cert is GREEN
+    assert statement["predicate"]["configuration"][0]["annotations"]["source"] == "mock"
+    assert json.loads(attested.bundle.read_text())["fake_dsse_bundle"] is True

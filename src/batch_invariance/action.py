@@ -41,6 +41,7 @@ from batch_invariance.action_outputs import (
     outputs_for,
     require_holds,
 )
+from batch_invariance.cert.attestation import attest_file
 from batch_invariance.cert.render import (
     TITLE,
     annotation,
@@ -48,7 +49,7 @@ from batch_invariance.cert.render import (
     summary_markdown,
     verdict_annotation,
 )
-from batch_invariance.cert.signing import BundleSigner, detect_token, sign_file
+from batch_invariance.cert.signing import BundleSigner, SigstoreSigner, detect_token, sign_file
 from batch_invariance.errors import (
     BatchInvarianceError,
     CertInvalid,
@@ -141,7 +142,9 @@ def run_action(
     if inputs.sign:
         try:
             token = detect_token(None)
-            bundle = sign_file(finished.path, token, signer).bundle
+            real_signer = signer or SigstoreSigner()
+            bundle = sign_file(finished.path, token, real_signer).bundle
+            attest_file(finished.path, token, real_signer)
         except BatchInvarianceError as exc:
             sign_error = exc
 

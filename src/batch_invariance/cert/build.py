@@ -156,7 +156,7 @@ def build_cert(
     """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
     what the caller really ran against (``run-mock`` always passes ``"mock"``)."""
     if source not in SOURCES:
-        raise ValueError(f"source must be 'live' or 'mock', got {source!r}")
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     r = verdict.reports
     g = verdict.gates
     draft = Cert(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from batch_invariance.cert.schema import Cert
@@ -44,6 +45,77 @@ def _flags(argv: Sequence[str]) -> ServerFlags:
 def _layout(flags: ServerFlags) -> str | None:
     """``split`` / ``unified`` as the argv says, ``None`` when it leaves it to the server."""
     return None if flags.kv_unified is None else ("unified" if flags.kv_unified else "split")
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """What a recorded argv says was started, whatever the engine."""
+
+    model: str | None
+    parallel: int | None
+    #: Context tokens per sequence.
+    ctx: int | None
+    #: ``split`` / ``unified`` for llama-server; other engines do not name a KV layout.
+    layout: str | None = None
+    checks_layout: bool = False
+    #: The engine has no parallel flag: it serves one request at a time whatever N was.
+    serves_one: bool = False
+    #: How the argv said the context, for messages (``--ctx-size 2048``).
+    ctx_said: str = ""
+
+
+#: Other engines' (model flag or positional marker, parallel flag, context flag), as
+#: ``engines/`` launches them; llama-cpp-python has no parallel flag: it serves one request
+#: at a time whatever N is. ``"@serve"`` = the argument after ``serve`` (``vllm serve M``).
+_OTHER_ENGINES: Mapping[str, tuple[str, str | None, str]] = {
+    "llama-cpp-python": ("--model", None, "--n_ctx"),
+    "vllm": ("@serve", "--max-num-seqs", "--max-model-len"),
+    "sglang": ("--model-path", "--max-running-requests", "--context-length"),
+}
+
+
+def _value_after(argv: Sequence[str], name: str) -> str | None:
+    """The value of the last ``name V`` or ``name=V`` (or the word after ``@word``)."""
+    word = name[1:] if name.startswith("@") else name
+    value: str | None = None
+    for k, arg in enumerate(argv):
+        if arg == word and k + 1 < len(argv):
+            value = argv[k + 1]
+        elif not name.startswith("@") and arg.startswith(name + "="):
+            value = arg[len(name) + 1 :]
+    return value
+
+
+def _as_int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
+def _launched(cert: Cert, argv: Sequence[str]) -> _Launched | None:
+    """``None`` when ``provenance.engine`` names an engine this tool does not launch."""
+    engine = cert.provenance.get("engine", "llama-server")
+    if engine == "llama-server":
+        flags = _flags(argv)
+        per_slot = (
+            flags.ctx_size // flags.parallel
+            if flags.ctx_size is not None
+            and flags.parallel
+            and flags.ctx_size % flags.parallel == 0
+            else None
+        )
+        said = f"--ctx-size {flags.ctx_size}"
+        return _Launched(flags.model, flags.parallel, per_slot, _layout(flags), True, False, said)
+    if not isinstance(engine, str) or engine not in _OTHER_ENGINES:
+        return None
+    model_flag, parallel_flag, ctx_flag = _OTHER_ENGINES[engine]
+    parallel = 1 if parallel_flag is None else _as_int(_value_after(argv, parallel_flag))
+    ctx_text = _value_after(argv, ctx_flag)
+    return _Launched(
+        _value_after(argv, model_flag),
+        parallel,
+        _as_int(ctx_text),
+        serves_one=parallel_flag is None,
+        ctx_said=f"{ctx_flag} {ctx_text}",
+    )
 
 
 def _servers(provenance: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -108,7 +180,8 @@ def _model_problems(cert: Cert) -> list[str]:
     if cert.model not in {name.removesuffix(".gguf"), alias}:
         problems.append(f"model {cert.model} but the model file recorded is {name}")
     for server in _servers(cert.provenance):
-        served = _flags(_argv(server) or []).model
+        launched = _launched(cert, _argv(server) or [])
+        served = launched.model if launched is not None else None
         if served != path:
             problems.append(f"server {server.get('role')} was started on {served}, not {path}")
     return problems
@@ -121,9 +194,11 @@ def _server_problems(cert: Cert) -> list[str]:
     for server in _servers(cert.provenance):
         role = str(server.get("role"))
         roles.append(role)
-        flags = _flags(_argv(server) or [])
-        parallel, ctx_size = flags.parallel, flags.ctx_size
-        want = 1 if role == _ROLE_PARALLEL_IS_ONE else cert.dispatch_n
+        launched = _launched(cert, _argv(server) or [])
+        if launched is None:
+            return [f"engine {cert.provenance.get('engine')!r} is not one this tool launches"]
+        parallel = launched.parallel
+        want = 1 if role == _ROLE_PARALLEL_IS_ONE or launched.serves_one else cert.dispatch_n
         if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST):
             problems.append(f"a server with unknown role {role!r} is recorded")
             continue
@@ -132,13 +207,13 @@ def _server_problems(cert: Cert) -> list[str]:
                 f"dispatch_n {cert.dispatch_n} but server {role} ran --parallel {parallel} "
                 f"(expected {want})"
             )
-        if parallel and ctx_size != cert.ctx * parallel:
+        if parallel and launched.ctx != cert.ctx:
             problems.append(
-                f"ctx {cert.ctx} per slot but server {role} ran --ctx-size {ctx_size} for "
+                f"ctx {cert.ctx} per slot but server {role} ran {launched.ctx_said} for "
                 f"{parallel} slot(s)"
             )
-        layout = _layout(flags)
-        if role == _ROLE_UNDER_TEST and layout != claimed_layout:
+        layout = launched.layout
+        if launched.checks_layout and role == _ROLE_UNDER_TEST and layout != claimed_layout:
             problems.append(
                 f"KV layout {claimed_layout} (kv_label) but server {role} ran "
                 f"{layout or 'the server default'}"

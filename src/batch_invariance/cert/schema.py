@@ -33,8 +33,8 @@ from batch_invariance.core.verdict import Reports, Sensitivity, SerialRepeatGate
 #: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
 CERT_VERSION: Final = 1
 GATE_ABC_UNION = "abc_union"
-Source = Literal["live", "mock"]
-SOURCES: tuple[str, ...] = ("live", "mock")
+Source = Literal["live", "mock", "attached"]
+SOURCES: tuple[str, ...] = ("live", "mock", "attached")
 DisplayVerdict = Literal["GREEN", "RED", "AMBER", "UNVERIFIED"]
 
 _DISPLAY: Mapping[str, DisplayVerdict] = {

@@ -3,8 +3,11 @@
 A cert is signed as an opaque artifact: the bundle covers the exact bytes on disk, so a
 changed byte (even whitespace) breaks the signature. Signing needs an OIDC identity: the
 ambient GitHub Actions one (the job must have ``permissions: id-token: write``) or an explicit
-token. Verification checks the bundle against the public-good Sigstore trust root and an
-identity policy (certificate SAN + OIDC issuer, optionally the GitHub repository).
+token. Verification checks the bundle against the trust root of the instance that signed it
+(public-good production, or staging for ``sign --staging``) and an identity policy
+(certificate SAN, exactly or by regular expression, + OIDC issuer, optionally the GitHub
+repository). The in-toto attestation of a cert (:mod:`batch_invariance.cert.attestation`)
+goes through the same signer and the same policy.
 
 The network-facing part of signing (Fulcio, Rekor) sits behind :class:`BundleSigner`, so the
 rest of the path (identity detection, token checks, atomic bundle write) runs in tests with a
@@ -16,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,9 +60,37 @@ class SignedBundle:
 
 
 class BundleSigner(Protocol):
-    """Turns artifact bytes plus an OIDC token into a sigstore bundle (JSON text)."""
+    """Turns bytes plus an OIDC token into a sigstore bundle (JSON text).
+
+    ``sign`` signs an artifact's bytes (a message-signature bundle); ``sign_statement`` signs
+    an in-toto Statement (JSON bytes) as a DSSE envelope.
+    """
 
     def sign(self, payload: bytes, token: str) -> str: ...
+
+    def sign_statement(self, statement: bytes, token: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class SignerPolicy:
+    """Who must have signed: the certificate SAN, its OIDC issuer, optionally the repository.
+
+    With ``identity_is_regexp`` the SAN must match ``identity`` as a whole (``re.fullmatch``),
+    which lets one policy accept a reusable workflow pinned by tag or by commit SHA.
+    """
+
+    identity: str
+    issuer: str
+    repository: str | None = None
+    identity_is_regexp: bool = False
+
+
+@dataclass(frozen=True)
+class TrustRoot:
+    """Which Sigstore instance's trust root to verify against, and whether to go online."""
+
+    staging: bool = False
+    offline: bool = False
 
 
 def bundle_path_for(artifact: Path) -> Path:
@@ -137,28 +169,37 @@ def _claims(token: str) -> dict[str, Any]:
 
 
 class SigstoreSigner:
-    """Signs against the public-good Sigstore instance (Fulcio + Rekor; needs network)."""
+    """Signs against a Sigstore instance (Fulcio + Rekor; needs network)."""
 
     def __init__(self, *, staging: bool = False) -> None:
         self._staging = staging
 
     def sign(self, payload: bytes, token: str) -> str:
+        return self._sign(lambda signer: signer.sign_artifact(payload), token)
+
+    def sign_statement(self, statement: bytes, token: str) -> str:
+        from sigstore.dsse import Statement
+
+        return self._sign(lambda signer: signer.sign_dsse(Statement(statement)), token)
+
+    def _sign(self, action: Any, token: str) -> str:
         from sigstore.models import ClientTrustConfig
         from sigstore.oidc import IdentityToken
         from sigstore.sign import SigningContext
 
         _quiet_sigstore_logs()
+        host = "sigstage.dev" if self._staging else "sigstore.dev"
         try:
             config = (
                 ClientTrustConfig.staging() if self._staging else ClientTrustConfig.production()
             )
             context = SigningContext.from_trust_config(config)
             with context.signer(IdentityToken(token), cache=False) as signer:
-                bundle: Any = signer.sign_artifact(payload)
+                bundle: Any = action(signer)
         except Exception as exc:  # sigstore raises many kinds; all mean "could not sign"
             raise InfraError(
                 f"sigstore signing failed: {_one_line(exc)}; check network access to "
-                "fulcio.sigstore.dev and rekor.sigstore.dev and retry"
+                f"fulcio.{host} and rekor.{host} and retry"
             ) from None
         return str(bundle.to_json())
 
@@ -176,14 +217,19 @@ def sign_file(artifact: Path, token: str, signer: BundleSigner | None = None) ->
     who = identity_of(token)
     bundle_json = (signer or SigstoreSigner()).sign(payload, token)
     target = bundle_path_for(artifact)
+    write_bundle(target, bundle_json)
+    return SignedBundle(artifact=artifact, bundle=target, identity=who)
+
+
+def write_bundle(target: Path, bundle_json: str) -> None:
+    """Write a bundle atomically (a failure leaves any older bundle as it was)."""
     try:
         atomic_write_text(target, bundle_json)
     except OSError as exc:
         raise InfraError(f"cannot write {target}: {exc.strerror or exc}") from None
-    return SignedBundle(artifact=artifact, bundle=target, identity=who)
 
 
-def _classify_failure(message: str, identity: str, issuer: str, repository: str | None) -> str:
+def classify_failure(message: str, policy: SignerPolicy) -> str:
     """Turn sigstore's verification error into our one-line, kind-specific message."""
     text = _one_line(message)
     if "digest mismatch" in text:
@@ -195,12 +241,97 @@ def _classify_failure(message: str, identity: str, issuer: str, repository: str 
         actual = text.split("actual SANs:", 1)[1].strip() if "actual SANs:" in text else "?"
         # sigstore prints the SANs as a Python set; show them as plain text.
         actual = ", ".join(s.strip(" '\"") for s in actual.strip("{}").split(",")) or "?"
-        return f"signature identity mismatch: signed by {actual}, expected {identity}"
+        wanted = f"/{policy.identity}/" if policy.identity_is_regexp else policy.identity
+        return f"signature identity mismatch: signed by {actual}, expected {wanted}"
     if "OIDCIssuer" in text:
-        return f"signature issuer mismatch: {text} (expected issuer {issuer})"
+        return f"signature issuer mismatch: {text} (expected issuer {policy.issuer})"
     if "GitHubWorkflowRepository" in text:
-        return f"signature repository mismatch: {text} (expected {repository})"
+        return f"signature repository mismatch: {text} (expected {policy.repository})"
+    lowered = text.lower()
+    if any(k in lowered for k in ("verified time", "certificate chain", "trust root", "ct log")):
+        # The bundle's certificate or log entry is not anchored in the trust root we used:
+        # typically a staging bundle checked against production, or the other way round.
+        return (
+            f"signature not anchored in this Sigstore instance's trust root ({text}); a "
+            "bundle from `sign --staging` verifies only with --staging, and vice versa"
+        )
     return f"signature verification failed: {text}"
+
+
+class _IdentityPattern:
+    """A sigstore verification policy: OIDC issuer plus a SAN that fully matches a pattern."""
+
+    def __init__(self, pattern: str, issuer: str) -> None:
+        try:
+            self._pattern = re.compile(pattern)
+        except re.error as exc:
+            raise UsageError(f"identity pattern {pattern!r} is not a valid regex: {exc}") from None
+        self._issuer = issuer
+
+    def verify(self, cert: Any) -> None:
+        from cryptography.x509 import RFC822Name, SubjectAlternativeName, UniformResourceIdentifier
+        from sigstore.errors import VerificationError
+        from sigstore.verify import policy
+
+        policy.OIDCIssuer(self._issuer).verify(cert)
+        san = cert.extensions.get_extension_for_class(SubjectAlternativeName).value
+        sans = {
+            *san.get_values_for_type(RFC822Name),
+            *san.get_values_for_type(UniformResourceIdentifier),
+        }
+        if not any(self._pattern.fullmatch(value) for value in sans):
+            raise VerificationError(
+                f"Certificate's SANs do not match {self._pattern.pattern}; actual SANs: {sans}"
+            )
+
+
+def policy_for(wanted: SignerPolicy) -> Any:
+    """The sigstore verification policy for ``wanted``."""
+    from sigstore.verify import policy
+
+    if not wanted.identity or not wanted.issuer:
+        raise UsageError("signature verification needs both an identity and an OIDC issuer")
+    rules: list[Any] = [
+        _IdentityPattern(wanted.identity, wanted.issuer)
+        if wanted.identity_is_regexp
+        else policy.Identity(identity=wanted.identity, issuer=wanted.issuer)
+    ]
+    if wanted.repository:
+        rules.append(policy.GitHubWorkflowRepository(wanted.repository))
+    return policy.AllOf(rules)
+
+
+def load_bundle(bundle: Path, what: str = "the cert") -> Any:
+    """Parse a sigstore bundle file; CertInvalid (one line) when it is missing or corrupt."""
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import Bundle
+
+    if not bundle.is_file():
+        raise CertInvalid(
+            f"signature bundle missing: {bundle} does not exist; sign {what} with "
+            "`batch-invariance sign CERT` or pass the right bundle"
+        )
+    try:
+        return Bundle.from_json(bundle.read_bytes())
+    except (SigstoreError, ValueError, OSError) as exc:
+        first = _one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise CertInvalid(
+            f"signature bundle corrupt: {bundle} is not a valid sigstore bundle ({first})"
+        ) from None
+
+
+def verifier_for(trust: TrustRoot) -> Any:
+    """A sigstore Verifier for production or staging; InfraError when the root cannot load."""
+    from sigstore.verify import Verifier
+
+    _quiet_sigstore_logs()
+    try:
+        if trust.staging:
+            return Verifier.staging(offline=trust.offline)
+        return Verifier.production(offline=trust.offline)
+    except Exception as exc:  # TUF/network errors come in many kinds
+        hint = "" if trust.offline else "; retry with --offline to use the embedded trust root"
+        raise InfraError(f"cannot load the sigstore trust root: {_one_line(exc)}{hint}") from None
 
 
 def verify_bundle(
@@ -210,50 +341,31 @@ def verify_bundle(
     issuer: str,
     repository: str | None,
     offline: bool,
+    *,
+    staging: bool = False,
+    identity_is_regexp: bool = False,
 ) -> None:
     """Verify that ``bundle`` signs ``artifact``'s exact bytes for the given identity.
 
-    The policy is the certificate SAN ``identity`` plus OIDC ``issuer`` and, when
-    ``repository`` is given, the GitHub workflow repository (``OWNER/REPO``). ``offline``
-    uses the trust root embedded in sigstore (no network; HOME must be writable for its
-    cache). Raises CertInvalid with a distinct one-line message for a missing or corrupt
-    bundle, a changed byte, a wrong identity, issuer or repository; InfraError when the
-    trust root cannot be loaded.
+    The policy is the certificate SAN ``identity`` (exact, or a full-match regular expression
+    with ``identity_is_regexp``) plus OIDC ``issuer`` and, when ``repository`` is given, the
+    GitHub workflow repository (``OWNER/REPO``). ``staging`` verifies against the Sigstore
+    staging instance (bundles from ``sign --staging``); ``offline`` uses the trust root
+    embedded in sigstore (no network; HOME must be writable for its cache). Raises CertInvalid
+    with a distinct one-line message for a missing or corrupt bundle, a changed byte, a wrong
+    identity, issuer, repository or instance; InfraError when the trust root cannot be loaded.
     """
     from sigstore.errors import Error as SigstoreError
-    from sigstore.models import Bundle
-    from sigstore.verify import Verifier, policy
 
-    if not identity or not issuer:
-        raise UsageError("signature verification needs both an identity and an OIDC issuer")
-    if not bundle.is_file():
-        raise CertInvalid(
-            f"signature bundle missing: {bundle} does not exist; sign the cert with "
-            "`batch-invariance sign CERT` or pass the right --bundle"
-        )
+    wanted = SignerPolicy(identity, issuer, repository, identity_is_regexp)
+    rules = policy_for(wanted)
+    parsed = load_bundle(bundle)
     try:
         payload = artifact.read_bytes()
     except OSError as exc:
         raise CertInvalid(f"cannot read {artifact}: {exc.strerror or exc}") from None
+    verifier = verifier_for(TrustRoot(staging=staging, offline=offline))
     try:
-        parsed = Bundle.from_json(bundle.read_bytes())
-    except (SigstoreError, ValueError, OSError) as exc:
-        first = _one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        raise CertInvalid(
-            f"signature bundle corrupt: {bundle} is not a valid sigstore bundle ({first})"
-        ) from None
-
-    _quiet_sigstore_logs()
-    try:
-        verifier = Verifier.production(offline=offline)
-    except Exception as exc:  # TUF/network errors come in many kinds
-        hint = "" if offline else "; retry with --offline to use the embedded trust root"
-        raise InfraError(f"cannot load the sigstore trust root: {_one_line(exc)}{hint}") from None
-
-    rules: list[Any] = [policy.Identity(identity=identity, issuer=issuer)]
-    if repository:
-        rules.append(policy.GitHubWorkflowRepository(repository))
-    try:
-        verifier.verify_artifact(payload, parsed, policy.AllOf(rules))
+        verifier.verify_artifact(payload, parsed, rules)
     except SigstoreError as exc:
-        raise CertInvalid(_classify_failure(str(exc), identity, issuer, repository)) from None
+        raise CertInvalid(classify_failure(str(exc), wanted)) from None

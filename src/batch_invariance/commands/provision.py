@@ -7,7 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.engines.provision import cache_root, provision
+from batch_invariance.engines.provision import (
+    Layout,
+    cache_root,
+    ensure_model,
+    locked,
+    provision,
+    say_stderr,
+)
+from batch_invariance.engines.provision_engines import ensure_llama_cpp_python
+
+#: Engines this command can provision (vLLM and SGLang need a GPU host and its own install).
+PROVISIONED_ENGINES = ("llama-server", "llama-cpp-python")
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -33,11 +44,26 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="fail instead of building llama-server when it is not cached",
     )
     p.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: CPUs)")
+    p.add_argument(
+        "--engine",
+        choices=PROVISIONED_ENGINES,
+        default="llama-server",
+        help="what to provision: the embedded llama-server (default), or the pinned "
+        "llama-cpp-python[server] in a cached venv (built from source; pass its python as "
+        "--server-bin with run-live --engine llama-cpp-python)",
+    )
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     cache = args.cache_dir if args.cache_dir is not None else cache_root()
+    if args.engine == "llama-cpp-python":
+        venv = ensure_llama_cpp_python(Layout(cache), allow_build=not args.no_build, jobs=args.jobs)
+        with locked(Layout(cache).lock):
+            model, model_sha, _ = ensure_model(Layout(cache), say_stderr)
+        print(f"server: {venv.python}  (llama-cpp-python {venv.version}, {venv.origin})")
+        print(f"model:  {model}  (sha256 {model_sha[:16]}...)")
+        return exitcodes.PROMOTABLE
     got = provision(cache, allow_build=not args.no_build, jobs=args.jobs)
     print(f"server: {got.server_bin}  (sha256 {got.server_sha256[:16]}..., {got.server_origin})")
     print(f"model:  {got.model}  (sha256 {got.model_sha256[:16]}..., {got.model_origin})")

@@ -17,6 +17,12 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
+from batch_invariance.commands.run_engine import (
+    add_engine_options,
+    report_engine_cell,
+    run_engine_cell,
+    uses_engine_layer,
+)
 from batch_invariance.run.live import RUN_LIVE_DEFAULTS, run_live_cell
 from batch_invariance.run.progress import Progress
 
@@ -45,6 +51,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="B/C server KV cache: split (each slot owns ctx) or unified (-kvu, one ctx*N pool)",
     )
     add_cell_options(p, defaults=RUN_LIVE_DEFAULTS)
+    add_engine_options(p)
     prof = p.add_argument_group("profile (the spark measurement profile; see docs)")
     prof.add_argument("--profile", default=None, help="bundled profile name or a folder")
     prof.add_argument("--model-alias", default=None, help="model alias in the profile registry")
@@ -58,6 +65,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if uses_engine_layer(args):
+        finished = run_engine_cell(args, progress=Progress())
+        return report_engine_cell(finished, f"{args.engine} cell ({args.base_url or 'launched'})")
     request = request_from_args(args)
     if args.dry_run:
         return print_dry_run(request)

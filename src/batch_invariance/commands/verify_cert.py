@@ -3,7 +3,8 @@
 Checks, in order (one verification path, :func:`~batch_invariance.cert.verify.verify_path`):
 the JSON schema, the integrity digest, the version that wrote it, the verdict re-derived from
 the embedded evidence, the cell's identity against its own provenance and, with ``--bundle``,
-the sigstore signature and its identity policy. Prints model/ctx/N, status, source,
+the sigstore signature and its identity policy and, with ``--attestation``, the in-toto Test
+Result attestation (signer, subject digests, result). Prints model/ctx/N, status, source,
 promotable and the reasons. Without ``--bundle`` it says that authenticity was not checked:
 the digest catches accidents, not forgery.
 
@@ -41,18 +42,41 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="sigstore bundle for the cert (e.g. CERT.sigstore.json)",
     )
     p.add_argument(
+        "--attestation",
+        type=Path,
+        default=None,
+        help=(
+            "in-toto Test Result attestation (DSSE bundle, e.g. CERT.intoto.sigstore.json): "
+            "checks signer, subject digests and result"
+        ),
+    )
+    who = p.add_mutually_exclusive_group()
+    who.add_argument(
         "--cert-identity",
         default=None,
-        help="expected signer identity (certificate SAN), required with --bundle",
+        help="expected signer identity (certificate SAN); with --bundle or --attestation",
+    )
+    who.add_argument(
+        "--cert-identity-regexp",
+        default=None,
+        metavar="REGEX",
+        help="expected signer identity as a regular expression the whole SAN must match",
     )
     p.add_argument(
-        "--cert-oidc-issuer", default=None, help="expected OIDC issuer URL, required with --bundle"
+        "--cert-oidc-issuer",
+        default=None,
+        help="expected OIDC issuer URL; with --bundle or --attestation",
     )
     p.add_argument(
         "--repository",
         default=None,
         metavar="OWNER/REPO",
         help="expected GitHub repository of the signing workflow",
+    )
+    p.add_argument(
+        "--staging",
+        action="store_true",
+        help="verify against the Sigstore staging instance (bundles from `sign --staging`)",
     )
     p.add_argument(
         "--offline",
@@ -64,31 +88,54 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _check_signature(args: argparse.Namespace) -> str | None:
     bundle: Path | None = args.bundle
-    if bundle is None:
-        if args.cert_identity or args.cert_oidc_issuer or args.repository:
+    attestation: Path | None = args.attestation
+    identity = args.cert_identity or args.cert_identity_regexp
+    if bundle is None and attestation is None:
+        if identity or args.cert_oidc_issuer or args.repository or args.staging:
             raise UsageError(
-                "--cert-identity/--cert-oidc-issuer/--repository need --bundle CERT.sigstore.json"
+                "--cert-identity/--cert-identity-regexp/--cert-oidc-issuer/--repository/"
+                "--staging need --bundle CERT.sigstore.json or --attestation"
             )
         return None
-    if not args.cert_identity or not args.cert_oidc_issuer:
-        raise UsageError("--bundle needs both --cert-identity and --cert-oidc-issuer")
-    if not bundle.is_file():
-        raise CertInvalid(
-            f"signature bundle not found: {bundle}; sign the cert with "
-            "`batch-invariance sign CERT` or pass the right --bundle"
+    if not identity or not args.cert_oidc_issuer:
+        raise UsageError(
+            "--bundle/--attestation need --cert-identity (or --cert-identity-regexp) and "
+            "--cert-oidc-issuer"
         )
     # Imported here so that sigstore is only loaded when a signature is asked for.
-    from batch_invariance.cert.signing import verify_bundle
+    from batch_invariance.cert.attestation import verify_attestation
+    from batch_invariance.cert.signing import SignerPolicy, TrustRoot, verify_bundle
 
-    verify_bundle(
-        Path(args.path),
-        bundle,
-        args.cert_identity,
-        args.cert_oidc_issuer,
-        args.repository,
-        bool(args.offline),
+    signer = SignerPolicy(
+        identity=identity,
+        issuer=args.cert_oidc_issuer,
+        repository=args.repository,
+        identity_is_regexp=args.cert_identity_regexp is not None,
     )
-    return f"verified ({args.cert_identity}, {args.cert_oidc_issuer})"
+    trust = TrustRoot(staging=bool(args.staging), offline=bool(args.offline))
+    checked: list[str] = []
+    if bundle is not None:
+        if not bundle.is_file():
+            raise CertInvalid(
+                f"signature bundle not found: {bundle}; sign the cert with "
+                "`batch-invariance sign CERT` or pass the right --bundle"
+            )
+        verify_bundle(
+            Path(args.path),
+            bundle,
+            signer.identity,
+            signer.issuer,
+            signer.repository,
+            trust.offline,
+            staging=trust.staging,
+            identity_is_regexp=signer.identity_is_regexp,
+        )
+        checked.append("bundle")
+    if attestation is not None:
+        verify_attestation(Path(args.path), attestation, signer, trust)
+        checked.append("in-toto attestation")
+    instance = "staging" if trust.staging else "production"
+    return f"verified {' + '.join(checked)} ({identity}, {signer.issuer}, {instance})"
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -135,7 +135,7 @@ class LiveLauncher:
         self.aborted: str | None = None
 
     @property
-    def source(self) -> Literal["live", "mock"]:
+    def source(self) -> Literal["live", "mock", "attached"]:
         """Always ``"live"``: this launcher spawns the real server process itself."""
         return "live"
 

@@ -31,6 +31,7 @@ import requests
 
 from batch_invariance.core.llama_flags import flag_conflicts
 from batch_invariance.engines import memory, ports
+from batch_invariance.engines.base import LaunchCommand
 from batch_invariance.errors import InfraError
 from batch_invariance.interrupts import install_sigterm, restore_sigterm
 
@@ -194,6 +195,7 @@ class LlamaServer:
         rss_cap_bytes: int | None = None,
         term_grace_s: float = 5.0,
         kv_layout: KvLayout = "split",
+        command: LaunchCommand | None = None,
     ) -> None:
         self.arm = arm
         self.label = f"{arm}:np{parallel}"
@@ -203,17 +205,24 @@ class LlamaServer:
         self.host = host
         self.metrics_enabled = metrics
         self.kv_label = kv_label(ctx, parallel, kv_layout)
-        self.argv = build_argv(
-            server_bin,
-            model,
-            host=host,
-            port=port,
-            parallel=parallel,
-            ctx=ctx,
-            metrics=metrics,
-            extra_flags=extra_flags,
-            kv_layout=kv_layout,
+        # Another engine's process (engines.launch) brings its own command and ready path.
+        self.argv = (
+            command.argv
+            if command is not None
+            else build_argv(
+                server_bin,
+                model,
+                host=host,
+                port=port,
+                parallel=parallel,
+                ctx=ctx,
+                metrics=metrics,
+                extra_flags=extra_flags,
+                kv_layout=kv_layout,
+            )
         )
+        self._env = dict(command.env) if command is not None else {}
+        self._ready_path = command.ready_path if command is not None else "/health"
         self.base_url = f"http://{host}:{port}"
         self.log_path = log_dir / f"server-{arm}-{port}.log"
         self._log_dir = log_dir
@@ -266,7 +275,7 @@ class LlamaServer:
                 start_new_session=True,
                 close_fds=True,
                 preexec_fn=die_with_parent_hook(os.getpid()),
-                env=server_env(os.environ),
+                env={**server_env(os.environ), **self._env},
             )
         except OSError as exc:
             self._log.close()
@@ -300,7 +309,7 @@ class LlamaServer:
                         f"{self.log_path}: {log_tail(self.log_path)}"
                     )
                 try:
-                    resp = session.get(f"{self.base_url}/health", timeout=0.5)
+                    resp = session.get(self.base_url + self._ready_path, timeout=0.5)
                     if resp.status_code == 200:
                         break
                 except requests.RequestException:

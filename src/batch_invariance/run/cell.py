@@ -73,7 +73,7 @@ class ServerLauncher(Protocol):
     """
 
     @property
-    def source(self) -> Literal["live", "mock"]:
+    def source(self) -> Literal["live", "mock", "attached"]:
         """``"live"`` when this launcher spawns real server processes, else ``"mock"``."""
 
     def launch(self, arm: str, parallel: int, ctx: int) -> AbstractContextManager[ServerHandle]:
@@ -194,6 +194,9 @@ def run_cell(
                     metrics_enabled=server_bc.metrics_enabled,
                     check_alive=server_bc.check_alive,
                     on_done=tick,
+                    # An engine's handle names its own busy witnesses (possibly none: F1 then
+                    # fails closed); without the attribute, llama-server's /slots and /metrics.
+                    probes=getattr(server_bc, "busy_probes", None),
                 )
                 passes.append(result)
                 stats.append(

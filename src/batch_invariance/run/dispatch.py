@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import requests
 
@@ -63,6 +64,33 @@ def run_serial(
 
 
 @dataclass(frozen=True)
+class BusyProbe:
+    """One server-side busy witness the sampler polls: GET ``url``, then ``read`` the body.
+
+    ``kind`` says how the body is decoded (``json`` or Prometheus ``text``); ``read`` returns
+    how many requests the server says it is running, or ``None`` when it cannot tell. An engine
+    offers zero or more probes; with none, F1 has no server signal and fails closed.
+    """
+
+    label: str
+    url: str
+    kind: Literal["json", "text"]
+    read: Callable[[Any], int | None]
+
+
+def llama_server_probes(
+    base_url: str, metrics_enabled: bool, metrics_url: str | None = None
+) -> tuple[BusyProbe, ...]:
+    """llama-server's witnesses: ``/slots`` always, ``/metrics`` when the server serves it."""
+    base = base_url.rstrip("/")
+    probes = [BusyProbe("slots", base + "/slots", "json", busy_from_slots)]
+    if metrics_enabled:
+        url = metrics_url or base + "/metrics"
+        probes.append(BusyProbe("metrics", url, "text", busy_from_metrics))
+    return tuple(probes)
+
+
+@dataclass(frozen=True)
 class BusySample:
     """What the sampler saw on the server over one pass."""
 
@@ -88,32 +116,30 @@ class ConcurrentPass:
 
 
 class _BusySampler(threading.Thread):
-    """Polls ``/slots`` (and ``/metrics``) until stopped, tracking the most busy slots seen."""
+    """Polls every :class:`BusyProbe` until stopped, tracking the most busy requests seen."""
 
-    def __init__(self, base_url: str, metrics_enabled: bool, interval_s: float) -> None:
+    def __init__(self, probes: Sequence[BusyProbe], interval_s: float) -> None:
         super().__init__(name="bi-busy-sampler", daemon=True)
-        self._base = base_url.rstrip("/")
-        self._metrics = metrics_enabled
+        self._probes = tuple(probes)
         self._interval = interval_s
         self.stop_event = threading.Event()
-        self.slots_max: int | None = None
-        self.metrics_max: int | None = None
+        self.maxima: dict[str, int] = {}
         self.samples = 0
         self.tasks: set[int] = set()
-        self._slots_ok = True
 
     def sample_once(self, session: requests.Session) -> None:
-        if self._slots_ok:
-            payload = get_json(session, self._base + "/slots", timeout_s=1.0)
-            busy = busy_from_slots(payload)
-            if busy is not None:
-                self.slots_max = busy if self.slots_max is None else max(self.slots_max, busy)
+        for probe in self._probes:
+            payload: Any
+            if probe.kind == "json":
+                payload = get_json(session, probe.url, timeout_s=1.0)
+            else:
+                payload = get_text(session, probe.url, timeout_s=1.0)
+            busy = probe.read(payload) if payload is not None else None
+            if busy is None:
+                continue
+            self.maxima[probe.label] = max(busy, self.maxima.get(probe.label, busy))
+            if probe.label == "slots":
                 self.tasks.update(tasks_from_slots(payload))
-        if self._metrics:
-            text = get_text(session, self._base + "/metrics", timeout_s=1.0)
-            busy = busy_from_metrics(text) if text is not None else None
-            if busy is not None:
-                self.metrics_max = busy if self.metrics_max is None else max(self.metrics_max, busy)
         self.samples += 1
 
     def run(self) -> None:
@@ -129,21 +155,17 @@ class _BusySampler(threading.Thread):
                 self.sample_once(session)
 
     def result(self) -> BusySample:
-        candidates = [
-            (v, s)
-            for v, s in ((self.slots_max, "slots"), (self.metrics_max, "metrics"))
-            if v is not None
-        ]
-        if candidates:
-            best, source = max(candidates, key=lambda c: c[0])
+        if self.maxima:
+            source, best = max(self.maxima.items(), key=lambda c: c[1])
+            best_or_none: int | None = best
         else:
-            best, source = None, "none"
+            best_or_none, source = None, "none"
         return BusySample(
-            busy_max=best,
+            busy_max=best_or_none,
             source=source,
             n_samples=self.samples,
-            slots_busy_max=self.slots_max,
-            metrics_busy_max=self.metrics_max,
+            slots_busy_max=self.maxima.get("slots"),
+            metrics_busy_max=self.maxima.get("metrics"),
             task_ids_seen=tuple(sorted(self.tasks)),
         )
 
@@ -159,12 +181,15 @@ def run_concurrent_pass(
     check_alive: Callable[[], None] | None = None,
     on_done: OnDone | None = None,
     sample_interval_s: float = SAMPLE_INTERVAL_S,
+    probes: Sequence[BusyProbe] | None = None,
 ) -> ConcurrentPass:
     """One C pass: ``workers`` closed-loop threads released together by a barrier.
 
     The queue holds the items in :func:`pass_order`; each worker has its own
     ``requests.Session`` and takes the next item as soon as its previous request completes.
     All threads (workers and sampler) are joined before this returns or re-raises.
+    ``probes`` are the server's busy witnesses (default: llama-server's, see
+    :func:`llama_server_probes`).
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
@@ -177,7 +202,9 @@ def run_concurrent_pass(
     lock = threading.Lock()
     stop = threading.Event()
     barrier = threading.Barrier(workers + 1)
-    sampler = _BusySampler(base_url, metrics_enabled, sample_interval_s)
+    if probes is None:
+        probes = llama_server_probes(base_url, metrics_enabled)
+    sampler = _BusySampler(probes, sample_interval_s)
 
     def worker() -> None:
         try:

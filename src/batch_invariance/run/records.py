@@ -77,7 +77,7 @@ class CellRun:
     scorer_id: str
     wall_s: float
     #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
-    source: Literal["live", "mock"] = "mock"
+    source: Literal["live", "mock", "attached"] = "mock"
     notes: tuple[str, ...] = ()
     #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
     server_chat_template: str | None = None

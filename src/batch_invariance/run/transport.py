@@ -296,6 +296,11 @@ def parse_completion(test_id: str, payload: Any, *, chat: bool) -> RawResponse:
             number = _as_float(value)
             if number is not None:
                 timings[str(key)] = number
+    details = usage.get("prompt_tokens_details")
+    cached = _as_int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if "cache_n" not in timings and cached is not None:
+        # OpenAI-style engines (vLLM, SGLang) report prompt-cache reuse only in the usage.
+        timings["cache_n"] = float(cached)
     slot_id = _as_int(payload.get("id_slot"))
     verbose = payload.get("__verbose")
     if slot_id is None and isinstance(verbose, dict):

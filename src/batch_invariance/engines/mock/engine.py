@@ -34,7 +34,17 @@ class MockServer:
     :class:`InfraError` once it has stopped.
     """
 
-    def __init__(self, parallel: int = 1, ctx: int = 2048, knobs: MockKnobs | None = None) -> None:
+    def __init__(
+        self,
+        parallel: int = 1,
+        ctx: int = 2048,
+        knobs: MockKnobs | None = None,
+        *,
+        port: int = 0,
+        handler: type[MockHandler] = MockHandler,
+    ) -> None:
+        """``port`` 0 picks a free one; ``handler`` gives another engine's HTTP surface over the
+        same slots (the protocol fakes for vLLM and SGLang)."""
         if parallel < 1:
             raise ValueError("parallel must be >= 1")
         self.parallel = parallel
@@ -52,6 +62,8 @@ class MockServer:
         self._prompt_tokens_total = 0
         self._predicted_tokens_total = 0
         self._answered = 0
+        self._port = port
+        self._handler = handler
 
     # ----- lifecycle -------------------------------------------------------------------------
 
@@ -64,11 +76,8 @@ class MockServer:
 
     def start(self) -> None:
         server = self
-
-        class Handler(MockHandler):
-            mock = server
-
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        handler = type("Handler", (self._handler,), {"mock": server})
+        httpd = ThreadingHTTPServer(("127.0.0.1", self._port), handler)
         httpd.daemon_threads = True
         self._httpd = httpd
         self._started_at = time.monotonic()

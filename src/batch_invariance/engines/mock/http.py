@@ -140,6 +140,8 @@ class MockHandler(BaseHTTPRequestHandler):
                 "endpoint_metrics": mock.knobs.metrics,
                 "chat_template": mock.knobs.chat_template or LLAMA_CPP_CHATML_FALLBACK,
             })  # fmt: skip
+        elif path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "mock", "object": "model"}]})
         elif path == "/slots":
             if not mock.knobs.slots_endpoint:
                 self._send(

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The composite action's container step: run the action image the way the runner runs a
+# Docker action (same mounts and variables), so the step can be followed by an upload step.
+#
+#   workspace       -> /github/workspace (also the working directory)
+#   file commands   -> /github/file_commands (GITHUB_OUTPUT, GITHUB_STEP_SUMMARY live there)
+#   $RUNNER_TEMP/_github_home -> /github/home (HOME: sigstore's cache, the embedded default)
+#   INPUT_<NAME>    -> INPUT_<NAME-WITH-HYPHENS> (INPUT_SERVER_BIN -> INPUT_SERVER-BIN)
+#
+# The image is BI_IMAGE (must be pinned by digest, NAME@sha256:...) or, when empty, built from
+# this action's own source (BI_ACTION_PATH, i.e. github.action_path) and tagged by a hash of
+# that source, so a runner builds each version once. BI_BASE_IMAGE sets the build's
+# BASE_IMAGE; BI_GPUS is passed as --gpus; BI_BUILD_NETWORK as `docker build --network`;
+# BI_BUILD_ONLY=1 only makes sure the image exists and prints its name.
+# The exit code is the container's: the verdict (0 pass, 1 RED, 3 not promotable, ...).
+set -euo pipefail
+
+die() {
+  echo "::error title=batch-invariance container step::$1"
+  exit "${2:-2}"
+}
+
+: "${GITHUB_WORKSPACE:?GITHUB_WORKSPACE is not set}"
+: "${GITHUB_OUTPUT:?GITHUB_OUTPUT is not set}"
+action_path=${BI_ACTION_PATH:-$(cd "$(dirname "$0")/.." && pwd)}
+command -v docker >/dev/null 2>&1 || die "docker is not on PATH: this action needs a runner with a Docker engine"
+
+image=${BI_IMAGE:-}
+if [ -n "$image" ]; then
+  [[ "$image" =~ ^[^@[:space:]]+@sha256:[0-9a-f]{64}$ ]] ||
+    die "input image must be pinned by digest (NAME@sha256:<64 hex>), got '$image'"
+  docker image inspect "$image" >/dev/null 2>&1 || docker pull --quiet "$image" >/dev/null ||
+    die "cannot pull $image" 4
+else
+  key=$(
+    cd "$action_path"
+    find Dockerfile .dockerignore pyproject.toml README.md LICENSE NOTICE src -type f \
+      ! -path '*/__pycache__/*' ! -path '*.egg-info/*' -print0 | LC_ALL=C sort -z |
+      xargs -0 sha256sum | sha256sum | cut -c1-20
+  )
+  base_key=$(printf '%s' "${BI_BASE_IMAGE:-}" | sha256sum | cut -c1-8)
+  image="batch-invariance-action:${key}-${base_key}"
+  if docker image inspect "$image" >/dev/null 2>&1; then
+    echo "action image $image: cached"
+  else
+    build=(build --quiet -t "$image")
+    [ -n "${BI_BASE_IMAGE:-}" ] && build+=(--build-arg "BASE_IMAGE=$BI_BASE_IMAGE")
+    [ -n "${BI_BUILD_NETWORK:-}" ] && build+=(--network "$BI_BUILD_NETWORK")
+    echo "action image $image: building from $action_path"
+    docker "${build[@]}" "$action_path" >/dev/null || die "docker build of the action image failed" 4
+  fi
+fi
+
+if [ "${BI_BUILD_ONLY:-}" = 1 ]; then
+  echo "$image"
+  exit 0
+fi
+
+file_commands=$(dirname "$GITHUB_OUTPUT")
+summary=${GITHUB_STEP_SUMMARY:-}
+home="${RUNNER_TEMP:-$(dirname "$GITHUB_WORKSPACE")}/_github_home"
+mkdir -p "$home"
+
+name="bi-cell-$$-${RANDOM}"
+args=(run --rm --name "$name"
+  -v "$GITHUB_WORKSPACE:/github/workspace" -w /github/workspace
+  -v "$file_commands:/github/file_commands"
+  -v "$home:/github/home"
+  -e GITHUB_WORKSPACE=/github/workspace -e HOME=/github/home
+  -e "GITHUB_OUTPUT=/github/file_commands/$(basename "$GITHUB_OUTPUT")"
+  -e GITHUB_ACTIONS=true -e CI=true
+  -e GITHUB_REPOSITORY -e GITHUB_RUN_ID -e GITHUB_RUN_ATTEMPT -e GITHUB_SHA -e GITHUB_REF
+  -e ACTIONS_ID_TOKEN_REQUEST_URL -e ACTIONS_ID_TOKEN_REQUEST_TOKEN)
+if [ -n "$summary" ]; then
+  if [ "$(dirname "$summary")" = "$file_commands" ]; then
+    args+=(-e "GITHUB_STEP_SUMMARY=/github/file_commands/$(basename "$summary")")
+  else
+    args+=(-v "$summary:/github/step_summary" -e GITHUB_STEP_SUMMARY=/github/step_summary)
+  fi
+fi
+[ -n "${BI_GPUS:-}" ] && args+=(--gpus "$BI_GPUS")
+# Inputs as the runner spells them for a Docker action: hyphens kept.
+while IFS= read -r -d '' entry; do
+  key=${entry%%=*}
+  case "$key" in
+    INPUT_*) args+=(-e "INPUT_$(printf '%s' "${key#INPUT_}" | tr '_' '-')=${entry#*=}") ;;
+  esac
+done < <(env -0)
+
+# A cancelled job sends SIGTERM/SIGINT to this script: stop the container too, so the cell's
+# servers end with it (the entrypoint turns SIGTERM into a clean, reported interruption).
+stop() { docker stop --time 30 "$name" >/dev/null 2>&1 || true; }
+trap stop TERM INT
+rc=0
+docker "${args[@]}" "$image" &
+wait $! || rc=$?
+if [ "$rc" -gt 128 ]; then
+  stop
+  wait || true
+fi
+exit "$rc"

@@ -1,0 +1,106 @@
+"""The engine layer: what differs between llama-server and its work-alikes, in one Protocol.
+
+Every OpenAI-compatible engine differs from the others in the same few places: how it is
+started with N concurrent sequences and a context C, which of its flags the tool must own or
+refuse, what server-side evidence shows that requests ran at the same time (the busy witness
+F1 needs), what shows that a prompt was served from cache, and how its version is recorded.
+An :class:`Engine` answers exactly those questions; the request body (OpenAI chat/completions,
+temperature 0, per-id seed) and the verdict core are the same for every engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from batch_invariance.run.dispatch import BusyProbe
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the driver asks of a launch: ``parallel`` sequences of ``ctx`` tokens each."""
+
+    server_bin: Path
+    model: Path
+    parallel: int
+    ctx: int
+    host: str
+    port: int
+    extra_flags: tuple[str, ...] = ()
+    #: The environment the numerics switches are read from (never the process's own here).
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """How to start one server: argv, environment additions, and the path that says ready."""
+
+    argv: tuple[str, ...]
+    #: Variables added to the inherited environment (recorded in the cert).
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: GET this path until it answers 200.
+    ready_path: str = "/health"
+
+
+@dataclass(frozen=True)
+class CacheEvidence:
+    """What the server's metrics say about prompts served from cache (``None``: no evidence)."""
+
+    counters: Mapping[str, float]
+    #: ``True`` when a counter shows a cache hit, ``False`` when it shows none, ``None`` when
+    #: the engine exposes no such counter.
+    hits_seen: bool | None
+
+    def to_record(self) -> dict[str, Any]:
+        return {"counters": dict(self.counters), "hits_seen": self.hits_seen}
+
+
+class Engine(Protocol):
+    """One engine's answers to the questions the run path asks."""
+
+    @property
+    def name(self) -> str:
+        """The ``--engine`` name."""
+
+    @property
+    def owned_flags(self) -> frozenset[str]:
+        """Flags the tool sets itself (a user flag may not override them)."""
+
+    @property
+    def refused_flags(self) -> frozenset[str]:
+        """Flags that would change what is measured (prompt caching, batching off, ...)."""
+
+    @property
+    def cobatches(self) -> bool:
+        """Whether the engine can run several sequences at once at all."""
+
+    def launch_command(self, request: LaunchRequest) -> LaunchCommand:
+        """The command that starts it as ``request`` asks."""
+
+    def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
+        """Its server-side busy witnesses (empty: it offers none, and F1 fails closed)."""
+
+    def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
+        """Its prompt-cache counters read from a ``/metrics`` body."""
+
+    def provenance(self, command: LaunchCommand) -> dict[str, Any]:
+        """JSON-ready facts for the cert: engine name, numerics switches, what it cannot do."""
+
+
+def flag_conflicts(engine: Engine, extra_flags: Sequence[str]) -> tuple[str, ...]:
+    """User flags that the engine's launcher owns or refuses, each with the reason."""
+    out: list[str] = []
+    for flag in extra_flags:
+        name = flag.partition("=")[0]
+        if name in engine.owned_flags:
+            out.append(f"{flag}: set by the tool for engine {engine.name}")
+        elif name in engine.refused_flags:
+            out.append(f"{flag}: changes what is measured on engine {engine.name}")
+    return tuple(out)
+
+
+def passthrough_env(names: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+    """The numerics switches among ``names`` that are set in ``env`` (passed on and recorded)."""
+    return {name: env[name] for name in names if name in env}

@@ -1,0 +1,28 @@
+"""The ``--engine`` names and the adapter behind each."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from batch_invariance.engines.base import Engine
+from batch_invariance.engines.llama_cpp_python import LlamaCppPythonEngine
+from batch_invariance.engines.llama_server_engine import LlamaServerEngine
+from batch_invariance.engines.sglang import SglangEngine
+from batch_invariance.engines.vllm import VllmEngine
+from batch_invariance.errors import UsageError
+
+DEFAULT_ENGINE = "llama-server"
+
+ENGINES: Mapping[str, Engine] = {
+    e.name: e for e in (LlamaServerEngine(), LlamaCppPythonEngine(), VllmEngine(), SglangEngine())
+}
+
+
+def engine_for(name: str) -> Engine:
+    """The adapter for ``name``; :class:`UsageError` naming the choices otherwise."""
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown --engine {name!r}; choose one of {', '.join(sorted(ENGINES))}"
+        ) from None

@@ -1,0 +1,122 @@
+"""Reading engines' Prometheus text: the busy witnesses and cache counters they expose.
+
+vLLM and SGLang report how many requests they are running as gauges on ``/metrics``; that is
+the server-side evidence F1 needs that requests were co-batched. The parser here is pure: a
+body of Prometheus text exposition in, typed samples out. Several series of one metric (one
+per engine or model label set) are summed: the server as a whole was running that many.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from batch_invariance.run.dispatch import BusyProbe
+
+# name{labels} value [timestamp]; label values may hold escaped quotes and spaces.
+_SAMPLE = re.compile(
+    r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)"
+    r"(?:\{(?P<labels>(?:[^}\"]|\"(?:[^\"\\]|\\.)*\")*)\})?"
+    r"\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
+)
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One sample line of Prometheus text."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+def parse_prometheus(text: str) -> tuple[MetricSample, ...]:
+    """Every finite sample in ``text``; comments, blank and malformed lines are skipped."""
+    out: list[MetricSample] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        labels = dict(_LABEL.findall(m.group("labels") or ""))
+        out.append(MetricSample(m.group("name"), labels, value))
+    return tuple(out)
+
+
+def metric_total(samples: Iterable[MetricSample], name: str) -> float | None:
+    """The sum of every series of ``name``; ``None`` when the metric is absent."""
+    values = [s.value for s in samples if s.name == name]
+    return sum(values) if values else None
+
+
+def gauge_reader(name: str) -> Callable[[Any], int | None]:
+    """A :class:`BusyProbe` reader: the summed value of gauge ``name`` in a ``/metrics`` body."""
+
+    def read(body: Any) -> int | None:
+        if not isinstance(body, str):
+            return None
+        total = metric_total(parse_prometheus(body), name)
+        return None if total is None else int(total)
+
+    return read
+
+
+def gauge_probe(label: str, metrics_url: str, name: str) -> BusyProbe:
+    """A busy witness polling gauge ``name`` at ``metrics_url``."""
+    return BusyProbe(label, metrics_url, "text", gauge_reader(name))
+
+
+def counters(text: str, names: Iterable[str]) -> dict[str, float]:
+    """The totals of those of ``names`` present in ``text`` (cache counters for the cert)."""
+    samples = parse_prometheus(text)
+    out: dict[str, float] = {}
+    for name in names:
+        total = metric_total(samples, name)
+        if total is not None:
+            out[name] = total
+    return out
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram summed over its series: cumulative bucket counts by ``le``."""
+
+    buckets: Mapping[float, float]
+    count: float
+    total: float
+
+    def share_above(self, bound: float) -> float | None:
+        """The share of observations larger than ``bound`` (``None`` with no observations)."""
+        if self.count <= 0:
+            return None
+        at_or_below = max((c for le, c in self.buckets.items() if le <= bound), default=0.0)
+        return (self.count - at_or_below) / self.count
+
+
+def histogram(text: str, name: str) -> Histogram | None:
+    """Histogram ``name`` (its ``_bucket``/``_count``/``_sum`` series); ``None`` when absent."""
+    samples = parse_prometheus(text)
+    count = metric_total(samples, name + "_count")
+    if count is None:
+        return None
+    buckets: dict[float, float] = {}
+    for s in samples:
+        if s.name == name + "_bucket" and "le" in s.labels:
+            try:
+                le = float(s.labels["le"])
+            except ValueError:
+                continue
+            buckets[le] = buckets.get(le, 0.0) + s.value
+    return Histogram(buckets, count, metric_total(samples, name + "_sum") or 0.0)

@@ -1,0 +1,99 @@
+"""Fixtures for the action-image tests: a real Docker engine, the image, a runner-like job.
+
+These tests build the image from the Dockerfile and run it through ``action/run-container.sh``
+(the composite action's container step) exactly as on a runner. They run in the Docker stage
+(``.ci/docker-stage``, which starts an engine and sets ``BI_DOCKER_TESTS=1``) and skip
+elsewhere, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The suite's shared helpers (test_action's output parser) live one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runner_job import RUNNER_UID, SCRIPT, Job
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if os.environ.get("BI_DOCKER_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="action-image tests run in the Docker stage: .ci/docker-stage")
+    for item in items:
+        if "tests/docker/" in item.nodeid.replace(os.sep, "/"):
+            item.add_marker(skip)
+
+
+def _own(path: Path) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, RUNNER_UID, RUNNER_UID)
+
+
+@pytest.fixture(scope="session")
+def action_image() -> str:
+    """Build the image once (through the script's own build path) and report the time."""
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode
+    ):
+        pytest.fail("BI_DOCKER_TESTS=1 but no Docker engine answers `docker info`")
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["bash", str(SCRIPT)],
+        env={**_base_env(), "BI_BUILD_ONLY": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"\naction image built or reused in {time.monotonic() - started:.1f} s")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _base_env() -> dict[str, str]:
+    keep = ("PATH", "DOCKER_HOST", "BI_BASE_IMAGE", "BI_BUILD_NETWORK", "TMPDIR")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env["BI_ACTION_PATH"] = str(REPO)
+    env.setdefault("GITHUB_WORKSPACE", str(REPO))
+    env.setdefault("GITHUB_OUTPUT", os.devnull)
+    return env
+
+
+@pytest.fixture
+def job(tmp_path: Path, action_image: str) -> Iterator[Job]:
+    root = tmp_path / "runner"
+    workspace = root / "work" / "repo" / "repo"
+    temp = root / "temp"
+    file_commands = temp / "_runner_file_commands"
+    for folder in (workspace, file_commands, temp / "_github_home"):
+        folder.mkdir(parents=True)
+    made = Job(root=root, workspace=workspace, file_commands=file_commands)
+    made.output.touch()
+    made.summary.touch()
+    for path in [root, *root.rglob("*")]:
+        _own(path)
+    made.env = {
+        **_base_env(),
+        "GITHUB_WORKSPACE": str(workspace),
+        "RUNNER_TEMP": str(temp),
+        "GITHUB_OUTPUT": str(made.output),
+        "GITHUB_STEP_SUMMARY": str(made.summary),
+        "GITHUB_REPOSITORY": "octo/repo",
+        "GITHUB_RUN_ID": "1",
+        "GITHUB_RUN_ATTEMPT": "1",
+        "BI_IMAGE": "",
+    }
+    yield made
+    # Leave nothing behind: the tests' containers run with --rm; the image stays cached.
+    shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,127 @@
+"""Live cells on other engines: llama-cpp-python's server (the negative control) and attach
+mode against a real llama-server that the test started itself (attached, not launched)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.cert.certificate import is_promotable
+from batch_invariance.cert.verify import verify_path
+from batch_invariance.cli import main
+from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.plan import CellPlan
+from batch_invariance.engines import ports
+from batch_invariance.engines.attach import AttachLauncher, attach_target
+from batch_invariance.engines.base import LaunchRequest
+from batch_invariance.engines.llama_server import LlamaServer
+from batch_invariance.engines.provision import Layout, Provisioned, cache_root
+from batch_invariance.engines.provision_engines import EngineVenv, ensure_llama_cpp_python
+from batch_invariance.engines.registry import engine_for
+from batch_invariance.run.cell import run_cell
+from batch_invariance.run.finish import FinishedCell, finish_cell
+from batch_invariance.run.workset import expand_reps, load_workset
+from batch_invariance.scorer_api import ExactMatchScorer
+
+pytestmark = pytest.mark.live
+
+DEMO_WORKSET = Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets/demo.json"
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_python() -> EngineVenv:
+    """The provisioned llama-cpp-python venv (built from source when missing: long)."""
+    return ensure_llama_cpp_python(Layout(cache_root()))
+
+
+def _plan(ctx: int, parallel: int, passes: int, n_predict: int, rows: int | None) -> CellPlan:
+    items = load_workset(DEMO_WORKSET).items
+    return CellPlan(
+        items=expand_reps(items[:rows] if rows else items, 1), ctx=ctx, parallel=parallel,
+        gate_passes=passes, n_predict=n_predict, serial_repeat=False, req_timeout=300.0,
+    )  # fmt: skip
+
+
+def _finish(run: object, plan: CellPlan, out: Path, engine: str) -> FinishedCell:
+    from batch_invariance.run.records import CellRun
+
+    assert isinstance(run, CellRun)
+    spec = CellSpec(
+        model="gemma-3-270m-q4_k_m", ctx=plan.ctx, dispatch_n=plan.parallel,
+        kv_label=run.kv_label, reps=1,
+    )  # fmt: skip
+    return finish_cell(run, spec, GatePolicy(), {"engine": engine}, out)
+
+
+def test_llama_cpp_python_is_unverified_for_want_of_a_cobatching_witness(
+    live_pair: Provisioned,
+    llama_cpp_python: EngineVenv,
+    demo_subset: Callable[[int], Path],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    code = main([
+        "run-live", "--engine", "llama-cpp-python", "--server-bin", str(llama_cpp_python.python),
+        "--model", str(live_pair.model), "--workset", str(demo_subset(8)), "--ctx", "512",
+        "--parallel", "2", "--gate-passes", "1", "--n-predict", "16", "--no-serial-repeat",
+        "--req-timeout", "300", "--out-dir", str(out),
+    ])  # fmt: skip
+    (path,) = out.glob("*.json")
+    checked = verify_path(path)
+    assert checked.problems == ()  # its identity reads --n_ctx and --model
+    cert = checked.cert
+    assert cert is not None
+    assert code == exitcodes.for_status("green_unverified", False)
+    assert cert.source == "live" and cert.verdict == "UNVERIFIED", cert.decision_reasons
+    assert not cert.overlap.ok and "no server signal" in cert.overlap.reason
+    assert all(p.server_busy_max is None for p in cert.overlap.per_pass)
+    assert cert.divergence_report.ac.n_divergent == 0  # serialized: never RED
+    assert cert.provenance["engine"] == "llama-cpp-python"
+    assert "llama_cpp.server" in cert.provenance["servers"][1]["argv"]
+    assert not checked.promotable
+
+
+def test_attached_real_llama_server_at_default_flags_reaches_red(
+    live_pair: Provisioned, tmp_path: Path
+) -> None:
+    plan = _plan(ctx=512, parallel=4, passes=2, n_predict=64, rows=None)
+    port = ports.pick_free(frozenset())
+    # Started by the test, not by the tool: the tool only gets its URL.
+    with LlamaServer(
+        live_pair.server_bin, live_pair.model, arm="external", parallel=4, ctx=512, port=port,
+        log_dir=tmp_path / "logs",
+    ) as server:  # fmt: skip
+        launcher = AttachLauncher(attach_target(server.base_url), engine_for("llama-server"))
+        run = run_cell(plan, launcher, ExactMatchScorer())
+        assert server.pid is not None  # still ours, still running: the tool never stopped it
+        server.check_alive()
+    done = _finish(run, plan, tmp_path / "out", "llama-server")
+    cert = done.cert
+    assert cert.source == "attached"
+    assert cert.verdict == "RED", cert.decision_reasons
+    assert cert.overlap.ok and cert.divergence_report.ac.n_divergent >= 1
+    assert not is_promotable(cert)
+    assert run.servers[0].info["kind"] == "attached"
+
+
+def test_attached_llama_cpp_python_is_unverified(
+    live_pair: Provisioned, llama_cpp_python: EngineVenv, tmp_path: Path
+) -> None:
+    plan = _plan(ctx=512, parallel=2, passes=1, n_predict=16, rows=8)
+    engine = engine_for("llama-cpp-python")
+    port = ports.pick_free(frozenset())
+    command = engine.launch_command(
+        LaunchRequest(llama_cpp_python.python, live_pair.model, 2, 512, ports.LOOPBACK, port)
+    )
+    with LlamaServer(
+        llama_cpp_python.python, live_pair.model, arm="external", parallel=1, ctx=512,
+        port=port, log_dir=tmp_path / "logs", ready_timeout=180.0, command=command,
+    ) as server:  # fmt: skip
+        launcher = AttachLauncher(attach_target(server.base_url), engine)
+        run = run_cell(plan, launcher, ExactMatchScorer())
+    cert = _finish(run, plan, tmp_path / "out", "llama-cpp-python").cert
+    assert cert.source == "attached" and cert.verdict == "UNVERIFIED", cert.decision_reasons
+    assert not cert.overlap.ok and cert.divergence_report.ac.n_divergent == 0

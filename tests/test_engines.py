@@ -1,0 +1,198 @@
+"""The engine adapters: launch argv, owned/refused flags, Prometheus witnesses, cache evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import requests
+
+from batch_invariance.engines import witness
+from batch_invariance.engines.base import LaunchRequest, flag_conflicts
+from batch_invariance.engines.llama_cpp_python import LlamaCppPythonEngine
+from batch_invariance.engines.llama_server_engine import LlamaServerEngine
+from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_for
+from batch_invariance.engines.sglang import SglangEngine
+from batch_invariance.engines.vllm import VllmEngine
+from batch_invariance.errors import UsageError
+from engine_fakes import fake_engine
+
+M = Path("/models/m")
+
+PROM = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="a \\"quoted\\" name"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2 1700000000000
+vllm:broken_line
+vllm:nan_gauge NaN
+sglang:num_running_reqs 4
+"""
+
+
+def test_prometheus_text_is_parsed_with_labels_and_series_summed() -> None:
+    samples = witness.parse_prometheus(PROM)
+    assert [s.name for s in samples] == [
+        "vllm:num_requests_running", "vllm:num_requests_running", "sglang:num_running_reqs",
+    ]  # fmt: skip
+    assert samples[0].labels == {"engine": "0", "model_name": 'a \\"quoted\\" name'}
+    assert witness.metric_total(samples, "vllm:num_requests_running") == 5.0
+    assert witness.metric_total(samples, "vllm:absent") is None
+    assert witness.gauge_reader("vllm:num_requests_running")(PROM) == 5
+    assert witness.gauge_reader("vllm:num_requests_running")("") is None
+    assert witness.gauge_reader("vllm:num_requests_running")({"not": "text"}) is None
+
+
+def test_histogram_share_above_a_bound() -> None:
+    text = (
+        'h_bucket{le="1.0"} 6\nh_bucket{le="8.0"} 9\nh_bucket{le="+Inf"} 10\nh_count 10\nh_sum 40\n'
+    )
+    hist = witness.histogram(text, "h")
+    assert hist is not None and hist.count == 10 and hist.total == 40
+    assert hist.share_above(1.0) == pytest.approx(0.4)
+    assert witness.histogram(text, "absent") is None
+    assert witness.Histogram({}, 0.0, 0.0).share_above(1.0) is None
+
+
+def req(server_bin: str, **kw: object) -> LaunchRequest:
+    base: dict[str, object] = {
+        "server_bin": Path(server_bin), "model": M, "parallel": 4, "ctx": 2048,
+        "host": "127.0.0.1", "port": 9000,
+    }  # fmt: skip
+    base.update(kw)
+    return LaunchRequest(**base)  # type: ignore[arg-type]
+
+
+def test_launch_argv_of_each_engine() -> None:
+    vllm = VllmEngine().launch_command(req("vllm", env={"VLLM_BATCH_INVARIANT": "1"}))
+    assert vllm.argv == (
+        "vllm", "serve", "/models/m", "--max-num-seqs", "4", "--max-model-len", "2048",
+        "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", "9000",
+    )  # fmt: skip
+    assert vllm.env == {"VLLM_BATCH_INVARIANT": "1"} and vllm.ready_path == "/health"
+    assert VllmEngine().provenance(vllm)["batch_invariant_mode"] is True
+    sg = SglangEngine().launch_command(req("py", extra_flags=("--enable-deterministic-inference",)))
+    assert sg.argv == (
+        "py", "-m", "sglang.launch_server", "--model-path", "/models/m",
+        "--max-running-requests", "4", "--context-length", "2048", "--disable-radix-cache",
+        "--enable-metrics", "--host", "127.0.0.1", "--port", "9000",
+        "--enable-deterministic-inference",
+    )  # fmt: skip
+    assert SglangEngine().provenance(sg)["deterministic_inference"] is True
+    assert (
+        SglangEngine().provenance(SglangEngine().launch_command(req("py")))[
+            "deterministic_inference"
+        ]
+        is False
+    )
+    lcp = LlamaCppPythonEngine().launch_command(req("py"))
+    assert lcp.argv == (
+        "py", "-m", "llama_cpp.server", "--model", "/models/m", "--n_ctx", "2048",
+        "--host", "127.0.0.1", "--port", "9000",
+    )  # fmt: skip
+    assert lcp.ready_path == "/v1/models"
+    ls = LlamaServerEngine().launch_command(req("llama-server"))
+    assert ls.argv[ls.argv.index("--parallel") + 1] == "4"
+    assert ls.argv[ls.argv.index("--ctx-size") + 1] == str(4 * 2048)
+
+
+def test_env_without_the_switch_passes_nothing() -> None:
+    cmd = VllmEngine().launch_command(req("vllm", env={"HOME": "/root"}))
+    assert cmd.env == {}
+    assert VllmEngine().provenance(cmd)["batch_invariant_mode"] is False
+
+
+@pytest.mark.parametrize(
+    ("engine", "flag", "why"),
+    [
+        ("vllm", "--max-num-seqs=8", "set by the tool"),
+        ("vllm", "--enable-prefix-caching", "changes what is measured"),
+        ("sglang", "--context-length", "set by the tool"),
+        ("llama-cpp-python", "--cache", "changes what is measured"),
+        ("llama-server", "--no-cont-batching", "changes what is measured"),
+        ("llama-server", "-np", "set by the tool"),
+    ],
+)
+def test_owned_and_refused_flags(engine: str, flag: str, why: str) -> None:
+    (problem,) = flag_conflicts(engine_for(engine), [flag, "--harmless"])
+    assert why in problem and engine in problem
+
+
+def test_registry_names_and_unknown_engine() -> None:
+    assert set(ENGINES) == {"llama-server", "llama-cpp-python", "vllm", "sglang"}
+    assert DEFAULT_ENGINE == "llama-server"
+    with pytest.raises(UsageError, match="unknown --engine 'ollama'; choose one of"):
+        engine_for("ollama")
+
+
+def test_only_the_negative_control_offers_no_witness() -> None:
+    base = "http://127.0.0.1:1"
+    assert LlamaCppPythonEngine().busy_probes(base) == ()
+    assert [p.url for p in VllmEngine().busy_probes(base)] == [base + "/metrics"]
+    assert [p.url for p in SglangEngine().busy_probes(base, "http://127.0.0.1:2/m")] == [
+        "http://127.0.0.1:2/m"
+    ]
+    assert [p.label for p in LlamaServerEngine().busy_probes(base)] == ["slots", "metrics"]
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_fake_metrics_feed_the_witness_and_cache_evidence(name: str) -> None:
+    engine = engine_for(name)
+    with fake_engine(name, parallel=2) as server:
+        text = requests.get(server.base_url + "/metrics", timeout=5).text
+        (probe,) = engine.busy_probes(server.base_url)
+        assert probe.read(text) == 0
+        evidence = engine.cache_evidence(text)
+        assert evidence.hits_seen is False and evidence.counters
+        assert requests.get(server.base_url + "/slots", timeout=5).status_code == 404
+    with fake_engine(name, parallel=2, witness=False) as server:
+        text = requests.get(server.base_url + "/metrics", timeout=5).text
+        assert probe.read(text) is None
+
+
+def test_cache_hits_are_seen() -> None:
+    assert VllmEngine().cache_evidence("vllm:prefix_cache_hits_total 12\n").hits_seen is True
+    assert SglangEngine().cache_evidence("sglang:cache_hit_rate 0.25\n").hits_seen is True
+    assert VllmEngine().cache_evidence("other 1\n").hits_seen is None
+    assert VllmEngine().cache_evidence(None).hits_seen is None
+    assert LlamaCppPythonEngine().cache_evidence("x 1").hits_seen is None
+
+
+def test_vllm_histogram_in_the_fake() -> None:
+    with fake_engine("vllm", parallel=1) as server:
+        text = requests.get(server.base_url + "/metrics", timeout=5).text
+    hist = witness.histogram(text, "vllm:iteration_tokens_total")
+    assert hist is not None and hist.share_above(1.0) == pytest.approx(6 / 16)
+
+
+def test_fake_error_body_is_the_openai_shape() -> None:
+    with fake_engine("vllm", parallel=1) as server:
+        resp = requests.post(server.base_url + "/v1/chat/completions", data=b"{", timeout=5)
+    assert resp.status_code == 400
+    assert resp.json()["object"] == "error" and resp.json()["code"] == 400
+
+
+def _chat_payload(
+    usage: dict[str, object], timings: dict[str, float] | None = None
+) -> dict[str, object]:
+    body: dict[str, object] = {
+        "choices": [{"message": {"content": "4"}, "finish_reason": "stop"}],
+        "usage": usage,
+    }
+    if timings is not None:
+        body["timings"] = timings
+    return body
+
+
+def test_openai_cached_tokens_are_cache_evidence() -> None:
+    from batch_invariance.run.transport import parse_completion
+
+    got = parse_completion(
+        "x", _chat_payload({"prompt_tokens_details": {"cached_tokens": 5}}), chat=True
+    )
+    assert got.timings == {"cache_n": 5.0}
+    assert any("cache_n != 0" in n for n in got.notes)
+    # llama-server's own timings.cache_n wins where both are present.
+    both = _chat_payload({"prompt_tokens_details": {"cached_tokens": 5}}, {"cache_n": 0.0})
+    assert parse_completion("x", both, chat=True).timings == {"cache_n": 0.0}
+    assert parse_completion("x", _chat_payload({}), chat=True).timings == {}
