@@ -177,6 +177,19 @@ def test_no_serial_repeat_and_completions_endpoint() -> None:
     assert run.request_template["endpoint"] == "completions"
 
 
+def test_armed_f4_keeps_its_logprobs_in_a_and_c() -> None:
+    """--n-probs arms F4: A and C ask for that many alternatives, B still for none."""
+    run, _ = cell(MockKnobs(), n_probs=3)
+    assert run.request_template["n_probs_armed"] is True
+    assert run.request_template["logprobs"] == {"chat": {"logprobs": True, "top_logprobs": 3}}
+    ev = run.evidence
+    assert ev.a["fr"].token_logprobs is not None and ev.a["fr"].top_margins is not None
+    assert all(p.trials["fr"].token_logprobs is not None for p in ev.c_passes)
+    assert ev.b["fr"].token_logprobs is None
+    armed = decide(ev, GatePolicy(logit_eps=0.5))
+    assert armed.reports.ac.logit_drift.armed and armed.status == "green"
+
+
 class RaisingScorer(Scorer):
     scorer_id = "raises"
 
