@@ -35,6 +35,8 @@ class Setting:
     wall_s: list[float] = field(default_factory=list)
     ms_per_token: list[float] = field(default_factory=list)
     texts: dict[str, str | None] = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)
+    finish: list[str] = field(default_factory=list)
 
 
 def settings(n_predict: int, n_probs: int) -> list[Setting]:
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                 if timings.get("predicted_n"):
                     s.ms_per_token.append(timings["predicted_ms"] / timings["predicted_n"])
                 s.texts[item.test_id] = resp.text
+                s.tokens.append(resp.completion_tokens or 0)
+                s.finish.append(resp.finish_reason or resp.failure_mode or "?")
     print(f"server: {server_bin}\nmodel: {model.name}; {len(items)} prompts x {opts.n_predict} "
           "tokens, serial, --parallel 1, settings interleaved per prompt")  # fmt: skip
     print(f"{'logprobs':<20} {'median s/req':>12} {'mean s/req':>11} {'decode ms/tok':>14}")
@@ -93,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in runs[1:]:
         if s.wall_s:
             print(f"{s.name}: {statistics.median(s.wall_s) / baseline:.3f}x the no-logprobs time")
+    first = runs[0]
+    stops = sorted(set(first.finish))
+    print(f"answer tokens min/max {min(first.tokens, default=0)}/{max(first.tokens, default=0)}, "
+          f"finish reasons {stops}")  # fmt: skip
     same = all(s.texts == runs[0].texts for s in runs[1:])
     print(f"same text under every setting: {'yes' if same else 'NO'}")
     return 0 if same else 1
