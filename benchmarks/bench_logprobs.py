@@ -14,10 +14,13 @@ Usage: python benchmarks/bench_logprobs.py [--items K] [--n-predict T] [--n-prob
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from batch_invariance.engines import ports
 from batch_invariance.engines.gguf import parse_info
@@ -34,9 +37,16 @@ class Setting:
     template: RequestTemplate
     wall_s: list[float] = field(default_factory=list)
     ms_per_token: list[float] = field(default_factory=list)
+    #: Server CPU seconds per request: less sensitive than wall time to a host shared with
+    #: other work (the wall time then measures the neighbours as much as the request).
+    cpu_s: list[float] = field(default_factory=list)
     texts: dict[str, str | None] = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)
     finish: list[str] = field(default_factory=list)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def settings(n_predict: int, n_probs: int) -> list[Setting]:
@@ -74,9 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         port_policy=ports.make_policy(None, []),
     )
     with launcher.launch("A", 1, opts.ctx) as server:
+        proc = psutil.Process(server.pid)
         for k, item in enumerate(items):
             for s in runs[k % len(runs) :] + runs[: k % len(runs)]:  # rotate who goes first
+                before = proc.cpu_times()
                 resp = run_serial(server.base_url, s.template, [item])[item.test_id]
+                after = proc.cpu_times()
+                s.cpu_s.append(after.user + after.system - before.user - before.system)
                 if resp.dispatch_ts is not None and resp.complete_ts is not None:
                     s.wall_s.append(resp.complete_ts - resp.dispatch_ts)
                 timings = resp.timings or {}
@@ -87,16 +101,15 @@ def main(argv: list[str] | None = None) -> int:
                 s.finish.append(resp.finish_reason or resp.failure_mode or "?")
     print(f"server: {server_bin}\nmodel: {model.name}; {len(items)} prompts x {opts.n_predict} "
           "tokens, serial, --parallel 1, settings interleaved per prompt")  # fmt: skip
-    print(f"{'logprobs':<20} {'median s/req':>12} {'mean s/req':>11} {'decode ms/tok':>14}")
+    print(f"{'logprobs':<20} {'median s/req':>12} {'min s/req':>10} {'decode ms/tok':>14} "
+          f"{'server cpu s/req':>17}")  # fmt: skip
     for s in runs:
-        med = statistics.median(s.wall_s) if s.wall_s else float("nan")
-        mean = statistics.fmean(s.wall_s) if s.wall_s else float("nan")
-        tok = statistics.median(s.ms_per_token) if s.ms_per_token else float("nan")
-        print(f"{s.name:<20} {med:12.3f} {mean:11.3f} {tok:14.2f}")
-    baseline = statistics.median(runs[0].wall_s) if runs[0].wall_s else float("nan")
+        print(f"{s.name:<20} {_median(s.wall_s):12.3f} {min(s.wall_s, default=math.nan):10.3f} "
+              f"{_median(s.ms_per_token):14.2f} {_median(s.cpu_s):17.3f}")  # fmt: skip
     for s in runs[1:]:
-        if s.wall_s:
-            print(f"{s.name}: {statistics.median(s.wall_s) / baseline:.3f}x the no-logprobs time")
+        wall = _median(s.wall_s) / _median(runs[0].wall_s)
+        cpu = _median(s.cpu_s) / _median(runs[0].cpu_s)
+        print(f"{s.name}: {wall:.3f}x the wall time, {cpu:.3f}x the server CPU of no logprobs")
     first = runs[0]
     stops = sorted(set(first.finish))
     print(f"answer tokens min/max {min(first.tokens, default=0)}/{max(first.tokens, default=0)}, "
