@@ -25,6 +25,8 @@ from batch_invariance.core.evidence import (
 from batch_invariance.core.verdict import Verdict, decide
 
 TS = "2025-01-02T03:04:05Z"
+#: Server-reported generated tokens of a factory trial: above the default length floor.
+ANSWER_TOKENS = 80
 DEFAULT_POLICY = GatePolicy()
 
 
@@ -47,8 +49,12 @@ def make_trial(
     top_margins: tuple[float | None, ...] | None = None,
     interval: tuple[float, float] | None = None,
     slot_id: int | None = None,
+    completion_tokens: int | None = ANSWER_TOKENS,
+    finish_reason: str | None = "stop",
+    cache_n: float | None = 0.0,
 ) -> Trial:
-    """A genuinely scored, passing trial unless told otherwise."""
+    """A genuinely scored, passing trial unless told otherwise: an answer of
+    :data:`ANSWER_TOKENS` server-reported tokens that stopped by itself, with ``cache_n`` 0."""
     text = answer_for(test_id) if completion is None else completion
     return Trial(
         test_id=test_id,
@@ -60,14 +66,15 @@ def make_trial(
         failure_mode=failure_mode,
         completion=text,
         content_sha256=hashlib.sha256(text.encode()).hexdigest(),
-        completion_tokens=len(text.split()),
-        finish_reason="stop",
+        completion_tokens=completion_tokens,
+        finish_reason=finish_reason,
         tokens=tokens,
         token_logprobs=token_logprobs,
         top_margins=top_margins,
         dispatch_ts=None if interval is None else interval[0],
         complete_ts=None if interval is None else interval[1],
         slot_id=slot_id,
+        timings={} if cache_n is None else {"cache_n": cache_n},
     )
 
 
@@ -119,8 +126,8 @@ def concurrent_pass(
     )
 
 
-def green_evidence(n_ids: int = 20, n_passes: int = 2, serial_repeat: bool = True) -> CellEvidence:
-    """Evidence that decides GREEN under :data:`DEFAULT_POLICY` (n_ids x n_passes >= 30)."""
+def green_evidence(n_ids: int = 32, n_passes: int = 2, serial_repeat: bool = True) -> CellEvidence:
+    """Evidence that decides GREEN under :data:`DEFAULT_POLICY` (>= 30 distinct prompts)."""
     test_ids = ids(n_ids)
     return CellEvidence(
         items=tuple(

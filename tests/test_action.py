@@ -547,7 +547,7 @@ def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> No
     from batch_invariance.cert.store import read_cert
     from batch_invariance.cli import main
 
-    assert main(["run-mock", "--out-dir", str(tmp_path), "--batch-divergence"]) == 0
+    assert main(["run-mock", "--out-dir", str(tmp_path), "--batch-divergence"]) == 1
     path = next(p for p in tmp_path.glob("*.json"))
     cert = read_cert(path)
     assert cert.status == "failed"

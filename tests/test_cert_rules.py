@@ -21,7 +21,8 @@ from factories import cert_for, green_evidence, live_provenance, server_argv, sp
 
 
 def _mock_cert(tmp_path: Path) -> Cert:
-    assert main(["run-mock", "--out-dir", str(tmp_path / "mock")]) == exitcodes.PROMOTABLE
+    # A mock GREEN exits 3 (never promotable), like any GREEN that is not promotable.
+    assert main(["run-mock", "--out-dir", str(tmp_path / "mock")]) == exitcodes.NOT_PROMOTABLE
     return read_cert(tmp_path / "mock" / "mock__ctx2048__N4.json")
 
 
@@ -159,7 +160,8 @@ def test_verify_cert_without_bundle_says_authenticity_was_not_checked(
         "matches its provenance\n"
         "reasons:\n"
         "  - AC clean and every gate met (F1 overlap, F2 floor, F3 coverage, transport, sample "
-        "size 40 >= 30)\n"
+        "size 64 >= 30, per-prompt bound 0.09375 <= 0.1 from 32 distinct prompts, median "
+        "answer 80 >= 64 tokens)\n"
         "  - AB clean, no token-only differences\n"
     )
 
@@ -181,8 +183,8 @@ def test_nan_infinity_and_overlong_integers_are_invalid_not_a_crash(
 ) -> None:
     path = write_cert(tmp_path, cert_for()[0]).path
     text = path.read_text()
-    assert '"rate_upper_bound_95": 0.075' in text
-    path.write_text(text.replace('"rate_upper_bound_95": 0.075', replacement))
+    assert '"rate_upper_bound_95": 0.09375' in text
+    path.write_text(text.replace('"rate_upper_bound_95": 0.09375', replacement))
     code, err = _verify(path, capsys)
     assert code == exitcodes.CERT_INVALID, (token, err)
     assert err.count("\n") == 1 and "Traceback" not in err and "unexpected error" not in err

@@ -112,7 +112,11 @@ def test_every_contract_field_is_present() -> None:
         "per_id_delta",
     }
     assert d["invariant_fields"] == list(INVARIANT_FIELDS)
-    assert d["sensitivity"]["n_hot_trials"] == 40
+    assert d["sensitivity"]["n_hot_trials"] == 64
+    assert d["sensitivity"]["n_distinct_prompts"] == 32
+    assert d["sensitivity"]["per_comparison_rate_upper_bound_95"] == 3 / 64
+    assert d["evidence"]["policy"]["min_answer_tokens"] == 64
+    assert d["evidence"]["policy"]["max_bound"] == 0.1
     assert set(d["gates"]) == {
         "F0",
         "F1",
@@ -122,6 +126,8 @@ def test_every_contract_field_is_present() -> None:
         "F5",
         "transport",
         "min_hot_trials",
+        "per_prompt_bound",
+        "answer_length",
         "serial_repeat",
         "prompt_cache",
     }
@@ -132,7 +138,10 @@ def test_promotion_scope_is_cell_only_with_moe_warning_and_rule_of_three() -> No
     scope = cert.promotion_scope
     assert scope.generalizes is False and scope.model == "tiny-model" and scope.ctx == 2048
     assert scope.dispatch_n == 4 and "mixture-of-experts" in scope.moe_warning
-    assert "rule of three" in scope.rule_of_three and "0.075" in scope.rule_of_three
+    assert "rule of three" in scope.rule_of_three and "0.09375" in scope.rule_of_three
+    assert "holds for answers up to 80 tokens" in scope.valid_for
+    assert (scope.answer_tokens_min, scope.answer_tokens_median) == (80, 80)
+    assert scope.answer_tokens_max == 80 and scope.share_cut_by_budget == 0.0
 
 
 def test_per_id_rows_carry_excerpts_and_shas() -> None:

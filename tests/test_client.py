@@ -193,6 +193,12 @@ def test_parse_completions_and_native_shapes() -> None:
     }
     r = parse_completion("x", native, chat=False)
     assert (r.text, r.slot_id, r.prompt_tokens, r.tokens) == ("5", 3, 9, ("5",))
+    # The native stop_type is recorded in the OpenAI words: "stop" or "length" (the budget).
+    assert (r.finish_reason, r.completion_tokens) == ("stop", 1)
+    cut = parse_completion("x", {**native, "stop_type": "limit"}, chat=False)
+    assert cut.finish_reason == "length"
+    odd = parse_completion("x", {**native, "stop_type": "tool"}, chat=False)
+    assert odd.finish_reason == "tool"
 
 
 def test_parse_legacy_logprobs_and_missing_values() -> None:

@@ -91,7 +91,7 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
     with resources.as_file(ref) as path:
         workset = load_workset(path)
-    plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4)
+    plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=128)
     run = run_cell(plan, MockLauncher(MockKnobs()), load_scorer(None))
     spec = CellSpec(model=MODEL, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
     return finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir).path

@@ -37,7 +37,10 @@ ITEMS = tuple(
     WorkItem(tid, None, (("user", prompt),), expected, family=tid[:2])
     for k, (tid, prompt, expected) in enumerate(QUESTIONS)
 )  # fmt: skip
-POLICY = GatePolicy()
+#: These cells test what the driver records, on 8 short answers: the per-prompt bound and the
+#: answer-length floor (tested in test_verdict.py and test_run_mock.py) are opened wide here.
+#: Such a policy is looser than the defaults, so a cert under it is never promotable.
+POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)
 
 
 def plan(**kw: object) -> CellPlan:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from batch_invariance.core import gates as g
+from batch_invariance.core import sample
 from batch_invariance.core.evidence import GatePolicy, PassRecord
 from factories import (
     changed,
@@ -106,7 +107,7 @@ def test_f1_fails_closed_with_no_passes() -> None:
 # ----------------------------------------------------------------- F2 floor
 
 
-def _with_failed(n_failed: int, total: int = 20) -> PassRecord:
+def _with_failed(n_failed: int, total: int = 32) -> PassRecord:
     p = concurrent_pass(ids(total), 0)
     trials = dict(p.trials)
     for t in ids(total)[:n_failed]:
@@ -116,13 +117,15 @@ def _with_failed(n_failed: int, total: int = 20) -> PassRecord:
 
 def test_f2_floor_met_at_exactly_80_percent() -> None:
     ev = green_evidence()
-    gate = g.completion_floor_gate(ev.a, [_with_failed(4)], POLICY)
+    a = {t: ev.a[t] for t in ids(20)}
+    gate = g.completion_floor_gate(a, [_with_failed(4, 20)], POLICY)
     assert gate.ok and gate.n_scored == 16 and gate.n_total == 20
 
 
 def test_f2_floor_not_met_below_80_percent() -> None:
     ev = green_evidence()
-    gate = g.completion_floor_gate(ev.a, [_with_failed(5)], POLICY)
+    a = {t: ev.a[t] for t in ids(20)}
+    gate = g.completion_floor_gate(a, [_with_failed(5, 20)], POLICY)
     assert not gate.ok and gate.observed == 0.75
 
 
@@ -144,7 +147,7 @@ def test_required_is_exact_and_at_least_two() -> None:
 
 def test_f3_met_when_all_ids_cobatched() -> None:
     gate = g.coverage_gate(green_evidence().c_passes, POLICY)
-    assert gate.ok and all(p.n_cobatched == 20 for p in gate.per_pass)
+    assert gate.ok and all(p.n_cobatched == 32 for p in gate.per_pass)
 
 
 def test_f3_fails_when_too_few_ids_overlap() -> None:
@@ -194,22 +197,60 @@ def test_transport_gate_met_and_not_met() -> None:
 def test_prompt_cache_gate_met_and_not_met() -> None:
     ev = green_evidence()
     gate = g.prompt_cache_gate(ev)
-    assert gate.ok and "every reported cache_n was 0" in gate.reason
+    assert gate.ok and "every trial reported cache_n 0" in gate.reason
     zero = replace_trial(ev, "B", "t002", replace(ev.b["t002"], timings={"cache_n": 0.0}))
     assert g.prompt_cache_gate(zero).ok
     reused = replace_trial(ev, "A", "t002", replace(ev.a["t002"], timings={"cache_n": 9.0}))
     bad = g.prompt_cache_gate(reused)
     assert not bad.ok and bad.counts == {"A": 1} and bad.ids == ("t002",)
+    silent = replace_trial(ev, "B", "t003", replace(ev.b["t003"], timings={}))
+    unreported = g.prompt_cache_gate(silent)
+    assert not unreported.ok and unreported.unreported == {"B": 1}
+    assert "did not report timings.cache_n" in unreported.reason
+    # A transport failure has no timings: the transport gate owns it, not this one.
+    lost = replace_trial(ev, "C", "t001", transport_failure("t001", "timeout", (100.0, 101.0)))
+    assert g.prompt_cache_gate(lost).ok
 
 
 def test_hot_trials_need_ok_in_both_and_cobatched() -> None:
     ev = green_evidence(n_ids=10, n_passes=2)
-    assert len(g.hot_trials(ev.a, ev.c_passes, 0.005)) == 20
+    assert len(sample.hot_trials(ev.a, ev.c_passes, 0.005)) == 20
     ev2 = replace_trial(ev, "A", "t000", changed(ev.a["t000"], failure_mode="empty"))
-    assert len(g.hot_trials(ev2.a, ev2.c_passes, 0.005)) == 18
+    assert len(sample.hot_trials(ev2.a, ev2.c_passes, 0.005)) == 18
 
 
 def test_sample_gate_met_and_not_met() -> None:
-    assert g.sample_gate(30, POLICY).ok
-    assert not g.sample_gate(29, POLICY).ok
-    assert not g.sample_gate(0, GatePolicy(min_hot_trials=0)).ok
+    assert sample.sample_gate(30, POLICY).ok
+    assert not sample.sample_gate(29, POLICY).ok
+    assert not sample.sample_gate(0, GatePolicy(min_hot_trials=0)).ok
+
+
+# ----------------------------------------------------------------- per-prompt bound, length
+
+
+def test_bound_gate_is_exact_at_the_limit_and_fails_closed_without_a_bound() -> None:
+    assert sample.bound_gate(30, 3 / 30, POLICY).ok
+    assert not sample.bound_gate(29, 3 / 29, POLICY).ok
+    gate = sample.bound_gate(0, None, POLICY)
+    assert not gate.ok and "bound none" in gate.reason and ">= 30 distinct prompts" in gate.reason
+
+
+def test_length_gate_uses_lower_median_and_counts_budget_cuts() -> None:
+    ev = green_evidence(n_ids=4, n_passes=1)
+    p = ev.c_passes[0]
+    lengths = {"t000": 10, "t001": 70, "t002": 90, "t003": 100}
+    a = {k: changed(t, completion_tokens=lengths[k]) for k, t in ev.a.items()}
+    trials = dict(p.trials)
+    trials["t003"] = changed(trials["t003"], finish_reason="length")
+    hot = tuple((0, k) for k in sorted(lengths))
+    gate = sample.length_gate(a, [replace(p, trials=trials)], hot, POLICY)
+    # C answered 80 tokens each: the shorter side counts (10, 70, 80, 80), lower median 70.
+    assert (gate.answer_tokens_min, gate.answer_tokens_median, gate.answer_tokens_max) == (
+        10,
+        70,
+        80,
+    )
+    assert gate.ok and gate.share_cut_by_budget == 0.25
+    assert not sample.length_gate(a, [p], hot, GatePolicy(min_answer_tokens=71)).ok
+    empty = sample.length_gate(a, [p], (), POLICY)
+    assert not empty.ok and empty.answer_tokens_median is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,18 @@ def test_a_scorer_that_raises_gives_scorer_error() -> None:
 def test_a_function_with_a_wrong_return_shape_gives_scorer_error() -> None:
     scorer = FunctionScorer(lambda text, expected, *, item: 1.0, "f")  # type: ignore[arg-type,return-value]
     assert evaluate(scorer, ITEM, Completion("42")).failure_mode == SCORER_ERROR
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_score_is_a_scorer_error_never_a_value(value: float) -> None:
+    from batch_invariance.core.scoring import Completion, ExactMatchScorer, Score, evaluate
+    from batch_invariance.core.workitem import WorkItem
+
+    class Odd(ExactMatchScorer):
+        def score(self, extracted: str | None, expected: str | None, item: WorkItem) -> Score:
+            return Score(value=value, passed=True)
+
+    item = WorkItem("x", "p", None, "a")
+    result = evaluate(Odd(), item, Completion(text="a"))
+    assert result.failure_mode == "scorer_error" and result.score is None
+    assert result.error is not None and "non-finite score" in result.error

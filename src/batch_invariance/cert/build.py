@@ -189,7 +189,7 @@ def build_cert(
         cobatch_coverage=g.coverage,
         transport=g.transport,
         serial_repeat=g.serial_repeat,
-        gates=gates_block(verdict, spec, source),
+        gates=gates_block(verdict, spec, source, policy),
         sensitivity=verdict.sensitivity,
         promotion_scope=promotion_scope(spec, verdict),
         provenance=_json_safe(provenance),

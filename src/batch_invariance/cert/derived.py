@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from batch_invariance.cert.schema import GATE_ABC_UNION, GateOutcome, PromotionScope
 from batch_invariance.core.diff import PairReport
-from batch_invariance.core.evidence import CellSpec
+from batch_invariance.core.evidence import CellSpec, GatePolicy, policy_problems
 from batch_invariance.core.verdict import Verdict
 
 
@@ -19,12 +19,27 @@ def _rule_of_three_text(verdict: Verdict) -> str:
             f"rate {s.observed_rate or 0.0:.4g}, exact 95% interval [{s.ci95_low or 0.0:.4g}, "
             f"{s.ci95_high or 0.0:.4g}]"
         )
-    if s.rate_upper_bound_95 is None:
+    if s.rate_upper_bound_95 is None or s.per_comparison_rate_upper_bound_95 is None:
         return "no co-batched comparison was scored: no bound on the divergence rate"
     return (
-        f"0 divergences in {s.n_hot_trials} co-batched comparisons: by the rule of three the "
-        f"per-comparison divergence rate is below {s.rate_upper_bound_95:.4g} (about 95% "
-        "confidence); rarer effects can still exist"
+        f"0 divergences over {s.n_distinct_prompts} distinct co-batched prompts: by the rule "
+        f"of three the per-prompt divergence rate is below {s.rate_upper_bound_95:.4g} (about "
+        f"95% confidence); per id x pass comparison ({s.n_hot_trials}, repetitions not "
+        f"independent) below {s.per_comparison_rate_upper_bound_95:.4g}; rarer effects can "
+        "still exist"
+    )
+
+
+def _valid_for(spec: CellSpec, verdict: Verdict) -> str:
+    longest = verdict.gates.length.answer_tokens_max
+    length = (
+        f"; holds for answers up to {longest} tokens"
+        if longest is not None
+        else "; answer length unknown, so it holds for no answer length"
+    )
+    return (
+        f"only model {spec.model} at ctx {spec.ctx} with --parallel {spec.dispatch_n} "
+        f"(KV {spec.kv_label}) on this server build and host{length}"
     )
 
 
@@ -52,16 +67,23 @@ def _f4(ac: PairReport) -> GateOutcome:
     return GateOutcome(True, f"F4 armed (eps {drift.eps:g}): no drift beyond eps")
 
 
-def gates_block(verdict: Verdict, spec: CellSpec, source: str) -> dict[str, GateOutcome]:
+def gates_block(
+    verdict: Verdict, spec: CellSpec, source: str, policy: GatePolicy
+) -> dict[str, GateOutcome]:
     """The cert's ``gates`` summary: every gate's outcome and reason, F0 to F5."""
     g = verdict.gates
     ac = verdict.reports.ac
-    promotable = verdict.status == "green" and source == "live" and spec.gate == GATE_ABC_UNION
+    loose = policy_problems(policy)
+    promotable = (
+        verdict.status == "green" and source == "live" and spec.gate == GATE_ABC_UNION and not loose
+    )
     f5_reason = (
-        "F5 promotable: status green, source live, gate abc_union; valid for this cell only"
+        "F5 promotable: status green, source live, gate abc_union, default-or-stricter "
+        "policy; valid for this cell only"
         if promotable
         else f"F5 not promotable: needs status green (is {verdict.status}), source live "
-        f"(is {source}) and gate {GATE_ABC_UNION} (is {spec.gate})"
+        f"(is {source}), gate {GATE_ABC_UNION} (is {spec.gate}) and a policy no looser "
+        f"than the defaults ({'; '.join(loose) if loose else 'it is'})"
     )
     f0_reason = (
         f"F0 exact match: AC clean on {ac.n_compared} id(s) over every pass"
@@ -77,6 +99,8 @@ def gates_block(verdict: Verdict, spec: CellSpec, source: str) -> dict[str, Gate
         "F5": GateOutcome(promotable, f5_reason),
         "transport": GateOutcome(g.transport.ok, g.transport.reason),
         "min_hot_trials": GateOutcome(g.sample.ok, g.sample.reason),
+        "per_prompt_bound": GateOutcome(g.bound.ok, g.bound.reason),
+        "answer_length": GateOutcome(g.length.ok, g.length.reason),
         "serial_repeat": GateOutcome(g.serial_repeat.ok, g.serial_repeat.reason),
         "prompt_cache": GateOutcome(g.prompt_cache.ok, g.prompt_cache.reason),
     }
@@ -89,12 +113,13 @@ def promotion_scope(spec: CellSpec, verdict: Verdict) -> PromotionScope:
         ctx=spec.ctx,
         dispatch_n=spec.dispatch_n,
         kv_label=spec.kv_label,
-        valid_for=(
-            f"only model {spec.model} at ctx {spec.ctx} with --parallel {spec.dispatch_n} "
-            f"(KV {spec.kv_label}) on this server build and host"
-        ),
+        valid_for=_valid_for(spec, verdict),
         generalizes=False,
         is_moe=spec.is_moe,
         moe_warning=_moe_warning(spec.is_moe),
         rule_of_three=_rule_of_three_text(verdict),
+        answer_tokens_min=verdict.gates.length.answer_tokens_min,
+        answer_tokens_median=verdict.gates.length.answer_tokens_median,
+        answer_tokens_max=verdict.gates.length.answer_tokens_max,
+        share_cut_by_budget=verdict.gates.length.share_cut_by_budget,
     )

@@ -31,7 +31,7 @@ from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, Tr
 from batch_invariance.core.verdict import Reports, Sensitivity, SerialRepeatGate, Status
 
 #: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
-CERT_VERSION: Final = 1
+CERT_VERSION: Final = 2
 GATE_ABC_UNION = "abc_union"
 Source = Literal["live", "mock", "attached"]
 SOURCES: tuple[str, ...] = ("live", "mock", "attached")
@@ -151,6 +151,12 @@ class PromotionScope:
     is_moe: bool | None
     moe_warning: str
     rule_of_three: str
+    #: Generated tokens over the hot comparisons (each the shorter of A and C), lower median.
+    answer_tokens_min: int | None
+    answer_tokens_median: int | None
+    answer_tokens_max: int | None
+    #: Share of hot comparisons where the token budget cut A or C.
+    share_cut_by_budget: float | None
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,7 @@ class Cert:
 
     __pydantic_config__ = _CONFIG
 
-    cert_version: Annotated[Literal[1], _of_json_type(int)]
+    cert_version: Annotated[Literal[2], _of_json_type(int)]
     tool_version: str
     model: str
     ctx: int

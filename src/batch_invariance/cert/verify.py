@@ -27,7 +27,7 @@ from batch_invariance.cert.schema import (
     cert_to_json,
     display_verdict,
 )
-from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.core.evidence import policy_problems
 from batch_invariance.errors import CertInvalid
 
 #: What the digest is for, said wherever a cert is reported valid.
@@ -61,17 +61,6 @@ class Verification:
             raise CertInvalid(self.problems[0] + tail)
 
 
-def policy_looseness(policy: GatePolicy) -> tuple[str, ...]:
-    """Why a recorded policy is looser than the defaults (empty = acceptable)."""
-    default = GatePolicy()
-    found: list[str] = []
-    for name in ("min_hot_trials", "completion_floor", "coverage_fraction", "overlap_margin_s"):
-        got, want = getattr(policy, name), getattr(default, name)
-        if got < want:
-            found.append(f"policy {name} {got} is looser than the default {want}")
-    return tuple(found)
-
-
 def _promotability(cert: Cert) -> tuple[bool, tuple[str, ...]]:
     unmet: list[str] = []
     if cert.status != "green":
@@ -80,7 +69,7 @@ def _promotability(cert: Cert) -> tuple[bool, tuple[str, ...]]:
         unmet.append(f"source is {cert.source}: only a live run can be promoted")
     if cert.gate != GATE_ABC_UNION:
         unmet.append(f"gate is {cert.gate}, not {GATE_ABC_UNION}")
-    unmet.extend(policy_looseness(cert.evidence.policy))
+    unmet.extend(policy_problems(cert.evidence.policy))
     if unmet:
         return False, tuple(unmet)
     return True, ("status green, source live, gate abc_union, policy no looser than defaults",)

@@ -11,6 +11,7 @@ from typing import Any
 from batch_invariance import exitcodes
 from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.render import live_banner
+from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
 from batch_invariance.engines import memory
 from batch_invariance.run.dry_run import dry_run, usable_cpus
 from batch_invariance.run.live import (
@@ -25,6 +26,33 @@ from batch_invariance.run.live import (
     prepare,
 )
 from batch_invariance.run.live_profile import ProfileRequest
+
+
+def add_policy_options(p: argparse.ArgumentParser) -> None:
+    """The gate-policy options of run-live, demo and run-mock. Stricter than the defaults is
+    always allowed; looser is accepted but the cert is never promotable."""
+    p.add_argument(
+        "--min-hot-trials",
+        type=int,
+        default=DEFAULT_MIN_HOT_TRIALS,
+        help=f"GREEN needs this many co-batched comparisons (default {DEFAULT_MIN_HOT_TRIALS}; "
+        "lower is never promotable)",
+    )
+    p.add_argument(
+        "--min-answer-tokens",
+        type=int,
+        default=DEFAULT_MIN_ANSWER_TOKENS,
+        help="GREEN needs a median generated length of at least this many tokens (default "
+        f"{DEFAULT_MIN_ANSWER_TOKENS}; lower is never promotable)",
+    )
+    p.add_argument(
+        "--max-bound",
+        type=float,
+        default=DEFAULT_MAX_BOUND,
+        help="GREEN needs the 95%% upper bound on the per-prompt divergence rate at or below "
+        f"this (default {DEFAULT_MAX_BOUND:g}, i.e. >= 30 distinct prompts; higher is never "
+        "promotable)",
+    )
 
 
 def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> None:
@@ -62,9 +90,7 @@ def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> N
         default=DEFAULT_LOGIT_EPS,
         help=f"F4 drift threshold with --n-probs (default {DEFAULT_LOGIT_EPS})",
     )
-    p.add_argument(
-        "--min-hot-trials", type=int, default=DEFAULT_MIN_HOT_TRIALS, help="GREEN needs this many"
-    )
+    add_policy_options(p)
     p.add_argument("--max-footprint-gb", type=float, default=None, help="memory cap (GiB)")
     p.add_argument("--req-timeout", type=float, default=DEFAULT_REQ_TIMEOUT, help="seconds")
     p.add_argument(
@@ -109,6 +135,8 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "n_probs": args.n_probs,
         "logit_eps": args.logit_eps,
         "min_hot_trials": args.min_hot_trials,
+        "min_answer_tokens": args.min_answer_tokens,
+        "max_bound": args.max_bound,
         "serial_repeat": not args.no_serial_repeat,
         "req_timeout": args.req_timeout,
         "ready_timeout": args.ready_timeout,

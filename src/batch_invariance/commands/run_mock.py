@@ -16,6 +16,8 @@ from typing import Any
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.render import mock_prediction, mock_report
+from batch_invariance.commands.cell_options import add_policy_options
+from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.run.mock_cell import MOCK_MODEL, MockRequest, run_mock_cell
 from batch_invariance.run.progress import Progress
 
@@ -30,7 +32,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "Runs the full A/B/C gate against an in-process mock llama-server on loopback and "
             "writes a cert with source=mock. Default: a batch-invariant mock (expect GREEN). "
             "--batch-divergence: co-batched requests change their answers (expect RED). "
-            "Exit 0 when the verdict is the one the mode predicts."
+            "Exit codes as everywhere: 1 RED, 3 any other verdict (a mock cert is never "
+            "promotable, so never 0)."
         ),
     )
     d = _DEFAULTS
@@ -50,6 +53,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--reps", type=int, default=d.reps, help="repeat each row R times")
     p.add_argument("--n-predict", type=int, default=d.n_predict, help="token budget per request")
     p.add_argument("--seed", type=int, default=d.seed, help="dispatch-order and request seed")
+    add_policy_options(p)
     p.set_defaults(func=handle)
 
 
@@ -63,6 +67,11 @@ def handle(args: argparse.Namespace) -> int:
         reps=args.reps,
         n_predict=args.n_predict,
         seed=args.seed,
+        policy=GatePolicy(
+            min_hot_trials=args.min_hot_trials,
+            min_answer_tokens=args.min_answer_tokens,
+            max_bound=args.max_bound,
+        ),
         workset=args.workset,
         scorer=args.scorer,
     )
@@ -74,8 +83,6 @@ def handle(args: argparse.Namespace) -> int:
                     divergence_mode=divergence)
     )  # fmt: skip
     as_predicted, line = mock_prediction(cert.status, divergence)
-    if as_predicted:
-        print(line)
-        return exitcodes.PROMOTABLE
-    print(line, file=sys.stderr)
+    print(line, file=sys.stdout if as_predicted else sys.stderr)
+    # The README's exit codes, like every command: RED 1, anything else 3 (never promotable).
     return exitcodes.for_status(cert.status, promotable=False)

@@ -33,6 +33,10 @@ TRANSPORT_MODES: frozenset[str] = frozenset(
 #: Failure mode recorded when a user scorer raises on a trial.
 SCORER_ERROR = "scorer_error"
 
+#: ``finish_reason`` values: the model stopped by itself, or the token budget cut it.
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
 #: Arm names used in evidence and reports.
 ARM_A = "A"
 ARM_A_REPEAT = "A_repeat"
@@ -58,7 +62,10 @@ class Trial:
     # --- diagnostics ---
     completion: str | None = None
     content_sha256: str | None = None
+    #: Generated-token count as the server reported it (``usage.completion_tokens`` or
+    #: ``tokens_predicted``); ``None`` when it reported none. Also read as ``generated_tokens``.
     completion_tokens: int | None = None
+    #: Why generation ended: "stop", "length" (cut by the token budget) or another word.
     finish_reason: str | None = None
     #: Generated tokens as the server reported them (ids or pieces), when available.
     tokens: tuple[str, ...] | None = None
@@ -76,6 +83,16 @@ class Trial:
     def invariant(self) -> tuple[Any, ...]:
         """The invariant fields as a tuple, in :data:`INVARIANT_FIELDS` order."""
         return tuple(getattr(self, name) for name in INVARIANT_FIELDS)
+
+    @property
+    def generated_tokens(self) -> int | None:
+        """The server-reported generated-token count (the ``completion_tokens`` field)."""
+        return self.completion_tokens
+
+    @property
+    def cut_by_budget(self) -> bool:
+        """True when the token budget ended the answer (``finish_reason == "length"``)."""
+        return self.finish_reason == FINISH_LENGTH
 
     @property
     def is_ok(self) -> bool:
@@ -132,17 +149,70 @@ class CellEvidence:
     c_passes: tuple[PassRecord, ...]
 
 
+#: The gate policy defaults. A recorded policy looser than these is never promotable
+#: (:func:`policy_problems`); stricter is always allowed.
+DEFAULT_MIN_HOT_TRIALS = 30
+DEFAULT_COMPLETION_FLOOR = 0.80
+DEFAULT_COVERAGE_FRACTION = 0.80
+DEFAULT_OVERLAP_MARGIN_S = 0.005
+#: A GREEN needs the median generated length of the hot comparisons at or above this.
+DEFAULT_MIN_ANSWER_TOKENS = 64
+#: A GREEN needs the 95% upper bound on the per-prompt divergence rate at or below this
+#: (rule of three: 30 or more distinct prompts, none diverging).
+DEFAULT_MAX_BOUND = 0.10
+
+
 @dataclass(frozen=True)
 class GatePolicy:
     """Thresholds of the anti-vacuity gates. Recorded in every cert."""
 
-    min_hot_trials: int = 30
-    completion_floor: float = 0.80
-    coverage_fraction: float = 0.80
+    min_hot_trials: int = DEFAULT_MIN_HOT_TRIALS
+    completion_floor: float = DEFAULT_COMPLETION_FLOOR
+    coverage_fraction: float = DEFAULT_COVERAGE_FRACTION
     #: Two request intervals only count as co-batched when they overlap by at least this.
-    overlap_margin_s: float = 0.005
+    overlap_margin_s: float = DEFAULT_OVERLAP_MARGIN_S
     #: F4: per-token logprob drift threshold; ``None`` leaves F4 disarmed.
     logit_eps: float | None = None
+    min_answer_tokens: int = DEFAULT_MIN_ANSWER_TOKENS
+    max_bound: float = DEFAULT_MAX_BOUND
+
+
+def policy_usage_problems(policy: GatePolicy) -> tuple[str, ...]:
+    """What makes ``policy`` unusable at all, named by its CLI option (empty = usable)."""
+    problems: list[str] = []
+    if policy.min_hot_trials < 1:
+        problems.append(f"--min-hot-trials must be at least 1 (got {policy.min_hot_trials})")
+    if policy.min_answer_tokens < 1:
+        problems.append(f"--min-answer-tokens must be at least 1 (got {policy.min_answer_tokens})")
+    if not 0.0 < policy.max_bound <= 1.0:
+        problems.append(f"--max-bound must be a rate in (0, 1] (got {policy.max_bound:g})")
+    return tuple(problems)
+
+
+def policy_problems(policy: GatePolicy) -> tuple[str, ...]:
+    """Why ``policy`` is looser than the defaults, one line each; empty when it is not.
+
+    The one promotability rule for a recorded policy: a cert judged under any looser
+    threshold may still show its verdict, but it is never promotable.
+    """
+    problems: list[str] = []
+
+    def looser(name: str, value: float, default: float, lower_is_looser: bool) -> None:
+        if value != value:  # NaN compares false with everything: never acceptable
+            problems.append(f"policy {name} is not a number")
+        elif value < default if lower_is_looser else value > default:
+            side = "lower" if lower_is_looser else "higher"
+            problems.append(
+                f"policy {name} {value} is looser than the default {default} ({side} is looser)"
+            )
+
+    looser("min_hot_trials", policy.min_hot_trials, DEFAULT_MIN_HOT_TRIALS, True)
+    looser("completion_floor", policy.completion_floor, DEFAULT_COMPLETION_FLOOR, True)
+    looser("coverage_fraction", policy.coverage_fraction, DEFAULT_COVERAGE_FRACTION, True)
+    looser("overlap_margin_s", policy.overlap_margin_s, DEFAULT_OVERLAP_MARGIN_S, True)
+    looser("min_answer_tokens", policy.min_answer_tokens, DEFAULT_MIN_ANSWER_TOKENS, True)
+    looser("max_bound", policy.max_bound, DEFAULT_MAX_BOUND, False)
+    return tuple(problems)
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,17 @@ counts as "not met", never as "met".
   ``max(2, ceil(coverage_fraction x ids))`` ids overlap another request of the pass by at
   least ``overlap_margin_s``; any trial without an interval fails the pass.
 * transport - no transport failure in any arm.
-* sample size - at least ``min_hot_trials`` id x pass comparisons genuinely scored in both A
-  and the pass, and co-batched in that pass.
+* prompt cache - every answered trial reported ``cache_n == 0`` (unreported fails).
+
+How much a clean result covers (sample size, per-prompt bound, answer length) is in
+:mod:`batch_invariance.core.sample`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from batch_invariance.core.evidence import (
@@ -40,7 +42,7 @@ from batch_invariance.core.evidence import (
 REQUIRED_DEPTH = 2
 
 
-def _fraction(value: float) -> Fraction:
+def exact_fraction(value: float) -> Fraction:
     """An exact fraction for a policy threshold (0.8 is 4/5, not 0.8000000000000000444)."""
     return Fraction(repr(float(value)))
 
@@ -216,7 +218,7 @@ def completion_floor_gate(
     if total == 0:
         return FloorGate(False, required, None, 0, 0, "F2 completion floor not met: no trials")
     observed = scored / total
-    ok = Fraction(scored, total) >= _fraction(required)
+    ok = Fraction(scored, total) >= exact_fraction(required)
     verb = "met" if ok else "not met"
     return FloorGate(
         ok,
@@ -253,7 +255,7 @@ class CoverageGate:
 
 def required_cobatched(n_ids: int, fraction: float) -> int:
     """``max(2, ceil(fraction x n_ids))``, computed exactly."""
-    return max(REQUIRED_DEPTH, math.ceil(_fraction(fraction) * n_ids))
+    return max(REQUIRED_DEPTH, math.ceil(exact_fraction(fraction) * n_ids))
 
 
 def cobatched_by_pass(passes: Sequence[PassRecord], margin: float) -> dict[int, frozenset[str]]:
@@ -352,7 +354,7 @@ def transport_gate(evidence: CellEvidence) -> TransportGate:
                 modes.add(t.failure_mode)
     if not counts:
         return TransportGate(True, {}, (), "transport: no transport failures in any arm")
-    where = ", ".join(f"{k}: {v}" for k, v in counts.items())
+    where = _per_arm(counts)
     return TransportGate(
         False,
         counts,
@@ -372,72 +374,47 @@ class PromptCacheGate:
     counts: Mapping[str, int]
     ids: tuple[str, ...]
     reason: str
+    #: Answered trials per arm label whose server reported no ``cache_n`` at all.
+    unreported: Mapping[str, int] = field(default_factory=dict)
+
+
+def _per_arm(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in counts.items())
 
 
 def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
-    """Every request must have evaluated its whole prompt (``cache_n == 0`` wherever the
-    server reports it). A reused KV prefix means the arms did not compute the same thing, so
-    agreement proves less: GREEN is impossible. Trials whose server reports no ``cache_n``
-    pass (nothing to check)."""
+    """Every answered request must have evaluated its whole prompt: the server reported
+    ``cache_n == 0``. A reused KV prefix means the arms did not compute the same thing, and a
+    server that does not report ``cache_n`` leaves that unproven; either makes GREEN
+    impossible. Transport failures are left to the transport gate."""
     counts: dict[str, int] = {}
+    unreported: dict[str, int] = {}
     ids: set[str] = set()
     for label, trials in _arms(evidence):
         for test_id, t in trials.items():
+            if t.is_transport_failure:
+                continue
             cached = t.timings.get("cache_n")
-            if cached is not None and cached > 0:
+            if cached is None:
+                unreported[label] = unreported.get(label, 0) + 1
+                ids.add(test_id)
+            elif cached != 0:
                 counts[label] = counts.get(label, 0) + 1
                 ids.add(test_id)
-    if not counts:
+    if not counts and not unreported:
         return PromptCacheGate(
-            True, {}, (), "prompt cache: every reported cache_n was 0 (whole prompts evaluated)"
+            True, {}, (), "prompt cache: every trial reported cache_n 0 (whole prompts evaluated)"
         )
-    where = ", ".join(f"{k}: {v}" for k, v in counts.items())
-    return PromptCacheGate(
-        False,
-        counts,
-        tuple(sorted(ids)),
-        f"prompt cache: the server reused cached prompt tokens (cache_n > 0) in {where} "
-        "despite cache_prompt=false, so the arms did not compute the same thing; GREEN is "
-        "impossible",
-    )
-
-
-# --------------------------------------------------------------------------- sample size
-
-
-@dataclass(frozen=True)
-class SampleGate:
-    ok: bool
-    n_hot_trials: int
-    min_hot_trials: int
-    reason: str
-
-
-def hot_trials(
-    a: Mapping[str, Trial],
-    passes: Sequence[PassRecord],
-    margin: float,
-    cobatched: Mapping[int, frozenset[str]] | None = None,
-) -> tuple[tuple[int, str], ...]:
-    """(pass, id) comparisons scored ``ok`` in A and in the pass and co-batched in it."""
-    co_sets = cobatched if cobatched is not None else cobatched_by_pass(passes, margin)
-    hot: list[tuple[int, str]] = []
-    for p in passes:
-        for test_id in co_sets[p.index]:
-            at, ct = a.get(test_id), p.trials.get(test_id)
-            if at is not None and ct is not None and at.is_ok and ct.is_ok:
-                hot.append((p.index, test_id))
-    return tuple(sorted(hot))
-
-
-def sample_gate(n_hot: int, policy: GatePolicy) -> SampleGate:
-    """At least ``min_hot_trials`` hot comparisons."""
-    ok = n_hot >= policy.min_hot_trials and n_hot > 0
-    verb = "met" if ok else "not met"
-    return SampleGate(
-        ok,
-        n_hot,
-        policy.min_hot_trials,
-        f"sample size {verb}: {n_hot} co-batched id x pass comparisons scored in both A and C "
-        f"(need >= {policy.min_hot_trials})",
-    )
+    if counts:
+        reason = (
+            f"prompt cache: the server reused cached prompt tokens (cache_n > 0) in "
+            f"{_per_arm(counts)} despite cache_prompt=false, so the arms did not compute the "
+            "same thing; GREEN is impossible"
+        )
+    else:
+        reason = (
+            f"prompt cache: the server did not report timings.cache_n for "
+            f"{_per_arm(unreported)} trial(s), so a reused prompt cache cannot be ruled out; "
+            "GREEN is impossible"
+        )
+    return PromptCacheGate(False, counts, tuple(sorted(ids)), reason, unreported)

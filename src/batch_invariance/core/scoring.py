@@ -11,6 +11,7 @@ A scorer that raises on one trial never loses the id: :func:`evaluate` records
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,19 +134,29 @@ class FunctionScorer(Scorer):
         )
 
 
+def _finite(result: ScoreResult) -> ScoreResult:
+    """A score must be a finite number: NaN or infinity cannot be compared or recorded."""
+    if result.score is not None and not math.isfinite(result.score):
+        raise ValueError(f"scorer returned a non-finite score ({result.score!r})")
+    return result
+
+
 def evaluate(scorer: Scorer, item: WorkItem, completion: Completion) -> ScoreResult:
-    """Run the scorer on one completion; an exception becomes ``scorer_error``, never a crash."""
+    """Run the scorer on one completion; an exception, or a score that is NaN or infinite,
+    becomes ``scorer_error``, never a crash and never a value the cert cannot hold."""
     try:
         if isinstance(scorer, FunctionScorer):
-            return scorer.evaluate_text(completion, item)
+            return _finite(scorer.evaluate_text(completion, item))
         extracted = scorer.extract_answer(completion.text, item)
         mode = scorer.classify_failure_mode(completion, item, extracted)
         result = scorer.score(extracted, item.expected_answer, item)
-        return ScoreResult(
-            score=None if result.value is None else float(result.value),
-            passed=result.passed,
-            extracted_answer=extracted,
-            failure_mode=str(mode),
+        return _finite(
+            ScoreResult(
+                score=None if result.value is None else float(result.value),
+                passed=result.passed,
+                extracted_answer=extracted,
+                failure_mode=str(mode),
+            )
         )
     except Exception as exc:  # a user scorer may raise anything; the id must not be lost
         return ScoreResult(

@@ -7,8 +7,10 @@
    ``slot_allocation(+co_batching)`` when AB diverges too; prefixed ``run_to_run(+...)`` when
    the serial repeat A' already differed from A.
 2. Any anti-vacuity gate not met (F1 overlap, F2 floor, F3 coverage, transport, sample size,
-   serial repeat, prompt cache) -> ``green_unverified`` (UNVERIFIED).
-3. AB divergent -> ``green_with_caveat`` (AMBER), anomaly ``AC_agree_B_disagrees``.
+   per-prompt bound, answer length, serial repeat, prompt cache) -> ``green_unverified``
+   (UNVERIFIED).
+3. AB divergent, or AB token-only differences -> ``green_with_caveat`` (AMBER), anomaly
+   ``AC_agree_B_disagrees``.
 4. AC token-only differences, or armed F4 logit drift -> ``green_with_caveat``.
 5. Otherwise ``green``.
 
@@ -22,9 +24,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from batch_invariance.core import gates as g
+from batch_invariance.core import sample as sg
 from batch_invariance.core import stats
 from batch_invariance.core.diff import PairReport, compare, diff_pair
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
+from batch_invariance.core.workitem import row_id
 
 Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
 STATUSES: tuple[str, ...] = ("failed", "green_unverified", "green_with_caveat", "green")
@@ -54,17 +58,23 @@ class Sensitivity:
     """How much a clean result can say, and what was seen.
 
     ``n_hot_trials`` counts id x pass comparisons scored ``ok`` in A and in the pass and
-    co-batched in it. ``n_ac_divergent`` counts the AC id x pass comparisons that diverged in
-    an invariant field, out of ``n_scored_comparisons``: the comparisons actually judged (id
-    present on both sides, no transport failure on either).
+    co-batched in it; ``n_distinct_prompts`` the work-set rows (ids without their ``#rK``
+    repetition suffix) with at least one of them. ``n_ac_divergent`` counts the AC id x pass
+    comparisons that diverged (an invariant field, or the id missing on one side), out of
+    ``n_scored_comparisons``: the comparisons judged (no transport failure on either side).
     """
 
     n_hot_trials: int
     n_scored_comparisons: int
     n_ac_divergent: int
     n_ac_divergent_ids: int
-    #: ``3 / n_hot_trials`` when no AC divergence was seen (rule of three), else ``None``.
+    n_distinct_prompts: int
+    #: The headline: ``3 / n_distinct_prompts`` (rule of three, at most 1) when no AC
+    #: divergence was seen, else ``None``. Distinct prompts are the independent samples.
     rate_upper_bound_95: float | None
+    #: ``3 / n_hot_trials`` (at most 1) when no AC divergence was seen: per id x pass
+    #: comparison, which repetitions of one prompt inflate. Shown beside, never gated on.
+    per_comparison_rate_upper_bound_95: float | None
     #: ``n_ac_divergent / n_scored_comparisons`` when divergences were seen, else ``None``.
     observed_rate: float | None
     ci95_low: float | None
@@ -79,7 +89,9 @@ class Gates:
     floor: g.FloorGate
     coverage: g.CoverageGate
     transport: g.TransportGate
-    sample: g.SampleGate
+    sample: sg.SampleGate
+    bound: sg.BoundGate
+    length: sg.LengthGate
     serial_repeat: SerialRepeatGate
     prompt_cache: g.PromptCacheGate
 
@@ -93,6 +105,8 @@ class Gates:
                 self.coverage,
                 self.transport,
                 self.sample,
+                self.bound,
+                self.length,
                 self.serial_repeat,
                 self.prompt_cache,
             )
@@ -141,11 +155,31 @@ def build_reports(evidence: CellEvidence, policy: GatePolicy) -> Reports:
     )
 
 
-def serial_repeat_gate(aa: PairReport | None) -> SerialRepeatGate:
-    """Not run is fine (the control was skipped on purpose); any A vs A' difference is not."""
+def _both_present(report: PairReport) -> int:
+    """Ids the report compared with a trial on both sides (a missing id repeats nothing)."""
+    return report.n_compared - len(set(report.only_x) | set(report.only_y))
+
+
+def serial_repeat_gate(aa: PairReport | None, ab: PairReport) -> SerialRepeatGate:
+    """A GREEN needs a serial repeat that agrees with A: A' (same server) or, when A' was not
+    run, arm B (serial, on the other server). Any A vs A' difference makes GREEN impossible;
+    so does having neither repeat. (A B that disagrees with A is row 3, AMBER.)"""
     if aa is None:
-        return SerialRepeatGate(False, True, 0, 0, (), "serial repeat A' not run")
+        if _both_present(ab) == 0:
+            return SerialRepeatGate(
+                False, False, 0, 0, (),
+                "serial repeat not met: neither A' nor B compared any id with A, so nothing "
+                "shows that A reproduces itself when serial",
+            )  # fmt: skip
+        return SerialRepeatGate(
+            False, True, 0, 0, (),
+            f"serial repeat A' not run; arm B (serial) is the repeat ({_both_present(ab)} id(s))",
+        )  # fmt: skip
     ids = tuple(sorted(set(aa.divergent_ids) | set(aa.token_divergence_ids)))
+    if _both_present(aa) == 0:
+        return SerialRepeatGate(
+            True, False, 0, 0, (), "serial repeat not met: A' compared no id with A"
+        )
     if not ids:
         return SerialRepeatGate(
             True, True, 0, 0, (), "serial repeat: A' reproduced A exactly (run-to-run clean)"
@@ -162,33 +196,50 @@ def serial_repeat_gate(aa: PairReport | None) -> SerialRepeatGate:
     )
 
 
-def sensitivity(n_hot: int, ac: PairReport) -> Sensitivity:
-    """Counts, the rule-of-three bound, and the exact interval when divergences were seen."""
-    # Judged AC comparisons are the per-pass compared ones less those where an id was
-    # missing on one side (a divergence, but not a scored comparison).
-    missing = sum(1 for r in ac.per_id if r.kind == "missing" and r.pass_index is not None)
-    scored = sum(p.n_compared for p in ac.per_pass) - missing
-    divergent = sum(p.n_divergent for p in ac.per_pass) - missing
+def _bound(n: int) -> float | None:
+    """The rule-of-three bound as a probability: ``min(1, 3 / n)``; ``None`` when ``n == 0``."""
+    bound = stats.rule_of_three(n)
+    return None if bound is None else min(1.0, bound)
+
+
+def sensitivity(hot: tuple[tuple[int, str], ...], ac: PairReport) -> Sensitivity:
+    """Counts, the rule-of-three bounds, and the exact interval when divergences were seen.
+
+    A missing id is a judged, divergent comparison: it counts in both numbers."""
+    scored = sum(p.n_compared for p in ac.per_pass)
+    divergent = sum(p.n_divergent for p in ac.per_pass)
+    n_hot = len(hot)
+    n_distinct = len({row_id(test_id) for _, test_id in hot})
     if divergent == 0:
         return Sensitivity(
-            n_hot, scored, 0, ac.n_divergent, stats.rule_of_three(n_hot), None, None, None
-        )
+            n_hot, scored, 0, ac.n_divergent, n_distinct, _bound(n_distinct), _bound(n_hot),
+            None, None, None,
+        )  # fmt: skip
     ci = stats.clopper_pearson(divergent, scored)
     return Sensitivity(
-        n_hot, scored, divergent, ac.n_divergent, None, divergent / scored, ci.low, ci.high
-    )
+        n_hot, scored, divergent, ac.n_divergent, n_distinct, None, None,
+        divergent / scored, ci.low, ci.high,
+    )  # fmt: skip
 
 
 def _ac_summary(ac: PairReport) -> str:
     first = ac.per_id[0] if ac.per_id else None
     where = ""
-    if first is not None:
+    if first is not None and first.kind == "missing":
+        side = "C" if first.x == "present" else "A"
+        where = f"; first: {first.test_id} missing from {side}"
+        if first.pass_index is not None:
+            where += f" in pass {first.pass_index}"
+    elif first is not None:
         where = f"; first: {first.test_id} field {first.field}"
         if first.pass_index is not None:
             where += f" in pass {first.pass_index}"
+    missing = sorted(set(ac.only_x) | set(ac.only_y))
+    gone = f"; missing on one side: {', '.join(missing[:5])}" if missing else ""
+    more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
     return (
         f"AC: {ac.n_divergent} of {ac.n_compared} ids diverged from A in an invariant field "
-        f"on at least one C pass{where}"
+        f"or by being missing, on at least one C pass{where}{gone}{more}"
     )
 
 
@@ -198,17 +249,19 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     reports = build_reports(evidence, policy)
     margin = policy.overlap_margin_s
     co_sets = g.cobatched_by_pass(evidence.c_passes, margin)
-    hot = g.hot_trials(evidence.a, evidence.c_passes, margin, co_sets)
+    hot = sg.hot_trials(evidence.a, evidence.c_passes, margin, co_sets)
+    sens = sensitivity(hot, reports.ac)
     gates = Gates(
         overlap=g.overlap_gate(evidence.c_passes),
         floor=g.completion_floor_gate(evidence.a, evidence.c_passes, policy),
         coverage=g.coverage_gate(evidence.c_passes, policy, co_sets),
         transport=g.transport_gate(evidence),
-        sample=g.sample_gate(len(hot), policy),
-        serial_repeat=serial_repeat_gate(reports.aa),
+        sample=sg.sample_gate(len(hot), policy),
+        bound=sg.bound_gate(sens.n_distinct_prompts, sens.rate_upper_bound_95, policy),
+        length=sg.length_gate(evidence.a, evidence.c_passes, hot, policy),
+        serial_repeat=serial_repeat_gate(reports.aa, reports.ab),
         prompt_cache=g.prompt_cache_gate(evidence),
     )
-    sens = sensitivity(len(hot), reports.ac)
     run_to_run = not gates.serial_repeat.ok
     ac, ab = reports.ac, reports.ab
 
@@ -247,23 +300,29 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         unverified_cls: str | None = CLASS_RUN_TO_RUN if run_to_run else None
         return verdict("green_unverified", unverified_cls, None, [head, *unmet])
 
+    length = gates.length
     met = (
         "AC clean and every gate met (F1 overlap, F2 floor, F3 coverage, transport, "
-        f"sample size {sens.n_hot_trials} >= {policy.min_hot_trials})"
+        f"sample size {sens.n_hot_trials} >= {policy.min_hot_trials}, per-prompt bound "
+        f"{sens.rate_upper_bound_95:.4g} <= {policy.max_bound:g} from "
+        f"{sens.n_distinct_prompts} distinct prompts, median answer "
+        f"{length.answer_tokens_median} >= {policy.min_answer_tokens} tokens)"
     )
 
-    # 3. AMBER: the serial control on the parallel server disagrees.
-    if not ab.clean:
-        return verdict(
-            "green_with_caveat",
-            None,
-            ANOMALY_B,
-            [
-                met,
+    # 3. AMBER: the serial control on the parallel server disagrees (in an invariant field
+    # or, like row 4 for AC, only in its tokens).
+    if not ab.clean or ab.n_token_only:
+        if not ab.clean:
+            b_reason = (
                 f"AB diverged on {ab.n_divergent} id(s) while AC agreed: "
-                "the parallel server disagrees with A even when serial",
-            ],
-        )
+                "the parallel server disagrees with A even when serial"
+            )
+        else:
+            b_reason = (
+                f"AB token-only differences on {ab.n_token_only} id(s) while AC agreed: "
+                "the parallel server's content differs from A even when serial"
+            )
+        return verdict("green_with_caveat", None, ANOMALY_B, [met, b_reason])
 
     # 4. AMBER: content moved but no invariant field did (or armed logit drift).
     drift = ac.logit_drift

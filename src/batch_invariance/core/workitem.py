@@ -6,6 +6,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Repetitions of one work-set row get ids ``{row id}{REP_SEPARATOR}{k}``.
+REP_SEPARATOR = "#r"
+
+
+def rep_id(row: str, k: int) -> str:
+    """The test id of repetition ``k`` of work-set row ``row``."""
+    return f"{row}{REP_SEPARATOR}{k}"
+
+
+def row_id(test_id: str) -> str:
+    """The work-set row a test id repeats (the id without its ``#rK`` suffix).
+
+    Repetitions of one prompt are not independent samples: the per-prompt bound counts rows.
+    An id that only looks like a repetition is folded too, which can only under-count rows.
+    """
+    head, sep, tail = test_id.rpartition(REP_SEPARATOR)
+    return head if sep and head and tail.isdigit() else test_id
+
 
 @dataclass(frozen=True)
 class WorkItem:

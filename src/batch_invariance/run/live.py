@@ -16,7 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.evidence import (
+    DEFAULT_MAX_BOUND,
+    DEFAULT_MIN_ANSWER_TOKENS,
+    CellSpec,
+    GatePolicy,
+    policy_usage_problems,
+)
 from batch_invariance.core.plan import CellPlan, Endpoint, number_problems
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines import memory, ports
@@ -81,6 +87,8 @@ class LiveRequest:
     n_probs: int | None = None
     logit_eps: float = DEFAULT_LOGIT_EPS
     min_hot_trials: int = DEFAULT_MIN_HOT_TRIALS
+    min_answer_tokens: int = DEFAULT_MIN_ANSWER_TOKENS
+    max_bound: float = DEFAULT_MAX_BOUND
     serial_repeat: bool = True
     req_timeout: float = DEFAULT_REQ_TIMEOUT
     ready_timeout: float = DEFAULT_READY_TIMEOUT
@@ -116,7 +124,7 @@ class LiveRequest:
         )
 
     def check_numbers(self) -> None:
-        problems = self.number_problems()
+        problems = self.number_problems() + policy_usage_problems(self.policy())
         if problems:
             raise UsageError(problems[0])
 
@@ -125,6 +133,8 @@ class LiveRequest:
         return GatePolicy(
             min_hot_trials=self.min_hot_trials,
             logit_eps=self.logit_eps if self.n_probs is not None else None,
+            min_answer_tokens=self.min_answer_tokens,
+            max_bound=self.max_bound,
         )
 
 

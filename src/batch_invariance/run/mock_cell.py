@@ -9,11 +9,11 @@ verdict is really computed; the cert says ``source: mock`` and is never promotab
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from batch_invariance import __version__
-from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.evidence import CellSpec, GatePolicy, policy_usage_problems
 from batch_invariance.core.plan import CellPlan, number_problems
 from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
@@ -29,8 +29,8 @@ MOCK_MODEL = "mock"
 
 @dataclass(frozen=True)
 class MockRequest:
-    """A mock cell. Defaults are sized so the default run has >= 30 hot trials (16 ids x 4
-    passes) in a few seconds."""
+    """A mock cell. Defaults are sized so the default run earns GREEN (40 distinct prompts,
+    notes of about 80 tokens, 4 passes) in a few seconds."""
 
     out_dir: Path
     batch_divergence: bool = False
@@ -38,10 +38,12 @@ class MockRequest:
     parallel: int = 4
     gate_passes: int = 4
     reps: int = 1
-    n_predict: int = 32
+    #: Long enough for the mock's notes (about 66-89 tokens): the length floor needs 64.
+    n_predict: int = 128
     seed: int = 0
     workset: Path | None = None
     scorer: str | None = None
+    policy: GatePolicy = field(default_factory=GatePolicy)
 
 
 def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) -> FinishedCell:
@@ -55,6 +57,7 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
             "n_predict": request.n_predict,
         }
     )
+    problems += policy_usage_problems(request.policy)
     if problems:
         raise UsageError(problems[0])
     workset = load_workset(request.workset or bundled_workset_path("mock"))
@@ -84,4 +87,4 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
         "workset": {"source": workset.source, "sha256": workset.sha256, "n_rows": len(items)},
         "scorer_id": run.scorer_id,
     }
-    return finish_cell(run, spec, GatePolicy(), provenance, out_dir)
+    return finish_cell(run, spec, request.policy, provenance, out_dir)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import requests
 
 from batch_invariance.core.chat_template import sends_chat
+from batch_invariance.core.evidence import FINISH_LENGTH, FINISH_STOP
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import InfraError
 
@@ -252,6 +253,18 @@ def _complete(values: Sequence[float | None]) -> tuple[float, ...] | None:
     return tuple(v for v in values if v is not None)
 
 
+#: llama-server's native ``stop_type`` in the OpenAI ``finish_reason`` words.
+_STOP_TYPES: Mapping[str, str] = {"eos": FINISH_STOP, "word": FINISH_STOP, "limit": FINISH_LENGTH}
+
+
+def finish_reason_from(value: Any) -> str | None:
+    """``"stop"``, ``"length"`` (cut by the token budget) or the server's own word."""
+    if value is None:
+        return None
+    word = str(value)
+    return _STOP_TYPES.get(word, word)
+
+
 def parse_completion(test_id: str, payload: Any, *, chat: bool) -> RawResponse:
     """Turn a decoded 200 response into a :class:`RawResponse`.
 
@@ -314,7 +327,7 @@ def parse_completion(test_id: str, payload: Any, *, chat: bool) -> RawResponse:
         test_id=test_id,
         failure_mode=None,
         text=text,
-        finish_reason=str(finish) if finish is not None else None,
+        finish_reason=finish_reason_from(finish),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         timings=timings,

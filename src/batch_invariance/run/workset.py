@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.workitem import WorkItem, rep_id
 from batch_invariance.errors import UsageError
 
 
@@ -152,7 +152,7 @@ def expand_reps(items: Sequence[WorkItem], reps: int) -> tuple[WorkItem, ...]:
         raise UsageError(f"--reps must be at least 1 (got {reps})")
     if reps == 1:
         return tuple(items)
-    return tuple(item.with_id(f"{item.test_id}#r{k}") for item in items for k in range(reps))
+    return tuple(item.with_id(rep_id(item.test_id, k)) for item in items for k in range(reps))
 
 
 #: The work-sets shipped in the package (``data/worksets/<name>.json``).

@@ -31,7 +31,7 @@ class MockKnobs:
     #: ``/health`` answers 503 (and other endpoints refuse) for this long after start.
     loading_delay_s: float = 0.0
     #: Simulated time per generated token and per prompt token.
-    token_delay_s: float = 0.012
+    token_delay_s: float = 0.0005
     prompt_token_delay_s: float = 0.001
     #: Serve ``/metrics`` (as ``llama-server --metrics``) and ``/slots``.
     metrics: bool = True

@@ -68,9 +68,26 @@ def answer_for(prompt: str) -> str:
     m = re.search(r"how many letters (?:are )?in (?:the word )?([A-Za-z]+)", text, re.IGNORECASE)
     if m:
         return str(len(m.group(1)))
-    digest = hashlib.sha256(text.encode()).digest()
-    words = [_FILLER[b % len(_FILLER)] for b in digest[: 4 + digest[-1] % 4]]
-    return " ".join(words).capitalize() + "."
+    return note_for(text)
+
+
+#: Open questions get a note of this many words or more (a few more by hash): long enough for
+#: the answer-length floor of a GREEN (64 tokens), so a late divergence has room to show.
+NOTE_MIN_WORDS = 66
+NOTE_EXTRA_WORDS = 24
+
+
+def note_for(text: str) -> str:
+    """A deterministic note of filler words for an open prompt, one token per word and no
+    final punctuation (so a first-line scorer and exact match read the same answer). Chat
+    markup is ignored: the same question gets the same note through either endpoint."""
+    question = re.sub(r"<start_of_turn>\w*\n|<end_of_turn>\n?", "", text).strip()
+    stream = hashlib.sha256(question.encode()).digest()
+    while len(stream) < 1 + NOTE_MIN_WORDS + NOTE_EXTRA_WORDS:
+        stream += hashlib.sha256(stream).digest()
+    n_words = NOTE_MIN_WORDS + stream[0] % NOTE_EXTRA_WORDS
+    words = [_FILLER[b % len(_FILLER)] for b in stream[1 : 1 + n_words]]
+    return " ".join(words).capitalize()
 
 
 def diverged_answer(answer: str) -> str:

@@ -1,0 +1,166 @@
+"""What a clean comparison covers (pure): enough independent prompts, long enough answers.
+
+* sample size - at least ``min_hot_trials`` id x pass comparisons genuinely scored in both A
+  and the pass, and co-batched in that pass (the "hot" comparisons).
+* per-prompt bound - the 95% upper bound on the divergence rate over DISTINCT prompts
+  (work-set rows; repetitions of one prompt are not independent) at most ``max_bound``.
+* answer length - the median server-reported generated length of the hot comparisons at
+  least ``min_answer_tokens``; an unknown length fails. A GREEN holds only for the answer
+  length it was measured at.
+
+Each gate returns a frozen record with ``ok`` and a one-line ``reason``, like
+:mod:`batch_invariance.core.gates`, and fails closed on missing evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from batch_invariance.core.evidence import GatePolicy, PassRecord, Trial
+from batch_invariance.core.gates import cobatched_by_pass, exact_fraction
+
+# --------------------------------------------------------------------------- sample size
+
+
+@dataclass(frozen=True)
+class SampleGate:
+    ok: bool
+    n_hot_trials: int
+    min_hot_trials: int
+    reason: str
+
+
+def hot_trials(
+    a: Mapping[str, Trial],
+    passes: Sequence[PassRecord],
+    margin: float,
+    cobatched: Mapping[int, frozenset[str]] | None = None,
+) -> tuple[tuple[int, str], ...]:
+    """(pass, id) comparisons scored ``ok`` in A and in the pass and co-batched in it."""
+    co_sets = cobatched if cobatched is not None else cobatched_by_pass(passes, margin)
+    hot: list[tuple[int, str]] = []
+    for p in passes:
+        for test_id in co_sets[p.index]:
+            at, ct = a.get(test_id), p.trials.get(test_id)
+            if at is not None and ct is not None and at.is_ok and ct.is_ok:
+                hot.append((p.index, test_id))
+    return tuple(sorted(hot))
+
+
+def sample_gate(n_hot: int, policy: GatePolicy) -> SampleGate:
+    """At least ``min_hot_trials`` hot comparisons."""
+    ok = n_hot >= policy.min_hot_trials and n_hot > 0
+    verb = "met" if ok else "not met"
+    return SampleGate(
+        ok,
+        n_hot,
+        policy.min_hot_trials,
+        f"sample size {verb}: {n_hot} co-batched id x pass comparisons scored in both A and C "
+        f"(need >= {policy.min_hot_trials})",
+    )
+
+
+# --------------------------------------------------------------------------- answer length
+
+
+@dataclass(frozen=True)
+class LengthGate:
+    """How long the compared answers were: a GREEN holds only for the length measured.
+
+    Each hot comparison counts the shorter of its two server-reported generated-token counts
+    (A and the C pass): beyond that, nothing was compared.
+    """
+
+    ok: bool
+    min_answer_tokens: int
+    n_measured: int
+    #: Hot comparisons where A or C reported no generated-token count.
+    n_unknown: int
+    answer_tokens_min: int | None
+    #: The lower median (an integer, never rounded up).
+    answer_tokens_median: int | None
+    answer_tokens_max: int | None
+    #: Share of hot comparisons where the token budget cut A or C (finish_reason "length").
+    share_cut_by_budget: float | None
+    reason: str
+
+
+def length_gate(
+    a: Mapping[str, Trial],
+    passes: Sequence[PassRecord],
+    hot: Sequence[tuple[int, str]],
+    policy: GatePolicy,
+) -> LengthGate:
+    """The median generated length of the hot comparisons must reach ``min_answer_tokens``;
+    an unknown length (the server reported no count) fails closed."""
+    by_index = {p.index: p.trials for p in passes}
+    lengths: list[int] = []
+    unknown = cut = 0
+    for index, test_id in hot:
+        at, ct = a[test_id], by_index[index][test_id]
+        if at.cut_by_budget or ct.cut_by_budget:
+            cut += 1
+        if at.generated_tokens is None or ct.generated_tokens is None:
+            unknown += 1
+        else:
+            lengths.append(min(at.generated_tokens, ct.generated_tokens))
+    floor = policy.min_answer_tokens
+    share = cut / len(hot) if hot else None
+    if not lengths:
+        return LengthGate(
+            False, floor, 0, unknown, None, None, None, share,
+            f"answer length not met: no hot comparison has a server-reported generated-token "
+            f"count, so the length measured is unknown (need a median >= {floor} tokens)",
+        )  # fmt: skip
+    lengths.sort()
+    low, median, high = lengths[0], lengths[(len(lengths) - 1) // 2], lengths[-1]
+    cut_text = f"{share:.0%} cut by the token budget" if share is not None else ""
+    if unknown:
+        return LengthGate(
+            False, floor, len(lengths), unknown, low, median, high, share,
+            f"answer length not met: {unknown} hot comparison(s) have no server-reported "
+            "generated-token count, so the length measured is unknown",
+        )  # fmt: skip
+    ok = median >= floor
+    verb = "met" if ok else "not met"
+    return LengthGate(
+        ok, floor, len(lengths), 0, low, median, high, share,
+        f"answer length {verb}: median {median} generated tokens over {len(lengths)} hot "
+        f"comparisons (min {low}, max {high}, {cut_text}; need a median >= {floor})",
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- per-prompt bound
+
+
+@dataclass(frozen=True)
+class BoundGate:
+    """The 95% upper bound on the per-prompt divergence rate must be small enough."""
+
+    ok: bool
+    n_distinct_prompts: int
+    bound: float | None
+    max_bound: float
+    reason: str
+
+
+def bound_gate(n_distinct: int, bound: float | None, policy: GatePolicy) -> BoundGate:
+    """``bound`` (over distinct prompts) at or below ``max_bound``; no bound fails."""
+    limit = policy.max_bound
+    ok = bound is not None and exact_fraction(bound) <= exact_fraction(limit)
+    verb = "met" if ok else "not met"
+    shown = "none" if bound is None else f"{bound:.4g}"
+    needed = math.ceil(Fraction(3) / exact_fraction(limit)) if limit > 0 else "infinitely many"
+    return BoundGate(
+        ok,
+        n_distinct,
+        bound,
+        limit,
+        f"per-prompt bound {verb}: 95% upper bound {shown} on the divergence rate from "
+        f"{n_distinct} distinct co-batched prompt(s) (need <= {limit:g}, i.e. >= "
+        f"{needed} distinct prompts, "
+        "none diverging; repetitions of a prompt are not independent)",
+    )
