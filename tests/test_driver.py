@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -189,7 +190,7 @@ def test_armed_f4_keeps_its_logprobs_in_a_and_c() -> None:
     assert ev.a["fr"].token_logprobs is not None and ev.a["fr"].top_margins is not None
     assert all(p.trials["fr"].token_logprobs is not None for p in ev.c_passes)
     assert ev.b["fr"].token_logprobs is None
-    armed = decide(ev, GatePolicy(logit_eps=0.5))
+    armed = decide(ev, replace(POLICY, logit_eps=0.5))
     assert armed.reports.ac.logit_drift.armed and armed.status == "green"
 
 
