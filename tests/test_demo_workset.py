@@ -3,12 +3,15 @@ enough distinct prompts for a GREEN to be possible, answers long enough for the 
 
 from __future__ import annotations
 
+import math
+
 from batch_invariance.commands.demo import DEMO_DEFAULTS, DEMO_WORKSET
+from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
 from batch_invariance.run.workset import bundled_workset_path, load_workset
 
-#: The distinct-prompt rule a GREEN needs (issue 12) and the answer-length floor.
-MIN_DISTINCT_PROMPTS = 30
-MIN_ANSWER_TOKENS = 64
+#: The distinct prompts a GREEN needs: the rule-of-three bound 3/n must reach the max bound.
+MIN_DISTINCT_PROMPTS = math.ceil(3 / DEFAULT_MAX_BOUND)
+MIN_ANSWER_TOKENS = DEFAULT_MIN_ANSWER_TOKENS
 
 
 def test_demo_runs_completion_openings_on_the_completions_endpoint() -> None:
