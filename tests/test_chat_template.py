@@ -41,6 +41,17 @@ def test_a_model_without_a_template_warns_and_names_both_fixes() -> None:
     assert _judge(server_template=LLAMA_CPP_CHATML_FALLBACK).source == "server_fallback"
 
 
+#: ``GET /props`` (trimmed to ``chat_template``) from the real llama-server 11434.0.0 serving
+#: Gemma 3 270M, a model without a template of its own, as it came over the wire.
+REAL_PROPS = Path(__file__).parent / "golden" / "real_props_gemma3_270m.json"
+
+
+def test_the_fallback_text_is_what_the_real_server_reports() -> None:
+    props = json.loads(REAL_PROPS.read_text(encoding="utf-8"))
+    assert props["chat_template"] == LLAMA_CPP_CHATML_FALLBACK
+    assert _judge(server_template=props["chat_template"]).warning == FALLBACK_WARNING
+
+
 def test_no_warning_when_the_template_is_known_or_not_used() -> None:
     assert _judge(model_read=True, model_template="{{ x }}") == ChatTemplateCheck("model", None)
     assert _judge(server_template="{{ own }}").source == "model"

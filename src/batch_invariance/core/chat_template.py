@@ -20,13 +20,15 @@ from batch_invariance.core.workitem import WorkItem
 
 ChatTemplateSource = Literal["model", "server_flag", "server_fallback", "unknown", "not_used"]
 
-#: llama.cpp's built-in fallback, as ``/props`` reports it when the model has no template.
+#: llama.cpp's built-in fallback, byte for byte as the real ``/props`` reports it when the
+#: model has no template (checked against llama-server 11434.0.0; the newlines inside the
+#: Jinja string literals are real newline characters, not ``\n`` escapes).
 LLAMA_CPP_CHATML_FALLBACK = (
     "{%- for message in messages -%}\n"
-    "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
     "{%- endfor -%}\n"
     "{%- if add_generation_prompt -%}\n"
-    "  {{- '<|im_start|>assistant\\n' -}}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
     "{%- endif -%}"
 )
 
