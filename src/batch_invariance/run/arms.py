@@ -29,7 +29,7 @@ from batch_invariance.core.scoring import Scorer
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.records import ArmStats, ServerRecord
-from batch_invariance.run.transport import RawResponse, RequestTemplate
+from batch_invariance.run.transport import RawResponse, RequestTemplate, server_chat_template
 from batch_invariance.run.trials import Notes, trials_for
 
 
@@ -136,6 +136,8 @@ class Reference:
     repeat_server: ServerRecord | None = None
     #: Why A' ran or did not (recorded in the cert's ``provenance.schedule``).
     repeat_reason: str | None = None
+    #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
+    chat_template: str | None = None
 
     @property
     def launches(self) -> int:
@@ -179,10 +181,11 @@ def run_reference(
     notes = Notes()
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
+        chat_template = server_chat_template(server_a.base_url)
         resp, stats = _serial_arm(ARM_A, server_a, request_template(plan), plan, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
     trials = trials_for(resp, plan.items, scorer, plan.n_predict, notes, ARM_A)
-    return Reference(resp, trials, stats, record, tuple(notes.items))
+    return Reference(resp, trials, stats, record, tuple(notes.items), chat_template=chat_template)
 
 
 def run_repeat(
@@ -192,7 +195,9 @@ def run_repeat(
     :func:`~batch_invariance.core.schedule.serial_repeat_decision` for when)."""
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
-        resp, stats = _serial_arm(ARM_A_REPEAT, server_a, request_template(plan), plan, sink)
+        # B and A' never read logprobs (LOGPROB_ARMS): they are asked for none.
+        control = request_template(plan).without_logprobs()
+        resp, stats = _serial_arm(ARM_A_REPEAT, server_a, control, plan, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
     return replace(ref, repeat=resp, repeat_stats=stats, repeat_server=record, repeat_reason=reason)
 
@@ -214,7 +219,7 @@ def run_parallel(
     proof: RedProof | None = None
     with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
         started = time.monotonic()
-        b_resp, b_stats = _serial_arm(ARM_B, server_bc, template, plan, sink)
+        b_resp, b_stats = _serial_arm(ARM_B, server_bc, template.without_logprobs(), plan, sink)
         stats.append(b_stats)
         for index in range(plan.gate_passes):
             sink.arm(ARM_C, index, plan.gate_passes)

@@ -94,6 +94,7 @@ def assemble(
         source=source,
         notes=tuple(notes.items),
         schedule=schedule_record(plan, ref, parallel, shared_reference),
+        server_chat_template=ref.chat_template,
     )
 
 

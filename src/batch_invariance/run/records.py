@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.core.evidence import ARM_A, ARM_A_REPEAT, ARM_B, ARM_C, CellEvidence
 from batch_invariance.core.plan import CellPlan
 
@@ -83,6 +84,8 @@ class CellRun:
     notes: tuple[str, ...] = ()
     #: Which arms ran and why, and whether the passes were cut short (``provenance.schedule``).
     schedule: Mapping[str, Any] | None = None
+    #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
+    server_chat_template: str | None = None
 
     @property
     def kv_label(self) -> str:
@@ -135,4 +138,10 @@ class CellRun:
             },
             "notes": list(self.notes[:200]),
             "schedule": None if self.schedule is None else dict(self.schedule),
+            # From the server's own report; a live run refines it from the model file.
+            "chat_template": judge_chat_template(
+                uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
+                server_argv=[a for s in self.servers for a in s.argv],
+                server_template=self.server_chat_template,
+            ).to_record(),
         }
