@@ -106,7 +106,7 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     assert t.tokens == ("Paris",) and t.token_logprobs is not None and t.has_interval
     # Logprobs only where they are read: A and C carry them, the serial controls do not.
     assert all(p.trials["fr"].tokens is not None for p in ev.c_passes)
-    assert ev.b["fr"].tokens is None and ev.a_repeat["fr"].tokens is None
+    assert ev.b["fr"].tokens is None  # (A' did not run: B reproduced A)
     assert [s.role for s in run.servers] == ["A", "BC"]
     assert "--parallel" in run.servers[1].argv and run.kv_label.startswith("mock:")
     assert run.request_template["cache_prompt"] is False
@@ -175,6 +175,8 @@ def test_stochastic_divergence_breaks_the_serial_repeat() -> None:
     assert [s.role for s in run.servers] == ["A", "BC", "A"]
     assert run.schedule is not None and run.schedule["arms_run"] == ["A", "A_repeat", "B", "C"]
     assert str(run.schedule["serial_repeat"]).startswith("A' ran: B differed from A")
+    assert run.evidence.a_repeat is not None
+    assert all(t.tokens is None for t in run.evidence.a_repeat.values())  # no logprobs asked
 
 
 def test_server_gone_mid_run_is_recorded_not_raised() -> None:
