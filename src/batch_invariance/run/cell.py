@@ -33,7 +33,8 @@ from batch_invariance.errors import UsageError
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import ArmStats, CellRun, ServerRecord
-from batch_invariance.run.transport import RawResponse, RequestTemplate
+from batch_invariance.run.response import RawResponse
+from batch_invariance.run.transport import RequestTemplate
 from batch_invariance.run.trials import Notes, trials_for
 
 if TYPE_CHECKING:
