@@ -71,12 +71,11 @@ def check_signature(cert: Path, policy: BundlePolicy | None) -> Signature:
     if policy is None:
         return Signature("present", f"{bundle.name}; pass --cert-identity to check it")
     # Imported here so that sigstore is only loaded when a signature is checked.
-    from batch_invariance.cert.signing import verify_bundle
+    from batch_invariance.cert.signing import SignerPolicy, TrustRoot, verify_bundle
 
+    signer = SignerPolicy(policy.identity, policy.issuer, policy.repository)
     try:
-        verify_bundle(
-            cert, bundle, policy.identity, policy.issuer, policy.repository, policy.offline
-        )
+        verify_bundle(cert, bundle, signer, TrustRoot(offline=policy.offline))
     except CertInvalid as exc:
         return Signature("failed", str(exc))
     except BatchInvarianceError as exc:  # trust root unavailable: no answer either way
