@@ -22,6 +22,7 @@ import pytest
 from batch_invariance import exitcodes
 from batch_invariance.cert.signing import (
     GITHUB_ACTIONS_ISSUER,
+    BundlePolicy,
     SignerPolicy,
     TrustRoot,
     verify_bundle,
@@ -30,7 +31,7 @@ from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.check_deploy import signing_policy
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.deploy.cells import load_deploy_cells
-from batch_invariance.deploy.gate import BundleVerifier, SigningPolicy, check_cells
+from batch_invariance.deploy.gate import BundleVerifier, check_cells
 from batch_invariance.errors import CertInvalid, UsageError
 
 MODEL = "gemma-3-270m-q4_k_m"
@@ -383,9 +384,9 @@ TAG_OR_SHA = (
 )
 
 
-def _policy_from(*flags: str) -> SigningPolicy | None:
+def _policy_from(*flags: str) -> BundlePolicy | None:
     args = build_parser().parse_args(["check-deploy", "deploy.sh", "--certs", ".", *flags])
-    policy: SigningPolicy | None = signing_policy(args)
+    policy: BundlePolicy | None = signing_policy(args)
     return policy
 
 

@@ -93,6 +93,14 @@ class TrustRoot:
     offline: bool = False
 
 
+@dataclass(frozen=True)
+class BundlePolicy:
+    """A signature requirement: who must have signed, checked against which trust root."""
+
+    signer: SignerPolicy
+    trust: TrustRoot
+
+
 def bundle_path_for(artifact: Path) -> Path:
     """Where the bundle of ``artifact`` lives: ``<artifact>.sigstore.json`` beside it."""
     return artifact.with_name(artifact.name + BUNDLE_SUFFIX)

@@ -87,8 +87,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def signing_policy(args: argparse.Namespace) -> Any:
     """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned."""
-    from batch_invariance.cert.signing import SignerPolicy, TrustRoot, policy_for
-    from batch_invariance.deploy.gate import SigningPolicy
+    from batch_invariance.cert.signing import BundlePolicy, SignerPolicy, TrustRoot, policy_for
     from batch_invariance.profiles.models import load_toml
 
     identity, issuer, repository = args.cert_identity, args.cert_oidc_issuer, args.repository
@@ -128,7 +127,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
         identity_is_regexp=bool(pattern),
     )
     policy_for(signer)  # a bad regexp is a usage error now, not only once a cert is checked
-    return SigningPolicy(signer, TrustRoot(offline=args.offline))
+    return BundlePolicy(signer, TrustRoot(offline=args.offline))
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from batch_invariance.cert.signing import SignerPolicy, TrustRoot, bundle_path_for, verify_bundle
+from batch_invariance.cert.signing import (
+    BundlePolicy,
+    SignerPolicy,
+    TrustRoot,
+    bundle_path_for,
+    verify_bundle,
+)
 from batch_invariance.cert.verify import verify_text
 from batch_invariance.core.llama_flags import (
     FlagError,
@@ -40,14 +46,6 @@ from batch_invariance.deploy.identity import ModelIdentity, identify_model, mode
 from batch_invariance.errors import CertInvalid, UsageError
 
 CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown", "unsigned"]
-
-
-@dataclass(frozen=True)
-class SigningPolicy:
-    """Who must have signed every covering cert's bundle, and against which trust root."""
-
-    signer: SignerPolicy
-    trust: TrustRoot
 
 
 class BundleVerifier(Protocol):
@@ -225,7 +223,7 @@ def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
 
 
 def _signature_problem(
-    cert: CertFile, policy: SigningPolicy, verify: BundleVerifier
+    cert: CertFile, policy: BundlePolicy, verify: BundleVerifier
 ) -> tuple[CheckKind, str] | None:
     bundle = bundle_path_for(cert.path)
     if not bundle.is_file():
@@ -241,7 +239,7 @@ def check_cell(
     cell: DeployCell,
     index: CertIndex,
     model: ModelIdentity,
-    signing: SigningPolicy | None,
+    signing: BundlePolicy | None,
     verify: BundleVerifier = verify_bundle,
 ) -> CellCheck:
     """Decide one cell: a cert must have measured it, and every such cert must pass."""
@@ -286,7 +284,7 @@ def check_cells(
     config: Path,
     cells: Sequence[DeployCell],
     certs_dir: Path,
-    signing: SigningPolicy | None,
+    signing: BundlePolicy | None,
     verify: BundleVerifier = verify_bundle,
 ) -> DeployReport:
     """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``.
