@@ -25,6 +25,14 @@ def get_json(session: requests.Session, url: str, timeout_s: float = 2.0) -> Any
         return None
 
 
+def server_chat_template(base_url: str) -> str | None:
+    """The chat template the server applies (``/props`` ``chat_template``); ``None`` unknown."""
+    with requests.Session() as session:
+        props = get_json(session, base_url.rstrip("/") + "/props")
+    template = props.get("chat_template") if isinstance(props, dict) else None
+    return template if isinstance(template, str) else None
+
+
 def get_text(session: requests.Session, url: str, timeout_s: float = 2.0) -> str | None:
     """GET ``url`` as text; ``None`` on any failure or non-200 status."""
     try:

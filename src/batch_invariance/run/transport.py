@@ -2,8 +2,13 @@
 
 :class:`RequestTemplate` turns a :class:`~batch_invariance.run.workset.WorkItem` into a request
 body that is byte-identical for the same test id in every arm (temperature 0, a fixed per-id
-seed, ``cache_prompt: false``, the same token budget, logprobs on so the generated tokens come
-back). :func:`send` posts it and always returns a
+seed, ``cache_prompt: false``, the same token budget), except for the logprobs fields: only the
+arms that read them ask for them (A and C: the first divergent token and its top1-top2 margin,
+and F4 when armed). The serial controls B and A' leave them off, which drops post-processing
+only: at temperature 0 the chosen token is the argmax either way
+(``benchmarks/bench_logprobs.py`` checks the texts agree and measures the cost).
+
+:func:`send` posts a body and always returns a
 :class:`~batch_invariance.run.response.RawResponse`: a transport failure
 (timeout, connection error, HTTP error, dropped connection, dead server) is a value with a
 failure mode from :data:`batch_invariance.core.evidence.TRANSPORT_MODES`, never an exception.
@@ -20,6 +25,7 @@ from typing import Any, Literal
 
 import requests
 
+from batch_invariance.core.chat_template import sends_chat
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import InfraError
 from batch_invariance.run.response import RawResponse, parse_completion
@@ -29,9 +35,12 @@ Endpoint = Literal["chat", "completions"]
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 
-#: Smallest ``top_logprobs`` / ``logprobs`` llama-server accepts that still returns the chosen
-#: token of every position (0 turns token probabilities off altogether).
-MIN_TOP_LOGPROBS = 1
+#: The smallest top-k that gives the top1 - top2 margin at the first divergent token (one
+#: alternative returns the chosen token only). Measured cost: benchmarks/bench_logprobs.py.
+MARGIN_TOP_LOGPROBS = 2
+
+#: The arms whose requests carry logprobs (A vs C is the only comparison that reads them).
+LOGPROB_ARMS = ("A", "C")
 
 
 def seed_for(run_seed: int, test_id: str) -> int:
@@ -45,8 +54,9 @@ class RequestTemplate:
     """How every request of a cell is built. Recorded in the cert via :meth:`to_record`.
 
     ``endpoint`` picks ``/v1/chat/completions`` or ``/v1/completions``; rows with ``messages``
-    always go to chat. ``n_probs`` arms per-token alternatives (F4); without it the smallest
-    accepted value still brings back the chosen tokens and their logprobs.
+    always go to chat. ``n_probs`` arms per-token alternatives (F4); without it
+    :data:`MARGIN_TOP_LOGPROBS` brings back the chosen tokens and the top1 - top2 margin.
+    ``logprobs=False`` (:meth:`without_logprobs`, the serial controls) asks for none.
     """
 
     endpoint: Endpoint
@@ -54,14 +64,21 @@ class RequestTemplate:
     seed: int
     n_probs: int | None = None
     timeout_s: float = 120.0
+    logprobs: bool = True
 
     @property
-    def top_k(self) -> int:
-        """The number of alternatives asked for per position."""
-        return self.n_probs if self.n_probs is not None else MIN_TOP_LOGPROBS
+    def top_k(self) -> int | None:
+        """The number of alternatives asked for per position (``None``: no logprobs)."""
+        if not self.logprobs:
+            return None
+        return self.n_probs if self.n_probs is not None else MARGIN_TOP_LOGPROBS
+
+    def without_logprobs(self) -> RequestTemplate:
+        """The same requests without token logprobs (for arms that never read them)."""
+        return replace(self, logprobs=False)
 
     def uses_chat(self, item: WorkItem) -> bool:
-        return self.endpoint == "chat" or item.messages is not None
+        return sends_chat(self.endpoint, (item,))
 
     def path_for(self, item: WorkItem) -> str:
         return CHAT_PATH if self.uses_chat(item) else COMPLETIONS_PATH
@@ -83,15 +100,14 @@ class RequestTemplate:
                 messages.extend({"role": r, "content": c} for r, c in item.messages)
             else:
                 messages.append({"role": "user", "content": item.prompt or ""})
-            return {
-                "messages": messages,
-                **common,
-                "logprobs": True,
-                "top_logprobs": self.top_k,
-            }
+            if self.top_k is None:
+                return {"messages": messages, **common}
+            return {"messages": messages, **common, "logprobs": True, "top_logprobs": self.top_k}
         prompt = item.prompt or ""
         if item.system is not None:
             prompt = f"{item.system}\n\n{prompt}"
+        if self.top_k is None:
+            return {"prompt": prompt, **common}
         return {"prompt": prompt, **common, "logprobs": self.top_k}
 
     def encode(self, item: WorkItem) -> bytes:
@@ -113,6 +129,7 @@ class RequestTemplate:
             "logprobs": {"chat": {"logprobs": True, "top_logprobs": self.top_k}}
             if self.endpoint == "chat"
             else {"completions": {"logprobs": self.top_k}},
+            "logprobs_arms": list(LOGPROB_ARMS),
             "n_probs_armed": self.n_probs is not None,
             "timeout_s": self.timeout_s,
         }
