@@ -17,19 +17,16 @@ from batch_invariance.core.evidence import TRANSPORT_MODES
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.mock import MockKnobs, MockServer
 from batch_invariance.errors import InfraError
+from batch_invariance.run.probe import busy_from_metrics, busy_from_slots, tasks_from_slots
+from batch_invariance.run.response import parse_completion, parse_logprobs
 from batch_invariance.run.transport import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     LOGPROB_ARMS,
     MARGIN_TOP_LOGPROBS,
     RequestTemplate,
-    busy_from_metrics,
-    busy_from_slots,
-    parse_completion,
-    parse_logprobs,
     seed_for,
     send,
-    tasks_from_slots,
 )
 
 PROMPT_ITEM = WorkItem("p1", "What is 2 + 3?", None, expected_answer="5")

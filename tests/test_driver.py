@@ -275,7 +275,7 @@ def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
 def test_slot_notes_name_the_slots_that_answered_and_a_blind_sampler() -> None:
     from batch_invariance.run.cell import slot_notes
     from batch_invariance.run.dispatch import BusySample, ConcurrentPass
-    from batch_invariance.run.transport import RawResponse
+    from batch_invariance.run.response import RawResponse
 
     def result(n_samples: int, slots: tuple[int | None, ...]) -> ConcurrentPass:
         responses = {f"t{k}": RawResponse(f"t{k}", None, slot_id=s) for k, s in enumerate(slots)}

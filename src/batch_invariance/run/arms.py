@@ -27,9 +27,11 @@ from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.schedule import RedProof, red_proof, serial_repeat_decision
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
+from batch_invariance.run.probe import server_chat_template
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.records import ArmStats, ServerRecord
-from batch_invariance.run.transport import RawResponse, RequestTemplate, server_chat_template
+from batch_invariance.run.response import RawResponse
+from batch_invariance.run.transport import RequestTemplate
 from batch_invariance.run.trials import Notes, trials_for
 
 
