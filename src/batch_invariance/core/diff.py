@@ -23,6 +23,8 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter, is_not, ne
 from typing import Any, Literal
 
 from batch_invariance.core.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, ItemMeta, Trial
@@ -284,13 +286,35 @@ def _outcome(xf: _Facts, yf: _Facts) -> Outcome:
     return "clean"
 
 
-def agreement_key(t: Trial) -> tuple[Any, ...]:
-    """Everything :func:`classify` reads from one trial, as one comparable tuple.
+#: Everything :func:`classify` reads from one trial, as one comparable tuple, fetched in C.
+#: The ``__class__`` entries keep ``1``, ``1.0`` and ``True`` apart (stricter than
+#: :func:`same_value`, which is fine: unequal keys only mean "check field by field").
+_AGREEMENT_FIELDS = attrgetter(
+    "score",
+    "score.__class__",
+    "passed",
+    "passed.__class__",
+    "extracted_answer",
+    "expected_answer",
+    "prompt_tokens_measured",
+    "prompt_tokens_measured.__class__",
+    "failure_mode",
+    "content_sha256",
+    "completion",
+    "tokens",
+)
 
-    Two trials with equal keys compare ``clean`` (or ``skipped`` when both are transport
+
+_FAILURE_MODE = attrgetter("failure_mode")
+_LOGPROBS = attrgetter("token_logprobs")
+
+
+def agreement_key(t: Trial) -> tuple[Any, ...]:
+    """Two trials with equal keys compare ``clean`` (or ``skipped`` when both are transport
     failures: the failure mode is in the key). Unequal keys (NaN included) prove nothing and
     go through the field-by-field check."""
-    return (*_fast_key(t), content_key(t), t.tokens)
+    key: tuple[Any, ...] = _AGREEMENT_FIELDS(t)
+    return key
 
 
 @dataclass(frozen=True)
@@ -308,11 +332,15 @@ class KeyedArm:
 
 def keyed(trials: Mapping[str, Trial]) -> KeyedArm:
     """The :class:`KeyedArm` of a map of trials."""
+    # map/compress keep the per-trial work in C: this runs on every trial of every arm.
+    ids, values = trials.keys(), trials.values()
+    modes = map(_FAILURE_MODE, values)
+    logprobs = map(_LOGPROBS, values)
     return KeyedArm(
         trials=trials,
-        keys={tid: agreement_key(t) for tid, t in trials.items()},
-        transport=frozenset(tid for tid, t in trials.items() if t.failure_mode in TRANSPORT_MODES),
-        with_logprobs=frozenset(tid for tid, t in trials.items() if t.token_logprobs is not None),
+        keys=dict(zip(ids, map(_AGREEMENT_FIELDS, values), strict=True)),
+        transport=frozenset(compress(ids, map(TRANSPORT_MODES.__contains__, modes))),
+        with_logprobs=frozenset(compress(ids, map(is_not, logprobs, repeat(None)))),
     )
 
 
@@ -369,7 +397,9 @@ def compare_keyed(
         y, yk = ya.trials, ya.keys
         counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
         absent = _ABSENT
-        unequal = [tid for tid, k in yk.items() if xk.get(tid, absent) != k]
+        unequal = list(
+            compress(yk.keys(), map(ne, map(xk.get, yk.keys(), repeat(absent)), yk.values()))
+        )
         pass_skipped = {
             tid for tid in xa.transport if tid in yk and xk[tid] == yk[tid]
         }  # equal keys: both sides are the same transport failure
@@ -474,7 +504,10 @@ def _group_counts(
     tables = []
     for label_of, default in ((family, "unknown"), (fill, unknown_fill)):
         get = label_of.get
-        n = Counter(get(t, default) for t in compared)
+        if compared <= label_of.keys():
+            n = Counter(map(label_of.__getitem__, compared))
+        else:
+            n = Counter(get(t, default) for t in compared)
         d = Counter(get(t, default) for t in divergent)
         o = Counter(get(t, default) for t in token_only)
         tables.append({k: GroupCount(n[k], d[k], o[k]) for k in sorted(n)})

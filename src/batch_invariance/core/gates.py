@@ -23,10 +23,12 @@ How much a clean result covers (sample size, per-prompt bound, answer length) is
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import accumulate
+from itertools import compress, repeat
+from operator import attrgetter, is_, methodcaller, ne, sub
 
 from batch_invariance.core.evidence import (
     ARM_A,
@@ -56,15 +58,13 @@ def exact_fraction(value: float) -> Fraction:
 def max_overlap_depth(intervals: Sequence[tuple[float, float]]) -> int:
     """Most intervals open at once. Touching intervals (one ends as the next starts) do not
     overlap: at equal times, ends are processed before starts. O(n log n)."""
-    events: list[tuple[float, int]] = []
-    append = events.append
-    for start, end in intervals:
-        if end <= start:
-            continue
-        append((start, 1))
-        append((end, -1))
-    events.sort()  # by time, then -1 (end) before 1 (start)
-    return max(accumulate((step for _, step in events), initial=0))
+    real = [(start, end) for start, end in intervals if not end <= start]
+    starts = sorted(start for start, _ in real)
+    ends = sorted(end for _, end in real)
+    # Just after the k-th start (0-based, sorted), k + 1 intervals have started and those
+    # ending at or before it (ends first at equal times) have closed; the peak follows a start.
+    closed = map(bisect_right, repeat(ends), starts)
+    return max(map(sub, range(1, len(starts) + 1), closed), default=0)
 
 
 def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> list[bool]:
@@ -80,7 +80,7 @@ def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> 
     """
     n = len(intervals)
     # A stable sort on (start, end) orders ties by index, as (start, end, index) would.
-    order = sorted(range(n), key=lambda i: (intervals[i][0], intervals[i][1]))
+    order = sorted(range(n), key=intervals.__getitem__)
     starts = [intervals[i][0] for i in order]
     ends = [intervals[i][1] for i in order]
     flags_sorted = [False] * n
@@ -116,9 +116,24 @@ def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> 
     return flags
 
 
+#: A trial's request interval (dispatch, completion); either may be ``None``.
+_SPAN = attrgetter("dispatch_ts", "complete_ts")
+
+
+_FAILURE_MODE = attrgetter("failure_mode")
+_CACHE_N = methodcaller("get", "cache_n")
+_TIMINGS = attrgetter("timings")
+
+
 def ok_ids(trials: Mapping[str, Trial]) -> set[str]:
     """Ids whose trial was genuinely scored (``failure_mode == "ok"``)."""
-    return {tid for tid, t in trials.items() if t.failure_mode == OK}
+    return set(compress(trials.keys(), map(OK.__eq__, map(_FAILURE_MODE, trials.values()))))
+
+
+def transport_ids(trials: Mapping[str, Trial]) -> set[str]:
+    """Ids whose trial is a transport failure."""
+    modes = map(_FAILURE_MODE, trials.values())
+    return set(compress(trials.keys(), map(TRANSPORT_MODES.__contains__, modes)))
 
 
 def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
@@ -127,13 +142,15 @@ def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
     Trials without an interval are ignored here (they can never be attributed); the coverage
     gate fails such a pass closed separately.
     """
-    ids: list[str] = []
-    spans: list[tuple[float, float]] = []
-    for test_id, trial in pass_record.trials.items():
-        start, end = trial.dispatch_ts, trial.complete_ts
-        if start is not None and end is not None:
-            ids.append(test_id)
-            spans.append((start, end))
+    timed = [
+        (test_id, span)
+        for test_id, span in zip(
+            pass_record.trials.keys(), map(_SPAN, pass_record.trials.values()), strict=True
+        )
+        if None not in span
+    ]
+    ids = [test_id for test_id, _ in timed]
+    spans = [span for _, span in timed]
     flags = cobatched_flags(spans, margin)
     return frozenset(i for i, f in zip(ids, flags, strict=True) if f)
 
@@ -162,11 +179,7 @@ def overlap_gate(passes: Sequence[PassRecord]) -> OverlapGate:
     """F1: every pass shows client depth >= 2 and server busy slots >= 2."""
     rows: list[PassOverlap] = []
     for p in sorted(passes, key=lambda q: q.index):
-        spans = [
-            (t.dispatch_ts, t.complete_ts)
-            for t in p.trials.values()
-            if t.dispatch_ts is not None and t.complete_ts is not None
-        ]
+        spans = [span for span in map(_SPAN, p.trials.values()) if None not in span]
         depth = max_overlap_depth(spans)
         busy = p.server_busy_max
         ok = depth >= REQUIRED_DEPTH and busy is not None and busy >= REQUIRED_DEPTH
@@ -349,11 +362,11 @@ def transport_gate(evidence: CellEvidence) -> TransportGate:
     ids: set[str] = set()
     modes: set[str] = set()
     for label, trials in arms:
-        failed = [(tid, t) for tid, t in trials.items() if t.failure_mode in TRANSPORT_MODES]
-        for test_id, t in failed:
-            counts[label] = counts.get(label, 0) + 1
-            ids.add(test_id)
-            modes.add(t.failure_mode)
+        failed = transport_ids(trials)
+        if failed:
+            counts[label] = len(failed)
+            ids |= failed
+            modes.update(trials[test_id].failure_mode for test_id in failed)
     if not counts:
         return TransportGate(True, {}, (), "transport: no transport failures in any arm")
     where = _per_arm(counts)
@@ -393,18 +406,17 @@ def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
     unreported: dict[str, int] = {}
     ids: set[str] = set()
     for label, trials in _arms(evidence):
-        suspect = [
-            (test_id, cached)
-            for test_id, t in trials.items()
-            if (cached := t.timings.get("cache_n")) != 0 and t.failure_mode not in TRANSPORT_MODES
-        ]
-        for test_id, cached in suspect:
-            if cached is None:
-                unreported[label] = unreported.get(label, 0) + 1
-                ids.add(test_id)
-            elif cached != 0:
-                counts[label] = counts.get(label, 0) + 1
-                ids.add(test_id)
+        keys = list(trials.keys())
+        cached = list(map(_CACHE_N, map(_TIMINGS, trials.values())))
+        answered = set(keys) - transport_ids(trials)
+        silent = answered.intersection(compress(keys, map(is_, cached, repeat(None))))
+        # ``ne`` also selects None; those are the silent ones, counted apart.
+        reused = answered.intersection(compress(keys, map(ne, cached, repeat(0)))) - silent
+        if silent:
+            unreported[label] = len(silent)
+        if reused:
+            counts[label] = len(reused)
+        ids |= silent | reused
     if not counts and not unreported:
         return PromptCacheGate(
             True, {}, (), "prompt cache: every trial reported cache_n 0 (whole prompts evaluated)"

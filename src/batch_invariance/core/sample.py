@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import chain, repeat
 
 from batch_invariance.core.evidence import FINISH_LENGTH, GatePolicy, PassRecord, Trial
 from batch_invariance.core.gates import cobatched_by_pass, exact_fraction, ok_ids
@@ -47,7 +48,8 @@ def hot_trials(
         ids = co_sets[p.index] & a_ok & ok_ids(p.trials)
         by_index.setdefault(p.index, []).extend(ids)
     # Sorted by (pass, id), as sorting the pairs would; without building a pair per sort key.
-    return tuple((index, tid) for index in sorted(by_index) for tid in sorted(by_index[index]))
+    per_pass = (zip(repeat(index), sorted(by_index[index])) for index in sorted(by_index))
+    return tuple(chain.from_iterable(per_pass))
 
 
 def sample_gate(n_hot: int, policy: GatePolicy) -> SampleGate:
