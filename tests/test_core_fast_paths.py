@@ -74,6 +74,24 @@ def trial_maps(draw: st.DrawFn) -> dict[str, Trial]:
     return {tid: draw(trials(tid)) for tid in sorted(chosen)}
 
 
+RETYPED_FIELDS = ("score", "passed", "prompt_tokens_measured")
+#: An equal value of another type: ``1 == True == 1.0`` must still count as a change of
+#: ``passed``'s type (bool vs int), exactly as :func:`same_value` says.
+RETYPE: tuple[tuple[Any, Any], ...] = (
+    (True, 1), (1, 1.0), (1.0, True), (False, 0), (0, 0.0), (0.0, False),
+)  # fmt: skip
+
+
+def retyped(trial: Trial, field: str) -> Trial:
+    value = getattr(trial, field)
+    if value is None or value != value:
+        return replace(trial)
+    for old, new in RETYPE:
+        if type(old) is type(value) and old == value:
+            return replace(trial, **{field: new})
+    return replace(trial)
+
+
 @st.composite
 def twins(draw: st.DrawFn, base: dict[str, Trial]) -> dict[str, Trial]:
     """A map that mostly repeats ``base`` (equal trials, as distinct objects), with some
@@ -83,7 +101,12 @@ def twins(draw: st.DrawFn, base: dict[str, Trial]) -> dict[str, Trial]:
         choice = draw(st.integers(0, 5))
         if choice == 0:
             continue
-        out[tid] = draw(trials(tid)) if choice == 1 else replace(trial)
+        if choice == 1:
+            out[tid] = draw(trials(tid))
+        elif choice == 2:
+            out[tid] = retyped(trial, draw(st.sampled_from(RETYPED_FIELDS)))
+        else:
+            out[tid] = replace(trial)
     for tid in IDS:
         if tid not in base and draw(st.booleans()):
             out[tid] = draw(trials(tid))
