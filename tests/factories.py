@@ -227,12 +227,14 @@ def cert_for(
     policy: GatePolicy = DEFAULT_POLICY,
     source: str = "live",
     cell: CellSpec | None = None,
+    extra_provenance: Mapping[str, Any] | None = None,
 ) -> tuple[Cert, Verdict]:
-    """Decide and build a cert in one go."""
+    """Decide and build a cert in one go (``extra_provenance`` merged over the usual block)."""
     ev = green_evidence() if evidence is None else evidence
     verdict = decide(ev, policy)
     cell = cell or spec()
     live = source == "live"
     provenance = live_provenance(cell) if live else {**PROVENANCE, "driver": "run-mock"}
+    provenance = {**provenance, **(extra_provenance or {})}
     cert = build_cert(ev, verdict, cell, policy, provenance, "live" if live else "mock", TS)
     return cert, verdict

@@ -17,18 +17,16 @@ from batch_invariance.core.evidence import TRANSPORT_MODES
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.mock import MockKnobs, MockServer
 from batch_invariance.errors import InfraError
+from batch_invariance.run.probe import busy_from_metrics, busy_from_slots, tasks_from_slots
+from batch_invariance.run.response import parse_completion, parse_logprobs
 from batch_invariance.run.transport import (
     CHAT_PATH,
     COMPLETIONS_PATH,
-    MIN_TOP_LOGPROBS,
+    LOGPROB_ARMS,
+    MARGIN_TOP_LOGPROBS,
     RequestTemplate,
-    busy_from_metrics,
-    busy_from_slots,
-    parse_completion,
-    parse_logprobs,
     seed_for,
     send,
-    tasks_from_slots,
 )
 
 PROMPT_ITEM = WorkItem("p1", "What is 2 + 3?", None, expected_answer="5")
@@ -112,8 +110,19 @@ def test_chat_body_fields() -> None:
     assert body["cache_prompt"] is False
     assert body["max_tokens"] == 12
     assert body["logprobs"] is True
-    assert body["top_logprobs"] == MIN_TOP_LOGPROBS == 1
+    assert body["top_logprobs"] == MARGIN_TOP_LOGPROBS == 2  # the least that gives top1-top2
     assert body["stream"] is False
+
+
+def test_control_arms_ask_for_no_logprobs() -> None:
+    """B and A' never read logprobs: their bodies drop exactly the logprobs fields."""
+    for endpoint, item in (("chat", CHAT_ITEM), ("completions", PROMPT_ITEM)):
+        t = RequestTemplate(endpoint, n_predict=8, seed=1, n_probs=4)
+        full, bare = t.body_for(item), t.without_logprobs().body_for(item)
+        assert "logprobs" not in bare and "top_logprobs" not in bare
+        assert {k: v for k, v in full.items() if k not in ("logprobs", "top_logprobs")} == bare
+        assert t.without_logprobs().top_k is None
+    assert LOGPROB_ARMS == ("A", "C")
 
 
 def test_completions_body_and_armed_n_probs() -> None:
@@ -130,13 +139,14 @@ def test_rows_with_messages_always_go_to_chat() -> None:
     assert t.path_for(CHAT_ITEM) == CHAT_PATH
     body = t.body_for(CHAT_ITEM)
     assert body["messages"] == [{"role": "user", "content": "What is 2 + 3?"}]
-    assert body["logprobs"] is True and body["top_logprobs"] == 1
+    assert body["logprobs"] is True and body["top_logprobs"] == MARGIN_TOP_LOGPROBS
 
 
 def test_template_record_is_json() -> None:
     record = RequestTemplate("chat", n_predict=8, seed=3, n_probs=2).to_record()
     assert json.loads(json.dumps(record)) == record
     assert record["cache_prompt"] is False and record["n_probs_armed"] is True
+    assert record["logprobs_arms"] == ["A", "C"]
 
 
 # ----- parsing -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,19 @@ from typing import Any
 import pytest
 
 from batch_invariance import exitcodes
-from batch_invariance.cli import main
+from batch_invariance.cert.signing import (
+    GITHUB_ACTIONS_ISSUER,
+    BundlePolicy,
+    SignerPolicy,
+    TrustRoot,
+    verify_bundle,
+)
+from batch_invariance.cli import build_parser, main
+from batch_invariance.commands.check_deploy import signing_policy
 from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.deploy.cells import load_deploy_cells
+from batch_invariance.deploy.gate import BundleVerifier, check_cells
+from batch_invariance.errors import CertInvalid, UsageError
 
 MODEL = "gemma-3-270m-q4_k_m"
 SIGSTORE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sigstore"
@@ -363,3 +375,109 @@ def test_models_toml_and_usage_errors(world: dict[str, Path], tmp_path: Path) ->
     body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
     assert _unsigned(world, tmp_path, body, certs=tmp_path / "nope") == exitcodes.USAGE
     assert main([*args[:1], str(tmp_path / "missing.sh"), *args[2:]]) == exitcodes.USAGE
+
+
+TAG_SAN = "https://github.com/addiplus/batch-invariance/.github/workflows/cell.yml@refs/tags/v0.3.1"
+TAG_OR_SHA = (
+    r"^https://github\.com/addiplus/batch-invariance/\.github/workflows/cell\.yml"
+    r"@(refs/tags/v[0-9]+(\.[0-9]+)*|[0-9a-f]{40})$"
+)
+
+
+def _policy_from(*flags: str) -> BundlePolicy | None:
+    args = build_parser().parse_args(["check-deploy", "deploy.sh", "--certs", ".", *flags])
+    policy: BundlePolicy | None = signing_policy(args)
+    return policy
+
+
+def _signed_by(san: str) -> BundleVerifier:
+    """A bundle check that applies the signer policy to a bundle signed by ``san``."""
+
+    def verify(artifact: Path, bundle: Path, wanted: SignerPolicy, trust: TrustRoot) -> None:
+        assert bundle.is_file() and trust.offline
+        match = (
+            re.fullmatch(wanted.identity, san) is not None
+            if wanted.identity_is_regexp
+            else wanted.identity == san
+        )
+        if not match:
+            raise CertInvalid(f"signature identity mismatch: signed by {san}")
+
+    return verify
+
+
+@pytest.mark.parametrize(
+    ("san", "covered"),
+    [
+        (TAG_SAN, True),
+        (TAG_SAN.replace("refs/tags/v0.3.1", "0123456789abcdef0123456789abcdef01234567"), True),
+        (TAG_SAN.replace("refs/tags/v0.3.1", "refs/heads/main"), False),
+        (TAG_SAN.replace("addiplus/batch-invariance", "someone/else"), False),
+    ],
+)
+def test_identity_regexp_decides_coverage(
+    world: dict[str, Path], tmp_path: Path, san: str, covered: bool
+) -> None:
+    folder = tmp_path / "certs"
+    shutil.copytree(world["certs"], folder)
+    (folder / (world["green"].name + ".sigstore.json")).write_text("{}")
+    config = tmp_path / "llama-server.sh"
+    config.write_text(f"llama-server -m {world['model']} {OK_FLAGS}\n")
+    policy = _policy_from(
+        "--cert-identity-regexp", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER,
+        "--offline",
+    )  # fmt: skip
+    assert policy is not None and policy.signer.identity_is_regexp
+    cells = load_deploy_cells(config, None)
+    report = check_cells(config, cells, folder, policy, _signed_by(san))
+    assert report.passed is covered
+    if not covered:
+        assert [c.kind for c in report.checks] == ["invalid"]
+        assert "signature identity mismatch" in report.checks[0].reason
+    # The same SAN as an exact --cert-identity is a literal, not a pattern.
+    exact = _policy_from(
+        "--cert-identity", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--offline"
+    )
+    assert exact is not None and not exact.signer.identity_is_regexp
+    assert not check_cells(config, cells, folder, exact, _signed_by(san)).passed
+
+
+def test_identity_regexp_reaches_sigstore(tmp_path: Path) -> None:
+    """The flag's policy, verified by sigstore on a real public bundle (offline)."""
+    wheel = SIGSTORE / "rfc8785-0.1.2-py3-none-any.whl"
+    if not wheel.is_file():
+        pytest.skip("the public sigstore fixture is not here")
+    bundle = SIGSTORE / (wheel.name + ".sigstore.json")
+    release = r"https://github\.com/trailofbits/rfc8785\.py/\.github/workflows/release\.yml@"
+    issuer = ("--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--offline")
+    good = _policy_from(
+        "--cert-identity-regexp", release + r"(refs/tags/v[0-9.]+|[0-9a-f]{40})", *issuer
+    )
+    assert good is not None
+    verify_bundle(wheel, bundle, good.signer, good.trust)
+    bad = _policy_from("--cert-identity-regexp", release + r"[0-9a-f]{40}", *issuer)
+    assert bad is not None
+    with pytest.raises(CertInvalid, match="signature identity mismatch"):
+        verify_bundle(wheel, bundle, bad.signer, bad.trust)
+
+
+def test_identity_regexp_usage_errors(tmp_path: Path) -> None:
+    issuer = ("--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER)
+    with pytest.raises(UsageError, match="not a valid regex"):
+        _policy_from("--cert-identity-regexp", "(unclosed", *issuer)
+    with pytest.raises(UsageError, match="not allowed with"):  # one identity flag or the other
+        _policy_from("--cert-identity", TAG_SAN, "--cert-identity-regexp", TAG_OR_SHA, *issuer)
+    both = tmp_path / "signing.toml"
+    both.write_text(
+        f'identity = "{TAG_SAN}"\nidentity_regexp = "x"\nissuer = "{GITHUB_ACTIONS_ISSUER}"\n'
+    )
+    with pytest.raises(UsageError, match="not both"):
+        _policy_from("--signing-policy", str(both))
+    from_file = tmp_path / "regexp.toml"
+    from_file.write_text(
+        f"identity_regexp = '{TAG_OR_SHA}'\nissuer = \"{GITHUB_ACTIONS_ISSUER}\"\n"
+    )
+    policy = _policy_from("--signing-policy", str(from_file))
+    assert policy is not None and policy.signer == SignerPolicy(
+        TAG_OR_SHA, GITHUB_ACTIONS_ISSUER, None, identity_is_regexp=True
+    )

@@ -11,7 +11,8 @@ import pytest
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.mock import MockKnobs, MockServer
 from batch_invariance.run.dispatch import pass_order, run_concurrent_pass, run_serial
-from batch_invariance.run.transport import RawResponse, RequestTemplate
+from batch_invariance.run.response import RawResponse
+from batch_invariance.run.transport import RequestTemplate
 
 ITEMS = tuple(WorkItem(f"q{i:02d}", f"What is {i} + {i}?", None, str(2 * i)) for i in range(12))
 TEMPLATE = RequestTemplate("chat", n_predict=16, seed=0, timeout_s=10)

@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -100,6 +101,9 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     assert t.prompt_tokens_measured is not None and t.prompt_tokens_measured > 0
     assert t.content_sha256 is not None and len(t.content_sha256) == 64
     assert t.tokens == ("Paris",) and t.token_logprobs is not None and t.has_interval
+    # Logprobs only where they are read: A and C carry them, the serial controls do not.
+    assert all(p.trials["fr"].tokens is not None for p in ev.c_passes)
+    assert ev.b["fr"].tokens is None and ev.a_repeat["fr"].tokens is None
     assert [s.role for s in run.servers] == ["A", "BC"]
     assert "--parallel" in run.servers[1].argv and run.kv_label.startswith("mock:")
     assert run.request_template["cache_prompt"] is False
@@ -177,6 +181,19 @@ def test_no_serial_repeat_and_completions_endpoint() -> None:
     assert run.request_template["endpoint"] == "completions"
 
 
+def test_armed_f4_keeps_its_logprobs_in_a_and_c() -> None:
+    """--n-probs arms F4: A and C ask for that many alternatives, B still for none."""
+    run, _ = cell(MockKnobs(), n_probs=3)
+    assert run.request_template["n_probs_armed"] is True
+    assert run.request_template["logprobs"] == {"chat": {"logprobs": True, "top_logprobs": 3}}
+    ev = run.evidence
+    assert ev.a["fr"].token_logprobs is not None and ev.a["fr"].top_margins is not None
+    assert all(p.trials["fr"].token_logprobs is not None for p in ev.c_passes)
+    assert ev.b["fr"].token_logprobs is None
+    armed = decide(ev, replace(POLICY, logit_eps=0.5))
+    assert armed.reports.ac.logit_drift.armed and armed.status == "green"
+
+
 class RaisingScorer(Scorer):
     scorer_id = "raises"
 
@@ -245,7 +262,7 @@ def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
 def test_slot_notes_name_the_slots_that_answered_and_a_blind_sampler() -> None:
     from batch_invariance.run.cell import slot_notes
     from batch_invariance.run.dispatch import BusySample, ConcurrentPass
-    from batch_invariance.run.transport import RawResponse
+    from batch_invariance.run.response import RawResponse
 
     def result(n_samples: int, slots: tuple[int | None, ...]) -> ConcurrentPass:
         responses = {f"t{k}": RawResponse(f"t{k}", None, slot_id=s) for k, s in enumerate(slots)}

@@ -24,6 +24,18 @@ def workset(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture()
+def open_workset(tmp_path: Path) -> Path:
+    """32 distinct open prompts: enough independent rows and long enough answers for a GREEN
+    under the default policy (>= 30 distinct prompts, median answer >= 64 tokens)."""
+    path = tmp_path / "open.json"
+    rows = [
+        {"id": f"n{k}", "prompt": f"Write a short note about batch number {k}."} for k in range(32)
+    ]
+    path.write_text(json.dumps(rows))
+    return path
+
+
 def _cell(workset: Path, out: Path, *extra: str) -> list[str]:
     return [
         "run-live", "--workset", str(workset), "--ctx", "512", "--parallel", "4",
@@ -55,14 +67,14 @@ def test_attached_clean_exits_as_not_promotable(workset: Path, tmp_path: Path) -
 
 
 def test_launched_vllm_fake_through_the_cli(
-    workset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    open_workset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     exe = stand_in(tmp_path, "vllm")
     model = tmp_path / "model.safetensors"
     model.write_bytes(b"weights")
-    argv = _cell(workset, tmp_path / "out", "--engine", "vllm", "--server-bin", str(exe),
-                 "--model", str(model))  # fmt: skip
+    argv = _cell(open_workset, tmp_path / "out", "--engine", "vllm", "--server-bin", str(exe),
+                 "--model", str(model), "--n-predict", "128")  # fmt: skip
     code = main(argv)
     (cert_path,) = (tmp_path / "out").glob("*.json")
     cert = json.loads(cert_path.read_text())

@@ -99,3 +99,16 @@ def test_sha256_cache_survives_a_corrupt_cache_file(tmp_path: Path) -> None:
     cache.write_text("{not json")
     assert cached_sha256(model, cache) == sha256_file(model)
     assert cached_sha256(model, None) == sha256_file(model)
+
+
+def test_chat_template_is_read_and_a_base_model_has_none(tmp_path: Path) -> None:
+    template = "{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}"
+    meta = dense_meta(**{"tokenizer.chat_template": template})
+    assert parse_info(write_gguf(tmp_path / "it.gguf", meta)).chat_template == template
+    # A base model: no key at all, or an empty one, reads as "no template of its own".
+    assert parse_info(write_gguf(tmp_path / "base.gguf", dense_meta())).chat_template is None
+    blank = dense_meta(**{"tokenizer.chat_template": "  "})
+    assert parse_info(write_gguf(tmp_path / "blank.gguf", blank)).chat_template is None
+    # The template is the one tokenizer key kept; the tables are still skipped.
+    _, kept = read_metadata(write_gguf(tmp_path / "it2.gguf", meta))
+    assert "tokenizer.ggml.tokens" not in kept and kept["tokenizer.chat_template"] == template

@@ -17,6 +17,8 @@ import pytest
 from batch_invariance.cert import render
 from batch_invariance.cert.certificate import Cert, is_promotable
 from batch_invariance.cert.verify import verify_cert
+from batch_invariance.core.chat_template import FALLBACK_WARNING, ChatTemplateCheck
+from batch_invariance.core.evidence import CellEvidence
 from factories import cert_for, changed, green_evidence, replace_pass, replace_trial
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -39,17 +41,20 @@ def _green() -> Cert:
     return cert_for()[0]
 
 
-def _red() -> Cert:
+def _red_evidence() -> CellEvidence:
     ev = green_evidence()
     trial = ev.c_passes[1].trials["t003"]
-    ev = replace_trial(
+    return replace_trial(
         ev,
         "C",
         "t003",
         changed(trial, completion="a different | `answer`", extracted_answer="different"),
         pass_index=1,
     )
-    return cert_for(ev)[0]
+
+
+def _red() -> Cert:
+    return cert_for(_red_evidence())[0]
 
 
 def _unverified() -> Cert:
@@ -85,6 +90,15 @@ def test_live_banner(kind: str) -> None:
     cert = {"green": _green, "red": _red, "unverified": _unverified}[kind]()
     superseded = OLD_PATH if kind == "red" else None
     _check(f"banner_{kind}.txt", render.live_banner(cert, CERT_PATH, superseded, "live cell x"))
+
+
+def test_live_banner_warns_about_a_fallback_chat_template() -> None:
+    """A base model on the chat endpoint: the banner says so and names the fixes."""
+    block = ChatTemplateCheck("server_fallback", FALLBACK_WARNING).to_record()
+    cert = cert_for(_red_evidence(), extra_provenance={"chat_template": block})[0]
+    assert render.chat_template_warning(cert) == FALLBACK_WARNING
+    assert render.chat_template_warning(_red()) is None
+    _check("banner_chat_fallback.txt", render.live_banner(cert, CERT_PATH, None, "live cell x"))
 
 
 def test_mock_report_and_its_footer() -> None:

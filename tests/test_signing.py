@@ -52,6 +52,7 @@ IDENTITY = (
     "https://github.com/trailofbits/rfc8785.py/.github/workflows/release.yml@refs/tags/v0.1.2"
 )
 REPOSITORY = "trailofbits/rfc8785.py"
+OFFLINE = TrustRoot(offline=True)
 
 needs_fixture = pytest.mark.skipif(
     not (FIXTURES / WHEEL).is_file() or not (FIXTURES / f"{WHEEL}.sigstore.json").is_file(),
@@ -73,14 +74,12 @@ def signed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]
 
 
 def _verify(artifact: Path, bundle: Path, identity: str = IDENTITY, **kw: object) -> None:
-    verify_bundle(
-        artifact,
-        bundle,
+    signer = SignerPolicy(
         identity,
         str(kw.get("issuer", GITHUB_ACTIONS_ISSUER)),
         kw.get("repository", REPOSITORY),  # type: ignore[arg-type]
-        True,
     )
+    verify_bundle(artifact, bundle, signer, OFFLINE)
 
 
 # --------------------------------------------------------------------------- verification
@@ -145,10 +144,15 @@ def test_missing_bundle_needs_no_fixture(tmp_path: Path) -> None:
     artifact.write_text("{}")
     with pytest.raises(CertInvalid, match="signature bundle missing"):
         verify_bundle(
-            artifact, bundle_path_for(artifact), IDENTITY, GITHUB_ACTIONS_ISSUER, None, True
+            artifact,
+            bundle_path_for(artifact),
+            SignerPolicy(IDENTITY, GITHUB_ACTIONS_ISSUER),
+            OFFLINE,
         )
     with pytest.raises(UsageError, match="identity and an OIDC issuer"):
-        verify_bundle(artifact, bundle_path_for(artifact), "", GITHUB_ACTIONS_ISSUER, None, True)
+        verify_bundle(
+            artifact, bundle_path_for(artifact), SignerPolicy("", GITHUB_ACTIONS_ISSUER), OFFLINE
+        )
 
 
 # --------------------------------------------------------------------------- signing
@@ -379,17 +383,22 @@ def test_production_bundle_is_rejected_by_a_staging_verifier(signed: tuple[Path,
     artifact, bundle = signed
     with pytest.raises(CertInvalid, match="not anchored in this Sigstore instance"):
         verify_bundle(
-            artifact, bundle, IDENTITY, GITHUB_ACTIONS_ISSUER, REPOSITORY, True, staging=True
+            artifact,
+            bundle,
+            SignerPolicy(IDENTITY, GITHUB_ACTIONS_ISSUER, REPOSITORY),
+            TrustRoot(staging=True, offline=True),
         )
     verify_bundle(
         artifact,
         bundle,
-        r"https://github\.com/trailofbits/rfc8785\.py/\.github/workflows/release\.yml@"
-        r"(refs/tags/v[0-9.]+|[0-9a-f]{40})",
-        GITHUB_ACTIONS_ISSUER,
-        REPOSITORY,
-        True,
-        identity_is_regexp=True,
+        SignerPolicy(
+            r"https://github\.com/trailofbits/rfc8785\.py/\.github/workflows/release\.yml@"
+            r"(refs/tags/v[0-9.]+|[0-9a-f]{40})",
+            GITHUB_ACTIONS_ISSUER,
+            REPOSITORY,
+            identity_is_regexp=True,
+        ),
+        OFFLINE,
     )
 
 

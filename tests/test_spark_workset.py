@@ -14,10 +14,10 @@ import pytest
 
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
-from batch_invariance.profiles.spark import families
 from batch_invariance.profiles.spark.calibrate import DOC_END, NoFit, PromptParts, fit_prompt
 from batch_invariance.profiles.spark.families import FAMILIES
 from batch_invariance.profiles.spark.haystack import haystack_blocks, load_corpus
+from batch_invariance.profiles.spark.task import canonical_json
 from batch_invariance.profiles.spark.workset import CORNERS, generate
 from batch_invariance.profiles.tokens import approx_token_count
 from batch_invariance.run.workset import items_to_row
@@ -188,7 +188,7 @@ def test_e5_has_exactly_one_right_helper() -> None:
 def test_json_families_expected_answers_are_canonical() -> None:
     for family in ("E2", "E3"):
         task = FAMILIES[family](random.Random(5))
-        assert families.canonical_json(json.loads(task.expected)) == task.expected
+        assert canonical_json(json.loads(task.expected)) == task.expected
 
 
 def test_haystack_is_varied_prose_news_and_code() -> None:

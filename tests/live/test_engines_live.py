@@ -28,7 +28,11 @@ from batch_invariance.scorer_api import ExactMatchScorer
 
 pytestmark = pytest.mark.live
 
-DEMO_WORKSET = Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets/demo.json"
+WORKSETS = Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets"
+DEMO_WORKSET = WORKSETS / "demo.json"
+#: Completion openings for the base model: co-batching changes several of them per pass on the
+#: raw completions endpoint (the chat endpoint shows it on only 1-2 of 16, not every pass).
+COMPLETIONS_WORKSET = WORKSETS / "demo_completions.json"
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +41,20 @@ def llama_cpp_python() -> EngineVenv:
     return ensure_llama_cpp_python(Layout(cache_root()))
 
 
-def _plan(ctx: int, parallel: int, passes: int, n_predict: int, rows: int | None) -> CellPlan:
-    items = load_workset(DEMO_WORKSET).items
+def _plan(
+    ctx: int,
+    parallel: int,
+    passes: int,
+    n_predict: int,
+    rows: int | None,
+    *,
+    completions: bool = False,
+) -> CellPlan:
+    items = load_workset(COMPLETIONS_WORKSET if completions else DEMO_WORKSET).items
     return CellPlan(
         items=expand_reps(items[:rows] if rows else items, 1), ctx=ctx, parallel=parallel,
         gate_passes=passes, n_predict=n_predict, serial_repeat=False, req_timeout=300.0,
+        endpoint="completions" if completions else "chat",
     )  # fmt: skip
 
 
@@ -87,7 +100,7 @@ def test_llama_cpp_python_is_unverified_for_want_of_a_cobatching_witness(
 def test_attached_real_llama_server_at_default_flags_reaches_red(
     live_pair: Provisioned, tmp_path: Path
 ) -> None:
-    plan = _plan(ctx=512, parallel=4, passes=2, n_predict=64, rows=None)
+    plan = _plan(ctx=512, parallel=4, passes=2, n_predict=64, rows=12, completions=True)
     port = ports.pick_free(frozenset())
     # Started by the test, not by the tool: the tool only gets its URL.
     with LlamaServer(

@@ -47,9 +47,22 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         f"  gates: {gates}",
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
     ]
+    lines += _warning_lines(cert)
     lines += [f"  - {reason}" for reason in cert.decision_reasons]
     lines += _cert_lines(path, superseded)
     return "\n".join(lines) + "\n"
+
+
+def chat_template_warning(cert: Cert) -> str | None:
+    """The cert's ``provenance.chat_template.warning`` (answers shaped by a fallback)."""
+    block = cert.provenance.get("chat_template")
+    warning = block.get("warning") if isinstance(block, Mapping) else None
+    return warning if isinstance(warning, str) and warning else None
+
+
+def _warning_lines(cert: Cert) -> list[str]:
+    warning = chat_template_warning(cert)
+    return [] if warning is None else [f"  WARNING: {warning}"]
 
 
 def _cert_lines(path: Path, superseded: Path | None) -> list[str]:
@@ -70,6 +83,7 @@ def mock_report(
         f"N={cert.dispatch_n}  ({mode} mode)",
         _BAR,
     ]
+    lines += _warning_lines(cert)
     lines += [f"  - {reason}" for reason in cert.decision_reasons]
     lines += _cert_lines(path, superseded)
     lines.append("source=mock: never promotable (verify-cert never exits 0 on it, by design)")

@@ -93,6 +93,14 @@ class TrustRoot:
     offline: bool = False
 
 
+@dataclass(frozen=True)
+class BundlePolicy:
+    """A signature requirement: who must have signed, checked against which trust root."""
+
+    signer: SignerPolicy
+    trust: TrustRoot
+
+
 def bundle_path_for(artifact: Path) -> Path:
     """Where the bundle of ``artifact`` lives: ``<artifact>.sigstore.json`` beside it."""
     return artifact.with_name(artifact.name + BUNDLE_SUFFIX)
@@ -335,36 +343,28 @@ def verifier_for(trust: TrustRoot) -> Any:
 
 
 def verify_bundle(
-    artifact: Path,
-    bundle: Path,
-    identity: str,
-    issuer: str,
-    repository: str | None,
-    offline: bool,
-    *,
-    staging: bool = False,
-    identity_is_regexp: bool = False,
+    artifact: Path, bundle: Path, wanted: SignerPolicy, trust: TrustRoot = TrustRoot()
 ) -> None:
-    """Verify that ``bundle`` signs ``artifact``'s exact bytes for the given identity.
+    """Verify that ``bundle`` signs ``artifact``'s exact bytes for the ``wanted`` signer.
 
     The policy is the certificate SAN ``identity`` (exact, or a full-match regular expression
     with ``identity_is_regexp``) plus OIDC ``issuer`` and, when ``repository`` is given, the
-    GitHub workflow repository (``OWNER/REPO``). ``staging`` verifies against the Sigstore
-    staging instance (bundles from ``sign --staging``); ``offline`` uses the trust root
-    embedded in sigstore (no network; HOME must be writable for its cache). Raises CertInvalid
-    with a distinct one-line message for a missing or corrupt bundle, a changed byte, a wrong
-    identity, issuer, repository or instance; InfraError when the trust root cannot be loaded.
+    GitHub workflow repository (``OWNER/REPO``). ``trust.staging`` verifies against the
+    Sigstore staging instance (bundles from ``sign --staging``); ``trust.offline`` uses the
+    trust root embedded in sigstore (no network; HOME must be writable for its cache). Raises
+    CertInvalid with a distinct one-line message for a missing or corrupt bundle, a changed
+    byte, a wrong identity, issuer, repository or instance; InfraError when the trust root
+    cannot be loaded.
     """
     from sigstore.errors import Error as SigstoreError
 
-    wanted = SignerPolicy(identity, issuer, repository, identity_is_regexp)
     rules = policy_for(wanted)
     parsed = load_bundle(bundle)
     try:
         payload = artifact.read_bytes()
     except OSError as exc:
         raise CertInvalid(f"cannot read {artifact}: {exc.strerror or exc}") from None
-    verifier = verifier_for(TrustRoot(staging=staging, offline=offline))
+    verifier = verifier_for(trust)
     try:
         verifier.verify_artifact(payload, parsed, rules)
     except SigstoreError as exc:

@@ -78,10 +78,9 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, replace)."""
-    folder = path.parent
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+def _stage(target: Path, text: str) -> Path:
+    """``text`` in a fsynced temporary file next to ``target`` (removed again on failure)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -90,12 +89,23 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.fsync(fh.fileno())
         # mkstemp creates 0600; a cert is meant to be read by others (CI, reviewers).
         os.chmod(tmp, _FILE_MODE)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, replace)."""
+    tmp = _stage(path, text)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    _fsync_dir(folder)
+    _fsync_dir(path.parent)
 
 
 def _aside_name(target: Path, ts_utc: str) -> Path:
@@ -118,21 +128,13 @@ def write_cert(out_dir: Path, cert: Cert) -> WrittenCert:
     out = Path(out_dir)
     target = cert_path(out, cert.model, cert.ctx, cert.dispatch_n)
     text = render(cert)
-    folder = target.parent
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        tmp = _stage(target, text)
     except OSError as exc:
         raise InfraError(_write_failure(target, exc)) from None
-    tmp = Path(tmp_name)
     superseded: Path | None = None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        # mkstemp creates 0600; a cert is meant to be read by others (CI, reviewers).
-        os.chmod(tmp, _FILE_MODE)
         if target.exists():
             superseded = _aside_name(target, cert.ts_utc)
             os.replace(target, superseded)
@@ -148,7 +150,7 @@ def write_cert(out_dir: Path, cert: Cert) -> WrittenCert:
         if isinstance(fault, OSError):
             raise InfraError(_write_failure(target, fault)) from None
         raise
-    _fsync_dir(folder)
+    _fsync_dir(target.parent)
     return WrittenCert(path=target, superseded=superseded)
 
 

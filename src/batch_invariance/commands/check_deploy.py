@@ -40,11 +40,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="DIR",
         help="fills {MODELS_DIR} in a models.toml (default: $MODELS_DIR)",
     )
-    parser.add_argument(
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument(
         "--cert-identity",
         default=None,
         metavar="ID",
         help="every covering cert's CERT.sigstore.json must be signed by this identity (SAN)",
+    )
+    who.add_argument(
+        "--cert-identity-regexp",
+        default=None,
+        metavar="REGEX",
+        help="the same, as a regular expression the whole SAN must match (tag or SHA pins)",
     )
     parser.add_argument(
         "--cert-oidc-issuer", default=None, metavar="URL", help="OIDC issuer of --cert-identity"
@@ -60,7 +67,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="TOML file with identity, issuer and optional repository (instead of the flags)",
+        help=(
+            "TOML file with identity (or identity_regexp), issuer and optional repository "
+            "(instead of the flags)"
+        ),
     )
     parser.add_argument(
         "--offline",
@@ -77,19 +87,28 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def signing_policy(args: argparse.Namespace) -> Any:
     """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned."""
-    from batch_invariance.deploy.gate import SigningPolicy
+    from batch_invariance.cert.signing import BundlePolicy, SignerPolicy, TrustRoot, policy_for
     from batch_invariance.profiles.models import load_toml
 
     identity, issuer, repository = args.cert_identity, args.cert_oidc_issuer, args.repository
+    pattern = args.cert_identity_regexp
     if args.signing_policy is not None:
         try:
             text = args.signing_policy.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read --signing-policy {args.signing_policy}: {exc}") from None
         table = load_toml(text, str(args.signing_policy))
-        identity = identity or table.get("identity")
+        if not (identity or pattern):
+            identity, pattern = table.get("identity"), table.get("identity_regexp")
+            if identity and pattern:
+                raise UsageError(
+                    f"--signing-policy {args.signing_policy}: give identity or identity_regexp, "
+                    "not both"
+                )
         issuer = issuer or table.get("issuer")
         repository = repository or table.get("repository")
+    if pattern:
+        identity = pattern
     given = identity or issuer or repository
     if args.allow_unsigned:
         if given:
@@ -97,15 +116,18 @@ def signing_policy(args: argparse.Namespace) -> Any:
         return None
     if not (isinstance(identity, str) and identity and isinstance(issuer, str) and issuer):
         raise UsageError(
-            "check-deploy verifies every covering cert's signature: pass --cert-identity and "
-            "--cert-oidc-issuer (or --signing-policy FILE), or --allow-unsigned for a local check"
+            "check-deploy verifies every covering cert's signature: pass --cert-identity (or "
+            "--cert-identity-regexp) and --cert-oidc-issuer (or --signing-policy FILE), or "
+            "--allow-unsigned for a local check"
         )
-    return SigningPolicy(
+    signer = SignerPolicy(
         identity=identity,
         issuer=issuer,
         repository=repository if isinstance(repository, str) else None,
-        offline=args.offline,
+        identity_is_regexp=bool(pattern),
     )
+    policy_for(signer)  # a bad regexp is a usage error now, not only once a cert is checked
+    return BundlePolicy(signer, TrustRoot(offline=args.offline))
 
 
 def handle(args: argparse.Namespace) -> int:

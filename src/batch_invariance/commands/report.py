@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.signing import BundlePolicy, SignerPolicy, TrustRoot
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.report.html import render_html
-from batch_invariance.report.load import BundlePolicy, load_all
+from batch_invariance.report.load import load_all
 from batch_invariance.report.markdown import render_markdown
 from batch_invariance.report.model import Report, build_report
 from batch_invariance.report.summary import render_json
@@ -70,10 +71,8 @@ def _policy(args: argparse.Namespace) -> BundlePolicy | None:
     if not args.cert_identity or not args.cert_oidc_issuer:
         raise UsageError("--cert-identity and --cert-oidc-issuer go together")
     return BundlePolicy(
-        identity=args.cert_identity,
-        issuer=args.cert_oidc_issuer,
-        repository=args.repository,
-        offline=bool(args.offline),
+        SignerPolicy(args.cert_identity, args.cert_oidc_issuer, args.repository),
+        TrustRoot(offline=bool(args.offline)),
     )
 
 

@@ -120,16 +120,7 @@ def _check_signature(args: argparse.Namespace) -> str | None:
                 f"signature bundle not found: {bundle}; sign the cert with "
                 "`batch-invariance sign CERT` or pass the right --bundle"
             )
-        verify_bundle(
-            Path(args.path),
-            bundle,
-            signer.identity,
-            signer.issuer,
-            signer.repository,
-            trust.offline,
-            staging=trust.staging,
-            identity_is_regexp=signer.identity_is_regexp,
-        )
+        verify_bundle(Path(args.path), bundle, signer, trust)
         checked.append("bundle")
     if attestation is not None:
         verify_attestation(Path(args.path), attestation, signer, trust)

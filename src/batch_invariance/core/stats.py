@@ -33,38 +33,29 @@ def rule_of_three(n: int) -> float | None:
     return 3.0 / n
 
 
+def _nonzero(value: float) -> float:
+    """``value``, or the tiny floor Lentz's method uses instead of an exact zero."""
+    return _TINY if abs(value) < _TINY else value
+
+
 def _beta_cf(a: float, b: float, x: float) -> float:
     """Continued fraction for the incomplete beta function (modified Lentz)."""
     qab = a + b
     qap = a + 1.0
     qam = a - 1.0
     c = 1.0
-    d = 1.0 - qab * x / qap
-    if abs(d) < _TINY:
-        d = _TINY
-    d = 1.0 / d
+    d = 1.0 / _nonzero(1.0 - qab * x / qap)
     h = d
     for m in range(1, _MAX_CF_ITER + 1):
         m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        if abs(d) < _TINY:
-            d = _TINY
-        c = 1.0 + aa / c
-        if abs(c) < _TINY:
-            c = _TINY
-        d = 1.0 / d
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        if abs(d) < _TINY:
-            d = _TINY
-        c = 1.0 + aa / c
-        if abs(c) < _TINY:
-            c = _TINY
-        d = 1.0 / d
-        delta = d * c
-        h *= delta
+        even = m * (b - m) * x / ((qam + m2) * (a + m2))
+        odd = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        delta = 1.0
+        for numerator in (even, odd):  # each iteration is two Lentz steps
+            d = 1.0 / _nonzero(1.0 + numerator * d)
+            c = _nonzero(1.0 + numerator / c)
+            delta = d * c
+            h *= delta
         if abs(delta - 1.0) < _EPS:
             break
     return h

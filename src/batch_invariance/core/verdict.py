@@ -31,7 +31,6 @@ from batch_invariance.core.evidence import CellEvidence, GatePolicy
 from batch_invariance.core.workitem import row_id
 
 Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
-STATUSES: tuple[str, ...] = ("failed", "green_unverified", "green_with_caveat", "green")
 
 ANOMALY_B = "AC_agree_B_disagrees"
 CLASS_CO_BATCHING = "co_batching"
@@ -132,12 +131,6 @@ class Verdict:
     reports: Reports
     gates: Gates
     sensitivity: Sensitivity
-
-    @property
-    def f4_drift(self) -> bool:
-        """True when F4 is armed and saw drift beyond ``eps``."""
-        d = self.reports.ac.logit_drift
-        return d.armed and bool(d.logit_drift_ids)
 
 
 def build_reports(evidence: CellEvidence, policy: GatePolicy) -> Reports:

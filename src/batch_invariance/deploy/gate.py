@@ -24,8 +24,15 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from batch_invariance.cert.signing import (
+    BundlePolicy,
+    SignerPolicy,
+    TrustRoot,
+    bundle_path_for,
+    verify_bundle,
+)
 from batch_invariance.cert.verify import verify_text
 from batch_invariance.core.llama_flags import (
     FlagError,
@@ -41,14 +48,12 @@ from batch_invariance.errors import CertInvalid, UsageError
 CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown", "unsigned"]
 
 
-@dataclass(frozen=True)
-class SigningPolicy:
-    """The sigstore identity every covering cert's bundle must carry."""
+class BundleVerifier(Protocol):
+    """Checks that ``bundle`` signs ``artifact`` for ``signer``; raises CertInvalid if not."""
 
-    identity: str
-    issuer: str
-    repository: str | None = None
-    offline: bool = False
+    def __call__(
+        self, artifact: Path, bundle: Path, wanted: SignerPolicy, trust: TrustRoot
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -217,16 +222,14 @@ def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
     return tuple(out)
 
 
-def _signature_problem(cert: CertFile, policy: SigningPolicy) -> tuple[CheckKind, str] | None:
-    from batch_invariance.cert.signing import bundle_path_for, verify_bundle
-
+def _signature_problem(
+    cert: CertFile, policy: BundlePolicy, verify: BundleVerifier
+) -> tuple[CheckKind, str] | None:
     bundle = bundle_path_for(cert.path)
     if not bundle.is_file():
         return "unsigned", f"cert {cert.path.name} is not signed (no {bundle.name} beside it)"
     try:
-        verify_bundle(
-            cert.path, bundle, policy.identity, policy.issuer, policy.repository, policy.offline
-        )
+        verify(cert.path, bundle, policy.signer, policy.trust)
     except CertInvalid as exc:
         return "invalid", f"cert {cert.path.name}: {exc}"
     return None
@@ -236,7 +239,8 @@ def check_cell(
     cell: DeployCell,
     index: CertIndex,
     model: ModelIdentity,
-    signing: SigningPolicy | None,
+    signing: BundlePolicy | None,
+    verify: BundleVerifier = verify_bundle,
 ) -> CellCheck:
     """Decide one cell: a cert must have measured it, and every such cert must pass."""
     if cell.unread_env_files:
@@ -267,7 +271,7 @@ def check_cell(
             reason = f"cert {cert.path.name} is not promotable ({cert.not_promotable})"
             return CellCheck(cell, "not_promotable", reason, cert.path)
         if signing is not None:
-            bad = _signature_problem(cert, signing)
+            bad = _signature_problem(cert, signing, verify)
             if bad is not None:
                 return CellCheck(cell, bad[0], bad[1], cert.path)
     names = ", ".join(c.path.name for c in same)
@@ -280,9 +284,13 @@ def check_cells(
     config: Path,
     cells: Sequence[DeployCell],
     certs_dir: Path,
-    signing: SigningPolicy | None,
+    signing: BundlePolicy | None,
+    verify: BundleVerifier = verify_bundle,
 ) -> DeployReport:
-    """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``."""
+    """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``.
+
+    ``verify`` is the bundle check (sigstore's; tests pass a fake).
+    """
     index = index_certs(certs_dir)
     identities: dict[str, ModelIdentity] = {}
     checks: list[CellCheck] = []
@@ -292,6 +300,6 @@ def check_cells(
         key = str(cell.model_path) if cell.model_path is not None else "hf:" + cell.model
         if key not in identities:
             identities[key] = identify_model(cell.model_path, cell.model)
-        checks.append(check_cell(cell, index, identities[key], signing))
+        checks.append(check_cell(cell, index, identities[key], signing, verify))
     serial = tuple(cell for cell in cells if not cell.needs_cert)
     return DeployReport(config, tuple(checks), serial, unsigned_allowed=signing is None)

@@ -22,7 +22,7 @@ import requests
 from batch_invariance.engines.base import Engine
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.run.dispatch import BusyProbe
-from batch_invariance.run.transport import get_json
+from batch_invariance.run.probe import get_json
 
 ARM_A_NOTE = (
     "arm A not available: the tool cannot start a --parallel 1 server on an attached server; "

@@ -74,6 +74,9 @@ class GgufInfo:
     #: ``sliding_window`` when the model declares one (informational: the estimate stays
     #: conservative and sizes every layer for the full context).
     sliding_window: int | None
+    #: ``tokenizer.chat_template``; ``None`` for a model without one (a base model): on the
+    #: chat endpoint llama-server then falls back to ChatML (core/chat_template.py).
+    chat_template: str | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -167,9 +170,13 @@ class _Reader:
         raise ValueError(f"unknown GGUF value type {vtype}")
 
 
+#: The one tokenizer key kept: whether the model carries its own chat template.
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
+
+
 def _wanted(key: str) -> bool:
     # Keep everything except the (huge) tokenizer tables.
-    return not key.startswith("tokenizer.")
+    return key == CHAT_TEMPLATE_KEY or not key.startswith("tokenizer.")
 
 
 def read_metadata(path: str | Path) -> tuple[int, dict[str, Any]]:
@@ -240,6 +247,7 @@ def parse_info(path: str | Path) -> GgufInfo:
     ctx_len = meta.get(f"{arch}.context_length")
     swa = meta.get(f"{arch}.attention.sliding_window")
     name = meta.get("general.name")
+    template = meta.get(CHAT_TEMPLATE_KEY)
     return GgufInfo(
         path=p,
         file_size=p.stat().st_size,
@@ -255,6 +263,7 @@ def parse_info(path: str | Path) -> GgufInfo:
         expert_count=_int(meta, f"{arch}.expert_count", 0),
         context_length=int(ctx_len) if isinstance(ctx_len, int) else None,
         sliding_window=int(swa) if isinstance(swa, int) else None,
+        chat_template=template if isinstance(template, str) and template.strip() else None,
     )
 
 

@@ -22,7 +22,7 @@ from batch_invariance.engines import ports
 from batch_invariance.engines.base import Engine, LaunchCommand, LaunchRequest
 from batch_invariance.engines.llama_server import LlamaServer
 from batch_invariance.run.dispatch import BusyProbe
-from batch_invariance.run.transport import get_text
+from batch_invariance.run.probe import get_text
 
 
 @dataclass

@@ -110,6 +110,12 @@ class Profile:
             )
         return made
 
+    def _corner_or_default(self, corner: str | None) -> str:
+        return corner or self.default_corner
+
+    def _seed_or_default(self, seed: int | None) -> int:
+        return self.default_seed if seed is None else seed
+
     def generate(
         self,
         ctx: int,
@@ -123,13 +129,12 @@ class Profile:
         When ``generate`` accepts a ``skipped`` keyword (a list it appends to), what it left
         out is added to ``notes``.
         """
-        corner = corner or self.default_corner
+        corner, seed = self._corner_or_default(corner), self._seed_or_default(seed)
         if self.corners and corner not in self.corners:
             raise UsageError(
                 f"profile {self.name}: unknown --corner {corner!r}; "
                 f"expected one of {', '.join(self.corners)}"
             )
-        seed = self.default_seed if seed is None else seed
         extra: dict[str, Any] = {}
         if notes is not None and "skipped" in inspect.signature(self.generate_fn).parameters:
             extra["skipped"] = notes
@@ -170,8 +175,7 @@ class Profile:
         notes: list[str] | None = None,
     ) -> Workset:
         """:meth:`generate` as a hashed :class:`Workset`."""
-        corner = corner or self.default_corner
-        seed = self.default_seed if seed is None else seed
+        corner, seed = self._corner_or_default(corner), self._seed_or_default(seed)
         items = self.generate(ctx, corner, seed, token_counter, notes)
         return workset_from_items(
             items, source=f"profile {self.name} (ctx {ctx}, corner {corner}, seed {seed})"

@@ -15,26 +15,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.schema import cert_to_json
-from batch_invariance.cert.signing import bundle_path_for
+from batch_invariance.cert.signing import BundlePolicy, bundle_path_for
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.errors import BatchInvarianceError, CertInvalid, UsageError
 from batch_invariance.report.model import LoadedCert, Signature
 
 _CERT_NAME = re.compile(r".+__ctx\d+__N\d+\.json")
-
-
-@dataclass(frozen=True)
-class BundlePolicy:
-    """Who must have signed each bundle (as for ``verify-cert --bundle``)."""
-
-    identity: str
-    issuer: str
-    repository: str | None
-    offline: bool
 
 
 def is_cert_name(path: Path) -> bool:
@@ -74,14 +63,12 @@ def check_signature(cert: Path, policy: BundlePolicy | None) -> Signature:
     from batch_invariance.cert.signing import verify_bundle
 
     try:
-        verify_bundle(
-            cert, bundle, policy.identity, policy.issuer, policy.repository, policy.offline
-        )
+        verify_bundle(cert, bundle, policy.signer, policy.trust)
     except CertInvalid as exc:
         return Signature("failed", str(exc))
     except BatchInvarianceError as exc:  # trust root unavailable: no answer either way
         return Signature("error", str(exc))
-    return Signature("verified", f"{policy.identity}, {policy.issuer}")
+    return Signature("verified", f"{policy.signer.identity}, {policy.signer.issuer}")
 
 
 def load_cert(path: Path, policy: BundlePolicy | None) -> LoadedCert:

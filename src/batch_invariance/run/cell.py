@@ -31,9 +31,11 @@ from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import UsageError
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
+from batch_invariance.run.probe import server_chat_template
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import ArmStats, CellRun, ServerRecord
-from batch_invariance.run.transport import RawResponse, RequestTemplate
+from batch_invariance.run.response import RawResponse
+from batch_invariance.run.transport import RequestTemplate
 from batch_invariance.run.trials import Notes, trials_for
 
 if TYPE_CHECKING:
@@ -140,6 +142,7 @@ def run_cell(
         raise UsageError(problems[0])
     sink: ProgressSink = progress if progress is not None else NullProgress()
     template = request_template(plan)
+    control = template.without_logprobs()  # B and A' never read logprobs (LOGPROB_ARMS)
     items = plan.items
     notes = Notes()
     stats: list[ArmStats] = []
@@ -158,6 +161,7 @@ def run_cell(
         launches += 1
         with launcher.launch("A", 1, plan.ctx) as server_a:
             started = time.monotonic()
+            chat_template = server_chat_template(server_a.base_url)
             sink.arm(ARM_A)
             t0 = time.monotonic()
             a_resp = run_serial(server_a.base_url, template, items, server_a.check_alive, tick)
@@ -166,7 +170,7 @@ def run_cell(
                 sink.arm("A'")
                 t0 = time.monotonic()
                 a_repeat_resp = run_serial(
-                    server_a.base_url, template, items, server_a.check_alive, tick
+                    server_a.base_url, control, items, server_a.check_alive, tick
                 )
                 stats.append(_arm_stats(ARM_A_REPEAT, None, time.monotonic() - t0, a_repeat_resp))
             servers.append(_server_record("A", server_a, time.monotonic() - started))
@@ -178,7 +182,7 @@ def run_cell(
             started = time.monotonic()
             sink.arm(ARM_B)
             t0 = time.monotonic()
-            b_resp = run_serial(server_bc.base_url, template, items, server_bc.check_alive, tick)
+            b_resp = run_serial(server_bc.base_url, control, items, server_bc.check_alive, tick)
             stats.append(_arm_stats(ARM_B, None, time.monotonic() - t0, b_resp))
             for index in range(plan.gate_passes):
                 sink.arm(ARM_C, index, plan.gate_passes)
@@ -244,6 +248,7 @@ def run_cell(
         wall_s=time.monotonic() - cell_start,
         source=launcher.source,
         notes=tuple(notes.items),
+        server_chat_template=chat_template,
     )
 
 

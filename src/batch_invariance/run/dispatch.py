@@ -20,16 +20,15 @@ from typing import Any, Literal
 import requests
 
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.run.transport import (
-    RawResponse,
-    RequestTemplate,
+from batch_invariance.run.probe import (
     busy_from_metrics,
     busy_from_slots,
     get_json,
     get_text,
-    send,
     tasks_from_slots,
 )
+from batch_invariance.run.response import RawResponse
+from batch_invariance.run.transport import RequestTemplate, send
 
 #: Called after each completed request with the response (from any thread).
 OnDone = Callable[[RawResponse], None]

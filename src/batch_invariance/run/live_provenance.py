@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from batch_invariance import __version__
+from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.engines import host as hostinfo
 from batch_invariance.engines.live_launcher import BinaryIdentity, LiveLauncher
 from batch_invariance.run.workset import Workset
@@ -68,4 +69,12 @@ def provenance_for(
             ],
         },
         "profile": None if cell.profile is None else dict(cell.profile),
+        # The model file says whether the template is the model's own or the server's fallback.
+        "chat_template": judge_chat_template(
+            uses_chat=sends_chat(cell.request.endpoint, workset.items),
+            server_argv=cell.server_flags,
+            server_template=None,
+            model_read=True,
+            model_template=cell.gguf.chat_template,
+        ).to_record(),
     }

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.core.evidence import ARM_A, ARM_A_REPEAT, ARM_B, ARM_C, CellEvidence
 from batch_invariance.core.plan import CellPlan
 
@@ -78,6 +79,8 @@ class CellRun:
     #: What kind of server answered: the launcher's ``source`` ("live" or "mock").
     source: Literal["live", "mock", "attached"] = "mock"
     notes: tuple[str, ...] = ()
+    #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
+    server_chat_template: str | None = None
 
     @property
     def kv_label(self) -> str:
@@ -128,4 +131,10 @@ class CellRun:
                 "n_items": len(self.plan.items),
             },
             "notes": list(self.notes[:200]),
+            # From the server's own report; a live run refines it from the model file.
+            "chat_template": judge_chat_template(
+                uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
+                server_argv=[a for s in self.servers for a in s.argv],
+                server_template=self.server_chat_template,
+            ).to_record(),
         }

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from batch_invariance.core.evidence import Trial
 from batch_invariance.core.scoring import Completion, Scorer, evaluate
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.run.transport import RawResponse
+from batch_invariance.run.response import RawResponse
 
 
 def content_sha256(text: str) -> str:

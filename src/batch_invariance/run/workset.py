@@ -156,12 +156,14 @@ def expand_reps(items: Sequence[WorkItem], reps: int) -> tuple[WorkItem, ...]:
 
 
 #: The work-sets shipped in the package (``data/worksets/<name>.json``).
-BUNDLED_WORKSETS: tuple[str, ...] = ("demo", "mock")
+BUNDLED_WORKSETS: tuple[str, ...] = ("demo", "demo_completions", "mock")
 
 
 def bundled_workset_path(name: str) -> Path:
-    """The path of a bundled work-set: ``demo`` (16 open-ended prompts, run by ``demo`` and
-    the Action) or ``mock`` (the ``run-mock`` default, a copy of ``examples/workset.json``)."""
+    """The path of a bundled work-set: ``demo`` (16 open-ended chat prompts, the Action's
+    default), ``demo_completions`` (32 completion-style openings a base model continues, run
+    by ``demo`` on ``/v1/completions``) or ``mock`` (the ``run-mock`` default, a copy of
+    ``examples/workset.json``)."""
     from importlib import resources
 
     if name not in BUNDLED_WORKSETS:

@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
+from batch_invariance.core.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.engines.mock.knobs import Busy, Generation
 from batch_invariance.engines.mock.oracle import token_id, tokenize
 
@@ -137,6 +138,7 @@ class MockHandler(BaseHTTPRequestHandler):
                 "build_info": "batch-invariance mock",
                 "endpoint_slots": mock.knobs.slots_endpoint,
                 "endpoint_metrics": mock.knobs.metrics,
+                "chat_template": mock.knobs.chat_template or LLAMA_CPP_CHATML_FALLBACK,
             })  # fmt: skip
         elif path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": "mock", "object": "model"}]})

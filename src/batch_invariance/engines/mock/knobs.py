@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+#: The chat template the mock reports by default: a model that carries its own.
+MOCK_CHAT_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+
 
 @dataclass(frozen=True)
 class MockKnobs:
@@ -39,6 +42,9 @@ class MockKnobs:
     #: The server "dies" (stops listening and drops every connection) after answering this
     #: many completion requests (``None``: never).
     die_after_requests: int | None = None
+    #: The model's own chat template; ``None`` plays a base model without one: ``/props``
+    #: then reports llama.cpp's ChatML fallback, as llama-server does.
+    chat_template: str | None = MOCK_CHAT_TEMPLATE
     seed: int = 0
 
 

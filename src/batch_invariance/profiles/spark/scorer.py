@@ -1,4 +1,4 @@
-"""The spark scorer: per-family answer extraction, scoring and failure modes.
+"""The spark scorer: per-family scoring and failure modes (answer extraction: ``extract.py``).
 
 Profile entry point: :func:`make_scorer`. Everything here is pure and deterministic; the
 family comes from ``item.family`` and what a family needs beyond the expected answer (key
@@ -37,11 +37,25 @@ import ast
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from batch_invariance.core.evidence import OK, TRANSPORT_MODES
 from batch_invariance.core.scoring import Completion, Score, Scorer
 from batch_invariance.core.workitem import WorkItem
+from batch_invariance.profiles.spark.extract import (
+    code_block,
+    extract_a2,
+    extract_d1,
+    extract_e1,
+    extract_e4,
+    extract_e5,
+    extract_json,
+    extract_number,
+    first_json_object,
+    non_space,
+    visible_text,
+)
 
 EMPTY = "empty"
 PREMATURE_EOS = "premature_eos"
@@ -52,30 +66,12 @@ PARSE_FAIL = "parse_fail"
 INSTRUCTION_FADE = "instruction_fade"
 
 _REASONING_MARKERS = ("<think>", "</think>", "<|channel|>", "<reasoning>", "</reasoning>")
-_A2_CODE = re.compile(r"\b([A-Z]{2}-\d{4}-[A-Z]{2})\b", re.IGNORECASE)
-_E1_CODE = re.compile(r"(?<!\d)(\d{6})(?!\d)")
-# Commas only as thousands separators: "1,234" is 1234, "1,18" is two numbers.
-_NUMBER_TEXT = r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
-_NUMBER = re.compile(_NUMBER_TEXT)
-_ANSWER_NUMBER = re.compile(
-    rf"(?:answer|result|returns?|is|=)\s*[:*]*\s*\**\s*({_NUMBER_TEXT})", re.IGNORECASE
-)
-_FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
-_BULLET = re.compile(r"^[\s\-*•>#]*(?:\d+[.)]\s*)?")
 
 #: Longest reply (characters) still read as an attempt when no answer is found in it.
 _ATTEMPT_CHARS = 80
 #: Prose allowed around an answer that was asked for alone (non-space characters).
 _JSON_SLACK = 40
 _CODE_SLACK = 80
-
-
-def visible_text(text: str) -> str:
-    """The part of a completion after any closed thinking block."""
-    for marker in ("</think>", "</reasoning>"):
-        if marker in text:
-            text = text.rsplit(marker, 1)[1]
-    return text.strip()
 
 
 def is_runaway(text: str, min_span: int = 32, min_reps: int = 4) -> bool:
@@ -95,126 +91,6 @@ def is_runaway(text: str, min_span: int = 32, min_reps: int = 4) -> bool:
         if span >= max(min_span, min_reps * period):
             return True
     return False
-
-
-def first_json_object(text: str) -> tuple[dict[str, Any], int, int] | None:
-    """The first JSON object in ``text`` with its start and end offsets, or ``None``."""
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", text):
-        try:
-            value, end = decoder.raw_decode(text, match.start())
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value, match.start(), end
-    return None
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _normal_number(raw: str) -> str | None:
-    cleaned = raw.replace(",", "")
-    try:
-        value = float(cleaned)
-    except ValueError:
-        return None
-    if value.is_integer():
-        return str(int(value))
-    return repr(value)
-
-
-def _non_space(text: str) -> int:
-    return len(re.sub(r"\s+", "", text))
-
-
-def _list_items(text: str) -> list[str]:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if len(lines) <= 1:
-        lines = re.split(r",|;|\band\b", text)
-    items: list[str] = []
-    for line in lines:
-        item = _BULLET.sub("", line).strip().strip(".,;:!*`\"'").strip().lower()
-        if item:
-            items.append(item)
-    return items
-
-
-# ----------------------------------------------------------------- extraction
-def _extract_a2(text: str, item: WorkItem) -> str | None:
-    match = _A2_CODE.search(text)
-    return match.group(1).upper() if match else None
-
-
-def _bare_number(line: str) -> str | None:
-    bare = line.strip().strip("*`.").strip()
-    return _normal_number(bare) if _NUMBER.fullmatch(bare) else None
-
-
-def _extract_number(text: str, item: WorkItem) -> str | None:
-    # The reply, or its first line, is just a number: that is the answer, whatever a
-    # following explanation mentions.
-    for candidate in (text, text.strip().split("\n", 1)[0]):
-        bare = _bare_number(candidate)
-        if bare is not None:
-            return bare
-    stated = _ANSWER_NUMBER.findall(text)
-    if stated:
-        return _normal_number(stated[-1])
-    numbers = _NUMBER.findall(text)
-    return _normal_number(numbers[-1]) if numbers else None
-
-
-def _extract_d1(text: str, item: WorkItem) -> str | None:
-    items = _list_items(text)
-    return "; ".join(items) if items else None
-
-
-def _extract_e1(text: str, item: WorkItem) -> str | None:
-    codes = _E1_CODE.findall(text)
-    return ",".join(codes) if codes else None
-
-
-def _extract_json(text: str, item: WorkItem) -> str | None:
-    found = first_json_object(text)
-    return _canonical(found[0]) if found else None
-
-
-def _code_block(text: str) -> tuple[str, int] | None:
-    """The first fenced block that defines a function (or the first ``def`` onwards) and how
-    many non-space characters of the text lie outside it."""
-    for match in _FENCE.finditer(text):
-        if "def " in match.group(1):
-            outside = text[: match.start()] + text[match.end() :]
-            return match.group(1).strip("\n"), _non_space(outside.replace("```", ""))
-    start = text.find("def ")
-    if start < 0:
-        return None
-    # Unfenced: the function runs until the first non-indented line after its header.
-    lines = text[start:].replace("```", "").split("\n")
-    end = next(
-        (i for i, ln in enumerate(lines[1:], 1) if ln.strip() and not ln[:1].isspace()),
-        len(lines),
-    )
-    code = "\n".join(lines[:end]).strip("\n")
-    rest = "\n".join(lines[end:])
-    return code, _non_space(text[:start]) + _non_space(rest)
-
-
-def _extract_e4(text: str, item: WorkItem) -> str | None:
-    block = _code_block(text)
-    return block[0].rstrip() if block else None
-
-
-def _extract_e5(text: str, item: WorkItem) -> str | None:
-    candidates: Sequence[str] = item.meta.get("candidates", [])
-    best: tuple[int, str] | None = None
-    for name in candidates:
-        match = re.search(rf"\b{re.escape(name)}\b", text)
-        if match and (best is None or match.start() < best[0]):
-            best = (match.start(), name)
-    return best[1] if best else None
 
 
 # ----------------------------------------------------------------- scoring
@@ -324,20 +200,25 @@ def _score_e4(extracted: str, expected: str, item: WorkItem) -> Score:
     return _hit(got is not None and got == want)
 
 
-_Extractor = Callable[[str, WorkItem], "str | None"]
-_Judge = Callable[[str, str, WorkItem], Score]
+@dataclass(frozen=True)
+class _FamilyRule:
+    """How one family's answer is read from the reply and judged against the expected one."""
 
-_FAMILIES: Mapping[str, tuple[_Extractor, _Judge]] = {
-    "A2": (_extract_a2, _score_exact),
-    "A4": (_extract_number, _score_numeric),
-    "B1": (_extract_number, _score_numeric),
-    "C1": (_extract_number, _score_numeric),
-    "D1": (_extract_d1, _score_d1),
-    "E1": (_extract_e1, _score_e1),
-    "E2": (_extract_json, _score_e2),
-    "E3": (_extract_json, _score_e3),
-    "E4": (_extract_e4, _score_e4),
-    "E5": (_extract_e5, _score_exact),
+    extract: Callable[[str, WorkItem], str | None]
+    judge: Callable[[str, str, WorkItem], Score]
+
+
+_FAMILIES: Mapping[str, _FamilyRule] = {
+    "A2": _FamilyRule(extract_a2, _score_exact),
+    "A4": _FamilyRule(extract_number, _score_numeric),
+    "B1": _FamilyRule(extract_number, _score_numeric),
+    "C1": _FamilyRule(extract_number, _score_numeric),
+    "D1": _FamilyRule(extract_d1, _score_d1),
+    "E1": _FamilyRule(extract_e1, _score_e1),
+    "E2": _FamilyRule(extract_json, _score_e2),
+    "E3": _FamilyRule(extract_json, _score_e3),
+    "E4": _FamilyRule(extract_e4, _score_e4),
+    "E5": _FamilyRule(extract_e5, _score_exact),
 }
 
 _JSON_FAMILIES = frozenset({"E2", "E3"})
@@ -383,7 +264,7 @@ class SparkScorer(Scorer):
         entry = _FAMILIES.get(item.family or "")
         if entry is None:
             return visible
-        return entry[0](visible, item)
+        return entry.extract(visible, item)
 
     def classify_failure_mode(
         self, completion: Completion, item: WorkItem, extracted: str | None
@@ -418,15 +299,15 @@ class SparkScorer(Scorer):
         if family == "E4":
             if _function_dump(extracted, None) is None:
                 return PARSE_FAIL
-            block = _code_block(visible)
-            if block is not None and block[1] > _CODE_SLACK:
+            block = code_block(visible)
+            if block is not None and block.outside_chars > _CODE_SLACK:
                 return INSTRUCTION_FADE
         elif family in _JSON_FAMILIES:
             found = first_json_object(visible)
             if found is not None:
-                outside = visible[: found[1]] + visible[found[2] :]
+                outside = visible[: found.start] + visible[found.end :]
                 outside = re.sub(r"```(?:json)?", "", outside)
-                if _non_space(outside) > _JSON_SLACK:
+                if non_space(outside) > _JSON_SLACK:
                     return INSTRUCTION_FADE
         elif family == "E1":
             if len(extracted.split(",")) != len(item.meta.get("keys", [])):
@@ -443,7 +324,7 @@ class SparkScorer(Scorer):
         entry = _FAMILIES.get(item.family or "")
         if entry is None:
             return _score_exact(extracted, expected, item)
-        return entry[1](extracted, expected, item)
+        return entry.judge(extracted, expected, item)
 
 
 def make_scorer() -> Scorer:

@@ -1,0 +1,95 @@
+"""Which chat template shaped the chat requests of a cell, and whether to warn about it.
+
+A base model (the embedded Gemma 3 270M, for one) carries no ``tokenizer.chat_template``.
+On ``/v1/chat/completions`` llama-server then silently falls back to its built-in ChatML
+template, and the model answers with junk such as ``<|im_end|>\\n<|im_start|>``. The verdict
+is still a fact about the server, but the answers are not what anyone deploys: the cert and
+the banner say so and name the fixes.
+
+Pure: the caller reads the model's template (GGUF header), the server's (``GET /props``,
+``chat_template``) and the server argv, and passes them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from batch_invariance.core.workitem import WorkItem
+
+ChatTemplateSource = Literal["model", "server_flag", "server_fallback", "unknown", "not_used"]
+
+#: llama.cpp's built-in fallback, byte for byte as the real ``/props`` reports it when the
+#: model has no template (checked against llama-server 11434.0.0; the newlines inside the
+#: Jinja string literals are real newline characters, not ``\n`` escapes).
+LLAMA_CPP_CHATML_FALLBACK = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}"
+)
+
+#: Server flags that pick the template explicitly (the operator's choice: nothing to warn).
+TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file")
+
+FIXES = (
+    "send completion-style prompts with --endpoint completions, or pick a template with "
+    "--server-flag --chat-template NAME"
+)
+FALLBACK_WARNING = (
+    "the model has no chat template of its own: llama-server wrapped every chat request in "
+    "its ChatML fallback, so the answers may be junk; " + FIXES
+)
+
+
+@dataclass(frozen=True)
+class ChatTemplateCheck:
+    """Where the chat template came from; ``warning`` is set when answers may be junk."""
+
+    source: ChatTemplateSource
+    warning: str | None
+
+    def to_record(self) -> dict[str, Any]:
+        return {"source": self.source, "warning": self.warning}
+
+
+def sends_chat(endpoint: str, items: Iterable[WorkItem]) -> bool:
+    """Whether any of ``items`` goes to the chat endpoint (rows with messages always do)."""
+    return endpoint == "chat" or any(item.messages is not None for item in items)
+
+
+def sets_template(server_argv: Sequence[str]) -> bool:
+    """Whether the argv names a template (``--chat-template X`` or ``--chat-template=X``)."""
+    return any(arg.split("=", 1)[0] in TEMPLATE_FLAGS for arg in server_argv)
+
+
+def judge_chat_template(
+    *,
+    uses_chat: bool,
+    server_argv: Sequence[str],
+    server_template: str | None,
+    model_read: bool = False,
+    model_template: str | None = None,
+) -> ChatTemplateCheck:
+    """The :class:`ChatTemplateCheck` of a cell.
+
+    ``model_read`` says the model file's header was read (``model_template`` is then what it
+    carries, ``None`` for none). Without it, the server's own report decides: its built-in
+    fallback text means the model had none; any other template is taken as the model's.
+    """
+    if not uses_chat:
+        return ChatTemplateCheck("not_used", None)
+    if sets_template(server_argv):
+        return ChatTemplateCheck("server_flag", None)
+    if model_read:
+        if model_template:
+            return ChatTemplateCheck("model", None)
+        return ChatTemplateCheck("server_fallback", FALLBACK_WARNING)
+    if server_template is None:
+        return ChatTemplateCheck("unknown", None)
+    if server_template.strip() == LLAMA_CPP_CHATML_FALLBACK.strip():
+        return ChatTemplateCheck("server_fallback", FALLBACK_WARNING)
+    return ChatTemplateCheck("model", None)
