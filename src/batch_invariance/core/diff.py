@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter, is_not, ne
 from typing import Any, Literal
 
 from batch_invariance.core.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, ItemMeta, Trial
@@ -283,6 +286,64 @@ def _outcome(xf: _Facts, yf: _Facts) -> Outcome:
     return "clean"
 
 
+#: Everything :func:`classify` reads from one trial, as one comparable tuple, fetched in C.
+#: The ``__class__`` entries keep ``1``, ``1.0`` and ``True`` apart (stricter than
+#: :func:`same_value`, which is fine: unequal keys only mean "check field by field").
+_AGREEMENT_FIELDS = attrgetter(
+    "score",
+    "score.__class__",
+    "passed",
+    "passed.__class__",
+    "extracted_answer",
+    "expected_answer",
+    "prompt_tokens_measured",
+    "prompt_tokens_measured.__class__",
+    "failure_mode",
+    "content_sha256",
+    "completion",
+    "tokens",
+)
+
+
+_FAILURE_MODE = attrgetter("failure_mode")
+_LOGPROBS = attrgetter("token_logprobs")
+
+
+def agreement_key(t: Trial) -> tuple[Any, ...]:
+    """Two trials with equal keys compare ``clean`` (or ``skipped`` when both are transport
+    failures: the failure mode is in the key). Unequal keys (NaN included) prove nothing and
+    go through the field-by-field check."""
+    key: tuple[Any, ...] = _AGREEMENT_FIELDS(t)
+    return key
+
+
+@dataclass(frozen=True)
+class KeyedArm:
+    """One map of trials with its per-trial facts computed once (an arm is compared with
+    several others: A with every C pass, every C pass with A and with B)."""
+
+    trials: Mapping[str, Trial]
+    keys: Mapping[str, tuple[Any, ...]]
+    #: Ids whose trial is a transport failure.
+    transport: frozenset[str]
+    #: Ids whose trial carries chosen-token logprobs.
+    with_logprobs: frozenset[str]
+
+
+def keyed(trials: Mapping[str, Trial]) -> KeyedArm:
+    """The :class:`KeyedArm` of a map of trials."""
+    # map/compress keep the per-trial work in C: this runs on every trial of every arm.
+    ids, values = trials.keys(), trials.values()
+    modes = map(_FAILURE_MODE, values)
+    logprobs = map(_LOGPROBS, values)
+    return KeyedArm(
+        trials=trials,
+        keys=dict(zip(ids, map(_AGREEMENT_FIELDS, values), strict=True)),
+        transport=frozenset(compress(ids, map(TRANSPORT_MODES.__contains__, modes))),
+        with_logprobs=frozenset(compress(ids, map(is_not, logprobs, repeat(None)))),
+    )
+
+
 def classify(x: Trial | None, y: Trial | None) -> Outcome:
     """The outcome of one comparison (see the module docstring)."""
     if x is None or y is None:
@@ -308,7 +369,20 @@ def compare(
     The result depends only on the contents of the maps, never on their iteration order:
     every id list in the report is sorted, rows are sorted by (id, pass).
     """
-    meta = {m.test_id: m for m in items}
+    return compare_keyed(pair, keyed(x), [(i, keyed(y)) for i, y in ys], items, logit_eps)
+
+
+def compare_keyed(
+    pair: str,
+    xa: KeyedArm,
+    ys: Sequence[tuple[int | None, KeyedArm]],
+    items: Iterable[ItemMeta] = (),
+    logit_eps: float | None = None,
+) -> PairReport:
+    """:func:`compare` on arms whose facts are already computed.
+
+    Ids whose agreement keys are equal are clean (or skipped) without a per-id step; only
+    ids with unequal keys, missing ids and ids with logprobs on both sides are visited."""
     divergent: set[str] = set()
     token_only: set[str] = set()
     compared: set[str] = set()
@@ -318,41 +392,54 @@ def compare(
     rows: list[DivergenceRow] = []
     drift: dict[str, float] = {}
     per_pass: list[PassCount] = []
-    # Per-trial facts are computed once per trial, not once per comparison: A is compared
-    # with every pass, and this loop is the hot path of the whole core.
-    x_facts = {tid: _facts(t) for tid, t in x.items()}
-    for pass_index, y in ys:
+    x, xk = xa.trials, xa.keys
+    for pass_index, ya in ys:
+        y, yk = ya.trials, ya.keys
         counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
-        for test_id in x_facts.keys() | y.keys():
-            xf = x_facts.get(test_id)
-            yt = y.get(test_id)
-            if xf is None or yt is None:
+        absent = _ABSENT
+        unequal = list(
+            compress(yk.keys(), map(ne, map(xk.get, yk.keys(), repeat(absent)), yk.values()))
+        )
+        pass_skipped = {
+            tid for tid in xa.transport if tid in yk and xk[tid] == yk[tid]
+        }  # equal keys: both sides are the same transport failure
+        pass_divergent: set[str] = set()
+        missing_y = xk.keys() - yk.keys()
+        for test_id in (*unequal, *missing_y):
+            xt, yt = x.get(test_id), y.get(test_id)
+            if xt is None or yt is None:
                 counts["divergent"] += 1
-                compared.add(test_id)
-                divergent.add(test_id)
-                xt_missing = None if xf is None else xf[0]
-                (only_y if xf is None else only_x).add(test_id)
-                rows.append(_row(test_id, pass_index, xt_missing, yt, "missing"))
+                pass_divergent.add(test_id)
+                (only_y if xt is None else only_x).add(test_id)
+                rows.append(_row(test_id, pass_index, xt, yt, "missing"))
                 continue
-            xt = xf[0]
-            yf = _facts(yt)
-            outcome = _outcome(xf, yf)
+            outcome = _outcome(_facts(xt), _facts(yt))
             counts[outcome] += 1
             if outcome == "skipped":
-                skipped.add(test_id)
-                continue
-            compared.add(test_id)
-            if outcome == "divergent":
-                divergent.add(test_id)
+                pass_skipped.add(test_id)
+            elif outcome == "divergent":
+                pass_divergent.add(test_id)
                 rows.append(_row(test_id, pass_index, xt, yt, "invariant"))
-                continue
-            if outcome == "token_only":
+            elif outcome == "token_only":
                 token_only.add(test_id)
                 rows.append(_row(test_id, pass_index, xt, yt, "token_only"))
-            if xt.token_logprobs is not None and yt.token_logprobs is not None:
-                delta = _logit_delta(xt, yt)
-                if delta is not None and delta > 0.0:
-                    drift[test_id] = max(delta, drift.get(test_id, 0.0))
+        n_equal = len(yk) - len(unequal)
+        n_equal_skipped = len(pass_skipped) - counts["skipped"]
+        counts["skipped"] += n_equal_skipped
+        counts["clean"] += n_equal - n_equal_skipped
+        for test_id in xa.with_logprobs & ya.with_logprobs:
+            if test_id in pass_skipped or test_id in pass_divergent:
+                continue
+            delta = _logit_delta(x[test_id], y[test_id])
+            if delta is not None and delta > 0.0:
+                drift[test_id] = max(delta, drift.get(test_id, 0.0))
+        divergent |= pass_divergent
+        skipped |= pass_skipped
+        if pass_skipped:
+            compared |= (xk.keys() | yk.keys()) - pass_skipped
+        else:
+            compared.update(xk.keys())
+            compared.update(yk.keys())
         if pass_index is not None:
             per_pass.append(
                 PassCount(
@@ -371,19 +458,9 @@ def compare(
     drift_ids = (
         tuple(sorted(i for i, d in drift.items() if d > logit_eps)) if logit_eps is not None else ()
     )
-    by_family: dict[str, list[int]] = {}
-    by_fill: dict[str, list[int]] = {}
-    for test_id in compared:
-        m = meta.get(test_id)
-        fam = (m.family if m is not None else None) or "unknown"
-        fill = _fill_label(m.fill if m is not None else None)
-        for table, key in ((by_family, fam), (by_fill, fill)):
-            cell = table.setdefault(key, [0, 0, 0])
-            cell[0] += 1
-            cell[1] += test_id in divergent
-            cell[2] += test_id in token_only
     n_compared = len(compared)
     rows.sort(key=lambda r: (r.test_id, -1 if r.pass_index is None else r.pass_index))
+    by_family, by_fill = _group_counts(compared, divergent, token_only, items)
     return PairReport(
         pair=pair,
         n_compared=n_compared,
@@ -396,8 +473,8 @@ def compare(
         token_divergence_ids=tuple(sorted(token_only)),
         transport_skipped_ids=tuple(sorted(skipped)),
         per_id=tuple(rows),
-        by_family={k: GroupCount(*v) for k, v in sorted(by_family.items())},
-        by_fill={k: GroupCount(*v) for k, v in sorted(by_fill.items())},
+        by_family=by_family,
+        by_fill=by_fill,
         logit_drift=LogitDrift(
             armed=armed,
             eps=logit_eps,
@@ -407,6 +484,34 @@ def compare(
         ),
         per_pass=tuple(sorted(per_pass, key=lambda p: p.index)),
     )
+
+
+#: Stands for an id missing from the reference arm; equal to no agreement key.
+_ABSENT: tuple[Any, ...] = (object(),)
+
+
+def _group_counts(
+    compared: set[str], divergent: set[str], token_only: set[str], items: Iterable[ItemMeta]
+) -> tuple[dict[str, GroupCount], dict[str, GroupCount]]:
+    """Compared, divergent and token-only ids per family and per fill bucket (divergent and
+    token-only ids are among the compared ones)."""
+    family: dict[str, str] = {}
+    fill: dict[str, str] = {}
+    for m in items:
+        family[m.test_id] = m.family or "unknown"
+        fill[m.test_id] = _fill_label(m.fill)
+    unknown_fill = _fill_label(None)
+    tables = []
+    for label_of, default in ((family, "unknown"), (fill, unknown_fill)):
+        get = label_of.get
+        if compared <= label_of.keys():
+            n = Counter(map(label_of.__getitem__, compared))
+        else:
+            n = Counter(get(t, default) for t in compared)
+        d = Counter(get(t, default) for t in divergent)
+        o = Counter(get(t, default) for t in token_only)
+        tables.append({k: GroupCount(n[k], d[k], o[k]) for k in sorted(n)})
+    return tables[0], tables[1]
 
 
 def diff_pair(

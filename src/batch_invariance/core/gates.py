@@ -23,15 +23,20 @@ How much a clean result covers (sample size, per-prompt bound, answer length) is
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import compress, repeat
+from operator import attrgetter, is_, methodcaller, ne, sub
 
 from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
     ARM_B,
     ARM_C,
+    OK,
+    TRANSPORT_MODES,
     CellEvidence,
     GatePolicy,
     PassRecord,
@@ -53,18 +58,13 @@ def exact_fraction(value: float) -> Fraction:
 def max_overlap_depth(intervals: Sequence[tuple[float, float]]) -> int:
     """Most intervals open at once. Touching intervals (one ends as the next starts) do not
     overlap: at equal times, ends are processed before starts. O(n log n)."""
-    events: list[tuple[float, int]] = []
-    for start, end in intervals:
-        if end <= start:
-            continue
-        events.append((start, 1))
-        events.append((end, -1))
-    events.sort(key=lambda e: (e[0], e[1]))
-    depth = best = 0
-    for _, step in events:
-        depth += step
-        best = max(best, depth)
-    return best
+    real = [(start, end) for start, end in intervals if not end <= start]
+    starts = sorted(start for start, _ in real)
+    ends = sorted(end for _, end in real)
+    # Just after the k-th start (0-based, sorted), k + 1 intervals have started and those
+    # ending at or before it (ends first at equal times) have closed; the peak follows a start.
+    closed = map(bisect_right, repeat(ends), starts)
+    return max(map(sub, range(1, len(starts) + 1), closed), default=0)
 
 
 def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> list[bool]:
@@ -79,28 +79,26 @@ def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> 
     Intervals shorter than ``margin`` can never count, as either side of a pair.
     """
     n = len(intervals)
-    order = sorted(range(n), key=lambda i: (intervals[i][0], intervals[i][1], i))
+    # A stable sort on (start, end) orders ties by index, as (start, end, index) would.
+    order = sorted(range(n), key=intervals.__getitem__)
     starts = [intervals[i][0] for i in order]
     ends = [intervals[i][1] for i in order]
     flags_sorted = [False] * n
-
-    def long_enough(k: int) -> bool:
-        dur = ends[k] - starts[k]
-        return dur >= margin and dur > 0
+    long_enough = [(d := e - s) >= margin and d > 0 for s, e in zip(starts, ends, strict=True)]
 
     # Backward scan: index of the next (in sort order) long-enough interval after k.
     next_long: list[int | None] = [None] * n
     following: int | None = None
     for k in range(n - 1, -1, -1):
         next_long[k] = following
-        if long_enough(k):
+        if long_enough[k]:
             following = k
 
     prefix_max_end = -math.inf
     for k in range(n):
         s, e = starts[k], ends[k]
-        if long_enough(k):
-            overlap = min(e, prefix_max_end) - s
+        if long_enough[k]:
+            overlap = (prefix_max_end if prefix_max_end < e else e) - s  # min(e, prefix_max_end)
             if overlap >= margin and overlap > 0:
                 flags_sorted[k] = True
             else:
@@ -109,7 +107,8 @@ def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> 
                     overlap = min(e, ends[j]) - starts[j]
                     if overlap >= margin and overlap > 0:
                         flags_sorted[k] = True
-        prefix_max_end = max(prefix_max_end, e)
+        if e > prefix_max_end:
+            prefix_max_end = e
 
     flags = [False] * n
     for k, original in enumerate(order):
@@ -117,10 +116,24 @@ def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> 
     return flags
 
 
-def _interval(trial: Trial) -> tuple[float, float] | None:
-    if trial.dispatch_ts is None or trial.complete_ts is None:
-        return None
-    return (trial.dispatch_ts, trial.complete_ts)
+#: A trial's request interval (dispatch, completion); either may be ``None``.
+_SPAN = attrgetter("dispatch_ts", "complete_ts")
+
+
+_FAILURE_MODE = attrgetter("failure_mode")
+_CACHE_N = methodcaller("get", "cache_n")
+_TIMINGS = attrgetter("timings")
+
+
+def ok_ids(trials: Mapping[str, Trial]) -> set[str]:
+    """Ids whose trial was genuinely scored (``failure_mode == "ok"``)."""
+    return set(compress(trials.keys(), map(OK.__eq__, map(_FAILURE_MODE, trials.values()))))
+
+
+def transport_ids(trials: Mapping[str, Trial]) -> set[str]:
+    """Ids whose trial is a transport failure."""
+    modes = map(_FAILURE_MODE, trials.values())
+    return set(compress(trials.keys(), map(TRANSPORT_MODES.__contains__, modes)))
 
 
 def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
@@ -129,13 +142,15 @@ def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
     Trials without an interval are ignored here (they can never be attributed); the coverage
     gate fails such a pass closed separately.
     """
-    ids: list[str] = []
-    spans: list[tuple[float, float]] = []
-    for test_id, trial in pass_record.trials.items():
-        span = _interval(trial)
-        if span is not None:
-            ids.append(test_id)
-            spans.append(span)
+    timed = [
+        (test_id, span)
+        for test_id, span in zip(
+            pass_record.trials.keys(), map(_SPAN, pass_record.trials.values()), strict=True
+        )
+        if None not in span
+    ]
+    ids = [test_id for test_id, _ in timed]
+    spans = [span for _, span in timed]
     flags = cobatched_flags(spans, margin)
     return frozenset(i for i, f in zip(ids, flags, strict=True) if f)
 
@@ -164,7 +179,7 @@ def overlap_gate(passes: Sequence[PassRecord]) -> OverlapGate:
     """F1: every pass shows client depth >= 2 and server busy slots >= 2."""
     rows: list[PassOverlap] = []
     for p in sorted(passes, key=lambda q: q.index):
-        spans = [s for s in (_interval(t) for t in p.trials.values()) if s is not None]
+        spans = [span for span in map(_SPAN, p.trials.values()) if None not in span]
         depth = max_overlap_depth(spans)
         busy = p.server_busy_max
         ok = depth >= REQUIRED_DEPTH and busy is not None and busy >= REQUIRED_DEPTH
@@ -208,12 +223,10 @@ def completion_floor_gate(
 ) -> FloorGate:
     """F2: the share of id x pass comparisons scored ``ok`` in both A and the pass."""
     total = scored = 0
+    a_ok = ok_ids(a)
     for p in passes:
-        for test_id in set(a) | set(p.trials):
-            total += 1
-            at, ct = a.get(test_id), p.trials.get(test_id)
-            if at is not None and ct is not None and at.is_ok and ct.is_ok:
-                scored += 1
+        total += len(a.keys() | p.trials.keys())
+        scored += len(a_ok & ok_ids(p.trials))
     required = policy.completion_floor
     if total == 0:
         return FloorGate(False, required, None, 0, 0, "F2 completion floor not met: no trials")
@@ -275,7 +288,9 @@ def coverage_gate(
     rows: list[PassCoverage] = []
     for p in sorted(passes, key=lambda q: q.index):
         n_ids = len(p.trials)
-        missing = sum(1 for t in p.trials.values() if _interval(t) is None)
+        missing = sum(
+            1 for t in p.trials.values() if t.dispatch_ts is None or t.complete_ts is None
+        )
         n_co = len(co_sets[p.index])
         required = required_cobatched(n_ids, policy.coverage_fraction)
         ok = missing == 0 and n_co >= required
@@ -347,11 +362,11 @@ def transport_gate(evidence: CellEvidence) -> TransportGate:
     ids: set[str] = set()
     modes: set[str] = set()
     for label, trials in arms:
-        for test_id, t in trials.items():
-            if t.is_transport_failure:
-                counts[label] = counts.get(label, 0) + 1
-                ids.add(test_id)
-                modes.add(t.failure_mode)
+        failed = transport_ids(trials)
+        if failed:
+            counts[label] = len(failed)
+            ids |= failed
+            modes.update(trials[test_id].failure_mode for test_id in failed)
     if not counts:
         return TransportGate(True, {}, (), "transport: no transport failures in any arm")
     where = _per_arm(counts)
@@ -391,16 +406,17 @@ def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
     unreported: dict[str, int] = {}
     ids: set[str] = set()
     for label, trials in _arms(evidence):
-        for test_id, t in trials.items():
-            if t.is_transport_failure:
-                continue
-            cached = t.timings.get("cache_n")
-            if cached is None:
-                unreported[label] = unreported.get(label, 0) + 1
-                ids.add(test_id)
-            elif cached != 0:
-                counts[label] = counts.get(label, 0) + 1
-                ids.add(test_id)
+        keys = list(trials.keys())
+        cached = list(map(_CACHE_N, map(_TIMINGS, trials.values())))
+        answered = set(keys) - transport_ids(trials)
+        silent = answered.intersection(compress(keys, map(is_, cached, repeat(None))))
+        # ``ne`` also selects None; those are the silent ones, counted apart.
+        reused = answered.intersection(compress(keys, map(ne, cached, repeat(0)))) - silent
+        if silent:
+            unreported[label] = len(silent)
+        if reused:
+            counts[label] = len(reused)
+        ids |= silent | reused
     if not counts and not unreported:
         return PromptCacheGate(
             True, {}, (), "prompt cache: every trial reported cache_n 0 (whole prompts evaluated)"

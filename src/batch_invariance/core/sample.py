@@ -18,9 +18,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import chain, repeat
 
-from batch_invariance.core.evidence import GatePolicy, PassRecord, Trial
-from batch_invariance.core.gates import cobatched_by_pass, exact_fraction
+from batch_invariance.core.evidence import FINISH_LENGTH, GatePolicy, PassRecord, Trial
+from batch_invariance.core.gates import cobatched_by_pass, exact_fraction, ok_ids
 
 # --------------------------------------------------------------------------- sample size
 
@@ -41,13 +42,14 @@ def hot_trials(
 ) -> tuple[tuple[int, str], ...]:
     """(pass, id) comparisons scored ``ok`` in A and in the pass and co-batched in it."""
     co_sets = cobatched if cobatched is not None else cobatched_by_pass(passes, margin)
-    hot: list[tuple[int, str]] = []
+    a_ok = ok_ids(a)
+    by_index: dict[int, list[str]] = {}
     for p in passes:
-        for test_id in co_sets[p.index]:
-            at, ct = a.get(test_id), p.trials.get(test_id)
-            if at is not None and ct is not None and at.is_ok and ct.is_ok:
-                hot.append((p.index, test_id))
-    return tuple(sorted(hot))
+        ids = co_sets[p.index] & a_ok & ok_ids(p.trials)
+        by_index.setdefault(p.index, []).extend(ids)
+    # Sorted by (pass, id), as sorting the pairs would; without building a pair per sort key.
+    per_pass = (zip(repeat(index), sorted(by_index[index])) for index in sorted(by_index))
+    return tuple(chain.from_iterable(per_pass))
 
 
 def sample_gate(n_hot: int, policy: GatePolicy) -> SampleGate:
@@ -99,14 +101,21 @@ def length_gate(
     by_index = {p.index: p.trials for p in passes}
     lengths: list[int] = []
     unknown = cut = 0
+    a_len = {tid: (t.completion_tokens, t.finish_reason == FINISH_LENGTH) for tid, t in a.items()}
+    c_len: dict[int, dict[str, tuple[int | None, bool]]] = {}
     for index, test_id in hot:
-        at, ct = a[test_id], by_index[index][test_id]
-        if at.cut_by_budget or ct.cut_by_budget:
+        if index not in c_len:
+            c_len[index] = {
+                tid: (t.completion_tokens, t.finish_reason == FINISH_LENGTH)
+                for tid, t in by_index[index].items()
+            }
+        (a_tokens, a_cut), (c_tokens, c_cut) = a_len[test_id], c_len[index][test_id]
+        if a_cut or c_cut:
             cut += 1
-        if at.generated_tokens is None or ct.generated_tokens is None:
+        if a_tokens is None or c_tokens is None:
             unknown += 1
         else:
-            lengths.append(min(at.generated_tokens, ct.generated_tokens))
+            lengths.append(a_tokens if a_tokens < c_tokens else c_tokens)
     floor = policy.min_answer_tokens
     share = cut / len(hot) if hot else None
     if not lengths:

@@ -26,7 +26,7 @@ from typing import Literal
 from batch_invariance.core import gates as g
 from batch_invariance.core import sample as sg
 from batch_invariance.core import stats
-from batch_invariance.core.diff import PairReport, compare, diff_pair
+from batch_invariance.core.diff import PairReport, compare_keyed, keyed
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
 from batch_invariance.core.workitem import row_id
 
@@ -134,16 +134,18 @@ class Verdict:
 
 
 def build_reports(evidence: CellEvidence, policy: GatePolicy) -> Reports:
-    """The AC, AB, BC (and A A') reports; AC and BC are unions over the C passes."""
-    passes = [(p.index, p.trials) for p in sorted(evidence.c_passes, key=lambda q: q.index)]
+    """The AC, AB, BC (and A A') reports; AC and BC are unions over the C passes. Each arm's
+    per-trial facts are computed once and shared by every report that reads it."""
+    passes = [(p.index, keyed(p.trials)) for p in sorted(evidence.c_passes, key=lambda q: q.index)]
     eps = policy.logit_eps
+    a, b = keyed(evidence.a), keyed(evidence.b)
     aa = None
     if evidence.a_repeat is not None:
-        aa = diff_pair("AA", evidence.a, evidence.a_repeat, evidence.items, eps)
+        aa = compare_keyed("AA", a, [(None, keyed(evidence.a_repeat))], evidence.items, eps)
     return Reports(
-        ac=compare("AC", evidence.a, passes, evidence.items, eps),
-        ab=diff_pair("AB", evidence.a, evidence.b, evidence.items, eps),
-        bc=compare("BC", evidence.b, passes, evidence.items, eps),
+        ac=compare_keyed("AC", a, passes, evidence.items, eps),
+        ab=compare_keyed("AB", a, [(None, b)], evidence.items, eps),
+        bc=compare_keyed("BC", b, passes, evidence.items, eps),
         aa=aa,
     )
 
@@ -202,7 +204,7 @@ def sensitivity(hot: tuple[tuple[int, str], ...], ac: PairReport) -> Sensitivity
     scored = sum(p.n_compared for p in ac.per_pass)
     divergent = sum(p.n_divergent for p in ac.per_pass)
     n_hot = len(hot)
-    n_distinct = len({row_id(test_id) for _, test_id in hot})
+    n_distinct = len({row_id(test_id) for test_id in {test_id for _, test_id in hot}})
     if divergent == 0:
         return Sensitivity(
             n_hot, scored, 0, ac.n_divergent, n_distinct, _bound(n_distinct), _bound(n_hot),
