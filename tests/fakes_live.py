@@ -7,6 +7,7 @@ endpoints :class:`batch_invariance.engines.llama_server.LlamaServer` uses (``/he
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import sys
@@ -176,3 +177,19 @@ def start_decoy(folder: Path, seconds: int = 600) -> subprocess.Popen[bytes]:
     exe.write_text(f"#!/bin/sh\nexec sleep {seconds}\n")
     exe.chmod(0o755)
     return subprocess.Popen([str(exe)], start_new_session=True)
+
+
+def fake_cell_files(tmp_path: Path, monkeypatch: Any, rows: int) -> dict[str, Path]:
+    """A fake server binary (it records each launch in ``marker``), a tiny GGUF and a work-set
+    of ``rows`` prompts, for CLI tests that must launch nothing real."""
+    marker = tmp_path / "launched"
+    monkeypatch.setenv("FAKE_SERVER_MARKER", str(marker))
+    ws = tmp_path / "ws.json"
+    ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(rows)]))
+    return {
+        "bin": fake_server(tmp_path / "bin"),
+        "model": write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20),
+        "ws": ws,
+        "out": tmp_path / "out",
+        "marker": marker,
+    }

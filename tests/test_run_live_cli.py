@@ -6,7 +6,6 @@ dry run can prove it launched nothing.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,22 +13,12 @@ import pytest
 from batch_invariance.cli import main
 from batch_invariance.engines import memory
 from batch_invariance.engines.gguf import parse_info
-from fakes_live import dense_meta, fake_server, write_gguf
+from fakes_live import fake_cell_files
 
 
 @pytest.fixture()
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    marker = tmp_path / "launched"
-    monkeypatch.setenv("FAKE_SERVER_MARKER", str(marker))
-    ws = tmp_path / "ws.json"
-    ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(5)]))
-    return {
-        "bin": fake_server(tmp_path / "bin"),
-        "model": write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20),
-        "ws": ws,
-        "out": tmp_path / "out",
-        "marker": marker,
-    }
+    return fake_cell_files(tmp_path, monkeypatch, rows=5)
 
 
 def _argv(s: dict[str, Path], *extra: str) -> list[str]:

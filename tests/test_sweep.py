@@ -29,7 +29,7 @@ from batch_invariance.run.sweep import parse_parallels
 from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
 from batch_invariance.run.workset import bundled_workset_path, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
-from fakes_live import dense_meta, fake_server, write_gguf
+from fakes_live import fake_cell_files
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.
 POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)
@@ -161,18 +161,7 @@ def test_bad_parallel_lists_are_usage_errors(text: str, needle: str) -> None:
 
 @pytest.fixture()
 def fake_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    """A fake server binary (it records each launch in ``marker``), a tiny GGUF, 3 prompts."""
-    marker = tmp_path / "launched"
-    monkeypatch.setenv("FAKE_SERVER_MARKER", str(marker))
-    ws = tmp_path / "ws.json"
-    ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(3)]))
-    return {
-        "bin": fake_server(tmp_path / "bin"),
-        "model": write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20),
-        "ws": ws,
-        "out": tmp_path / "out",
-        "marker": marker,
-    }
+    return fake_cell_files(tmp_path, monkeypatch, rows=3)
 
 
 def _sweep_argv(cell: dict[str, Path], *extra: str) -> list[str]:
