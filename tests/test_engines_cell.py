@@ -44,6 +44,10 @@ def launcher(
 ) -> EngineLauncher:
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv("FAKE_ENGINE_RECORD", str(record))
+    # 20 ms a token keeps each request in its slot for ~0.3 s, many busy-gauge samples long, so
+    # a loaded CI host cannot finish a whole pass between two samples (a flaky F1 miss).
+    knobs = {"token_delay_s": 0.02, **json.loads(env.pop("FAKE_ENGINE_KNOBS", "{}"))}
+    monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps(knobs))
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     exe = stand_in(tmp_path, "vllm" if engine == "vllm" else "python")
