@@ -24,9 +24,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, is_not, ne
+from operator import ne
 from typing import Any, Literal
 
+from batch_invariance.core.columns import (
+    ArmColumns,
+    GroupLabels,
+    arm_columns,
+    fill_label,
+    group_labels,
+)
 from batch_invariance.core.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, ItemMeta, Trial
 
 #: Length of the completion excerpts carried in per-id rows (first characters, no marker, so
@@ -217,10 +224,6 @@ def _logit_delta(x: Trial, y: Trial) -> float | None:
     return max(abs(x.token_logprobs[i] - y.token_logprobs[i]) for i in range(limit))
 
 
-def _fill_label(fill: float | None) -> str:
-    return "unknown" if fill is None else f"{fill:.2f}"
-
-
 def _row(
     test_id: str, pass_index: int | None, x: Trial | None, y: Trial | None, kind: RowKind
 ) -> DivergenceRow:
@@ -286,64 +289,6 @@ def _outcome(xf: _Facts, yf: _Facts) -> Outcome:
     return "clean"
 
 
-#: Everything :func:`classify` reads from one trial, as one comparable tuple, fetched in C.
-#: The ``__class__`` entries keep ``1``, ``1.0`` and ``True`` apart (stricter than
-#: :func:`same_value`, which is fine: unequal keys only mean "check field by field").
-_AGREEMENT_FIELDS = attrgetter(
-    "score",
-    "score.__class__",
-    "passed",
-    "passed.__class__",
-    "extracted_answer",
-    "expected_answer",
-    "prompt_tokens_measured",
-    "prompt_tokens_measured.__class__",
-    "failure_mode",
-    "content_sha256",
-    "completion",
-    "tokens",
-)
-
-
-_FAILURE_MODE = attrgetter("failure_mode")
-_LOGPROBS = attrgetter("token_logprobs")
-
-
-def agreement_key(t: Trial) -> tuple[Any, ...]:
-    """Two trials with equal keys compare ``clean`` (or ``skipped`` when both are transport
-    failures: the failure mode is in the key). Unequal keys (NaN included) prove nothing and
-    go through the field-by-field check."""
-    key: tuple[Any, ...] = _AGREEMENT_FIELDS(t)
-    return key
-
-
-@dataclass(frozen=True)
-class KeyedArm:
-    """One map of trials with its per-trial facts computed once (an arm is compared with
-    several others: A with every C pass, every C pass with A and with B)."""
-
-    trials: Mapping[str, Trial]
-    keys: Mapping[str, tuple[Any, ...]]
-    #: Ids whose trial is a transport failure.
-    transport: frozenset[str]
-    #: Ids whose trial carries chosen-token logprobs.
-    with_logprobs: frozenset[str]
-
-
-def keyed(trials: Mapping[str, Trial]) -> KeyedArm:
-    """The :class:`KeyedArm` of a map of trials."""
-    # map/compress keep the per-trial work in C: this runs on every trial of every arm.
-    ids, values = trials.keys(), trials.values()
-    modes = map(_FAILURE_MODE, values)
-    logprobs = map(_LOGPROBS, values)
-    return KeyedArm(
-        trials=trials,
-        keys=dict(zip(ids, map(_AGREEMENT_FIELDS, values), strict=True)),
-        transport=frozenset(compress(ids, map(TRANSPORT_MODES.__contains__, modes))),
-        with_logprobs=frozenset(compress(ids, map(is_not, logprobs, repeat(None)))),
-    )
-
-
 def classify(x: Trial | None, y: Trial | None) -> Outcome:
     """The outcome of one comparison (see the module docstring)."""
     if x is None or y is None:
@@ -369,17 +314,18 @@ def compare(
     The result depends only on the contents of the maps, never on their iteration order:
     every id list in the report is sorted, rows are sorted by (id, pass).
     """
-    return compare_keyed(pair, keyed(x), [(i, keyed(y)) for i, y in ys], items, logit_eps)
+    columns = [(i, arm_columns(y)) for i, y in ys]
+    return compare_columns(pair, arm_columns(x), columns, group_labels(items), logit_eps)
 
 
-def compare_keyed(
+def compare_columns(
     pair: str,
-    xa: KeyedArm,
-    ys: Sequence[tuple[int | None, KeyedArm]],
-    items: Iterable[ItemMeta] = (),
+    xa: ArmColumns,
+    ys: Sequence[tuple[int | None, ArmColumns]],
+    labels: GroupLabels,
     logit_eps: float | None = None,
 ) -> PairReport:
-    """:func:`compare` on arms whose facts are already computed.
+    """:func:`compare` on arms already read into columns, with the items' labels.
 
     Ids whose agreement keys are equal are clean (or skipped) without a per-id step; only
     ids with unequal keys, missing ids and ids with logprobs on both sides are visited."""
@@ -392,6 +338,7 @@ def compare_keyed(
     rows: list[DivergenceRow] = []
     drift: dict[str, float] = {}
     per_pass: list[PassCount] = []
+    x_compared = False
     x, xk = xa.trials, xa.keys
     for pass_index, ya in ys:
         y, yk = ya.trials, ya.keys
@@ -404,7 +351,9 @@ def compare_keyed(
             tid for tid in xa.transport if tid in yk and xk[tid] == yk[tid]
         }  # equal keys: both sides are the same transport failure
         pass_divergent: set[str] = set()
-        missing_y = xk.keys() - yk.keys()
+        pass_only_y = [tid for tid in unequal if tid not in xk]
+        # y holds len(yk) - len(pass_only_y) of x's ids; look for the others only if some miss.
+        missing_y = xk.keys() - yk.keys() if len(yk) - len(pass_only_y) < len(xk) else ()
         for test_id in (*unequal, *missing_y):
             xt, yt = x.get(test_id), y.get(test_id)
             if xt is None or yt is None:
@@ -438,8 +387,11 @@ def compare_keyed(
         if pass_skipped:
             compared |= (xk.keys() | yk.keys()) - pass_skipped
         else:
-            compared.update(xk.keys())
-            compared.update(yk.keys())
+            # x's ids and y's ids are x's ids and those only in y: add x's once.
+            if not x_compared:
+                compared.update(xk.keys())
+                x_compared = True
+            compared.update(pass_only_y)
         if pass_index is not None:
             per_pass.append(
                 PassCount(
@@ -460,7 +412,7 @@ def compare_keyed(
     )
     n_compared = len(compared)
     rows.sort(key=lambda r: (r.test_id, -1 if r.pass_index is None else r.pass_index))
-    by_family, by_fill = _group_counts(compared, divergent, token_only, items)
+    by_family, by_fill = _group_counts(compared, divergent, token_only, labels)
     return PairReport(
         pair=pair,
         n_compared=n_compared,
@@ -491,18 +443,12 @@ _ABSENT: tuple[Any, ...] = (object(),)
 
 
 def _group_counts(
-    compared: set[str], divergent: set[str], token_only: set[str], items: Iterable[ItemMeta]
+    compared: set[str], divergent: set[str], token_only: set[str], labels: GroupLabels
 ) -> tuple[dict[str, GroupCount], dict[str, GroupCount]]:
     """Compared, divergent and token-only ids per family and per fill bucket (divergent and
     token-only ids are among the compared ones)."""
-    family: dict[str, str] = {}
-    fill: dict[str, str] = {}
-    for m in items:
-        family[m.test_id] = m.family or "unknown"
-        fill[m.test_id] = _fill_label(m.fill)
-    unknown_fill = _fill_label(None)
     tables = []
-    for label_of, default in ((family, "unknown"), (fill, unknown_fill)):
+    for label_of, default in ((labels.family, "unknown"), (labels.fill, fill_label(None))):
         get = label_of.get
         if compared <= label_of.keys():
             n = Counter(map(label_of.__getitem__, compared))

@@ -44,7 +44,7 @@ ARM_B = "B"
 ARM_C = "C"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Trial:
     """One request's outcome in one arm (and pass).
 

@@ -23,25 +23,38 @@ How much a clean result covers (sample size, per-prompt bound, answer length) is
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import compress, repeat
-from operator import attrgetter, is_, methodcaller, ne, sub
 
+from batch_invariance.core.columns import (
+    ArmColumns,
+    EvidenceColumns,
+    PassesLike,
+    arm_columns,
+    as_arm_columns,
+    as_evidence_columns,
+    as_pass_columns,
+)
 from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
     ARM_B,
     ARM_C,
-    OK,
-    TRANSPORT_MODES,
     CellEvidence,
     GatePolicy,
     PassRecord,
     Trial,
 )
+from batch_invariance.core.intervals import (
+    cobatched_flags,
+    cobatched_members,
+    max_overlap_depth,
+    overlap_depth,
+)
+
+#: Interval functions the gates are built on, importable from here as before.
+__all__ = ["cobatched_flags", "max_overlap_depth"]
 
 #: Both the client-side overlap depth and the server's busy slots must reach this.
 REQUIRED_DEPTH = 2
@@ -52,107 +65,22 @@ def exact_fraction(value: float) -> Fraction:
     return Fraction(repr(float(value)))
 
 
-# --------------------------------------------------------------------------- intervals
+# --------------------------------------------------------------------------- co-batching
 
 
-def max_overlap_depth(intervals: Sequence[tuple[float, float]]) -> int:
-    """Most intervals open at once. Touching intervals (one ends as the next starts) do not
-    overlap: at equal times, ends are processed before starts. O(n log n)."""
-    real = [(start, end) for start, end in intervals if not end <= start]
-    starts = sorted(start for start, _ in real)
-    ends = sorted(end for _, end in real)
-    # Just after the k-th start (0-based, sorted), k + 1 intervals have started and those
-    # ending at or before it (ends first at equal times) have closed; the peak follows a start.
-    closed = map(bisect_right, repeat(ends), starts)
-    return max(map(sub, range(1, len(starts) + 1), closed), default=0)
-
-
-def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> list[bool]:
-    """For each interval, whether it overlaps some OTHER interval by at least ``margin``
-    (and by more than zero). O(n log n): sort by start, then
-
-    * an earlier-started partner exists iff ``min(e_i, prefix_max_end) - s_i >= margin``;
-    * a later-started partner exists iff the next-started interval (in sort order) whose
-      duration is at least ``margin`` starts at or before ``e_i - margin``: among later
-      intervals long enough, the earliest start gives the largest overlap with ``i``.
-
-    Intervals shorter than ``margin`` can never count, as either side of a pair.
-    """
-    n = len(intervals)
-    # A stable sort on (start, end) orders ties by index, as (start, end, index) would.
-    order = sorted(range(n), key=intervals.__getitem__)
-    starts = [intervals[i][0] for i in order]
-    ends = [intervals[i][1] for i in order]
-    flags_sorted = [False] * n
-    long_enough = [(d := e - s) >= margin and d > 0 for s, e in zip(starts, ends, strict=True)]
-
-    # Backward scan: index of the next (in sort order) long-enough interval after k.
-    next_long: list[int | None] = [None] * n
-    following: int | None = None
-    for k in range(n - 1, -1, -1):
-        next_long[k] = following
-        if long_enough[k]:
-            following = k
-
-    prefix_max_end = -math.inf
-    for k in range(n):
-        s, e = starts[k], ends[k]
-        if long_enough[k]:
-            overlap = (prefix_max_end if prefix_max_end < e else e) - s  # min(e, prefix_max_end)
-            if overlap >= margin and overlap > 0:
-                flags_sorted[k] = True
-            else:
-                j = next_long[k]
-                if j is not None:
-                    overlap = min(e, ends[j]) - starts[j]
-                    if overlap >= margin and overlap > 0:
-                        flags_sorted[k] = True
-        if e > prefix_max_end:
-            prefix_max_end = e
-
-    flags = [False] * n
-    for k, original in enumerate(order):
-        flags[original] = flags_sorted[k]
-    return flags
-
-
-#: A trial's request interval (dispatch, completion); either may be ``None``.
-_SPAN = attrgetter("dispatch_ts", "complete_ts")
-
-
-_FAILURE_MODE = attrgetter("failure_mode")
-_CACHE_N = methodcaller("get", "cache_n")
-_TIMINGS = attrgetter("timings")
-
-
-def ok_ids(trials: Mapping[str, Trial]) -> set[str]:
-    """Ids whose trial was genuinely scored (``failure_mode == "ok"``)."""
-    return set(compress(trials.keys(), map(OK.__eq__, map(_FAILURE_MODE, trials.values()))))
-
-
-def transport_ids(trials: Mapping[str, Trial]) -> set[str]:
-    """Ids whose trial is a transport failure."""
-    modes = map(_FAILURE_MODE, trials.values())
-    return set(compress(trials.keys(), map(TRANSPORT_MODES.__contains__, modes)))
-
-
-def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
+def cobatched_of(arm: ArmColumns, margin: float) -> frozenset[str]:
     """Ids of the pass whose interval overlaps another of the same pass by ``margin``.
 
     Trials without an interval are ignored here (they can never be attributed); the coverage
     gate fails such a pass closed separately.
     """
-    timed = [
-        (test_id, span)
-        for test_id, span in zip(
-            pass_record.trials.keys(), map(_SPAN, pass_record.trials.values()), strict=True
-        )
-        if None not in span
-    ]
-    ids = [test_id for test_id, _ in timed]
-    spans = [span for _, span in timed]
-    flags = cobatched_flags(spans, margin)
-    return frozenset(i for i, f in zip(ids, flags, strict=True) if f)
+    ids = arm.timed_ids
+    return frozenset(map(ids.__getitem__, cobatched_members(arm.starts, arm.ends, margin)))
+
+
+def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
+    """:func:`cobatched_of` of one pass record."""
+    return cobatched_of(arm_columns(pass_record.trials), margin)
 
 
 # --------------------------------------------------------------------------- F1 overlap
@@ -175,12 +103,12 @@ class OverlapGate:
     reason: str
 
 
-def overlap_gate(passes: Sequence[PassRecord]) -> OverlapGate:
+def overlap_gate(passes: PassesLike) -> OverlapGate:
     """F1: every pass shows client depth >= 2 and server busy slots >= 2."""
     rows: list[PassOverlap] = []
-    for p in sorted(passes, key=lambda q: q.index):
-        spans = [span for span in map(_SPAN, p.trials.values()) if None not in span]
-        depth = max_overlap_depth(spans)
+    for pc in as_pass_columns(passes):
+        p = pc.record
+        depth = overlap_depth(pc.arm.starts, pc.arm.ends)
         busy = p.server_busy_max
         ok = depth >= REQUIRED_DEPTH and busy is not None and busy >= REQUIRED_DEPTH
         rows.append(PassOverlap(p.index, depth, busy, p.busy_source, ok))
@@ -219,14 +147,15 @@ class FloorGate:
 
 
 def completion_floor_gate(
-    a: Mapping[str, Trial], passes: Sequence[PassRecord], policy: GatePolicy
+    a: Mapping[str, Trial] | ArmColumns, passes: PassesLike, policy: GatePolicy
 ) -> FloorGate:
     """F2: the share of id x pass comparisons scored ``ok`` in both A and the pass."""
     total = scored = 0
-    a_ok = ok_ids(a)
-    for p in passes:
-        total += len(a.keys() | p.trials.keys())
-        scored += len(a_ok & ok_ids(p.trials))
+    a_cols = as_arm_columns(a)
+    a_ids, a_ok = a_cols.keys.keys(), a_cols.ok
+    for pc in as_pass_columns(passes):
+        total += len(a_ids | pc.arm.keys.keys())
+        scored += len(a_ok & pc.arm.ok)
     required = policy.completion_floor
     if total == 0:
         return FloorGate(False, required, None, 0, 0, "F2 completion floor not met: no trials")
@@ -271,26 +200,26 @@ def required_cobatched(n_ids: int, fraction: float) -> int:
     return max(REQUIRED_DEPTH, math.ceil(exact_fraction(fraction) * n_ids))
 
 
-def cobatched_by_pass(passes: Sequence[PassRecord], margin: float) -> dict[int, frozenset[str]]:
-    """:func:`cobatched_ids` for every pass, keyed by pass index (computed once, shared)."""
-    return {p.index: cobatched_ids(p, margin) for p in passes}
+def cobatched_by_pass(passes: PassesLike, margin: float) -> dict[int, frozenset[str]]:
+    """:func:`cobatched_of` for every pass, keyed by pass index (computed once, shared)."""
+    return {pc.record.index: cobatched_of(pc.arm, margin) for pc in as_pass_columns(passes)}
 
 
 def coverage_gate(
-    passes: Sequence[PassRecord],
+    passes: PassesLike,
     policy: GatePolicy,
     cobatched: Mapping[int, frozenset[str]] | None = None,
 ) -> CoverageGate:
     """F3: per pass, enough ids co-batched with a real margin; a missing interval fails.
     ``cobatched`` may pass in :func:`cobatched_by_pass` already computed for ``passes``."""
     margin = policy.overlap_margin_s
-    co_sets = cobatched if cobatched is not None else cobatched_by_pass(passes, margin)
+    columns = as_pass_columns(passes)
+    co_sets = cobatched if cobatched is not None else cobatched_by_pass(columns, margin)
     rows: list[PassCoverage] = []
-    for p in sorted(passes, key=lambda q: q.index):
+    for pc in columns:
+        p = pc.record
         n_ids = len(p.trials)
-        missing = sum(
-            1 for t in p.trials.values() if t.dispatch_ts is None or t.complete_ts is None
-        )
+        missing = pc.arm.n_untimed
         n_co = len(co_sets[p.index])
         required = required_cobatched(n_ids, policy.coverage_fraction)
         ok = missing == 0 and n_co >= required
@@ -343,30 +272,30 @@ class TransportGate:
     reason: str
 
 
-def _arms(evidence: CellEvidence) -> list[tuple[str, Mapping[str, Trial]]]:
-    """Every arm's trials with its label ("A", "A_repeat", "B", "C[k]"), in a fixed order."""
-    arms: list[tuple[str, Mapping[str, Trial]]] = [(ARM_A, evidence.a)]
-    if evidence.a_repeat is not None:
-        arms.append((ARM_A_REPEAT, evidence.a_repeat))
-    arms.append((ARM_B, evidence.b))
-    for p in sorted(evidence.c_passes, key=lambda q: q.index):
-        arms.append((f"{ARM_C}[{p.index}]", p.trials))
+def _arms(evidence: CellEvidence | EvidenceColumns) -> list[tuple[str, ArmColumns]]:
+    """Every arm's columns with its label ("A", "A_repeat", "B", "C[k]"), in a fixed order."""
+    columns = as_evidence_columns(evidence)
+    arms: list[tuple[str, ArmColumns]] = [(ARM_A, columns.a)]
+    if columns.a_repeat is not None:
+        arms.append((ARM_A_REPEAT, columns.a_repeat))
+    arms.append((ARM_B, columns.b))
+    for pc in columns.passes:
+        arms.append((f"{ARM_C}[{pc.record.index}]", pc.arm))
     return arms
 
 
-def transport_gate(evidence: CellEvidence) -> TransportGate:
+def transport_gate(evidence: CellEvidence | EvidenceColumns) -> TransportGate:
     """No transport failure anywhere. They are never divergence, but they make GREEN
     impossible: a comparison that could not be made is not a clean one."""
-    arms = _arms(evidence)
     counts: dict[str, int] = {}
     ids: set[str] = set()
     modes: set[str] = set()
-    for label, trials in arms:
-        failed = transport_ids(trials)
+    for label, arm in _arms(evidence):
+        failed = arm.transport
         if failed:
             counts[label] = len(failed)
             ids |= failed
-            modes.update(trials[test_id].failure_mode for test_id in failed)
+            modes.update(arm.trials[test_id].failure_mode for test_id in failed)
     if not counts:
         return TransportGate(True, {}, (), "transport: no transport failures in any arm")
     where = _per_arm(counts)
@@ -397,7 +326,7 @@ def _per_arm(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in counts.items())
 
 
-def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
+def prompt_cache_gate(evidence: CellEvidence | EvidenceColumns) -> PromptCacheGate:
     """Every answered request must have evaluated its whole prompt: the server reported
     ``cache_n == 0``. A reused KV prefix means the arms did not compute the same thing, and a
     server that does not report ``cache_n`` leaves that unproven; either makes GREEN
@@ -405,13 +334,8 @@ def prompt_cache_gate(evidence: CellEvidence) -> PromptCacheGate:
     counts: dict[str, int] = {}
     unreported: dict[str, int] = {}
     ids: set[str] = set()
-    for label, trials in _arms(evidence):
-        keys = list(trials.keys())
-        cached = list(map(_CACHE_N, map(_TIMINGS, trials.values())))
-        answered = set(keys) - transport_ids(trials)
-        silent = answered.intersection(compress(keys, map(is_, cached, repeat(None))))
-        # ``ne`` also selects None; those are the silent ones, counted apart.
-        reused = answered.intersection(compress(keys, map(ne, cached, repeat(0)))) - silent
+    for label, arm in _arms(evidence):
+        silent, reused = arm.cache_unreported, arm.cache_reused
         if silent:
             unreported[label] = len(silent)
         if reused:

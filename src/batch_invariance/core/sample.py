@@ -15,13 +15,21 @@ Each gate returns a frozen record with ``ok`` and a one-line ``reason``, like
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
+from operator import and_, is_not
 
-from batch_invariance.core.evidence import FINISH_LENGTH, GatePolicy, PassRecord, Trial
-from batch_invariance.core.gates import cobatched_by_pass, exact_fraction, ok_ids
+from batch_invariance.core.columns import (
+    ArmColumns,
+    PassColumns,
+    PassesLike,
+    as_arm_columns,
+    as_pass_columns,
+)
+from batch_invariance.core.evidence import GatePolicy, Trial
+from batch_invariance.core.gates import cobatched_by_pass, exact_fraction
 
 # --------------------------------------------------------------------------- sample size
 
@@ -34,21 +42,36 @@ class SampleGate:
     reason: str
 
 
+#: Hot comparisons as the ids of each pass, keyed by pass index: the counts and the length
+#: gate read them without a (pass, id) pair per comparison.
+HotByPass = Mapping[int, Collection[str]]
+
+
+def hot_by_pass(
+    a: ArmColumns, passes: Sequence[PassColumns], cobatched: Mapping[int, frozenset[str]]
+) -> dict[int, Collection[str]]:
+    """Per pass, the ids scored ``ok`` in A and in the pass and co-batched in it (two passes
+    recorded under one index count both, as their (pass, id) pairs would)."""
+    hot: dict[int, Collection[str]] = {}
+    for pc in passes:
+        index = pc.record.index
+        ids = cobatched[index] & a.ok & pc.arm.ok
+        hot[index] = [*hot[index], *ids] if index in hot else ids
+    return hot
+
+
 def hot_trials(
     a: Mapping[str, Trial],
-    passes: Sequence[PassRecord],
+    passes: PassesLike,
     margin: float,
     cobatched: Mapping[int, frozenset[str]] | None = None,
 ) -> tuple[tuple[int, str], ...]:
-    """(pass, id) comparisons scored ``ok`` in A and in the pass and co-batched in it."""
-    co_sets = cobatched if cobatched is not None else cobatched_by_pass(passes, margin)
-    a_ok = ok_ids(a)
-    by_index: dict[int, list[str]] = {}
-    for p in passes:
-        ids = co_sets[p.index] & a_ok & ok_ids(p.trials)
-        by_index.setdefault(p.index, []).extend(ids)
-    # Sorted by (pass, id), as sorting the pairs would; without building a pair per sort key.
-    per_pass = (zip(repeat(index), sorted(by_index[index])) for index in sorted(by_index))
+    """(pass, id) comparisons scored ``ok`` in A and in the pass and co-batched in it,
+    sorted by (pass, id)."""
+    columns = as_pass_columns(passes)
+    co_sets = cobatched if cobatched is not None else cobatched_by_pass(columns, margin)
+    hot = hot_by_pass(as_arm_columns(a), columns, co_sets)
+    per_pass = (zip(repeat(index), sorted(hot[index])) for index in sorted(hot))
     return tuple(chain.from_iterable(per_pass))
 
 
@@ -90,34 +113,42 @@ class LengthGate:
     reason: str
 
 
+def _by_pass(hot: Iterable[tuple[int, str]]) -> dict[int, list[str]]:
+    grouped: dict[int, list[str]] = {}
+    for index, test_id in hot:
+        grouped.setdefault(index, []).append(test_id)
+    return grouped
+
+
 def length_gate(
-    a: Mapping[str, Trial],
-    passes: Sequence[PassRecord],
-    hot: Sequence[tuple[int, str]],
+    a: Mapping[str, Trial] | ArmColumns,
+    passes: PassesLike,
+    hot: Sequence[tuple[int, str]] | HotByPass,
     policy: GatePolicy,
 ) -> LengthGate:
     """The median generated length of the hot comparisons must reach ``min_answer_tokens``;
-    an unknown length (the server reported no count) fails closed."""
-    by_index = {p.index: p.trials for p in passes}
+    an unknown length (the server reported no count) fails closed. ``hot`` is the (pass, id)
+    comparisons, or their ids per pass."""
+    by_index = {pc.record.index: pc.arm for pc in as_pass_columns(passes)}
+    a_cols = as_arm_columns(a)
+    a_tokens = a_cols.answer_tokens
     lengths: list[int] = []
-    unknown = cut = 0
-    a_len = {tid: (t.completion_tokens, t.finish_reason == FINISH_LENGTH) for tid, t in a.items()}
-    c_len: dict[int, dict[str, tuple[int | None, bool]]] = {}
-    for index, test_id in hot:
-        if index not in c_len:
-            c_len[index] = {
-                tid: (t.completion_tokens, t.finish_reason == FINISH_LENGTH)
-                for tid, t in by_index[index].items()
-            }
-        (a_tokens, a_cut), (c_tokens, c_cut) = a_len[test_id], c_len[index][test_id]
-        if a_cut or c_cut:
-            cut += 1
-        if a_tokens is None or c_tokens is None:
-            unknown += 1
-        else:
-            lengths.append(a_tokens if a_tokens < c_tokens else c_tokens)
+    unknown = cut = n_hot = 0
+    for index, ids in (hot if isinstance(hot, Mapping) else _by_pass(hot)).items():
+        c = by_index[index]
+        listed = list(ids)
+        n_hot += len(listed)
+        if a_cols.cut_by_budget or c.cut_by_budget:
+            cut_ids = a_cols.cut_by_budget | c.cut_by_budget
+            cut += sum(map(cut_ids.__contains__, listed))
+        a_len = list(map(a_tokens.__getitem__, listed))
+        c_len = list(map(c.answer_tokens.__getitem__, listed))
+        known = list(map(and_, map(is_not, a_len, repeat(None)), map(is_not, c_len, repeat(None))))
+        unknown += known.count(False)
+        # The shorter side counts: beyond it, nothing was compared.
+        lengths.extend(map(min, compress(a_len, known), compress(c_len, known)))
     floor = policy.min_answer_tokens
-    share = cut / len(hot) if hot else None
+    share = cut / n_hot if n_hot else None
     if not lengths:
         return LengthGate(
             False, floor, 0, unknown, None, None, None, share,

@@ -26,7 +26,8 @@ from typing import Literal
 from batch_invariance.core import gates as g
 from batch_invariance.core import sample as sg
 from batch_invariance.core import stats
-from batch_invariance.core.diff import PairReport, compare_keyed, keyed
+from batch_invariance.core.columns import EvidenceColumns, evidence_columns, group_labels
+from batch_invariance.core.diff import PairReport, compare_columns
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
 from batch_invariance.core.workitem import row_id
 
@@ -133,19 +134,24 @@ class Verdict:
     sensitivity: Sensitivity
 
 
-def build_reports(evidence: CellEvidence, policy: GatePolicy) -> Reports:
-    """The AC, AB, BC (and A A') reports; AC and BC are unions over the C passes. Each arm's
-    per-trial facts are computed once and shared by every report that reads it."""
-    passes = [(p.index, keyed(p.trials)) for p in sorted(evidence.c_passes, key=lambda q: q.index)]
+def build_reports(
+    evidence: CellEvidence, policy: GatePolicy, columns: EvidenceColumns | None = None
+) -> Reports:
+    """The AC, AB, BC (and A A') reports; AC and BC are unions over the C passes. Each arm is
+    read once (``columns``, when given, must be :func:`evidence_columns` of ``evidence``) and
+    shared by every report that reads it."""
+    cols = columns if columns is not None else evidence_columns(evidence)
+    passes = [(pc.record.index, pc.arm) for pc in cols.passes]
     eps = policy.logit_eps
-    a, b = keyed(evidence.a), keyed(evidence.b)
+    labels = group_labels(evidence.items)
+    a, b = cols.a, cols.b
     aa = None
-    if evidence.a_repeat is not None:
-        aa = compare_keyed("AA", a, [(None, keyed(evidence.a_repeat))], evidence.items, eps)
+    if cols.a_repeat is not None:
+        aa = compare_columns("AA", a, [(None, cols.a_repeat)], labels, eps)
     return Reports(
-        ac=compare_keyed("AC", a, passes, evidence.items, eps),
-        ab=compare_keyed("AB", a, [(None, b)], evidence.items, eps),
-        bc=compare_keyed("BC", b, passes, evidence.items, eps),
+        ac=compare_columns("AC", a, passes, labels, eps),
+        ab=compare_columns("AB", a, [(None, b)], labels, eps),
+        bc=compare_columns("BC", b, passes, labels, eps),
         aa=aa,
     )
 
@@ -197,14 +203,14 @@ def _bound(n: int) -> float | None:
     return None if bound is None else min(1.0, bound)
 
 
-def sensitivity(hot: tuple[tuple[int, str], ...], ac: PairReport) -> Sensitivity:
+def sensitivity(hot: sg.HotByPass, ac: PairReport) -> Sensitivity:
     """Counts, the rule-of-three bounds, and the exact interval when divergences were seen.
 
     A missing id is a judged, divergent comparison: it counts in both numbers."""
     scored = sum(p.n_compared for p in ac.per_pass)
     divergent = sum(p.n_divergent for p in ac.per_pass)
-    n_hot = len(hot)
-    n_distinct = len({row_id(test_id) for test_id in {test_id for _, test_id in hot}})
+    n_hot = sum(map(len, hot.values()))
+    n_distinct = len(set(map(row_id, set().union(*hot.values()))))
     if divergent == 0:
         return Sensitivity(
             n_hot, scored, 0, ac.n_divergent, n_distinct, _bound(n_distinct), _bound(n_hot),
@@ -241,21 +247,21 @@ def _ac_summary(ac: PairReport) -> str:
 def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     """The verdict for one cell. Pure and deterministic: the same evidence always gives the
     same verdict, whatever the iteration order of its maps."""
-    reports = build_reports(evidence, policy)
-    margin = policy.overlap_margin_s
-    co_sets = g.cobatched_by_pass(evidence.c_passes, margin)
-    hot = sg.hot_trials(evidence.a, evidence.c_passes, margin, co_sets)
+    cols = evidence_columns(evidence)  # the one scan of every trial; all below read it
+    reports = build_reports(evidence, policy, cols)
+    co_sets = g.cobatched_by_pass(cols.passes, policy.overlap_margin_s)
+    hot = sg.hot_by_pass(cols.a, cols.passes, co_sets)
     sens = sensitivity(hot, reports.ac)
     gates = Gates(
-        overlap=g.overlap_gate(evidence.c_passes),
-        floor=g.completion_floor_gate(evidence.a, evidence.c_passes, policy),
-        coverage=g.coverage_gate(evidence.c_passes, policy, co_sets),
-        transport=g.transport_gate(evidence),
-        sample=sg.sample_gate(len(hot), policy),
+        overlap=g.overlap_gate(cols.passes),
+        floor=g.completion_floor_gate(cols.a, cols.passes, policy),
+        coverage=g.coverage_gate(cols.passes, policy, co_sets),
+        transport=g.transport_gate(cols),
+        sample=sg.sample_gate(sens.n_hot_trials, policy),
         bound=sg.bound_gate(sens.n_distinct_prompts, sens.rate_upper_bound_95, policy),
-        length=sg.length_gate(evidence.a, evidence.c_passes, hot, policy),
+        length=sg.length_gate(cols.a, cols.passes, hot, policy),
         serial_repeat=serial_repeat_gate(reports.aa, reports.ab),
-        prompt_cache=g.prompt_cache_gate(evidence),
+        prompt_cache=g.prompt_cache_gate(cols),
     )
     run_to_run = not gates.serial_repeat.ok
     ac, ab = reports.ac, reports.ab
