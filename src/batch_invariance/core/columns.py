@@ -25,6 +25,7 @@ from batch_invariance.core.evidence import (
     PassRecord,
     Trial,
 )
+from batch_invariance.core.intervals import SortedIntervals, by_start
 
 #: Everything :func:`batch_invariance.core.diff.classify` reads from one trial, as one
 #: comparable tuple, fetched in C. The ``__class__`` entries keep ``1``, ``1.0`` and ``True``
@@ -68,8 +69,12 @@ class ArmColumns:
     """One map of trials (an arm, or one C pass) with its per-trial facts read once."""
 
     trials: Mapping[str, Trial]
-    #: :func:`agreement_key` per id.
-    keys: Mapping[str, tuple[Any, ...]]
+    #: The ids in map order, and :func:`agreement_key` of each.
+    ids: Sequence[str]
+    agreement: Sequence[tuple[Any, ...]]
+    #: ``agreement`` by id, for an arm others are compared against (``keyed=True``); else
+    #: ``None`` (:func:`key_map` builds it on demand).
+    keys: Mapping[str, tuple[Any, ...]] | None
     #: Ids genuinely scored (``failure_mode == "ok"``).
     ok: frozenset[str]
     #: Ids whose trial is a transport failure.
@@ -77,25 +82,27 @@ class ArmColumns:
     #: Ids whose trial carries chosen-token logprobs.
     with_logprobs: frozenset[str]
     #: The trials with both request timestamps, in map order: ids, dispatch and completion.
-    timed_ids: tuple[str, ...]
-    starts: tuple[float, ...]
-    ends: tuple[float, ...]
+    timed_ids: Sequence[str]
+    starts: Sequence[float]
+    ends: Sequence[float]
     #: Trials missing either timestamp.
     n_untimed: int
     #: Answered (not transport-failed) ids whose server reported no ``timings.cache_n``.
     cache_unreported: frozenset[str]
     #: Answered ids with a reported ``cache_n`` other than 0.
     cache_reused: frozenset[str]
-    #: Server-reported generated-token count per id (``None`` when unreported).
-    answer_tokens: Mapping[str, int | None]
+    #: Server-reported generated-token count of each id in ``ids`` (``None`` when unreported).
+    answer_tokens: Sequence[int | None]
     #: Ids whose answer the token budget cut (``finish_reason == "length"``).
     cut_by_budget: frozenset[str]
 
 
-def arm_columns(trials: Mapping[str, Trial]) -> ArmColumns:
-    """The :class:`ArmColumns` of a map of trials: one C-level map per attribute."""
-    ids = tuple(trials.keys())
-    values = tuple(trials.values())
+def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
+    """The :class:`ArmColumns` of a map of trials: one C-level map per attribute. ``keyed``
+    also maps the agreement keys by id (the reference side of a comparison needs it)."""
+    # Lists, not tuples: a tuple built from a map grows by repeated resizing.
+    ids = list(trials.keys())
+    values = list(trials.values())
     keys = list(map(_AGREEMENT_FIELDS, values))
     modes = list(map(_KEY_FAILURE_MODE, keys))
     transport = frozenset(compress(ids, map(TRANSPORT_MODES.__contains__, modes)))
@@ -106,33 +113,50 @@ def arm_columns(trials: Mapping[str, Trial]) -> ArmColumns:
         timed = list(map(and_, timed, map(is_not, ends, repeat(None))))
     n_untimed = timed.count(False)
     cached = list(map(_CACHE_N, map(_TIMINGS, values)))
-    unreported = frozenset(compress(ids, map(is_, cached, repeat(None)))) - transport
-    # ``ne`` also selects None; those are the unreported ones, counted apart.
-    reused = frozenset(compress(ids, map(ne, cached, repeat(0)))) - transport - unreported
+    unreported = frozenset(compress(ids, map(is_, cached, repeat(None))))
+    reported = map(is_not, cached, repeat(None))
+    reused = frozenset(compress(ids, map(and_, reported, map(ne, cached, repeat(0)))))
+    if transport:  # answered trials only: transport failures are the transport gate's
+        unreported, reused = unreported - transport, reused - transport
     finish = map(_FINISH, values)
     return ArmColumns(
         trials=trials,
-        keys=dict(zip(ids, keys, strict=True)),
+        ids=ids,
+        agreement=keys,
+        keys=dict(zip(ids, keys, strict=True)) if keyed else None,
         ok=frozenset(compress(ids, map(eq, modes, repeat(OK)))),
         transport=transport,
         with_logprobs=frozenset(compress(ids, map(is_not, map(_LOGPROBS, values), repeat(None)))),
-        timed_ids=tuple(compress(ids, timed)) if n_untimed else ids,
-        starts=tuple(compress(starts, timed)) if n_untimed else tuple(starts),
-        ends=tuple(compress(ends, timed)) if n_untimed else tuple(ends),
+        timed_ids=list(compress(ids, timed)) if n_untimed else ids,
+        starts=list(compress(starts, timed)) if n_untimed else starts,
+        ends=list(compress(ends, timed)) if n_untimed else ends,
         n_untimed=n_untimed,
         cache_unreported=unreported,
         cache_reused=reused,
-        answer_tokens=dict(zip(ids, map(_COMPLETION_TOKENS, values), strict=True)),
+        answer_tokens=list(map(_COMPLETION_TOKENS, values)),
         cut_by_budget=frozenset(compress(ids, map(eq, finish, repeat(FINISH_LENGTH)))),
     )
 
 
+def key_map(arm: ArmColumns) -> Mapping[str, tuple[Any, ...]]:
+    """The arm's agreement keys by id."""
+    return arm.keys if arm.keys is not None else dict(zip(arm.ids, arm.agreement, strict=True))
+
+
 @dataclass(frozen=True, slots=True)
 class PassColumns:
-    """One C pass: its record (index, server signal) and the columns of its trials."""
+    """One C pass: its record (index, server signal), the columns of its trials, and its
+    request intervals sorted by start (read by F1 and F3)."""
 
     record: PassRecord
     arm: ArmColumns
+    intervals: SortedIntervals
+
+
+def pass_columns(record: PassRecord) -> PassColumns:
+    """The :class:`PassColumns` of one pass."""
+    arm = arm_columns(record.trials, keyed=False)
+    return PassColumns(record, arm, by_start(arm.starts, arm.ends))
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +174,7 @@ def evidence_columns(evidence: CellEvidence) -> EvidenceColumns:
     a_repeat = evidence.a_repeat
     return EvidenceColumns(
         a=arm_columns(evidence.a),
-        a_repeat=None if a_repeat is None else arm_columns(a_repeat),
+        a_repeat=None if a_repeat is None else arm_columns(a_repeat, keyed=False),
         b=arm_columns(evidence.b),
         passes=as_pass_columns(evidence.c_passes),
     )
@@ -167,9 +191,7 @@ def as_arm_columns(trials: Mapping[str, Trial] | ArmColumns) -> ArmColumns:
 
 def as_pass_columns(passes: PassesLike) -> tuple[PassColumns, ...]:
     """The columns of each pass (read now where given as records), sorted by pass index."""
-    columns = (
-        p if isinstance(p, PassColumns) else PassColumns(p, arm_columns(p.trials)) for p in passes
-    )
+    columns = (p if isinstance(p, PassColumns) else pass_columns(p) for p in passes)
     return tuple(sorted(columns, key=lambda pc: pc.record.index))
 
 
@@ -180,10 +202,13 @@ def as_evidence_columns(evidence: CellEvidence | EvidenceColumns) -> EvidenceCol
 
 @dataclass(frozen=True, slots=True)
 class GroupLabels:
-    """The family and fill-bucket label of each work-set id, for the per-group counts."""
+    """The family and fill-bucket label of each work-set id, and the ids under each label,
+    for the per-group counts."""
 
     family: Mapping[str, str]
     fill: Mapping[str, str]
+    family_ids: Mapping[str, frozenset[str]]
+    fill_ids: Mapping[str, frozenset[str]]
 
 
 def fill_label(fill: float | None) -> str:
@@ -191,11 +216,26 @@ def fill_label(fill: float | None) -> str:
     return "unknown" if fill is None else f"{fill:.2f}"
 
 
+def _members(label_of: Mapping[str, str]) -> dict[str, frozenset[str]]:
+    grouped: dict[str, list[str]] = {}
+    for test_id, label in label_of.items():
+        grouped.setdefault(label, []).append(test_id)
+    return {label: frozenset(ids) for label, ids in grouped.items()}
+
+
 def group_labels(items: Iterable[ItemMeta]) -> GroupLabels:
     """Labels of every item (computed once per cell, shared by the AC, AB and BC reports)."""
     family: dict[str, str] = {}
     fill: dict[str, str] = {}
+    shown: dict[float, str] = {}  # each nonzero fill formatted once (0.0 and -0.0 differ)
     for m in items:
         family[m.test_id] = m.family or "unknown"
-        fill[m.test_id] = fill_label(m.fill)
-    return GroupLabels(family, fill)
+        value = m.fill
+        if value:
+            label = shown.get(value)
+            if label is None:
+                label = shown[value] = fill_label(value)
+        else:
+            label = fill_label(value)
+        fill[m.test_id] = label
+    return GroupLabels(family, fill, _members(family), _members(fill))

@@ -30,9 +30,11 @@ from typing import Any, Literal
 from batch_invariance.core.columns import (
     ArmColumns,
     GroupLabels,
+    agreement_key,
     arm_columns,
     fill_label,
     group_labels,
+    key_map,
 )
 from batch_invariance.core.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, ItemMeta, Trial
 
@@ -314,7 +316,7 @@ def compare(
     The result depends only on the contents of the maps, never on their iteration order:
     every id list in the report is sorted, rows are sorted by (id, pass).
     """
-    columns = [(i, arm_columns(y)) for i, y in ys]
+    columns = [(i, arm_columns(y, keyed=False)) for i, y in ys]
     return compare_columns(pair, arm_columns(x), columns, group_labels(items), logit_eps)
 
 
@@ -339,21 +341,19 @@ def compare_columns(
     drift: dict[str, float] = {}
     per_pass: list[PassCount] = []
     x_compared = False
-    x, xk = xa.trials, xa.keys
+    x, xk = xa.trials, key_map(xa)
+    absent = _ABSENT
     for pass_index, ya in ys:
-        y, yk = ya.trials, ya.keys
+        y, y_ids = ya.trials, ya.ids
         counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
-        absent = _ABSENT
-        unequal = list(
-            compress(yk.keys(), map(ne, map(xk.get, yk.keys(), repeat(absent)), yk.values()))
-        )
+        unequal = list(compress(y_ids, map(ne, map(xk.get, y_ids, repeat(absent)), ya.agreement)))
         pass_skipped = {
-            tid for tid in xa.transport if tid in yk and xk[tid] == yk[tid]
+            tid for tid in xa.transport if tid in y and xk[tid] == agreement_key(y[tid])
         }  # equal keys: both sides are the same transport failure
         pass_divergent: set[str] = set()
         pass_only_y = [tid for tid in unequal if tid not in xk]
-        # y holds len(yk) - len(pass_only_y) of x's ids; look for the others only if some miss.
-        missing_y = xk.keys() - yk.keys() if len(yk) - len(pass_only_y) < len(xk) else ()
+        # y holds len(y) - len(pass_only_y) of x's ids; look for the others only if some miss.
+        missing_y = xk.keys() - y.keys() if len(y) - len(pass_only_y) < len(xk) else ()
         for test_id in (*unequal, *missing_y):
             xt, yt = x.get(test_id), y.get(test_id)
             if xt is None or yt is None:
@@ -372,7 +372,7 @@ def compare_columns(
             elif outcome == "token_only":
                 token_only.add(test_id)
                 rows.append(_row(test_id, pass_index, xt, yt, "token_only"))
-        n_equal = len(yk) - len(unequal)
+        n_equal = len(y_ids) - len(unequal)
         n_equal_skipped = len(pass_skipped) - counts["skipped"]
         counts["skipped"] += n_equal_skipped
         counts["clean"] += n_equal - n_equal_skipped
@@ -385,7 +385,7 @@ def compare_columns(
         divergent |= pass_divergent
         skipped |= pass_skipped
         if pass_skipped:
-            compared |= (xk.keys() | yk.keys()) - pass_skipped
+            compared |= (xk.keys() | y.keys()) - pass_skipped
         else:
             # x's ids and y's ids are x's ids and those only in y: add x's once.
             if not x_compared:
@@ -446,14 +446,17 @@ def _group_counts(
     compared: set[str], divergent: set[str], token_only: set[str], labels: GroupLabels
 ) -> tuple[dict[str, GroupCount], dict[str, GroupCount]]:
     """Compared, divergent and token-only ids per family and per fill bucket (divergent and
-    token-only ids are among the compared ones)."""
+    token-only ids are among the compared ones). Ids without an item count as unknown."""
     tables = []
-    for label_of, default in ((labels.family, "unknown"), (labels.fill, fill_label(None))):
+    for label_of, members, default in (
+        (labels.family, labels.family_ids, "unknown"),
+        (labels.fill, labels.fill_ids, fill_label(None)),
+    ):
+        n = {label: k for label, ids in members.items() if (k := len(ids & compared))}
+        unlabelled = len(compared) - sum(n.values())
+        if unlabelled:
+            n[default] = n.get(default, 0) + unlabelled
         get = label_of.get
-        if compared <= label_of.keys():
-            n = Counter(map(label_of.__getitem__, compared))
-        else:
-            n = Counter(get(t, default) for t in compared)
         d = Counter(get(t, default) for t in divergent)
         o = Counter(get(t, default) for t in token_only)
         tables.append({k: GroupCount(n[k], d[k], o[k]) for k in sorted(n)})

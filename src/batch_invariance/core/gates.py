@@ -26,15 +26,17 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import compress
 
 from batch_invariance.core.columns import (
     ArmColumns,
     EvidenceColumns,
+    PassColumns,
     PassesLike,
-    arm_columns,
     as_arm_columns,
     as_evidence_columns,
     as_pass_columns,
+    pass_columns,
 )
 from batch_invariance.core.evidence import (
     ARM_A,
@@ -46,12 +48,8 @@ from batch_invariance.core.evidence import (
     PassRecord,
     Trial,
 )
-from batch_invariance.core.intervals import (
-    cobatched_flags,
-    cobatched_members,
-    max_overlap_depth,
-    overlap_depth,
-)
+from batch_invariance.core.intervals import cobatched, cobatched_flags, max_overlap_depth
+from batch_invariance.core.intervals import depth as overlap_depth
 
 #: Interval functions the gates are built on, importable from here as before.
 __all__ = ["cobatched_flags", "max_overlap_depth"]
@@ -68,19 +66,19 @@ def exact_fraction(value: float) -> Fraction:
 # --------------------------------------------------------------------------- co-batching
 
 
-def cobatched_of(arm: ArmColumns, margin: float) -> frozenset[str]:
+def cobatched_of(pc: PassColumns, margin: float) -> frozenset[str]:
     """Ids of the pass whose interval overlaps another of the same pass by ``margin``.
 
     Trials without an interval are ignored here (they can never be attributed); the coverage
     gate fails such a pass closed separately.
     """
-    ids = arm.timed_ids
-    return frozenset(map(ids.__getitem__, cobatched_members(arm.starts, arm.ends, margin)))
+    flags = cobatched(pc.intervals, margin)
+    return frozenset(map(pc.arm.timed_ids.__getitem__, compress(pc.intervals.order, flags)))
 
 
 def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
     """:func:`cobatched_of` of one pass record."""
-    return cobatched_of(arm_columns(pass_record.trials), margin)
+    return cobatched_of(pass_columns(pass_record), margin)
 
 
 # --------------------------------------------------------------------------- F1 overlap
@@ -108,7 +106,7 @@ def overlap_gate(passes: PassesLike) -> OverlapGate:
     rows: list[PassOverlap] = []
     for pc in as_pass_columns(passes):
         p = pc.record
-        depth = overlap_depth(pc.arm.starts, pc.arm.ends)
+        depth = overlap_depth(pc.intervals)
         busy = p.server_busy_max
         ok = depth >= REQUIRED_DEPTH and busy is not None and busy >= REQUIRED_DEPTH
         rows.append(PassOverlap(p.index, depth, busy, p.busy_source, ok))
@@ -152,9 +150,9 @@ def completion_floor_gate(
     """F2: the share of id x pass comparisons scored ``ok`` in both A and the pass."""
     total = scored = 0
     a_cols = as_arm_columns(a)
-    a_ids, a_ok = a_cols.keys.keys(), a_cols.ok
+    a_ids, a_ok = a_cols.trials.keys(), a_cols.ok
     for pc in as_pass_columns(passes):
-        total += len(a_ids | pc.arm.keys.keys())
+        total += len(a_ids | pc.arm.trials.keys())
         scored += len(a_ok & pc.arm.ok)
     required = policy.completion_floor
     if total == 0:
@@ -202,7 +200,7 @@ def required_cobatched(n_ids: int, fraction: float) -> int:
 
 def cobatched_by_pass(passes: PassesLike, margin: float) -> dict[int, frozenset[str]]:
     """:func:`cobatched_of` for every pass, keyed by pass index (computed once, shared)."""
-    return {pc.record.index: cobatched_of(pc.arm, margin) for pc in as_pass_columns(passes)}
+    return {pc.record.index: cobatched_of(pc, margin) for pc in as_pass_columns(passes)}
 
 
 def coverage_gate(

@@ -9,17 +9,36 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate, compress, repeat
 from operator import and_, ge, gt, le, not_, sub
 
 
-def overlap_depth(starts: Sequence[float], ends: Sequence[float]) -> int:
+@dataclass(frozen=True, slots=True)
+class SortedIntervals:
+    """Intervals sorted by start: their positions in the caller's order, starts and ends."""
+
+    order: list[int]
+    starts: list[float]
+    ends: list[float]
+
+
+def by_start(starts: Sequence[float], ends: Sequence[float]) -> SortedIntervals:
+    """``starts`` and ``ends`` (one interval per position) sorted by start."""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    return SortedIntervals(
+        order, list(map(starts.__getitem__, order)), list(map(ends.__getitem__, order))
+    )
+
+
+def depth(intervals: SortedIntervals) -> int:
     """Most intervals open at once. Touching intervals (one ends as the next starts) do not
     overlap: at equal times, ends are processed before starts. Empty intervals never count."""
-    real = list(map(not_, map(le, ends, starts)))
+    s, e = intervals.starts, intervals.ends
+    real = list(map(not_, map(le, e, s)))
     if False in real:
-        starts, ends = list(compress(starts, real)), list(compress(ends, real))
-    s, e = sorted(starts), sorted(ends)
+        s, e = list(compress(s, real)), list(compress(e, real))
+    e = sorted(e)
     # Just after the k-th start (0-based, sorted), k + 1 intervals have started and those
     # ending at or before it (ends first at equal times) have closed; the peak follows a start.
     closed = map(bisect_right, repeat(e), s)
@@ -27,8 +46,8 @@ def overlap_depth(starts: Sequence[float], ends: Sequence[float]) -> int:
 
 
 def max_overlap_depth(intervals: Sequence[tuple[float, float]]) -> int:
-    """:func:`overlap_depth` of ``(start, end)`` pairs."""
-    return overlap_depth([s for s, _ in intervals], [e for _, e in intervals])
+    """:func:`depth` of ``(start, end)`` pairs."""
+    return depth(by_start([s for s, _ in intervals], [e for _, e in intervals]))
 
 
 def _reaches(overlaps: Sequence[float], margin: float) -> list[bool]:
@@ -36,28 +55,27 @@ def _reaches(overlaps: Sequence[float], margin: float) -> list[bool]:
     return list(map(and_, map(ge, overlaps, repeat(margin)), map(gt, overlaps, repeat(0))))
 
 
-def cobatched_members(starts: Sequence[float], ends: Sequence[float], margin: float) -> list[int]:
-    """Positions of the intervals that overlap some OTHER interval by at least ``margin``
-    (and by more than zero). Sorted by start (ties by end, then position):
+def cobatched(intervals: SortedIntervals, margin: float) -> list[bool]:
+    """For each interval, in start order, whether it overlaps some OTHER interval by at least
+    ``margin`` (and by more than zero). With the intervals sorted by start:
 
     * an earlier-started partner exists iff ``min(e_i, prefix_max_end) - s_i >= margin``;
     * a later-started partner exists iff the next-started interval (in sort order) whose
       duration is at least ``margin`` starts at or before ``e_i - margin``: among later
       intervals long enough, the earliest start gives the largest overlap with ``i``.
 
-    Intervals shorter than ``margin`` can never count, as either side of a pair. The first
-    test runs for all intervals at once; only those it leaves out get the second, one by one.
+    Any order among equal starts serves: such ties cannot change either test. Intervals
+    shorter than ``margin`` can never count, as either side of a pair. The first test runs for
+    all intervals at once; only those it leaves out get the second, one by one.
     """
-    n = len(starts)
-    spans = list(zip(starts, ends, strict=True))
-    # A stable sort on (start, end) orders ties by position, as (start, end, position) would.
-    order = sorted(range(n), key=spans.__getitem__)
-    s = list(map(starts.__getitem__, order))
-    e = list(map(ends.__getitem__, order))
+    s, e = intervals.starts, intervals.ends
+    n = len(s)
     long_enough = _reaches(list(map(sub, e, s)), margin)
-    # The latest end among the intervals sorted before each one (-inf for the first).
+    # The latest end among the intervals sorted before each one (-inf for the first). For a
+    # long-enough interval, min(e_i, that end) - s_i reaches the margin iff that end - s_i
+    # does (subtracting s_i keeps the order of floats), so the min is left out.
     before = accumulate(e, max, initial=-math.inf)
-    flags = list(map(and_, long_enough, _reaches(list(map(sub, map(min, e, before), s)), margin)))
+    flags = list(map(and_, long_enough, _reaches(list(map(sub, before, s)), margin)))
     pending = list(compress(range(n), map(gt, long_enough, flags)))  # long, no earlier partner
     if pending:
         long_positions = list(compress(range(n), long_enough))
@@ -67,12 +85,13 @@ def cobatched_members(starts: Sequence[float], ends: Sequence[float], margin: fl
                 j = long_positions[at]
                 overlap = min(e[k], e[j]) - s[j]
                 flags[k] = overlap >= margin and overlap > 0
-    return list(compress(order, flags))
+    return flags
 
 
 def cobatched_flags(intervals: Sequence[tuple[float, float]], margin: float) -> list[bool]:
-    """For each ``(start, end)`` interval, whether :func:`cobatched_members` counts it."""
+    """For each ``(start, end)`` interval, whether :func:`cobatched` counts it."""
+    ordered = by_start([s for s, _ in intervals], [e for _, e in intervals])
     flags = [False] * len(intervals)
-    for position in cobatched_members([s for s, _ in intervals], [e for _, e in intervals], margin):
+    for position in compress(ordered.order, cobatched(ordered, margin)):
         flags[position] = True
     return flags

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import chain, compress, repeat
@@ -131,18 +132,25 @@ def length_gate(
     comparisons, or their ids per pass."""
     by_index = {pc.record.index: pc.arm for pc in as_pass_columns(passes)}
     a_cols = as_arm_columns(a)
-    a_tokens = a_cols.answer_tokens
+    a_tokens = dict(zip(a_cols.ids, a_cols.answer_tokens, strict=True))
     lengths: list[int] = []
     unknown = cut = n_hot = 0
     for index, ids in (hot if isinstance(hot, Mapping) else _by_pass(hot)).items():
         c = by_index[index]
-        listed = list(ids)
+        if isinstance(ids, AbstractSet):  # each id once: read C's lengths in C's own order
+            listed = list(compress(c.ids, map(ids.__contains__, c.ids)))
+            c_len = list(compress(c.answer_tokens, map(ids.__contains__, c.ids)))
+            if len(listed) != len(ids):
+                raise KeyError(f"hot id not in pass {index}")
+        else:
+            listed = list(ids)
+            c_tokens = dict(zip(c.ids, c.answer_tokens, strict=True))
+            c_len = list(map(c_tokens.__getitem__, listed))
         n_hot += len(listed)
         if a_cols.cut_by_budget or c.cut_by_budget:
             cut_ids = a_cols.cut_by_budget | c.cut_by_budget
             cut += sum(map(cut_ids.__contains__, listed))
         a_len = list(map(a_tokens.__getitem__, listed))
-        c_len = list(map(c.answer_tokens.__getitem__, listed))
         known = list(map(and_, map(is_not, a_len, repeat(None)), map(is_not, c_len, repeat(None))))
         unknown += known.count(False)
         # The shorter side counts: beyond it, nothing was compared.
