@@ -11,8 +11,9 @@ only read these columns, so what each of them counts is unchanged.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import compress, filterfalse, repeat
 from operator import and_, attrgetter, eq, is_, is_not, itemgetter, methodcaller, ne
 from typing import Any
 
@@ -47,6 +48,7 @@ _AGREEMENT_FIELDS = attrgetter(
 )
 #: ``failure_mode`` within an agreement key.
 _KEY_FAILURE_MODE = itemgetter(8)
+_FAILURE_MODE = attrgetter("failure_mode")
 _LOGPROBS = attrgetter("token_logprobs")
 _DISPATCH = attrgetter("dispatch_ts")
 _COMPLETE = attrgetter("complete_ts")
@@ -69,11 +71,11 @@ class ArmColumns:
     """One map of trials (an arm, or one C pass) with its per-trial facts read once."""
 
     trials: Mapping[str, Trial]
-    #: The ids in map order, and :func:`agreement_key` of each.
+    #: The ids and trials in map order.
     ids: Sequence[str]
-    agreement: Sequence[tuple[Any, ...]]
-    #: ``agreement`` by id, for an arm others are compared against (``keyed=True``); else
-    #: ``None`` (:func:`key_map` builds it on demand).
+    values: Sequence[Trial]
+    #: :func:`agreement_key` by id, for an arm others are compared against (``keyed=True``);
+    #: else ``None``, and :func:`agreement_keys` computes them where they are compared.
     keys: Mapping[str, tuple[Any, ...]] | None
     #: Ids genuinely scored (``failure_mode == "ok"``).
     ok: frozenset[str]
@@ -103,8 +105,8 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
     # Lists, not tuples: a tuple built from a map grows by repeated resizing.
     ids = list(trials.keys())
     values = list(trials.values())
-    keys = list(map(_AGREEMENT_FIELDS, values))
-    modes = list(map(_KEY_FAILURE_MODE, keys))
+    keys = list(map(_AGREEMENT_FIELDS, values)) if keyed else None
+    modes = list(map(_KEY_FAILURE_MODE, keys) if keys is not None else map(_FAILURE_MODE, values))
     transport = frozenset(compress(ids, map(TRANSPORT_MODES.__contains__, modes)))
     starts = list(map(_DISPATCH, values))
     ends = list(map(_COMPLETE, values))
@@ -122,8 +124,8 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
     return ArmColumns(
         trials=trials,
         ids=ids,
-        agreement=keys,
-        keys=dict(zip(ids, keys, strict=True)) if keyed else None,
+        values=values,
+        keys=None if keys is None else dict(zip(ids, keys, strict=True)),
         ok=frozenset(compress(ids, map(eq, modes, repeat(OK)))),
         transport=transport,
         with_logprobs=frozenset(compress(ids, map(is_not, map(_LOGPROBS, values), repeat(None)))),
@@ -140,7 +142,42 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
 
 def key_map(arm: ArmColumns) -> Mapping[str, tuple[Any, ...]]:
     """The arm's agreement keys by id."""
-    return arm.keys if arm.keys is not None else dict(zip(arm.ids, arm.agreement, strict=True))
+    if arm.keys is not None:
+        return arm.keys
+    return dict(zip(arm.ids, agreement_keys(arm), strict=True))
+
+
+def agreement_keys(arm: ArmColumns) -> Iterable[tuple[Any, ...]]:
+    """The agreement key of each trial, in ``ids`` order. An arm not keyed computes them
+    afresh at each comparison: a key that lives only for its comparison costs no garbage
+    collector work, which a million stored keys did (more than computing them twice)."""
+    if arm.keys is not None:
+        return arm.keys.values()
+    return map(_AGREEMENT_FIELDS, arm.values)
+
+
+#: Stands for an id missing from the reference arm; equal to no agreement key.
+_ABSENT: tuple[Any, ...] = (object(),)
+
+
+def unequal_ids(x: ArmColumns, y: ArmColumns) -> list[str]:
+    """Ids of ``y`` whose agreement key differs from ``x``'s, or that ``x`` lacks."""
+    xk = key_map(x)
+    return list(compress(y.ids, map(ne, map(xk.get, y.ids, repeat(_ABSENT)), agreement_keys(y))))
+
+
+def unequal_via(
+    ref_unequal: Iterable[str], agree: AbstractSet[str], x: ArmColumns, y: ArmColumns
+) -> list[str]:
+    """:func:`unequal_ids` of ``x`` and ``y``, given ``ref_unequal`` (those of a reference arm
+    and ``y``) and ``agree``: the ids present in the reference and in ``x`` with equal keys.
+    On those, ``y`` differs from ``x`` iff it differs from the reference (B is compared with
+    each C pass through A this way); every other id of ``y`` is compared directly."""
+    xk = key_map(x)
+    others = list(filterfalse(agree.__contains__, y.ids))
+    y_keys = map(_AGREEMENT_FIELDS, map(y.trials.__getitem__, others))
+    direct = compress(others, map(ne, map(xk.get, others, repeat(_ABSENT)), y_keys))
+    return [*filter(agree.__contains__, ref_unequal), *direct]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,6 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import ne
 from typing import Any, Literal
 
 from batch_invariance.core.columns import (
@@ -35,6 +33,7 @@ from batch_invariance.core.columns import (
     fill_label,
     group_labels,
     key_map,
+    unequal_ids,
 )
 from batch_invariance.core.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, ItemMeta, Trial
 
@@ -326,11 +325,14 @@ def compare_columns(
     ys: Sequence[tuple[int | None, ArmColumns]],
     labels: GroupLabels,
     logit_eps: float | None = None,
+    unequal: Sequence[Sequence[str]] | None = None,
 ) -> PairReport:
     """:func:`compare` on arms already read into columns, with the items' labels.
 
     Ids whose agreement keys are equal are clean (or skipped) without a per-id step; only
-    ids with unequal keys, missing ids and ids with logprobs on both sides are visited."""
+    ids with unequal keys, missing ids and ids with logprobs on both sides are visited.
+    ``unequal``, when given, is :func:`~batch_invariance.core.columns.unequal_ids` of ``xa``
+    and each map of ``ys``, already computed."""
     divergent: set[str] = set()
     token_only: set[str] = set()
     compared: set[str] = set()
@@ -342,19 +344,18 @@ def compare_columns(
     per_pass: list[PassCount] = []
     x_compared = False
     x, xk = xa.trials, key_map(xa)
-    absent = _ABSENT
-    for pass_index, ya in ys:
+    for k, (pass_index, ya) in enumerate(ys):
         y, y_ids = ya.trials, ya.ids
         counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
-        unequal = list(compress(y_ids, map(ne, map(xk.get, y_ids, repeat(absent)), ya.agreement)))
+        pass_unequal = unequal_ids(xa, ya) if unequal is None else unequal[k]
         pass_skipped = {
             tid for tid in xa.transport if tid in y and xk[tid] == agreement_key(y[tid])
         }  # equal keys: both sides are the same transport failure
         pass_divergent: set[str] = set()
-        pass_only_y = [tid for tid in unequal if tid not in xk]
+        pass_only_y = [tid for tid in pass_unequal if tid not in xk]
         # y holds len(y) - len(pass_only_y) of x's ids; look for the others only if some miss.
         missing_y = xk.keys() - y.keys() if len(y) - len(pass_only_y) < len(xk) else ()
-        for test_id in (*unequal, *missing_y):
+        for test_id in (*pass_unequal, *missing_y):
             xt, yt = x.get(test_id), y.get(test_id)
             if xt is None or yt is None:
                 counts["divergent"] += 1
@@ -372,7 +373,7 @@ def compare_columns(
             elif outcome == "token_only":
                 token_only.add(test_id)
                 rows.append(_row(test_id, pass_index, xt, yt, "token_only"))
-        n_equal = len(y_ids) - len(unequal)
+        n_equal = len(y_ids) - len(pass_unequal)
         n_equal_skipped = len(pass_skipped) - counts["skipped"]
         counts["skipped"] += n_equal_skipped
         counts["clean"] += n_equal - n_equal_skipped
@@ -436,10 +437,6 @@ def compare_columns(
         ),
         per_pass=tuple(sorted(per_pass, key=lambda p: p.index)),
     )
-
-
-#: Stands for an id missing from the reference arm; equal to no agreement key.
-_ABSENT: tuple[Any, ...] = (object(),)
 
 
 def _group_counts(

@@ -152,7 +152,8 @@ def completion_floor_gate(
     a_cols = as_arm_columns(a)
     a_ids, a_ok = a_cols.trials.keys(), a_cols.ok
     for pc in as_pass_columns(passes):
-        total += len(a_ids | pc.arm.trials.keys())
+        # |A ids | pass ids|, counted without building the union
+        total += len(a_ids) + len(pc.arm.ids) - sum(map(a_ids.__contains__, pc.arm.ids))
         scored += len(a_ok & pc.arm.ok)
     required = policy.completion_floor
     if total == 0:

@@ -138,8 +138,9 @@ def length_gate(
     for index, ids in (hot if isinstance(hot, Mapping) else _by_pass(hot)).items():
         c = by_index[index]
         if isinstance(ids, AbstractSet):  # each id once: read C's lengths in C's own order
-            listed = list(compress(c.ids, map(ids.__contains__, c.ids)))
-            c_len = list(compress(c.answer_tokens, map(ids.__contains__, c.ids)))
+            mask = list(map(ids.__contains__, c.ids))
+            listed = list(compress(c.ids, mask))
+            c_len = list(compress(c.answer_tokens, mask))
             if len(listed) != len(ids):
                 raise KeyError(f"hot id not in pass {index}")
         else:

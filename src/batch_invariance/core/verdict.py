@@ -26,7 +26,13 @@ from typing import Literal
 from batch_invariance.core import gates as g
 from batch_invariance.core import sample as sg
 from batch_invariance.core import stats
-from batch_invariance.core.columns import EvidenceColumns, evidence_columns, group_labels
+from batch_invariance.core.columns import (
+    EvidenceColumns,
+    evidence_columns,
+    group_labels,
+    unequal_ids,
+    unequal_via,
+)
 from batch_invariance.core.diff import PairReport, compare_columns
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
 from batch_invariance.core.workitem import row_id
@@ -148,10 +154,16 @@ def build_reports(
     aa = None
     if cols.a_repeat is not None:
         aa = compare_columns("AA", a, [(None, cols.a_repeat)], labels, eps)
+    # Each C pass's keys are compared with A's once; B's comparison reuses that wherever B
+    # has A's key (nearly everywhere when AB is clean), and compares the rest directly.
+    ab_unequal = unequal_ids(a, b)
+    agree = frozenset(b.ids).difference(ab_unequal)
+    ac_unequal = [unequal_ids(a, c) for _, c in passes]
+    bc_unequal = [unequal_via(u, agree, b, c) for u, (_, c) in zip(ac_unequal, passes, strict=True)]
     return Reports(
-        ac=compare_columns("AC", a, passes, labels, eps),
-        ab=compare_columns("AB", a, [(None, b)], labels, eps),
-        bc=compare_columns("BC", b, passes, labels, eps),
+        ac=compare_columns("AC", a, passes, labels, eps, ac_unequal),
+        ab=compare_columns("AB", a, [(None, b)], labels, eps, [ab_unequal]),
+        bc=compare_columns("BC", b, passes, labels, eps, bc_unequal),
         aa=aa,
     )
 
