@@ -35,8 +35,9 @@ def depth(intervals: SortedIntervals) -> int:
     """Most intervals open at once. Touching intervals (one ends as the next starts) do not
     overlap: at equal times, ends are processed before starts. Empty intervals never count."""
     s, e = intervals.starts, intervals.ends
-    real = list(map(not_, map(le, e, s)))
-    if False in real:
+    empty = list(map(le, e, s))
+    if True in empty:
+        real = list(map(not_, empty))
         s, e = list(compress(s, real)), list(compress(e, real))
     e = sorted(e)
     # Just after the k-th start (0-based, sorted), k + 1 intervals have started and those
@@ -52,6 +53,8 @@ def max_overlap_depth(intervals: Sequence[tuple[float, float]]) -> int:
 
 def _reaches(overlaps: Sequence[float], margin: float) -> list[bool]:
     """Whether each overlap is at least ``margin`` and more than zero."""
+    if margin > 0:  # then at least the margin is more than zero
+        return list(map(ge, overlaps, repeat(margin)))
     return list(map(and_, map(ge, overlaps, repeat(margin)), map(gt, overlaps, repeat(0))))
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from itertools import chain, compress, repeat
 from operator import and_, is_not
+from typing import cast
 
 from batch_invariance.core.columns import (
     ArmColumns,
@@ -155,7 +156,9 @@ def length_gate(
         known = list(map(and_, map(is_not, a_len, repeat(None)), map(is_not, c_len, repeat(None))))
         unknown += known.count(False)
         # The shorter side counts: beyond it, nothing was compared.
-        lengths.extend(map(min, compress(a_len, known), compress(c_len, known)))
+        # (``known`` leaves only counts: the casts say so to the type checker).
+        a_known = compress(cast("list[int]", a_len), known)
+        lengths.extend(map(min, a_known, compress(cast("list[int]", c_len), known)))
     floor = policy.min_answer_tokens
     share = cut / n_hot if n_hot else None
     if not lengths:
