@@ -37,7 +37,7 @@ from dataclasses import replace
 from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
 from batch_invariance.core.gates import cobatched_flags
-from batch_invariance.core.verdict import decide
+from batch_invariance.core.verdict import Verdict, decide
 
 
 def _trial(test_id: str, sha: str, start: float, end: float) -> Trial:
@@ -91,12 +91,18 @@ def build(n_ids: int, n_passes: int, slots: int = 8) -> CellEvidence:
     )
 
 
-def _timed_decide(ev: CellEvidence) -> tuple[float, float, str]:
-    """(wall s, CPU s, verdict) of one :func:`decide`; CPU time is what a loaded machine
-    cannot inflate by descheduling us."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    verdict = decide(ev, GatePolicy())
-    return time.perf_counter() - wall, time.process_time() - cpu, verdict.status
+def _timed_decide(ev: CellEvidence, runs: int = 2) -> tuple[float, float, Verdict]:
+    """(wall s, CPU s, verdict) of the better of ``runs`` :func:`decide` calls; CPU time is
+    what a loaded machine cannot inflate by descheduling us."""
+    best_wall = best_cpu = float("inf")
+    verdict = None
+    for _ in range(runs):
+        wall, cpu = time.perf_counter(), time.process_time()
+        verdict = decide(ev, GatePolicy())
+        best_wall = min(best_wall, time.perf_counter() - wall)
+        best_cpu = min(best_cpu, time.process_time() - cpu)
+    assert verdict is not None
+    return best_wall, best_cpu, verdict
 
 
 def main() -> None:
@@ -112,19 +118,16 @@ def main() -> None:
     t1 = time.perf_counter()
     ac = compare("AC", ev.a, [(p.index, p.trials) for p in ev.c_passes], ev.items)
     t2 = time.perf_counter()
-    c2 = time.process_time()
-    verdict = decide(ev, GatePolicy())
-    t3 = time.perf_counter()
-    c3 = time.process_time()
+    wall, cpu, verdict = _timed_decide(ev)
     print(f"ids={args.ids} passes={args.passes} comparisons={args.ids * args.passes}")
     print(f"build evidence (not core): {t1 - t0:.2f} s")
     print(f"diff AC alone:             {t2 - t1:.2f} s (divergent ids: {ac.n_divergent})")
     print(
-        f"decide (AC+AB+BC diff, gates, verdict): {t3 - t2:.2f} s wall, {c3 - c2:.2f} s CPU "
+        f"decide (AC+AB+BC diff, gates, verdict), best of 2: {wall:.2f} s wall, {cpu:.2f} s CPU "
         f"-> {verdict.status} "
         f"({verdict.divergence_class}), n_hot_trials={verdict.sensitivity.n_hot_trials}"
     )
-    per = (c3 - c2) / (args.ids * args.passes) * 1e6
+    per = cpu / (args.ids * args.passes) * 1e6
     print(f"  {per:.2f} us CPU per id x pass")
     if not args.no_scaling:
         # Linear in ids x passes: the CPU time per id x pass should stay about the same.
@@ -132,10 +135,10 @@ def main() -> None:
         sizes = [(args.ids // 4, args.passes), (args.ids // 2, args.passes)]
         sizes.append((args.ids, max(1, args.passes // 2)))
         for n_ids, n_passes in sizes:
-            wall, cpu, status = _timed_decide(build(n_ids, n_passes))
+            wall, cpu, scaled = _timed_decide(build(n_ids, n_passes))
             print(
                 f"decide {n_ids:>7} ids x {n_passes} passes: {wall:.2f} s wall, {cpu:.2f} s CPU, "
-                f"{cpu / (n_ids * n_passes) * 1e6:.2f} us CPU per id x pass -> {status}"
+                f"{cpu / (n_ids * n_passes) * 1e6:.2f} us CPU per id x pass -> {scaled.status}"
             )
     # Scaling of the co-batch coverage sweep alone: quadratic would grow ~16x per 4x ids.
     for n in (25_000, 100_000, 400_000):
