@@ -253,13 +253,6 @@ def fill_label(fill: float | None) -> str:
     return "unknown" if fill is None else f"{fill:.2f}"
 
 
-def _members(label_of: Mapping[str, str]) -> dict[str, frozenset[str]]:
-    grouped: dict[str, list[str]] = {}
-    for test_id, label in label_of.items():
-        grouped.setdefault(label, []).append(test_id)
-    return {label: frozenset(ids) for label, ids in grouped.items()}
-
-
 def group_labels(items: Iterable[ItemMeta]) -> GroupLabels:
     """Labels of every item (computed once per cell, shared by the AC, AB and BC reports)."""
     family: dict[str, str] = {}
@@ -276,3 +269,14 @@ def group_labels(items: Iterable[ItemMeta]) -> GroupLabels:
             label = fill_label(value)
         fill[m.test_id] = label
     return GroupLabels(family, fill, _members(family), _members(fill))
+
+
+def _members(label_of: Mapping[str, str]) -> dict[str, frozenset[str]]:
+    """The ids under each label."""
+    labels = set(label_of.values())
+    if len(labels) == 1:
+        return {label: frozenset(label_of) for label in labels}
+    grouped: dict[str, list[str]] = {label: [] for label in labels}
+    for test_id, label in label_of.items():
+        grouped[label].append(test_id)
+    return {label: frozenset(ids) for label, ids in grouped.items()}

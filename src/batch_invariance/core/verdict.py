@@ -35,7 +35,7 @@ from batch_invariance.core.columns import (
 )
 from batch_invariance.core.diff import PairReport, compare_columns
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
-from batch_invariance.core.workitem import row_id
+from batch_invariance.core.workitem import row_ids
 
 Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
 
@@ -222,7 +222,7 @@ def sensitivity(hot: sg.HotByPass, ac: PairReport) -> Sensitivity:
     scored = sum(p.n_compared for p in ac.per_pass)
     divergent = sum(p.n_divergent for p in ac.per_pass)
     n_hot = sum(map(len, hot.values()))
-    n_distinct = len(set(map(row_id, set().union(*hot.values()))))
+    n_distinct = len(row_ids(set().union(*hot.values())))
     if divergent == 0:
         return Sensitivity(
             n_hot, scored, 0, ac.n_divergent, n_distinct, _bound(n_distinct), _bound(n_hot),

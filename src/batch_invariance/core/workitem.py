@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import not_
 from typing import Any
 
 #: Repetitions of one work-set row get ids ``{row id}{REP_SEPARATOR}{k}``.
@@ -23,6 +25,16 @@ def row_id(test_id: str) -> str:
     """
     head, sep, tail = test_id.rpartition(REP_SEPARATOR)
     return head if sep and head and tail.isdigit() else test_id
+
+
+def row_ids(test_ids: Iterable[str]) -> set[str]:
+    """The distinct :func:`row_id` of ``test_ids``. Only ids holding the separator can fold,
+    so the others are taken as they are without a call each."""
+    listed = list(test_ids)
+    holds = list(map(str.__contains__, listed, repeat(REP_SEPARATOR)))
+    rows = set(compress(listed, map(not_, holds)))
+    rows.update(map(row_id, compress(listed, holds)))
+    return rows
 
 
 @dataclass(frozen=True)
