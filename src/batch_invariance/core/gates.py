@@ -73,6 +73,8 @@ def cobatched_of(pc: PassColumns, margin: float) -> frozenset[str]:
     gate fails such a pass closed separately.
     """
     flags = cobatched(pc.intervals, margin)
+    if False not in flags:  # all of them, the usual case: no need to pick them out
+        return frozenset(pc.arm.timed_ids)
     return frozenset(map(pc.arm.timed_ids.__getitem__, compress(pc.intervals.order, flags)))
 
 
