@@ -7,24 +7,31 @@ One id in one pass diverges so the RED path with its per-id row and exact interv
 It then checks linearity (the CPU time per id x pass at a quarter and half the ids, and at
 half the passes); ``--no-scaling`` skips that.
 
-Measured on the shared 2-core dev machine (load 4-7 from other work, so CPU time, not wall,
-is the figure; each is the better of two runs of ``decide`` on the same evidence):
+Measured on the shared 2-core dev machine while others ran tests and llama-servers, so CPU
+time (``process_time``), not wall, is the figure; each is the better of two runs of ``decide``
+on the same evidence, "before" being main at 54b3a2b run with this same script. The load
+(``uptime``, 1 min) is given with each figure, because it moves them a lot:
 
-=========================  ==========================  ==========================
-size (ids x passes)        before (main, 2026-12-01)   after (this change)
-=========================  ==========================  ==========================
-25,000 x 8                 3.98 s CPU (19.9 us/pair)   1.60 s CPU (8.0 us/pair)
-50,000 x 4                 6.15 s CPU (30.8 us/pair)   2.65 s CPU (13.3 us/pair)
-50,000 x 8                 12.02 s CPU (30.1 us/pair)  6.31 s CPU (15.8 us/pair)
-100,000 x 8                17.08 s CPU                 11.93 s CPU (under extra load)
-=========================  ==========================  ==========================
+=========================  ================================  ================================
+size (ids x passes)        before (main 54b3a2b)             after (this change)
+=========================  ================================  ================================
+100,000 x 8, load ~1.5     11.96 s CPU (14.95 us/pair)       3.88 s CPU (4.84 us/pair)
+25,000 x 8, same runs      2.23 s CPU (11.16 us/pair)        0.98 s CPU (4.88 us/pair)
+50,000 x 8, same runs      4.14 s CPU (10.34 us/pair)        2.26 s CPU (5.64 us/pair)
+100,000 x 4, same runs     5.20 s CPU (12.99 us/pair)        2.83 s CPU (7.09 us/pair)
+100,000 x 8, load ~2.6-3   12.83 / 11.70 s CPU (two rounds)  5.37 / 6.37 s CPU (interleaved)
+=========================  ================================  ================================
 
-(9.1 s wall was measured for 100,000 x 8 on an idle machine before the change.) The 3 s target
-at 100,000 x 8 is NOT reached on this loaded machine: what is left is spread over the ~10
-scans of every trial object (agreement keys, spans for F1 and F3, ok/transport/cache_n sets,
-answer lengths) and the hot-comparison tuple, and grows faster than linearly with the working
-set (memory-bound on a shared machine; GC is ~12% of it). The next step is one scan per arm
-into shared per-arm columns read by every gate.
+The 3 s target at 100,000 x 8 is NOT reached: 3.9 s was the best seen (load ~1.5); the same
+code gave 5.4-7.2 s minutes later under load 2-3 (before: 11.7-12.8 s). The per-pair cost is
+now nearly flat in ids (4.9 -> 5.6 -> 4.8 us from 25k to 100k ids at 8 passes, against
+11.2 -> 10.3 -> 15.0 before). What is left, by phase (one run at load ~2, 5.1 s in all):
+reading the arms into columns 1.7 s (core/columns.py; the agreement keys, one tuple per
+trial, are most of it), the AC/AB/BC reports 1.0 s (a transient key per C trial against A),
+F3 co-batching 0.75 s, F1 depth 0.46 s, answer length 0.36 s, F2 0.28 s, hot comparisons
+0.23 s, prompt cache 0.19 s, sensitivity 0.11 s. Each is C-level work per trial now, so a
+further large step needs fewer Python objects per trial (for instance the driver handing
+over columns instead of Trial objects).
 """
 
 from __future__ import annotations
