@@ -124,3 +124,29 @@ def test_sweep_engine_usage_errors_exit_2_with_one_line(
     assert code == 2, err
     assert needle in err and len(err.strip().splitlines()) == 1
     assert not vllm_cell["record"].exists()
+
+
+def test_a_gguf_engine_gets_the_memory_guard_before_any_launch(
+    vllm_cell: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fakes_live import dense_meta, write_gguf
+
+    model = write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20)
+    python = stand_in(tmp_path, "python")
+    argv = [
+        "run-live", "--engine", "llama-cpp-python", "--server-bin", str(python),
+        "--model", str(model), "--workset", str(vllm_cell["ws"]), "--ctx", "512", "--parallel", "2",
+        "--max-footprint-gb", "0.0001", "--out-dir", str(vllm_cell["out"]),
+    ]  # fmt: skip
+    # Exit 2 before any launch: the stand-in cannot serve llama-cpp-python, so a launch would
+    # have ended in an infrastructure failure (4) instead.
+    assert main(argv) == 2
+    assert "GuardRefused" in capsys.readouterr().err
+
+
+def test_an_unknown_engine_in_a_request_is_a_usage_error(tmp_path: Path) -> None:
+    from batch_invariance.errors import UsageError
+    from batch_invariance.run.live import LiveRequest, prepare
+
+    with pytest.raises(UsageError, match="unknown --engine 'ollama'; choose one of"):
+        prepare(LiveRequest(out_dir=tmp_path, engine="ollama", ctx=512, parallel=2))
