@@ -132,9 +132,8 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         raise UsageError(f"input mode must be live or mock, got {raw['mode'].strip()!r}")
     engine = raw["engine"].strip().lower()
     if engine not in ENGINES:
-        raise UsageError(
-            f"input engine must be one of {', '.join(sorted(ENGINES))}, got {raw['engine'].strip()!r}"
-        )
+        choices = ", ".join(sorted(ENGINES))
+        raise UsageError(f"input engine must be one of {choices}, got {raw['engine'].strip()!r}")
     require = raw["require"].strip().lower()
     if require not in ("green", "promotable"):
         raise UsageError(
@@ -179,12 +178,12 @@ def _abs(workspace: Path, value: str) -> Path | None:
 def check_server_pair(inputs: ActionInputs) -> None:
     """Live mode without a profile takes both server-bin and model, or neither (the embedded
     default, which is llama-server: another engine needs both)."""
-    if inputs.mode == "live" and inputs.engine != DEFAULT_ENGINE:
-        if not (inputs.server_bin and inputs.model):
-            raise UsageError(
-                f"input engine {inputs.engine} needs server-bin and model (the embedded "
-                "default is llama-server)"
-            )
+    other_engine = inputs.mode == "live" and inputs.engine != DEFAULT_ENGINE
+    if other_engine and not (inputs.server_bin and inputs.model):
+        raise UsageError(
+            f"input engine {inputs.engine} needs server-bin and model (the embedded default "
+            "is llama-server)"
+        )
     if (
         inputs.mode == "live"
         and not inputs.profile

@@ -87,13 +87,15 @@ def _check_file(path: Path | None, flag: str, what: str, executable: bool = Fals
 
 def _check_attach_options(request: LiveRequest) -> AttachTarget | None:
     if request.base_url is None:
-        for given, flag in ((request.metrics_url, "--metrics-url"),
-                            (request.allow_remote or None, "--allow-remote")):  # fmt: skip
-            if given is not None:
-                raise UsageError(f"{flag} goes with --base-url (attach mode)")
+        if request.metrics_url is not None:
+            raise UsageError("--metrics-url goes with --base-url (attach mode)")
+        if request.allow_remote:
+            raise UsageError("--allow-remote goes with --base-url (attach mode)")
         return None
     if request.server_flags:
         raise UsageError("--server-flag has no effect on an attached server; drop it")
+    if request.server_bin is not None:
+        raise UsageError("--server-bin has no effect on an attached server; drop it")
     return attach_target(request.base_url, request.metrics_url, request.allow_remote)
 
 
@@ -101,16 +103,18 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
     """Check the engine-dependent part of ``request`` (UsageError naming the first problem)."""
     engine = engine_for(request.engine)
     attach = _check_attach_options(request)
-    if prof is not None and (attach is not None or engine.name != DEFAULT_ENGINE):
+    launched_llama_server = attach is None and engine.name == DEFAULT_ENGINE
+    if prof is not None and not launched_llama_server:
         raise UsageError("--profile works only with the default engine (llama-server, launched)")
-    if request.kv_layout != "split" and (attach is not None or engine.name != DEFAULT_ENGINE):
+    if request.kv_layout != "split" and not launched_llama_server:
         raise UsageError("--kv-layout unified applies only to llama-server launched by the tool")
     flags = tuple(prof.server_flags if prof else request.server_flags)
     problems = flag_conflicts(engine, flags)
     if problems:
+        driver = request.driver_name
         raise UsageError(
-            f"--server-flag {problems[0]}: it conflicts with what {request.driver_name} sets "
-            f"or measures; drop it (or use the {request.driver_name} option instead)"
+            f"--server-flag {problems[0]} (it conflicts with what {driver} sets or measures: "
+            f"drop it, or use the {driver} option)"
         )
     if attach is not None:
         return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
