@@ -150,3 +150,16 @@ def test_an_unknown_engine_in_a_request_is_a_usage_error(tmp_path: Path) -> None
 
     with pytest.raises(UsageError, match="unknown --engine 'ollama'; choose one of"):
         prepare(LiveRequest(out_dir=tmp_path, engine="ollama", ctx=512, parallel=2))
+
+
+def test_an_engine_launcher_symlink_is_kept_as_given(
+    vllm_cell: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A venv's bin/python is a symlink; resolving it would run the base interpreter instead.
+    link = tmp_path / "venv" / "bin" / "vllm"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(vllm_cell["bin"])
+    argv = _argv(vllm_cell, "run-live", "--parallel", "2", "--dry-run")
+    argv[argv.index("--server-bin") + 1] = str(link)
+    assert main(argv) == 0
+    assert f"server A: {link} serve" in capsys.readouterr().out

@@ -138,7 +138,10 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
             f"engine {engine.name} loads a Hugging Face model folder: no GGUF header read and "
             "no memory guard"
         )
-    return ServerTarget(engine, server_bin.resolve(), model.resolve(), gguf, skipped, None, flags)
+    # A venv's interpreter is a symlink whose own path makes it the venv: resolve only
+    # llama-server's binary (as before), keep another engine's launcher as given.
+    launcher = server_bin.resolve() if engine.name == DEFAULT_ENGINE else server_bin.absolute()
+    return ServerTarget(engine, launcher, model.resolve(), gguf, skipped, None, flags)
 
 
 def make_launcher(
