@@ -238,9 +238,17 @@ def run_parallel(
                 # An engine's handle names its own busy witnesses (possibly none: F1 then
                 # fails closed); without the attribute, llama-server's /slots and /metrics.
                 probes=getattr(server_bc, "busy_probes", None),
+                # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
+                # as corroboration in the arm stats, never read by F1.
+                counters=getattr(server_bc, "pass_counters", ()),
             )
             busy = (result.server_busy_max, result.busy_source)
-            stats.append(_arm_stats(ARM_C, index, result.wall_s, result.responses, busy))
+            stats.append(
+                replace(
+                    _arm_stats(ARM_C, index, result.wall_s, result.responses, busy),
+                    counter_deltas=result.counter_deltas or None,
+                )
+            )
             for note in slot_notes(result):
                 notes.add(note)
             trials = trials_for(
