@@ -6,6 +6,8 @@ no ``id_slot``), FastAPI's 404 for llama.cpp-only paths (``/slots``, ``/props``,
 ``/completion``, ``/tokenize``), the OpenAI-style error object, and Prometheus text on
 ``/metrics`` with the engine's busy gauge and cache counters. ``witness=False`` serves
 ``/metrics`` without the busy gauge (a build or flag that does not export it).
+vLLM's ``vllm:iteration_tokens_total`` histogram advances with the requests served
+(``histogram=False`` / ``$FAKE_ENGINE_HISTOGRAM=0`` leaves it out).
 ``$FAKE_ENGINE_WITNESS=0`` and ``$FAKE_ENGINE_KNOBS`` (JSON of :class:`MockKnobs` fields) set
 the same for the stand-in executable.
 
@@ -94,11 +96,7 @@ class VllmHandler(_OpenAIEngineHandler):
             f"vllm:prefix_cache_hits_total{{{labels}}} 0.0",
             "# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.",
             "# TYPE vllm:iteration_tokens_total histogram",
-            f'vllm:iteration_tokens_total_bucket{{{labels},le="1.0"}} 10.0',
-            f'vllm:iteration_tokens_total_bucket{{{labels},le="8.0"}} 14.0',
-            f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} 16.0',
-            f"vllm:iteration_tokens_total_count{{{labels}}} 16.0",
-            f"vllm:iteration_tokens_total_sum{{{labels}}} 120.0",
+            *self.iteration_histogram(labels),
         ]
         if self.witness:
             lines[0:0] = [
@@ -107,6 +105,28 @@ class VllmHandler(_OpenAIEngineHandler):
                 f"vllm:num_requests_running{{{labels}}} {float(busy)}",
             ]
         return "\n".join(lines) + "\n"
+
+    #: ``$FAKE_ENGINE_HISTOGRAM=0`` (or ``histogram = False``): a build without the histogram.
+    histogram = True
+    #: Engine steps each request adds to the histogram (a fixed stand-in for its tokens).
+    STEPS_PER_REQUEST = 4
+
+    def iteration_histogram(self, labels: str) -> list[str]:
+        """``vllm:iteration_tokens_total`` advancing with the requests served: a request that
+        ran alone adds steps of one token, one that was co-batched steps of up to 8 tokens."""
+        if not self.histogram:
+            return []
+        stats = self.mock.stats
+        alone = self.STEPS_PER_REQUEST * (stats.requests - stats.cobatched)
+        together = self.STEPS_PER_REQUEST * stats.cobatched
+        name = "vllm:iteration_tokens_total"
+        return [
+            f'{name}_bucket{{{labels},le="1.0"}} {float(alone)}',
+            f'{name}_bucket{{{labels},le="8.0"}} {float(alone + together)}',
+            f'{name}_bucket{{{labels},le="+Inf"}} {float(alone + together)}',
+            f"{name}_count{{{labels}}} {float(alone + together)}",
+            f"{name}_sum{{{labels}}} {float(alone + 8 * together)}",
+        ]
 
 
 class SglangHandler(_OpenAIEngineHandler):
@@ -131,10 +151,10 @@ class SglangHandler(_OpenAIEngineHandler):
         return "\n".join(lines) + "\n"
 
 
-def handler_for(engine: str, witness: bool = True) -> type[MockHandler]:
+def handler_for(engine: str, witness: bool = True, histogram: bool = True) -> type[MockHandler]:
     """The fake surface of ``engine`` (``vllm`` or ``sglang``)."""
     base = {"vllm": VllmHandler, "sglang": SglangHandler}[engine]
-    return type(f"{base.__name__}Served", (base,), {"witness": witness})
+    return type(f"{base.__name__}Served", (base,), {"witness": witness, "histogram": histogram})
 
 
 def fake_engine(
@@ -145,9 +165,11 @@ def fake_engine(
     *,
     port: int = 0,
     witness: bool = True,
+    histogram: bool = True,
 ) -> MockServer:
     """A loopback fake of ``engine`` with ``parallel`` real slots (use as a context manager)."""
-    return MockServer(parallel, ctx, knobs, port=port, handler=handler_for(engine, witness))
+    handler = handler_for(engine, witness, histogram)
+    return MockServer(parallel, ctx, knobs, port=port, handler=handler)
 
 
 # ----- the stand-in executable ----------------------------------------------------------------
@@ -193,10 +215,11 @@ def main(argv: list[str]) -> None:
         with Path(record).open("a") as out:
             out.write(json.dumps({"argv": argv, "env": env}) + "\n")
     witness = os.environ.get("FAKE_ENGINE_WITNESS", "1") == "1"
+    histogram = os.environ.get("FAKE_ENGINE_HISTOGRAM", "1") == "1"
     knobs = MockKnobs(**json.loads(os.environ.get("FAKE_ENGINE_KNOBS", "{}")))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with fake_engine(engine, parallel, ctx, knobs, port=port, witness=witness):
+    with fake_engine(engine, parallel, ctx, knobs, port=port, witness=witness, histogram=histogram):
         stop.wait()
 
 

@@ -322,6 +322,8 @@ def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> Non
         ({"require": "amber"}, "input require must be green or promotable"),
         ({"sign": "maybe"}, "input sign must be true or false"),
         ({"server-bin": "bin/llama-server"}, "set both server-bin and model"),
+        ({"engine": "ollama"}, "input engine must be one of llama-cpp-python, llama-server,"),
+        ({"engine": "vllm"}, "input engine vllm needs server-bin and model"),
     ],
 )
 def test_bad_inputs_are_configuration_errors_without_a_verdict(
@@ -567,3 +569,38 @@ def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> No
     note = render.verdict_annotation(cert, "green", False, outputs["cell"])
     assert note.startswith("::error title=batch-invariance RED::")
     assert "batching changed scored outputs" in note
+
+
+def test_the_engine_input_runs_that_engine_through_the_same_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batch_invariance.action_inputs import live_request
+    from batch_invariance.cli import build_parser
+    from batch_invariance.commands.cell_options import request_from_args
+    from test_engines_cell import stand_in
+
+    monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps({"token_delay_s": 0.005}))
+    small = {"gate-passes": "1", "reps": "1", "n-predict": "8"}
+    files = {"server-bin": "vllm", "model": "model.safetensors"}
+    env = actions_env(tmp_path, sign="false", engine="vllm", **small, **files)
+    workspace = Path(env["GITHUB_WORKSPACE"])
+    stand_in(workspace, "vllm")
+    (workspace / "model.safetensors").write_bytes(b"weights")
+    inputs = action_inputs.read_inputs(env)
+    assert inputs.engine == "vllm"
+    args = build_parser().parse_args(
+        ["run-live", "--engine", "vllm", "--server-bin", str(workspace / "vllm"), "--model",
+         str(workspace / "model.safetensors"), "--ctx", "2048", "--parallel", "4", "--gate-passes",
+         "1", "--reps", "1", "--n-predict", "8", "--out-dir",
+         str(workspace / "batch-invariance-certs")]
+    )  # fmt: skip
+    assert live_request(inputs, None) == replace(
+        request_from_args(args), bundled_workset="demo", stop_on_red=True
+    )
+    buf = io.StringIO()
+    code = action.run_action(env, out=buf, provisioner=_no_provision)
+    outputs = outputs_of(env)
+    assert code == exitcodes.NOT_PROMOTABLE, buf.getvalue()  # one pass: not enough for GREEN
+    cert = json.loads((workspace / outputs["cert-path"]).read_text())
+    assert cert["source"] == "live" and cert["provenance"]["engine"] == "vllm"
+    assert "--max-num-seqs" in cert["provenance"]["servers"][1]["argv"]

@@ -104,9 +104,12 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     assert t.prompt_tokens_measured is not None and t.prompt_tokens_measured > 0
     assert t.content_sha256 is not None and len(t.content_sha256) == 64
     assert t.tokens == ("Paris",) and t.token_logprobs is not None and t.has_interval
-    # Logprobs only where they are read: A and C carry them, the serial controls do not.
-    assert all(p.trials["fr"].tokens is not None for p in ev.c_passes)
-    assert ev.b["fr"].tokens is None  # (A' did not run: B reproduced A)
+    # Every arm records its token stream; only A (which the margin is read from) carries
+    # pre-sampling logprobs and margins: B and C ask for the chosen tokens after sampling.
+    assert t.top_margins is not None and all(m is not None for m in t.top_margins)
+    for other in [ev.b["fr"], *(p.trials["fr"] for p in ev.c_passes)]:
+        assert other.tokens == ("Paris",)
+        assert other.token_logprobs is None and other.top_margins == (None,)
     assert [s.role for s in run.servers] == ["A", "BC"]
     assert "--parallel" in run.servers[1].argv and run.kv_label.startswith("mock:")
     assert run.request_template["cache_prompt"] is False
@@ -176,7 +179,9 @@ def test_stochastic_divergence_breaks_the_serial_repeat() -> None:
     assert run.schedule is not None and run.schedule["arms_run"] == ["A", "A_repeat", "B", "C"]
     assert str(run.schedule["serial_repeat"]).startswith("A' ran: B differed from A")
     assert run.evidence.a_repeat is not None
-    assert all(t.tokens is None for t in run.evidence.a_repeat.values())  # no logprobs asked
+    # A' asks for its chosen tokens only (after sampling): tokens, no logprobs, no margins.
+    assert all(t.tokens is not None and t.token_logprobs is None
+               for t in run.evidence.a_repeat.values())  # fmt: skip
 
 
 def test_server_gone_mid_run_is_recorded_not_raised() -> None:
@@ -195,10 +200,11 @@ def test_no_serial_repeat_and_completions_endpoint() -> None:
 
 
 def test_armed_f4_keeps_its_logprobs_in_a_and_c() -> None:
-    """--n-probs arms F4: A and C ask for that many alternatives, B still for none."""
+    """--n-probs arms F4: A and C ask for that many alternatives, B still for tokens only."""
     run, _ = cell(MockKnobs(), n_probs=3)
     assert run.request_template["n_probs_armed"] is True
-    assert run.request_template["logprobs"] == {"chat": {"logprobs": True, "top_logprobs": 3}}
+    assert run.request_template["logprobs"]["margins"] == {"logprobs": True, "top_logprobs": 3}
+    assert run.request_template["logprobs_by_arm"]["C"] == "margins"
     ev = run.evidence
     assert ev.a["fr"].token_logprobs is not None and ev.a["fr"].top_margins is not None
     assert all(p.trials["fr"].token_logprobs is not None for p in ev.c_passes)

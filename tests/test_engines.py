@@ -158,11 +158,38 @@ def test_cache_hits_are_seen() -> None:
     assert LlamaCppPythonEngine().cache_evidence("x 1").hits_seen is None
 
 
-def test_vllm_histogram_in_the_fake() -> None:
+def test_vllm_histogram_in_the_fake_advances_with_requests() -> None:
+    read = witness.step_totals_reader("vllm:iteration_tokens_total")
     with fake_engine("vllm", parallel=1) as server:
-        text = requests.get(server.base_url + "/metrics", timeout=5).text
-    hist = witness.histogram(text, "vllm:iteration_tokens_total")
-    assert hist is not None and hist.share_above(1.0) == pytest.approx(6 / 16)
+        metrics = server.base_url + "/metrics"
+        before = read(requests.get(metrics, timeout=5).text)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        requests.post(server.base_url + "/v1/chat/completions", json=body, timeout=5)
+        after = read(requests.get(metrics, timeout=5).text)
+    assert before == {"steps": 0.0, "tokens": 0.0, "steps_over_1_token": 0.0}
+    assert after == {"steps": 4.0, "tokens": 4.0, "steps_over_1_token": 0.0}  # ran alone
+    with fake_engine("vllm", parallel=1, histogram=False) as server:
+        assert read(requests.get(server.base_url + "/metrics", timeout=5).text) is None
+
+
+def test_step_totals_and_pass_deltas() -> None:
+    from batch_invariance.run.dispatch import counter_deltas
+
+    text = (
+        'h_bucket{le="1.0"} 6\nh_bucket{le="8.0"} 9\nh_bucket{le="+Inf"} 10\nh_count 10\nh_sum 40\n'
+    )
+    totals = witness.step_totals_reader("h")(text)
+    assert totals == {"steps": 10.0, "tokens": 40.0, "steps_over_1_token": pytest.approx(4.0)}
+    assert witness.step_totals_reader("absent")(text) is None
+    before = {"h": {"steps": 2.0, "tokens": 5.0}, "gone": {"steps": 1.0}}
+    after = {"h": {"steps": 7.0, "tokens": 5.0}}
+    # Only what was read both times has a delta; a counter missing at either end has none.
+    assert counter_deltas(before, after) == {"h": {"steps": 5.0, "tokens": 0.0}}
+    assert [c.label for c in VllmEngine().pass_counters("http://x")] == ["vllm-iteration-tokens"]
+    assert all(
+        engine_for(n).pass_counters("http://x") == ()
+        for n in ("llama-server", "llama-cpp-python", "sglang")
+    )
 
 
 def test_fake_error_body_is_the_openai_shape() -> None:

@@ -21,6 +21,7 @@ from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import finish_cell
+from batch_invariance.run.records import ArmStats, CellRun
 from batch_invariance.scorer_api import ExactMatchScorer
 from engine_fakes import fake_engine
 from test_driver import ITEMS, POLICY, plan
@@ -183,3 +184,46 @@ def test_attach_to_nothing_is_an_infra_error() -> None:
         lau.launch("A", 1, 1),
     ):
         pass
+
+
+# ----- vLLM's iteration-tokens histogram: corroboration, never the F1 witness ------------
+
+
+def _attached_vllm_cell(witness: bool, histogram: bool = True) -> tuple[CellRun, list[ArmStats]]:
+    # 20 ms a token: each request stays in its slot many gauge samples long (see launcher()).
+    knobs = MockKnobs(token_delay_s=0.02)
+    with fake_engine("vllm", 4, 512, knobs, witness=witness, histogram=histogram) as srv:
+        lau = AttachLauncher(attach_target(srv.base_url), engine_for("vllm"))
+        run = run_cell(plan(gate_passes=4), lau, ExactMatchScorer())
+    passes = [s for s in run.arm_stats if s.arm == "C"]
+    return run, passes
+
+
+def test_the_histogram_delta_of_every_pass_is_recorded_next_to_its_gauge() -> None:
+    run, passes = _attached_vllm_cell(witness=True)
+    assert decide(run.evidence, POLICY).status == "green"
+    for stats in passes:
+        assert stats.counter_deltas is not None
+        delta = stats.counter_deltas["vllm-iteration-tokens"]
+        # 8 items x 4 steps each in the fake, most of them co-batched (steps over 1 token).
+        assert delta["steps"] == 8 * 4 and delta["steps_over_1_token"] > 0
+        assert "vllm-iteration-tokens" in stats.to_record()["witness_corroboration"]
+
+
+def test_a_histogram_without_the_busy_gauge_never_meets_f1() -> None:
+    run, passes = _attached_vllm_cell(witness=False)
+    verdict = decide(run.evidence, POLICY)
+    # The histogram says steps were co-batched, but F1 reads only the busy gauge: fail closed.
+    deltas = [s.counter_deltas for s in passes]
+    assert all(
+        d is not None and d["vllm-iteration-tokens"]["steps_over_1_token"] > 0 for d in deltas
+    )
+    assert verdict.status == "green_unverified"
+    assert any("no server signal" in r for r in verdict.decision_reasons)
+
+
+def test_no_histogram_no_corroboration_and_the_gauge_still_decides() -> None:
+    run, passes = _attached_vllm_cell(witness=True, histogram=False)
+    assert decide(run.evidence, POLICY).status == "green"
+    assert all(s.counter_deltas is None for s in passes)
+    assert all("witness_corroboration" not in s.to_record() for s in passes)

@@ -17,6 +17,7 @@ from typing import Literal
 
 from batch_invariance.cert.render import Require
 from batch_invariance.core.plan import number_problems
+from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.errors import UsageError
 from batch_invariance.run.live import ACTION_DEFAULTS, LiveRequest
 from batch_invariance.run.live_profile import ProfileRequest
@@ -27,6 +28,7 @@ Mode = Literal["live", "mock"]
 #: Inputs and their defaults (``action.yml`` declares the same).
 INPUT_DEFAULTS: Mapping[str, str] = {
     "mode": "live",
+    "engine": DEFAULT_ENGINE,
     "server-bin": "",
     "model": "",
     "workset": "",
@@ -47,7 +49,7 @@ INPUT_DEFAULTS: Mapping[str, str] = {
 
 #: Inputs only a live cell takes (mock mode reports them as ignored).
 LIVE_ONLY_INPUTS: tuple[str, ...] = (
-    "server-bin", "model", "profile", "model-alias", "models-dir", "server-flags",
+    "engine", "server-bin", "model", "profile", "model-alias", "models-dir", "server-flags",
 )  # fmt: skip
 _NUMBER_INPUTS: tuple[str, ...] = ("ctx", "parallel", "gate-passes", "reps", "n-predict")
 
@@ -57,6 +59,8 @@ class ActionInputs:
     """The step's inputs, validated and typed."""
 
     mode: Mode
+    #: ``--engine``: which server ``server-bin`` launches (one of ``engines.registry``).
+    engine: str
     server_bin: str
     model: str
     workset: str
@@ -126,6 +130,10 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
     mode = raw["mode"].strip().lower()
     if mode not in ("live", "mock"):
         raise UsageError(f"input mode must be live or mock, got {raw['mode'].strip()!r}")
+    engine = raw["engine"].strip().lower()
+    if engine not in ENGINES:
+        choices = ", ".join(sorted(ENGINES))
+        raise UsageError(f"input engine must be one of {choices}, got {raw['engine'].strip()!r}")
     require = raw["require"].strip().lower()
     if require not in ("green", "promotable"):
         raise UsageError(
@@ -142,6 +150,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
     flags = tuple(line.strip() for line in raw["server-flags"].splitlines() if line.strip())
     return ActionInputs(
         mode="live" if mode == "live" else "mock",
+        engine=engine,
         server_bin=raw["server-bin"].strip(),
         model=raw["model"].strip(),
         workset=raw["workset"].strip(),
@@ -167,7 +176,14 @@ def _abs(workspace: Path, value: str) -> Path | None:
 
 
 def check_server_pair(inputs: ActionInputs) -> None:
-    """Live mode without a profile takes both server-bin and model, or neither."""
+    """Live mode without a profile takes both server-bin and model, or neither (the embedded
+    default, which is llama-server: another engine needs both)."""
+    other_engine = inputs.mode == "live" and inputs.engine != DEFAULT_ENGINE
+    if other_engine and not (inputs.server_bin and inputs.model):
+        raise UsageError(
+            f"input engine {inputs.engine} needs server-bin and model (the embedded default "
+            "is llama-server)"
+        )
     if (
         inputs.mode == "live"
         and not inputs.profile
@@ -206,6 +222,7 @@ def live_request(inputs: ActionInputs, embedded: tuple[Path, Path] | None) -> Li
         profile=profile,
         bundled_workset=None if inputs.profile else "demo",
         stop_on_red=ACTION_DEFAULTS.stop_on_red,
+        engine=inputs.engine,
     )
 
 

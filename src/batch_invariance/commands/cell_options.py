@@ -13,6 +13,7 @@ from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.render import live_banner
 from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
 from batch_invariance.engines import memory
+from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.run.dry_run import dry_run, usable_cpus
 from batch_invariance.run.live import (
     DEFAULT_LOGIT_EPS,
@@ -50,6 +51,28 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     prof.add_argument("--corner", default=None, help="profile work-set corner")
     prof.add_argument(
         "--profile-seed", type=int, default=None, help="profile work-set generator seed"
+    )
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """``--engine`` and the attach-mode options (``run-live`` and ``sweep``; a sweep refuses
+    ``--base-url`` with a usage error saying why)."""
+    g = p.add_argument_group("engines and attach mode (see docs/engines.md)")
+    g.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default=DEFAULT_ENGINE,
+        help="which server to launch (or, with --base-url, whose busy witness to read)",
+    )
+    g.add_argument(
+        "--base-url",
+        default=None,
+        help="attach to a running server the tool did not start (e.g. http://127.0.0.1:8080); "
+        "arm A is not available and the cert (source: attached) is never promotable",
+    )
+    g.add_argument("--metrics-url", default=None, help="its Prometheus /metrics, if elsewhere")
+    g.add_argument(
+        "--allow-remote", action="store_true", help="allow a non-loopback --base-url (recorded)"
     )
 
 
@@ -180,6 +203,10 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "reserved_ports": tuple(args.reserved_port or ()),
         "profile": profile,
         "kv_layout": getattr(args, "kv_layout", "split"),
+        "engine": getattr(args, "engine", DEFAULT_ENGINE),
+        "base_url": getattr(args, "base_url", None),
+        "metrics_url": getattr(args, "metrics_url", None),
+        "allow_remote": bool(getattr(args, "allow_remote", False)),
     }
     values.update(fixed)
     return LiveRequest(**values)
@@ -193,6 +220,15 @@ def print_dry_run(request: LiveRequest) -> int:
         print(f"batch-invariance: the memory guard would refuse: {plan.refusal}", file=sys.stderr)
         return exitcodes.USAGE
     return exitcodes.PROMOTABLE
+
+
+def cell_label(request: LiveRequest, model_name: str, kind: str = "live") -> str:
+    """The banner's name for a cell: ``live cell M``, with the engine when it is not the
+    default, and the URL when attached."""
+    if request.base_url is not None:
+        return f"attached {request.engine} cell {model_name} ({request.base_url})"
+    engine = "" if request.engine == DEFAULT_ENGINE else f"{request.engine} "
+    return f"{kind} {engine}cell {model_name}"
 
 
 def report(outcome: LiveOutcome, label: str) -> int:

@@ -1,4 +1,5 @@
-"""`batch-invariance run-live`: one real cell against the user's own ``llama-server``.
+"""`batch-invariance run-live`: one real cell against the user's own ``llama-server`` (or
+another engine, ``--engine``, or a server already running, ``--base-url``).
 
 request (argparse -> :class:`~batch_invariance.run.live.LiveRequest`) -> service
 (:func:`~batch_invariance.run.live.run_live_cell`) -> render (the banner) -> exit code.
@@ -12,16 +13,12 @@ from typing import Any
 
 from batch_invariance.commands.cell_options import (
     add_cell_options,
+    add_engine_options,
     add_target_options,
+    cell_label,
     print_dry_run,
     report,
     request_from_args,
-)
-from batch_invariance.commands.run_engine import (
-    add_engine_options,
-    report_engine_cell,
-    run_engine_cell,
-    uses_engine_layer,
 )
 from batch_invariance.run.live import RUN_LIVE_DEFAULTS, run_live_cell
 from batch_invariance.run.progress import Progress
@@ -46,11 +43,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if uses_engine_layer(args):
-        finished = run_engine_cell(args, progress=Progress())
-        return report_engine_cell(finished, f"{args.engine} cell ({args.base_url or 'launched'})")
     request = request_from_args(args)
     if args.dry_run:
         return print_dry_run(request)
     outcome = run_live_cell(request, progress=Progress())
-    return report(outcome, f"live cell {outcome.model_name}")
+    return report(outcome, cell_label(request, outcome.model_name))

@@ -16,13 +16,21 @@ from batch_invariance import exitcodes
 from batch_invariance.cert.render import live_banner, sweep_text
 from batch_invariance.commands.cell_options import (
     add_cell_options,
+    add_engine_options,
     add_target_options,
+    cell_label,
     print_dry_run,
     request_from_args,
 )
 from batch_invariance.run.live import SWEEP_DEFAULTS
 from batch_invariance.run.progress import Progress
-from batch_invariance.run.sweep import SweepOutcome, SweepRequest, parse_parallels, run_sweep
+from batch_invariance.run.sweep import (
+    SweepOutcome,
+    SweepRequest,
+    check_sweepable,
+    parse_parallels,
+    run_sweep,
+)
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -42,6 +50,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     add_target_options(p)
     add_cell_options(p, defaults=SWEEP_DEFAULTS)
+    add_engine_options(p)
     p.set_defaults(func=handle)
 
 
@@ -58,6 +67,8 @@ def exit_code(outcome: SweepOutcome) -> int:
 def handle(args: argparse.Namespace) -> int:
     parallels = parse_parallels(args.parallel)
     request = SweepRequest(request_from_args(args, parallel=None), parallels)
+    if request.cell.base_url is not None:
+        check_sweepable(request.cell)
     if args.dry_run:
         # The plan of every cell, as run-live --dry-run prints it (launches nothing).
         return max(print_dry_run(replace(request.cell, parallel=n)) for n in parallels)
@@ -65,7 +76,7 @@ def handle(args: argparse.Namespace) -> int:
     for cell in outcome.cells:
         if cell.finished is not None:
             f = cell.finished
-            label = f"sweep cell {outcome.model_name}"
+            label = cell_label(request.cell, outcome.model_name, kind="sweep")
             sys.stdout.write(live_banner(f.cert, f.path, f.superseded, label))
     sys.stdout.write(sweep_text(outcome.summary, outcome.path))
     return exit_code(outcome)

@@ -19,9 +19,11 @@ from urllib.parse import urlsplit
 
 import requests
 
+from batch_invariance.engines import memory
 from batch_invariance.engines.base import Engine
+from batch_invariance.engines.live_launcher import LaunchRecord
 from batch_invariance.errors import InfraError, UsageError
-from batch_invariance.run.dispatch import BusyProbe
+from batch_invariance.run.dispatch import BusyProbe, PassCounter
 from batch_invariance.run.probe import get_json
 
 ARM_A_NOTE = (
@@ -113,6 +115,10 @@ class AttachedHandle:
     def busy_probes(self) -> tuple[BusyProbe, ...]:
         return self.engine.busy_probes(self.target.base_url, self.target.metrics_url)
 
+    @property
+    def pass_counters(self) -> tuple[PassCounter, ...]:
+        return self.engine.pass_counters(self.target.base_url, self.target.metrics_url)
+
     def check_alive(self) -> None:
         with requests.Session() as session:
             if get_json(session, self.base_url + "/v1/models", timeout_s=2.0) is None:
@@ -138,11 +144,20 @@ class AttachLauncher:
     def __init__(self, target: AttachTarget, engine: Engine) -> None:
         self.target = target
         self.engine = engine
+        #: Nothing is launched here (the same attributes as the launchers that do).
+        self.launches: list[LaunchRecord] = []
+        self.aborted: str | None = None
 
     @property
     def source(self) -> Literal["live", "mock", "attached"]:
         """``"attached"``: the tool did not start (and cannot attest) this server."""
         return "attached"
+
+    def guard_decision(
+        self, parallel: int, ctx: int, host: memory.HostMemory
+    ) -> memory.GuardDecision | None:
+        """``None``: the attached server's memory is not the tool's to guard."""
+        return None
 
     @contextlib.contextmanager
     def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[AttachedHandle]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from batch_invariance.run.dispatch import BusyProbe
+from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,22 @@ class Engine(Protocol):
     def cobatches(self) -> bool:
         """Whether the engine can run several sequences at once at all."""
 
+    @property
+    def loads_gguf(self) -> bool:
+        """Whether ``--model`` is one GGUF file (its header is read and the memory guard
+        applies); ``False`` for engines that load a Hugging Face model folder."""
+
     def launch_command(self, request: LaunchRequest) -> LaunchCommand:
         """The command that starts it as ``request`` asks."""
 
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         """Its server-side busy witnesses (empty: it offers none, and F1 fails closed)."""
+
+    def pass_counters(
+        self, base_url: str, metrics_url: str | None = None
+    ) -> tuple[PassCounter, ...]:
+        """Counters whose change over each C pass corroborates the busy witness (recorded,
+        never read by F1); empty when it has none."""
 
     def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
         """Its prompt-cache counters read from a ``/metrics`` body."""

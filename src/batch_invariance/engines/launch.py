@@ -2,10 +2,11 @@
 
 :class:`EngineLauncher` implements ``run.cell.ServerLauncher`` for any
 :class:`~batch_invariance.engines.base.Engine` other than llama-server (whose own
-``LiveLauncher`` adds the GGUF memory guard). The process is the same supervised child as
+``LiveLauncher`` adds KV layout and slot sizing). The process is the same supervised child as
 llama-server's (own process group, log file, deadline, teardown of that group only); the engine
-supplies its command, ready path and busy witnesses. The handle records the engine's
-provenance and, at the end, its cache counters.
+supplies its command, ready path, busy witnesses and pass counters. Where the engine loads a
+GGUF file (``gguf`` given) the memory guard runs before every launch, as for llama-server. The
+handle records the engine's provenance and, at the end, its cache counters.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any, Literal
 
 import requests
 
-from batch_invariance.engines import ports
+from batch_invariance.engines import memory, ports
 from batch_invariance.engines.base import Engine, LaunchCommand, LaunchRequest
+from batch_invariance.engines.gguf import GgufInfo
+from batch_invariance.engines.live_launcher import LaunchRecord, recorded
 from batch_invariance.engines.llama_server import LlamaServer
-from batch_invariance.run.dispatch import BusyProbe
+from batch_invariance.run.dispatch import BusyProbe, PassCounter
 from batch_invariance.run.probe import get_text
 
 
@@ -61,6 +64,10 @@ class EngineHandle:
     def busy_probes(self) -> tuple[BusyProbe, ...]:
         return self.engine.busy_probes(self.base_url)
 
+    @property
+    def pass_counters(self) -> tuple[PassCounter, ...]:
+        return self.engine.pass_counters(self.base_url)
+
     def check_alive(self) -> None:
         self.server.check_alive()
 
@@ -89,6 +96,8 @@ class EngineLauncher:
         server_flags: Sequence[str] = (),
         env: Mapping[str, str] = {},
         ready_timeout: float = 300.0,
+        gguf: GgufInfo | None = None,
+        max_footprint_gb: float | None = None,
     ) -> None:
         self.engine = engine
         self.server_bin = server_bin
@@ -98,24 +107,49 @@ class EngineLauncher:
         self.server_flags = tuple(server_flags)
         self.env = dict(env)
         self.ready_timeout = ready_timeout
-        self.commands: list[LaunchCommand] = []
+        self.gguf = gguf
+        self.max_footprint_gb = max_footprint_gb
+        self.launches: list[LaunchRecord] = []
+        #: Set when a server was aborted (RSS past the cap); the run must not write a cert.
+        self.aborted: str | None = None
 
     @property
     def source(self) -> Literal["live", "mock", "attached"]:
         """``"live"``: this launcher spawns the engine's server process itself."""
         return "live"
 
+    def guard_decision(
+        self, parallel: int, ctx: int, host: memory.HostMemory
+    ) -> memory.GuardDecision | None:
+        """The memory guard on the server it would start (``None``: no GGUF file to project).
+
+        One context for an engine that cannot co-batch; its own flags are not llama-server's,
+        so the projection assumes the default KV cache types, in host memory."""
+        if self.gguf is None:
+            return None
+        slots = parallel if self.engine.cobatches else 1
+        return memory.evaluate(memory.project(self.gguf, ctx, slots), host, self.max_footprint_gb)
+
     @contextlib.contextmanager
     def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[EngineHandle]:
+        decision = self.guard_decision(parallel, ctx, memory.read_host_memory())
+        guard = None if decision is None else memory.launch_guard(decision)
         port = ports.choose(self.port_policy)
         command = self.engine.launch_command(
             LaunchRequest(self.server_bin, self.model, parallel, ctx, ports.LOOPBACK, port,
                           self.server_flags, self.env)
         )  # fmt: skip
-        self.commands.append(command)
         server = LlamaServer(
             self.server_bin, self.model, arm=arm, parallel=parallel, ctx=ctx, port=port,
             log_dir=self.log_dir, ready_timeout=self.ready_timeout, command=command,
+            rss_cap_bytes=None if guard is None else guard.rss_cap_bytes,
         )  # fmt: skip
-        with server:
-            yield EngineHandle(server, self.engine, command, parallel, ctx)
+        record = LaunchRecord(
+            arm, parallel, ctx, port, command.argv, None if guard is None else guard.projected_bytes
+        )
+        self.launches.append(record)
+        with recorded(server, record):
+            try:
+                yield EngineHandle(server, self.engine, command, parallel, ctx)
+            finally:
+                self.aborted = self.aborted or server.aborted

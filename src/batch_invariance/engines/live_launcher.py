@@ -90,7 +90,8 @@ class LaunchRecord:
     ctx: int
     port: int
     argv: tuple[str, ...]
-    projected_bytes: int
+    #: The memory guard's projection (``None`` where the guard does not apply).
+    projected_bytes: int | None
     ready_s: float | None = None
     alive_s: float | None = None
     rss_peak_bytes: int | None = None
@@ -142,15 +143,19 @@ class LiveLauncher:
     def effective_parallel(self, parallel: int) -> int:
         return min(parallel, self.cap_parallel) if self.cap_parallel else parallel
 
+    def guard_decision(
+        self, parallel: int, ctx: int, host: memory.HostMemory
+    ) -> memory.GuardDecision:
+        """The memory guard on the server this launcher would start for ``parallel``."""
+        flags = self.server_flags
+        proj = memory.project(self.gguf, ctx, self.effective_parallel(parallel), flags)
+        return memory.evaluate(proj, host, self.max_footprint_gb, memory.offloads_to_gpu(flags))
+
     @contextlib.contextmanager
     def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[LlamaServer]:
         """Guard memory, pick/re-check the port, start the server and yield it once ready."""
         slots = self.effective_parallel(parallel)
-        proj = memory.project(self.gguf, ctx, slots, self.server_flags)
-        decision = memory.check(proj, self.max_footprint_gb, self.server_flags)
-        cap = decision.cap_bytes
-        if cap is None and decision.host.mem_available_bytes is not None:
-            cap = decision.host.mem_available_bytes
+        guard = memory.launch_guard(self.guard_decision(parallel, ctx, memory.read_host_memory()))
         port = ports.choose(self.port_policy)
         server = LlamaServer(
             self.server_bin,
@@ -163,31 +168,33 @@ class LiveLauncher:
             extra_flags=self.server_flags,
             metrics=self.metrics,
             ready_timeout=self.ready_timeout,
-            rss_cap_bytes=cap,
+            rss_cap_bytes=guard.rss_cap_bytes,
             # The serial A server has one slot: its layout cannot matter; B/C get the asked one.
             kv_layout=self.kv_layout if slots > 1 else "split",
         )
-        record = LaunchRecord(
-            arm=arm,
-            parallel=slots,
-            ctx=ctx,
-            port=port,
-            argv=server.argv,
-            projected_bytes=proj.total_bytes,
-        )
+        record = LaunchRecord(arm, slots, ctx, port, server.argv, guard.projected_bytes)
         self.launches.append(record)
-        t0 = time.monotonic()
-        try:
-            with server:
-                record.ready_s = server.ready_s
-                yield server
-                # A server that died on its own is the driver's data (transport failures); one
-                # we aborted for memory ends the run without a verdict.
-                if server.aborted is not None:
-                    raise InfraError(server.aborted)
-        finally:
-            record.alive_s = time.monotonic() - t0
-            record.info = dict(server.info())
-            record.rss_peak_bytes = record.info.get("rss_peak_bytes")
+        with recorded(server, record) as running:
+            try:
+                yield running
+            finally:
+                self.aborted = self.aborted or server.aborted
+
+
+@contextlib.contextmanager
+def recorded(server: LlamaServer, record: LaunchRecord) -> Iterator[LlamaServer]:
+    """Run ``server`` and fill ``record`` (ready, alive, RSS peak, info), even on failure.
+
+    A server that died on its own is the driver's data (transport failures); one aborted for
+    memory ends the run without a verdict (:class:`InfraError`)."""
+    t0 = time.monotonic()
+    try:
+        with server:
+            record.ready_s = server.ready_s
+            yield server
             if server.aborted is not None:
-                self.aborted = server.aborted
+                raise InfraError(server.aborted)
+    finally:
+        record.alive_s = time.monotonic() - t0
+        record.info = dict(server.info())
+        record.rss_peak_bytes = record.info.get("rss_peak_bytes")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
-from batch_invariance.run.dispatch import BusyProbe
+from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 #: Ready when the OpenAI model list answers (the server has no ``/health``).
 READY_PATH = "/v1/models"
@@ -23,6 +23,8 @@ class LlamaCppPythonEngine:
 
     name = "llama-cpp-python"
     cobatches = False
+    #: Its ``--model`` is one GGUF file (header read, memory guard applied).
+    loads_gguf = True
     owned_flags: frozenset[str] = frozenset({"--model", "--n_ctx", "--host", "--port"})
     #: ``--cache`` turns on its prompt cache; a config file could set anything.
     refused_flags: frozenset[str] = frozenset({"--cache", "--config_file"})
@@ -36,6 +38,11 @@ class LlamaCppPythonEngine:
         return LaunchCommand(argv, {}, READY_PATH)
 
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
+        return ()
+
+    def pass_counters(
+        self, base_url: str, metrics_url: str | None = None
+    ) -> tuple[PassCounter, ...]:
         return ()
 
     def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:

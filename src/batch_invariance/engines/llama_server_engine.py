@@ -13,7 +13,7 @@ from typing import Any
 from batch_invariance.core import llama_flags
 from batch_invariance.engines import llama_server
 from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
-from batch_invariance.run.dispatch import BusyProbe, llama_server_probes
+from batch_invariance.run.dispatch import BusyProbe, PassCounter, llama_server_probes
 
 
 class LlamaServerEngine:
@@ -21,6 +21,8 @@ class LlamaServerEngine:
 
     name = "llama-server"
     cobatches = True
+    #: Its ``--model`` is one GGUF file (header read, memory guard applied).
+    loads_gguf = True
     #: The one llama-server flag reader's lists (core.llama_flags).
     owned_flags: frozenset[str] = llama_flags.OWNED_FLAGS
     refused_flags: frozenset[str] = llama_flags.REFUSED_FLAGS
@@ -34,6 +36,11 @@ class LlamaServerEngine:
 
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         return llama_server_probes(base_url, metrics_enabled=True, metrics_url=metrics_url)
+
+    def pass_counters(
+        self, base_url: str, metrics_url: str | None = None
+    ) -> tuple[PassCounter, ...]:
+        return ()
 
     def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
         # Per-response timings.cache_n is the evidence here (the prompt_cache gate reads it).

@@ -145,6 +145,8 @@ class GuardDecision:
     host: HostMemory
     cap_bytes: int | None
     refusal: str | None
+    #: Whether the projection was held against free VRAM rather than host memory.
+    gpu_offload: bool = False
 
 
 def offloads_to_gpu(server_flags: Sequence[str]) -> bool:
@@ -186,7 +188,9 @@ def evaluate(
             f"{host.mem_available_bytes / GIB:.2f} GiB is available (/proc/meminfo); "
             "free memory or lower --parallel/--ctx"
         )
-    return GuardDecision(projection=projection, host=host, cap_bytes=cap, refusal=refusal)
+    return GuardDecision(
+        projection=projection, host=host, cap_bytes=cap, refusal=refusal, gpu_offload=gpu_offload
+    )
 
 
 def check(
@@ -197,6 +201,26 @@ def check(
     if decision.refusal is not None:
         raise GuardRefused(decision.refusal)
     return decision
+
+
+@dataclass(frozen=True)
+class LaunchGuard:
+    """What the guard decided right before one launch: its projection and the RSS cap the
+    server is then watched against (the explicit cap, else the memory available now)."""
+
+    projected_bytes: int
+    rss_cap_bytes: int | None
+
+
+def launch_guard(decision: GuardDecision) -> LaunchGuard:
+    """The guard right before a launch: :class:`GuardRefused` when ``decision`` (made on
+    fresh host memory) refuses, else the projection and the RSS cap to watch."""
+    if decision.refusal is not None:
+        raise GuardRefused(decision.refusal)
+    cap = decision.cap_bytes
+    if cap is None and decision.host.mem_available_bytes is not None:
+        cap = decision.host.mem_available_bytes
+    return LaunchGuard(decision.projection.total_bytes, cap)
 
 
 def group_rss(pid: int) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
 from batch_invariance.engines.witness import counters, gauge_probe
-from batch_invariance.run.dispatch import BusyProbe
+from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 BUSY_GAUGE = "sglang:num_running_reqs"
 CACHE_HIT_RATE = "sglang:cache_hit_rate"
@@ -28,6 +28,8 @@ class SglangEngine:
 
     name = "sglang"
     cobatches = True
+    #: ``--model-path`` is a Hugging Face model folder (or hub id): no GGUF header to read.
+    loads_gguf = False
     owned_flags: frozenset[str] = frozenset(
         {"--model-path", "--max-running-requests", "--context-length", "--host", "--port",
          "--disable-radix-cache", "--enable-metrics"}
@@ -46,6 +48,11 @@ class SglangEngine:
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         url = metrics_url or base_url.rstrip("/") + "/metrics"
         return (gauge_probe("sglang-metrics", url, BUSY_GAUGE),)
+
+    def pass_counters(
+        self, base_url: str, metrics_url: str | None = None
+    ) -> tuple[PassCounter, ...]:
+        return ()
 
     def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
         if metrics_text is None:

@@ -17,12 +17,13 @@ from batch_invariance.engines.base import (
     LaunchRequest,
     passthrough_env,
 )
-from batch_invariance.engines.witness import counters, gauge_probe
-from batch_invariance.run.dispatch import BusyProbe
+from batch_invariance.engines.witness import counters, gauge_probe, step_totals_reader
+from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 BUSY_GAUGE = "vllm:num_requests_running"
-#: Tokens per engine step; recorded where present (a step of more than one decode token is
-#: itself a sign of co-batching, but prefill steps make it no witness on its own).
+#: Tokens per engine step; its per-pass change is recorded where present (a step of more
+#: than one decode token is itself a sign of co-batching, but prefill steps make it no
+#: witness on its own: it corroborates the busy gauge, it never replaces it for F1).
 ITERATION_HISTOGRAM = "vllm:iteration_tokens_total"
 CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 CACHE_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
@@ -34,6 +35,8 @@ class VllmEngine:
 
     name = "vllm"
     cobatches = True
+    #: ``vllm serve`` takes a Hugging Face model folder (or hub id): no GGUF header to read.
+    loads_gguf = False
     owned_flags: frozenset[str] = frozenset(
         {"--max-num-seqs", "--max-model-len", "--host", "--port", "--no-enable-prefix-caching"}
     )
@@ -52,6 +55,12 @@ class VllmEngine:
         url = metrics_url or base_url.rstrip("/") + "/metrics"
         return (gauge_probe("vllm-metrics", url, BUSY_GAUGE),)
 
+    def pass_counters(
+        self, base_url: str, metrics_url: str | None = None
+    ) -> tuple[PassCounter, ...]:
+        url = metrics_url or base_url.rstrip("/") + "/metrics"
+        return (PassCounter("vllm-iteration-tokens", url, step_totals_reader(ITERATION_HISTOGRAM)),)
+
     def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
         if metrics_text is None:
             return CacheEvidence({}, None)
@@ -65,5 +74,6 @@ class VllmEngine:
             "numerics_env": dict(command.env),
             "batch_invariant_mode": command.env.get("VLLM_BATCH_INVARIANT") == "1",
             "busy_witness": BUSY_GAUGE,
+            "corroboration": f"{ITERATION_HISTOGRAM} per C pass, where exported (not read by F1)",
             "verified_against": "protocol fake only",
         }

@@ -120,3 +120,24 @@ def histogram(text: str, name: str) -> Histogram | None:
                 continue
             buckets[le] = buckets.get(le, 0.0) + s.value
     return Histogram(buckets, count, metric_total(samples, name + "_sum") or 0.0)
+
+
+def step_totals_reader(name: str) -> Callable[[str], dict[str, float] | None]:
+    """A ``PassCounter`` reader for a tokens-per-step histogram such as
+    ``vllm:iteration_tokens_total``: engine ``steps`` (observations), the ``tokens`` they
+    carried (the sum) and ``steps_over_1_token`` (observations above the ``le="1"`` bucket,
+    i.e. steps that did more than one sequence's single decode token). ``None`` when the
+    histogram is not exported."""
+
+    def read(body: str) -> dict[str, float] | None:
+        found = histogram(body, name)
+        if found is None:
+            return None
+        over = found.share_above(1.0)
+        return {
+            "steps": found.count,
+            "tokens": found.total,
+            "steps_over_1_token": 0.0 if over is None else over * found.count,
+        }
+
+    return read

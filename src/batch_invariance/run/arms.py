@@ -184,7 +184,8 @@ def run_reference(
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
         chat_template = server_chat_template(server_a.base_url)
-        resp, stats = _serial_arm(ARM_A, server_a, request_template(plan), plan, sink)
+        template = request_template(plan).for_arm(ARM_A)
+        resp, stats = _serial_arm(ARM_A, server_a, template, plan, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
     trials = trials_for(resp, plan.items, scorer, plan.n_predict, notes, ARM_A)
     return Reference(resp, trials, stats, record, tuple(notes.items), chat_template=chat_template)
@@ -197,8 +198,7 @@ def run_repeat(
     :func:`~batch_invariance.core.schedule.serial_repeat_decision` for when)."""
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
-        # B and A' never read logprobs (LOGPROB_ARMS): they are asked for none.
-        control = request_template(plan).without_logprobs()
+        control = request_template(plan).for_arm(ARM_A_REPEAT)
         resp, stats = _serial_arm(ARM_A_REPEAT, server_a, control, plan, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
     return replace(ref, repeat=resp, repeat_stats=stats, repeat_server=record, repeat_reason=reason)
@@ -214,14 +214,14 @@ def run_parallel(
 ) -> ParallelRun:
     """Arm B (serial) and the C passes on the ``--parallel N`` server; with
     ``plan.stop_on_red`` the passes end at the first that proves RED."""
-    template = request_template(plan)
+    template = request_template(plan).for_arm(ARM_C)
     notes = Notes()
     stats: list[ArmStats] = []
     passes: list[PassRecord] = []
     proof: RedProof | None = None
     with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
         started = time.monotonic()
-        b_resp, b_stats = _serial_arm(ARM_B, server_bc, template.without_logprobs(), plan, sink)
+        b_resp, b_stats = _serial_arm(ARM_B, server_bc, template.for_arm(ARM_B), plan, sink)
         stats.append(b_stats)
         for index in range(plan.gate_passes):
             sink.arm(ARM_C, index, plan.gate_passes)
@@ -238,9 +238,17 @@ def run_parallel(
                 # An engine's handle names its own busy witnesses (possibly none: F1 then
                 # fails closed); without the attribute, llama-server's /slots and /metrics.
                 probes=getattr(server_bc, "busy_probes", None),
+                # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
+                # as corroboration in the arm stats, never read by F1.
+                counters=getattr(server_bc, "pass_counters", ()),
             )
             busy = (result.server_busy_max, result.busy_source)
-            stats.append(_arm_stats(ARM_C, index, result.wall_s, result.responses, busy))
+            stats.append(
+                replace(
+                    _arm_stats(ARM_C, index, result.wall_s, result.responses, busy),
+                    counter_deltas=result.counter_deltas or None,
+                )
+            )
             for note in slot_notes(result):
                 notes.add(note)
             trials = trials_for(

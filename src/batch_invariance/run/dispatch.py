@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import requests
@@ -77,6 +77,42 @@ class BusyProbe:
     read: Callable[[Any], int | None]
 
 
+@dataclass(frozen=True)
+class PassCounter:
+    """A server-side counter read right before and right after each C pass; the delta is
+    recorded next to the pass as corroborating evidence. It never stands in for a busy
+    witness: F1 reads only :class:`BusyProbe` counts (fail closed without one).
+
+    ``read`` turns the body at ``url`` into named totals (``None``: not exported)."""
+
+    label: str
+    url: str
+    read: Callable[[str], Mapping[str, float] | None]
+
+
+def _read_counters(
+    session: requests.Session, counters: Sequence[PassCounter]
+) -> dict[str, Mapping[str, float]]:
+    out: dict[str, Mapping[str, float]] = {}
+    for counter in counters:
+        body = get_text(session, counter.url, timeout_s=1.0)
+        totals = counter.read(body) if body is not None else None
+        if totals is not None:
+            out[counter.label] = totals
+    return out
+
+
+def counter_deltas(
+    before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per counter, ``after - before`` of every total read both times (others are left out)."""
+    return {
+        label: {k: after[label][k] - v for k, v in totals.items() if k in after[label]}
+        for label, totals in before.items()
+        if label in after
+    }
+
+
 def llama_server_probes(
     base_url: str, metrics_enabled: bool, metrics_url: str | None = None
 ) -> tuple[BusyProbe, ...]:
@@ -112,6 +148,8 @@ class ConcurrentPass:
     busy_source: str
     busy: BusySample
     wall_s: float
+    #: Per :class:`PassCounter`, its totals' change over the pass (corroboration only).
+    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 class _BusySampler(threading.Thread):
@@ -181,6 +219,7 @@ def run_concurrent_pass(
     on_done: OnDone | None = None,
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     probes: Sequence[BusyProbe] | None = None,
+    counters: Sequence[PassCounter] = (),
 ) -> ConcurrentPass:
     """One C pass: ``workers`` closed-loop threads released together by a barrier.
 
@@ -188,7 +227,8 @@ def run_concurrent_pass(
     ``requests.Session`` and takes the next item as soon as its previous request completes.
     All threads (workers and sampler) are joined before this returns or re-raises.
     ``probes`` are the server's busy witnesses (default: llama-server's, see
-    :func:`llama_server_probes`).
+    :func:`llama_server_probes`); ``counters`` are read before the workers start and after
+    they are joined.
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
@@ -226,6 +266,8 @@ def run_concurrent_pass(
         threading.Thread(target=worker, name=f"bi-worker-{pass_index}-{k}", daemon=True)
         for k in range(workers)
     ]
+    with requests.Session() as session:
+        before = _read_counters(session, counters)
     started = time.monotonic()
     try:
         sampler.start()
@@ -249,6 +291,8 @@ def run_concurrent_pass(
         if sampler.ident is not None:
             sampler.join(timeout=5.0)
     wall = time.monotonic() - started
+    with requests.Session() as session:
+        after = _read_counters(session, counters)
     busy = sampler.result()
     return ConcurrentPass(
         index=pass_index,
@@ -258,4 +302,5 @@ def run_concurrent_pass(
         busy_source=busy.source,
         busy=busy,
         wall_s=wall,
+        counter_deltas=counter_deltas(before, after),
     )

@@ -1,5 +1,5 @@
 """``--dry-run``: the plan of a live cell (each server's argv, memory, requests, ETA) as text;
-nothing is launched."""
+nothing is launched. Any launched engine; an attached server has nothing to plan."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from batch_invariance.core.plan import eta_seconds, serial_arm_count
 from batch_invariance.engines import memory, ports
+from batch_invariance.engines.base import LaunchRequest
 from batch_invariance.engines.llama_server import KvLayout, build_argv, kv_label
+from batch_invariance.errors import UsageError
 from batch_invariance.run.live import LiveCell
 
 
@@ -31,37 +33,55 @@ def _gib(n: int) -> str:
     return f"{n / memory.GIB:.2f} GiB"
 
 
+def _argv(cell: LiveCell, n: int, layout: KvLayout) -> tuple[str, ...]:
+    """The argv of a server with ``n`` slots, with port 0 for the port."""
+    target = cell.target
+    assert target.server_bin is not None and target.model is not None
+    if target.is_llama_server:
+        return build_argv(
+            target.server_bin, target.model, host=ports.LOOPBACK, port=0, parallel=n,
+            ctx=cell.ctx, extra_flags=cell.server_flags, kv_layout=layout,
+        )  # fmt: skip
+    request = LaunchRequest(target.server_bin, target.model, n, cell.ctx, ports.LOOPBACK, 0,
+                            cell.server_flags)  # fmt: skip
+    return target.engine.launch_command(request).argv
+
+
 def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     """The plan of ``cell`` on a host with ``host`` memory and ``cpus`` CPUs."""
     req = cell.request
+    target = cell.target
+    if target.attach is not None:
+        raise UsageError(
+            "--dry-run is not available with --base-url: the tool launches nothing to plan there"
+        )
     port = str(cell.port_policy.fixed) if cell.port_policy.fixed is not None else "<free>"
-    gpu = memory.offloads_to_gpu(cell.server_flags)
+    launcher = cell.launcher()
     refused: str | None = None
 
     def layout(n: int) -> KvLayout:
         # The serial A server has one slot: its layout cannot matter.
         return req.kv_layout if n > 1 else "split"
 
-    lines = [f"dry run: cell {cell.model_name} ctx={cell.ctx} N={cell.parallel} (nothing launched)"]
+    engine = "" if target.is_llama_server else f" engine {target.engine.name}"
+    lines = [
+        f"dry run:{engine} cell {cell.model_name} ctx={cell.ctx} N={cell.parallel} "
+        "(nothing launched)"
+    ]
     for arm, n in (("A", 1), ("BC", cell.parallel)):
-        argv = build_argv(
-            cell.server_bin,
-            cell.model,
-            host=ports.LOOPBACK,
-            port=0,
-            parallel=n,
-            ctx=cell.ctx,
-            extra_flags=cell.server_flags,
-            kv_layout=layout(n),
-        )
+        argv = _argv(cell, n, layout(n))
         shown = [port if a == "0" and i > 0 and argv[i - 1] == "--port" else a
                  for i, a in enumerate(argv)]  # fmt: skip
-        proj = memory.project(cell.gguf, cell.ctx, n, cell.server_flags)
-        decision = memory.evaluate(proj, host, req.max_footprint_gb, gpu)
-        refused = refused or decision.refusal
         lines.append(f"server {arm}: {' '.join(shown)}")
+        decision = launcher.guard_decision(n, cell.ctx, host)
+        if decision is None:
+            lines.append(f"  memory guard: not applied ({target.gguf_skipped})")
+            continue
+        proj = decision.projection
+        refused = refused or decision.refusal
+        kv = kv_label(cell.ctx, n, layout(n)) if target.is_llama_server else f"{n} x {cell.ctx}"
         lines.append(
-            f"  kv: {kv_label(cell.ctx, n, layout(n))}; projected {_gib(proj.total_bytes)} "
+            f"  kv: {kv}; projected {_gib(proj.total_bytes)} "
             f"(weights {_gib(proj.weights_bytes)} + KV {_gib(proj.kv_bytes)} + overhead "
             f"{_gib(proj.overhead_bytes)}); guard: {decision.refusal or 'ok'}"
         )
@@ -81,15 +101,18 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
             f"requests: up to {total} = {n_items} items x ({arms} + {req.gate_passes} C passes "
             f"of {cell.parallel} workers); endpoint {req.endpoint}; n_predict {req.n_predict}"
         )
-        eta = eta_seconds(
-            cell.gguf.file_size,
-            n_items,
-            n_predict=req.n_predict,
-            gate_passes=req.gate_passes,
-            serial_repeat=req.serial_repeat,
-            cpus=cpus,
-        )
-        lines.append(f"ETA: ~{eta / 60:.1f} min (rough: from model size and CPU count)")
+        if target.gguf is None:
+            lines.append("ETA: unknown (no GGUF model size to estimate from)")
+        else:
+            eta = eta_seconds(
+                target.gguf.file_size,
+                n_items,
+                n_predict=req.n_predict,
+                gate_passes=req.gate_passes,
+                serial_repeat=req.serial_repeat,
+                cpus=cpus,
+            )
+            lines.append(f"ETA: ~{eta / 60:.1f} min (rough: from model size and CPU count)")
     else:
         lines.append("requests: the profile's work-set is built on a calibration server")
     cert_name = f"{cell.model_name}__ctx{cell.ctx}__N{cell.parallel}.json"

@@ -4,13 +4,14 @@
 :class:`LiveRequest` (from argparse or from ``INPUT_*``) and call :func:`run_live_cell`.
 :func:`prepare` validates the request once, in a fixed order (usage errors first, before
 anything is launched) and resolves it into a :class:`LiveCell`: the files checked, the
-work-set and scorer loaded, the GGUF header read, the out-dir created. ``source`` is
-``live`` because this code path spawns the servers itself.
+work-set and scorer loaded, the server side checked (:mod:`batch_invariance.run.live_target`:
+the engine, its binary and model or the attached URL, the GGUF header where there is one), the
+out-dir created. ``source`` is ``live`` when this code path spawns the servers itself (any
+engine) and ``attached`` for ``--base-url``.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,15 +27,20 @@ from batch_invariance.core.evidence import (
 from batch_invariance.core.plan import CellPlan, Endpoint, number_problems
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines import memory, ports
-from batch_invariance.engines.gguf import GgufInfo, cached_sha256, parse_info
-from batch_invariance.engines.live_launcher import LiveLauncher, identify_binary
-from batch_invariance.engines.llama_server import KvLayout, owned_flag_conflicts
-from batch_invariance.engines.provision import cache_root
-from batch_invariance.errors import InfraError, UsageError
+from batch_invariance.engines.llama_server import KvLayout
+from batch_invariance.engines.registry import DEFAULT_ENGINE
+from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import FinishedCell, finish_cell, prepare_out_dir
 from batch_invariance.run.live_profile import ProfileInputs, ProfileRequest, resolve_profile
 from batch_invariance.run.live_provenance import provenance_for
+from batch_invariance.run.live_target import (
+    LiveServerLauncher,
+    ServerTarget,
+    identify,
+    make_launcher,
+    resolve_target,
+)
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.scorer_loader import load_scorer
@@ -74,7 +80,9 @@ class LiveRequest:
 
     ``bundled_workset`` names the work-set shipped in the package that runs when neither
     ``workset`` nor a profile is given (``demo`` and the Action); ``model_name`` fixes the
-    cert's model name (default: the profile's alias, else the GGUF file name).
+    cert's model name (default: the profile's alias, else the model file name). ``engine``
+    names the server (``engines.registry``); ``base_url`` attaches to a running one instead
+    of launching it.
     """
 
     out_dir: Path | None
@@ -110,6 +118,13 @@ class LiveRequest:
     cap_parallel: int | None = None
     #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
     kv_layout: KvLayout = "split"
+    #: Which server (``--engine``); checked against ``engines.registry`` by :func:`prepare`.
+    engine: str = DEFAULT_ENGINE
+    #: Attach mode: measure the server at this URL instead of launching one.
+    base_url: str | None = None
+    metrics_url: str | None = None
+    #: Allow a non-loopback ``base_url`` (recorded in the cert).
+    allow_remote: bool = False
 
     def number_problems(self) -> tuple[str, ...]:
         """What is wrong with the numbers (the one table in :mod:`batch_invariance.core.plan`)."""
@@ -148,9 +163,7 @@ class LiveCell:
     """A checked request: everything a live cell needs, resolved."""
 
     request: LiveRequest
-    server_bin: Path
-    model: Path
-    gguf: GgufInfo
+    target: ServerTarget
     model_name: str
     ctx: int
     parallel: int
@@ -158,10 +171,13 @@ class LiveCell:
     build_workset: Callable[[int, Callable[[str], int]], Workset] | None
     scorer: Scorer
     policy: GatePolicy
-    server_flags: tuple[str, ...]
     port_policy: ports.PortPolicy
     out_dir: Path
     profile: Mapping[str, Any] | None = None
+
+    @property
+    def server_flags(self) -> tuple[str, ...]:
+        return self.target.server_flags
 
     def plan(self, workset: Workset) -> CellPlan:
         req = self.request
@@ -179,50 +195,29 @@ class LiveCell:
             req_timeout=req.req_timeout,
         )
 
-    def launcher(self) -> LiveLauncher:
-        req = self.request
-        return LiveLauncher(
-            self.server_bin,
-            self.model,
-            self.gguf,
-            self.out_dir,
-            port_policy=self.port_policy,
-            server_flags=self.server_flags,
-            max_footprint_gb=req.max_footprint_gb,
-            ready_timeout=req.ready_timeout,
-            cap_parallel=req.cap_parallel,
-            kv_layout=req.kv_layout,
+    def launcher(self) -> LiveServerLauncher:
+        return make_launcher(self.target, self.request, self.out_dir, self.port_policy)
+
+    def spec(self, parallel: int, kv_label: str) -> CellSpec:
+        """The cell's identity for the cert (a sweep asks once per N)."""
+        gguf = self.target.gguf
+        return CellSpec(
+            model=self.model_name,
+            ctx=self.ctx,
+            dispatch_n=parallel,
+            kv_label=kv_label,
+            reps=self.request.reps,
+            is_moe=gguf.is_moe if gguf is not None else False,
         )
-
-
-def _check_file(path: Path | None, flag: str, what: str, executable: bool = False) -> Path:
-    if path is None:
-        raise UsageError(f"{flag} is required ({what})")
-    if not path.is_file():
-        raise UsageError(f"{flag} {path}: no such file")
-    if executable and not os.access(path, os.X_OK):
-        raise UsageError(f"{flag} {path}: not executable (chmod +x it)")
-    return path
 
 
 def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     """Check ``request`` and resolve it (UsageError naming the first problem)."""
     prof: ProfileInputs | None = resolve_profile(request.profile, request)
-    server_bin = request.server_bin or (prof.server_bin if prof else None)
-    model = request.model or (prof.model if prof else None)
-    server_bin = _check_file(server_bin, "--server-bin", "path to llama-server", executable=True)
-    model = _check_file(model, "--model", "path to a GGUF model")
+    target = resolve_target(request, prof)
     if request.ctx is None or request.parallel is None:
         raise UsageError("--ctx and --parallel are required (tokens per slot, and N)")
     request.check_numbers()
-    flags = tuple(prof.server_flags if prof else request.server_flags)
-    clash = owned_flag_conflicts(flags)
-    if clash:
-        raise UsageError(
-            f"--server-flag {clash[0]} conflicts with what {request.driver_name} sets itself "
-            f"(model, host, port, parallel, ctx, KV layout); use the {request.driver_name} "
-            "option instead"
-        )
     builder = None
     workset: Workset | None = None
     if request.workset is not None:
@@ -235,20 +230,18 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
         raise UsageError("--workset FILE is required (or --profile NAME --model-alias ALIAS)")
     scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
     port_policy = ports.make_policy(request.port, list(request.reserved_ports))
-    gguf = parse_info(model)
     if request.out_dir is None:
         raise UsageError("--out-dir DIR is required (where the cert and server logs go)")
     out_dir = prepare_out_dir(request.out_dir) if create_out_dir else request.out_dir
+    model = target.model
     name = (
         request.model_name
         or (prof.model_name if prof and prof.model_name else None)
-        or model.name.removesuffix(".gguf")
+        or (model.name.removesuffix(".gguf") if model is not None else "attached")
     )
     return LiveCell(
         request=request,
-        server_bin=server_bin.resolve(),
-        model=model.resolve(),
-        gguf=gguf,
+        target=target,
         model_name=name,
         ctx=request.ctx,
         parallel=request.parallel,
@@ -256,7 +249,6 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
         build_workset=builder,
         scorer=scorer,
         policy=request.policy(),
-        server_flags=flags,
         port_policy=port_policy,
         out_dir=out_dir,
         profile=None if prof is None else dict(prof.provenance),
@@ -269,7 +261,7 @@ class LiveOutcome:
 
     finished: FinishedCell
     run: CellRun
-    launcher: LiveLauncher
+    launcher: LiveServerLauncher
     workset: Workset
     model_name: str
 
@@ -296,16 +288,18 @@ def check_room_to_answer(workset: Workset, ctx: int, n_predict: int) -> None:
         )
 
 
-def preflight_guard(cell: LiveCell, launcher: LiveLauncher) -> None:
+def preflight_guard(cell: LiveCell, launcher: LiveServerLauncher) -> None:
     """Run the memory guard for BOTH servers before the first launch (GuardRefused).
 
     The launcher guards again right before each launch (memory may have changed); this only
-    spares a run whose B/C server could never fit from spending arm A first.
+    spares a run whose B/C server could never fit from spending arm A first. No guard applies
+    to an attached server or a model that is no GGUF file.
     """
+    host = memory.read_host_memory()
     for n in (1, cell.parallel):
-        slots = launcher.effective_parallel(n)
-        proj = memory.project(cell.gguf, cell.ctx, slots, cell.server_flags)
-        memory.check(proj, cell.request.max_footprint_gb, cell.server_flags)
+        decision = launcher.guard_decision(n, cell.ctx, host)
+        if decision is not None and decision.refusal is not None:
+            raise GuardRefused(decision.refusal)
 
 
 def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) -> LiveOutcome:
@@ -319,8 +313,7 @@ def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) ->
     launcher = cell.launcher()
     preflight_guard(cell, launcher)
     # Identify binary and model before the cell: what ran is what gets recorded.
-    binary = identify_binary(cell.server_bin)
-    model_sha = cached_sha256(cell.model, cache_root() / "hashes.json")
+    identity = identify(cell.target)
     if cell.workset is not None:
         workset = cell.workset
         plan = cell.plan(workset)
@@ -340,16 +333,9 @@ def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) ->
             run = run_cell(plan, pre, cell.scorer, progress=progress, policy=cell.policy)
     if launcher.aborted is not None:
         raise InfraError(launcher.aborted)
-    spec = CellSpec(
-        model=cell.model_name,
-        ctx=cell.ctx,
-        dispatch_n=cell.parallel,
-        kv_label=run.kv_label,
-        reps=request.reps,
-        is_moe=cell.gguf.is_moe,
-    )
-    provenance = provenance_for(cell, workset, launcher, len(plan.items), binary, model_sha)
-    finished = finish_cell(run, spec, cell.policy, provenance, cell.out_dir)
+    provenance = provenance_for(cell, workset, launcher.launches, len(plan.items), identity)
+    finished = finish_cell(run, cell.spec(cell.parallel, run.kv_label), cell.policy, provenance,
+                           cell.out_dir)  # fmt: skip
     return LiveOutcome(
         finished=finished, run=run, launcher=launcher, workset=workset, model_name=cell.model_name
     )

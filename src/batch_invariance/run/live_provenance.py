@@ -1,5 +1,6 @@
-"""The provenance block a live cell adds to its cert: tool, binary, model, work-set, host,
-memory guard and profile (merged over the driver's own block in ``finish_cell``)."""
+"""The provenance block a live cell adds to its cert: tool, engine, binary, model, work-set,
+host, memory guard, attach record and profile (merged over the driver's own block in
+``finish_cell``). One builder for every engine, launched or attached."""
 
 from __future__ import annotations
 
@@ -9,45 +10,81 @@ from typing import TYPE_CHECKING, Any
 from batch_invariance import __version__
 from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.engines import host as hostinfo
-from batch_invariance.engines.live_launcher import BinaryIdentity, LaunchRecord, LiveLauncher
+from batch_invariance.engines.live_launcher import LaunchRecord
 from batch_invariance.run.workset import Workset
 
 if TYPE_CHECKING:
     from batch_invariance.run.live import LiveCell
+    from batch_invariance.run.live_target import ServerTarget, TargetIdentity
 
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+def _model_file(target: ServerTarget, sha256: str | None) -> dict[str, Any] | None:
+    model = target.model
+    if model is None or target.attach is not None:
+        return None  # attached: the tool cannot say which file the server loaded
+    gguf = target.gguf
+    return {
+        "path": str(model),
+        "name": model.name,
+        "sha256": sha256,
+        "size": gguf.file_size if gguf is not None else None,
+        "gguf": gguf.summary() if gguf is not None else None,
+        **({"gguf_skipped": target.gguf_skipped} if gguf is None else {}),
+    }
+
+
+def _memory_guard(cell: LiveCell, launches: Sequence[LaunchRecord]) -> dict[str, Any]:
+    target = cell.target
+    if target.gguf is None:
+        return {"max_footprint_gb": cell.request.max_footprint_gb, "applied": False,
+                "reason": target.gguf_skipped}  # fmt: skip
+    return {
+        "max_footprint_gb": cell.request.max_footprint_gb,
+        "launches": [
+            {
+                "arm": r.arm,
+                "parallel": r.parallel,
+                "ctx_per_slot": r.ctx,
+                "projected_bytes": r.projected_bytes,
+                "rss_peak_bytes": r.rss_peak_bytes,
+                "ready_s": _round(r.ready_s),
+                "alive_s": _round(r.alive_s),
+            }
+            for r in launches
+        ],
+    }
+
+
 def provenance_for(
     cell: LiveCell,
     workset: Workset,
-    launcher: LiveLauncher,
+    launches: Sequence[LaunchRecord],
     n_items: int,
-    binary: BinaryIdentity,
-    model_sha: str,
-    launches: Sequence[LaunchRecord] | None = None,
+    identity: TargetIdentity,
 ) -> dict[str, Any]:
     """The caller's provenance block of a live cell (``launches``: the servers this cell
-    used, when the launcher also started others, as a sweep's does)."""
-    return {
+    used; a sweep's launcher also started others)."""
+    target = cell.target
+    binary = identity.binary
+    gguf = target.gguf
+    prov: dict[str, Any] = {
         "tool_version": __version__,
         "driver": cell.request.driver_name,
-        "server_binary": {
+        "engine": target.engine.name,
+        "server_binary": None
+        if binary is None
+        else {
             "path": binary.path,
             "sha256": binary.sha256,
             "version": binary.version,
             "version_rc": binary.version_rc,
         },
-        "model_file": {
-            "path": str(cell.model),
-            "name": cell.model.name,
-            "sha256": model_sha,
-            "size": cell.gguf.file_size,
-            "gguf": cell.gguf.summary(),
-        },
-        "is_moe": cell.gguf.is_moe,
+        "model_file": _model_file(target, identity.model_sha256),
+        "is_moe": gguf.is_moe if gguf is not None else None,
         "workset": {
             "source": workset.source,
             "sha256": workset.sha256,
@@ -56,28 +93,17 @@ def provenance_for(
         },
         "server_flags": list(cell.server_flags),
         "host": hostinfo.summary(),
-        "memory_guard": {
-            "max_footprint_gb": cell.request.max_footprint_gb,
-            "launches": [
-                {
-                    "arm": r.arm,
-                    "parallel": r.parallel,
-                    "ctx_per_slot": r.ctx,
-                    "projected_bytes": r.projected_bytes,
-                    "rss_peak_bytes": r.rss_peak_bytes,
-                    "ready_s": _round(r.ready_s),
-                    "alive_s": _round(r.alive_s),
-                }
-                for r in (launcher.launches if launches is None else launches)
-            ],
-        },
+        "memory_guard": _memory_guard(cell, launches),
         "profile": None if cell.profile is None else dict(cell.profile),
         # The model file says whether the template is the model's own or the server's fallback.
         "chat_template": judge_chat_template(
             uses_chat=sends_chat(cell.request.endpoint, workset.items),
             server_argv=cell.server_flags,
             server_template=None,
-            model_read=True,
-            model_template=cell.gguf.chat_template,
+            model_read=gguf is not None,
+            model_template=gguf.chat_template if gguf is not None else None,
         ).to_record(),
     }
+    if target.attach is not None:
+        prov["attach"] = target.attach.to_record()
+    return prov

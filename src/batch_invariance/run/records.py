@@ -27,9 +27,16 @@ class ArmStats:
     predicted_n: int = 0
     server_busy_max: int | None = None
     busy_source: str | None = None
+    #: Server counters' change over a C pass (``PassCounter``), where the engine has any.
+    counter_deltas: Mapping[str, Mapping[str, float]] | None = None
 
     def to_record(self) -> dict[str, Any]:
+        # Corroboration only where an engine offers counters (llama-server certs unchanged).
+        extra: dict[str, Any] = {}
+        if self.counter_deltas is not None:
+            extra["witness_corroboration"] = {k: dict(v) for k, v in self.counter_deltas.items()}
         return {
+            **extra,
             "arm": self.arm,
             "pass": self.pass_index,
             "wall_s": round(self.wall_s, 6),

@@ -6,7 +6,8 @@ C passes, so K values make 1 + K launches (one more if A' runs). Every cell is f
 exactly as ``run-live`` finishes it (:func:`~batch_invariance.run.finish.finish_cell`) and its
 cert re-derives on its own; ``sweep.json`` (:mod:`batch_invariance.run.sweep_summary`) lists
 them with ``max_safe_parallel``. N values the memory guard refuses are named there as not run,
-before anything launches.
+before anything launches (where a guard applies: a GGUF model). Any launched engine can be
+swept (``--engine``); an attached server cannot, since its N is not the tool's to change.
 """
 
 from __future__ import annotations
@@ -20,16 +21,14 @@ from typing import Any
 
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.cert.verify import verify_path
-from batch_invariance.core.evidence import CellSpec
 from batch_invariance.engines import memory
-from batch_invariance.engines.gguf import cached_sha256
-from batch_invariance.engines.live_launcher import LaunchRecord, identify_binary
-from batch_invariance.engines.provision import cache_root
+from batch_invariance.engines.live_launcher import LaunchRecord
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.run.cell import ServerLauncher, run_cells
 from batch_invariance.run.finish import finish_cell
-from batch_invariance.run.live import LiveCell, LiveRequest, check_room_to_answer, prepare
+from batch_invariance.run.live import LiveRequest, check_room_to_answer, prepare
 from batch_invariance.run.live_provenance import provenance_for
+from batch_invariance.run.live_target import LiveServerLauncher, identify
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
@@ -71,19 +70,27 @@ def parse_parallels(text: str) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
-def guard_refusal(cell: LiveCell, parallel: int, host: memory.HostMemory) -> str | None:
-    """Why the memory guard would refuse the ``--parallel N`` server, as sweep.json says it."""
-    launcher = cell.launcher()
-    proj = memory.project(
-        cell.gguf, cell.ctx, launcher.effective_parallel(parallel), cell.server_flags
-    )
-    cap_gb = cell.request.max_footprint_gb
-    decision = memory.evaluate(proj, host, cap_gb, memory.offloads_to_gpu(cell.server_flags))
-    if decision.refusal is None:
+def check_sweepable(cell: LiveRequest) -> None:
+    """A sweep launches one server per N: an attached server (``--base-url``) cannot be one."""
+    if cell.base_url is not None:
+        raise UsageError(
+            "sweep cannot take --base-url: an attached server's N cannot be changed by the "
+            "tool; run run-live --base-url once per server instead"
+        )
+
+
+def guard_refusal(
+    launcher: LiveServerLauncher, ctx: int, parallel: int, host: memory.HostMemory
+) -> str | None:
+    """Why the memory guard would refuse the ``--parallel N`` server, as sweep.json says it
+    (``None``: it fits, or no guard applies)."""
+    decision = launcher.guard_decision(parallel, ctx, host)
+    if decision is None or decision.refusal is None:
         return None
+    proj = decision.projection
     if decision.cap_bytes is not None and proj.total_bytes > decision.cap_bytes:
         cap = decision.cap_bytes
-    elif host.vram_free_bytes is not None and memory.offloads_to_gpu(cell.server_flags):
+    elif host.vram_free_bytes is not None and decision.gpu_offload:
         cap = host.vram_free_bytes
     else:
         cap = host.mem_available_bytes or 0
@@ -100,20 +107,20 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
     """Check everything, refuse what cannot fit, then measure every N that can."""
     ns = request.parallels
     base = replace(request.cell, parallel=ns[0], driver_name="sweep")
+    check_sweepable(base)
     for n in ns:
         replace(base, parallel=n).check_numbers()
     cell = prepare(base)
+    launcher = cell.launcher()
     host = memory.read_host_memory()
     # The shared A server must fit, or nothing can run.
-    a_refusal = guard_refusal(cell, 1, host)
+    a_refusal = guard_refusal(launcher, cell.ctx, 1, host)
     if a_refusal is not None:
         raise GuardRefused(f"the --parallel 1 server (arm A) is refused: {a_refusal}")
-    refused = {n: r for n in ns if (r := guard_refusal(cell, n, host)) is not None}
+    refused = {n: r for n in ns if (r := guard_refusal(launcher, cell.ctx, n, host)) is not None}
     runnable = [n for n in ns if n not in refused]
-    binary = identify_binary(cell.server_bin)
-    model_sha = cached_sha256(cell.model, cache_root() / "hashes.json")
+    identity = identify(cell.target)
     sink: ProgressSink = progress if progress is not None else NullProgress()
-    launcher = cell.launcher()
     cells: dict[int, SweepCell] = {n: SweepCell(n, None, None, refused[n]) for n in refused}
     if not runnable:
         summary = sweep_summary(cell.model_name, cell.ctx, [cells[n] for n in ns], launches=0)
@@ -141,24 +148,10 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
             n = run.plan.parallel
             if launcher.aborted is not None:
                 raise InfraError(launcher.aborted)
-            spec = CellSpec(
-                model=cell.model_name,
-                ctx=cell.ctx,
-                dispatch_n=n,
-                kv_label=run.kv_label,
-                reps=cell.request.reps,
-                is_moe=cell.gguf.is_moe,
-            )
             cell_n = replace(cell, parallel=n)
-            prov = provenance_for(
-                cell_n,
-                workset,
-                launcher,
-                len(run.plan.items),
-                binary,
-                model_sha,
-                launches=cell_launches(launcher.launches),
-            )
+            launches = cell_launches(launcher.launches)
+            prov = provenance_for(cell_n, workset, launches, len(run.plan.items), identity)
+            spec = cell.spec(n, run.kv_label)
             finished = finish_cell(run, spec, cell.policy, prov, cell.out_dir)
             cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
 

@@ -1,12 +1,20 @@
 """HTTP requests to llama-server's OpenAI-compatible surface.
 
 :class:`RequestTemplate` turns a :class:`~batch_invariance.run.workset.WorkItem` into a request
-body that is byte-identical for the same test id in every arm (temperature 0, a fixed per-id
-seed, ``cache_prompt: false``, the same token budget), except for the logprobs fields: only the
-arms that read them ask for them (A and C: the first divergent token and its top1-top2 margin,
-and F4 when armed). The serial controls B and A' leave them off, which drops post-processing
-only: at temperature 0 the chosen token is the argmax either way
-(``benchmarks/bench_logprobs.py`` checks the texts agree and measures the cost).
+body that is byte-identical for the same test id in every arm (temperature 0 and ``top_k: 1``,
+a fixed per-id seed, ``cache_prompt: false``, the same token budget), except for the logprobs
+fields, which each arm asks for only as far as it reads them (:func:`logprob_mode_for`):
+
+* ``margins`` (arm A; and C when F4 is armed): the top-2 alternatives before sampling, for the
+  top1-top2 margin at the first divergent token (``--n-probs`` alternatives when armed);
+* ``tokens`` (B, A' and C): the chosen token of every position only, taken after sampling
+  (``post_sampling_probs``), so the server skips the softmax over the whole vocabulary that
+  pre-sampling logprobs cost (~22% of the server's CPU on the embedded pair,
+  ``benchmarks/bench_logprobs.py``). Every arm still records its token stream, so token-only
+  differences are seen in AB, AC and BC alike.
+
+``top_k: 1`` leaves the chosen token as it is (at temperature 0 it is the argmax either way)
+and spares the server the default top-40 partial sort of every position's logits.
 
 :func:`send` posts a body and always returns a
 :class:`~batch_invariance.run.response.RawResponse`: a transport failure
@@ -39,8 +47,19 @@ COMPLETIONS_PATH = "/v1/completions"
 #: alternative returns the chosen token only). Measured cost: benchmarks/bench_logprobs.py.
 MARGIN_TOP_LOGPROBS = 2
 
-#: The arms whose requests carry logprobs (A vs C is the only comparison that reads them).
-LOGPROB_ARMS = ("A", "C")
+#: How much of the per-token distribution one request asks for (see the module docstring).
+LogprobMode = Literal["none", "tokens", "margins"]
+
+#: The arms whose requests carry pre-sampling alternatives (the margin is read from A; C joins
+#: when F4 is armed, which compares chosen-token logprobs of A and C).
+LOGPROB_ARMS = ("A",)
+ARMED_LOGPROB_ARMS = ("A", "C")
+
+
+def logprob_mode_for(arm: str, n_probs_armed: bool) -> LogprobMode:
+    """What ``arm`` (``A``, ``A_repeat``, ``B`` or ``C``) asks for."""
+    margin_arms = ARMED_LOGPROB_ARMS if n_probs_armed else LOGPROB_ARMS
+    return "margins" if arm in margin_arms else "tokens"
 
 
 def seed_for(run_seed: int, test_id: str) -> int:
@@ -56,7 +75,7 @@ class RequestTemplate:
     ``endpoint`` picks ``/v1/chat/completions`` or ``/v1/completions``; rows with ``messages``
     always go to chat. ``n_probs`` arms per-token alternatives (F4); without it
     :data:`MARGIN_TOP_LOGPROBS` brings back the chosen tokens and the top1 - top2 margin.
-    ``logprobs=False`` (:meth:`without_logprobs`, the serial controls) asks for none.
+    ``logprobs`` is what this template asks for (:meth:`for_arm` sets it per arm).
     """
 
     endpoint: Endpoint
@@ -64,18 +83,33 @@ class RequestTemplate:
     seed: int
     n_probs: int | None = None
     timeout_s: float = 120.0
-    logprobs: bool = True
+    logprobs: LogprobMode = "margins"
 
     @property
-    def top_k(self) -> int | None:
+    def alternatives(self) -> int | None:
         """The number of alternatives asked for per position (``None``: no logprobs)."""
-        if not self.logprobs:
+        if self.logprobs == "none":
             return None
+        if self.logprobs == "tokens":
+            return 1
         return self.n_probs if self.n_probs is not None else MARGIN_TOP_LOGPROBS
 
-    def without_logprobs(self) -> RequestTemplate:
-        """The same requests without token logprobs (for arms that never read them)."""
-        return replace(self, logprobs=False)
+    def with_logprobs(self, mode: LogprobMode) -> RequestTemplate:
+        """The same requests asking for ``mode`` of the distribution."""
+        return replace(self, logprobs=mode)
+
+    def for_arm(self, arm: str) -> RequestTemplate:
+        """The template ``arm`` sends (:func:`logprob_mode_for`)."""
+        return self.with_logprobs(logprob_mode_for(arm, self.n_probs is not None))
+
+    def _logprob_fields(self, chat: bool) -> dict[str, Any]:
+        k = self.alternatives
+        if k is None:
+            return {}
+        fields: dict[str, Any] = {"logprobs": True, "top_logprobs": k} if chat else {"logprobs": k}
+        if self.logprobs == "tokens":
+            fields["post_sampling_probs"] = True
+        return fields
 
     def uses_chat(self, item: WorkItem) -> bool:
         return sends_chat(self.endpoint, (item,))
@@ -91,6 +125,7 @@ class RequestTemplate:
             "cache_prompt": False,
             "max_tokens": self.n_predict,
             "stream": False,
+            "top_k": 1,
         }
         if self.uses_chat(item):
             messages: list[dict[str, str]] = []
@@ -100,15 +135,11 @@ class RequestTemplate:
                 messages.extend({"role": r, "content": c} for r, c in item.messages)
             else:
                 messages.append({"role": "user", "content": item.prompt or ""})
-            if self.top_k is None:
-                return {"messages": messages, **common}
-            return {"messages": messages, **common, "logprobs": True, "top_logprobs": self.top_k}
+            return {"messages": messages, **common, **self._logprob_fields(chat=True)}
         prompt = item.prompt or ""
         if item.system is not None:
             prompt = f"{item.system}\n\n{prompt}"
-        if self.top_k is None:
-            return {"prompt": prompt, **common}
-        return {"prompt": prompt, **common, "logprobs": self.top_k}
+        return {"prompt": prompt, **common, **self._logprob_fields(chat=False)}
 
     def encode(self, item: WorkItem) -> bytes:
         """The exact bytes sent for ``item`` (canonical JSON, so every arm sends the same)."""
@@ -126,10 +157,15 @@ class RequestTemplate:
             "cache_prompt": False,
             "max_tokens": self.n_predict,
             "stream": False,
-            "logprobs": {"chat": {"logprobs": True, "top_logprobs": self.top_k}}
-            if self.endpoint == "chat"
-            else {"completions": {"logprobs": self.top_k}},
-            "logprobs_arms": list(LOGPROB_ARMS),
+            "top_k": 1,
+            "logprobs": {
+                mode: self.with_logprobs(mode)._logprob_fields(self.endpoint == "chat")
+                for mode in ("margins", "tokens")
+            },
+            "logprobs_by_arm": {
+                arm: logprob_mode_for(arm, self.n_probs is not None)
+                for arm in ("A", "A_repeat", "B", "C")
+            },
             "n_probs_armed": self.n_probs is not None,
             "timeout_s": self.timeout_s,
         }

@@ -49,7 +49,16 @@ def _top_alternatives(piece: str, logprob: float, k: int) -> list[dict[str, Any]
     return alts
 
 
-def _probs_json(gen: Generation, k: int) -> list[dict[str, Any]]:
+def _probs_json(gen: Generation, k: int, post_sampling: bool = False) -> list[dict[str, Any]]:
+    if post_sampling:
+        # As llama-server with ``post_sampling_probs`` at top_k 1: only the chosen token
+        # survives sampling, with probability 1 (``prob``/``top_probs``, no logprobs).
+        return [
+            {"id": token_id(p), "token": p, "bytes": list(p.encode()), "prob": 1.0,
+             "top_probs": [{"id": token_id(p), "token": p, "bytes": list(p.encode()),
+                            "prob": 1.0}]}
+            for p in gen.pieces
+        ]  # fmt: skip
     return [
         {
             "id": token_id(p),
@@ -241,7 +250,8 @@ class MockHandler(BaseHTTPRequestHandler):
                 payload["completion_probabilities"] = _probs_json(gen, k)
             self._send(200, payload)
             return
-        logprobs: Any = {"content": _probs_json(gen, k)} if k > 0 else None
+        post = bool(body.get("post_sampling_probs"))
+        logprobs: Any = {"content": _probs_json(gen, k, post)} if k > 0 else None
         choice: dict[str, Any] = {"index": 0, "finish_reason": gen.finish_reason}
         if chat:
             choice["message"] = {"role": "assistant", "content": gen.text}

@@ -1,0 +1,184 @@
+"""Which server a live cell measures, checked once: the engine (``--engine``), and either the
+binary and model the tool launches or the URL of a server it attaches to (``--base-url``).
+
+:func:`resolve_target` is the one place the engine-dependent inputs are validated (usage
+errors, one line each): attach URLs, server flags against the engine's own owned and refused
+flags, the binary and the model. The GGUF header is read where the engine loads a GGUF file
+(llama-server, llama-cpp-python); an engine that loads a Hugging Face model folder (vLLM,
+SGLang) gets no header, no memory guard, and the reason recorded. :func:`make_launcher` picks
+the launcher: ``LiveLauncher`` for llama-server, ``EngineLauncher`` for the other launched
+engines, ``AttachLauncher`` for an attached server. :func:`identify` records what ran.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from batch_invariance.engines import memory, ports
+from batch_invariance.engines.attach import AttachLauncher, AttachTarget, attach_target
+from batch_invariance.engines.base import Engine, flag_conflicts
+from batch_invariance.engines.gguf import GgufInfo, cached_sha256, parse_info
+from batch_invariance.engines.launch import EngineLauncher
+from batch_invariance.engines.live_launcher import (
+    BinaryIdentity,
+    LaunchRecord,
+    LiveLauncher,
+    identify_binary,
+)
+from batch_invariance.engines.provision import cache_root
+from batch_invariance.engines.registry import DEFAULT_ENGINE, engine_for
+from batch_invariance.errors import UsageError
+from batch_invariance.run.cell import ServerLauncher
+from batch_invariance.run.live_profile import ProfileInputs
+
+if TYPE_CHECKING:
+    from batch_invariance.run.live import LiveRequest
+
+ATTACHED_NO_GGUF = "attached: the tool did not start the server and reads no model file"
+
+
+class LiveServerLauncher(ServerLauncher, Protocol):
+    """What a live cell needs of its launcher besides starting servers: the launches it
+    made, why one was aborted, and the memory guard on the server it would start."""
+
+    launches: list[LaunchRecord]
+    aborted: str | None
+
+    def guard_decision(
+        self, parallel: int, ctx: int, host: memory.HostMemory
+    ) -> memory.GuardDecision | None:
+        """``None`` where no guard applies (no GGUF file, or an attached server)."""
+
+
+@dataclass(frozen=True)
+class ServerTarget:
+    """The checked server side of a live cell."""
+
+    engine: Engine
+    #: ``None`` when attached (the tool starts nothing).
+    server_bin: Path | None
+    #: The model file or folder; attached: only what the user named, if anything.
+    model: Path | None
+    #: The GGUF header, where the engine loads a GGUF file the tool launches.
+    gguf: GgufInfo | None
+    #: Why no GGUF header was read (``None`` when it was).
+    gguf_skipped: str | None
+    attach: AttachTarget | None
+    server_flags: tuple[str, ...]
+
+    @property
+    def is_llama_server(self) -> bool:
+        """The default path: llama-server launched by the tool."""
+        return self.attach is None and self.engine.name == DEFAULT_ENGINE
+
+
+def _check_file(path: Path | None, flag: str, what: str, executable: bool = False) -> Path:
+    if path is None:
+        raise UsageError(f"{flag} is required ({what})")
+    if not path.is_file():
+        raise UsageError(f"{flag} {path}: no such file")
+    if executable and not os.access(path, os.X_OK):
+        raise UsageError(f"{flag} {path}: not executable (chmod +x it)")
+    return path
+
+
+def _check_attach_options(request: LiveRequest) -> AttachTarget | None:
+    if request.base_url is None:
+        if request.metrics_url is not None:
+            raise UsageError("--metrics-url goes with --base-url (attach mode)")
+        if request.allow_remote:
+            raise UsageError("--allow-remote goes with --base-url (attach mode)")
+        return None
+    if request.server_flags:
+        raise UsageError("--server-flag has no effect on an attached server; drop it")
+    if request.server_bin is not None:
+        raise UsageError("--server-bin has no effect on an attached server; drop it")
+    return attach_target(request.base_url, request.metrics_url, request.allow_remote)
+
+
+def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTarget:
+    """Check the engine-dependent part of ``request`` (UsageError naming the first problem)."""
+    engine = engine_for(request.engine)
+    attach = _check_attach_options(request)
+    launched_llama_server = attach is None and engine.name == DEFAULT_ENGINE
+    if prof is not None and not launched_llama_server:
+        raise UsageError("--profile works only with the default engine (llama-server, launched)")
+    if request.kv_layout != "split" and not launched_llama_server:
+        raise UsageError("--kv-layout unified applies only to llama-server launched by the tool")
+    flags = tuple(prof.server_flags if prof else request.server_flags)
+    problems = flag_conflicts(engine, flags)
+    if problems:
+        driver = request.driver_name
+        raise UsageError(
+            f"--server-flag {problems[0]} (it conflicts with what {driver} sets or measures: "
+            f"drop it, or use the {driver} option)"
+        )
+    if attach is not None:
+        return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
+    server_bin = request.server_bin or (prof.server_bin if prof else None)
+    model = request.model or (prof.model if prof else None)
+    if engine.name != DEFAULT_ENGINE and (server_bin is None or model is None):
+        raise UsageError(
+            f"--server-bin and --model are required for --engine {engine.name} "
+            "(its executable or Python interpreter, and its model)"
+        )
+    what = "path to llama-server" if engine.name == DEFAULT_ENGINE else f"{engine.name} launcher"
+    server_bin = _check_file(server_bin, "--server-bin", what, executable=True)
+    if engine.loads_gguf:
+        model = _check_file(model, "--model", "path to a GGUF model")
+        gguf, skipped = parse_info(model), None
+    else:
+        if model is None or not model.exists():
+            raise UsageError(f"--model {model}: no such file or folder")
+        gguf = None
+        skipped = (
+            f"engine {engine.name} loads a Hugging Face model folder: no GGUF header read and "
+            "no memory guard"
+        )
+    # A venv's interpreter is a symlink whose own path makes it the venv: resolve only
+    # llama-server's binary (as before), keep another engine's launcher as given.
+    launcher = server_bin.resolve() if engine.name == DEFAULT_ENGINE else server_bin.absolute()
+    return ServerTarget(engine, launcher, model.resolve(), gguf, skipped, None, flags)
+
+
+def make_launcher(
+    target: ServerTarget, request: LiveRequest, log_dir: Path, policy: ports.PortPolicy
+) -> LiveServerLauncher:
+    """The launcher for ``target``: attached, llama-server, or another launched engine."""
+    if target.attach is not None:
+        return AttachLauncher(target.attach, target.engine)
+    assert target.server_bin is not None and target.model is not None
+    if target.is_llama_server:
+        assert target.gguf is not None
+        return LiveLauncher(
+            target.server_bin, target.model, target.gguf, log_dir, port_policy=policy,
+            server_flags=target.server_flags, max_footprint_gb=request.max_footprint_gb,
+            ready_timeout=request.ready_timeout, cap_parallel=request.cap_parallel,
+            kv_layout=request.kv_layout,
+        )  # fmt: skip
+    return EngineLauncher(
+        target.engine, target.server_bin, target.model, log_dir, port_policy=policy,
+        server_flags=target.server_flags, env=dict(os.environ),
+        ready_timeout=request.ready_timeout, gguf=target.gguf,
+        max_footprint_gb=request.max_footprint_gb,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What ran, recorded before the cell: the binary and the model file's sha256 (``None``
+    where there is no launched binary, or the model is a folder)."""
+
+    binary: BinaryIdentity | None
+    model_sha256: str | None
+
+
+def identify(target: ServerTarget) -> TargetIdentity:
+    """sha256 and ``--version`` of the launched binary, and the model file's (cached) sha256."""
+    binary = identify_binary(target.server_bin) if target.server_bin is not None else None
+    model = target.model if target.attach is None else None
+    sha = cached_sha256(model, cache_root() / "hashes.json") if model and model.is_file() else None
+    return TargetIdentity(binary, sha)
