@@ -9,29 +9,32 @@ half the passes); ``--no-scaling`` skips that.
 
 Measured on the shared 2-core dev machine while others ran tests and llama-servers, so CPU
 time (``process_time``), not wall, is the figure; each is the better of two runs of ``decide``
-on the same evidence, "before" being main at 54b3a2b run with this same script. The load
-(``uptime``, 1 min) is given with each figure, because it moves them a lot:
+on the same evidence, "before" being main at 54b3a2b run with this same script, the two run
+back to back. The load (``uptime``, 1 min) is given with each pair; ``sum(range(3e7))`` took
+0.78-0.93 s CPU throughout, yet the same code's figure moved by almost 2x between runs:
 
-=========================  ================================  ================================
-size (ids x passes)        before (main 54b3a2b)             after (this change)
-=========================  ================================  ================================
-100,000 x 8, load ~1.5     11.96 s CPU (14.95 us/pair)       3.88 s CPU (4.84 us/pair)
-25,000 x 8, same runs      2.23 s CPU (11.16 us/pair)        0.98 s CPU (4.88 us/pair)
-50,000 x 8, same runs      4.14 s CPU (10.34 us/pair)        2.26 s CPU (5.64 us/pair)
-100,000 x 4, same runs     5.20 s CPU (12.99 us/pair)        2.83 s CPU (7.09 us/pair)
-100,000 x 8, load ~2.6-3   12.83 / 11.70 s CPU (two rounds)  5.37 / 6.37 s CPU (interleaved)
-=========================  ================================  ================================
+=============================  ==========================  ==========================
+size (ids x passes), load      before (main 54b3a2b)       after (this change)
+=============================  ==========================  ==========================
+100,000 x 8, load 0.7-0.9      12.93 s CPU (16.2 us/pair)  6.12 / 7.11 s CPU (2 runs)
+100,000 x 8, load 2.6-3.1      12.83 / 11.70 s CPU         5.37 / 6.37 s CPU
+100,000 x 8, load ~1.5         11.96 s CPU (14.95 us/pair) 3.88 s CPU (4.84 us/pair)
+25,000 x 8, load ~1.5          2.23 s CPU (11.16 us/pair)  0.98 s CPU (4.88 us/pair)
+50,000 x 8, load ~1.5          4.14 s CPU (10.34 us/pair)  2.26 s CPU (5.64 us/pair)
+100,000 x 4, load ~1.5         5.20 s CPU (12.99 us/pair)  2.83 s CPU (7.09 us/pair)
+=============================  ==========================  ==========================
 
-The 3 s target at 100,000 x 8 is NOT reached: 3.9 s was the best seen (load ~1.5); the same
-code gave 5.4-7.2 s minutes later under load 2-3 (before: 11.7-12.8 s). The per-pair cost is
-now nearly flat in ids (4.9 -> 5.6 -> 4.8 us from 25k to 100k ids at 8 passes, against
-11.2 -> 10.3 -> 15.0 before). What is left, by phase (one run at load ~2, 5.1 s in all):
-reading the arms into columns 1.7 s (core/columns.py; the agreement keys, one tuple per
-trial, are most of it), the AC/AB/BC reports 1.0 s (a transient key per C trial against A),
-F3 co-batching 0.75 s, F1 depth 0.46 s, answer length 0.36 s, F2 0.28 s, hot comparisons
-0.23 s, prompt cache 0.19 s, sensitivity 0.11 s. Each is C-level work per trial now, so a
-further large step needs fewer Python objects per trial (for instance the driver handing
-over columns instead of Trial objects).
+The 3 s target at 100,000 x 8 is NOT reached: decide is about 2x faster than before in the
+back-to-back runs (5.4-7.1 s against 11.7-12.9 s) and 3.9 s was the best seen, once. Per pair
+it grows less with the ids than before: 4.9 -> 5.6 -> 4.8 us (and 6.4 -> 7.6 -> 7.8 us in a
+slower series) from 25k to 100k ids at 8 passes, against 11.2 -> 10.3 -> 15.0 us before.
+What is left, by phase (one run at load ~2, 5.1 s in all): reading the arms into columns
+1.7 s (core/columns.py; the agreement keys, one tuple per trial, are most of it), the
+AC/AB/BC reports 1.0 s (a transient key per C trial against A), F3 co-batching 0.75 s, F1
+depth 0.46 s, answer length 0.36 s, F2 0.28 s, hot comparisons 0.23 s, prompt cache 0.19 s,
+sensitivity 0.11 s. Each is C-level work per trial now and memory-bound (the figure moves
+with the neighbours' memory traffic), so a further large step needs fewer Python objects per
+trial (for instance the driver handing over columns instead of Trial objects).
 """
 
 from __future__ import annotations
