@@ -9,12 +9,15 @@ fields, which each arm asks for only as far as it reads them (:func:`logprob_mod
   top1-top2 margin at the first divergent token (``--n-probs`` alternatives when armed);
 * ``tokens`` (B, A' and C): the chosen token of every position only, taken after sampling
   (``post_sampling_probs``), so the server skips the softmax over the whole vocabulary that
-  pre-sampling logprobs cost (~22% of the server's CPU on the embedded pair,
+  pre-sampling logprobs cost (on the embedded pair, 6 prompts x 96 tokens on an idle host:
+  top-2 1.06x and top-20 1.08x the server CPU of no logprobs, tokens only 0.98x;
   ``benchmarks/bench_logprobs.py``). Every arm still records its token stream, so token-only
   differences are seen in AB, AC and BC alike.
 
 ``top_k: 1`` leaves the chosen token as it is (at temperature 0 it is the argmax either way)
-and spares the server the default top-40 partial sort of every position's logits.
+and makes greedy selection explicit, so the list that survives sampling holds the chosen token
+alone. It buys no speed on the embedded pair (measured: 37.2 vs 38.5 ms per token, within
+noise, ``benchmarks/bench_logprobs.py`` session notes).
 
 :func:`send` posts a body and always returns a
 :class:`~batch_invariance.run.response.RawResponse`: a transport failure
