@@ -44,3 +44,16 @@ def test_a_tampered_example_cert_is_invalid(
     bad = tmp_path / CERT.name
     bad.write_text(json.dumps(data, sort_keys=True))
     assert main(["verify-cert", str(bad)]) == exitcodes.CERT_INVALID
+
+
+def test_example_cert_holds_real_answers_from_the_completions_endpoint() -> None:
+    """The demo asks the base model for raw completions: no chat template, so no ChatML
+    fallback echoes (``<|im_start|>``) in any recorded answer."""
+    data = json.loads(CERT.read_text())
+    assert data["provenance"]["request_template"]["endpoint"] == "completions"
+    assert data["provenance"]["chat_template"]["source"] == "not_used"
+    evidence = data["evidence"]
+    arms = [evidence["a"], evidence["b"], *(p["trials"] for p in evidence["c_passes"])]
+    excerpts = [t["completion_excerpt"] for arm in arms for t in arm.values()]
+    assert len(excerpts) == 32 * (2 + len(evidence["c_passes"]))
+    assert not [e for e in excerpts if "<|im_" in e or not e.strip()]
