@@ -10,7 +10,14 @@ import pytest
 
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.mock import MockKnobs, MockServer
-from batch_invariance.run.dispatch import pass_order, run_concurrent_pass, run_serial
+from batch_invariance.run.dispatch import (
+    SAMPLE_INTERVAL_S,
+    SETTLED_INTERVAL_S,
+    _BusySampler,
+    pass_order,
+    run_concurrent_pass,
+    run_serial,
+)
 from batch_invariance.run.response import RawResponse
 from batch_invariance.run.transport import RequestTemplate
 
@@ -108,3 +115,12 @@ def test_interrupt_joins_every_thread() -> None:
     assert len(calls) < len(ITEMS)  # stopped handing out work
     assert not [t for t in threading.enumerate() if t.name.startswith("bi-worker")]
     assert not [t for t in threading.enumerate() if t.name == "bi-busy-sampler" and t.is_alive()]
+
+
+def test_the_sampler_settles_at_the_spec_bound_after_the_first_second() -> None:
+    """Dense samples while a short pass may still be filling its slots, then one every 50 ms
+    (the spec's bound): fewer wake-ups of the server's HTTP thread on a long pass."""
+    sampler = _BusySampler((), SAMPLE_INTERVAL_S)
+    assert sampler.interval_at(0.0) == sampler.interval_at(0.99) == SAMPLE_INTERVAL_S == 0.025
+    assert sampler.interval_at(1.0) == sampler.interval_at(60.0) == SETTLED_INTERVAL_S == 0.05
+    assert _BusySampler((), 0.2).interval_at(5.0) == 0.2  # a slower interval asked stays
