@@ -17,6 +17,25 @@ short answers, no reference) to check the script itself on a loaded machine.
 
 Usage: python benchmarks/bench_live.py [--server-bin S --model M] [--reference-src DIR]
        [--rounds R] [--smoke]
+
+Measured on 2026-12-01 on the 2-core dev VM, the reference's v0.1.0 tree beside it
+(``git archive`` of the fetched repository), one round each, nothing else running:
+
+======================  ==========  ==========  ==========  ===========  =========
+round                   full        to RED      reference   full / ref   RED / ref
+======================  ==========  ==========  ==========  ===========  =========
+1 (host slow, erratic)  354.6 s     139.3 s     256.7 s     1.38x        0.54x
+2                       195.1 s     125.9 s     240.4 s     0.81x        0.52x
+======================  ==========  ==========  ==========  ===========  =========
+
+Round 2's full run: A 52.9 s, B 46.3 s (A' skipped: B reproduced A), C 29.5 / 33.1 / 28.0 s,
+2 launches in 4.3 s. In round 1 this tool's C passes ran at 174-273 ms per token and slot
+while the reference's, minutes later, ran at 71-86: the host's speed moved under the run, so
+only round 2 is a fair comparison. Both targets are missed by a hair there (0.81x against
+0.8x, 0.52x against 0.5x). Both rounds ran before the busy sampler settled at 50 ms after a
+pass's first second (a separate A/B on one server: 32.9 s a pass at 25 ms, 31.1 s at 50 ms,
+28.9 s without polling). The two tools disagree on this cell: the reference said AMBER
+(token-only), this tool RED (``extracted_answer`` differs under co-batching).
 """
 
 from __future__ import annotations
