@@ -32,20 +32,15 @@ def _render_chat(messages: Any) -> str:
     return "".join(out)
 
 
+def _token(piece: str, **value: Any) -> dict[str, Any]:
+    """One token as llama-server writes it in a logprobs list, with its ``value`` fields."""
+    return {"id": token_id(piece), "token": piece, "bytes": list(piece.encode()), **value}
+
+
 def _top_alternatives(piece: str, logprob: float, k: int) -> list[dict[str, Any]]:
-    alts = [
-        {"id": token_id(piece), "token": piece, "bytes": list(piece.encode()), "logprob": logprob}
-    ]
+    alts = [_token(piece, logprob=logprob)]
     for j in range(1, k):
-        alt = f"{piece.strip() or '_'}~{j}"
-        alts.append(
-            {
-                "id": token_id(alt),
-                "token": alt,
-                "bytes": list(alt.encode()),
-                "logprob": logprob - 1.5 * j,
-            }
-        )
+        alts.append(_token(f"{piece.strip() or '_'}~{j}", logprob=logprob - 1.5 * j))
     return alts
 
 
@@ -53,20 +48,9 @@ def _probs_json(gen: Generation, k: int, post_sampling: bool = False) -> list[di
     if post_sampling:
         # As llama-server with ``post_sampling_probs`` at top_k 1: only the chosen token
         # survives sampling, with probability 1 (``prob``/``top_probs``, no logprobs).
-        return [
-            {"id": token_id(p), "token": p, "bytes": list(p.encode()), "prob": 1.0,
-             "top_probs": [{"id": token_id(p), "token": p, "bytes": list(p.encode()),
-                            "prob": 1.0}]}
-            for p in gen.pieces
-        ]  # fmt: skip
+        return [_token(p, prob=1.0, top_probs=[_token(p, prob=1.0)]) for p in gen.pieces]
     return [
-        {
-            "id": token_id(p),
-            "token": p,
-            "bytes": list(p.encode()),
-            "logprob": lp,
-            "top_logprobs": _top_alternatives(p, lp, k),
-        }
+        _token(p, logprob=lp, top_logprobs=_top_alternatives(p, lp, k))
         for p, lp in zip(gen.pieces, gen.logprobs, strict=True)
     ]
 
