@@ -50,7 +50,24 @@ from batch_invariance.core.gates import cobatched_flags
 from batch_invariance.core.verdict import Verdict, decide
 
 
-def _trial(test_id: str, sha: str, start: float, end: float) -> Trial:
+def _trial(test_id: str, sha: str, start: float, end: float, bare: bool = False) -> Trial:
+    """A scored trial as a live llama-server run records it: a server-reported answer length,
+    the finish reason and ``timings.cache_n`` 0. ``bare`` leaves those three out (the input
+    the 9.1 s of the issue was measured on; the prompt cache gate then fails on every trial
+    and the answer length is unknown)."""
+    if bare:
+        return Trial(
+            test_id=test_id,
+            score=1.0,
+            passed=True,
+            extracted_answer=test_id,
+            expected_answer=test_id,
+            prompt_tokens_measured=32,
+            failure_mode="ok",
+            content_sha256=sha,
+            dispatch_ts=start,
+            complete_ts=end,
+        )
     return Trial(
         test_id=test_id,
         score=1.0,
@@ -62,13 +79,16 @@ def _trial(test_id: str, sha: str, start: float, end: float) -> Trial:
         content_sha256=sha,
         dispatch_ts=start,
         complete_ts=end,
+        completion_tokens=64 + int(sha[:2], 16) % 33,
+        finish_reason="stop",
+        timings={"cache_n": 0},
     )
 
 
-def build(n_ids: int, n_passes: int, slots: int = 8) -> CellEvidence:
+def build(n_ids: int, n_passes: int, slots: int = 8, bare: bool = False) -> CellEvidence:
     ids = [f"id{k:06d}" for k in range(n_ids)]
     shas = {t: hashlib.sha256(t.encode()).hexdigest() for t in ids}
-    serial = {t: _trial(t, shas[t], float(k), k + 0.5) for k, t in enumerate(ids)}
+    serial = {t: _trial(t, shas[t], float(k), k + 0.5, bare) for k, t in enumerate(ids)}
     passes = []
     for p in range(n_passes):
         # `slots` closed-loop workers: request k runs in wave k // slots, shifted per pass.
@@ -79,6 +99,7 @@ def build(n_ids: int, n_passes: int, slots: int = 8) -> CellEvidence:
                 shas[t],
                 base + (k // slots) * 0.2 + (k % slots) * 0.001,
                 base + (k // slots) * 0.2 + 0.19,
+                bare,
             )
             for k, t in enumerate(ids)
         }
@@ -122,14 +143,22 @@ def main() -> None:
     parser.add_argument(
         "--no-scaling", action="store_true", help="skip the linearity check (25k/50k ids, 4 passes)"
     )
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="trials without answer length, finish reason and cache_n (the issue's input)",
+    )
     args = parser.parse_args()
     t0 = time.perf_counter()
-    ev = build(args.ids, args.passes)
+    ev = build(args.ids, args.passes, bare=args.bare)
     t1 = time.perf_counter()
     ac = compare("AC", ev.a, [(p.index, p.trials) for p in ev.c_passes], ev.items)
     t2 = time.perf_counter()
     wall, cpu, verdict = _timed_decide(ev)
-    print(f"ids={args.ids} passes={args.passes} comparisons={args.ids * args.passes}")
+    print(
+        f"ids={args.ids} passes={args.passes} comparisons={args.ids * args.passes}"
+        f"{' (bare trials)' if args.bare else ''}"
+    )
     print(f"build evidence (not core): {t1 - t0:.2f} s")
     print(f"diff AC alone:             {t2 - t1:.2f} s (divergent ids: {ac.n_divergent})")
     print(
@@ -145,7 +174,7 @@ def main() -> None:
         sizes = [(args.ids // 4, args.passes), (args.ids // 2, args.passes)]
         sizes.append((args.ids, max(1, args.passes // 2)))
         for n_ids, n_passes in sizes:
-            wall, cpu, scaled = _timed_decide(build(n_ids, n_passes))
+            wall, cpu, scaled = _timed_decide(build(n_ids, n_passes, bare=args.bare))
             print(
                 f"decide {n_ids:>7} ids x {n_passes} passes: {wall:.2f} s wall, {cpu:.2f} s CPU, "
                 f"{cpu / (n_ids * n_passes) * 1e6:.2f} us CPU per id x pass -> {scaled.status}"

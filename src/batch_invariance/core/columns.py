@@ -77,8 +77,9 @@ class ArmColumns:
     #: :func:`agreement_key` by id, for an arm others are compared against (``keyed=True``);
     #: else ``None``, and :func:`agreement_keys` computes them where they are compared.
     keys: Mapping[str, tuple[Any, ...]] | None
-    #: Ids genuinely scored (``failure_mode == "ok"``).
-    ok: frozenset[str]
+    #: Ids not genuinely scored (``failure_mode != "ok"``): few in a real run, so the ids
+    #: scored are "all but these" rather than a set of every id.
+    not_ok: frozenset[str]
     #: Ids whose trial is a transport failure.
     transport: frozenset[str]
     #: Ids whose trial carries chosen-token logprobs.
@@ -126,7 +127,7 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
         ids=ids,
         values=values,
         keys=None if keys is None else dict(zip(ids, keys, strict=True)),
-        ok=frozenset(compress(ids, map(eq, modes, repeat(OK)))),
+        not_ok=frozenset(compress(ids, map(ne, modes, repeat(OK)))),
         transport=transport,
         with_logprobs=frozenset(compress(ids, map(is_not, map(_LOGPROBS, values), repeat(None)))),
         timed_ids=list(compress(ids, timed)) if n_untimed else ids,

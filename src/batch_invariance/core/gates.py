@@ -26,7 +26,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import compress
 
 from batch_invariance.core.columns import (
     ArmColumns,
@@ -73,9 +72,9 @@ def cobatched_of(pc: PassColumns, margin: float) -> frozenset[str]:
     gate fails such a pass closed separately.
     """
     flags = cobatched(pc.intervals, margin)
-    if False not in flags:  # all of them, the usual case: no need to pick them out
+    if flags.all():  # all of them, the usual case: no need to pick them out
         return frozenset(pc.arm.timed_ids)
-    return frozenset(map(pc.arm.timed_ids.__getitem__, compress(pc.intervals.order, flags)))
+    return frozenset(map(pc.arm.timed_ids.__getitem__, pc.intervals.order[flags].tolist()))
 
 
 def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
@@ -152,11 +151,15 @@ def completion_floor_gate(
     """F2: the share of id x pass comparisons scored ``ok`` in both A and the pass."""
     total = scored = 0
     a_cols = as_arm_columns(a)
-    a_ids, a_ok = a_cols.trials.keys(), a_cols.ok
+    a_ids = a_cols.trials.keys()
     for pc in as_pass_columns(passes):
-        # |A ids | pass ids|, counted without building the union
-        total += len(a_ids) + len(pc.arm.ids) - sum(map(a_ids.__contains__, pc.arm.ids))
-        scored += len(a_ok & pc.arm.ok)
+        c_ids = pc.arm.trials.keys()
+        # |A ids & pass ids| and |A ids | pass ids|, counted without building either set
+        common = sum(map(a_ids.__contains__, pc.arm.ids))
+        total += len(a_ids) + len(pc.arm.ids) - common
+        # Scored in both: the common ids less those either side did not score.
+        unscored = a_cols.not_ok | pc.arm.not_ok
+        scored += common - sum(1 for i in unscored if i in a_ids and i in c_ids)
     required = policy.completion_floor
     if total == 0:
         return FloorGate(False, required, None, 0, 0, "F2 completion floor not met: no trials")

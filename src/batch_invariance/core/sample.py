@@ -20,8 +20,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import chain, compress, repeat
-from operator import and_, is_not
-from typing import cast
+
+import numpy as np
+import numpy.typing as npt
 
 from batch_invariance.core.columns import (
     ArmColumns,
@@ -32,6 +33,9 @@ from batch_invariance.core.columns import (
 )
 from batch_invariance.core.evidence import GatePolicy, Trial
 from batch_invariance.core.gates import cobatched_by_pass, exact_fraction
+
+Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
 
 # --------------------------------------------------------------------------- sample size
 
@@ -55,9 +59,15 @@ def hot_by_pass(
     """Per pass, the ids scored ``ok`` in A and in the pass and co-batched in it (two passes
     recorded under one index count both, as their (pass, id) pairs would)."""
     hot: dict[int, Collection[str]] = {}
+    a_ids = a.trials.keys()
     for pc in passes:
         index = pc.record.index
-        ids = cobatched[index] & a.ok & pc.arm.ok
+        ids = cobatched[index]
+        if not a_ids >= ids:  # co-batched ids A lacks (rare): those are not comparisons
+            ids = frozenset(filter(a_ids.__contains__, ids))
+        unscored = a.not_ok | pc.arm.not_ok
+        if unscored:
+            ids = ids - unscored
         hot[index] = [*hot[index], *ids] if index in hot else ids
     return hot
 
@@ -115,6 +125,11 @@ class LengthGate:
     reason: str
 
 
+def _as_floats(counts: Sequence[int | None]) -> Floats:
+    """Token counts as float64 (exact below 2**53), an unreported one (``None``) as NaN."""
+    return np.array(counts, dtype=np.float64)
+
+
 def _by_pass(hot: Iterable[tuple[int, str]]) -> dict[int, list[str]]:
     grouped: dict[int, list[str]] = {}
     for index, test_id in hot:
@@ -133,15 +148,20 @@ def length_gate(
     comparisons, or their ids per pass."""
     by_index = {pc.record.index: pc.arm for pc in as_pass_columns(passes)}
     a_cols = as_arm_columns(a)
-    a_tokens = dict(zip(a_cols.ids, a_cols.answer_tokens, strict=True))
-    lengths: list[int] = []
+    a_tokens: dict[str, int | None] | None = None  # A's lengths by id, built when needed
+    lengths: list[Ints] = []
     unknown = cut = n_hot = 0
     for index, ids in (hot if isinstance(hot, Mapping) else _by_pass(hot)).items():
         c = by_index[index]
+        listed: Sequence[str]
+        c_len: Sequence[int | None]
         if isinstance(ids, AbstractSet):  # each id once: read C's lengths in C's own order
-            mask = list(map(ids.__contains__, c.ids))
-            listed = list(compress(c.ids, mask))
-            c_len = list(compress(c.answer_tokens, mask))
+            if len(ids) == len(c.ids) and c.trials.keys() <= ids:  # every id of the pass
+                listed, c_len = c.ids, c.answer_tokens
+            else:
+                mask = list(map(ids.__contains__, c.ids))
+                listed = list(compress(c.ids, mask))
+                c_len = list(compress(c.answer_tokens, mask))
             if len(listed) != len(ids):
                 raise KeyError(f"hot id not in pass {index}")
         else:
@@ -152,35 +172,44 @@ def length_gate(
         if a_cols.cut_by_budget or c.cut_by_budget:
             cut_ids = a_cols.cut_by_budget | c.cut_by_budget
             cut += sum(map(cut_ids.__contains__, listed))
-        a_len = list(map(a_tokens.__getitem__, listed))
-        known = list(map(and_, map(is_not, a_len, repeat(None)), map(is_not, c_len, repeat(None))))
-        unknown += known.count(False)
-        # The shorter side counts: beyond it, nothing was compared.
-        # (``known`` leaves only counts: the casts say so to the type checker).
-        a_known = compress(cast("list[int]", a_len), known)
-        lengths.extend(map(min, a_known, compress(cast("list[int]", c_len), known)))
+        a_len: Sequence[int | None]
+        if listed == a_cols.ids:  # the same ids in the same order (a live run's item order)
+            a_len = a_cols.answer_tokens
+        else:
+            if a_tokens is None:
+                a_tokens = dict(zip(a_cols.ids, a_cols.answer_tokens, strict=True))
+            a_len = list(map(a_tokens.__getitem__, listed))
+        # The shorter side counts: beyond it, nothing was compared. An unreported count
+        # (None) becomes NaN, and a comparison with a NaN side is unknown.
+        shorter = np.minimum(_as_floats(a_len), _as_floats(c_len))
+        known = ~np.isnan(shorter)
+        unknown += int(known.size - np.count_nonzero(known))
+        lengths.append(shorter[known].astype(np.int64))
     floor = policy.min_answer_tokens
     share = cut / n_hot if n_hot else None
-    if not lengths:
+    measured = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    if not measured.size:
         return LengthGate(
             False, floor, 0, unknown, None, None, None, share,
             f"answer length not met: no hot comparison has a server-reported generated-token "
             f"count, so the length measured is unknown (need a median >= {floor} tokens)",
         )  # fmt: skip
-    lengths.sort()
-    low, median, high = lengths[0], lengths[(len(lengths) - 1) // 2], lengths[-1]
+    mid = (measured.size - 1) // 2  # the lower median
+    low, high = int(measured.min()), int(measured.max())
+    median = int(np.partition(measured, mid)[mid])
+    n_measured = int(measured.size)
     cut_text = f"{share:.0%} cut by the token budget" if share is not None else ""
     if unknown:
         return LengthGate(
-            False, floor, len(lengths), unknown, low, median, high, share,
+            False, floor, n_measured, unknown, low, median, high, share,
             f"answer length not met: {unknown} hot comparison(s) have no server-reported "
             "generated-token count, so the length measured is unknown",
         )  # fmt: skip
     ok = median >= floor
     verb = "met" if ok else "not met"
     return LengthGate(
-        ok, floor, len(lengths), 0, low, median, high, share,
-        f"answer length {verb}: median {median} generated tokens over {len(lengths)} hot "
+        ok, floor, n_measured, 0, low, median, high, share,
+        f"answer length {verb}: median {median} generated tokens over {n_measured} hot "
         f"comparisons (min {low}, max {high}, {cut_text}; need a median >= {floor})",
     )  # fmt: skip
 
