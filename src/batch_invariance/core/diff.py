@@ -362,11 +362,17 @@ def _group_counts(
     """Compared, divergent and token-only ids per family and per fill bucket (divergent and
     token-only ids are among the compared ones). Ids without an item count as unknown."""
     tables = []
+    # Every id compared and each one labelled (the usual case): the label counts are the
+    # label sizes. Family and fill label the same ids, so one check serves both.
+    everything = len(compared) == len(labels.family) and labels.family.keys() >= compared
     for label_of, members, default in (
         (labels.family, labels.family_ids, "unknown"),
         (labels.fill, labels.fill_ids, fill_label(None)),
     ):
-        n = {label: k for label, ids in members.items() if (k := len(ids & compared))}
+        if everything:
+            n = {label: len(ids) for label, ids in members.items() if ids}
+        else:
+            n = {label: k for label, ids in members.items() if (k := len(ids & compared))}
         unlabelled = len(compared) - sum(n.values())
         if unlabelled:
             n[default] = n.get(default, 0) + unlabelled

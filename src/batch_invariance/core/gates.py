@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -65,7 +66,11 @@ def exact_fraction(value: float) -> Fraction:
 # --------------------------------------------------------------------------- co-batching
 
 
-def cobatched_of(pc: PassColumns, margin: float) -> frozenset[str]:
+#: Ids of one pass, as a set: a frozenset, or the pass's own keys when that is every id.
+IdSet = AbstractSet[str]
+
+
+def cobatched_of(pc: PassColumns, margin: float) -> IdSet:
     """Ids of the pass whose interval overlaps another of the same pass by ``margin``.
 
     Trials without an interval are ignored here (they can never be attributed); the coverage
@@ -73,11 +78,12 @@ def cobatched_of(pc: PassColumns, margin: float) -> frozenset[str]:
     """
     flags = cobatched(pc.intervals, margin)
     if flags.all():  # all of them, the usual case: no need to pick them out
-        return frozenset(pc.arm.timed_ids)
+        # Every trial of the pass, when each has an interval: its own keys, with no copy.
+        return pc.arm.trials.keys() if not pc.arm.n_untimed else frozenset(pc.arm.timed_ids)
     return frozenset(map(pc.arm.timed_ids.__getitem__, pc.intervals.order[flags].tolist()))
 
 
-def cobatched_ids(pass_record: PassRecord, margin: float) -> frozenset[str]:
+def cobatched_ids(pass_record: PassRecord, margin: float) -> IdSet:
     """:func:`cobatched_of` of one pass record."""
     return cobatched_of(pass_columns(pass_record), margin)
 
@@ -155,7 +161,8 @@ def completion_floor_gate(
     for pc in as_pass_columns(passes):
         c_ids = pc.arm.trials.keys()
         # |A ids & pass ids| and |A ids | pass ids|, counted without building either set
-        common = sum(map(a_ids.__contains__, pc.arm.ids))
+        same = pc.arm.ids == a_cols.ids  # the same ids in the same order: all common
+        common = len(a_ids) if same else sum(map(a_ids.__contains__, pc.arm.ids))
         total += len(a_ids) + len(pc.arm.ids) - common
         # Scored in both: the common ids less those either side did not score.
         unscored = a_cols.not_ok | pc.arm.not_ok
@@ -204,7 +211,7 @@ def required_cobatched(n_ids: int, fraction: float) -> int:
     return max(REQUIRED_DEPTH, math.ceil(exact_fraction(fraction) * n_ids))
 
 
-def cobatched_by_pass(passes: PassesLike, margin: float) -> dict[int, frozenset[str]]:
+def cobatched_by_pass(passes: PassesLike, margin: float) -> dict[int, IdSet]:
     """:func:`cobatched_of` for every pass, keyed by pass index (computed once, shared)."""
     return {pc.record.index: cobatched_of(pc, margin) for pc in as_pass_columns(passes)}
 
@@ -212,7 +219,7 @@ def cobatched_by_pass(passes: PassesLike, margin: float) -> dict[int, frozenset[
 def coverage_gate(
     passes: PassesLike,
     policy: GatePolicy,
-    cobatched: Mapping[int, frozenset[str]] | None = None,
+    cobatched: Mapping[int, IdSet] | None = None,
 ) -> CoverageGate:
     """F3: per pass, enough ids co-batched with a real margin; a missing interval fails.
     ``cobatched`` may pass in :func:`cobatched_by_pass` already computed for ``passes``."""

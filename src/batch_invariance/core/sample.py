@@ -32,7 +32,7 @@ from batch_invariance.core.columns import (
     as_pass_columns,
 )
 from batch_invariance.core.evidence import GatePolicy, Trial
-from batch_invariance.core.gates import cobatched_by_pass, exact_fraction
+from batch_invariance.core.gates import IdSet, cobatched_by_pass, exact_fraction
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -54,7 +54,7 @@ HotByPass = Mapping[int, Collection[str]]
 
 
 def hot_by_pass(
-    a: ArmColumns, passes: Sequence[PassColumns], cobatched: Mapping[int, frozenset[str]]
+    a: ArmColumns, passes: Sequence[PassColumns], cobatched: Mapping[int, IdSet]
 ) -> dict[int, Collection[str]]:
     """Per pass, the ids scored ``ok`` in A and in the pass and co-batched in it (two passes
     recorded under one index count both, as their (pass, id) pairs would)."""
@@ -62,8 +62,9 @@ def hot_by_pass(
     a_ids = a.trials.keys()
     for pc in passes:
         index = pc.record.index
-        ids = cobatched[index]
-        if not a_ids >= ids:  # co-batched ids A lacks (rare): those are not comparisons
+        ids = cobatched[index]  # ids of this pass
+        every = len(ids) == len(pc.arm.ids) and pc.arm.ids == a.ids  # all of them, all in A
+        if not every and not a_ids >= ids:  # co-batched ids A lacks: not comparisons
             ids = frozenset(filter(a_ids.__contains__, ids))
         unscored = a.not_ok | pc.arm.not_ok
         if unscored:
@@ -76,7 +77,7 @@ def hot_trials(
     a: Mapping[str, Trial],
     passes: PassesLike,
     margin: float,
-    cobatched: Mapping[int, frozenset[str]] | None = None,
+    cobatched: Mapping[int, IdSet] | None = None,
 ) -> tuple[tuple[int, str], ...]:
     """(pass, id) comparisons scored ``ok`` in A and in the pass and co-batched in it,
     sorted by (pass, id)."""
@@ -149,6 +150,7 @@ def length_gate(
     by_index = {pc.record.index: pc.arm for pc in as_pass_columns(passes)}
     a_cols = as_arm_columns(a)
     a_tokens: dict[str, int | None] | None = None  # A's lengths by id, built when needed
+    a_all: Floats | None = None  # A's lengths in A's order, built when needed
     lengths: list[Ints] = []
     unknown = cut = n_hot = 0
     for index, ids in (hot if isinstance(hot, Mapping) else _by_pass(hot)).items():
@@ -172,16 +174,17 @@ def length_gate(
         if a_cols.cut_by_budget or c.cut_by_budget:
             cut_ids = a_cols.cut_by_budget | c.cut_by_budget
             cut += sum(map(cut_ids.__contains__, listed))
-        a_len: Sequence[int | None]
+        # A's side, in the order of ``listed``; an unreported count (None) becomes NaN.
         if listed == a_cols.ids:  # the same ids in the same order (a live run's item order)
-            a_len = a_cols.answer_tokens
+            if a_all is None:
+                a_all = _as_floats(a_cols.answer_tokens)
+            a_floats = a_all
         else:
             if a_tokens is None:
                 a_tokens = dict(zip(a_cols.ids, a_cols.answer_tokens, strict=True))
-            a_len = list(map(a_tokens.__getitem__, listed))
-        # The shorter side counts: beyond it, nothing was compared. An unreported count
-        # (None) becomes NaN, and a comparison with a NaN side is unknown.
-        shorter = np.minimum(_as_floats(a_len), _as_floats(c_len))
+            a_floats = _as_floats(list(map(a_tokens.__getitem__, listed)))
+        # The shorter side counts: beyond it, nothing was compared; a NaN side is unknown.
+        shorter = np.minimum(a_floats, _as_floats(c_len))
         known = ~np.isnan(shorter)
         unknown += int(known.size - np.count_nonzero(known))
         lengths.append(shorter[known].astype(np.int64))
