@@ -90,10 +90,11 @@ class ArmColumns:
     ends: Sequence[float]
     #: Trials missing either timestamp.
     n_untimed: int
-    #: Answered (not transport-failed) ids whose server reported no ``timings.cache_n``.
-    cache_unreported: frozenset[str]
+    #: Answered (not transport-failed) ids whose server reported no ``timings.cache_n``
+    #: (the arm's own keys when that is every id).
+    cache_unreported: AbstractSet[str]
     #: Answered ids with a reported ``cache_n`` other than 0.
-    cache_reused: frozenset[str]
+    cache_reused: AbstractSet[str]
     #: Server-reported generated-token count of each id in ``ids`` (``None`` when unreported).
     answer_tokens: Sequence[int | None]
     #: Ids whose answer the token budget cut (``finish_reason == "length"``).
@@ -108,28 +109,40 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
     values = list(trials.values())
     keys = list(map(_AGREEMENT_FIELDS, values)) if keyed else None
     modes = list(map(_KEY_FAILURE_MODE, keys) if keys is not None else map(_FAILURE_MODE, values))
-    transport = frozenset(compress(ids, map(TRANSPORT_MODES.__contains__, modes)))
+    # Each set below is of the few exceptions; a count or a membership test (C speed, no
+    # per-trial call) first tells whether there are any, and most arms have none.
+    all_ok = modes.count(OK) == len(modes)
+    transport = _EMPTY if all_ok else frozenset(compress(ids, map(_is_transport, modes)))
     starts = list(map(_DISPATCH, values))
     ends = list(map(_COMPLETE, values))
-    timed = list(map(is_not, starts, repeat(None)))
-    if None in ends:
-        timed = list(map(and_, timed, map(is_not, ends, repeat(None))))
-    n_untimed = timed.count(False)
+    n_untimed = 0
+    if None in starts or None in ends:
+        timed = list(map(and_, map(is_not, starts, repeat(None)), map(is_not, ends, repeat(None))))
+        n_untimed = timed.count(False)
     cached = _cache_counts(values)
-    unreported = frozenset(compress(ids, map(is_, cached, repeat(None))))
-    reported = map(is_not, cached, repeat(None))
-    reused = frozenset(compress(ids, map(and_, reported, map(ne, cached, repeat(0)))))
+    unreported: AbstractSet[str] = _EMPTY
+    reused: AbstractSet[str] = _EMPTY
+    if cached.count(0) != len(cached):  # some reported no cache_n, or one other than 0
+        if cached.count(None) == len(cached):  # a server that reports none: every id
+            unreported = trials.keys()
+        elif None in cached:
+            unreported = frozenset(compress(ids, map(is_, cached, repeat(None))))
+        reported = map(is_not, cached, repeat(None))
+        reused = frozenset(compress(ids, map(and_, reported, map(ne, cached, repeat(0)))))
     if transport:  # answered trials only: transport failures are the transport gate's
         unreported, reused = unreported - transport, reused - transport
-    finish = map(_FINISH, values)
+    logprobs = list(map(_LOGPROBS, values))
+    finish = list(map(_FINISH, values))
     return ArmColumns(
         trials=trials,
         ids=ids,
         values=values,
         keys=None if keys is None else dict(zip(ids, keys, strict=True)),
-        not_ok=frozenset(compress(ids, map(ne, modes, repeat(OK)))),
+        not_ok=_EMPTY if all_ok else frozenset(compress(ids, map(ne, modes, repeat(OK)))),
         transport=transport,
-        with_logprobs=frozenset(compress(ids, map(is_not, map(_LOGPROBS, values), repeat(None)))),
+        with_logprobs=_EMPTY
+        if logprobs.count(None) == len(logprobs)
+        else frozenset(compress(ids, map(is_not, logprobs, repeat(None)))),
         timed_ids=list(compress(ids, timed)) if n_untimed else ids,
         starts=list(compress(starts, timed)) if n_untimed else starts,
         ends=list(compress(ends, timed)) if n_untimed else ends,
@@ -137,8 +150,14 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
         cache_unreported=unreported,
         cache_reused=reused,
         answer_tokens=list(map(_COMPLETION_TOKENS, values)),
-        cut_by_budget=frozenset(compress(ids, map(eq, finish, repeat(FINISH_LENGTH)))),
+        cut_by_budget=frozenset(compress(ids, map(eq, finish, repeat(FINISH_LENGTH))))
+        if FINISH_LENGTH in finish
+        else _EMPTY,
     )
+
+
+_EMPTY: frozenset[str] = frozenset()
+_is_transport = TRANSPORT_MODES.__contains__
 
 
 def _cache_counts(values: Sequence[Trial]) -> list[Any]:

@@ -351,7 +351,8 @@ def prompt_cache_gate(evidence: CellEvidence | EvidenceColumns) -> PromptCacheGa
             unreported[label] = len(silent)
         if reused:
             counts[label] = len(reused)
-        ids |= silent | reused
+        ids.update(silent)
+        ids.update(reused)
     if not counts and not unreported:
         return PromptCacheGate(
             True, {}, (), "prompt cache: every trial reported cache_n 0 (whole prompts evaluated)"

@@ -128,6 +128,8 @@ class LengthGate:
 
 def _as_floats(counts: Sequence[int | None]) -> Floats:
     """Token counts as float64 (exact below 2**53), an unreported one (``None``) as NaN."""
+    if counts.count(None) == len(counts):  # none reported (no per-item conversion needed)
+        return np.full(len(counts), np.nan)
     return np.array(counts, dtype=np.float64)
 
 
