@@ -7,34 +7,39 @@ One id in one pass diverges so the RED path with its per-id row and exact interv
 It then checks linearity (the CPU time per id x pass at a quarter and half the ids, and at
 half the passes); ``--no-scaling`` skips that.
 
-Measured on the shared 2-core dev machine while others ran tests and llama-servers, so CPU
-time (``process_time``), not wall, is the figure; each is the better of two runs of ``decide``
-on the same evidence, "before" being main at 54b3a2b run with this same script, the two run
-back to back. The load (``uptime``, 1 min) is given with each pair; ``sum(range(3e7))`` took
-0.78-0.93 s CPU throughout, yet the same code's figure moved by almost 2x between runs:
+The trials carry what a live llama-server run records (a server-reported answer length, the
+finish reason, ``timings.cache_n`` 0); ``--bare`` leaves those three out, which is the input
+the issue's 9.1 s was measured on (every trial then fails the prompt cache gate and has no
+answer length, so those paths carry every id).
 
-=============================  ==========================  ==========================
-size (ids x passes), load      before (main 54b3a2b)       after (this change)
-=============================  ==========================  ==========================
-100,000 x 8, load 0.7-0.9      12.93 s CPU (16.2 us/pair)  6.12 / 7.11 s CPU (2 runs)
-100,000 x 8, load 2.6-3.1      12.83 / 11.70 s CPU         5.37 / 6.37 s CPU
-100,000 x 8, load ~1.5         11.96 s CPU (14.95 us/pair) 3.88 s CPU (4.84 us/pair)
-25,000 x 8, load ~1.5          2.23 s CPU (11.16 us/pair)  0.98 s CPU (4.88 us/pair)
-50,000 x 8, load ~1.5          4.14 s CPU (10.34 us/pair)  2.26 s CPU (5.64 us/pair)
-100,000 x 4, load ~1.5         5.20 s CPU (12.99 us/pair)  2.83 s CPU (7.09 us/pair)
-=============================  ==========================  ==========================
+Measured 2026-12-01 on the 2-core dev VM with nothing else running, CPU time
+(``process_time``), the better of two ``decide`` calls on the same evidence; "before" is main
+at a95d0e1 run with this same script, the two run back to back twice:
 
-The 3 s target at 100,000 x 8 is NOT reached: decide is about 2x faster than before in the
-back-to-back runs (5.4-7.1 s against 11.7-12.9 s) and 3.9 s was the best seen, once. Per pair
-it grows less with the ids than before: 4.9 -> 5.6 -> 4.8 us (and 6.4 -> 7.6 -> 7.8 us in a
-slower series) from 25k to 100k ids at 8 passes, against 11.2 -> 10.3 -> 15.0 us before.
-What is left, by phase (one run at load ~2, 5.1 s in all): reading the arms into columns
-1.7 s (core/columns.py; the agreement keys, one tuple per trial, are most of it), the
-AC/AB/BC reports 1.0 s (a transient key per C trial against A), F3 co-batching 0.75 s, F1
-depth 0.46 s, answer length 0.36 s, F2 0.28 s, hot comparisons 0.23 s, prompt cache 0.19 s,
-sensitivity 0.11 s. Each is C-level work per trial now and memory-bound (the figure moves
-with the neighbours' memory traffic), so a further large step needs fewer Python objects per
-trial (for instance the driver handing over columns instead of Trial objects).
+=================================  ======================  ======================
+100,000 ids x 8 passes             before (a95d0e1)        after (this tree)
+=================================  ======================  ======================
+live-like trials                   6.04 / 6.00 s CPU       2.46 / 2.36 s CPU
+``--bare`` trials                  6.04 / 5.97 s CPU       2.49 / 2.62 s CPU
+=================================  ======================  ======================
+
+Target met: under 3 s (2.2-2.9 s over twelve runs through the session; the figure moves by
+up to 30% with the neighbours' memory traffic on this VM, which is why the margin matters).
+Linear: 25,000 / 50,000 / 100,000 ids at 8 passes took 0.54 / 1.21 / 2.33 s (2.7 / 3.0 /
+2.9 us per id x pass), and 100,000 ids at 4 passes 1.71 s: about 0.155 s per pass of
+100,000 ids on top of about 1.1 s per 100,000 ids for what every cell reads once (A and B
+with their agreement keys, the group labels, the distinct-prompt count).
+
+What changed, from the profile (cProfile of ``decide``): the interval sweeps (F1 depth, F3
+co-batching) were 1.4 s of C-level map chains and are now numpy array operations
+(``core/intervals.py``, 0.2 s); the answer-length median is a numpy partition, not a sort of
+800,000 Python ints; the per-arm sets hold the exceptions (ids not scored ok, transport
+failures, cache reuse) and are built only when a C-speed count says there are any, where
+they used to hold every scored id; a pass whose every trial was co-batched hands over its own
+keys view instead of a copy; and A and each pass are compared position by position when they
+hold the same ids in the same order (a live run always does: trials follow the work-set).
+What is left is reading each trial's attributes once (the agreement keys, 0.5-0.6 s, and the
+other columns, 0.7 s): the floor for Trial objects.
 """
 
 from __future__ import annotations
