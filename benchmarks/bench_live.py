@@ -110,6 +110,15 @@ def _reference(src: Path, server: Path, model: Path, workset: Path, out: Path) -
     return Timed(wall, verdict, 3)
 
 
+def _progress(k: int, name: str, run: Timed) -> None:
+    """One line per run on stderr as it ends, so a long benchmark shows where it is."""
+    print(
+        f"round {k + 1} {name}: {run.wall_s:.1f} s, {run.verdict}, {run.passes} pass(es)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _median(runs: list[Timed]) -> float:
     return statistics.median(r.wall_s for r in runs)
 
@@ -149,10 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(opts.rounds):
         timed, last = _ours(replace(base, out_dir=root / f"full-{k}", stop_on_red=False))
         full.append(timed)
+        _progress(k, "full", timed)
         if reference_src is not None:
             ref_ws = _reference_workset(rows, root)
             ref.append(_reference(reference_src, server, model, ref_ws, root / f"ref-{k}"))
+            _progress(k, "reference", ref[-1])
         red.append(_ours(replace(base, out_dir=root / f"red-{k}", stop_on_red=True))[0])
+        _progress(k, "stop-on-red", red[-1])
+        if ref:
+            print(
+                f"round {k + 1}: full / ref {full[-1].wall_s / ref[-1].wall_s:.2f}x, "
+                f"RED / ref {red[-1].wall_s / ref[-1].wall_s:.2f}x",
+                file=sys.stderr,
+                flush=True,
+            )
     cell = (f"{len(rows)} prompts x {base.n_predict} tokens, ctx {base.ctx}, N {base.parallel}, "
             f"{base.gate_passes} passes, {opts.rounds} round(s)")  # fmt: skip
     print(f"cell: {cell}")
