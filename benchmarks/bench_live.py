@@ -156,15 +156,24 @@ def main(argv: list[str] | None = None) -> int:
     ref: list[Timed] = []
     last: LiveOutcome | None = None
     for k in range(opts.rounds):
-        timed, last = _ours(replace(base, out_dir=root / f"full-{k}", stop_on_red=False))
-        full.append(timed)
-        _progress(k, "full", timed)
-        if reference_src is not None:
-            ref_ws = _reference_workset(rows, root)
-            ref.append(_reference(reference_src, server, model, ref_ws, root / f"ref-{k}"))
-            _progress(k, "reference", ref[-1])
-        red.append(_ours(replace(base, out_dir=root / f"red-{k}", stop_on_red=True))[0])
-        _progress(k, "stop-on-red", red[-1])
+        # Each run takes each slot of a round once (round 1: full, reference, stop-on-red;
+        # round 2 starts with the reference; round 3 with stop-on-red): on this VM a run late
+        # in a burst of load came out up to 30% slower, which a fixed order charges to one tool.
+        names = ["full", "reference", "stop-on-red"]
+        for name in names[k % 3 :] + names[: k % 3]:
+            if name == "full":
+                timed, last = _ours(replace(base, out_dir=root / f"full-{k}", stop_on_red=False))
+                full.append(timed)
+            elif name == "stop-on-red":
+                red.append(_ours(replace(base, out_dir=root / f"red-{k}", stop_on_red=True))[0])
+                timed = red[-1]
+            elif reference_src is not None:
+                ref_ws = _reference_workset(rows, root)
+                ref.append(_reference(reference_src, server, model, ref_ws, root / f"ref-{k}"))
+                timed = ref[-1]
+            else:
+                continue
+            _progress(k, name, timed)
         if ref:
             print(
                 f"round {k + 1}: full / ref {full[-1].wall_s / ref[-1].wall_s:.2f}x, "
