@@ -19,27 +19,57 @@ Usage: python benchmarks/bench_live.py [--server-bin S --model M] [--reference-s
        [--rounds R] [--smoke]
 
 Measured on 2026-12-01 on the 2-core dev VM, the reference's v0.1.0 tree beside it
-(``git archive`` of the fetched repository), one round each, nothing else running:
+(``git archive`` of the fetched repository), nothing else running.
 
-======================  ==========  ==========  ==========  ===========  =========
-round                   full        to RED      reference   full / ref   RED / ref
-======================  ==========  ==========  ==========  ===========  =========
-1 (host slow, erratic)  354.6 s     139.3 s     256.7 s     1.38x        0.54x
-2                       195.1 s     125.9 s     240.4 s     0.81x        0.52x
-3 (sampler at 50 ms)    218.5 s     151.9 s     295.9 s     0.74x        0.51x
-======================  ==========  ==========  ==========  ===========  =========
+Three rounds in one run, order rotated each round (this script as it is now):
 
-Round 2's full run: A 52.9 s, B 46.3 s (A' skipped: B reproduced A), C 29.5 / 33.1 / 28.0 s,
-2 launches in 4.3 s. In round 1 this tool's C passes ran at 174-273 ms per token and slot
-while the reference's, minutes later, ran at 71-86: the host's speed moved under the run, so
-rounds 2 and 3 are the fair comparisons. Rounds 1 and 2 ran before the busy sampler settled
-at 50 ms after a pass's first second (a separate A/B on one server: 32.9 s a pass at 25 ms,
-31.1 s at 50 ms, 28.9 s without polling); round 3 ran with it (A 58.7 s, B 58.3 s, C 32.6 /
-32.5 / 31.1 s) and meets the full-run target (0.74x) while time to RED stays just above its
-target (0.51x). The host was slower in round 3 for both tools (the reference took 295.9 s
-against 240.4 s), which is why the rounds are alternated and the ratio, not the time, is the
-figure. The two tools disagree on this cell: the reference said AMBER
-(token-only), this tool RED (``extracted_answer`` differs under co-batching).
+======  ==========  ==========  ==========  ===========  =========  ==============================
+round   full        to RED      reference   full / ref   RED / ref  order
+======  ==========  ==========  ==========  ===========  =========  ==============================
+1         265.4 s     164.2 s     412.0 s       0.64x      0.40x   full, reference, stop-on-red
+2         223.6 s     167.0 s     273.4 s       0.82x      0.61x   reference, stop-on-red, full
+3         225.9 s     170.5 s     255.4 s       0.88x      0.67x   stop-on-red, full, reference
+median    225.9 s     167.0 s     273.4 s       0.83x      0.61x   (medians of each column)
+======  ==========  ==========  ==========  ===========  =========  ==============================
+
+Neither target is met in this run: the host was slower this hour for both tools (this tool's
+serial arms at 36-45 ms per token, against 30-36 an hour earlier; the reference's first run
+took 412 s with its C passes at 90-200 ms per token and slot).
+
+Three rounds in one run, the same order every round (full, reference, stop-on-red):
+
+======  ==========  ==========  ==========  ===========  =========
+round   full        to RED      reference   full / ref   RED / ref
+======  ==========  ==========  ==========  ===========  =========
+1       219.5 s     170.9 s     270.7 s     0.81x        0.63x
+2       204.4 s     153.0 s     238.1 s     0.86x        0.64x
+3       198.2 s     186.8 s     317.5 s     0.62x        0.59x
+median  204.4 s     170.9 s     270.7 s     0.76x        0.63x
+======  ==========  ==========  ==========  ===========  =========
+
+The stop-on-red run, always third, was slow in every round: its serial arms ran at 31-41 ms
+per token where the full runs ran at 30-36, and in two rounds its C pass ran at 108-111 ms per
+token and slot where the full runs' passes ran at 66-92. The reference's
+time moved from 238 to 318 s between rounds. Hence the rotation above.
+
+One round each in an earlier session (one run per round, before the rotation):
+1. 354.6 s full, 139.3 s to RED, 256.7 s reference (host erratic);
+2. 195.1 / 125.9 / 240.4 s, 0.81x and 0.52x;
+3. 218.5 / 151.9 / 295.9 s, 0.74x and 0.51x (busy sampler settled at 50 ms).
+
+Why time to RED stays above 0.5x: a cell may only be called RED once arm B is done and one C
+pass shows the divergence, so a RED run is at least A + B + one C pass, where the reference
+runs A, A', B and three C passes. With a serial arm taking S and a pass C, the ratio is about
+(2S + C) / (3S + 3C), at most 0.5 only when S <= C; here a serial arm decodes one sequence at a
+time and a pass four, S = 1.6-1.8 C (A 53.4 s, B 49.2 s, C 28.9-31.4 s in round 3 above), so
+the floor is about 0.54 before any overhead. A is also slower per token than B in every run
+(32.6-40.7 against 29.9-38.5 ms): the price of the top-2 logprobs for the first-divergence
+margin (llama-server sorts the whole vocabulary, 262,144 tokens for Gemma 3, for ``n_probs``
+at each position). Two ways below the floor were tried and dropped: A and B at once on their
+two servers took 359.7 s against 97.8-117.0 s one after the other (the servers' spinning
+threads fight over 2 cores), and ``--no-warmup`` saves under 0.5 s of a 1.4-1.9 s launch. The
+two tools disagree on this cell: the reference says AMBER (token-only), this tool RED
+(``extracted_answer`` differs under co-batching).
 """
 
 from __future__ import annotations
