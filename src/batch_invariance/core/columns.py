@@ -170,6 +170,13 @@ def _cache_counts(values: Sequence[Trial]) -> list[Any]:
         return list(map(_CACHE_N, timings))
 
 
+def same_order(x: Sequence[str], y: Sequence[str]) -> bool:
+    """Whether two id lists are the same ids in the same order. A live run's arms and passes
+    always are (trials follow the work-set), and then they can be compared position by
+    position; the check itself runs at C speed (equal strings are mostly the same object)."""
+    return x == y
+
+
 def key_map(arm: ArmColumns) -> Mapping[str, tuple[Any, ...]]:
     """The arm's agreement keys by id."""
     if arm.keys is not None:
@@ -192,7 +199,7 @@ _ABSENT: tuple[Any, ...] = (object(),)
 
 def unequal_ids(x: ArmColumns, y: ArmColumns) -> list[str]:
     """Ids of ``y`` whose agreement key differs from ``x``'s, or that ``x`` lacks."""
-    if x.ids == y.ids:  # the same ids in the same order (a live run's item order)
+    if same_order(x.ids, y.ids):
         return list(compress(y.ids, map(ne, agreement_keys(x), agreement_keys(y))))
     xk = key_map(x)
     return list(compress(y.ids, map(ne, map(xk.get, y.ids, repeat(_ABSENT)), agreement_keys(y))))

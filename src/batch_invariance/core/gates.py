@@ -37,6 +37,7 @@ from batch_invariance.core.columns import (
     as_evidence_columns,
     as_pass_columns,
     pass_columns,
+    same_order,
 )
 from batch_invariance.core.evidence import (
     ARM_A,
@@ -161,7 +162,7 @@ def completion_floor_gate(
     for pc in as_pass_columns(passes):
         c_ids = pc.arm.trials.keys()
         # |A ids & pass ids| and |A ids | pass ids|, counted without building either set
-        same = pc.arm.ids == a_cols.ids  # the same ids in the same order: all common
+        same = same_order(pc.arm.ids, a_cols.ids)  # then every id is common
         common = len(a_ids) if same else sum(map(a_ids.__contains__, pc.arm.ids))
         total += len(a_ids) + len(pc.arm.ids) - common
         # Scored in both: the common ids less those either side did not score.

@@ -30,6 +30,7 @@ from batch_invariance.core.columns import (
     PassesLike,
     as_arm_columns,
     as_pass_columns,
+    same_order,
 )
 from batch_invariance.core.evidence import GatePolicy, Trial
 from batch_invariance.core.gates import IdSet, cobatched_by_pass, exact_fraction
@@ -63,7 +64,7 @@ def hot_by_pass(
     for pc in passes:
         index = pc.record.index
         ids = cobatched[index]  # ids of this pass
-        every = len(ids) == len(pc.arm.ids) and pc.arm.ids == a.ids  # all of them, all in A
+        every = len(ids) == len(pc.arm.ids) and same_order(pc.arm.ids, a.ids)  # all, all in A
         if not every and not a_ids >= ids:  # co-batched ids A lacks: not comparisons
             ids = frozenset(filter(a_ids.__contains__, ids))
         unscored = a.not_ok | pc.arm.not_ok
@@ -177,7 +178,7 @@ def length_gate(
             cut_ids = a_cols.cut_by_budget | c.cut_by_budget
             cut += sum(map(cut_ids.__contains__, listed))
         # A's side, in the order of ``listed``; an unreported count (None) becomes NaN.
-        if listed == a_cols.ids:  # the same ids in the same order (a live run's item order)
+        if same_order(listed, a_cols.ids):
             if a_all is None:
                 a_all = _as_floats(a_cols.answer_tokens)
             a_floats = a_all
