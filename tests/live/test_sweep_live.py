@@ -69,4 +69,11 @@ def test_stop_on_red_reaches_red_in_fewer_passes_than_a_full_run(
     schedule = cert.provenance["schedule"]
     assert schedule["stopped_early"] is True and schedule["passes_planned"] == passes
     assert cert.n_passes == schedule["passes_run"] < passes
+    # B ran after the passes, on the proof's divergent ids alone: on this pair the
+    # --parallel 4 server reproduces A when serial (AB clean in every measured run).
+    divergent = cert.divergence_report.ac.divergent_ids
+    assert cert.evidence.b_ids == tuple(divergent) == tuple(sorted(cert.evidence.b))
+    assert len(divergent) < 8 and cert.divergence_class == "co_batching"
+    b_arm = next(arm for arm in cert.provenance["arms"] if arm["arm"] == "B")
+    assert b_arm["n_requests"] == len(divergent)
     assert verify_path(outcome.finished.path).problems == ()

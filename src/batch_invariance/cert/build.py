@@ -102,6 +102,7 @@ def _evidence_record(evidence: CellEvidence, policy: GatePolicy) -> EvidenceReco
             for p in sorted(evidence.c_passes, key=lambda q: q.index)
         ),
         policy=policy,
+        b_ids=None if evidence.b_ids is None else tuple(sorted(evidence.b_ids)),
     )
 
 
@@ -123,6 +124,7 @@ def evidence_from_cert(cert: Cert) -> CellEvidence:
             )
             for p in e.c_passes
         ),
+        b_ids=e.b_ids,
     )
 
 

@@ -90,6 +90,7 @@ def gates_block(
         if ac.clean
         else f"F0 exact match failed: {ac.n_divergent} id(s) diverged"
     )
+    scope = {"arm_b_scope": GateOutcome(g.b_scope.ok, g.b_scope.reason)} if g.b_scope.scoped else {}
     return {
         "F0": GateOutcome(ac.clean, f0_reason),
         "F1": GateOutcome(g.overlap.ok, g.overlap.reason),
@@ -103,6 +104,8 @@ def gates_block(
         "answer_length": GateOutcome(g.length.ok, g.length.reason),
         "serial_repeat": GateOutcome(g.serial_repeat.ok, g.serial_repeat.reason),
         "prompt_cache": GateOutcome(g.prompt_cache.ok, g.prompt_cache.reason),
+        # Only in a cert whose B was limited by an early stop on RED (older certs lack it).
+        **scope,
     }
 
 

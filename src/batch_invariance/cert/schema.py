@@ -127,6 +127,8 @@ class EvidenceRecord:
     b: Mapping[str, TrialRecord]
     c_passes: tuple[PassEvidence, ...]
     policy: GatePolicy
+    #: The ids arm B ran on when an early stop on RED limited it; absent: every id.
+    b_ids: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,9 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
     if out.get("throughput") is None:
         # Absent, not null: a cert written without the block keeps its digest.
         out.pop("throughput", None)
+    if out["evidence"].get("b_ids") is None:
+        # Likewise: B on every id is what every cert before the early-stop B scope says.
+        out["evidence"].pop("b_ids", None)
     return out
 
 

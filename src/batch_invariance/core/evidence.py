@@ -140,6 +140,11 @@ class CellEvidence:
     ``a`` is ground truth (``--parallel 1``, serial), ``a_repeat`` the optional serial repeat
     on the same server, ``b`` the ``--parallel N`` serial control and ``c_passes`` the
     concurrent passes under test. Maps are ``{test_id: Trial}``.
+
+    ``b_ids`` is ``None`` when arm B ran on every id. An early stop on RED runs B only on the
+    ids that diverged in the pass that proved RED (the only ids where B decides something:
+    the divergence class); ``b_ids`` then names them, AB and BC compare only those, and the
+    B-scope gate keeps such a cell from being anything but RED.
     """
 
     items: tuple[ItemMeta, ...]
@@ -147,6 +152,7 @@ class CellEvidence:
     a_repeat: Mapping[str, Trial] | None
     b: Mapping[str, Trial]
     c_passes: tuple[PassRecord, ...]
+    b_ids: tuple[str, ...] | None = None
 
 
 #: The gate policy defaults. A recorded policy looser than these is never promotable

@@ -9,16 +9,21 @@ evidence measured so far.
 * :func:`serial_repeat_decision`: A' tells run-to-run noise from slot allocation. When B
   (serial, on a second server instance) reproduced A exactly, two serial runs already agree
   and A' adds nothing to the verdict; A' runs only when B differs from A.
+* :func:`b_first_ids`, :func:`b_scope_after` and :func:`arm_b_scope_gate`: B runs after the
+  passes. When AC diverged (RED whatever B shows), B runs on the divergent ids alone, since
+  it decides only their divergence class; when B reproduces A on all of them the cell ends
+  there, else B runs on the rest too. A clean AC gets B on every id. A cell whose B covers
+  fewer ids than the work-set can be RED and nothing else: the B-scope gate is then unmet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from batch_invariance.core import gates as g
-from batch_invariance.core.diff import diff_pair
-from batch_invariance.core.evidence import GatePolicy, ItemMeta, PassRecord, Trial
+from batch_invariance.core.diff import compare, diff_pair
+from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
 
 
 @dataclass(frozen=True)
@@ -72,10 +77,14 @@ class RepeatDecision:
 
 
 def serial_repeat_decision(
-    a: Mapping[str, Trial], b: Mapping[str, Trial], items: Iterable[ItemMeta] = ()
+    a: Mapping[str, Trial],
+    b: Mapping[str, Trial],
+    items: Iterable[ItemMeta] = (),
+    b_ids: Collection[str] | None = None,
 ) -> RepeatDecision:
-    """Run A' only when B differs from A (invariant or token-only) or compares nothing."""
-    ab = diff_pair("AB", a, b, items)
+    """Run A' only when B differs from A (invariant or token-only) or compares nothing.
+    ``b_ids``: the ids B ran on when an early RED limited it (A is compared on those)."""
+    ab = diff_pair("AB", restrict(a, b_ids), b, items)
     if ab.n_compared == 0:
         return RepeatDecision(True, "A' ran: A and B had no id in common to compare")
     if ab.clean and ab.n_token_only == 0 and not ab.transport_skipped_ids:
@@ -88,4 +97,83 @@ def serial_repeat_decision(
     return RepeatDecision(
         True,
         f"A' ran: B differed from A on {n} id(s); A' tells slot allocation from run-to-run noise",
+    )
+
+
+def restrict(trials: Mapping[str, Trial], ids: Collection[str] | None) -> Mapping[str, Trial]:
+    """``trials`` on ``ids`` only (all of them when ``ids`` is ``None``)."""
+    if ids is None:
+        return trials
+    return {i: trials[i] for i in ids if i in trials}
+
+
+def b_first_ids(
+    a: Mapping[str, Trial], passes: Sequence[PassRecord], proof: RedProof | None
+) -> tuple[str, ...] | None:
+    """The ids arm B runs on first, once the passes are done: those the proof named, else
+    those that diverged from A on any pass (row 1: RED on AC alone, and B decides only their
+    class); ``None`` when AC is clean, where a GREEN or AMBER needs B on every id."""
+    if proof is not None:
+        return proof.divergent_ids
+    ac = compare("AC", a, [(p.index, p.trials) for p in passes])
+    return tuple(ac.divergent_ids) or None
+
+
+@dataclass(frozen=True)
+class BScope:
+    """Arm B's ids once it ran on the divergent ids: ``complete`` when B must still run on
+    the rest."""
+
+    b_ids: tuple[str, ...] | None
+    complete: bool
+    reason: str
+
+
+def b_scope_after(a: Mapping[str, Trial], b: Mapping[str, Trial], ids: tuple[str, ...]) -> BScope:
+    """After B ran on the divergent ``ids``: stop there when B reproduced A on every one of
+    them (their class is then co-batching), else run B on the other ids as well."""
+    ab = diff_pair("AB", restrict(a, ids), b)
+    if ab.n_compared and ab.clean and ab.n_token_only == 0 and not ab.transport_skipped_ids:
+        return BScope(
+            ids,
+            False,
+            f"B ran only on the {len(ids)} id(s) that diverged from A in the C passes and "
+            "reproduced A on each: their divergence comes with co-batching",
+        )
+    return BScope(
+        None,
+        True,
+        "B differed from A on an id that diverged in the C passes: B ran on every id, so the "
+        "divergence class rests on the whole serial control",
+    )
+
+
+@dataclass(frozen=True)
+class ArmBScopeGate:
+    """Whether arm B ran on every id: a GREEN or an AMBER needs the whole serial control."""
+
+    ok: bool
+    #: ``True`` when B ran on a subset (an early stop on RED).
+    scoped: bool
+    n_b_ids: int
+    n_items: int
+    reason: str
+
+
+def arm_b_scope_gate(evidence: CellEvidence) -> ArmBScopeGate:
+    """Unmet when ``evidence.b_ids`` leaves out an id of the work-set."""
+    n_items = len(evidence.items)
+    if evidence.b_ids is None:
+        return ArmBScopeGate(True, False, n_items, n_items, "arm B ran on every id")
+    n = len(evidence.b_ids)
+    if {m.test_id for m in evidence.items}.issubset(evidence.b_ids):
+        return ArmBScopeGate(True, True, n, n_items, f"arm B ran on all {n_items} id(s)")
+    return ArmBScopeGate(
+        False,
+        True,
+        n,
+        n_items,
+        f"arm B ran on {n} of {n_items} id(s) only (the ids that diverged from A in the C "
+        "passes); that decides their divergence class and nothing else, so a clean "
+        "comparison cannot rest on it",
     )

@@ -7,8 +7,8 @@
    ``slot_allocation(+co_batching)`` when AB diverges too; prefixed ``run_to_run(+...)`` when
    the serial repeat A' already differed from A.
 2. Any anti-vacuity gate not met (F1 overlap, F2 floor, F3 coverage, transport, sample size,
-   per-prompt bound, answer length, serial repeat, prompt cache) -> ``green_unverified``
-   (UNVERIFIED).
+   per-prompt bound, answer length, serial repeat, prompt cache, arm B on every id) ->
+   ``green_unverified`` (UNVERIFIED).
 3. AB divergent, or AB token-only differences -> ``green_with_caveat`` (AMBER), anomaly
    ``AC_agree_B_disagrees``.
 4. AC token-only differences, or armed F4 logit drift -> ``green_with_caveat``.
@@ -28,6 +28,7 @@ from batch_invariance.core import sample as sg
 from batch_invariance.core import stats
 from batch_invariance.core.columns import (
     EvidenceColumns,
+    arm_columns,
     evidence_columns,
     group_labels,
     unequal_ids,
@@ -35,6 +36,7 @@ from batch_invariance.core.columns import (
 )
 from batch_invariance.core.diff import PairReport, compare_columns
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
+from batch_invariance.core.schedule import ArmBScopeGate, arm_b_scope_gate, restrict
 from batch_invariance.core.workitem import row_ids
 
 Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
@@ -100,6 +102,7 @@ class Gates:
     length: sg.LengthGate
     serial_repeat: SerialRepeatGate
     prompt_cache: g.PromptCacheGate
+    b_scope: ArmBScopeGate
 
     def unmet(self) -> tuple[str, ...]:
         """Reasons of the gates not met, in the verdict's order."""
@@ -115,6 +118,7 @@ class Gates:
                 self.length,
                 self.serial_repeat,
                 self.prompt_cache,
+                self.b_scope,
             )
             if not gate.ok
         )
@@ -154,14 +158,26 @@ def build_reports(
     aa = None
     if cols.a_repeat is not None:
         aa = compare_columns("AA", a, [(None, cols.a_repeat)], labels, eps)
+    ac_unequal = [unequal_ids(a, c) for _, c in passes]
+    ac = compare_columns("AC", a, passes, labels, eps, ac_unequal)
+    scope = evidence.b_ids
+    if scope is not None:
+        # B ran on these ids only (an early stop on RED): AB and BC compare them alone.
+        a_b = arm_columns(restrict(a.trials, scope))
+        passes_b = [(i, arm_columns(restrict(c.trials, scope), keyed=False)) for i, c in passes]
+        return Reports(
+            ac=ac,
+            ab=compare_columns("AB", a_b, [(None, b)], labels, eps),
+            bc=compare_columns("BC", b, passes_b, labels, eps),
+            aa=aa,
+        )
     # Each C pass's keys are compared with A's once; B's comparison reuses that wherever B
     # has A's key (nearly everywhere when AB is clean), and compares the rest directly.
     ab_unequal = unequal_ids(a, b)
     agree = frozenset(b.ids).difference(ab_unequal)
-    ac_unequal = [unequal_ids(a, c) for _, c in passes]
     bc_unequal = [unequal_via(u, agree, b, c) for u, (_, c) in zip(ac_unequal, passes, strict=True)]
     return Reports(
-        ac=compare_columns("AC", a, passes, labels, eps, ac_unequal),
+        ac=ac,
         ab=compare_columns("AB", a, [(None, b)], labels, eps, [ab_unequal]),
         bc=compare_columns("BC", b, passes, labels, eps, bc_unequal),
         aa=aa,
@@ -274,6 +290,7 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         length=sg.length_gate(cols.a, cols.passes, hot, policy),
         serial_repeat=serial_repeat_gate(reports.aa, reports.ab),
         prompt_cache=g.prompt_cache_gate(cols),
+        b_scope=arm_b_scope_gate(evidence),
     )
     run_to_run = not gates.serial_repeat.ok
     ac, ab = reports.ac, reports.ab
@@ -288,8 +305,13 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         reasons = [_ac_summary(ac)]
         if ab.clean:
             cls = CLASS_CO_BATCHING
+            where = (
+                f" on the {gates.b_scope.n_b_ids} divergent id(s) B ran on"
+                if gates.b_scope.scoped
+                else ""
+            )
             reasons.append(
-                "AB clean: the parallel server agrees with A when serial, so the "
+                f"AB clean{where}: the parallel server agrees with A when serial, so the "
                 "difference comes with concurrent dispatch (co-batching)"
             )
         else:

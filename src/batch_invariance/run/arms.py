@@ -1,7 +1,8 @@
 """The arms of a cell, one server at a time: the ``--parallel 1`` reference (arm A, and the
-serial repeat A' when it decides something) and the ``--parallel N`` server (arm B and the C
-passes, ending early once RED is proven with ``stop_on_red``). :mod:`batch_invariance.run.cell`
-composes them into one cell, or into a sweep's cells sharing one reference.
+serial repeat A' when it decides something) and the ``--parallel N`` server (the C passes,
+ending early once RED is proven with ``stop_on_red``, then arm B where it decides something).
+:mod:`batch_invariance.run.cell` composes them into one cell, or into a sweep's cells sharing
+one reference.
 
 The launcher Protocols the driver starts servers through live here too.
 """
@@ -9,7 +10,7 @@ The launcher Protocols the driver starts servers through live here too.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
@@ -24,8 +25,16 @@ from batch_invariance.core.evidence import (
     Trial,
 )
 from batch_invariance.core.plan import CellPlan
-from batch_invariance.core.schedule import RedProof, red_proof, serial_repeat_decision
+from batch_invariance.core.schedule import (
+    BScope,
+    RedProof,
+    b_first_ids,
+    b_scope_after,
+    red_proof,
+    serial_repeat_decision,
+)
 from batch_invariance.core.scoring import Scorer
+from batch_invariance.core.workitem import WorkItem
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
 from batch_invariance.run.probe import server_chat_template
 from batch_invariance.run.progress import ProgressSink
@@ -158,14 +167,22 @@ class ParallelRun:
     notes: tuple[str, ...]
     #: The pass that proved RED when ``--stop-on-red`` ended the cell there, else ``None``.
     red_proof: RedProof | None
+    #: The ids B ran on when the early stop limited it to the proof's divergent ids.
+    b_ids: tuple[str, ...] | None = None
+    #: Why B ran where it did (recorded in ``provenance.schedule``).
+    b_reason: str | None = None
 
 
 def _serial_arm(
-    arm: str, server: ServerHandle, template: RequestTemplate, plan: CellPlan, sink: ProgressSink
+    arm: str,
+    server: ServerHandle,
+    template: RequestTemplate,
+    items: Sequence[WorkItem],
+    sink: ProgressSink,
 ) -> tuple[Mapping[str, RawResponse], ArmStats]:
     sink.arm("A'" if arm == ARM_A_REPEAT else arm)
     t0 = time.monotonic()
-    resp = run_serial(server.base_url, template, plan.items, server.check_alive, _ticker(sink))
+    resp = run_serial(server.base_url, template, items, server.check_alive, _ticker(sink))
     return resp, _arm_stats(arm, None, time.monotonic() - t0, resp)
 
 
@@ -185,7 +202,7 @@ def run_reference(
         started = time.monotonic()
         chat_template = server_chat_template(server_a.base_url)
         template = request_template(plan).for_arm(ARM_A)
-        resp, stats = _serial_arm(ARM_A, server_a, template, plan, sink)
+        resp, stats = _serial_arm(ARM_A, server_a, template, plan.items, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
     trials = trials_for(resp, plan.items, scorer, plan.n_predict, notes, ARM_A)
     return Reference(resp, trials, stats, record, tuple(notes.items), chat_template=chat_template)
@@ -199,7 +216,7 @@ def run_repeat(
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
         control = request_template(plan).for_arm(ARM_A_REPEAT)
-        resp, stats = _serial_arm(ARM_A_REPEAT, server_a, control, plan, sink)
+        resp, stats = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
     return replace(ref, repeat=resp, repeat_stats=stats, repeat_server=record, repeat_reason=reason)
 
@@ -212,66 +229,126 @@ def run_parallel(
     a_trials: Mapping[str, Trial],
     policy: GatePolicy,
 ) -> ParallelRun:
-    """Arm B (serial) and the C passes on the ``--parallel N`` server; with
-    ``plan.stop_on_red`` the passes end at the first that proves RED."""
+    """The C passes, then arm B (serial), on the ``--parallel N`` server.
+
+    With ``plan.stop_on_red`` the passes end at the first that proves RED. When AC diverged,
+    B runs on the divergent ids first, and on the rest only when it differs from A on one of
+    them (:mod:`batch_invariance.core.schedule`); a clean AC gets B on every id."""
     template = request_template(plan).for_arm(ARM_C)
+    b_template = template.for_arm(ARM_B)
     notes = Notes()
-    stats: list[ArmStats] = []
-    passes: list[PassRecord] = []
-    proof: RedProof | None = None
+    b_stats: list[ArmStats] = []
+    b_resp: dict[str, RawResponse] = {}
+    scope: BScope | None = None
     with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
         started = time.monotonic()
-        b_resp, b_stats = _serial_arm(ARM_B, server_bc, template.for_arm(ARM_B), plan, sink)
-        stats.append(b_stats)
-        for index in range(plan.gate_passes):
-            sink.arm(ARM_C, index, plan.gate_passes)
-            result = run_concurrent_pass(
-                server_bc.base_url,
-                template,
-                plan.items,
-                workers=plan.parallel,
-                pass_index=index,
-                seed=plan.seed,
-                metrics_enabled=server_bc.metrics_enabled,
-                check_alive=server_bc.check_alive,
-                on_done=_ticker(sink),
-                # An engine's handle names its own busy witnesses (possibly none: F1 then
-                # fails closed); without the attribute, llama-server's /slots and /metrics.
-                probes=getattr(server_bc, "busy_probes", None),
-                # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
-                # as corroboration in the arm stats, never read by F1.
-                counters=getattr(server_bc, "pass_counters", ()),
-            )
-            busy = (result.server_busy_max, result.busy_source)
-            stats.append(
-                replace(
-                    _arm_stats(ARM_C, index, result.wall_s, result.responses, busy),
-                    counter_deltas=result.counter_deltas or None,
-                )
-            )
-            for note in slot_notes(result):
-                notes.add(note)
-            trials = trials_for(
-                result.responses, plan.items, scorer, plan.n_predict, notes, f"C{index}"
-            )
-            passes.append(_pass_record(result, trials))
-            if plan.stop_on_red:
-                found = red_proof(a_trials, passes[-1], policy)
-                if found.proven:
-                    proof = found
-                    sink.extend(-len(plan.items) * (plan.gate_passes - index - 1))
-                    break
+        passes, c_stats, proof = _c_passes(
+            plan, server_bc, template, scorer, sink, a_trials, policy, notes
+        )
+
+        def serial_b(items: Sequence[WorkItem]) -> None:
+            resp, stats = _serial_arm(ARM_B, server_bc, b_template, items, sink)
+            b_resp.update(resp)
+            b_stats.append(stats)
+
+        first_ids = b_first_ids(a_trials, passes, proof)
+        if first_ids is None:
+            serial_b(plan.items)
+        else:
+            wanted = set(first_ids)
+            divergent = [i for i in plan.items if i.test_id in wanted]
+            rest = [i for i in plan.items if i.test_id not in wanted]
+            serial_b(divergent)
+            first = trials_for(b_resp, divergent, scorer, plan.n_predict, Notes(), ARM_B)
+            scope = b_scope_after(a_trials, first, first_ids)
+            if scope.complete:
+                serial_b(rest)
+            else:
+                sink.extend(-len(rest))
         record = _server_record("BC", server_bc, time.monotonic() - started)
-    b_trials = trials_for(b_resp, plan.items, scorer, plan.n_predict, notes, ARM_B)
+    b_ids = None if scope is None else scope.b_ids
+    b_items = plan.items if b_ids is None else [i for i in plan.items if i.test_id in b_ids]
+    b_trials = trials_for(b_resp, b_items, scorer, plan.n_predict, notes, ARM_B)
     return ParallelRun(
         b_resp,
         b_trials,
         tuple(passes),
-        tuple(stats),
+        (_merged_b_stats(b_stats), *c_stats),
         record,
         tuple(notes.items),
         proof,
+        b_ids=b_ids,
+        b_reason="B ran on every id: AC was clean" if scope is None else scope.reason,
     )
+
+
+def _merged_b_stats(parts: Sequence[ArmStats]) -> ArmStats:
+    """One :class:`ArmStats` for arm B when it ran in two stretches (the proof's ids, then
+    the rest)."""
+    first, *rest = parts
+    for more in rest:
+        first = replace(
+            first,
+            wall_s=first.wall_s + more.wall_s,
+            n_requests=first.n_requests + more.n_requests,
+            n_transport_failures=first.n_transport_failures + more.n_transport_failures,
+            prompt_ms=first.prompt_ms + more.prompt_ms,
+            predicted_ms=first.predicted_ms + more.predicted_ms,
+            predicted_n=first.predicted_n + more.predicted_n,
+        )
+    return first
+
+
+def _c_passes(
+    plan: CellPlan,
+    server_bc: ServerHandle,
+    template: RequestTemplate,
+    scorer: Scorer,
+    sink: ProgressSink,
+    a_trials: Mapping[str, Trial],
+    policy: GatePolicy,
+    notes: Notes,
+) -> tuple[list[PassRecord], list[ArmStats], RedProof | None]:
+    """The C passes, ending at the first that proves RED when ``plan.stop_on_red``."""
+    stats: list[ArmStats] = []
+    passes: list[PassRecord] = []
+    for index in range(plan.gate_passes):
+        sink.arm(ARM_C, index, plan.gate_passes)
+        result = run_concurrent_pass(
+            server_bc.base_url,
+            template,
+            plan.items,
+            workers=plan.parallel,
+            pass_index=index,
+            seed=plan.seed,
+            metrics_enabled=server_bc.metrics_enabled,
+            check_alive=server_bc.check_alive,
+            on_done=_ticker(sink),
+            # An engine's handle names its own busy witnesses (possibly none: F1 then
+            # fails closed); without the attribute, llama-server's /slots and /metrics.
+            probes=getattr(server_bc, "busy_probes", None),
+            # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
+            # as corroboration in the arm stats, never read by F1.
+            counters=getattr(server_bc, "pass_counters", ()),
+        )
+        busy = (result.server_busy_max, result.busy_source)
+        stats.append(
+            replace(
+                _arm_stats(ARM_C, index, result.wall_s, result.responses, busy),
+                counter_deltas=result.counter_deltas or None,
+            )
+        )
+        for note in slot_notes(result):
+            notes.add(note)
+        label = f"C{index}"
+        trials = trials_for(result.responses, plan.items, scorer, plan.n_predict, notes, label)
+        passes.append(_pass_record(result, trials))
+        if plan.stop_on_red:
+            found = red_proof(a_trials, passes[-1], policy)
+            if found.proven:
+                sink.extend(-len(plan.items) * (plan.gate_passes - index - 1))
+                return passes, stats, found
+    return passes, stats, None
 
 
 def _pass_record(result: ConcurrentPass, trials: Mapping[str, Trial]) -> PassRecord:
@@ -297,7 +374,7 @@ def complete_reference(
         return ref
     if not plan.serial_repeat:
         return replace(ref, repeat_reason="A' not run: --no-serial-repeat")
-    decision = serial_repeat_decision(ref.a_trials, parallel.b_trials)
+    decision = serial_repeat_decision(ref.a_trials, parallel.b_trials, b_ids=parallel.b_ids)
     if not decision.run:
         return replace(ref, repeat_reason=decision.reason)
     sink.extend(len(plan.items))
@@ -318,6 +395,8 @@ def schedule_record(
         "stop_on_red": plan.stop_on_red,
         "stopped_early": proof is not None and len(parallel.c_passes) < plan.gate_passes,
         "stop_reason": None if proof is None else proof.reason,
+        "b_ids": None if parallel.b_ids is None else list(parallel.b_ids),
+        "b_reason": parallel.b_reason,
     }
 
 

@@ -1,12 +1,14 @@
 """Running one cell: arms A, B, the C passes and A' over a :class:`ServerLauncher`.
 
 :func:`run_cell` owns exactly one server at a time. The A server (``--parallel 1``) runs arm A
-serially; it is torn down before the B/C server (``--parallel N``) starts, which runs arm B
-serially and then the T concurrent C passes (ending at the first pass that proves RED when
-the plan says ``stop_on_red``). The serial repeat A' runs last, on a fresh ``--parallel 1``
-server, and only when B differed from A (:mod:`batch_invariance.core.schedule`). A sweep
-calls the same pieces (:func:`run_reference`, :func:`run_parallel`, :func:`complete_reference`,
-:func:`assemble`) with one reference shared by every N.
+serially; it is torn down before the B/C server (``--parallel N``) starts, which runs the T
+concurrent C passes (ending at the first that proves RED when the plan says ``stop_on_red``)
+and then arm B serially: on every id when AC is clean, else on the divergent ids alone unless
+it differs from A on one of them (:func:`~batch_invariance.run.arms.run_parallel`). The serial
+repeat A' runs last, on a fresh ``--parallel 1`` server, and only when B differed from A
+(:mod:`batch_invariance.core.schedule`). A sweep calls the same pieces (:func:`run_reference`,
+:func:`run_parallel`, :func:`complete_reference`, :func:`assemble`) with one reference shared
+by every N.
 Every request becomes a :class:`~batch_invariance.core.evidence.Trial` (transport failures too, as
 failure modes), scored through :func:`batch_invariance.core.scoring.evaluate`. The result is a
 :class:`CellRun` whose ``evidence`` the pure core judges.
@@ -79,6 +81,7 @@ def assemble(
         a_repeat=a_repeat,
         b=parallel.b_trials,
         c_passes=parallel.c_passes,
+        b_ids=parallel.b_ids,
     )
     stats = (ref.a_stats, *((ref.repeat_stats,) if ref.repeat_stats else ()), *parallel.stats)
     servers = (ref.server, parallel.server, *((ref.repeat_server,) if ref.repeat_server else ()))
@@ -154,7 +157,7 @@ def run_cell(
     progress: ProgressSink | None = None,
     policy: GatePolicy | None = None,
 ) -> CellRun:
-    """Measure one cell: A, then B and the C passes, then A' where it decides something.
+    """Measure one cell: A, then the C passes and B, then A' where it decides something.
 
     Raises only for infrastructure (launch) failures and interrupts. Transport failures of
     single requests are recorded in the trials, never raised. ``policy`` is what the early

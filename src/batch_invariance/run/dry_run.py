@@ -93,8 +93,8 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     )
     if cell.workset is not None:
         n_items = len(cell.workset.items) * req.reps
-        # An upper bound: A' runs only when B differs from A, and --stop-on-red may end the
-        # C passes early.
+        # An upper bound: A' runs only when B differs from A, B only on the divergent ids of
+        # a RED cell, and --stop-on-red may end the C passes early.
         arms = "A, B, A' if B differs" if req.serial_repeat else "A, B"
         total = n_items * (serial_arm_count(req.serial_repeat) + req.gate_passes)
         lines.append(

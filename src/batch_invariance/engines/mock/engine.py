@@ -234,7 +234,12 @@ class MockServer:
                 cobatched = True
             t2 = time.monotonic()
             text = answer
-            if cobatched and knobs.cobatch_divergence:
+            only = knobs.cobatch_divergence_if_contains
+            chosen = not only or any(s in prompt_text for s in only)
+            if cobatched and knobs.cobatch_divergence and chosen:
+                text = diverged_answer(text)
+            by_slot = knobs.slot_divergence_if_contains
+            if self.parallel > 1 and any(s in prompt_text for s in by_slot):
                 text = diverged_answer(text)
             if knobs.divergence_probability > 0:
                 with self._cond:

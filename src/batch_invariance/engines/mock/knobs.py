@@ -14,6 +14,11 @@ class MockKnobs:
 
     #: Score-bearing change of content when another slot was busy during generation.
     cobatch_divergence: bool = False
+    #: When set, ``cobatch_divergence`` changes only prompts containing one of these.
+    cobatch_divergence_if_contains: tuple[str, ...] = ()
+    #: Prompts containing one of these change on any server with more than one slot, serial
+    #: or not: slot allocation itself changes outputs (B and C differ from A alike).
+    slot_divergence_if_contains: tuple[str, ...] = ()
     #: Same answer, different tokens and logprobs when co-batched (a trailing newline and a
     #: different split), so the invariant fields stay equal.
     token_divergence: bool = False
