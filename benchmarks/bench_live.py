@@ -21,7 +21,28 @@ Usage: python benchmarks/bench_live.py [--server-bin S --model M] [--reference-s
 Measured on 2026-12-01 on the 2-core dev VM, the reference's v0.1.0 tree beside it
 (``git archive`` of the fetched repository), nothing else running.
 
-Three rounds in one run, order rotated each round (this script as it is now):
+Since arm B runs after the C passes and only where it decides something (on a RED cell, the
+ids that diverged; the rest only when B differs from A on one of them), three rounds, order
+rotated each round:
+
+======  ==========  ==========  ==========  ===========  =========  ==============================
+round   full        to RED      reference   full / ref   RED / ref  order
+======  ==========  ==========  ==========  ===========  =========  ==============================
+1         133.6 s     102.7 s     248.9 s       0.54x      0.41x   full, reference, stop-on-red
+2         160.8 s      86.9 s     227.9 s       0.71x      0.38x   reference, stop-on-red, full
+3         129.2 s      80.4 s     209.9 s       0.62x      0.38x   stop-on-red, full, reference
+median    133.6 s      86.9 s     227.9 s       0.59x      0.38x   (medians of each column)
+======  ==========  ==========  ==========  ===========  =========  ==============================
+
+Both targets are met in every round. Every run was RED, class ``co_batching``: B ran on the
+4-5 ids that diverged in the three passes of a full run (11.8-12.5 s, against 49-60 s for B on
+all 16 ids before) and on the 2-4 ids of the pass that proved RED in a stop-on-red run (5.8-9.0
+s); it reproduced A on each, so A' was skipped. A took 41-57 s and a C pass 21-32 s. A cell
+whose AC is clean still needs B on every id (a GREEN or AMBER rests on the whole serial
+control), so for a GREEN cell the structure is unchanged: about (2S + 3C) / (3S + 3C), 0.79
+here with a serial arm S = 1.7 C; that case was not measured against the reference.
+
+Before that change (B first, on every id), three rounds, order rotated each round:
 
 ======  ==========  ==========  ==========  ===========  =========  ==============================
 round   full        to RED      reference   full / ref   RED / ref  order
@@ -32,43 +53,19 @@ round   full        to RED      reference   full / ref   RED / ref  order
 median    225.9 s     167.0 s     273.4 s       0.83x      0.61x   (medians of each column)
 ======  ==========  ==========  ==========  ===========  =========  ==============================
 
-Neither target is met in this run: the host was slower this hour for both tools (this tool's
-serial arms at 36-45 ms per token, against 30-36 an hour earlier; the reference's first run
-took 412 s with its C passes at 90-200 ms per token and slot).
+and, the same order every round (full, reference, stop-on-red): medians 204.4 s full, 170.9 s
+to RED, 270.7 s reference, 0.76x and 0.63x. Then a RED run was at least A + B + one C pass,
+about (2S + C) / (3S + 3C) of the reference's A, A', B and three passes: 0.54 at S = 1.7 C,
+so 0.5x was out of reach while B ran on every id. Two other ways were tried and dropped: A and
+B at once on their two servers took 359.7 s against 97.8-117.0 s one after the other (the
+servers' spinning threads fight over 2 cores), and ``--no-warmup`` saves under 0.5 s of a
+1.4-1.9 s launch.
 
-Three rounds in one run, the same order every round (full, reference, stop-on-red):
-
-======  ==========  ==========  ==========  ===========  =========
-round   full        to RED      reference   full / ref   RED / ref
-======  ==========  ==========  ==========  ===========  =========
-1       219.5 s     170.9 s     270.7 s     0.81x        0.63x
-2       204.4 s     153.0 s     238.1 s     0.86x        0.64x
-3       198.2 s     186.8 s     317.5 s     0.62x        0.59x
-median  204.4 s     170.9 s     270.7 s     0.76x        0.63x
-======  ==========  ==========  ==========  ===========  =========
-
-The stop-on-red run, always third, was slow in every round: its serial arms ran at 31-41 ms
-per token where the full runs ran at 30-36, and in two rounds its C pass ran at 108-111 ms per
-token and slot where the full runs' passes ran at 66-92. The reference's
-time moved from 238 to 318 s between rounds. Hence the rotation above.
-
-One round each in an earlier session (one run per round, before the rotation):
-1. 354.6 s full, 139.3 s to RED, 256.7 s reference (host erratic);
-2. 195.1 / 125.9 / 240.4 s, 0.81x and 0.52x;
-3. 218.5 / 151.9 / 295.9 s, 0.74x and 0.51x (busy sampler settled at 50 ms).
-
-Why time to RED stays above 0.5x: a cell may only be called RED once arm B is done and one C
-pass shows the divergence, so a RED run is at least A + B + one C pass, where the reference
-runs A, A', B and three C passes. With a serial arm taking S and a pass C, the ratio is about
-(2S + C) / (3S + 3C), at most 0.5 only when S <= C; here a serial arm decodes one sequence at a
-time and a pass four, S = 1.6-1.8 C (A 53.4 s, B 49.2 s, C 28.9-31.4 s in round 3 above), so
-the floor is about 0.54 before any overhead. A is also slower per token than B in every run
-(32.6-40.7 against 29.9-38.5 ms): the price of the top-2 logprobs for the first-divergence
-margin (llama-server sorts the whole vocabulary, 262,144 tokens for Gemma 3, for ``n_probs``
-at each position). Two ways below the floor were tried and dropped: A and B at once on their
-two servers took 359.7 s against 97.8-117.0 s one after the other (the servers' spinning
-threads fight over 2 cores), and ``--no-warmup`` saves under 0.5 s of a 1.4-1.9 s launch. The
-two tools disagree on this cell: the reference says AMBER (token-only), this tool RED
+A is slower per token than B in every run (32.6-45.9 against 29.9-38.5 ms): the price of the
+top-2 logprobs for the first-divergence margin (llama-server sorts the whole vocabulary,
+262,144 tokens for Gemma 3, for ``n_probs`` at each position). The host's speed moves by up to
+30% within an hour, so compare ratios within one run, not seconds across runs. The two tools
+disagree on this cell: the reference says AMBER (token-only), this tool RED
 (``extracted_answer`` differs under co-batching).
 """
 
