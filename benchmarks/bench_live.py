@@ -16,7 +16,9 @@ the per-arm wall time of this tool's last full run. ``--smoke`` runs a tiny cell
 short answers, no reference) to check the script itself on a loaded machine.
 
 Usage: python benchmarks/bench_live.py [--server-bin S --model M] [--reference-src DIR]
-       [--rounds R] [--smoke]
+       [--rounds R] [--smoke] [--server-flag=F ...]
+
+``--server-flag`` is passed to both tools' servers (for example ``-ub`` ``1`` for a clean cell).
 
 Measured on 2026-12-01 on the 2-core dev VM, the reference's v0.1.0 tree beside it
 (``git archive`` of the fetched repository), nothing else running.
@@ -39,8 +41,12 @@ Both targets are met in every round. Every run was RED, class ``co_batching``: B
 all 16 ids before) and on the 2-4 ids of the pass that proved RED in a stop-on-red run (5.8-9.0
 s); it reproduced A on each, so A' was skipped. A took 41-57 s and a C pass 21-32 s. A cell
 whose AC is clean still needs B on every id (a GREEN or AMBER rests on the whole serial
-control), so for a GREEN cell the structure is unchanged: about (2S + 3C) / (3S + 3C), 0.79
-here with a serial arm S = 1.7 C; that case was not measured against the reference.
+control), so for a clean cell the structure is unchanged: about (2S + 3C) / (3S + 3C), 0.79
+here with a serial arm S = 1.7 C. One round on a clean cell (``--server-flag=-ub
+--server-flag=1``, which makes this pair batch-invariant; both of this tool's runs are then
+full runs) measured 246.0 s and 205.0 s against the reference's 283.8 s: 0.87x and 0.72x.
+This tool said UNVERIFIED (16 distinct prompts give a per-prompt bound of 0.1875, above 0.1),
+the reference GREEN.
 
 Before that change (B first, on every id), three rounds, order rotated each round:
 
@@ -117,14 +123,16 @@ def _reference_workset(rows: list[dict[str, object]], folder: Path) -> Path:
     return path
 
 
-def _reference(src: Path, server: Path, model: Path, workset: Path, out: Path) -> Timed:
+def _reference(
+    src: Path, server: Path, model: Path, workset: Path, out: Path, flags: tuple[str, ...] = ()
+) -> Timed:
     argv = [
         getattr(sys, "_base_executable", sys.executable), "-m", "batch_invariance.cli",
         "run-live", "--server-bin", str(server), "--model", str(model),
         "--workset", str(workset), "--ctx", "1024", "--parallel", "4", "--gate-passes", "3",
         "--reps", "1", "--n-predict", "96", "--cert-source", "live",
         "--i-understand-this-launches-a-real-server", "--server-flag=--cache-ram",
-        "--server-flag=0", "--out-dir", str(out),
+        "--server-flag=0", *(f"--server-flag={f}" for f in flags), "--out-dir", str(out),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
     env["PYTHONPATH"] = str(src / "src")
@@ -159,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="tiny cell, no reference run")
     ap.add_argument("--out-dir", type=Path, default=None)
+    ap.add_argument("--server-flag", action="append", default=[], dest="server_flags",
+                    help="passed to both tools' servers (e.g. -ub 1 for a clean AC)")  # fmt: skip
     opts = ap.parse_args(argv)
     if opts.server_bin is None or opts.model is None:
         pair = provision()
@@ -176,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=None, server_bin=server, model=model, workset=workset, ctx=1024, parallel=4,
         gate_passes=2 if opts.smoke else 3, reps=1, n_predict=16 if opts.smoke else 96,
         min_hot_trials=1 if opts.smoke else LiveRequest.min_hot_trials, driver_name="bench",
+        server_flags=tuple(opts.server_flags),
     )  # fmt: skip
     reference_src = None if opts.smoke else opts.reference_src
     full: list[Timed] = []
@@ -196,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 timed = red[-1]
             elif reference_src is not None:
                 ref_ws = _reference_workset(rows, root)
-                ref.append(_reference(reference_src, server, model, ref_ws, root / f"ref-{k}"))
+                ref.append(_reference(reference_src, server, model, ref_ws, root / f"ref-{k}",
+                                      tuple(opts.server_flags)))  # fmt: skip
                 timed = ref[-1]
             else:
                 continue

@@ -82,16 +82,19 @@ def test_b_ids_naming_every_id_is_the_whole_serial_control() -> None:
     assert decide(every, GatePolicy()).status == "green"
 
 
-def test_b_runs_first_on_the_proofs_ids_else_on_the_ac_divergent_ids_else_on_all() -> None:
+def test_b_runs_first_on_the_ids_that_diverged_in_any_pass_else_on_all() -> None:
     ev, tid = _red_evidence()
-    proof = red_proof(ev.a, ev.c_passes[0], GatePolicy())
-    assert proof.proven and proof.divergent_ids == (tid,)
-    assert b_first_ids(ev.a, ev.c_passes, proof) == (tid,)
-    # A full run: every id that diverged on any pass, gates met or not.
+    assert red_proof(ev.a, ev.c_passes[0], GatePolicy()).divergent_ids == (tid,)
+    assert b_first_ids(ev.a, ev.c_passes) == (tid,)
+    # Gates met or not, and over every pass run: an earlier pass's divergence counts too.
     bare = replace(ev.c_passes[0], server_busy_max=1)
-    assert b_first_ids(ev.a, [bare], None) == (tid,)
+    other = ev.items[1].test_id
+    later = dict(ev.c_passes[0].trials)
+    later[other] = replace(later[other], extracted_answer="changed")
+    second = replace(ev.c_passes[0], index=1, trials=later)
+    assert b_first_ids(ev.a, [bare, second]) == tuple(sorted((tid, other)))
     clean = green_evidence(n_ids=10, n_passes=2)
-    assert b_first_ids(clean.a, clean.c_passes, None) is None
+    assert b_first_ids(clean.a, clean.c_passes) is None
 
 
 def test_b_scope_stops_only_when_b_reproduces_a_on_every_divergent_id() -> None:

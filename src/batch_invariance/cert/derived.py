@@ -104,7 +104,7 @@ def gates_block(
         "answer_length": GateOutcome(g.length.ok, g.length.reason),
         "serial_repeat": GateOutcome(g.serial_repeat.ok, g.serial_repeat.reason),
         "prompt_cache": GateOutcome(g.prompt_cache.ok, g.prompt_cache.reason),
-        # Only in a cert whose B was limited by an early stop on RED (older certs lack it).
+        # Only in a cert whose B ran on a RED cell's divergent ids (older certs lack it).
         **scope,
     }
 

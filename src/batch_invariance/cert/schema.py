@@ -127,7 +127,7 @@ class EvidenceRecord:
     b: Mapping[str, TrialRecord]
     c_passes: tuple[PassEvidence, ...]
     policy: GatePolicy
-    #: The ids arm B ran on when an early stop on RED limited it; absent: every id.
+    #: The ids arm B ran on when a RED cell limited it to its divergent ids; absent: every id.
     b_ids: tuple[str, ...] | None = None
 
 

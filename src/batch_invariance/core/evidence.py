@@ -141,10 +141,10 @@ class CellEvidence:
     on the same server, ``b`` the ``--parallel N`` serial control and ``c_passes`` the
     concurrent passes under test. Maps are ``{test_id: Trial}``.
 
-    ``b_ids`` is ``None`` when arm B ran on every id. An early stop on RED runs B only on the
-    ids that diverged in the pass that proved RED (the only ids where B decides something:
-    the divergence class); ``b_ids`` then names them, AB and BC compare only those, and the
-    B-scope gate keeps such a cell from being anything but RED.
+    ``b_ids`` is ``None`` when arm B ran on every id. On a RED cell B runs only on the ids
+    that diverged from A (the only ids where B decides something: the divergence class);
+    ``b_ids`` then names them, AB and BC compare only those, and the B-scope gate keeps such
+    a cell from being anything but RED.
     """
 
     items: tuple[ItemMeta, ...]

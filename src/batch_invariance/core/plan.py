@@ -87,8 +87,9 @@ class CellPlan:
 
     @property
     def n_requests(self) -> int:
-        """Requests this plan sends for sure: A, B and every C pass. A' adds one more round
-        when it runs (only when B differs from A); an early stop on RED sends fewer."""
+        """Requests this plan sends at most, A' aside: A, B and every C pass. A' adds one
+        more round when it runs (only when B differs from A); an early stop on RED, and B on
+        a RED cell's divergent ids only, send fewer."""
         return len(self.items) * (2 + self.gate_passes)
 
     def problems(self) -> tuple[str, ...]:

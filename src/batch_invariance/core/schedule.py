@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from batch_invariance.core import gates as g
-from batch_invariance.core.diff import compare, diff_pair
+from batch_invariance.core.diff import PairReport, compare, diff_pair
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
 
 
@@ -83,11 +83,11 @@ def serial_repeat_decision(
     b_ids: Collection[str] | None = None,
 ) -> RepeatDecision:
     """Run A' only when B differs from A (invariant or token-only) or compares nothing.
-    ``b_ids``: the ids B ran on when an early RED limited it (A is compared on those)."""
+    ``b_ids``: the ids B ran on when a RED cell limited it (A is compared on those)."""
     ab = diff_pair("AB", restrict(a, b_ids), b, items)
     if ab.n_compared == 0:
         return RepeatDecision(True, "A' ran: A and B had no id in common to compare")
-    if ab.clean and ab.n_token_only == 0 and not ab.transport_skipped_ids:
+    if reproduces(ab):
         return RepeatDecision(
             False,
             f"A' skipped: B (serial, on a second server instance) reproduced A exactly on "
@@ -100,6 +100,12 @@ def serial_repeat_decision(
     )
 
 
+def reproduces(ab: PairReport) -> bool:
+    """B reproduced A exactly where they were compared: no invariant, token-only or
+    transport difference."""
+    return ab.clean and ab.n_token_only == 0 and not ab.transport_skipped_ids
+
+
 def restrict(trials: Mapping[str, Trial], ids: Collection[str] | None) -> Mapping[str, Trial]:
     """``trials`` on ``ids`` only (all of them when ``ids`` is ``None``)."""
     if ids is None:
@@ -107,14 +113,11 @@ def restrict(trials: Mapping[str, Trial], ids: Collection[str] | None) -> Mappin
     return {i: trials[i] for i in ids if i in trials}
 
 
-def b_first_ids(
-    a: Mapping[str, Trial], passes: Sequence[PassRecord], proof: RedProof | None
-) -> tuple[str, ...] | None:
-    """The ids arm B runs on first, once the passes are done: those the proof named, else
-    those that diverged from A on any pass (row 1: RED on AC alone, and B decides only their
-    class); ``None`` when AC is clean, where a GREEN or AMBER needs B on every id."""
-    if proof is not None:
-        return proof.divergent_ids
+def b_first_ids(a: Mapping[str, Trial], passes: Sequence[PassRecord]) -> tuple[str, ...] | None:
+    """The ids arm B runs on first, once the passes are done: those that diverged from A on
+    any pass run (row 1 is RED on AC alone, and B decides only their class; after an early
+    stop they include the proof's); ``None`` when AC is clean, where a GREEN or an AMBER
+    needs B on every id."""
     ac = compare("AC", a, [(p.index, p.trials) for p in passes])
     return tuple(ac.divergent_ids) or None
 
@@ -133,7 +136,7 @@ def b_scope_after(a: Mapping[str, Trial], b: Mapping[str, Trial], ids: tuple[str
     """After B ran on the divergent ``ids``: stop there when B reproduced A on every one of
     them (their class is then co-batching), else run B on the other ids as well."""
     ab = diff_pair("AB", restrict(a, ids), b)
-    if ab.n_compared and ab.clean and ab.n_token_only == 0 and not ab.transport_skipped_ids:
+    if ab.n_compared and reproduces(ab):
         return BScope(
             ids,
             False,
@@ -153,7 +156,7 @@ class ArmBScopeGate:
     """Whether arm B ran on every id: a GREEN or an AMBER needs the whole serial control."""
 
     ok: bool
-    #: ``True`` when B ran on a subset (an early stop on RED).
+    #: ``True`` when the evidence names B's ids (B ran on a RED cell's divergent ids).
     scoped: bool
     n_b_ids: int
     n_items: int

@@ -162,7 +162,7 @@ def build_reports(
     ac = compare_columns("AC", a, passes, labels, eps, ac_unequal)
     scope = evidence.b_ids
     if scope is not None:
-        # B ran on these ids only (an early stop on RED): AB and BC compare them alone.
+        # B ran on these ids only (a RED cell's divergent ids): AB and BC compare them alone.
         a_b = arm_columns(restrict(a.trials, scope))
         passes_b = [(i, arm_columns(restrict(c.trials, scope), keyed=False)) for i, c in passes]
         return Reports(

@@ -251,7 +251,7 @@ def run_parallel(
             b_resp.update(resp)
             b_stats.append(stats)
 
-        first_ids = b_first_ids(a_trials, passes, proof)
+        first_ids = b_first_ids(a_trials, passes)
         if first_ids is None:
             serial_b(plan.items)
         else:
