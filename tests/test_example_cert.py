@@ -55,5 +55,8 @@ def test_example_cert_holds_real_answers_from_the_completions_endpoint() -> None
     evidence = data["evidence"]
     arms = [evidence["a"], evidence["b"], *(p["trials"] for p in evidence["c_passes"])]
     excerpts = [t["completion_excerpt"] for arm in arms for t in arm.values()]
-    assert len(excerpts) == 32 * (2 + len(evidence["c_passes"]))
+    # B ran on the ids that diverged (all 32 when the cert names none).
+    n_b = len(evidence.get("b_ids") or evidence["a"])
+    assert len(evidence["b"]) == n_b
+    assert len(excerpts) == 32 * (1 + len(evidence["c_passes"])) + n_b
     assert not [e for e in excerpts if "<|im_" in e or not e.strip()]
