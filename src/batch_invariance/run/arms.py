@@ -246,29 +246,29 @@ def run_parallel(
             plan, server_bc, template, scorer, sink, a_trials, policy, notes
         )
 
-        def serial_b(items: Sequence[WorkItem]) -> None:
+        def serial_b(items: Sequence[WorkItem]) -> dict[str, Trial]:
+            """Run B on ``items``; their trials (each B trial is scored once)."""
             resp, stats = _serial_arm(ARM_B, server_bc, b_template, items, sink)
             b_resp.update(resp)
             b_stats.append(stats)
+            return trials_for(resp, items, scorer, plan.n_predict, notes, ARM_B)
 
         first_ids = b_first_ids(a_trials, passes)
         if first_ids is None:
-            serial_b(plan.items)
+            b_trials = serial_b(plan.items)
         else:
             wanted = set(first_ids)
-            divergent = [i for i in plan.items if i.test_id in wanted]
+            b_trials = serial_b([i for i in plan.items if i.test_id in wanted])
+            scope = b_scope_after(a_trials, b_trials, first_ids)
             rest = [i for i in plan.items if i.test_id not in wanted]
-            serial_b(divergent)
-            first = trials_for(b_resp, divergent, scorer, plan.n_predict, Notes(), ARM_B)
-            scope = b_scope_after(a_trials, first, first_ids)
             if scope.complete:
-                serial_b(rest)
+                both = b_trials | serial_b(rest)
+                # Back in work-set order, as every other arm.
+                b_trials = {i.test_id: both[i.test_id] for i in plan.items}
             else:
                 sink.extend(-len(rest))
         record = _server_record("BC", server_bc, time.monotonic() - started)
     b_ids = None if scope is None else scope.b_ids
-    b_items = plan.items if b_ids is None else [i for i in plan.items if i.test_id in b_ids]
-    b_trials = trials_for(b_resp, b_items, scorer, plan.n_predict, notes, ARM_B)
     return ParallelRun(
         b_resp,
         b_trials,
@@ -283,7 +283,7 @@ def run_parallel(
 
 
 def _merged_b_stats(parts: Sequence[ArmStats]) -> ArmStats:
-    """One :class:`ArmStats` for arm B when it ran in two stretches (the proof's ids, then
+    """One :class:`ArmStats` for arm B when it ran in two stretches (the divergent ids, then
     the rest)."""
     first, *rest = parts
     for more in rest:
