@@ -237,7 +237,7 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
         # Absent, not null: a cert written without the block keeps its digest.
         out.pop("throughput", None)
     if out["evidence"].get("b_ids") is None:
-        # Likewise: B on every id is what every cert before the early-stop B scope says.
+        # Likewise: B on every id, as every cert written before B could run on a subset.
         out["evidence"].pop("b_ids", None)
     return out
 

@@ -167,7 +167,7 @@ class ParallelRun:
     notes: tuple[str, ...]
     #: The pass that proved RED when ``--stop-on-red`` ended the cell there, else ``None``.
     red_proof: RedProof | None
-    #: The ids B ran on when the early stop limited it to the proof's divergent ids.
+    #: The ids B ran on when the cell was RED and B reproduced A on its divergent ids.
     b_ids: tuple[str, ...] | None = None
     #: Why B ran where it did (recorded in ``provenance.schedule``).
     b_reason: str | None = None
