@@ -11,7 +11,8 @@ vLLM's ``vllm:iteration_tokens_total`` histogram advances with the requests serv
 ``$FAKE_ENGINE_WITNESS=0`` and ``$FAKE_ENGINE_KNOBS`` (JSON of :class:`MockKnobs` fields) set
 the same for the stand-in executable.
 
-Run as a script (``python engine_fakes.py vllm serve M --max-num-seqs N ... --port P``) it is
+Run as a script (``python engine_fakes.py -m vllm.entrypoints.openai.api_server --model M
+--max-num-seqs N ... --port P``) it is
 a stand-in executable for the engine's own command line: it checks the flags the adapter must
 pass, writes what it was started with to ``$FAKE_ENGINE_RECORD``, and serves until SIGTERM.
 """
@@ -184,8 +185,8 @@ def _value(argv: list[str], flag: str) -> str:
 def _parse(argv: list[str]) -> tuple[str, int, int, int]:
     """(engine, parallel, ctx, port) from the engine's own command line; exits when the adapter
     left out a flag the engine needs for an honest measurement."""
-    if argv[:1] == ["serve"]:
-        for flag in ("--no-enable-prefix-caching",):
+    if argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        for flag in ("--no-enable-prefix-caching", "--enable-prompt-tokens-details", "--model"):
             if flag not in argv:
                 raise SystemExit(f"fake vllm: {flag} missing")
         return (

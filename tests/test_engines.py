@@ -64,10 +64,11 @@ def req(server_bin: str, **kw: object) -> LaunchRequest:
 
 
 def test_launch_argv_of_each_engine() -> None:
-    vllm = VllmEngine().launch_command(req("vllm", env={"VLLM_BATCH_INVARIANT": "1"}))
+    vllm = VllmEngine().launch_command(req("py", env={"VLLM_BATCH_INVARIANT": "1"}))
     assert vllm.argv == (
-        "vllm", "serve", "/models/m", "--max-num-seqs", "4", "--max-model-len", "2048",
-        "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", "9000",
+        "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m",
+        "--max-num-seqs", "4", "--max-model-len", "2048", "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", "9000",
     )  # fmt: skip
     assert vllm.env == {"VLLM_BATCH_INVARIANT": "1"} and vllm.ready_path == "/health"
     assert VllmEngine().provenance(vllm)["batch_invariant_mode"] is True
@@ -100,6 +101,24 @@ def test_env_without_the_switch_passes_nothing() -> None:
     cmd = VllmEngine().launch_command(req("vllm", env={"HOME": "/root"}))
     assert cmd.env == {}
     assert VllmEngine().provenance(cmd)["batch_invariant_mode"] is False
+
+
+def test_the_cpu_builds_openmp_runtime_is_preloaded_from_the_interpreters_venv(
+    tmp_path: Path,
+) -> None:
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to("/usr/bin/python3")  # a venv's interpreter links out of the venv
+    env = {"VLLM_CPU_KVCACHE_SPACE": "2", "LD_PRELOAD": "/lib/other.so", "HOME": "/root"}
+    assert VllmEngine().launch_command(req(str(python), env=env)).env == {
+        "VLLM_CPU_KVCACHE_SPACE": "2"
+    }  # no libiomp5.so in this venv: nothing preloaded
+    lib = tmp_path / "venv" / "lib" / "libiomp5.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"")
+    cmd = VllmEngine().launch_command(req(str(python), env=env))
+    assert cmd.env == {"VLLM_CPU_KVCACHE_SPACE": "2", "LD_PRELOAD": f"{lib}:/lib/other.so"}
+    assert VllmEngine().provenance(cmd)["numerics_env"] == cmd.env
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ def launcher(
     monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps(knobs))
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    exe = stand_in(tmp_path, "vllm" if engine == "vllm" else "python")
+    exe = stand_in(tmp_path, "python")
     return EngineLauncher(
         engine_for(engine), exe, Path("/models/fake"), tmp_path / "logs",
         port_policy=ports.make_policy(None, None), env=dict(os.environ), ready_timeout=30.0,

@@ -98,7 +98,8 @@ def test_dry_run_of_another_engine_prints_its_own_argv_and_launches_nothing(
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.startswith("dry run: engine vllm cell model.safetensors ctx=512 N=4")
-    assert "serve" in out and "--max-num-seqs 4 --max-model-len 512" in out
+    assert "-m vllm.entrypoints.openai.api_server" in out
+    assert "--max-num-seqs 4 --max-model-len 512" in out
     assert "--port <free>" in out and "memory guard: not applied" in out
     assert "ETA: unknown" in out
     assert not vllm_cell["record"].exists() and not vllm_cell["out"].exists()
@@ -156,10 +157,10 @@ def test_an_engine_launcher_symlink_is_kept_as_given(
     vllm_cell: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A venv's bin/python is a symlink; resolving it would run the base interpreter instead.
-    link = tmp_path / "venv" / "bin" / "vllm"
+    link = tmp_path / "venv" / "bin" / "python"
     link.parent.mkdir(parents=True)
     link.symlink_to(vllm_cell["bin"])
     argv = _argv(vllm_cell, "run-live", "--parallel", "2", "--dry-run")
     argv[argv.index("--server-bin") + 1] = str(link)
     assert main(argv) == 0
-    assert f"server A: {link} serve" in capsys.readouterr().out
+    assert f"server A: {link} -m vllm.entrypoints.openai.api_server" in capsys.readouterr().out

@@ -64,24 +64,22 @@ class _Launched:
     ctx_said: str = ""
 
 
-#: Other engines' (model flag or positional marker, parallel flag, context flag), as
-#: ``engines/`` launches them; llama-cpp-python has no parallel flag: it serves one request
-#: at a time whatever N is. ``"@serve"`` = the argument after ``serve`` (``vllm serve M``).
+#: Other engines' (model flag, parallel flag, context flag), as ``engines/`` launches them;
+#: llama-cpp-python has no parallel flag: it serves one request at a time whatever N is.
 _OTHER_ENGINES: Mapping[str, tuple[str, str | None, str]] = {
     "llama-cpp-python": ("--model", None, "--n_ctx"),
-    "vllm": ("@serve", "--max-num-seqs", "--max-model-len"),
+    "vllm": ("--model", "--max-num-seqs", "--max-model-len"),
     "sglang": ("--model-path", "--max-running-requests", "--context-length"),
 }
 
 
 def _value_after(argv: Sequence[str], name: str) -> str | None:
-    """The value of the last ``name V`` or ``name=V`` (or the word after ``@word``)."""
-    word = name[1:] if name.startswith("@") else name
+    """The value of the last ``name V`` or ``name=V``."""
     value: str | None = None
     for k, arg in enumerate(argv):
-        if arg == word and k + 1 < len(argv):
+        if arg == name and k + 1 < len(argv):
             value = argv[k + 1]
-        elif not name.startswith("@") and arg.startswith(name + "="):
+        elif arg.startswith(name + "="):
             value = arg[len(name) + 1 :]
     return value
 

