@@ -4,7 +4,7 @@
 #   MODEL_GGUF=path/to/model.gguf   (llama-server, llama-cpp-python)
 #   MODEL_HF=path/or/hf-id          (vLLM, SGLang; a local folder on an offline host)
 #   LLAMA_SERVER=path/to/llama-server   LLAMA_CPP_PYTHON=python-with-llama-cpp-python
-#   VLLM=vllm   SGLANG_PYTHON=python-with-sglang   OUT=gpu-smoke-out
+#   VLLM_PYTHON=python-with-vllm   SGLANG_PYTHON=python-with-sglang   OUT=gpu-smoke-out
 #
 # Prints one line per engine: the verdict, or why it was skipped. Exit 0 unless a cell that
 # ran failed to produce a cert (RED/AMBER/UNVERIFIED are results, not failures here).
@@ -48,11 +48,11 @@ if [[ -n "${MODEL_GGUF:-}" && -n "${LLAMA_CPP_PYTHON:-}" ]] \
 else
   skip llama-cpp-python "set LLAMA_CPP_PYTHON (a python with llama-cpp-python[server]) and MODEL_GGUF"
 fi
-VLLM_BIN=$(command -v "${VLLM:-vllm}" || true)
-if [[ -n "${MODEL_HF:-}" && -n "$VLLM_BIN" ]]; then
-  run_cell vllm --engine vllm --server-bin "$VLLM_BIN" --model "$MODEL_HF" --ready-timeout 900
+VLLM_PY=${VLLM_PYTHON:-python3}
+if [[ -n "${MODEL_HF:-}" ]] && "$VLLM_PY" -c 'import vllm' 2>/dev/null; then
+  run_cell vllm --engine vllm --server-bin "$VLLM_PY" --model "$MODEL_HF" --ready-timeout 900
 else
-  skip vllm "vllm not installed or MODEL_HF not set"
+  skip vllm "vllm not importable by $VLLM_PY or MODEL_HF not set"
 fi
 SG_PY=${SGLANG_PYTHON:-python3}
 if [[ -n "${MODEL_HF:-}" ]] && "$SG_PY" -c 'import sglang' 2>/dev/null; then
