@@ -106,7 +106,10 @@ def own_vllm_server(
     argv = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm.model_dir),
         "--max-num-seqs", str(PARALLEL), "--max-model-len", str(CTX), *CPU_FLAGS,
-        "--no-enable-prefix-caching", "--chat-template", str(template),
+        # Prefix caching off, and every response saying so (cached_tokens): without the
+        # second flag vLLM reports no cached_tokens and the attached cell fails closed.
+        "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--chat-template", str(template),
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     with log.open("wb") as out:
@@ -172,7 +175,7 @@ def probe(base: str, rows: list[dict[str, str]], chat: bool) -> Probe:
 def _cell_args(workset: Path, out: Path, endpoint: str) -> list[str]:
     return [
         "run-live", "--engine", "vllm", "--workset", str(workset), "--out-dir", str(out),
-        "--ctx", str(CTX), "--parallel", str(PARALLEL), "--gate-passes", "1",
+        "--ctx", str(CTX), "--parallel", str(PARALLEL), "--gate-passes", "1", "--reps", "1",
         "--n-predict", str(TOKENS), "--endpoint", endpoint, "--no-serial-repeat",
         "--req-timeout", str(REQUEST_TIMEOUT_S), *SMALL_CELL_GATES,
     ]  # fmt: skip
