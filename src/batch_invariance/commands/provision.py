@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--no-build",
         action="store_true",
-        help="fail instead of building llama-server when it is not cached",
+        help="fail instead of building or installing what is not cached",
     )
     p.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: CPUs)")
     p.add_argument(
