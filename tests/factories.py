@@ -52,10 +52,19 @@ def make_trial(
     completion_tokens: int | None = ANSWER_TOKENS,
     finish_reason: str | None = "stop",
     cache_n: float | None = 0.0,
+    numerics: bool = True,
 ) -> Trial:
     """A genuinely scored, passing trial unless told otherwise: an answer of
-    :data:`ANSWER_TOKENS` server-reported tokens that stopped by itself, with ``cache_n`` 0."""
+    :data:`ANSWER_TOKENS` server-reported tokens that stopped by itself, with ``cache_n`` 0.
+    With ``numerics`` (the default) it carries tokens (the text's characters unless given)
+    with a logprob and a top1-top2 margin at each, a pure function of the tokens."""
     text = answer_for(test_id) if completion is None else completion
+    if numerics and failure_mode == "ok":
+        tokens = tuple(text) if tokens is None else tokens
+        if token_logprobs is None:
+            token_logprobs = tuple(-0.0130917 * (i % 7) - 0.00713 for i in range(len(tokens)))
+        if top_margins is None:
+            top_margins = tuple(0.37 + 0.011 * (i % 5) for i in range(len(tokens)))
     return Trial(
         test_id=test_id,
         score=score,

@@ -197,13 +197,12 @@ def counts(report: Any) -> list[dict[str, tuple[int, int, int]]]:
 def test_decide_reports_match_direct_comparisons(ev: CellEvidence) -> None:
     """AC, AB and BC inside :func:`decide` (BC through A where B has A's key) equal each
     pair compared on its own, and the group counts equal a Counter over the labels."""
-    eps = 0.1
-    reports = decide(ev, GatePolicy(logit_eps=eps)).reports
+    reports = decide(ev, GatePolicy()).reports
     ordered = sorted(ev.c_passes, key=lambda p: p.index)
     passes = [(p.index, p.trials) for p in ordered]
-    assert reports.ac == compare("AC", ev.a, passes, ev.items, eps)
-    assert reports.bc == compare("BC", ev.b, passes, ev.items, eps)
-    assert reports.ab == compare("AB", ev.a, [(None, ev.b)], ev.items, eps)
+    assert reports.ac == compare("AC", ev.a, passes, ev.items)
+    assert reports.bc == compare("BC", ev.b, passes, ev.items)
+    assert reports.ab == compare("AB", ev.a, [(None, ev.b)], ev.items)
     c_maps = [dict(p.trials) for p in ordered]
     assert counts(reports.ac) == reference_groups(ev, dict(ev.a), c_maps, reports.ac)
     assert counts(reports.bc) == reference_groups(ev, dict(ev.b), c_maps, reports.bc)

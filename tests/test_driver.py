@@ -104,12 +104,12 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     assert t.prompt_tokens_measured is not None and t.prompt_tokens_measured > 0
     assert t.content_sha256 is not None and len(t.content_sha256) == 64
     assert t.tokens == ("Paris",) and t.token_logprobs is not None and t.has_interval
-    # Every arm records its token stream; only A (which the margin is read from) carries
-    # pre-sampling logprobs and margins: B and C ask for the chosen tokens after sampling.
+    # Every arm records its token stream with pre-sampling logprobs and margins, bitwise
+    # equal on this batch-invariant mock.
     assert t.top_margins is not None and all(m is not None for m in t.top_margins)
     for other in [ev.b["fr"], *(p.trials["fr"] for p in ev.c_passes)]:
         assert other.tokens == ("Paris",)
-        assert other.token_logprobs is None and other.top_margins == (None,)
+        assert other.token_logprobs == t.token_logprobs and other.top_margins == t.top_margins
     assert [s.role for s in run.servers] == ["A", "BC"]
     assert "--parallel" in run.servers[1].argv and run.kv_label.startswith("mock:")
     assert run.request_template["cache_prompt"] is False
@@ -179,8 +179,8 @@ def test_stochastic_divergence_breaks_the_serial_repeat() -> None:
     assert run.schedule is not None and run.schedule["arms_run"] == ["A", "A_repeat", "B", "C"]
     assert str(run.schedule["serial_repeat"]).startswith("A' ran: B differed from A")
     assert run.evidence.a_repeat is not None
-    # A' asks for its chosen tokens only (after sampling): tokens, no logprobs, no margins.
-    assert all(t.tokens is not None and t.token_logprobs is None
+    # A' asks for pre-sampling top-2 like every arm.
+    assert all(t.tokens is not None and t.token_logprobs is not None
                for t in run.evidence.a_repeat.values())  # fmt: skip
 
 
@@ -199,18 +199,22 @@ def test_no_serial_repeat_and_completions_endpoint() -> None:
     assert run.request_template["endpoint"] == "completions"
 
 
-def test_armed_f4_keeps_its_logprobs_in_a_and_c() -> None:
-    """--n-probs arms F4: A and C ask for that many alternatives, B still for tokens only."""
-    run, _ = cell(MockKnobs(), n_probs=3)
-    assert run.request_template["n_probs_armed"] is True
-    assert run.request_template["logprobs"]["margins"] == {"logprobs": True, "top_logprobs": 3}
-    assert run.request_template["logprobs_by_arm"]["C"] == "margins"
+def test_every_arm_records_pre_sampling_logprobs_and_n_probs_sets_how_many() -> None:
+    run, verdict = cell(MockKnobs(), n_probs=3)
+    assert run.request_template["logprobs"] == {"logprobs": True, "top_logprobs": 3}
+    assert set(run.request_template["logprobs_by_arm"].values()) == {"margins"}
     ev = run.evidence
-    assert ev.a["fr"].token_logprobs is not None and ev.a["fr"].top_margins is not None
-    assert all(p.trials["fr"].token_logprobs is not None for p in ev.c_passes)
-    assert ev.b["fr"].token_logprobs is None
-    armed = decide(ev, replace(POLICY, logit_eps=0.5))
-    assert armed.reports.ac.logit_drift.armed and armed.status == "green"
+    arms = [ev.a, ev.b, *(p.trials for p in ev.c_passes)]
+    assert all(m["fr"].token_logprobs is not None and m["fr"].top_margins for m in arms)
+    assert verdict.numerics.evidence.ok and verdict.status == "green"
+
+
+def test_mock_numeric_drift_knob_gives_amber_latent_drift_with_equal_answers() -> None:
+    run, verdict = cell(MockKnobs(numeric_drift=1e-4))
+    assert verdict.status == "green_with_caveat" and verdict.anomaly == "latent_numeric_drift"
+    assert verdict.reports.ac.n_token_only == 0 and verdict.reports.ac.clean
+    assert verdict.numerics.ac.drift_ids and verdict.numerics.ab.drift_ids == ()
+    assert any("no answer changed in this sample" in r for r in verdict.decision_reasons)
 
 
 class RaisingScorer(Scorer):

@@ -28,11 +28,12 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter
 
 from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
+from batch_invariance.core.numerics import Numerics
 from batch_invariance.core.throughput import Throughput
 from batch_invariance.core.verdict import Reports, Sensitivity, SerialRepeatGate, Status
 
 #: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
-CERT_VERSION: Final = 2
+CERT_VERSION: Final = 3
 GATE_ABC_UNION = "abc_union"
 Source = Literal["live", "mock", "attached"]
 SOURCES: tuple[str, ...] = ("live", "mock", "attached")
@@ -168,7 +169,7 @@ class Cert:
 
     __pydantic_config__ = _CONFIG
 
-    cert_version: Annotated[Literal[2], _of_json_type(int)]
+    cert_version: Annotated[Literal[3], _of_json_type(int)]
     tool_version: str
     model: str
     ctx: int
@@ -200,6 +201,9 @@ class Cert:
     serial_repeat: SerialRepeatGate
     gates: Mapping[str, GateOutcome]
     sensitivity: Sensitivity
+    #: Every arm's pre-sampling logprobs compared bitwise: AC, AB, BC and AA per pass, the
+    #: numeric evidence gate, the divergence-risk estimate and the statement.
+    numerics: Numerics
     promotion_scope: PromotionScope
     provenance: Mapping[str, Any]
     evidence: EvidenceRecord

@@ -49,7 +49,6 @@ _AGREEMENT_FIELDS = attrgetter(
 #: ``failure_mode`` within an agreement key.
 _KEY_FAILURE_MODE = itemgetter(8)
 _FAILURE_MODE = attrgetter("failure_mode")
-_LOGPROBS = attrgetter("token_logprobs")
 _DISPATCH = attrgetter("dispatch_ts")
 _COMPLETE = attrgetter("complete_ts")
 _TIMINGS = attrgetter("timings")
@@ -82,8 +81,6 @@ class ArmColumns:
     not_ok: frozenset[str]
     #: Ids whose trial is a transport failure.
     transport: frozenset[str]
-    #: Ids whose trial carries chosen-token logprobs.
-    with_logprobs: frozenset[str]
     #: The trials with both request timestamps, in map order: ids, dispatch and completion.
     timed_ids: Sequence[str]
     starts: Sequence[float]
@@ -131,7 +128,6 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
         reused = frozenset(compress(ids, map(and_, reported, map(ne, cached, repeat(0)))))
     if transport:  # answered trials only: transport failures are the transport gate's
         unreported, reused = unreported - transport, reused - transport
-    logprobs = list(map(_LOGPROBS, values))
     finish = list(map(_FINISH, values))
     return ArmColumns(
         trials=trials,
@@ -140,9 +136,6 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
         keys=None if keys is None else dict(zip(ids, keys, strict=True)),
         not_ok=_EMPTY if all_ok else frozenset(compress(ids, map(ne, modes, repeat(OK)))),
         transport=transport,
-        with_logprobs=_EMPTY
-        if logprobs.count(None) == len(logprobs)
-        else frozenset(compress(ids, map(is_not, logprobs, repeat(None)))),
         timed_ids=list(compress(ids, timed)) if n_untimed else ids,
         starts=list(compress(starts, timed)) if n_untimed else starts,
         ends=list(compress(ends, timed)) if n_untimed else ends,

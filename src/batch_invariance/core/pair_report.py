@@ -61,19 +61,6 @@ class PassCount:
 
 
 @dataclass(frozen=True)
-class LogitDrift:
-    """F4 diagnostics: per-token chosen-logprob deltas on positions with identical tokens."""
-
-    armed: bool
-    eps: float | None
-    max_logit_delta: float | None
-    #: Ids whose delta exceeds ``eps`` (empty when disarmed).
-    logit_drift_ids: tuple[str, ...]
-    #: Largest delta per id over passes, for ids with a non-zero delta.
-    per_id_delta: Mapping[str, float]
-
-
-@dataclass(frozen=True)
 class PairReport:
     """The comparison of two arms (``y`` may be the union of several C passes)."""
 
@@ -91,7 +78,6 @@ class PairReport:
     per_id: tuple[DivergenceRow, ...]
     by_family: Mapping[str, GroupCount]
     by_fill: Mapping[str, GroupCount]
-    logit_drift: LogitDrift
     per_pass: tuple[PassCount, ...]
 
     @property

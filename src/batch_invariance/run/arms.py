@@ -201,7 +201,7 @@ def run_reference(
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
         chat_template = server_chat_template(server_a.base_url)
-        template = request_template(plan).for_arm(ARM_A)
+        template = request_template(plan)
         resp, stats = _serial_arm(ARM_A, server_a, template, plan.items, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
     trials = trials_for(resp, plan.items, scorer, plan.n_predict, notes, ARM_A)
@@ -215,7 +215,7 @@ def run_repeat(
     :func:`~batch_invariance.core.schedule.serial_repeat_decision` for when)."""
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
-        control = request_template(plan).for_arm(ARM_A_REPEAT)
+        control = request_template(plan)
         resp, stats = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
     return replace(ref, repeat=resp, repeat_stats=stats, repeat_server=record, repeat_reason=reason)
@@ -234,8 +234,7 @@ def run_parallel(
     With ``plan.stop_on_red`` the passes end at the first that proves RED. When AC diverged,
     B runs on the divergent ids first, and on the rest only when it differs from A on one of
     them (:mod:`batch_invariance.core.schedule`); a clean AC gets B on every id."""
-    template = request_template(plan).for_arm(ARM_C)
-    b_template = template.for_arm(ARM_B)
+    template = request_template(plan)
     notes = Notes()
     b_stats: list[ArmStats] = []
     b_resp: dict[str, RawResponse] = {}
@@ -248,7 +247,7 @@ def run_parallel(
 
         def serial_b(items: Sequence[WorkItem]) -> dict[str, Trial]:
             """Run B on ``items``; their trials (each B trial is scored once)."""
-            resp, stats = _serial_arm(ARM_B, server_bc, b_template, items, sink)
+            resp, stats = _serial_arm(ARM_B, server_bc, template, items, sink)
             b_resp.update(resp)
             b_stats.append(stats)
             return trials_for(resp, items, scorer, plan.n_predict, notes, ARM_B)

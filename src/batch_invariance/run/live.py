@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance.core.evidence import (
+    DEFAULT_LOGIT_EPS,
     DEFAULT_MAX_BOUND,
     DEFAULT_MIN_ANSWER_TOKENS,
     CellSpec,
@@ -67,7 +68,6 @@ ACTION_DEFAULTS = replace(RUN_LIVE_DEFAULTS, ctx=2048, parallel=4, stop_on_red=T
 #: ``sweep``: run-live's cell, ending each cell once RED is proven.
 SWEEP_DEFAULTS = replace(RUN_LIVE_DEFAULTS, stop_on_red=True)
 DEFAULT_SEED = 0
-DEFAULT_LOGIT_EPS = 0.01
 #: The gate policy's own default (core/evidence.py), not a second copy.
 DEFAULT_MIN_HOT_TRIALS = GatePolicy().min_hot_trials
 DEFAULT_READY_TIMEOUT = 300.0
@@ -149,10 +149,10 @@ class LiveRequest:
             raise UsageError(problems[0])
 
     def policy(self) -> GatePolicy:
-        """The gate policy the request asks for (F4 armed only with ``n_probs``)."""
+        """The gate policy the request asks for (F4 always armed, at ``logit_eps``)."""
         return GatePolicy(
             min_hot_trials=self.min_hot_trials,
-            logit_eps=self.logit_eps if self.n_probs is not None else None,
+            logit_eps=self.logit_eps,
             min_answer_tokens=self.min_answer_tokens,
             max_bound=self.max_bound,
         )

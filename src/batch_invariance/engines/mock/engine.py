@@ -258,8 +258,11 @@ class MockServer:
                 text = "".join(pieces)
                 finish = "length"
             drift = 0.05 if token_only else 0.0
+            if cobatched and not token_only:
+                drift = knobs.numeric_drift
+            # An odd divisor: the values carry full float precision, as a real engine's do.
             logprobs = tuple(
-                -((zlib.crc32(f"{i}:{p}".encode()) % 500) / 10000.0) - drift
+                -((zlib.crc32(f"{i}:{p}".encode()) % 500) / 9973.0) - drift
                 for i, p in enumerate(pieces)
             )
             with self._cond:

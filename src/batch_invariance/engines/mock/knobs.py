@@ -22,6 +22,9 @@ class MockKnobs:
     #: Same answer, different tokens and logprobs when co-batched (a trailing newline and a
     #: different split), so the invariant fields stay equal.
     token_divergence: bool = False
+    #: Same tokens and answer, but the logprobs move by ``numeric_drift`` when co-batched:
+    #: the latent numeric drift a batch-variant server shows before any token flips.
+    numeric_drift: float = 0.0
     #: Probability that any request's answer changes (seeded by ``seed``), in every arm.
     divergence_probability: float = 0.0
     #: Prompts containing any of these substrings get an empty completion.
