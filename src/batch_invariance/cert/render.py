@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batch_invariance.cert.certificate import Cert, display_verdict
+from batch_invariance.cert.numerics_view import numerics_lines, numerics_markdown
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 from batch_invariance.core.throughput import Throughput
 
@@ -62,6 +63,7 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         _BAR,
         f"  gates: {gates}",
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
+        *(f"  {line}" for line in numerics_lines(cert.numerics)),
         f"  {_cert_throughput(cert)}",
     ]
     lines += _warning_lines(cert)
@@ -258,6 +260,7 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
             "id(s)."
         )
     scope = cert.promotion_scope
+    lines += ["", *numerics_markdown(cert.numerics)]
     lines += [
         "",
         "### Sensitivity",
