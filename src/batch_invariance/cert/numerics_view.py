@@ -65,7 +65,8 @@ def numerics_markdown(numerics: Numerics) -> list[str]:
         "",
         f"{numerics.statement}",
         "",
-        "| pair | pass | rows compared | rows with drift | token flips | first drift | max abs delta |",
+        "| pair | pass | rows compared | rows with drift | token flips | first drift "
+        "| max abs delta |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     pairs = [numerics.ac, numerics.ab, numerics.bc]
