@@ -145,8 +145,9 @@ def red_numerics() -> dict[str, Any]:
                 "first_drift": first, "max_abs_delta": 0.1875, "token_flip": flip}  # fmt: skip
 
     def per_pass(index: int, drift: int, flips: int) -> dict[str, Any]:
+        delta = 0.1875 if drift else 0.0
         return {"pass_index": index, "rows_compared": 2, "rows_with_drift": drift,
-                "rows_with_token_flip": flips, "max_abs_delta": 0.1875 if drift else 0.0}  # fmt: skip
+                "rows_with_token_flip": flips, "max_abs_delta": delta}  # fmt: skip
 
     return {
         "statement": "batching changed the numerics on 2 of 2 rows (max |delta| 0.188)",
@@ -165,7 +166,7 @@ def red_numerics() -> dict[str, Any]:
             "curve": [
                 {"tokens": k, "answer_change_share": 1 - (1 - 0.0125) ** k}
                 for k in (64, 128, 256, 512, 1024)
-            ],  # fmt: skip
+            ],
         },
     }
 

@@ -7,7 +7,6 @@ import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -210,7 +209,7 @@ def test_every_arm_records_pre_sampling_logprobs_and_n_probs_sets_how_many() -> 
 
 
 def test_mock_numeric_drift_knob_gives_amber_latent_drift_with_equal_answers() -> None:
-    run, verdict = cell(MockKnobs(numeric_drift=1e-4))
+    _, verdict = cell(MockKnobs(numeric_drift=1e-4))
     assert verdict.status == "green_with_caveat" and verdict.anomaly == "latent_numeric_drift"
     assert verdict.reports.ac.n_token_only == 0 and verdict.reports.ac.clean
     assert verdict.numerics.ac.drift_ids and verdict.numerics.ab.drift_ids == ()

@@ -18,8 +18,8 @@ from batch_invariance.core.numerics import (
 )
 from batch_invariance.core.verdict import decide
 from factories import (
-    changed,
     cert_for,
+    changed,
     green_evidence,
     ids,
     make_trial,
