@@ -29,8 +29,9 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter
 from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
 from batch_invariance.core.numerics import Numerics
+from batch_invariance.core.repeat import SerialRepeatGate
 from batch_invariance.core.throughput import Throughput
-from batch_invariance.core.verdict import Reports, Sensitivity, SerialRepeatGate, Status
+from batch_invariance.core.verdict import Reports, Sensitivity, Status
 
 #: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
 CERT_VERSION: Final = 3

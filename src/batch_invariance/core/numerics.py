@@ -352,3 +352,33 @@ def cell_numerics(
         risk=risk_estimate(a.values(), ac, acc),
         statement="",
     )
+
+
+def drift_words(num: PairNumerics, ids: tuple[str, ...], n_rows: int) -> str:
+    """``"r of P rows (max |delta| d; first drift at token f)"`` for the drifting ``ids``."""
+    first = min(
+        (r.first_drift for r in num.rows if r.test_id in ids and r.first_drift is not None),
+        default=None,
+    )
+    at = f"; first drift at token {first}" if first is not None else ""
+    return f"{len(ids)} of {n_rows} rows (max |delta| {num.max_abs_delta or 0.0:.3g}{at})"
+
+
+def numeric_statement(
+    numerics: Numerics, green: bool, n_prompts: int, n_cobatched: int, n_passes: int
+) -> str:
+    """What the numerics prove, in words (a GREEN's statement beside its bound)."""
+    ac = numerics.ac
+    equal = "bitwise equal" if numerics.eps == 0.0 else f"equal within eps {numerics.eps:g}"
+    if not numerics.evidence.ok:
+        return f"no numeric statement: {numerics.evidence.reason}"
+    if green:
+        return (
+            f"tokens and logprobs {equal} at {ac.positions} positions over {n_prompts} "
+            f"prompts x {n_passes} passes ({n_cobatched} co-batched)"
+        )
+    rows = max((p.rows_compared for p in ac.per_pass), default=0)
+    drift = ac.drift_ids_beyond(numerics.eps)
+    if drift:
+        return f"batching changed the numerics on {drift_words(ac, drift, rows)}"
+    return f"AC logprobs {equal} at {ac.positions} positions over {n_passes} passes"

@@ -84,3 +84,25 @@ class PairReport:
     def clean(self) -> bool:
         """True when no id diverged (token-only differences do not count)."""
         return self.n_divergent == 0
+
+
+def ac_summary(ac: PairReport) -> str:
+    """RED's first reason: how many ids diverged, the first one, and ids missing on a side."""
+    first = ac.per_id[0] if ac.per_id else None
+    where = ""
+    if first is not None and first.kind == "missing":
+        side = "C" if first.x == "present" else "A"
+        where = f"; first: {first.test_id} missing from {side}"
+        if first.pass_index is not None:
+            where += f" in pass {first.pass_index}"
+    elif first is not None:
+        where = f"; first: {first.test_id} field {first.field}"
+        if first.pass_index is not None:
+            where += f" in pass {first.pass_index}"
+    missing = sorted(set(ac.only_x) | set(ac.only_y))
+    gone = f"; missing on one side: {', '.join(missing[:5])}" if missing else ""
+    more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+    return (
+        f"AC: {ac.n_divergent} of {ac.n_compared} ids diverged from A in an invariant field "
+        f"or by being missing, on at least one C pass{where}{gone}{more}"
+    )

@@ -41,9 +41,12 @@ from batch_invariance.core.evidence import CellEvidence, GatePolicy
 from batch_invariance.core.numerics import (
     NumericEvidenceGate,
     Numerics,
-    PairNumerics,
     cell_numerics,
+    drift_words,
+    numeric_statement,
 )
+from batch_invariance.core.pair_report import ac_summary
+from batch_invariance.core.repeat import SerialRepeatGate, serial_repeat_gate
 from batch_invariance.core.schedule import ArmBScopeGate, arm_b_scope_gate, restrict
 from batch_invariance.core.workitem import row_ids
 
@@ -57,20 +60,6 @@ CLASS_RUN_TO_RUN = "run_to_run"
 CLASS_TOKEN_ONLY = "token_only"
 CLASS_LOGIT = "token_and_logit_drift"
 CLASS_DRIFT = "logit_drift"
-
-
-@dataclass(frozen=True)
-class SerialRepeatGate:
-    """The A vs A' control: the reference must reproduce itself before anything is GREEN."""
-
-    ran: bool
-    ok: bool
-    n_divergent: int
-    n_token_only: int
-    ids: tuple[str, ...]
-    reason: str
-    #: Ids whose numerics drifted between A and A' (beyond ``logit_eps``) with equal tokens.
-    n_numeric_drift: int = 0
 
 
 @dataclass(frozen=True)
@@ -198,62 +187,6 @@ def build_reports(
     )
 
 
-def _both_present(report: PairReport) -> int:
-    """Ids the report compared with a trial on both sides (a missing id repeats nothing)."""
-    return report.n_compared - len(set(report.only_x) | set(report.only_y))
-
-
-def serial_repeat_gate(
-    aa: PairReport | None,
-    ab: PairReport,
-    aa_numerics: PairNumerics | None = None,
-    eps: float = 0.0,
-) -> SerialRepeatGate:
-    """A GREEN needs a serial repeat that agrees with A: A' (same server) or, when A' was not
-    run, arm B (serial, on the other server). Any A vs A' difference (numeric drift beyond
-    ``eps`` included) makes GREEN impossible; so does having neither repeat. (A B that
-    disagrees with A is row 3, AMBER.)"""
-    if aa is None:
-        if _both_present(ab) == 0:
-            return SerialRepeatGate(
-                False, False, 0, 0, (),
-                "serial repeat not met: neither A' nor B compared any id with A, so nothing "
-                "shows that A reproduces itself when serial",
-            )  # fmt: skip
-        return SerialRepeatGate(
-            False, True, 0, 0, (),
-            f"serial repeat A' not run; arm B (serial) is the repeat ({_both_present(ab)} id(s))",
-        )  # fmt: skip
-    ids = tuple(sorted(set(aa.divergent_ids) | set(aa.token_divergence_ids)))
-    if _both_present(aa) == 0:
-        return SerialRepeatGate(
-            True, False, 0, 0, (), "serial repeat not met: A' compared no id with A"
-        )
-    drift = aa_numerics.drift_ids_beyond(eps) if aa_numerics is not None else ()
-    if not ids and drift:
-        return SerialRepeatGate(
-            True, False, 0, 0, drift,
-            f"serial repeat: A' drifts numerically from A on {len(drift)} id(s) with equal "
-            "tokens and no batching at all; run-to-run numeric nondeterminism makes GREEN "
-            "impossible",
-            len(drift),
-        )  # fmt: skip
-    if not ids:
-        return SerialRepeatGate(
-            True, True, 0, 0, (), "serial repeat: A' reproduced A exactly (run-to-run clean)"
-        )
-    return SerialRepeatGate(
-        True,
-        False,
-        aa.n_divergent,
-        aa.n_token_only,
-        ids,
-        f"serial repeat: A' differs from A on {len(ids)} id(s) "
-        f"({aa.n_divergent} invariant, {aa.n_token_only} token-only) with no batching at all; "
-        "run-to-run nondeterminism makes GREEN impossible",
-    )
-
-
 def _bound(n: int) -> float | None:
     """The rule-of-three bound as a probability: ``min(1, 3 / n)``; ``None`` when ``n == 0``."""
     bound = stats.rule_of_three(n)
@@ -278,55 +211,6 @@ def sensitivity(hot: sg.HotByPass, ac: PairReport) -> Sensitivity:
         n_hot, scored, divergent, ac.n_divergent, n_distinct, None, None,
         divergent / scored, ci.low, ci.high,
     )  # fmt: skip
-
-
-def _ac_summary(ac: PairReport) -> str:
-    first = ac.per_id[0] if ac.per_id else None
-    where = ""
-    if first is not None and first.kind == "missing":
-        side = "C" if first.x == "present" else "A"
-        where = f"; first: {first.test_id} missing from {side}"
-        if first.pass_index is not None:
-            where += f" in pass {first.pass_index}"
-    elif first is not None:
-        where = f"; first: {first.test_id} field {first.field}"
-        if first.pass_index is not None:
-            where += f" in pass {first.pass_index}"
-    missing = sorted(set(ac.only_x) | set(ac.only_y))
-    gone = f"; missing on one side: {', '.join(missing[:5])}" if missing else ""
-    more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
-    return (
-        f"AC: {ac.n_divergent} of {ac.n_compared} ids diverged from A in an invariant field "
-        f"or by being missing, on at least one C pass{where}{gone}{more}"
-    )
-
-
-def _drift_words(num: PairNumerics, ids: tuple[str, ...], n_rows: int) -> str:
-    first = min(
-        (r.first_drift for r in num.rows if r.test_id in ids and r.first_drift is not None),
-        default=None,
-    )
-    at = f"; first drift at token {first}" if first is not None else ""
-    return f"{len(ids)} of {n_rows} rows (max |delta| {num.max_abs_delta or 0.0:.3g}{at})"
-
-
-def numeric_statement(numerics: Numerics, status: Status, sens: Sensitivity, n_passes: int) -> str:
-    """What the numerics prove, in words (the GREEN's statement beside its bound)."""
-    ac = numerics.ac
-    equal = "bitwise equal" if numerics.eps == 0.0 else f"equal within eps {numerics.eps:g}"
-    if not numerics.evidence.ok:
-        return f"no numeric statement: {numerics.evidence.reason}"
-    if status == "green":
-        return (
-            f"tokens and logprobs {equal} at {ac.positions} positions over "
-            f"{sens.n_distinct_prompts} prompts x {n_passes} passes "
-            f"({sens.n_hot_trials} co-batched)"
-        )
-    rows = max((p.rows_compared for p in ac.per_pass), default=0)
-    drift = ac.drift_ids_beyond(numerics.eps)
-    if drift:
-        return f"batching changed the numerics on {_drift_words(ac, drift, rows)}"
-    return f"AC logprobs {equal} at {ac.positions} positions over {n_passes} passes"
 
 
 def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
@@ -364,7 +248,10 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     def verdict(
         status: Status, cls: str | None, anomaly: str | None, reasons: list[str]
     ) -> Verdict:
-        said = numeric_statement(numerics, status, sens, len(evidence.c_passes))
+        said = numeric_statement(
+            numerics, status == "green", sens.n_distinct_prompts, sens.n_hot_trials,
+            len(evidence.c_passes),
+        )  # fmt: skip
         return Verdict(
             status, cls, anomaly, tuple(reasons), reports, gates, sens,
             replace(numerics, statement=said),
@@ -372,7 +259,7 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
 
     # 1. RED: a score-bearing difference between ground truth and the arm under test.
     if not ac.clean:
-        reasons = [_ac_summary(ac)]
+        reasons = [ac_summary(ac)]
         if ab.clean:
             cls = CLASS_CO_BATCHING
             where = (
@@ -423,7 +310,7 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         if ab_drift and ab.clean and not ab.n_token_only:
             c_side = "C drifts too" if ac_drift else "C equals A bitwise"
             b_reason = (
-                f"AB numeric drift on {_drift_words(numerics.ab, ab_drift, n_rows)} with equal "
+                f"AB numeric drift on {drift_words(numerics.ab, ab_drift, n_rows)} with equal "
                 f"tokens while {c_side}: slot allocation on the parallel server changes the "
                 "numerics even when serial"
             )
@@ -451,7 +338,7 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
             beyond = "" if eps == 0.0 else f" beyond eps {eps:g}"
             reasons.append(
                 f"F4 latent numeric drift{beyond}: batching changed the numerics on "
-                f"{_drift_words(numerics.ac, ac_drift, n_rows)}; no answer changed in this "
+                f"{drift_words(numerics.ac, ac_drift, n_rows)}; no answer changed in this "
                 "sample"
             )
         cls = (CLASS_LOGIT if ac.n_token_only else CLASS_DRIFT) if ac_drift else CLASS_TOKEN_ONLY
