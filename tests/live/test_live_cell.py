@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.render import live_banner
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.engines.provision import Provisioned
@@ -87,6 +88,16 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     assert cert.overlap.ok and cert.completion_floor.ok and cert.cobatch_coverage.ok
     assert cert.transport.ok
     assert cert.divergence_report.ac.n_divergent >= 1
+    # Numeric evidence from the real server: every arm carries pre-sampling logprobs at
+    # every token, and batching moved them on (nearly) every row, flipped or not.
+    numerics = cert.numerics
+    assert numerics.evidence.ok, numerics.evidence.reason
+    compared = numerics.ac.per_pass[0].rows_compared
+    assert compared == 12 and all(p.rows_with_drift >= 10 for p in numerics.ac.per_pass)
+    assert numerics.ac.max_abs_delta is not None and numerics.ac.max_abs_delta > 0.0
+    assert numerics.risk.per_token_flip_probability is not None
+    banner = live_banner(cert, Path("c.json"), None, "live")
+    assert "numerics: AC rows with logprob drift per pass" in banner
     assert outcome.finished.path.is_file()
     prov = cert.provenance
     assert prov["server_binary"]["sha256"] == live_pair.server_sha256
@@ -125,6 +136,9 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
     assert not cert.overlap.ok
     assert all((p.server_busy_max or 0) <= 1 for p in cert.overlap.per_pass)
     assert outcome.launcher.launches[-1].parallel == 1
+    # One request at a time on a --parallel 1 server: the logprobs are bitwise A's.
+    assert cert.numerics.evidence.ok and cert.numerics.ac.positions > 0
+    assert cert.numerics.ac.drift_ids == () and cert.numerics.ab.drift_ids == ()
 
 
 def _cli(*argv: str, **kw: object) -> subprocess.Popen[str]:
