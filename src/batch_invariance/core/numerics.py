@@ -170,8 +170,8 @@ class _Acc:
 
 def _compare_row(
     test_id: str, pass_index: int | None, x: Trial, y: Trial, acc: _Acc
-) -> tuple[int, RowNumerics | None]:
-    """Positions compared and the row record (``None`` when bitwise equal, same tokens)."""
+) -> RowNumerics:
+    """One id in one pass (kept in the record only when it drifted or flipped a token)."""
     xt, yt = x.tokens or (), y.tokens or ()
     flip = _flip(xt, yt)
     n = len(xt) if flip is None else flip
@@ -179,7 +179,7 @@ def _compare_row(
     xm, ym = x.top_margins or (), y.top_margins or ()
     if xl[:n] == yl[:n] and xm[:n] == ym[:n]:
         acc.equal_positions += n
-        return n, None if flip is None else RowNumerics(test_id, pass_index, n, None, 0.0, flip)
+        return RowNumerics(test_id, pass_index, n, None, 0.0, flip)
     first: int | None = None
     worst = 0.0
     for i in range(n):
@@ -192,7 +192,7 @@ def _compare_row(
         if d:
             first = i if first is None else first
             worst = max(worst, d)
-    return n, RowNumerics(test_id, pass_index, n, first, worst, flip)
+    return RowNumerics(test_id, pass_index, n, first, worst, flip)
 
 
 def _compare(
@@ -217,9 +217,9 @@ def _compare(
                 no_logprobs.add(test_id)
                 continue
             rows_compared += 1
-            n, row = _compare_row(test_id, pass_index, xt, yt, acc)
-            positions += n
-            if row is not None:
+            row = _compare_row(test_id, pass_index, xt, yt, acc)
+            positions += row.positions
+            if row.first_drift is not None or row.token_flip is not None:
                 rows.append(row)
         drifted = [r for r in rows if r.first_drift is not None]
         drift.update(r.test_id for r in drifted)
