@@ -12,9 +12,9 @@ from batch_invariance.cert.verify import verify_cert
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, Trial
 from batch_invariance.core.numerics import (
     RISK_LENGTHS,
+    cell_numerics,
     compare_pair,
     evidence_gate,
-    risk_estimate,
 )
 from batch_invariance.core.verdict import decide
 from factories import (
@@ -113,15 +113,15 @@ def test_risk_estimate_is_the_share_of_margins_below_the_drift() -> None:
         assert trial.top_margins is not None
         margins = tuple(m + (0.4 if i % 2 else 0.0) for i, m in enumerate(trial.top_margins))
         c[t] = changed(trial, top_margins=margins)
-    from batch_invariance.core.numerics import _Acc, _compare  # the pair's gathered deltas
-
-    acc = _Acc([])
-    ac = _compare("AC", a, [(0, c)], acc)
-    risk = risk_estimate(a.values(), ac, acc)
+    risk = cell_numerics(a, None, a, [(0, c)], 0.0).risk
     margins = [m for t in a.values() for m in t.top_margins or () if m is not None]
-    deltas = acc.margin_deltas
-    n_d = len(deltas) + acc.equal_positions
-    want = sum(sum(d > m for d in deltas) for m in margins) / (len(margins) * n_d)
+    deltas = [
+        abs(mc - ma)
+        for t in a
+        for ma, mc in zip(a[t].top_margins or (), c[t].top_margins or (), strict=True)
+        if ma is not None and mc is not None
+    ]
+    want = sum(sum(d > m for d in deltas) for m in margins) / (len(margins) * len(deltas))
     assert risk.per_token_flip_probability == pytest.approx(want) and 0 < want < 1
     assert [p.tokens for p in risk.curve] == list(RISK_LENGTHS)
     shares = [p.answer_change_share for p in risk.curve]

@@ -306,7 +306,7 @@ def evidence_gate(arms: Mapping[str, Iterable[Trial]]) -> NumericEvidenceGate:
     )
 
 
-def risk_estimate(a: Iterable[Trial], ac: PairNumerics, acc: _Acc) -> RiskEstimate:
+def _risk_estimate(a: Iterable[Trial], ac: PairNumerics, acc: _Acc) -> RiskEstimate:
     """See :class:`RiskEstimate`; ``acc`` is what AC's comparison gathered."""
     margins = [m for t in a if has_logprobs(t) for m in t.top_margins or () if m is not None]
     deltas = sorted(acc.margin_deltas)
@@ -349,7 +349,7 @@ def cell_numerics(
         bc=compare_pair("BC", b, passes),
         aa=None if a_repeat is None else compare_pair("AA", a, [(None, a_repeat)]),
         evidence=evidence_gate(arms),
-        risk=risk_estimate(a.values(), ac, acc),
+        risk=_risk_estimate(a.values(), ac, acc),
         statement="",
     )
 
