@@ -148,9 +148,7 @@ class Verdict:
     numerics: Numerics
 
 
-def build_reports(
-    evidence: CellEvidence, policy: GatePolicy, columns: EvidenceColumns | None = None
-) -> Reports:
+def build_reports(evidence: CellEvidence, columns: EvidenceColumns | None = None) -> Reports:
     """The AC, AB, BC (and A A') reports; AC and BC are unions over the C passes. Each arm is
     read once (``columns``, when given, must be :func:`evidence_columns` of ``evidence``) and
     shared by every report that reads it."""
@@ -217,7 +215,7 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     """The verdict for one cell. Pure and deterministic: the same evidence always gives the
     same verdict, whatever the iteration order of its maps."""
     cols = evidence_columns(evidence)  # the one scan of every trial; all below read it
-    reports = build_reports(evidence, policy, cols)
+    reports = build_reports(evidence, cols)
     co_sets = g.cobatched_by_pass(cols.passes, policy.overlap_margin_s)
     hot = sg.hot_by_pass(cols.a, cols.passes, co_sets)
     sens = sensitivity(hot, reports.ac)
