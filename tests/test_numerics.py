@@ -209,3 +209,12 @@ def test_a_prime_drift_is_run_to_run_noise_and_never_green() -> None:
     assert v.status == "green_unverified" and not v.gates.serial_repeat.ok
     assert v.gates.serial_repeat.n_numeric_drift == 1
     assert "A' drifts numerically from A on 1 id(s)" in v.gates.serial_repeat.reason
+
+
+def test_no_comparison_made_states_so() -> None:
+    ev = green_evidence()
+    failed = {k: replace(t, failure_mode="timeout") for k, t in ev.c_passes[0].trials.items()}
+    ev = replace(ev, c_passes=(replace(ev.c_passes[0], trials=failed),))
+    v = decide(ev, POLICY)
+    assert v.status == "green_unverified"
+    assert v.numerics.statement.startswith("no AC logprobs compared")

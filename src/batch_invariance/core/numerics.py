@@ -378,6 +378,8 @@ def numeric_statement(
             f"prompts x {n_passes} passes ({n_cobatched} co-batched)"
         )
     rows = max((p.rows_compared for p in ac.per_pass), default=0)
+    if rows == 0:
+        return "no AC logprobs compared: no id was answered in both A and a C pass"
     drift = ac.drift_ids_beyond(numerics.eps)
     if drift:
         return f"batching changed the numerics on {drift_words(ac, drift, rows)}"
