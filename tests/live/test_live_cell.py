@@ -93,7 +93,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     numerics = cert.numerics
     assert numerics.evidence.ok, numerics.evidence.reason
     compared = numerics.ac.per_pass[0].rows_compared
-    assert compared == 12 and all(p.rows_with_drift >= 10 for p in numerics.ac.per_pass)
+    assert compared == 12 and all(p.rows_with_drift >= 8 for p in numerics.ac.per_pass)
     assert numerics.ac.max_abs_delta is not None and numerics.ac.max_abs_delta > 0.0
     assert numerics.risk.per_token_flip_probability is not None
     banner = live_banner(cert, Path("c.json"), None, "live")
