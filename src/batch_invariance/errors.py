@@ -28,6 +28,10 @@ class CertInvalid(BatchInvarianceError):
     """A cert is malformed, fails its schema, digest or re-derivation, or its signature."""
 
 
+class NotCovered(BatchInvarianceError):
+    """What would run is not what a promotable cert measured (serve refuses; nothing ran)."""
+
+
 class Interrupted(BatchInvarianceError):
     """The run was stopped by a signal; ``signum`` says which."""
 

@@ -136,15 +136,24 @@ def handle(args: argparse.Namespace) -> int:
 
     signing = signing_policy(args)
     models_dir = args.models_dir or os.environ.get("MODELS_DIR")
-    cells = load_deploy_cells(args.config, models_dir)
-    report = check_cells(args.config, cells, args.certs, signing)
+    read = load_deploy_cells(args.config, models_dir)
+    report = check_cells(args.config, read.cells, args.certs, signing, unmodelled=read.unmodelled)
 
     for cell in report.serial:
         print(f"skip  {cell.label}  [{cell.origin}]  parallel 1: no batching, no cert needed")
     for check in report.checks:
         mark = "pass" if check.ok else "FAIL"
         print(f"{mark}  {check.cell.label}  [{check.cell.origin}]  {check.reason}")
+    for line in report.unmodelled:
+        print(f"FAIL  not covered: {line}")
     note = " (UNSIGNED: --allow-unsigned, signatures not checked)" if signing is None else ""
+    if report.unmodelled:
+        print(
+            f"check-deploy: FAIL: {len(report.unmodelled)} construct(s) in {args.config} start "
+            "or configure a server the reader does not model (write them as plain commands, "
+            f"or launch with batch-invariance serve){note}"
+        )
+        return exitcodes.NOT_PROMOTABLE
     if not report.checks:
         print(f"check-deploy: PASS: {args.config} runs no batched cell (parallel > 1){note}")
         return exitcodes.PROMOTABLE

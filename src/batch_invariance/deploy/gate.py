@@ -38,6 +38,7 @@ from batch_invariance.core.llama_flags import (
     FlagError,
     ServerFlags,
     numerics_differences,
+    padded_context,
     read_flags,
     slot_layout,
 )
@@ -108,10 +109,12 @@ class DeployReport:
     serial: tuple[DeployCell, ...]
     #: ``--allow-unsigned`` was used: signatures were not checked.
     unsigned_allowed: bool
+    #: Constructs of the deploy file that mention a server but were not read.
+    unmodelled: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
-        return all(check.ok for check in self.checks)
+        return not self.unmodelled and all(check.ok for check in self.checks)
 
     @property
     def failing(self) -> tuple[CellCheck, ...]:
@@ -194,6 +197,26 @@ def _measured_length(cert: CertFile) -> int | None:
     return budget if type(budget) is int else None
 
 
+def engine_env_differences(
+    deploy: Mapping[str, str], provenance: Mapping[str, Any]
+) -> tuple[str, ...]:
+    """Variables ggml or the runtimes read that the deploy sets differently from the B/C
+    server the cert measured (its recorded ``engine_env``; none recorded = none set)."""
+    measured: Mapping[str, Any] = {}
+    servers = provenance.get("servers")
+    for server in servers if isinstance(servers, list) else []:
+        info = server.get("info") if isinstance(server, Mapping) else None
+        if server.get("role") == "BC" and isinstance(info, Mapping):
+            recorded = info.get("engine_env")
+            measured = recorded if isinstance(recorded, Mapping) else {}
+    return tuple(
+        f"environment {name}={deploy.get(name, '(unset)')} (measured "
+        f"{measured.get(name, '(unset)')})"
+        for name in sorted(set(deploy) | set(measured))
+        if deploy.get(name) != measured.get(name)
+    )
+
+
 def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
     """Everything the cert measured differently from what the cell runs (empty = same)."""
     out = list(model_differences(model, cert.provenance))
@@ -209,9 +232,12 @@ def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
     if layout.kv_unified != cell.layout.kv_unified:
         measured_name = "unified" if layout.kv_unified else "split"
         out.append(f"KV layout {cell.layout_name} (measured {measured_name})")
-    elif cell.layout.kv_unified and measured.ctx_size != cell.pool:
-        out.append(f"unified KV pool -c {cell.pool} (measured {measured.ctx_size})")
+    elif cell.layout.kv_unified:
+        pool = padded_context(measured.ctx_size or 0, layout).pool
+        if pool != cell.pool:
+            out.append(f"unified KV pool of {cell.pool} tokens (measured {pool})")
     out.extend(numerics_differences(cell.flags, measured))
+    out.extend(engine_env_differences(cell.engine_env, cert.provenance))
     limit = cell.flags.n_predict
     if limit is not None and limit > 0:
         longest = _measured_length(cert)
@@ -243,9 +269,8 @@ def check_cell(
     verify: BundleVerifier = verify_bundle,
 ) -> CellCheck:
     """Decide one cell: a cert must have measured it, and every such cert must pass."""
-    if cell.unread_env_files:
-        files = ", ".join(cell.unread_env_files)
-        return CellCheck(cell, "unknown", f"environment file(s) {files} not readable here")
+    if cell.not_covered:
+        return CellCheck(cell, "unknown", "; ".join(cell.not_covered))
     if cell.ctx is None:
         return CellCheck(
             cell,
@@ -286,6 +311,7 @@ def check_cells(
     certs_dir: Path,
     signing: BundlePolicy | None,
     verify: BundleVerifier = verify_bundle,
+    unmodelled: Sequence[str] = (),
 ) -> DeployReport:
     """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``.
 
@@ -302,4 +328,7 @@ def check_cells(
             identities[key] = identify_model(cell.model_path, cell.model)
         checks.append(check_cell(cell, index, identities[key], signing, verify))
     serial = tuple(cell for cell in cells if not cell.needs_cert)
-    return DeployReport(config, tuple(checks), serial, unsigned_allowed=signing is None)
+    return DeployReport(
+        config, tuple(checks), serial, unsigned_allowed=signing is None,
+        unmodelled=tuple(unmodelled),
+    )  # fmt: skip
