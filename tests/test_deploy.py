@@ -219,13 +219,13 @@ def test_same_file_name_but_another_model_is_not_covered(
 @pytest.mark.parametrize(
     ("flag", "named"),
     [
-        ("-fa on", "-fa on (measured auto)"),
-        ("-ub 512", "-ub 512 (measured 1)"),
-        ("-ngl 99", "-ngl 99 (measured auto)"),
-        ("-ctk q8_0", "-ctk q8_0 (measured f16)"),
-        ("-md /srv/draft.gguf --spec-draft-n-max 8", "-md /srv/draft.gguf (measured unset)"),
+        ("-fa on", "--flash-attn on (measured auto)"),
+        ("-ub 512", "--ubatch-size 512 (measured 1)"),
+        ("-ngl 99", "--gpu-layers 99 (measured auto)"),
+        ("-ctk q8_0", "--cache-type-k q8_0 (measured f16)"),
+        ("-md /srv/draft.gguf --spec-draft-n-max 8", "--spec-draft-model /srv/draft.gguf (measured unset)"),
         ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)"),
-        ("-bs", "-bs on (measured off)"),
+        ("-bs", "--backend-sampling on (measured off)"),
         ("--cache-ram 8192", "--cache-ram 8192 (measured 0)"),
     ],
 )
@@ -428,7 +428,7 @@ def test_identity_regexp_decides_coverage(
         "--offline",
     )  # fmt: skip
     assert policy is not None and policy.signer.identity_is_regexp
-    cells = load_deploy_cells(config, None)
+    cells = load_deploy_cells(config, None).cells
     report = check_cells(config, cells, folder, policy, _signed_by(san))
     assert report.passed is covered
     if not covered:

@@ -61,8 +61,17 @@ DEFAULTS: Mapping[str, str] = {
     "--split-mode": "layer",
     "--cont-batching": "on",
 }
-#: Compared through the cell (model identity, ctx per slot, N, KV layout), not by value.
-LAYOUT_OPTIONS = frozenset({"--model", "--ctx-size", "--parallel", "--kv-unified"})
+#: Compared through the cell (model identity, ctx per slot, N, KV layout) or the answer-length
+#: scope (``-n``), not by value.
+CELL_OPTIONS = frozenset({"--model", "--ctx-size", "--parallel", "--kv-unified", "--predict"})
+
+
+#: Options whose handler appends (``common/arg.cpp``): every value given counts, in order.
+ACCUMULATING = frozenset(
+    {"--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled",
+     "--dry-sequence-breaker", "--logit-bias", "--reverse-prompt", "--override-tensor",
+     "--override-kv", "--api-key", "--rpc"}
+)  # fmt: skip
 
 
 class FlagError(ValueError):
@@ -87,7 +96,7 @@ class ServerFlags:
     """What one llama-server would run with: each option's value by canonical name
     (switches as ``on``/``off``), command line over ``LLAMA_ARG_*`` variables."""
 
-    #: Canonical name -> the value in effect (the last one given).
+    #: Canonical name -> the last value given (the one in effect unless it accumulates).
     values: Mapping[str, str]
     #: Canonical name -> every value given, in order (accumulating options keep them all).
     occurrences: Mapping[str, tuple[str, ...]]
@@ -172,10 +181,13 @@ class ServerFlags:
         names = {o.canonical for o in self.options} | set(DEFAULTS)
         out: dict[str, str] = {}
         for name in sorted(names):
-            if name in NEUTRAL or name in LAYOUT_OPTIONS:
+            if name in NEUTRAL or name in CELL_OPTIONS:
                 continue
             given = self.occurrences.get(name)
-            out[name] = " | ".join(given) if given else DEFAULTS.get(name, _UNSET)
+            if not given:
+                out[name] = DEFAULTS.get(name, _UNSET)
+            else:
+                out[name] = " | ".join(given) if name in ACCUMULATING else given[-1]
         return out
 
     def numerics(self) -> dict[str, str]:

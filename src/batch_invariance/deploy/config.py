@@ -170,7 +170,7 @@ def _strings(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _bind_mounts(volumes: Any) -> tuple[tuple[str, str], ...]:
+def _bind_mounts(volumes: Any, base_dir: Path) -> tuple[tuple[str, str], ...]:
     """(container path, host path) of every bind mount, longest container path first (the
     mount that wins for a path under two of them)."""
     mounts: list[tuple[str, str]] = []
@@ -183,7 +183,9 @@ def _bind_mounts(volumes: Any) -> tuple[tuple[str, str], ...]:
         else:
             continue
         if source.startswith((".", "/", "~")) and target.startswith("/"):
-            mounts.append((target.rstrip("/") or "/", source.rstrip("/") or "/"))
+            host = Path(source).expanduser()
+            host = host if host.is_absolute() else base_dir / host
+            mounts.append((target.rstrip("/") or "/", str(host).rstrip("/") or "/"))
     return tuple(sorted(mounts, key=lambda m: len(m[0]), reverse=True))
 
 
@@ -240,7 +242,7 @@ def compose_commands(data: Mapping[str, Any], name: str, base_dir: Path) -> Depl
                 argv=argv,
                 env={**from_files, **env},  # environment: beats env_file:
                 base_dir=Path(workdir) if workdir.startswith("/") else None,
-                mounts=_bind_mounts(spec.get("volumes")),
+                mounts=_bind_mounts(spec.get("volumes"), base_dir),
                 in_container=True,
                 unread_env_files=tuple(unread),
             )
