@@ -68,7 +68,12 @@ def _provenance(model: Path, parallel: int, layout: str) -> dict[str, Any]:
 
 
 def _live_cert(
-    out_dir: Path, model: Path, *, layout: str = "split", policy: GatePolicy | None = None
+    out_dir: Path,
+    model: Path,
+    *,
+    layout: str = "split",
+    policy: GatePolicy | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> Path:
     """A GREEN live cert of (MODEL, ctx 1024, N 4) whose provenance agrees with its cell; the
     verdict is decided by the core from the factories' green evidence."""
@@ -83,7 +88,7 @@ def _live_cert(
     evidence = green_evidence()
     label = kv_label(1024, 4, layout)  # type: ignore[arg-type]
     cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=label, reps=1, is_moe=False)
-    provenance = _provenance(model, 4, layout)
+    provenance = provenance or _provenance(model, 4, layout)
     cert = build_cert(evidence, decide(evidence, chosen), cell, chosen, provenance, "live",
                       "2025-01-02T03:04:05Z")  # fmt: skip
     return write_cert(out_dir, cert).path

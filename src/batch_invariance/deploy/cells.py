@@ -26,6 +26,7 @@ from batch_invariance.core.server_env import config_files, engine_env, is_engine
 from batch_invariance.core.server_options import TABLE_BUILD
 from batch_invariance.deploy.config import ServerCommand
 from batch_invariance.deploy.serve_plan import served_command
+from batch_invariance.deploy.shell import is_serve
 from batch_invariance.errors import UsageError
 
 
@@ -134,7 +135,7 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
 
 def cell_of(command: ServerCommand) -> DeployCell:
     """The cell one server runs; a value llama-server would refuse is a usage error."""
-    if command.argv[:2] == ("batch-invariance", "serve"):
+    if is_serve(command.argv):
         command = served_command(command)
     try:
         flags = read_flags(command.argv, command.env, first_is_binary=True)

@@ -42,9 +42,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="verify the bundle with sigstore's embedded trust root")
     parser.add_argument("--allow-unsigned", action="store_true",
                         help="local use only: serve a cert without a verified signature")
-    parser.add_argument("neutral", nargs="*", metavar="NEUTRAL",
+    parser.add_argument("neutral", nargs="*", metavar="-- NEUTRAL",
                         help="after --: neutral llama-server options to add or replace "
                              "(--host, --port, --api-key, --metrics, --timeout ...)")  # fmt: skip
+
+
+def split_neutral(words: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """``serve``'s own words and the llama-server options after its ``--`` (argparse cannot
+    give a trailing positional list after a positional CERT and options)."""
+    if "--" not in words:
+        return list(words), None
+    cut = list(words).index("--")
+    return list(words[:cut]), list(words[cut + 1 :])
 
 
 def measured_argv(provenance: Mapping[str, Any]) -> tuple[str, ...]:
@@ -98,12 +107,13 @@ def parse_serve_line(argv: Sequence[str], base_dir: Path | None, origin: str) ->
     """A ``batch-invariance serve ...`` command line as ``serve`` itself parses it."""
     parser = argparse.ArgumentParser(prog="batch-invariance serve", add_help=False)
     add_serve_arguments(parser)
+    own, neutral = split_neutral(argv[2:])
     try:
-        args = parser.parse_args(list(argv[2:]))
+        args = parser.parse_args(own)
     except SystemExit:
         raise ServeRefused(f"{origin}: serve would refuse this command line") from None
     cert = args.cert if args.cert.is_absolute() or base_dir is None else base_dir / args.cert
-    return ServeLine(cert, tuple(args.neutral))
+    return ServeLine(cert, (*args.neutral, *(neutral or ())))
 
 
 def served_command(command: ServerCommand) -> ServerCommand:

@@ -125,6 +125,18 @@ class ShellState:
             self.exported.add(name)
 
 
+def starts_server(argv: Sequence[str]) -> bool:
+    """True when ``argv`` runs llama-server or ``batch-invariance serve`` (by program name)."""
+    program = PurePosixPath(argv[0]).name if argv else ""
+    return program.startswith("llama-server") or (
+        program == "batch-invariance" and argv[1:2] in (["serve"], ("serve",))
+    )
+
+
+def is_serve(argv: Sequence[str]) -> bool:
+    return bool(argv) and PurePosixPath(argv[0]).name == "batch-invariance"
+
+
 def expand(word: Word, state: ShellState, split: bool = True) -> list[str]:
     """The fields a word expands to; an unknown or unset variable raises Unmodelled."""
     if word.problem:
@@ -317,7 +329,7 @@ class ShellReader:
         cwd = state.cwd
         while argv:
             name = PurePosixPath(argv[0]).name
-            if name.startswith("llama-server") or argv[:2] == ["batch-invariance", "serve"]:
+            if starts_server(argv):
                 self.launches.append(Launch(self._where(line), tuple(argv), env, cwd, unknown))
                 return
             wrapper = WRAPPERS.get(name)

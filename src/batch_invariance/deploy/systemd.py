@@ -17,7 +17,14 @@ from pathlib import Path, PurePosixPath
 
 from batch_invariance.core.server_env import is_engine_variable
 from batch_invariance.deploy.config import DeployRead, ServerCommand, read_env_file
-from batch_invariance.deploy.shell import INERT, TRIGGER, ShellState, Unmodelled, expand
+from batch_invariance.deploy.shell import (
+    INERT,
+    TRIGGER,
+    ShellState,
+    Unmodelled,
+    expand,
+    starts_server,
+)
 from batch_invariance.deploy.shell_words import Word, tokenize
 
 _KEY = re.compile(r"^([A-Za-z]+)\s*=\s*(.*)$")
@@ -113,8 +120,7 @@ def unit_commands(text: str, name: str, base_dir: Path) -> DeployRead:
                 unmodelled.append(f"{where}: {key}= {exc}: {value[:120]}")
             continue
         program = PurePosixPath(argv[0]).name if argv else ""
-        starts = program.startswith("llama-server") or argv[:2] == ["batch-invariance", "serve"]
-        if key == "ExecStart" and starts:
+        if key == "ExecStart" and starts_server(argv):
             commands.append(
                 ServerCommand(where, tuple(argv), dict(environment), base_dir=workdir,
                               unread_env_files=tuple(unread))
