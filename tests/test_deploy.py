@@ -228,7 +228,10 @@ def test_same_file_name_but_another_model_is_not_covered(
         ("-ub 512", "--ubatch-size 512 (measured 1)"),
         ("-ngl 99", "--gpu-layers 99 (measured auto)"),
         ("-ctk q8_0", "--cache-type-k q8_0 (measured f16)"),
-        ("-md /srv/draft.gguf --spec-draft-n-max 8", "--spec-draft-model /srv/draft.gguf (measured unset)"),
+        (
+            "-md /srv/draft.gguf --spec-draft-n-max 8",
+            "--spec-draft-model /srv/draft.gguf (measured unset)",
+        ),
         ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)"),
         ("-bs", "--backend-sampling on (measured off)"),
         ("--cache-ram 8192", "--cache-ram 8192 (measured 0)"),

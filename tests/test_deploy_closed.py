@@ -10,15 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
 
 from batch_invariance import exitcodes
+from test_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
 
 NEUTRAL = "--host 0.0.0.0 --port 8080 --api-key team#42 --metrics --timeout 30"
 
 
 def _fails(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str,
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str,
     *named: str, code: int = exitcodes.NOT_PROMOTABLE,
 ) -> None:  # fmt: skip
     assert _unsigned(world, tmp_path, body) == code
@@ -30,7 +31,9 @@ def _fails(
 
 
 def test_the_measured_deploy_passes_plain_and_with_neutral_options(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     m = world["model"]
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS}\n") == 0
@@ -57,14 +60,17 @@ def test_the_measured_deploy_passes_plain_and_with_neutral_options(
     ],
 )
 def test_flags_are_read_as_llama_server_reads_them(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: str,
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: str,
     named: str,
 ) -> None:  # fmt: skip
     _fails(world, tmp_path, capsys, f"llama-server -m {world['model']} {OK_FLAGS} {flags}\n", named)
 
 
 def test_ctx_is_padded_as_llama_cpp_pads_it(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     body = f"llama-server -m {world['model']} -c 4097 -np 4 -ub 1 --cache-ram 0\n"
     _fails(world, tmp_path, capsys, body, f"{MODEL} ctx=1280 N=4")
@@ -79,7 +85,8 @@ def test_ctx_is_padded_as_llama_cpp_pads_it(
     ],
 )
 def test_environment_the_server_reads_is_compared(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str,
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str,
     named: str,
 ) -> None:  # fmt: skip
     body = f"{env}\nllama-server -m {world['model']} {OK_FLAGS}\n"
@@ -87,19 +94,25 @@ def test_environment_the_server_reads_is_compared(
 
 
 def test_switch_values_are_case_sensitive(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     body = f"export LLAMA_ARG_KV_UNIFIED=True\nllama-server -m {world['model']} {OK_FLAGS}\n"
     _fails(world, tmp_path, capsys, body, "LLAMA_ARG_KV_UNIFIED needs on/off", code=exitcodes.USAGE)
 
 
 def test_a_config_file_the_server_would_read_is_not_covered(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     config = tmp_path / "cfg" / "llama.cpp" / "config.ini"
     config.parent.mkdir(parents=True)
     config.write_text("[*]\nubatch-size = 512\n")
-    body = f"export XDG_CONFIG_HOME={tmp_path / 'cfg'}\nllama-server -m {world['model']} {OK_FLAGS}\n"
+    body = (
+        f"export XDG_CONFIG_HOME={tmp_path / 'cfg'}\nllama-server -m {world['model']} {OK_FLAGS}\n"
+    )
     _fails(world, tmp_path, capsys, body, f"would read config file {config}")
 
 
@@ -112,8 +125,10 @@ def test_a_config_file_the_server_would_read_is_not_covered(
         ("N=8\nN=4 llama-server -m {m} -c 8192 -np $N -ub 1 --cache-ram 0\n", "N=8"),
         # export reaches the server; env -i drops it and the flag-less default is 4 unified.
         ("export LLAMA_ARG_KV_UNIFIED=1\nllama-server -m {m} {ok}\n", "kv=unified"),
-        ("export LLAMA_ARG_CTX_SIZE=4096\nenv -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
-         "ctx=?"),
+        (
+            "export LLAMA_ARG_CTX_SIZE=4096\nenv -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
+            "ctx=?",
+        ),
         # cd before a relative model path: another folder's file.
         ("cd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
         # '#' inside a word is not a comment: -c 65536 -np 16 are read.
@@ -130,7 +145,8 @@ def test_a_config_file_the_server_would_read_is_not_covered(
     ],
 )
 def test_shell_scripts_are_read_the_way_bash_runs_them(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str,
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str,
     named: str,
 ) -> None:  # fmt: skip
     m = world["model"]
@@ -139,7 +155,9 @@ def test_shell_scripts_are_read_the_way_bash_runs_them(
 
 
 def test_systemd_environment_file_overrides_environment(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     env = tmp_path / "llm.env"
     env.write_text("LLAMA_ARG_UBATCH=512\n")
@@ -156,7 +174,9 @@ def test_systemd_environment_file_overrides_environment(
 
 
 def test_compose_volumes_map_by_the_longest_container_prefix(
-    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     other = tmp_path / "other"
     other.mkdir()

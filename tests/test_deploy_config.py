@@ -49,7 +49,10 @@ def test_assignments_apply_in_order_and_only_exported_ones_reach_the_server() ->
     text = "LLAMA_ARG_CTX_SIZE=4096 LLAMA_ARG_N_PARALLEL=2 LLAMA_ARG_MODEL=/m/b.gguf llama-server\n"
     assert _cells(text) == [("b", 2048, 2, "split")]
     # Reproducer: NP=8 before one server and NP=4 before another were both read as 4.
-    text = "NP=8\nllama-server -m /m/a.gguf -c 8192 -np $NP\nNP=4\nllama-server -m /m/b.gguf -c 4096 -np $NP\n"
+    text = (
+        "NP=8\nllama-server -m /m/a.gguf -c 8192 -np $NP\n"
+        "NP=4\nllama-server -m /m/b.gguf -c 4096 -np $NP\n"
+    )
     assert _cells(text) == [("a", 1024, 8, "split"), ("b", 1024, 4, "split")]
     # A shell variable that is not exported does not reach the server.
     assert _cells("LLAMA_ARG_N_PARALLEL=8\nllama-server -m /m/a.gguf -c 8192\n") == [
@@ -82,9 +85,11 @@ def test_sudo_and_env_i_reset_the_environment() -> None:
 
 
 def test_cd_before_a_relative_model_path() -> None:
-    cmds = text_commands("cd /srv/models\nllama-server -m a.gguf -c 4096 -np 2\n", "r.sh", Path("/x"))
+    cmds = text_commands(
+        "cd /srv/models\nllama-server -m a.gguf -c 4096 -np 2\n", "r.sh", Path("/x")
+    )
     assert cell_of(cmds.commands[0]).model_path == Path("/srv/models/a.gguf")
-    lost = text_commands("cd \"$DIR\"\nllama-server -m a.gguf -c 4096 -np 2\n", "r.sh", Path("/x"))
+    lost = text_commands('cd "$DIR"\nllama-server -m a.gguf -c 4096 -np 2\n', "r.sh", Path("/x"))
     (cell,) = (cell_of(c) for c in lost.commands)
     assert cell.model_path is None and "could not follow" in cell.not_covered[0]
 
@@ -214,9 +219,7 @@ def test_compose_file_is_read_from_yaml(tmp_path: Path) -> None:
         "services:\n  llm:\n    image: ghcr.io/ggml-org/llama.cpp:server-cuda\n"
         '    command: ["-m", "/m/a.gguf", "-c", "2048", "-np", "2"]\n'
     )
-    assert [(c.name, c.ctx, c.parallel) for c in load_deploy_cells(path).cells] == [
-        ("a", 1024, 2)
-    ]
+    assert [(c.name, c.ctx, c.parallel) for c in load_deploy_cells(path).cells] == [("a", 1024, 2)]
 
 
 def test_models_toml_uses_the_one_registry_reader(tmp_path: Path) -> None:
@@ -286,7 +289,10 @@ def test_systemd_environment_file_overrides_environment_regardless_of_order(
     assert _cells(unit, "llm.service") == [("a", 1024, 8, "split")]
     bad = "[Service]\nExecStart=/bin/sh -c 'exec llama-server -m /srv/a.gguf -np 8'\n"
     assert "sh runs a command" in _unmodelled(bad, "llm.service")[0]
-    passed = "[Service]\nPassEnvironment=LLAMA_ARG_N_PARALLEL\nExecStart=/usr/bin/llama-server -m /a.gguf\n"
+    passed = (
+        "[Service]\nPassEnvironment=LLAMA_ARG_N_PARALLEL\n"
+        "ExecStart=/usr/bin/llama-server -m /a.gguf\n"
+    )
     assert "PassEnvironment=LLAMA_ARG_N_PARALLEL" in _unmodelled(passed, "llm.service")[0]
 
 

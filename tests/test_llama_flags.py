@@ -13,9 +13,9 @@ from batch_invariance.core.llama_flags import (
     REFUSED_FLAGS,
     FlagError,
     PaddedContext,
-    padded_context,
     flag_conflicts,
     numerics_differences,
+    padded_context,
     read_flags,
     slot_layout,
 )
@@ -121,7 +121,11 @@ def test_the_driver_owns_or_refuses_every_flag_that_changes_what_is_measured() -
     snake = ["--kv_unified", "--ctx_size", "1", "--cache_ram", "0", "--n_predict", "8",
              "--no_cont_batching", "-ub", "1"]  # fmt: skip
     assert flag_conflicts(snake) == (
-        "--kv_unified", "--ctx_size", "--cache_ram", "--n_predict", "--no_cont_batching"
+        "--kv_unified",
+        "--ctx_size",
+        "--cache_ram",
+        "--n_predict",
+        "--no_cont_batching",
     )
     assert owned_flag_conflicts(["-nocb", "--metrics"]) == ["-nocb"]
     parsed = read_flags(["--no-slots", "-ub", "1"], {"LLAMA_ARG_N_PARALLEL": "2"})
@@ -130,8 +134,19 @@ def test_the_driver_owns_or_refuses_every_flag_that_changes_what_is_measured() -
 
 @pytest.mark.parametrize(
     "flag",
-    ["-hf=o/m", "--cache-reuse=256", "--cache-ram=0", "-nocb", "-mu=x", "--kv_unified",
-     "--ctx_size", "--cache_ram", "--ubatch-size=512", "--no_cont_batching", "--n_predict"],
+    [
+        "-hf=o/m",
+        "--cache-reuse=256",
+        "--cache-ram=0",
+        "-nocb",
+        "-mu=x",
+        "--kv_unified",
+        "--ctx_size",
+        "--cache_ram",
+        "--ubatch-size=512",
+        "--no_cont_batching",
+        "--n_predict",
+    ],
 )
 def test_run_live_refuses_them_as_a_usage_error_naming_the_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
@@ -198,7 +213,8 @@ def test_measured_servers_get_no_llama_arg_variables_and_no_user_config() -> Non
     assert env == {"PATH": "/bin", "XDG_CONFIG_HOME": "/dev/null", "GGML_CUDA_NO_PINNED": "1"}
     # Nothing can exist under /dev/null: the server reads only the system-wide file.
     assert config_files(env, "/home/u") == (
-        "/etc/llama.cpp/config.ini", "/dev/null/llama.cpp/config.ini"
+        "/etc/llama.cpp/config.ini",
+        "/dev/null/llama.cpp/config.ini",
     )
     # What ggml reads is passed on and recorded, not hidden.
     assert engine_env(env) == {"GGML_CUDA_NO_PINNED": "1"}

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
 from batch_invariance.deploy.serve_plan import ServeRefused, serve_argv
+from test_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
 
 MEASURED = (
     "/opt/llama-server", "--model", "/m/a.gguf", "--host", "127.0.0.1", "--port", "4711",
@@ -87,7 +87,9 @@ def test_serve_execs_the_measured_argv_in_a_clean_environment(served: dict[str, 
 
 
 def test_serve_refuses_before_anything_starts(
-    served: dict[str, Path], world: dict[str, Path], capsys: pytest.CaptureFixture[str]  # noqa: F811
+    served: dict[str, Path],
+    world: dict[str, Path],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     cert = str(served["cert"])
     assert main(["serve", cert, "--allow-unsigned", "--", "-ub", "512"]) == exitcodes.USAGE

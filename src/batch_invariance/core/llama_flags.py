@@ -24,7 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from batch_invariance.core.server_options import (
+    ACCUMULATING,
     BY_CANONICAL,
+    CELL_OPTIONS,
+    DEFAULTS,
     NEUTRAL,
     OPTIONS,
     OWNED,
@@ -44,34 +47,6 @@ CTX_PAD = 256
 _TRUE = frozenset({"on", "enabled", "true", "1"})
 _FALSE = frozenset({"off", "disabled", "false", "0"})
 _UNSET = "unset"
-
-#: llama-server's own default of the compared options whose default a measured argv may
-#: leave out (an unset option equals its default); every other one compares as ``unset``.
-DEFAULTS: Mapping[str, str] = {
-    "--flash-attn": "auto",
-    "--batch-size": "2048",
-    "--ubatch-size": "512",
-    "--gpu-layers": "auto",
-    "--cache-type-k": "f16",
-    "--cache-type-v": "f16",
-    "--cache-ram": "8192",
-    "--kv-offload": "on",
-    "--swa-full": "off",
-    "--backend-sampling": "off",
-    "--split-mode": "layer",
-    "--cont-batching": "on",
-}
-#: Compared through the cell (model identity, ctx per slot, N, KV layout) or the answer-length
-#: scope (``-n``), not by value.
-CELL_OPTIONS = frozenset({"--model", "--ctx-size", "--parallel", "--kv-unified", "--predict"})
-
-
-#: Options whose handler appends (``common/arg.cpp``): every value given counts, in order.
-ACCUMULATING = frozenset(
-    {"--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled",
-     "--dry-sequence-breaker", "--logit-bias", "--reverse-prompt", "--override-tensor",
-     "--override-kv", "--api-key", "--rpc"}
-)  # fmt: skip
 
 
 class FlagError(ValueError):
@@ -262,8 +237,9 @@ def read_flags(
 ) -> ServerFlags:
     """Read a llama-server argv (and the variables it runs with) as the server does.
 
-    ``first_is_binary=None``: a first word that is not an option is the program. Words llama-server would reject are
-    collected in ``rejected``; a value it would refuse raises :class:`FlagError`.
+    ``first_is_binary=None``: a first word that is not an option is the program. Words
+    llama-server would reject are collected in ``rejected``; a value it would refuse raises
+    :class:`FlagError`.
     """
     tokens = list(argv)
     if first_is_binary is None:

@@ -266,6 +266,35 @@ def _compared() -> frozenset[str]:
 COMPARED: frozenset[str] = _compared()
 
 
+#: llama-server's own default of the compared options whose default a measured argv may
+#: leave out (an unset option equals its default); every other one compares as ``unset``.
+DEFAULTS: Mapping[str, str] = {
+    "--flash-attn": "auto",
+    "--batch-size": "2048",
+    "--ubatch-size": "512",
+    "--gpu-layers": "auto",
+    "--cache-type-k": "f16",
+    "--cache-type-v": "f16",
+    "--cache-ram": "8192",
+    "--kv-offload": "on",
+    "--swa-full": "off",
+    "--backend-sampling": "off",
+    "--split-mode": "layer",
+    "--cont-batching": "on",
+}
+#: Compared through the cell (model identity, ctx per slot, N, KV layout) or the answer-length
+#: scope (``-n``), not by value.
+CELL_OPTIONS = frozenset({"--model", "--ctx-size", "--parallel", "--kv-unified", "--predict"})
+
+
+#: Options whose handler appends (``common/arg.cpp``): every value given counts, in order.
+ACCUMULATING = frozenset(
+    {"--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled",
+     "--dry-sequence-breaker", "--logit-bias", "--reverse-prompt", "--override-tensor",
+     "--override-kv", "--api-key", "--rpc"}
+)  # fmt: skip
+
+
 def option_class(spec: OptionSpec) -> OptionClass:
     name = spec.canonical
     if name in NEUTRAL:

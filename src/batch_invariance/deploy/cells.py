@@ -121,7 +121,9 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
     if lost:
         out.append(f"{', '.join(lost)}: value unknown (set where the reader cannot follow)")
     for word in flags.rejected:
-        hint = f" (write {word.replace('=', ' ', 1)})" if word.startswith("-") and "=" in word else ""
+        hint = (
+            f" (write {word.replace('=', ' ', 1)})" if word.startswith("-") and "=" in word else ""
+        )
         out.append(f"llama-server rejects {word}: no such option in build {TABLE_BUILD}{hint}")
     for option in flags.unclassified():
         out.append(f"option {option} is in no class (neutral, compared, owned): not covered")

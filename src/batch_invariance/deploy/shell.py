@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from batch_invariance.deploy.shell_words import REDIRECTS, Op, Token, Word, tokenize
+from batch_invariance.deploy.shell_wrappers import WRAPPERS, Unmodelled, unwrap
 
 #: What makes an unmodelled line matter.
 TRIGGER = re.compile(
@@ -38,43 +39,6 @@ INERT = frozenset(
 
 
 @dataclass(frozen=True)
-class Wrapper:
-    """A command that runs the rest of its words as a command."""
-
-    #: Options that take the next word as their value.
-    value_options: frozenset[str] = frozenset()
-    #: Options that take no value.
-    flags: frozenset[str] = frozenset()
-    #: Positional words before the command (``taskset MASK``, ``timeout 5``).
-    positionals: int = 0
-    #: It starts the command with an empty environment (``sudo``'s env_reset).
-    resets_env: bool = False
-
-
-WRAPPERS: dict[str, Wrapper] = {
-    "exec": Wrapper(frozenset({"-a"}), frozenset({"-l"})),
-    "nohup": Wrapper(),
-    "setsid": Wrapper(flags=frozenset({"-f", "-w", "-c"})),
-    "time": Wrapper(flags=frozenset({"-p"})),
-    "command": Wrapper(flags=frozenset({"-p"})),
-    "nice": Wrapper(frozenset({"-n"})),
-    "ionice": Wrapper(frozenset({"-c", "-n"}), frozenset({"-t"})),
-    "taskset": Wrapper(flags=frozenset({"-a", "-c", "--cpu-list", "--all-tasks"}), positionals=1),
-    "numactl": Wrapper(frozenset({"-N", "-m", "-C", "-i", "-P"}), frozenset({"-l", "-a"})),
-    "chrt": Wrapper(flags=frozenset({"-f", "-r", "-o", "-b", "-i", "-d", "-a"}), positionals=1),
-    "timeout": Wrapper(frozenset({"-s", "-k"}), frozenset({"-v", "--foreground"}), 1),
-    "stdbuf": Wrapper(frozenset({"-i", "-o", "-e"})),
-    "sudo": Wrapper(
-        frozenset({"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T"}),
-        frozenset({"-b", "-n", "-H", "-k", "-S", "-A", "-P"}),
-        resets_env=True,
-    ),
-    "doas": Wrapper(frozenset({"-u", "-C"}), frozenset({"-n"}), resets_env=True),
-    "env": Wrapper(frozenset({"-u", "-C"}), frozenset({"-0", "-v"})),
-}
-
-
-@dataclass(frozen=True)
 class Launch:
     """One command the script runs that starts a server (``llama-server`` or ``serve``)."""
 
@@ -86,10 +50,6 @@ class Launch:
     unknown_env: tuple[str, ...] = ()
 
 
-class Unmodelled(Exception):
-    """A command the reader cannot follow (the message says what)."""
-
-
 class CommandWordUnknown(Unmodelled):
     """The command word is a variable the reader cannot resolve to a harmless program."""
 
@@ -97,8 +57,11 @@ class CommandWordUnknown(Unmodelled):
 def _assigns(word: Word) -> bool:
     """``NAME=...`` with the name and ``=`` unquoted (a quoted name is a command word)."""
     first = word.parts[0] if word.parts else None
-    return first is not None and not first.quoted and not first.variable and bool(
-        _ASSIGN.match(first.text)
+    return (
+        first is not None
+        and not first.quoted
+        and not first.variable
+        and bool(_ASSIGN.match(first.text))
     )
 
 
@@ -148,8 +111,10 @@ def expand(word: Word, state: ShellState, split: bool = True) -> list[str]:
             current = (current or "") + part.text
             continue
         if part.text in state.unknown or part.text not in state.variables:
-            why = "is assigned where the reader cannot follow" if part.text in state.unknown else (
-                "is not set in this file (it would come from the caller's environment)"
+            why = (
+                "is assigned where the reader cannot follow"
+                if part.text in state.unknown
+                else ("is not set in this file (it would come from the caller's environment)")
             )
             raise Unmodelled(f"${part.text} {why}")
         value = state.variables[part.text]
@@ -337,7 +302,7 @@ class ShellReader:
                 if name in INERT and not redirected:
                     return
                 raise Unmodelled(f"{name} runs something the reader does not model")
-            argv, env, cwd, unknown = _unwrap(name, wrapper, argv[1:], env, cwd, unknown)
+            argv, env, cwd, unknown = unwrap(name, wrapper, argv[1:], env, cwd, unknown)
 
     def _export(self, words: list[Word]) -> None:
         for word in words:
@@ -398,51 +363,3 @@ def _split_assignment(word: Word, state: ShellState) -> tuple[str, str]:
     except Unmodelled:
         state.unknown.add(name)
         raise
-
-
-def _unwrap(
-    name: str, wrapper: Wrapper, args: list[str], env: dict[str, str], cwd: Path | None,
-    unknown: tuple[str, ...],
-) -> tuple[list[str], dict[str, str], Path | None, tuple[str, ...]]:  # fmt: skip
-    """The command a wrapper runs, with the environment and folder it runs it in."""
-    if wrapper.resets_env:
-        env, unknown = {}, ()
-    index = 0
-    positionals = wrapper.positionals
-    while index < len(args):
-        word = args[index]
-        option = word.split("=", 1)[0]
-        if word == "--":
-            index += 1
-            break
-        if name == "env" and word in ("-i", "-", "--ignore-environment"):
-            env, unknown = {}, ()
-        elif name == "exec" and word == "-c":
-            env, unknown = {}, ()
-        elif name == "sudo" and (word == "-E" or option == "--preserve-env"):
-            raise Unmodelled("sudo keeps the caller's environment, which the file does not show")
-        elif name in ("env", "sudo") and word in ("-C", "-D", "--chdir") and index + 1 < len(args):
-            cwd = Path(args[index + 1]) if args[index + 1].startswith("/") else None
-            index += 1
-        elif name == "env" and word == "-u" and index + 1 < len(args):
-            env.pop(args[index + 1], None)
-            index += 1
-        elif word in wrapper.value_options:
-            index += 1
-        elif word in wrapper.flags or (option.startswith("--") and "=" in word):
-            pass
-        elif name == "nice" and re.fullmatch(r"-\d+", word):
-            pass
-        elif name == "stdbuf" and re.fullmatch(r"-[ioe]\S+", word):
-            pass
-        elif word.startswith("-"):
-            raise Unmodelled(f"{name} {word} is not modelled")
-        elif _ASSIGN.match(word) and name in ("env", "sudo", "doas"):
-            key, _, value = word.partition("=")
-            env = {**env, key: value}
-        elif positionals:
-            positionals -= 1
-        else:
-            break
-        index += 1
-    return args[index:], env, cwd, unknown

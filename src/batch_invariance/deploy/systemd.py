@@ -21,11 +21,11 @@ from batch_invariance.deploy.shell import (
     INERT,
     TRIGGER,
     ShellState,
-    Unmodelled,
     expand,
     starts_server,
 )
 from batch_invariance.deploy.shell_words import Word, tokenize
+from batch_invariance.deploy.shell_wrappers import Unmodelled
 
 _KEY = re.compile(r"^([A-Za-z]+)\s*=\s*(.*)$")
 
@@ -92,7 +92,9 @@ def unit_commands(text: str, name: str, base_dir: Path) -> DeployRead:
             folder = value.strip().lstrip("-")
             workdir = Path(folder) if folder.startswith("/") else None
         elif key == "PassEnvironment":
-            passed = [v for v in value.split() if v.startswith("LLAMA_ARG_") or is_engine_variable(v)]
+            passed = [
+                v for v in value.split() if v.startswith("LLAMA_ARG_") or is_engine_variable(v)
+            ]
             if passed:
                 unmodelled.append(
                     f"{where}: PassEnvironment={' '.join(passed)} takes values from the "
