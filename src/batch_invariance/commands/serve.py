@@ -2,7 +2,8 @@
 
 Before anything starts it verifies the cert (valid, promotable, signed under the identity
 policy unless ``--allow-unsigned``), checks the sha256 of the server binary and the model
-file against the cert's provenance, and refuses any extra option that is not neutral
+file against the cert's provenance and the variables ggml reads against the recorded ones,
+and refuses any extra option that is not neutral
 (:data:`batch_invariance.core.server_options.NEUTRAL`). Then it replaces itself (``execve``)
 with the measured B/C server argv, neutral options added or replaced, in the environment a
 measured server gets (no ``LLAMA_ARG_*``, no user config file): the process *is* the server,
@@ -103,6 +104,8 @@ def _verify(args: argparse.Namespace) -> Mapping[str, Any]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from batch_invariance.core.server_env import engine_env
+    from batch_invariance.deploy.gate import engine_env_differences
     from batch_invariance.deploy.serve_plan import measured_argv, serve_argv
     from batch_invariance.engines.llama_server import refuse_system_config, server_env
 
@@ -112,12 +115,16 @@ def handle(args: argparse.Namespace) -> int:
     argv = serve_argv(measured_argv(provenance), args.neutral)
     check_files(argv, provenance)
     refuse_system_config()
+    env = server_env(os.environ)
+    differ = engine_env_differences(engine_env(env), provenance)
+    if differ:
+        raise NotCovered(f"{differ[0]}: ggml reads it, so the server would not be the measured one")
     # Not the argv itself: it may hold an --api-key.
     print(f"batch-invariance serve: {args.cert.name} verified; exec {argv[0]}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(argv[0], list(argv), server_env(os.environ))
+        os.execve(argv[0], list(argv), env)
     except OSError as exc:
         raise InfraError(f"cannot exec {argv[0]}: {exc.strerror or exc}") from None
     return 0  # pragma: no cover - execve does not return

@@ -44,6 +44,7 @@ from batch_invariance.core.llama_flags import (
 )
 from batch_invariance.deploy.cells import DeployCell
 from batch_invariance.deploy.identity import ModelIdentity, identify_model, model_differences
+from batch_invariance.deploy.serve_plan import ServeRefused, bc_server, measured_argv
 from batch_invariance.errors import CertInvalid, UsageError
 
 CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown", "unsigned"]
@@ -126,16 +127,10 @@ def _reject_constant(name: str) -> float:
 
 
 def _bc_flags(provenance: Mapping[str, Any]) -> ServerFlags | None:
-    servers = provenance.get("servers")
-    for server in servers if isinstance(servers, list) else []:
-        if isinstance(server, Mapping) and server.get("role") == "BC":
-            argv = server.get("argv")
-            if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
-                try:
-                    return read_flags(argv)
-                except FlagError:
-                    return None
-    return None
+    try:
+        return read_flags(measured_argv(provenance))
+    except (ServeRefused, FlagError):
+        return None
 
 
 def read_cert_file(path: Path) -> CertFile | str:
@@ -202,13 +197,9 @@ def engine_env_differences(
 ) -> tuple[str, ...]:
     """Variables ggml or the runtimes read that the deploy sets differently from the B/C
     server the cert measured (its recorded ``engine_env``; none recorded = none set)."""
-    measured: Mapping[str, Any] = {}
-    servers = provenance.get("servers")
-    for server in servers if isinstance(servers, list) else []:
-        info = server.get("info") if isinstance(server, Mapping) else None
-        if server.get("role") == "BC" and isinstance(info, Mapping):
-            recorded = info.get("engine_env")
-            measured = recorded if isinstance(recorded, Mapping) else {}
+    info = bc_server(provenance).get("info")
+    recorded = info.get("engine_env") if isinstance(info, Mapping) else None
+    measured: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
     return tuple(
         f"environment {name}={deploy.get(name, '(unset)')} (measured "
         f"{measured.get(name, '(unset)')})"

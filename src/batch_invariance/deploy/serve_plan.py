@@ -85,14 +85,21 @@ def split_neutral(words: Sequence[str]) -> tuple[list[str], list[str] | None]:
     return list(words[:cut]), list(words[cut + 1 :])
 
 
-def measured_argv(provenance: Mapping[str, Any]) -> tuple[str, ...]:
-    """The argv of the B/C server a cert measured (its ``provenance.servers``)."""
+def bc_server(provenance: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The record of the B/C server a cert measured (``provenance.servers``, role ``BC``);
+    empty when it records none."""
     servers = provenance.get("servers")
     for server in servers if isinstance(servers, list) else []:
         if isinstance(server, Mapping) and server.get("role") == "BC":
-            argv = server.get("argv")
-            if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
-                return tuple(argv)
+            return server
+    return {}
+
+
+def measured_argv(provenance: Mapping[str, Any]) -> tuple[str, ...]:
+    """The argv of the B/C server a cert measured."""
+    argv = bc_server(provenance).get("argv")
+    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+        return tuple(argv)
     raise ServeRefused("the cert records no B/C server argv: nothing measured to serve")
 
 

@@ -1,0 +1,137 @@
+"""`batch-invariance serve` against the real llama-server: a promotable live GREEN earned here
+(``-ub 1``, batch-invariant on this pair) starts exactly the server it measured; anything
+else is refused before a server starts; SIGTERM to serve stops the server (serve is it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from batch_invariance import exitcodes
+from batch_invariance.cli import main
+from batch_invariance.deploy.serve_plan import serve_argv
+from batch_invariance.engines.provision import Provisioned
+
+pytestmark = pytest.mark.live
+
+COMPLETIONS_WORKSET = (
+    Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets/demo_completions.json"
+)
+#: 32 distinct openings (bound 3/32 under the default 0.10), answers long enough for the
+#: default answer-length gate, two passes: the smallest cell that can be promotable.
+GREEN_CELL = "--ctx 512 --parallel 4 --gate-passes 2 --n-predict 96 --endpoint completions"
+
+
+@pytest.fixture(scope="module")
+def green(live_pair: Provisioned, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A promotable live GREEN measured on a copy of the model (so a test may change it)."""
+    root = tmp_path_factory.mktemp("serve")
+    model = root / live_pair.model.name
+    shutil.copyfile(live_pair.model, model)
+    out = root / "out"
+    code = main(
+        ["run-live", "--server-bin", str(live_pair.server_bin), "--model", str(model),
+         "--workset", str(COMPLETIONS_WORKSET), "--out-dir", str(out), *GREEN_CELL.split(),
+         "--server-flag=-ub", "--server-flag=1"]
+    )  # fmt: skip
+    (cert,) = out.rglob("*__ctx512__N4.json")
+    assert code == exitcodes.PROMOTABLE, json.loads(cert.read_text())["decision_reasons"]
+    return {"root": root, "model": model, "cert": cert}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _serve(cert: Path, *extra: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    sink = log.open("wb") if log is not None else subprocess.DEVNULL
+    return subprocess.Popen(
+        [sys.executable, "-m", "batch_invariance", "serve", str(cert), "--allow-unsigned",
+         *extra],
+        stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def _wait_health(proc: subprocess.Popen[bytes], url: str, deadline_s: float = 180.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        assert proc.poll() is None, f"serve exited {proc.returncode} before the server was up"
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the served llama-server did not come up")
+
+
+def test_serve_execs_the_measured_server_and_sigterm_stops_it(
+    green: dict[str, Path], tmp_path: Path
+) -> None:
+    port = _free_port()
+    neutral = ["--", "--host", "127.0.0.1", "--port", str(port), "--api-key", "k",
+               "--metrics", "--timeout", "30"]  # fmt: skip
+    proc = _serve(green["cert"], *neutral, log=tmp_path / "serve.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_health(proc, url)
+        data = json.loads(green["cert"].read_text())
+        measured = next(s["argv"] for s in data["provenance"]["servers"] if s["role"] == "BC")
+        # exec: the process serve started is the server, with exactly this argv.
+        assert psutil.Process(proc.pid).cmdline() == list(serve_argv(measured, neutral[1:]))
+        props = requests.get(url + "/props", headers={"Authorization": "Bearer k"}, timeout=10)
+        props.raise_for_status()
+        body = props.json()
+        assert body["total_slots"] == data["dispatch_n"] == 4
+        assert body["default_generation_settings"]["n_ctx"] == data["ctx"] == 512
+        assert requests.get(url + "/metrics", timeout=5).status_code in (200, 401)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) is not None
+        assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_serve_refuses_before_anything_starts(
+    green: dict[str, Path], tmp_path: Path, live_pair: Provisioned
+) -> None:
+    cert = green["cert"]
+    done = subprocess.run(
+        [sys.executable, "-m", "batch_invariance", "serve", str(cert), "--allow-unsigned", "--",
+         "-ub", "512"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == exitcodes.USAGE and "-ub is not neutral" in done.stderr
+    # A cert that is not promotable (a mock run's).
+    assert main(["run-mock", "--out-dir", str(tmp_path / "mock")]) in (0, 1, 3)
+    mock = next(p for p in (tmp_path / "mock").rglob("*.json") if "__ctx" in p.name)
+    done = subprocess.run(
+        [sys.executable, "-m", "batch_invariance", "serve", str(mock), "--allow-unsigned"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == exitcodes.NOT_PROMOTABLE and "not promotable" in done.stderr
+    # One changed byte of the model file: not the measured cell.
+    data = bytearray(green["model"].read_bytes())
+    data[len(data) // 2] ^= 0x01
+    green["model"].write_bytes(bytes(data))
+    done = subprocess.run(
+        [sys.executable, "-m", "batch_invariance", "serve", str(cert), "--allow-unsigned"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == exitcodes.NOT_PROMOTABLE
+    assert "not the measured cell" in done.stderr and "model" in done.stderr
