@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.errors import UsageError
 
 
@@ -40,48 +41,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="DIR",
         help="fills {MODELS_DIR} in a models.toml (default: $MODELS_DIR)",
     )
-    who = parser.add_mutually_exclusive_group()
-    who.add_argument(
-        "--cert-identity",
-        default=None,
-        metavar="ID",
-        help="every covering cert's CERT.sigstore.json must be signed by this identity (SAN)",
-    )
-    who.add_argument(
-        "--cert-identity-regexp",
-        default=None,
-        metavar="REGEX",
-        help="the same, as a regular expression the whole SAN must match (tag or SHA pins)",
-    )
-    parser.add_argument(
-        "--cert-oidc-issuer", default=None, metavar="URL", help="OIDC issuer of --cert-identity"
-    )
-    parser.add_argument(
-        "--repository",
-        default=None,
-        metavar="OWNER/REPO",
-        help="also require the signing workflow to run in this GitHub repository",
-    )
-    parser.add_argument(
-        "--signing-policy",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help=(
-            "TOML file with identity (or identity_regexp), issuer and optional repository "
-            "(instead of the flags)"
-        ),
-    )
-    parser.add_argument(
-        "--offline",
-        action="store_true",
-        help="verify bundles with the trust root embedded in sigstore (no network)",
-    )
-    parser.add_argument(
-        "--allow-unsigned",
-        action="store_true",
-        help="local use only: accept certs without a verified signature (the result says so)",
-    )
+    add_policy_arguments(parser)
     parser.set_defaults(func=handle)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from batch_invariance.core.llama_flags import FlagError, read_flags
 from batch_invariance.core.server_options import NEUTRAL, lookup
 from batch_invariance.deploy.config import ServerCommand
+from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.errors import UsageError
 
 
@@ -32,45 +33,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="B",
         help="its sigstore bundle (default: CERT.sigstore.json beside it)",
     )
-    who = parser.add_mutually_exclusive_group()
-    who.add_argument(
-        "--cert-identity",
-        default=None,
-        metavar="ID",
-        help="the bundle must be signed by this identity (SAN)",
-    )
-    who.add_argument(
-        "--cert-identity-regexp",
-        default=None,
-        metavar="REGEX",
-        help="the same, as a regular expression the whole SAN must match",
-    )
-    parser.add_argument(
-        "--cert-oidc-issuer", default=None, metavar="URL", help="OIDC issuer of --cert-identity"
-    )
-    parser.add_argument(
-        "--repository",
-        default=None,
-        metavar="OWNER/REPO",
-        help="also require the signing workflow to run in this repository",
-    )
-    parser.add_argument(
-        "--signing-policy",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="TOML file with identity, issuer and optional repository",
-    )
-    parser.add_argument(
-        "--offline",
-        action="store_true",
-        help="verify the bundle with sigstore's embedded trust root",
-    )
-    parser.add_argument(
-        "--allow-unsigned",
-        action="store_true",
-        help="local use only: serve a cert without a verified signature",
-    )
+    add_policy_arguments(parser)
     parser.add_argument("neutral", nargs="*", metavar="-- NEUTRAL",
                         help="after --: neutral llama-server options to add or replace "
                              "(--host, --port, --api-key, --metrics, --timeout ...)")  # fmt: skip

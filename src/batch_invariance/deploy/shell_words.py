@@ -140,6 +140,11 @@ class _Lexer:
             self._append(Part("$", quoted))
             self.i += 1
 
+    def _backticks(self) -> None:
+        self._problem("command substitution `...`")
+        end = self.text.find("`", self.i + 1)
+        self.i = len(self.text) if end < 0 else end + 1
+
     def _double_quoted(self) -> None:
         text = self.text
         self.i += 1
@@ -155,9 +160,7 @@ class _Lexer:
             elif char == "$":
                 self._dollar(quoted=True)
             elif char == "`":
-                self._problem("command substitution `...`")
-                end = text.find("`", self.i + 1)
-                self.i = len(text) if end < 0 else end + 1
+                self._backticks()
             else:
                 self.line += char == "\n"
                 self._append(Part(char, True))
@@ -218,9 +221,7 @@ class _Lexer:
             elif char == "$":
                 self._dollar(quoted=False)
             elif char == "`":
-                self._problem("command substitution `...`")
-                end = text.find("`", self.i + 1)
-                self.i = len(text) if end < 0 else end + 1
+                self._backticks()
             else:
                 self._append(Part(char, False))
                 self.i += 1
