@@ -24,9 +24,9 @@ def test_the_committed_table_is_the_real_binarys_help(live_pair: Provisioned) ->
         assert kind in ("neutral", "owned", "compared", "unclassified")
         # Every spelling, and its --snake_case form, is read as this option ...
         for name in (*spec.names, *spec.negatives):
-            assert server_options.lookup(name) is spec
+            assert server_options.lookup(name) == spec
             if name.startswith("--"):
-                assert server_options.lookup("--" + name[2:].replace("-", "_")) is spec
+                assert server_options.lookup("--" + name[2:].replace("-", "_")) == spec
         # ... and an unclassified one is named as such by the reader.
         argv = [spec.names[0], *["1"] * spec.nvalues]
         flags = read_flags(argv, first_is_binary=False)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from batch_invariance.core.server_options import OPTION_VARIABLES
+
 #: Variables with these prefixes are read by ggml, its backends' runtimes or llama.cpp.
 ENGINE_ENV_PREFIXES = (
     "GGML_", "LLAMA_", "LLAMACPP_", "MTMD_", "CUDA_", "CUBLAS_", "NVIDIA_", "HIP_", "ROCR_",
@@ -33,8 +35,8 @@ NO_USER_CONFIG = "/dev/null"
 
 def is_engine_variable(name: str) -> bool:
     """True for a variable the server reads other than its ``LLAMA_ARG_*`` flags."""
-    if name.startswith("LLAMA_ARG_"):
-        return False
+    if name.startswith("LLAMA_ARG_") or name in OPTION_VARIABLES:
+        return False  # an option's own variable: read (and compared) as that option
     return name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)
 
 

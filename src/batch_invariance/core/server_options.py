@@ -44,7 +44,8 @@ class OptionSpec:
     negatives: tuple[str, ...] = ()
     #: How many values follow it on the command line (0 = a switch).
     nvalues: int = 0
-    #: Its ``LLAMA_ARG_*`` variable (``None``: none).
+    #: The variable it is read from (``LLAMA_ARG_*``, ``LLAMA_API_KEY``, ``HF_TOKEN``; ``None``:
+    #: none).
     env: str | None = None
 
     @property
@@ -56,7 +57,7 @@ class OptionSpec:
         """``LLAMA_ARG_NO_*``: set to anything, it switches the option off."""
         if self.env is None or not self.negatives:
             return None
-        return self.env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_", 1)
+        return self.env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_")  # string_replace_all
 
     def to_record(self) -> dict[str, object]:
         return {
@@ -67,7 +68,7 @@ class OptionSpec:
         }
 
 
-_ENV = re.compile(r"\(env:\s*(LLAMA_ARG_[A-Z0-9_]+)\)")
+_ENV = re.compile(r"\(env:\s*([A-Z][A-Z0-9_]*)\)")
 #: ``--help`` prints the spellings and value hints in the first 37 columns, then the help.
 _HELP_COLUMN = 40
 
@@ -162,6 +163,10 @@ OPTIONS: tuple[OptionSpec, ...] = _load_table()
 #: Every spelling (positive and negative) -> its option.
 BY_NAME: Mapping[str, OptionSpec] = {n: s for s in OPTIONS for n in (*s.names, *s.negatives)}
 BY_CANONICAL: Mapping[str, OptionSpec] = {s.canonical: s for s in OPTIONS}
+#: Every variable an option is read from (its ``LLAMA_ARG_NO_*`` form included).
+OPTION_VARIABLES: frozenset[str] = frozenset(
+    v for s in OPTIONS for v in (s.env, s.negative_env) if v is not None
+)
 
 
 def canonical_spelling(token: str) -> str:
@@ -183,6 +188,7 @@ NEUTRAL: Mapping[str, str] = {
     "--reuse-port": "a socket option of the listener",
     "--api-key": "request authentication only",
     "--api-key-file": "request authentication only",
+    "--hf-token": "a download credential; a model is identified by its file, not its source",
     "--ssl-key-file": "TLS on the transport only",
     "--ssl-cert-file": "TLS on the transport only",
     "--cors-origins": "HTTP response headers only",
@@ -247,7 +253,7 @@ _COMPARED_TEXT = """
 --cache-reuse --jinja --reasoning-format --reasoning --reasoning-effort --reasoning-budget
 --reasoning-budget-message --reasoning-preserve --chat-template --chat-template-file
 --skip-chat-parsing --prefill-assistant --slot-prompt-similarity --lora-init-without-apply
---props --fit-print
+--props --fit-print --mmproj-device
 """
 #: Speculative decoding (a draft model, n-gram lookup) changes which tokens are verified
 #: together: every ``--spec-*`` / ``--draft*`` option and the bundled presets are compared.
