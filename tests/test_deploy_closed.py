@@ -1,8 +1,8 @@
 """check-deploy fails closed on every way a deploy could run what the cert never measured.
 
 One reproducer per class, through the CLI, against a promotable GREEN of (ctx 1024, N 4,
-split, ``-ub 1``): each used to pass and now fails naming the cause; the measured deploy
-still passes, plain and with neutral options.
+split, ``-ub 1``): each fails closed naming the cause; the measured deploy passes, plain and
+with neutral options.
 """
 
 from __future__ import annotations

@@ -2,9 +2,13 @@
 
 llama-server's own rules apply (see :mod:`batch_invariance.core.llama_flags`): no ``-np`` (or
 ``-np -1``) is 4 slots sharing one unified KV pool; ``-c 0`` or no ``-c`` is the model's
-training context, read from the GGUF header when the file is here. A cell's ``ctx`` is the
-context per slot (``-c / N``), which is what a cert's ``ctx`` means; for a unified pool the
-pool itself (``-c``) must also equal the one measured.
+training context, read from the GGUF header when the file is here; ``-c`` is padded as
+llama.cpp pads it. A cell's ``ctx`` is the context per slot after padding, which is what a
+cert's ``ctx`` means; for a unified pool the padded pool must also equal the one measured.
+A cell also carries why it cannot be covered whatever the certs say (a word the server
+rejects, an option in no class, a config file it would read, a variable whose value the
+reader lost, a model path that is not on this host), and the variables ggml reads.
+A ``batch-invariance serve CERT`` line is read as the server it execs.
 """
 
 from __future__ import annotations
