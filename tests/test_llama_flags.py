@@ -208,7 +208,7 @@ def test_measured_servers_get_no_llama_arg_variables_and_no_user_config() -> Non
 
     env = server_env(
         {"PATH": "/bin", "LLAMA_ARG_UBATCH": "512", "LLAMA_ARG_N_PARALLEL": "8",
-         "XDG_CONFIG_HOME": "/home/u/.config", "GGML_CUDA_NO_PINNED": "1"}
+         "LLAMA_API_KEY": "k", "XDG_CONFIG_HOME": "/home/u/.config", "GGML_CUDA_NO_PINNED": "1"}
     )  # fmt: skip
     assert env == {"PATH": "/bin", "XDG_CONFIG_HOME": "/dev/null", "GGML_CUDA_NO_PINNED": "1"}
     # Nothing can exist under /dev/null: the server reads only the system-wide file.

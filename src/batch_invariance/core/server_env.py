@@ -56,3 +56,14 @@ def config_files(env: Mapping[str, str], home: str | None) -> tuple[str, ...]:
     if base is not None:
         out.append(f"{base.rstrip('/')}/llama.cpp/config.ini")
     return tuple(out)
+
+
+def measured_env(parent: Mapping[str, str]) -> dict[str, str]:
+    """The variables a server the tool starts (run-live, ``serve``) gets from ``parent``: none
+    an option is read from (``LLAMA_ARG_*``, ``LLAMA_API_KEY`` ...), and
+    ``XDG_CONFIG_HOME=/dev/null`` so that no user config file is read."""
+    out = {
+        k: v for k, v in parent.items() if not (k.startswith("LLAMA_ARG_") or k in OPTION_VARIABLES)
+    }
+    out["XDG_CONFIG_HOME"] = NO_USER_CONFIG
+    return out

@@ -118,7 +118,7 @@ def parse_serve_line(argv: Sequence[str], base_dir: Path | None, origin: str) ->
 def served_command(command: ServerCommand) -> ServerCommand:
     """The llama-server a ``batch-invariance serve CERT`` line execs, as a server command
     (environment as serve gives it: no ``LLAMA_ARG_*``, no user config file)."""
-    from batch_invariance.core.server_env import NO_USER_CONFIG
+    from batch_invariance.core.server_env import measured_env
 
     line = parse_serve_line(command.argv, command.base_dir, command.origin)
     try:
@@ -130,12 +130,10 @@ def served_command(command: ServerCommand) -> ServerCommand:
         argv = serve_argv(measured_argv(provenance or {}), line.neutral)
     except ServeRefused as exc:
         raise ServeRefused(f"{command.origin}: {exc}") from None
-    env = {k: v for k, v in command.env.items() if not k.startswith("LLAMA_ARG_")}
-    env["XDG_CONFIG_HOME"] = NO_USER_CONFIG
     return ServerCommand(
         origin=command.origin,
         argv=argv,
-        env=env,
+        env=measured_env(command.env),
         base_dir=command.base_dir,
         unread_env_files=command.unread_env_files,
         unknown_env=command.unknown_env,

@@ -30,7 +30,7 @@ from typing import IO, Any, Literal
 import requests
 
 from batch_invariance.core.llama_flags import flag_conflicts
-from batch_invariance.core.server_env import NO_USER_CONFIG, SYSTEM_CONFIG, engine_env
+from batch_invariance.core.server_env import SYSTEM_CONFIG, engine_env, measured_env
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.base import LaunchCommand
 from batch_invariance.errors import InfraError
@@ -151,17 +151,15 @@ def build_argv(
 
 
 def server_env(parent: Mapping[str, str]) -> dict[str, str]:
-    """The environment a measured (or ``serve``d) server gets: the tool's own without
-    ``LLAMA_ARG_*`` and with ``XDG_CONFIG_HOME=/dev/null``.
+    """The environment a measured (or ``serve``d) server gets: the tool's own without the
+    variables options are read from (``LLAMA_ARG_*`` ...) and with ``XDG_CONFIG_HOME=/dev/null``.
 
     llama-server reads those variables as flags and the user config file as defaults; either
     would change what runs without showing in the recorded argv (which check-deploy compares).
     The variables ggml reads (:mod:`batch_invariance.core.server_env`) are passed on and
     recorded in the server's provenance (``engine_env``).
     """
-    env = {k: v for k, v in parent.items() if not k.startswith("LLAMA_ARG_")}
-    env["XDG_CONFIG_HOME"] = NO_USER_CONFIG
-    return env
+    return measured_env(parent)
 
 
 def refuse_system_config() -> None:
