@@ -9,8 +9,13 @@ under a policy no looser than the defaults, and signed (unless ``--allow-unsigne
   identified, so the cell is not covered;
 * ctx per slot, N and the KV layout (split or unified; for unified, the same pool ``-c``),
   against the argv of the B/C server the cert records (``provenance.servers``);
-* every numerics flag (:func:`batch_invariance.core.llama_flags.numerics_differences`): KV cache
-  types, ``-fa``, ``-b``, ``-ub``, ``-ngl``, ``--cache-ram``, speculative/draft, ``-bs``, LoRA ...;
+* every option that is not neutral (:func:`batch_invariance.core.llama_flags.numerics_differences`
+  over llama-server's own option table): KV cache types, ``-fa``, ``-b``, ``-ub``, ``-ngl``,
+  ``--cache-ram``, MoE placement, speculative/draft, ``-bs``, LoRA ...; and the variables ggml
+  reads (:func:`engine_env_differences`);
+* nothing the cell itself cannot be covered for (``DeployCell.not_covered``: an option in no
+  class, a word llama-server rejects, a config file it would read ...), and nothing in the file
+  the reader did not model (``DeployReport.unmodelled``);
 * answer length: a deploy that fixes ``-n L`` needs a cert measured at answers up to L tokens
   (``promotion_scope.answer_tokens_max``, else the run's ``n_predict``).
 
