@@ -1,9 +1,11 @@
 """`batch-invariance check-deploy CONFIG --certs DIR`: the deploy gate.
 
 Passes (exit 0) only when every cell of the deploy config with ``parallel > 1`` is covered by
-a cert in DIR that measured exactly that cell (model identity, ctx per slot, N, KV layout,
-numerics flags, answer length), verifies, is promotable and carries a sigstore bundle that
-verifies against the identity policy (``--allow-unsigned`` skips signatures, and says so).
+a cert in DIR that measured exactly that cell (model identity, server build, ctx per slot, N,
+KV layout, numerics flags, answer length), verifies, is promotable and carries a sigstore
+bundle that verifies against the identity policy, source repository included
+(``--allow-unsigned`` skips signatures, and says so). A deploy with no ``-n`` cap passes with
+its scope on the PASS line: answers up to the longest length the cert measured.
 Exit 3 when a cell is not covered, 5 when a covering cert or its signature is invalid.
 The rules: docs/deploy.md.
 """
@@ -40,6 +42,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="DIR",
         help="fills {MODELS_DIR} in a models.toml (default: $MODELS_DIR)",
     )
+    parser.add_argument(
+        "--server-binary",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=(
+            "the llama-server binary the deploy runs, for deploy files that name none readable "
+            "here (models.toml, a container image, a bare name): its sha256 must be the build "
+            "the cert measured"
+        ),
+    )
     who = parser.add_mutually_exclusive_group()
     who.add_argument(
         "--cert-identity",
@@ -60,7 +73,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--repository",
         default=None,
         metavar="OWNER/REPO",
-        help="also require the signing workflow to run in this GitHub repository",
+        help=(
+            "the GitHub repository each covering cert must have been signed for (the signing "
+            "certificate's source-repository claim); required with an identity policy"
+        ),
+    )
+    parser.add_argument(
+        "--any-repository",
+        action="store_true",
+        help=(
+            "accept a cert signed for any repository whose job matches the identity (not for "
+            "the reusable cell workflow: every caller signs as it; see docs/deploy.md)"
+        ),
     )
     parser.add_argument(
         "--signing-policy",
@@ -68,8 +92,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         metavar="FILE",
         help=(
-            "TOML file with identity (or identity_regexp), issuer and optional repository "
-            "(instead of the flags)"
+            "TOML file with identity (or identity_regexp), issuer and repository (or "
+            "any_repository = true) instead of the flags"
         ),
     )
     parser.add_argument(
@@ -92,6 +116,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
 
     identity, issuer, repository = args.cert_identity, args.cert_oidc_issuer, args.repository
     pattern = args.cert_identity_regexp
+    any_repository = bool(args.any_repository)
     if args.signing_policy is not None:
         try:
             text = args.signing_policy.read_text(encoding="utf-8")
@@ -107,9 +132,10 @@ def signing_policy(args: argparse.Namespace) -> Any:
                 )
         issuer = issuer or table.get("issuer")
         repository = repository or table.get("repository")
+        any_repository = any_repository or table.get("any_repository") is True
     if pattern:
         identity = pattern
-    given = identity or issuer or repository
+    given = identity or issuer or repository or any_repository
     if args.allow_unsigned:
         if given:
             raise UsageError("--allow-unsigned skips signatures; drop it or the identity policy")
@@ -119,6 +145,15 @@ def signing_policy(args: argparse.Namespace) -> Any:
             "check-deploy verifies every covering cert's signature: pass --cert-identity (or "
             "--cert-identity-regexp) and --cert-oidc-issuer (or --signing-policy FILE), or "
             "--allow-unsigned for a local check"
+        )
+    if repository and any_repository:
+        raise UsageError("give --repository or --any-repository, not both")
+    if not (isinstance(repository, str) and repository) and not any_repository:
+        raise UsageError(
+            "check-deploy needs --repository OWNER/REPO (or `repository` in --signing-policy): "
+            "every repository that calls the reusable cell workflow signs with the same "
+            "workflow identity, so the identity alone accepts a cert signed for any of them "
+            "(--any-repository accepts that explicitly)"
         )
     signer = SignerPolicy(
         identity=identity,
@@ -137,7 +172,7 @@ def handle(args: argparse.Namespace) -> int:
     signing = signing_policy(args)
     models_dir = args.models_dir or os.environ.get("MODELS_DIR")
     cells = load_deploy_cells(args.config, models_dir)
-    report = check_cells(args.config, cells, args.certs, signing)
+    report = check_cells(args.config, cells, args.certs, signing, server_binary=args.server_binary)
 
     for cell in report.serial:
         print(f"skip  {cell.label}  [{cell.origin}]  parallel 1: no batching, no cert needed")
@@ -149,7 +184,14 @@ def handle(args: argparse.Namespace) -> int:
         print(f"check-deploy: PASS: {args.config} runs no batched cell (parallel > 1){note}")
         return exitcodes.PROMOTABLE
     if report.passed:
-        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified{note}")
+        scopes = [c.answers_up_to for c in report.checks if c.answers_up_to is not None]
+        scope = (
+            f"; covers answers up to {min(scopes)} tokens (no -n cap in {len(scopes)} cell(s): "
+            "longer answers were never measured)"
+            if scopes
+            else ""
+        )
+        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified{scope}{note}")
         return exitcodes.PROMOTABLE
     failing = report.failing
     print(

@@ -42,6 +42,12 @@ class DeployCell:
     pool: int | None
     #: Environment files that could not be read (the cell fails closed).
     unread_env_files: tuple[str, ...] = ()
+    #: The server binary as the deploy names it (``argv[0]``).
+    binary: str = "llama-server"
+    #: Where that binary is on this machine; ``None`` when it cannot be located here.
+    binary_path: Path | None = None
+    #: Why it cannot be located here (for the message); ``None`` when it was.
+    binary_missing: str | None = None
 
     @property
     def parallel(self) -> int:
@@ -82,6 +88,26 @@ def _host_path(model: str, command: ServerCommand) -> Path:
     return path if path.is_absolute() else command.base_dir / path
 
 
+def _binary_path(command: ServerCommand) -> tuple[Path | None, str | None]:
+    """Where the server binary of ``command`` is on this machine, or why it is not here: a
+    path as written (relative to the deploy file's folder), a bare name looked up on the
+    deploy's ``PATH`` (its own, else this process's)."""
+    import os
+    import shutil
+
+    word = command.argv[0] if command.argv else "llama-server"
+    if command.binary_elsewhere is not None:
+        return None, f"server binary {word} {command.binary_elsewhere}"
+    if "/" not in word:
+        search = command.env.get("PATH") or os.environ.get("PATH", "")
+        found = shutil.which(word, path=search)
+        if found is None:
+            return None, f"server binary {word} is not on PATH here"
+        return Path(found), None
+    path = Path(word).expanduser()
+    return (path if path.is_absolute() else command.base_dir / path), None
+
+
 def _trained_ctx(path: Path | None) -> int | None:
     if path is None or not path.is_file():
         return None
@@ -114,6 +140,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
                 f"{command.origin}: no model (-m/--model) in this llama-server command"
             )
     pool = ctx_size if ctx_size > 0 else _trained_ctx(path)
+    binary_path, binary_missing = _binary_path(command)
     return DeployCell(
         origin=command.origin,
         model=model,
@@ -124,6 +151,9 @@ def cell_of(command: ServerCommand) -> DeployCell:
         ctx_size=ctx_size,
         pool=pool,
         unread_env_files=command.unread_env_files,
+        binary=command.argv[0] if command.argv else "llama-server",
+        binary_path=binary_path,
+        binary_missing=binary_missing,
     )
 
 

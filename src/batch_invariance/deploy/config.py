@@ -58,6 +58,9 @@ class ServerCommand:
     mounts: tuple[tuple[str, str], ...] = ()
     #: Environment files that could not be read (their variables are unknown).
     unread_env_files: tuple[str, ...] = field(default_factory=tuple)
+    #: Why ``argv[0]`` names no file on this host (inside a container image; a registry that
+    #: names no binary); ``None`` when it does. The build then cannot be checked here.
+    binary_elsewhere: str | None = None
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
@@ -269,6 +272,7 @@ def compose_commands(
                 base_dir=base_dir,
                 mounts=tuple(mounts),
                 unread_env_files=tuple(unread),
+                binary_elsewhere=f"runs inside the container image {image or '(built here)'}",
             )
         )
     return tuple(out)
@@ -296,6 +300,7 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[Server
                 model_override=str(gguf),
                 alias=alias,
                 base_dir=path.parent,
+                binary_elsewhere=f"{path.name} names no server binary",
             )
         )
     return tuple(out)
