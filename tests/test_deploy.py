@@ -117,11 +117,9 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     return finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir).path
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """A model file, a server binary on PATH, a promotable split cert (ctx 1024, N 4, -ub 1),
-    a mock cert (N 2) and, in its own folder, a promotable unified-KV cert of the same cell."""
-    root = tmp_path_factory.mktemp("deploy")
+def deploy_files(root: Path) -> tuple[Path, Path]:
+    """The model file and the server binary a cell is measured on: ``root/models`` and
+    ``root/bin`` (where :func:`_provenance` looks for the binary)."""
     model = root / "models" / f"{MODEL}.gguf"
     model.parent.mkdir()
     model.write_bytes(b"GGUF" + b"\x01" * 4096)
@@ -129,6 +127,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     binary.parent.mkdir()
     binary.write_bytes(b"\x7fELF measured build")
     binary.chmod(0o755)
+    return model, binary
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """A model file, a server binary on PATH, a promotable split cert (ctx 1024, N 4, -ub 1),
+    a mock cert (N 2) and, in its own folder, a promotable unified-KV cert of the same cell."""
+    root = tmp_path_factory.mktemp("deploy")
+    model, binary = deploy_files(root)
     certs = root / "certs"
     green = _live_cert(certs, model)
     assert json.loads(green.read_text())["status"] == "green"

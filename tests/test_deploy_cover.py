@@ -34,7 +34,7 @@ from batch_invariance.commands.check_deploy import signing_policy
 from batch_invariance.deploy.cells import load_deploy_cells
 from batch_invariance.deploy.gate import check_cells
 from batch_invariance.errors import CertInvalid, UsageError
-from test_deploy import MODEL, OK_FLAGS, SIGSTORE, _live_cert
+from test_deploy import MODEL, OK_FLAGS, SIGSTORE, _live_cert, deploy_files
 
 WHEEL = "rfc8785-0.1.2-py3-none-any.whl"
 RELEASE_SAN = (
@@ -48,12 +48,7 @@ needs_bundle = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def cover(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     root = tmp_path_factory.mktemp("cover")
-    model = root / "models" / f"{MODEL}.gguf"
-    model.parent.mkdir()
-    model.write_bytes(b"GGUF" + b"\x01" * 4096)
-    binary = root / "bin" / "llama-server"
-    binary.parent.mkdir()
-    binary.write_bytes(b"\x7fELF measured build")
+    model, binary = deploy_files(root)
     certs = root / "certs"
     green = _live_cert(certs, model)
     yield {"root": root, "model": model, "binary": binary, "certs": certs, "green": green}
