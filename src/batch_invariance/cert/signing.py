@@ -261,9 +261,9 @@ def classify_failure(message: str, policy: SignerPolicy) -> str:
                 f"signed for {policy.repository}"
             )
         got = text.split("(got ", 1)[1].split(",", 1)[0] if "(got " in text else "?"
+        wanted = repository_uri(policy.repository) if policy.repository else "?"
         return (
-            f"signature repository mismatch: signed for source repository {got}, expected "
-            f"{repository_uri(check_repository(policy.repository or '?/?'))}"
+            f"signature repository mismatch: signed for source repository {got}, expected {wanted}"
         )
     lowered = text.lower()
     if any(k in lowered for k in ("verified time", "certificate chain", "trust root", "ct log")):
@@ -284,17 +284,12 @@ _REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
 
 def repository_uri(repository: str) -> str:
-    """``OWNER/REPO`` as the certificate's source-repository claim spells it."""
-    return f"https://github.com/{repository}"
-
-
-def check_repository(repository: str) -> str:
-    """``repository`` as ``OWNER/REPO`` (a ``https://github.com/`` prefix dropped); a usage
-    error when it is not one."""
+    """``OWNER/REPO`` (or its ``https://github.com/`` URL) as the certificate's
+    source-repository claim spells it; a usage error when it is not one."""
     name = repository.strip().removeprefix("https://github.com/").rstrip("/")
     if not _REPOSITORY.match(name):
         raise UsageError(f"repository {repository!r} is not OWNER/REPO (e.g. octo-org/llm-deploy)")
-    return name
+    return f"https://github.com/{name}"
 
 
 class _IdentityPattern:
@@ -336,8 +331,7 @@ def policy_for(wanted: SignerPolicy) -> Any:
         else policy.Identity(identity=wanted.identity, issuer=wanted.issuer)
     ]
     if wanted.repository:
-        repository = check_repository(wanted.repository)
-        rules.append(policy.OIDCSourceRepositoryURI(repository_uri(repository)))
+        rules.append(policy.OIDCSourceRepositoryURI(repository_uri(wanted.repository)))
     return policy.AllOf(rules)
 
 
