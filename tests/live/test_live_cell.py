@@ -92,6 +92,10 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     assert prov["server_binary"]["sha256"] == live_pair.server_sha256
     assert prov["model_file"]["sha256"] == live_pair.model_sha256
     assert prov["model_file"]["gguf"]["architecture"] == "gemma3"
+    # Every item names the request the server saw; the subset's prompts are all distinct.
+    keys = {item.request_key for item in cert.evidence.items}
+    assert None not in keys and len(keys) == len(cert.evidence.items)
+    assert prov["workset"]["duplicate_prompts"] == []
     assert prov["is_moe"] is False
     assert prov["host"]["cpu_count"] >= 1 and prov["host"]["os"]
     assert prov["server_launches"] == 2

@@ -239,6 +239,10 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
     if out["evidence"].get("b_ids") is None:
         # Likewise: B on every id, as every cert written before B could run on a subset.
         out["evidence"].pop("b_ids", None)
+    for item in out["evidence"]["items"]:
+        if item.get("request_key") is None:
+            # Likewise: items of certs written before request keys were recorded.
+            item.pop("request_key", None)
     return out
 
 

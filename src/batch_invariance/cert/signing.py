@@ -253,8 +253,18 @@ def classify_failure(message: str, policy: SignerPolicy) -> str:
         return f"signature identity mismatch: signed by {actual}, expected {wanted}"
     if "OIDCIssuer" in text:
         return f"signature issuer mismatch: {text} (expected issuer {policy.issuer})"
-    if "GitHubWorkflowRepository" in text:
-        return f"signature repository mismatch: {text} (expected {policy.repository})"
+    if SOURCE_REPOSITORY_POLICY in text:
+        if "does not contain" in text:
+            return (
+                "signature repository mismatch: the signing certificate carries no "
+                f"source-repository claim ({SOURCE_REPOSITORY_OID}), so it cannot show it was "
+                f"signed for {policy.repository}"
+            )
+        got = text.split("(got ", 1)[1].split(",", 1)[0] if "(got " in text else "?"
+        wanted = repository_uri(policy.repository) if policy.repository else "?"
+        return (
+            f"signature repository mismatch: signed for source repository {got}, expected {wanted}"
+        )
     lowered = text.lower()
     if any(k in lowered for k in ("verified time", "certificate chain", "trust root", "ct log")):
         # The bundle's certificate or log entry is not anchored in the trust root we used:
@@ -264,6 +274,22 @@ def classify_failure(message: str, policy: SignerPolicy) -> str:
             "bundle from `sign --staging` verifies only with --staging, and vice versa"
         )
     return f"signature verification failed: {text}"
+
+
+#: The Fulcio certificate extension that names the repository a GitHub Actions job ran for
+#: (the caller's, also when a reusable workflow signs), and sigstore's policy class for it.
+SOURCE_REPOSITORY_OID = "1.3.6.1.4.1.57264.1.12"
+SOURCE_REPOSITORY_POLICY = "OIDCSourceRepositoryURI"
+_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+def repository_uri(repository: str) -> str:
+    """``OWNER/REPO`` (or its ``https://github.com/`` URL) as the certificate's
+    source-repository claim spells it; a usage error when it is not one."""
+    name = repository.strip().removeprefix("https://github.com/").rstrip("/")
+    if not _REPOSITORY.match(name):
+        raise UsageError(f"repository {repository!r} is not OWNER/REPO (e.g. octo-org/llm-deploy)")
+    return f"https://github.com/{name}"
 
 
 class _IdentityPattern:
@@ -305,7 +331,7 @@ def policy_for(wanted: SignerPolicy) -> Any:
         else policy.Identity(identity=wanted.identity, issuer=wanted.issuer)
     ]
     if wanted.repository:
-        rules.append(policy.GitHubWorkflowRepository(wanted.repository))
+        rules.append(policy.OIDCSourceRepositoryURI(repository_uri(wanted.repository)))
     return policy.AllOf(rules)
 
 
@@ -349,7 +375,8 @@ def verify_bundle(
 
     The policy is the certificate SAN ``identity`` (exact, or a full-match regular expression
     with ``identity_is_regexp``) plus OIDC ``issuer`` and, when ``repository`` is given, the
-    GitHub workflow repository (``OWNER/REPO``). ``trust.staging`` verifies against the
+    certificate's source-repository claim (``OWNER/REPO``, extension
+    :data:`SOURCE_REPOSITORY_OID`). ``trust.staging`` verifies against the
     Sigstore staging instance (bundles from ``sign --staging``); ``trust.offline`` uses the
     trust root embedded in sigstore (no network; HOME must be writable for its cache). Raises
     CertInvalid with a distinct one-line message for a missing or corrupt bundle, a changed

@@ -1,7 +1,8 @@
 """The one verification path and the one promotability rule.
 
 :func:`verify_text` parses a cert once (schema, digest: :mod:`~batch_invariance.cert.parse`),
-refuses one written under other rules, re-derives it once from its own evidence, checks its
+refuses one written under other rules, checks that its evidence is one consistent record
+(:mod:`~batch_invariance.cert.structure`), re-derives it once from its own evidence, checks its
 identity against its own provenance (:mod:`~batch_invariance.cert.identity`) and then says
 whether it is promotable. Everything that reads a cert asks it: ``verify-cert``,
 :func:`is_promotable`, :func:`cert_is_green`, check-deploy and the Action.
@@ -27,6 +28,7 @@ from batch_invariance.cert.schema import (
     cert_to_json,
     display_verdict,
 )
+from batch_invariance.cert.structure import structure_problems
 from batch_invariance.core.evidence import policy_problems
 from batch_invariance.errors import CertInvalid
 
@@ -111,7 +113,8 @@ def verify_cert(cert: Cert, origin: str = "cert", path: Path | None = None) -> V
     version = version_problem(origin, CertHeader(cert.cert_version, cert.tool_version))
     if version is not None:
         return _invalid(path, cert, [version])
-    problems = _rederivation_problems(cert, origin)
+    problems = [f"{origin}: {p}" for p in structure_problems(cert)]
+    problems += _rederivation_problems(cert, origin)
     problems += [f"{origin}: {p}" for p in identity_problems(cert)]
     if problems:
         return _invalid(path, cert, problems)

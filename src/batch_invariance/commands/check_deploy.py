@@ -1,9 +1,11 @@
 """`batch-invariance check-deploy CONFIG --certs DIR`: the deploy gate.
 
 Passes (exit 0) only when every cell of the deploy config with ``parallel > 1`` is covered by
-a cert in DIR that measured exactly that cell (model identity, ctx per slot, N, KV layout,
-numerics flags, answer length), verifies, is promotable and carries a sigstore bundle that
-verifies against the identity policy (``--allow-unsigned`` skips signatures, and says so).
+a cert in DIR that measured exactly that cell (model identity, server build, ctx per slot, N,
+KV layout, numerics flags, answer length), verifies, is promotable and carries a sigstore
+bundle that verifies against the identity policy, source repository included
+(``--allow-unsigned`` skips signatures, and says so). A deploy with no ``-n`` cap passes with
+its scope on the PASS line: answers up to the longest length the cert measured.
 Exit 3 when a cell is not covered, 5 when a covering cert or its signature is invalid.
 The rules: docs/deploy.md.
 """
@@ -41,6 +43,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="DIR",
         help="fills {MODELS_DIR} in a models.toml (default: $MODELS_DIR)",
     )
+    parser.add_argument(
+        "--server-binary",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=(
+            "the llama-server binary the deploy runs, for deploy files that name none readable "
+            "here (models.toml, a container image, a bare name): its sha256 must be the build "
+            "the cert measured"
+        ),
+    )
     add_policy_arguments(parser)
     parser.set_defaults(func=handle)
 
@@ -52,6 +65,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
 
     identity, issuer, repository = args.cert_identity, args.cert_oidc_issuer, args.repository
     pattern = args.cert_identity_regexp
+    any_repository = bool(args.any_repository)
     if args.signing_policy is not None:
         try:
             text = args.signing_policy.read_text(encoding="utf-8")
@@ -67,9 +81,10 @@ def signing_policy(args: argparse.Namespace) -> Any:
                 )
         issuer = issuer or table.get("issuer")
         repository = repository or table.get("repository")
+        any_repository = any_repository or table.get("any_repository") is True
     if pattern:
         identity = pattern
-    given = identity or issuer or repository
+    given = identity or issuer or repository or any_repository
     if args.allow_unsigned:
         if given:
             raise UsageError("--allow-unsigned skips signatures; drop it or the identity policy")
@@ -79,6 +94,15 @@ def signing_policy(args: argparse.Namespace) -> Any:
             "check-deploy verifies every covering cert's signature: pass --cert-identity (or "
             "--cert-identity-regexp) and --cert-oidc-issuer (or --signing-policy FILE), or "
             "--allow-unsigned for a local check"
+        )
+    if repository and any_repository:
+        raise UsageError("give --repository or --any-repository, not both")
+    if not (isinstance(repository, str) and repository) and not any_repository:
+        raise UsageError(
+            "check-deploy needs --repository OWNER/REPO (or `repository` in --signing-policy): "
+            "every repository that calls the reusable cell workflow signs with the same "
+            "workflow identity, so the identity alone accepts a cert signed for any of them "
+            "(--any-repository accepts that explicitly)"
         )
     signer = SignerPolicy(
         identity=identity,
@@ -97,7 +121,14 @@ def handle(args: argparse.Namespace) -> int:
     signing = signing_policy(args)
     models_dir = args.models_dir or os.environ.get("MODELS_DIR")
     read = load_deploy_cells(args.config, models_dir)
-    report = check_cells(args.config, read.cells, args.certs, signing, unmodelled=read.unmodelled)
+    report = check_cells(
+        args.config,
+        read.cells,
+        args.certs,
+        signing,
+        unmodelled=read.unmodelled,
+        server_binary=args.server_binary,
+    )
 
     for cell in report.serial:
         print(f"skip  {cell.label}  [{cell.origin}]  parallel 1: no batching, no cert needed")
@@ -118,7 +149,14 @@ def handle(args: argparse.Namespace) -> int:
         print(f"check-deploy: PASS: {args.config} runs no batched cell (parallel > 1){note}")
         return exitcodes.PROMOTABLE
     if report.passed:
-        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified{note}")
+        scopes = [c.answers_up_to for c in report.checks if c.answers_up_to is not None]
+        scope = (
+            f"; covers answers up to {min(scopes)} tokens (no -n cap in {len(scopes)} cell(s): "
+            "longer answers were never measured)"
+            if scopes
+            else ""
+        )
+        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified{scope}{note}")
         return exitcodes.PROMOTABLE
     failing = report.failing
     print(

@@ -126,11 +126,17 @@ class PassRecord:
 
 @dataclass(frozen=True)
 class ItemMeta:
-    """What the report groups by for one test id."""
+    """What the report groups by for one test id, and which request it sent.
+
+    ``request_key`` (:func:`~batch_invariance.core.workitem.request_key`) names the request
+    content the server saw: ids with one key are one distinct prompt for the per-prompt bound.
+    ``None`` only in certs written before it was recorded (their ids count by work-set row).
+    """
 
     test_id: str
     family: str | None = None
     fill: float | None = None
+    request_key: str | None = None
 
 
 @dataclass(frozen=True)

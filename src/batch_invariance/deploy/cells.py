@@ -58,6 +58,12 @@ class DeployCell:
     not_covered: tuple[str, ...] = ()
     #: The variables of its environment that ggml / the runtimes read (compared).
     engine_env: Mapping[str, str] = field(default_factory=dict)
+    #: The server binary as the deploy names it (``argv[0]``).
+    binary: str = "llama-server"
+    #: Where that binary is on this machine; ``None`` when it cannot be located here.
+    binary_path: Path | None = None
+    #: Why it cannot be located here (for the message); ``None`` when it was.
+    binary_missing: str | None = None
 
     @property
     def parallel(self) -> int:
@@ -102,6 +108,30 @@ def _host_path(model: str, command: ServerCommand) -> tuple[Path | None, str | N
         return path, None
     if command.base_dir is None:
         return None, f"model {model} is relative to a folder the reader could not follow"
+    return command.base_dir / path, None
+
+
+def _binary_path(command: ServerCommand) -> tuple[Path | None, str | None]:
+    """Where the server binary of ``command`` is on this machine, or why it is not here: a
+    path as written (relative to the deploy file's folder), a bare name looked up on the
+    deploy's ``PATH`` (its own, else this process's)."""
+    import os
+    import shutil
+
+    word = command.argv[0] if command.argv else "llama-server"
+    if command.binary_elsewhere is not None:
+        return None, f"server binary {word} {command.binary_elsewhere}"
+    if "/" not in word:
+        search = command.env.get("PATH") or os.environ.get("PATH", "")
+        found = shutil.which(word, path=search)
+        if found is None:
+            return None, f"server binary {word} is not on PATH here"
+        return Path(found), None
+    path = Path(word).expanduser()
+    if path.is_absolute():
+        return path, None
+    if command.base_dir is None:
+        return None, f"server binary {word} is relative to a folder the reader could not follow"
     return command.base_dir / path, None
 
 
@@ -166,6 +196,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
             )
     n_ctx = ctx_size if ctx_size > 0 else _trained_ctx(path)
     padded = None if n_ctx is None else padded_context(n_ctx, layout)
+    binary_path, binary_missing = _binary_path(command)
     return DeployCell(
         origin=command.origin,
         model=model,
@@ -178,6 +209,9 @@ def cell_of(command: ServerCommand) -> DeployCell:
         per_slot=None if padded is None else padded.per_slot,
         not_covered=tuple(not_covered),
         engine_env=engine_env(command.env),
+        binary=command.argv[0] if command.argv else "llama-server",
+        binary_path=binary_path,
+        binary_missing=binary_missing,
     )
 
 

@@ -54,6 +54,9 @@ class ServerCommand:
     unread_env_files: tuple[str, ...] = field(default_factory=tuple)
     #: Variables of its environment whose value the reader could not follow.
     unknown_env: tuple[str, ...] = ()
+    #: Why ``argv[0]`` names no file on this host (inside a container image; a registry that
+    #: names no binary); ``None`` when it does. The build then cannot be checked here.
+    binary_elsewhere: str | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,7 @@ def compose_commands(data: Mapping[str, Any], name: str, base_dir: Path) -> Depl
             file = str(item.get("path") if isinstance(item, Mapping) else item)
             _load_env_file(file, base_dir, from_files, unread)
         workdir = str(spec.get("working_dir") or "/")
+        image = str(spec.get("image") or "")
         out.append(
             ServerCommand(
                 origin=where,
@@ -245,6 +249,7 @@ def compose_commands(data: Mapping[str, Any], name: str, base_dir: Path) -> Depl
                 mounts=_bind_mounts(spec.get("volumes"), base_dir),
                 in_container=True,
                 unread_env_files=tuple(unread),
+                binary_elsewhere=f"runs inside the container image {image or '(built here)'}",
             )
         )
     return DeployRead(tuple(out), tuple(unmodelled))
@@ -272,6 +277,7 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[Server
                 model_override=str(gguf),
                 alias=alias,
                 base_dir=path.parent,
+                binary_elsewhere=f"{path.name} names no server binary",
             )
         )
     return tuple(out)

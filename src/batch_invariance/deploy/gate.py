@@ -7,6 +7,8 @@ under a policy no looser than the defaults, and signed (unless ``--allow-unsigne
 * model identity: the sha256 of the deploy's model file when it is readable here, otherwise
   its size and file name (when it can be stat'ed); a model that is not here cannot be
   identified, so the cell is not covered;
+* server build: the sha256 of the deploy's server binary (``provenance.server_binary``); a
+  binary that cannot be read here cannot be checked, so the cell is not covered;
 * ctx per slot, N and the KV layout (split or unified; for unified, the same pool ``-c``),
   against the argv of the B/C server the cert records (``provenance.servers``);
 * every option that is not neutral (:func:`batch_invariance.core.llama_flags.numerics_differences`
@@ -17,7 +19,8 @@ under a policy no looser than the defaults, and signed (unless ``--allow-unsigne
   class, a word llama-server rejects, a config file it would read ...), and nothing in the file
   the reader did not model (``DeployReport.unmodelled``);
 * answer length: a deploy that fixes ``-n L`` needs a cert measured at answers up to L tokens
-  (``promotion_scope.answer_tokens_max``, else the run's ``n_predict``).
+  (``promotion_scope.answer_tokens_max``, else the run's ``n_predict``); a deploy with no cap
+  (no ``-n``, or ``-n -1``) passes only with that measured length printed as its scope.
 
 Each cert file is read once. A file that is not JSON (or holds NaN/Infinity) is named and
 skipped; a cert that fails verification and claims a cell fails that cell as invalid.
@@ -48,7 +51,14 @@ from batch_invariance.core.llama_flags import (
     slot_layout,
 )
 from batch_invariance.deploy.cells import DeployCell
-from batch_invariance.deploy.identity import ModelIdentity, identify_model, model_differences
+from batch_invariance.deploy.identity import (
+    BuildIdentity,
+    ModelIdentity,
+    build_differences,
+    identify_build,
+    identify_model,
+    model_differences,
+)
 from batch_invariance.deploy.serve_plan import ServeRefused, bc_server, measured_argv
 from batch_invariance.errors import CertInvalid, UsageError
 
@@ -101,6 +111,9 @@ class CellCheck:
     kind: CheckKind
     reason: str
     cert: Path | None = None
+    #: The longest answer the covering cert measured, when the deploy sets no ``-n`` cap:
+    #: what a pass covers (longer answers were never compared).
+    answers_up_to: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -235,13 +248,22 @@ def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
     out.extend(numerics_differences(cell.flags, measured))
     out.extend(engine_env_differences(cell.engine_env, cert.provenance))
     limit = cell.flags.n_predict
+    longest = _measured_length(cert)
     if limit is not None and limit > 0:
-        longest = _measured_length(cert)
         if longest is None:
             out.append(f"-n {limit}: the cert records no measured answer length")
         elif longest < limit:
             out.append(f"-n {limit}: the cert measured answers up to {longest} tokens only")
+    elif _uncapped(cell) and longest is None:
+        out.append("no -n cap: the cert records no measured answer length to scope a pass to")
     return tuple(out)
+
+
+def _uncapped(cell: DeployCell) -> bool:
+    """The deploy sets no answer-length cap (no ``-n``, or a negative one: ``-1`` is
+    unlimited, ``-2`` until the context fills)."""
+    limit = cell.flags.n_predict
+    return limit is None or limit < 0
 
 
 def _signature_problem(
@@ -261,6 +283,7 @@ def check_cell(
     cell: DeployCell,
     index: CertIndex,
     model: ModelIdentity,
+    build: BuildIdentity,
     signing: BundlePolicy | None,
     verify: BundleVerifier = verify_bundle,
 ) -> CellCheck:
@@ -279,7 +302,10 @@ def check_cell(
         if cert.problem is not None and cert.model in (cell.name, cell.alias):
             return CellCheck(cell, "invalid", f"cert {cert.path.name} is invalid: {cert.problem}")
     valid = [c for c in claims if c.problem is None]
-    diffs = {c.path: config_differences(cell, c, model) for c in valid}
+    diffs = {
+        c.path: config_differences(cell, c, model) + build_differences(build, c.provenance)
+        for c in valid
+    }
     same = [c for c in valid if not diffs[c.path]]
     if not same:
         hint = f"; unreadable files: {', '.join(index.unreadable)}" if index.unreadable else ""
@@ -296,9 +322,22 @@ def check_cell(
             if bad is not None:
                 return CellCheck(cell, bad[0], bad[1], cert.path)
     names = ", ".join(c.path.name for c in same)
-    signed = "signature verified" if signing else "UNSIGNED: --allow-unsigned"
-    reason = f"promotable cert: {names} (model by {model.method}; {signed})"
-    return CellCheck(cell, "ok", reason, same[-1].path)
+    scope: int | None = None
+    scope_text = ""
+    if _uncapped(cell):
+        scope = min(length for c in same if (length := _measured_length(c)) is not None)
+        scope_text = f"; covers answers up to {scope} tokens only: the deploy sets no -n cap"
+    if signing is None:
+        signed = "UNSIGNED: --allow-unsigned"
+    elif signing.signer.repository:
+        signed = f"signature verified, signed for {signing.signer.repository}"
+    else:
+        signed = "signature verified for any repository: --any-repository"
+    reason = (
+        f"promotable cert: {names} (model by {model.method}, build by sha256 of "
+        f"{build.shown}; {signed}){scope_text}"
+    )
+    return CellCheck(cell, "ok", reason, same[-1].path, scope)
 
 
 def check_cells(
@@ -308,13 +347,16 @@ def check_cells(
     signing: BundlePolicy | None,
     verify: BundleVerifier = verify_bundle,
     unmodelled: Sequence[str] = (),
+    server_binary: Path | None = None,
 ) -> DeployReport:
     """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``.
 
-    ``verify`` is the bundle check (sigstore's; tests pass a fake).
+    ``verify`` is the bundle check (sigstore's; tests pass a fake). ``server_binary``
+    (``--server-binary``) is the binary of cells whose deploy file names no readable one.
     """
     index = index_certs(certs_dir)
     identities: dict[str, ModelIdentity] = {}
+    builds: dict[tuple[str, str | None, bool], BuildIdentity] = {}
     checks: list[CellCheck] = []
     for cell in cells:
         if not cell.needs_cert:
@@ -322,7 +364,13 @@ def check_cells(
         key = str(cell.model_path) if cell.model_path is not None else "hf:" + cell.model
         if key not in identities:
             identities[key] = identify_model(cell.model_path, cell.model)
-        checks.append(check_cell(cell, index, identities[key], signing, verify))
+        named = "/" in cell.binary
+        where = (str(cell.binary_path), cell.binary_missing, named)
+        if where not in builds:
+            builds[where] = identify_build(
+                cell.binary_path, cell.binary_missing, server_binary, named=named
+            )
+        checks.append(check_cell(cell, index, identities[key], builds[where], signing, verify))
     serial = tuple(cell for cell in cells if not cell.needs_cert)
     return DeployReport(
         config, tuple(checks), serial, unsigned_allowed=signing is None,

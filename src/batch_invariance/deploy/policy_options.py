@@ -29,7 +29,18 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         "--repository",
         default=None,
         metavar="OWNER/REPO",
-        help="also require the signing workflow to run in this GitHub repository",
+        help=(
+            "the GitHub repository each covering cert must have been signed for (the signing "
+            "certificate's source-repository claim); required with an identity policy"
+        ),
+    )
+    parser.add_argument(
+        "--any-repository",
+        action="store_true",
+        help=(
+            "accept a cert signed for any repository whose job matches the identity (not for "
+            "the reusable cell workflow: every caller signs as it; see docs/deploy.md)"
+        ),
     )
     parser.add_argument(
         "--signing-policy",
@@ -37,8 +48,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help=(
-            "TOML file with identity (or identity_regexp), issuer and optional repository "
-            "(instead of the flags)"
+            "TOML file with identity (or identity_regexp), issuer and repository (or "
+            "any_repository = true) instead of the flags"
         ),
     )
     parser.add_argument(

@@ -75,8 +75,11 @@ def assemble(
     a_repeat = None
     if ref.repeat is not None:
         a_repeat = trials_for(ref.repeat, plan.items, scorer, plan.n_predict, notes, ARM_A_REPEAT)
+    template = request_template(plan)
     evidence = CellEvidence(
-        items=tuple(ItemMeta(i.test_id, i.family, i.fill) for i in plan.items),
+        items=tuple(
+            ItemMeta(i.test_id, i.family, i.fill, template.request_key(i)) for i in plan.items
+        ),
         a=ref.a_trials,
         a_repeat=a_repeat,
         b=parallel.b_trials,
@@ -89,7 +92,7 @@ def assemble(
         plan=plan,
         evidence=evidence,
         arm_stats=stats,
-        request_template=request_template(plan).to_record(),
+        request_template=template.to_record(),
         servers=servers,
         launches=launches,
         scorer_id=str(getattr(scorer, "scorer_id", type(scorer).__name__)),

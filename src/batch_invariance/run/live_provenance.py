@@ -85,12 +85,7 @@ def provenance_for(
         },
         "model_file": _model_file(target, identity.model_sha256),
         "is_moe": gguf.is_moe if gguf is not None else None,
-        "workset": {
-            "source": workset.source,
-            "sha256": workset.sha256,
-            "n_rows": len(workset.items),
-            "n_items": n_items,
-        },
+        "workset": {**workset.record(), "n_items": n_items},
         "server_flags": list(cell.server_flags),
         "host": hostinfo.summary(),
         "memory_guard": _memory_guard(cell, launches),

@@ -86,7 +86,7 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
         "tool_version": __version__,
         "driver": "run-mock",
         "mock_knobs": {"cobatch_divergence": knobs.cobatch_divergence, "seed": knobs.seed},
-        "workset": {"source": workset.source, "sha256": workset.sha256, "n_rows": len(items)},
+        "workset": {**workset.record(), "n_rows": len(items)},
         "scorer_id": run.scorer_id,
     }
     return finish_cell(run, spec, request.policy, provenance, out_dir)
