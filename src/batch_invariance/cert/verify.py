@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from batch_invariance.cert.build import differing_fields, rederive
 from batch_invariance.cert.identity import identity_problems
@@ -61,7 +62,16 @@ class Verification:
             raise CertInvalid(self.problems[0] + tail)
 
 
-def _promotability(cert: Cert) -> tuple[bool, tuple[str, ...]]:
+class Promotability(NamedTuple):
+    """Whether a valid cert may be promoted, and why (one line) or why not (each condition)."""
+
+    promotable: bool
+    reasons: tuple[str, ...]
+
+
+def promotability(cert: Cert) -> Promotability:
+    """The one promotability rule on a valid cert: status green, source live, gate
+    ``abc_union``, policy no looser than the defaults."""
     unmet: list[str] = []
     if cert.status != "green":
         unmet.append(f"status is {cert.status} ({display_verdict(cert.status)}), not green")
@@ -71,8 +81,10 @@ def _promotability(cert: Cert) -> tuple[bool, tuple[str, ...]]:
         unmet.append(f"gate is {cert.gate}, not {GATE_ABC_UNION}")
     unmet.extend(policy_problems(cert.evidence.policy))
     if unmet:
-        return False, tuple(unmet)
-    return True, ("status green, source live, gate abc_union, policy no looser than defaults",)
+        return Promotability(False, tuple(unmet))
+    return Promotability(
+        True, ("status green, source live, gate abc_union, policy no looser than defaults",)
+    )
 
 
 def _rederivation_problems(cert: Cert, origin: str) -> list[str]:
@@ -111,19 +123,29 @@ def verify_cert(cert: Cert, origin: str = "cert", path: Path | None = None) -> V
     version = version_problem(origin, CertHeader(cert.cert_version, cert.tool_version))
     if version is not None:
         return _invalid(path, cert, [version])
-    problems = _rederivation_problems(cert, origin)
-    problems += [f"{origin}: {p}" for p in identity_problems(cert)]
+    return _judged(cert, origin, path, _rederivation_problems(cert, origin))
+
+
+def verify_built(cert: Cert, path: Path | None = None) -> Verification:
+    """Verify a cert this process just built from ``decide()``'s verdict: identity and
+    promotability. Its version is this tool's, and re-deriving it would only run ``decide()``
+    again on the evidence the verdict in hand was decided from."""
+    return _judged(cert, "cert", path, [])
+
+
+def _judged(cert: Cert, origin: str, path: Path | None, problems: list[str]) -> Verification:
+    problems = problems + [f"{origin}: {p}" for p in identity_problems(cert)]
     if problems:
         return _invalid(path, cert, problems)
-    promotable, reasons = _promotability(cert)
+    rule = promotability(cert)
     return Verification(
         path=path,
         cert=cert,
         problems=(),
         status=cert.status,
         verdict=display_verdict(cert.status),
-        promotable=promotable,
-        promotable_reasons=reasons,
+        promotable=rule.promotable,
+        promotable_reasons=rule.reasons,
     )
 
 

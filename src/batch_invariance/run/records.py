@@ -75,6 +75,13 @@ class ServerRecord:
 
 
 @dataclass(frozen=True)
+class ModelTemplate:
+    """What a model file's header says about its chat template (``None``: it has none)."""
+
+    template: str | None
+
+
+@dataclass(frozen=True)
 class CellRun:
     """Everything one cell measured: the evidence for the core, and how it was measured."""
 
@@ -112,8 +119,11 @@ class CellRun:
             sum(s.predicted_ms for s in self.arm_stats),
         )
 
-    def provenance(self) -> dict[str, Any]:
-        """The run's own provenance block (merged under the caller's in :func:`finish_cell`)."""
+    def provenance(self, model_template: ModelTemplate | None = None) -> dict[str, Any]:
+        """The run's own provenance block (merged under the caller's in :func:`finish_cell`).
+
+        ``model_template``: the model file's own template, where its header was read (a
+        launched GGUF model); without it, the A server's ``/props`` report decides."""
         prompt_ms, predicted_ms = self.server_ms()
         return {
             "request_template": dict(self.request_template),
@@ -145,10 +155,12 @@ class CellRun:
             },
             "notes": list(self.notes[:200]),
             "schedule": None if self.schedule is None else dict(self.schedule),
-            # From the server's own report; a live run refines it from the model file.
+            # The one place the block is written: every source of the answer at once.
             "chat_template": judge_chat_template(
                 uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
                 server_argv=[a for s in self.servers for a in s.argv],
                 server_template=self.server_chat_template,
+                model_read=model_template is not None,
+                model_template=None if model_template is None else model_template.template,
             ).to_record(),
         }

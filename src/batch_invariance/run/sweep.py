@@ -152,7 +152,9 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
             launches = cell_launches(launcher.launches)
             prov = provenance_for(cell_n, workset, launches, len(run.plan.items), identity)
             spec = cell.spec(n, run.kv_label)
-            finished = finish_cell(run, spec, cell.policy, prov, cell.out_dir)
+            finished = finish_cell(
+                run, spec, cell.policy, prov, cell.out_dir, model_template=cell.model_template
+            )
             cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
 
         try:
