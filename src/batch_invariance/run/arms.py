@@ -9,10 +9,11 @@ The launcher Protocols the driver starts servers through live here too.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from batch_invariance.core.evidence import (
@@ -35,6 +36,7 @@ from batch_invariance.core.schedule import (
 )
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.core.workitem import WorkItem
+from batch_invariance.errors import InfraError
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
 from batch_invariance.run.probe import server_chat_template
 from batch_invariance.run.progress import ProgressSink
@@ -100,7 +102,6 @@ def _arm_stats(
     pass_index: int | None,
     wall_s: float,
     responses: Mapping[str, RawResponse],
-    busy: tuple[int | None, str | None] = (None, None),
 ) -> ArmStats:
     prompt_ms = sum((r.timings or {}).get("prompt_ms", 0.0) for r in responses.values())
     predicted_ms = sum((r.timings or {}).get("predicted_ms", 0.0) for r in responses.values())
@@ -114,8 +115,6 @@ def _arm_stats(
         prompt_ms=prompt_ms,
         predicted_ms=predicted_ms,
         predicted_n=predicted_n,
-        server_busy_max=busy[0],
-        busy_source=busy[1],
     )
 
 
@@ -149,6 +148,9 @@ class Reference:
     repeat_reason: str | None = None
     #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
     chat_template: str | None = None
+    #: Arm A's and A''s retried requests: their failed first attempts, by id.
+    first_attempts: Mapping[str, RawResponse] = field(default_factory=dict)
+    repeat_first_attempts: Mapping[str, RawResponse] = field(default_factory=dict)
 
     @property
     def launches(self) -> int:
@@ -173,17 +175,39 @@ class ParallelRun:
     b_reason: str | None = None
 
 
+@contextlib.contextmanager
+def stops_the_run(where: str) -> Iterator[None]:
+    """A server that died (or was aborted) during ``where`` ends the run without a verdict:
+    its :class:`InfraError` goes on up, naming the arm and pass."""
+    try:
+        yield
+    except InfraError as exc:
+        raise InfraError(f"run stopped in {where}, no cert written: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SerialArm:
+    """One serial arm's answers, its retried requests' first attempts, and its timing."""
+
+    responses: Mapping[str, RawResponse]
+    first_attempts: Mapping[str, RawResponse]
+    stats: ArmStats
+
+
 def _serial_arm(
     arm: str,
     server: ServerHandle,
     template: RequestTemplate,
     items: Sequence[WorkItem],
     sink: ProgressSink,
-) -> tuple[Mapping[str, RawResponse], ArmStats]:
-    sink.arm("A'" if arm == ARM_A_REPEAT else arm)
+) -> SerialArm:
+    name = "A'" if arm == ARM_A_REPEAT else arm
+    sink.arm(name)
     t0 = time.monotonic()
-    resp = run_serial(server.base_url, template, items, server.check_alive, _ticker(sink))
-    return resp, _arm_stats(arm, None, time.monotonic() - t0, resp)
+    with stops_the_run(f"arm {name}"):
+        run = run_serial(server.base_url, template, items, server.check_alive, _ticker(sink))
+    stats = _arm_stats(arm, None, time.monotonic() - t0, run.responses)
+    return SerialArm(run.responses, run.first_attempts, stats)
 
 
 def _ticker(sink: ProgressSink) -> Callable[[RawResponse], None]:
@@ -202,10 +226,20 @@ def run_reference(
         started = time.monotonic()
         chat_template = server_chat_template(server_a.base_url)
         template = request_template(plan).for_arm(ARM_A)
-        resp, stats = _serial_arm(ARM_A, server_a, template, plan.items, sink)
+        arm_a = _serial_arm(ARM_A, server_a, template, plan.items, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
-    trials = trials_for(resp, plan.items, scorer, plan.n_predict, notes, ARM_A)
-    return Reference(resp, trials, stats, record, tuple(notes.items), chat_template=chat_template)
+    trials = trials_for(
+        arm_a.responses, plan.items, scorer, plan.n_predict, notes, ARM_A, arm_a.first_attempts
+    )
+    return Reference(
+        arm_a.responses,
+        trials,
+        arm_a.stats,
+        record,
+        tuple(notes.items),
+        chat_template=chat_template,
+        first_attempts=arm_a.first_attempts,
+    )
 
 
 def run_repeat(
@@ -216,9 +250,16 @@ def run_repeat(
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
         control = request_template(plan).for_arm(ARM_A_REPEAT)
-        resp, stats = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, sink)
+        repeat = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, sink)
         record = _server_record("A", server_a, time.monotonic() - started)
-    return replace(ref, repeat=resp, repeat_stats=stats, repeat_server=record, repeat_reason=reason)
+    return replace(
+        ref,
+        repeat=repeat.responses,
+        repeat_stats=repeat.stats,
+        repeat_server=record,
+        repeat_reason=reason,
+        repeat_first_attempts=repeat.first_attempts,
+    )
 
 
 def run_parallel(
@@ -248,10 +289,12 @@ def run_parallel(
 
         def serial_b(items: Sequence[WorkItem]) -> dict[str, Trial]:
             """Run B on ``items``; their trials (each B trial is scored once)."""
-            resp, stats = _serial_arm(ARM_B, server_bc, b_template, items, sink)
-            b_resp.update(resp)
-            b_stats.append(stats)
-            return trials_for(resp, items, scorer, plan.n_predict, notes, ARM_B)
+            arm_b = _serial_arm(ARM_B, server_bc, b_template, items, sink)
+            b_resp.update(arm_b.responses)
+            b_stats.append(arm_b.stats)
+            return trials_for(
+                arm_b.responses, items, scorer, plan.n_predict, notes, ARM_B, arm_b.first_attempts
+            )
 
         first_ids = b_first_ids(a_trials, passes)
         if first_ids is None:
@@ -314,27 +357,13 @@ def _c_passes(
     passes: list[PassRecord] = []
     for index in range(plan.gate_passes):
         sink.arm(ARM_C, index, plan.gate_passes)
-        result = run_concurrent_pass(
-            server_bc.base_url,
-            template,
-            plan.items,
-            workers=plan.parallel,
-            pass_index=index,
-            seed=plan.seed,
-            metrics_enabled=server_bc.metrics_enabled,
-            check_alive=server_bc.check_alive,
-            on_done=_ticker(sink),
-            # An engine's handle names its own busy witnesses (possibly none: F1 then
-            # fails closed); without the attribute, llama-server's /slots and /metrics.
-            probes=getattr(server_bc, "busy_probes", None),
-            # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
-            # as corroboration in the arm stats, never read by F1.
-            counters=getattr(server_bc, "pass_counters", ()),
-        )
-        busy = (result.server_busy_max, result.busy_source)
+        with stops_the_run(f"arm C pass {index + 1}/{plan.gate_passes}"):
+            result = _c_pass(plan, server_bc, template, index, sink)
         stats.append(
             replace(
-                _arm_stats(ARM_C, index, result.wall_s, result.responses, busy),
+                _arm_stats(ARM_C, index, result.wall_s, result.responses),
+                server_busy_max=result.server_busy_max,
+                busy_source=result.busy_source,
                 counter_deltas=result.counter_deltas or None,
             )
         )
@@ -349,6 +378,32 @@ def _c_passes(
                 sink.extend(-len(plan.items) * (plan.gate_passes - index - 1))
                 return passes, stats, found
     return passes, stats, None
+
+
+def _c_pass(
+    plan: CellPlan,
+    server_bc: ServerHandle,
+    template: RequestTemplate,
+    index: int,
+    sink: ProgressSink,
+) -> ConcurrentPass:
+    return run_concurrent_pass(
+        server_bc.base_url,
+        template,
+        plan.items,
+        workers=plan.parallel,
+        pass_index=index,
+        seed=plan.seed,
+        metrics_enabled=server_bc.metrics_enabled,
+        check_alive=server_bc.check_alive,
+        on_done=_ticker(sink),
+        # An engine's handle names its own busy witnesses (possibly none: F1 then
+        # fails closed); without the attribute, llama-server's /slots and /metrics.
+        probes=getattr(server_bc, "busy_probes", None),
+        # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
+        # as corroboration in the arm stats, never read by F1.
+        counters=getattr(server_bc, "pass_counters", ()),
+    )
 
 
 def _pass_record(result: ConcurrentPass, trials: Mapping[str, Trial]) -> PassRecord:

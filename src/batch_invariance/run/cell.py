@@ -74,7 +74,15 @@ def assemble(
         notes.add(note)
     a_repeat = None
     if ref.repeat is not None:
-        a_repeat = trials_for(ref.repeat, plan.items, scorer, plan.n_predict, notes, ARM_A_REPEAT)
+        a_repeat = trials_for(
+            ref.repeat,
+            plan.items,
+            scorer,
+            plan.n_predict,
+            notes,
+            ARM_A_REPEAT,
+            ref.repeat_first_attempts,
+        )
     evidence = CellEvidence(
         items=tuple(ItemMeta(i.test_id, i.family, i.fill) for i in plan.items),
         a=ref.a_trials,
@@ -159,8 +167,10 @@ def run_cell(
 ) -> CellRun:
     """Measure one cell: A, then the C passes and B, then A' where it decides something.
 
-    Raises only for infrastructure (launch) failures and interrupts. Transport failures of
-    single requests are recorded in the trials, never raised. ``policy`` is what the early
+    Raises only for infrastructure failures (a launch that failed, a server that died or
+    was aborted: :class:`~batch_invariance.errors.InfraError`, naming the arm and pass) and
+    interrupts. Transport failures of single requests on a live server are recorded in the
+    trials (a serial one after one retry), never raised. ``policy`` is what the early
     stop checks a pass's gates against (default: the gate policy's defaults).
     """
     problems = plan.problems()
