@@ -291,10 +291,13 @@ def test_bad_plans_are_usage_errors() -> None:
         run_cell(plan(items=dup), MockLauncher(), ExactMatchScorer())
 
 
-def test_progress_draws_only_when_enabled() -> None:
-    quiet, loud = io.StringIO(), io.StringIO()
-    run_cell(plan(gate_passes=1), MockLauncher(), ExactMatchScorer(), progress=Progress(quiet))
-    assert quiet.getvalue() == ""  # a StringIO is not a TTY
+def test_progress_is_a_line_per_arm_in_a_log_and_one_live_line_on_a_tty() -> None:
+    log, loud = io.StringIO(), io.StringIO()
+    run_cell(plan(gate_passes=1), MockLauncher(), ExactMatchScorer(), progress=Progress(log))
+    lines = log.getvalue().splitlines()  # a StringIO is not a TTY: one line per arm and pass
+    assert [line.split(":")[1] for line in lines] == [" arm A", " arm C pass 1/1", " arm B"]
+    assert re.fullmatch(r"batch-invariance: arm B: 8 requests in \d+\.\d s, 0 of 8 differ from A",
+                        lines[2])  # fmt: skip
     progress = Progress(loud, enabled=True, min_interval_s=0.0)
     run_cell(plan(gate_passes=2), MockLauncher(), ExactMatchScorer(), progress=progress)
     text = loud.getvalue()
