@@ -13,17 +13,17 @@ import pytest
 from batch_invariance import __version__, exitcodes
 from batch_invariance.cert.build import rederive
 from batch_invariance.cert.schema import CERT_VERSION, Cert, compute_digest
-from batch_invariance.cert.store import read_cert, render, write_cert
+from batch_invariance.cert.store import render, write_cert
 from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import GatePolicy
-from factories import cert_for, green_evidence, live_provenance, server_argv, spec
+from factories import cert_for, green_evidence, live_provenance, load_cert, server_argv, spec
 
 
 def _mock_cert(tmp_path: Path) -> Cert:
     # A mock GREEN exits 3 (never promotable), like any GREEN that is not promotable.
     assert main(["run-mock", "--out-dir", str(tmp_path / "mock")]) == exitcodes.NOT_PROMOTABLE
-    return read_cert(tmp_path / "mock" / "mock__ctx2048__N4.json")
+    return load_cert(tmp_path / "mock" / "mock__ctx2048__N4.json")
 
 
 def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:
@@ -35,6 +35,7 @@ def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:
 
 
 def _verify(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()  # what ran before (run-mock's progress lines) is not verify-cert's
     code = main(["verify-cert", str(path)])
     captured = capsys.readouterr()
     return code, captured.err

@@ -268,6 +268,7 @@ def parse_info(path: str | Path) -> GgufInfo:
 
 
 def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks (the one file-hash helper)."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

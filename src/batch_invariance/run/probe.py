@@ -11,6 +11,7 @@ from typing import Any
 
 import requests
 
+from batch_invariance.core.prometheus import metric_total, parse_prometheus
 from batch_invariance.run.response import as_int
 
 
@@ -65,14 +66,7 @@ def tasks_from_slots(payload: Any) -> tuple[int, ...]:
 
 
 def busy_from_metrics(text: str, name: str = "llamacpp:requests_processing") -> int | None:
-    """The value of a Prometheus gauge in ``/metrics`` text; ``None`` when absent."""
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) >= 2 and (parts[0] == name or parts[0].startswith(name + "{")):
-            try:
-                return int(float(parts[1]))
-            except ValueError:
-                return None
-    return None
+    """The value of a Prometheus gauge in ``/metrics`` text (its series summed); ``None``
+    when absent."""
+    total = metric_total(parse_prometheus(text), name)
+    return None if total is None else int(total)
