@@ -40,6 +40,24 @@ from batch_invariance.cert.signing import (
 )
 from batch_invariance.errors import CertInvalid, UsageError
 
+__all__ = [
+    "ATTESTATION_SUFFIX",
+    "IN_TOTO_PAYLOAD_TYPE",
+    "RESULT_OF_VERDICT",
+    "STATEMENT_TYPE",
+    "TEST_RESULT_PREDICATE",
+    "SignedAttestation",
+    "Subject",
+    "VerifiedStatement",
+    "attest_file",
+    "attestation_path_for",
+    "check_subjects",
+    "expected_subjects",
+    "statement_for",
+    "verify_attestation",
+    "verify_statement_bundle",
+]
+
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"

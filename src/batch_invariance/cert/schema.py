@@ -31,6 +31,31 @@ from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, Tr
 from batch_invariance.core.throughput import Throughput
 from batch_invariance.core.verdict import Reports, Sensitivity, SerialRepeatGate, Status
 
+__all__ = [
+    "CERT_ADAPTER",
+    "CERT_VERSION",
+    "GATE_ABC_UNION",
+    "HEADER_ADAPTER",
+    "JSON_RENAMES",
+    "SOURCES",
+    "ArmB",
+    "Cert",
+    "CertHeader",
+    "DisplayVerdict",
+    "EvidenceRecord",
+    "GateOutcome",
+    "PassEvidence",
+    "PromotionScope",
+    "Source",
+    "TrialRecord",
+    "canonical_json",
+    "cert_from_json",
+    "cert_to_json",
+    "compute_digest",
+    "display_verdict",
+    "schema_text",
+]
+
 #: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
 CERT_VERSION: Final = 2
 GATE_ABC_UNION = "abc_union"

@@ -30,6 +30,17 @@ from pathlib import Path
 from batch_invariance.cert.schema import Cert, cert_to_json, schema_text
 from batch_invariance.errors import CertInvalid, InfraError
 
+__all__ = [
+    "WrittenCert",
+    "atomic_write_text",
+    "cert_path",
+    "main",
+    "read_cert_text",
+    "render",
+    "write_cert",
+    "write_schema",
+]
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _FILE_MODE = 0o644
 

@@ -31,6 +31,20 @@ from batch_invariance.cert.schema import (
 from batch_invariance.core.evidence import policy_problems
 from batch_invariance.errors import CertInvalid
 
+__all__ = [
+    "DIGEST_SCOPE",
+    "Promotability",
+    "Verification",
+    "cert_is_green",
+    "is_promotable",
+    "promotability",
+    "verify_built",
+    "verify_cert",
+    "verify_cert_file",
+    "verify_path",
+    "verify_text",
+]
+
 #: What the digest is for, said wherever a cert is reported valid.
 DIGEST_SCOPE = "the digest catches accidents, not forgery"
 

@@ -50,7 +50,7 @@ from batch_invariance.core.evidence import (
 from batch_invariance.core.intervals import cobatched, cobatched_flags, max_overlap_depth
 from batch_invariance.core.intervals import depth as overlap_depth
 
-#: Interval functions the gates are built on, importable from here as before.
+#: Interval functions the gates are built on, importable from here by the shell's callers.
 __all__ = ["cobatched_flags", "max_overlap_depth"]
 
 #: Both the client-side overlap depth and the server's busy slots must reach this.

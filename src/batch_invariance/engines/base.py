@@ -17,6 +17,15 @@ from typing import Any, Protocol
 
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
+__all__ = [
+    "CacheEvidence",
+    "Engine",
+    "LaunchCommand",
+    "LaunchRequest",
+    "flag_conflicts",
+    "passthrough_env",
+]
+
 
 @dataclass(frozen=True)
 class LaunchRequest:

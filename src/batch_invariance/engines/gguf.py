@@ -19,6 +19,16 @@ from typing import Any, BinaryIO
 
 from batch_invariance.errors import UsageError
 
+__all__ = [
+    "CACHE_TYPE_BYTES",
+    "CHAT_TEMPLATE_KEY",
+    "GgufInfo",
+    "cached_sha256",
+    "parse_info",
+    "read_metadata",
+    "sha256_file",
+]
+
 _MAGIC = b"GGUF"
 
 # GGUF metadata value types -> struct format (scalars only).

@@ -21,6 +21,8 @@ from batch_invariance.engines.gguf import GgufInfo, sha256_file
 from batch_invariance.engines.llama_server import KvLayout, LlamaServer
 from batch_invariance.errors import InfraError
 
+__all__ = ["BinaryIdentity", "LaunchRecord", "LiveLauncher", "identify_binary", "recorded"]
+
 
 @dataclass(frozen=True)
 class BinaryIdentity:
@@ -179,8 +181,8 @@ class LiveLauncher:
 def recorded(server: LlamaServer, record: LaunchRecord) -> Iterator[LlamaServer]:
     """Run ``server`` and fill ``record`` (ready, alive, RSS peak, info), even on failure.
 
-    A server that died on its own is the driver's data (transport failures); one aborted for
-    memory ends the run without a verdict (:class:`InfraError`)."""
+    A server that died or was aborted for memory ends the run without a verdict
+    (:class:`InfraError`: the driver names the arm and pass it died in)."""
     t0 = time.monotonic()
     try:
         with server:

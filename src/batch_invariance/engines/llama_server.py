@@ -34,6 +34,9 @@ from batch_invariance.engines.base import LaunchCommand
 from batch_invariance.errors import InfraError
 from batch_invariance.interrupts import install_sigterm, restore_sigterm
 
+__all__ = ["KvLayout", "LlamaServer", "build_argv", "die_with_parent_hook", "kv_label",
+           "log_tail", "server_env"]  # fmt: skip
+
 _TAIL_LINES = 15
 
 # Servers this process started and has not torn down yet (for atexit / signal paths).

@@ -158,6 +158,18 @@ class ParallelRun:
 
 
 @dataclass(frozen=True)
+class _Scoring:
+    """How a serial arm's answers are scored, where its notes go, and what it reports to."""
+
+    scorer: Scorer
+    n_predict: int
+    notes: Notes
+    sink: ProgressSink
+    #: Arm A's trials, which every other arm's progress line compares against.
+    a_trials: Mapping[str, Trial] | None = None
+
+
+@dataclass(frozen=True)
 class SerialArm:
     """One serial arm's answers and their trials, and its timing."""
 
@@ -187,18 +199,6 @@ def _serial_arm(
     against = None if arm == ARM_A else scoring.a_trials
     sink.done(arm_report(trials, against, len(run.first_attempts)))
     return SerialArm(run.responses, trials, stats)
-
-
-@dataclass(frozen=True)
-class _Scoring:
-    """How a serial arm's answers are scored, where its notes go, and what it reports to."""
-
-    scorer: Scorer
-    n_predict: int
-    notes: Notes
-    sink: ProgressSink
-    #: Arm A's trials, which every other arm's progress line compares against.
-    a_trials: Mapping[str, Trial] | None = None
 
 
 def run_reference(

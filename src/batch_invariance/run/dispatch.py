@@ -38,6 +38,25 @@ from batch_invariance.run.probe import (
 from batch_invariance.run.response import RawResponse
 from batch_invariance.run.transport import RequestTemplate, send
 
+__all__ = [
+    "SAMPLE_INTERVAL_S",
+    "SETTLED_INTERVAL_S",
+    "SETTLE_AFTER_S",
+    "TRANSIENT_MODES",
+    "BusyProbe",
+    "BusySample",
+    "CheckAlive",
+    "ConcurrentPass",
+    "OnDone",
+    "PassCounter",
+    "SerialRun",
+    "counter_deltas",
+    "llama_server_probes",
+    "pass_order",
+    "run_concurrent_pass",
+    "run_serial",
+]
+
 #: Called after each completed request with the response (from any thread).
 OnDone = Callable[[RawResponse], None]
 

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from batch_invariance.core.verdict import Verdict
 
 
+__all__ = ["FinishedCell", "finish_cell", "prepare_out_dir", "utc_now"]
+
+
 @dataclass(frozen=True)
 class FinishedCell:
     """A cell whose cert was written."""

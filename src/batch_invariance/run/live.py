@@ -46,6 +46,25 @@ from batch_invariance.run.records import CellRun, ModelTemplate
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import Workset, bundled_workset_path, expand_reps, load_workset
 
+__all__ = [
+    "ACTION_DEFAULTS",
+    "DEFAULT_LOGIT_EPS",
+    "DEFAULT_MIN_HOT_TRIALS",
+    "DEFAULT_READY_TIMEOUT",
+    "DEFAULT_REQ_TIMEOUT",
+    "DEFAULT_SEED",
+    "RUN_LIVE_DEFAULTS",
+    "SWEEP_DEFAULTS",
+    "CellDefaults",
+    "LiveCell",
+    "LiveOutcome",
+    "LiveRequest",
+    "check_room_to_answer",
+    "preflight_guard",
+    "prepare",
+    "run_live_cell",
+]
+
 
 @dataclass(frozen=True)
 class CellDefaults:

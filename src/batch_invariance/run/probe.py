@@ -14,6 +14,15 @@ import requests
 from batch_invariance.core.prometheus import metric_total, parse_prometheus
 from batch_invariance.run.response import as_int
 
+__all__ = [
+    "busy_from_metrics",
+    "busy_from_slots",
+    "get_json",
+    "get_text",
+    "server_chat_template",
+    "tasks_from_slots",
+]
+
 
 def get_json(session: requests.Session, url: str, timeout_s: float = 2.0) -> Any | None:
     """GET ``url`` and decode JSON; ``None`` on any failure (used by samplers and probes)."""

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
+__all__ = ["ArmReport", "NullProgress", "Progress", "ProgressSink", "format_eta", "report_line"]
+
 
 @dataclass(frozen=True)
 class ArmReport:

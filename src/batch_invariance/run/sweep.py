@@ -33,6 +33,17 @@ from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
 
+__all__ = [
+    "SWEEP_FILE",
+    "SweepOutcome",
+    "SweepRequest",
+    "cell_launches",
+    "check_sweepable",
+    "guard_refusal",
+    "parse_parallels",
+    "run_sweep",
+]
+
 SWEEP_FILE = "sweep.json"
 
 
