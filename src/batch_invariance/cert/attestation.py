@@ -103,14 +103,15 @@ def attestation_path_for(cert: Path) -> Path:
     return cert.with_name(cert.name + ATTESTATION_SUFFIX)
 
 
-def _provenance_digest(cert: Any, block: str) -> tuple[str, str] | None:
+def _provenance_digest(cert: Any, block: str) -> Subject | None:
+    """The file a provenance block names, as a subject (``None``: no sha256 recorded)."""
     entry = cert.provenance.get(block)
     if not isinstance(entry, dict):
         return None
     digest, name = entry.get("sha256"), entry.get("name") or Path(str(entry.get("path"))).name
     if not isinstance(digest, str) or not digest:
         return None
-    return str(name), digest
+    return Subject(str(name), digest)
 
 
 def expected_subjects(cert: Any, cert_name: str, cert_sha256: str) -> tuple[Subject, ...]:
@@ -119,7 +120,8 @@ def expected_subjects(cert: Any, cert_name: str, cert_sha256: str) -> tuple[Subj
     for block, fallback in (("model_file", "model"), ("server_binary", "llama-server")):
         found = _provenance_digest(cert, block)
         if found is not None:
-            subjects.append(Subject(found[0] if block == "model_file" else fallback, found[1]))
+            name = found.name if block == "model_file" else fallback
+            subjects.append(Subject(name, found.sha256))
     return tuple(subjects)
 
 
