@@ -171,10 +171,12 @@ def _busy_slots(port: int) -> int:
     return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
 
 
-def _server_in_arm_c(proc: subprocess.Popen[str], out_dir: Path) -> int | None:
+def _server_in_arm_c(
+    proc: subprocess.Popen[str], out_dir: Path, within_s: float = 240.0
+) -> int | None:
     """The pid of the B/C server the tool started, once arm C runs on it: the server reports
     two slots busy at once (arm B is serial, so it never does)."""
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + within_s
     while time.monotonic() < deadline and proc.poll() is None:
         logs = list(out_dir.glob("server-BC-*.log"))
         if logs:
@@ -212,8 +214,8 @@ def test_sigint_in_the_middle_of_arm_c(
     assert list(out_dir.glob("*.json")) == []
 
 
-#: Short: 2 slots, 6 prompts, 3 passes; the kill lands in the first pass that is seen busy.
-KILL_CELL = "--ctx 256 --parallel 2 --gate-passes 3 --reps 1 --n-predict 48 --no-serial-repeat"
+#: Short: 2 slots, 4 prompts, 3 passes; the kill lands in the first pass that is seen busy.
+KILL_CELL = "--ctx 256 --parallel 2 --gate-passes 3 --reps 1 --n-predict 32 --no-serial-repeat"
 
 
 def test_a_server_killed_mid_pass_ends_the_run_with_exit_4_and_no_cert(
@@ -222,9 +224,10 @@ def test_a_server_killed_mid_pass_ends_the_run_with_exit_4_and_no_cert(
     """SIGKILL of the real B/C llama-server (by its pid) inside a concurrent pass: the tool
     stops at once with one line naming the arm, the pass and the server log, and no cert."""
     out_dir = tmp_path / "out"
-    proc = _cli(*_args(live_pair, demo_subset(6), out_dir, *KILL_CELL.split()))
+    proc = _cli(*_args(live_pair, demo_subset(4), out_dir, *KILL_CELL.split()))
     try:
-        server_pid = _server_in_arm_c(proc, out_dir)
+        # Seconds on an idle host; a host shared by many jobs may take minutes to reach C.
+        server_pid = _server_in_arm_c(proc, out_dir, within_s=540.0)
         assert server_pid is not None, "arm C never started"
         killed_at = time.monotonic()
         os.kill(server_pid, signal.SIGKILL)
