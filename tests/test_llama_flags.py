@@ -17,7 +17,7 @@ from batch_invariance.core.llama_flags import (
     read_flags,
     slot_layout,
 )
-from batch_invariance.engines.llama_server import build_argv, kv_label
+from batch_invariance.engines.llama_server import build_argv, kv_label, owned_flag_conflicts
 
 
 def test_command_line_beats_environment_and_later_beats_earlier() -> None:
@@ -72,7 +72,7 @@ def test_the_driver_owns_or_refuses_every_flag_that_changes_what_is_measured() -
         assert flag in REFUSED_FLAGS
     user = ["-ngl", "99", "-hf", "x/y", "--cache-reuse=256", "--cache-ram", "0", "-ub", "1"]
     assert flag_conflicts(user) == ("-hf", "--cache-reuse=256", "--cache-ram")
-    assert flag_conflicts(["-nocb", "--metrics"]) == ("-nocb",)
+    assert owned_flag_conflicts(["-nocb", "--metrics"]) == ["-nocb"]
     parsed = read_flags(["--no-slots", "-ub", "1"], {"LLAMA_ARG_N_PARALLEL": "2"})
     assert flag_conflicts(parsed) == ("--no-slots",)
 

@@ -365,3 +365,11 @@ def flag_conflicts(flags: Sequence[str] | ServerFlags) -> tuple[str, ...]:
         names = [t for t in flags if t.partition("=")[0] in OWNED_FLAGS | REFUSED_FLAGS]
         return tuple(names)
     return tuple(n for n in dict.fromkeys(names) if n in OWNED_FLAGS | REFUSED_FLAGS)
+
+
+def conflict_reason(flag: str) -> str:
+    """Why the driver will not take ``flag`` from the user."""
+    name = flag.partition("=")[0]
+    if name in OWNED_FLAGS:
+        return f"{flag} is set by the driver for every server it starts"
+    return f"{flag} changes what is measured and is refused"

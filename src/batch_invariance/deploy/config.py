@@ -27,7 +27,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from batch_invariance.errors import UsageError
 
@@ -94,19 +94,12 @@ def _is_server(token: str) -> bool:
     return "=" not in token and token.rsplit("/", 1)[-1].startswith("llama-server")
 
 
-class ServerArgv(NamedTuple):
-    """A segment that runs llama-server: its inline ``VAR=value`` assignments and its argv."""
-
-    env: dict[str, str]
-    argv: tuple[str, ...]
-
-
-def server_argv(tokens: Sequence[str]) -> ServerArgv | None:
-    """The :class:`ServerArgv` when a segment runs llama-server in command position (pure)."""
+def server_argv(tokens: Sequence[str]) -> tuple[dict[str, str], tuple[str, ...]] | None:
+    """``(inline env, argv)`` when a segment runs llama-server in command position (pure)."""
     env: dict[str, str] = {}
     for index, token in enumerate(tokens):
         if _is_server(token):
-            return ServerArgv(env, tuple(tokens[index:]))
+            return env, tuple(tokens[index:])
         if _ASSIGN.match(token):
             key, _, value = token.partition("=")
             env[key] = value
@@ -252,7 +245,7 @@ def compose_commands(
         words += _compose_words(spec.get("command"), where, "command")
         hit = server_argv(words)
         if hit is None and ("llama.cpp" in image or "llama-server" in image):
-            hit = ServerArgv({}, ("llama-server", *words))  # the image's entrypoint
+            hit = ({}, ("llama-server", *words))  # the image's entrypoint is llama-server
         if hit is None:
             continue
         env = _compose_env(spec.get("environment"), where)
@@ -271,8 +264,8 @@ def compose_commands(
         out.append(
             ServerCommand(
                 origin=where,
-                argv=hit.argv,
-                env={**env, **hit.env},
+                argv=hit[1],
+                env={**env, **hit[0]},
                 base_dir=base_dir,
                 mounts=tuple(mounts),
                 unread_env_files=tuple(unread),

@@ -29,13 +29,11 @@ from typing import IO, Any, Literal
 
 import requests
 
+from batch_invariance.core.llama_flags import flag_conflicts
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.base import LaunchCommand
 from batch_invariance.errors import InfraError
 from batch_invariance.interrupts import install_sigterm, restore_sigterm
-
-__all__ = ["KvLayout", "LlamaServer", "build_argv", "die_with_parent_hook", "kv_label",
-           "log_tail", "server_env"]  # fmt: skip
 
 _TAIL_LINES = 15
 
@@ -92,6 +90,12 @@ def die_with_parent_hook(parent_pid: int) -> Any:
             os._exit(1)
 
     return hook
+
+
+def owned_flag_conflicts(server_flags: Sequence[str]) -> list[str]:
+    """User server flags the launcher owns (it sets them) or refuses (they change what is
+    measured), as written; the one list is :mod:`batch_invariance.core.llama_flags`'s."""
+    return list(flag_conflicts(server_flags))
 
 
 KvLayout = Literal["split", "unified"]
