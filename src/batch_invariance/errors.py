@@ -7,6 +7,15 @@ do next, because the CLI prints them as they are, without a traceback.
 
 from __future__ import annotations
 
+__all__ = [
+    "BatchInvarianceError",
+    "CertInvalid",
+    "GuardRefused",
+    "InfraError",
+    "Interrupted",
+    "UsageError",
+]
+
 
 class BatchInvarianceError(Exception):
     """Base of every error this package raises on purpose."""

@@ -27,6 +27,28 @@ from typing import Any, Protocol
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
 
+__all__ = [
+    "BUNDLE_SUFFIX",
+    "GITHUB_ACTIONS_ISSUER",
+    "BundlePolicy",
+    "BundleSigner",
+    "SignedBundle",
+    "SignerPolicy",
+    "SigningIdentity",
+    "SigstoreSigner",
+    "TrustRoot",
+    "bundle_path_for",
+    "classify_failure",
+    "detect_token",
+    "identity_of",
+    "load_bundle",
+    "policy_for",
+    "sign_file",
+    "verifier_for",
+    "verify_bundle",
+    "write_bundle",
+]
+
 #: Suffix of the bundle written next to a signed file.
 BUNDLE_SUFFIX = ".sigstore.json"
 

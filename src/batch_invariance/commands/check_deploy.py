@@ -110,7 +110,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
         repository=repository if isinstance(repository, str) else None,
         identity_is_regexp=bool(pattern),
     )
-    policy_for(signer)  # a bad regexp is a usage error now, not only once a cert is checked
+    policy_for(signer)  # a bad regexp is a usage error before any cert is read
     return BundlePolicy(signer, TrustRoot(offline=args.offline))
 
 

@@ -79,6 +79,9 @@ class Trial:
     slot_id: int | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
     transport_error: str | None = None
+    #: A serial request retried once after a transient failure: that first attempt's
+    #: ``"failure_mode: detail"`` (the fields above are the retry's).
+    first_attempt: str | None = None
 
     def invariant(self) -> tuple[Any, ...]:
         """The invariant fields as a tuple, in :data:`INVARIANT_FIELDS` order."""

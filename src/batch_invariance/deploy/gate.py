@@ -32,7 +32,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from batch_invariance.cert.signing import (
     BundlePolicy,
@@ -266,16 +266,24 @@ def _uncapped(cell: DeployCell) -> bool:
     return limit is None or limit < 0
 
 
+class SignatureProblem(NamedTuple):
+    """Why a cert's signature does not hold: the check's kind and a one-line reason."""
+
+    kind: CheckKind
+    reason: str
+
+
 def _signature_problem(
     cert: CertFile, policy: BundlePolicy, verify: BundleVerifier
-) -> tuple[CheckKind, str] | None:
+) -> SignatureProblem | None:
     bundle = bundle_path_for(cert.path)
     if not bundle.is_file():
-        return "unsigned", f"cert {cert.path.name} is not signed (no {bundle.name} beside it)"
+        why = f"cert {cert.path.name} is not signed (no {bundle.name} beside it)"
+        return SignatureProblem("unsigned", why)
     try:
         verify(cert.path, bundle, policy.signer, policy.trust)
     except CertInvalid as exc:
-        return "invalid", f"cert {cert.path.name}: {exc}"
+        return SignatureProblem("invalid", f"cert {cert.path.name}: {exc}")
     return None
 
 
@@ -320,7 +328,7 @@ def check_cell(
         if signing is not None:
             bad = _signature_problem(cert, signing, verify)
             if bad is not None:
-                return CellCheck(cell, bad[0], bad[1], cert.path)
+                return CellCheck(cell, bad.kind, bad.reason, cert.path)
     names = ", ".join(c.path.name for c in same)
     scope: int | None = None
     scope_text = ""

@@ -18,6 +18,15 @@ from typing import Any, Protocol
 from batch_invariance.core.server_options import canonical_spelling
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
+__all__ = [
+    "CacheEvidence",
+    "Engine",
+    "LaunchCommand",
+    "LaunchRequest",
+    "flag_conflicts",
+    "passthrough_env",
+]
+
 
 @dataclass(frozen=True)
 class LaunchRequest:

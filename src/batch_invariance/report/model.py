@@ -16,6 +16,25 @@ from batch_invariance.cert.certificate import display_verdict
 from batch_invariance.report.divergence import DivergentId, divergent_ids
 from batch_invariance.report.fields import dig, integer, num
 
+__all__ = [
+    "AnswerLength",
+    "Cell",
+    "CellGroup",
+    "GateRow",
+    "InvalidCert",
+    "LoadedCert",
+    "RateFigure",
+    "Report",
+    "Signature",
+    "SignatureState",
+    "Throughput",
+    "answer_length_of",
+    "build_report",
+    "gate_rows",
+    "rate_figure",
+    "throughput_of",
+]
+
 SignatureState = Literal["unsigned", "present", "verified", "failed", "error"]
 
 

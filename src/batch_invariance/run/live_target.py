@@ -151,7 +151,8 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
             "no memory guard"
         )
     # A venv's interpreter is a symlink whose own path makes it the venv: resolve only
-    # llama-server's binary (as before), keep another engine's launcher as given.
+    # llama-server's binary (the cert names the file that ran), keep another engine's
+    # launcher as given.
     launcher = server_bin.resolve() if engine.name == DEFAULT_ENGINE else server_bin.absolute()
     return ServerTarget(engine, launcher, model.resolve(), gguf, skipped, None, flags)
 

@@ -23,6 +23,8 @@ from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import bundled_workset_path, expand_reps, load_workset
 
+__all__ = ["MOCK_MODEL", "MockRequest", "run_mock_cell"]
+
 #: The cert's model name for mock cells.
 MOCK_MODEL = "mock"
 

@@ -23,6 +23,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from batch_invariance.core.workitem import WorkItem, duplicate_prompts, rep_id
 from batch_invariance.errors import UsageError
 
+__all__ = [
+    "BUNDLED_WORKSETS",
+    "ChatMessage",
+    "WorkRow",
+    "Workset",
+    "bundled_workset_path",
+    "expand_reps",
+    "items_to_row",
+    "load_workset",
+    "parse_workset",
+    "workset_from_items",
+]
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
