@@ -50,28 +50,37 @@ class ActRun:
     text: str = field(repr=False, default="")
 
     def job_events(self, job: str) -> Iterator[dict[str, Any]]:
-        """Events of jobs whose name contains ``job`` (act's ``job`` field)."""
-        return (e for e in self.events if job in str(e.get("job", "")))
+        """Events of the job named ``job`` (act's ``job`` field ends with the job's name)."""
+        return (e for e in self.events if str(e.get("job", "")).endswith(job))
+
+    def step_events(self, job: str, step: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+        """Events of one step: its id, and inside a composite action the path of ids."""
+        return (e for e in self.job_events(job) if tuple(e.get("stepID", ())) == step)
 
     def job_results(self, job: str) -> list[str]:
         return [str(e["jobResult"]) for e in self.job_events(job) if "jobResult" in e]
 
-    def outputs(self, job: str, step: str) -> dict[str, str]:
-        """The ``set-output`` values the step ``step`` (its id) wrote in that job."""
+    def outputs(self, job: str, *step: str) -> dict[str, str]:
+        """The ``set-output`` values act recorded for that step."""
         return {
             str(e["name"]): str(e.get("arg", ""))
-            for e in self.job_events(job)
-            if e.get("command") == "set-output" and step in e.get("stepID", [])
+            for e in self.step_events(job, step)
+            if e.get("command") == "set-output"
         }
+
+    def exit_statuses(self, job: str, *step: str) -> list[str]:
+        """act's ``exit status N`` errors for that step."""
+        return [
+            str(e["msg"])
+            for e in self.step_events(job, step)
+            if e.get("level") == "error" and str(e.get("msg", "")).startswith("exit status")
+        ]
 
     def summary(self, job: str) -> str:
         """Every step summary (``$GITHUB_STEP_SUMMARY``) act collected for that job."""
         return "".join(
             str(e.get("content", "")) for e in self.job_events(job) if e.get("command") == "summary"
         )
-
-    def errors(self, job: str) -> list[str]:
-        return [str(e["msg"]) for e in self.job_events(job) if e.get("level") == "error"]
 
     def lines(self, job: str) -> str:
         return "".join(str(e.get("msg", "")) for e in self.job_events(job))

@@ -63,7 +63,8 @@ def _conclusion(cert: Cert) -> str:
 
 
 def _container_exit(run: ActRun, job: str) -> list[str]:
-    return [line for line in run.errors(job) if line.startswith("exit status")]
+    """act's record of the container step's exit (inside the action: step bi/cell)."""
+    return run.exit_statuses(job, "bi", "cell")
 
 
 def test_live_embedded_default_red_fails_the_job_and_uploads_the_cert(
@@ -96,9 +97,9 @@ def test_mock_run_is_never_a_pass(composite: ActRun, tmp_path: Path) -> None:
     cert = _cert_from_artifact(composite, outputs, tmp_path)
     assert cert.source == "mock" and outputs["cell"] == "mock/2048/4"
     assert (outputs["verdict"], outputs["promotable"]) == ("GREEN", "false")
-    assert composite.job_results("mock") == [_conclusion(cert)] == ["failure"]
-    assert _container_exit(composite, "mock") == [f"exit status {exitcodes.NOT_PROMOTABLE}"]
-    summary = composite.summary("mock")
+    assert composite.job_results("/mock") == [_conclusion(cert)] == ["failure"]
+    assert _container_exit(composite, "/mock") == [f"exit status {exitcodes.NOT_PROMOTABLE}"]
+    summary = composite.summary("/mock")
     assert summary.startswith("## batch-invariance: GREEN") and "Mock run" in summary
 
 
