@@ -51,7 +51,8 @@ class ActRun:
 
     def job_events(self, job: str) -> Iterator[dict[str, Any]]:
         """Events of the job named ``job`` (act's ``job`` field ends with the job's name)."""
-        return (e for e in self.events if str(e.get("job", "")).endswith(job))
+        # act pads the names in its log to one width.
+        return (e for e in self.events if str(e.get("job", "")).rstrip().endswith(job))
 
     def step_events(self, job: str, step: tuple[str, ...]) -> Iterator[dict[str, Any]]:
         """Events of one step: its id, and inside a composite action the path of ids."""
@@ -174,26 +175,27 @@ def run_act(
     workflow: str,
     out: Path,
     timeout_s: float,
-    env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> ActRun:
     """Run act on ``workflow`` (a file name under the copy's .github/workflows) with its
-    artifacts, evidence (``BI_ACT_EVIDENCE``) and log under ``out``, ``env`` added to the
-    setup's ``--env``; act's exit code is kept, never raised."""
+    artifacts, evidence (``BI_ACT_EVIDENCE``) and log under ``out``, ``extra_env`` added
+    to the setup's ``--env``; act's exit code is kept, never raised."""
     artifacts, evidence, log = out / "artifacts", out / "evidence", out / "act.log"
     for folder in (artifacts, evidence):
         folder.mkdir(parents=True)
-    env = {
+    process_env = {
         key: os.environ[key]
         for key in ("PATH", "DOCKER_HOST", "TMPDIR", "LANG")
         if key in os.environ
     }
-    env.update(HOME=str(setup.scratch.home), ACT_DISABLE_VERSION_CHECK="1")
+    process_env.update(HOME=str(setup.scratch.home), ACT_DISABLE_VERSION_CHECK="1")
+    act_env = {**(extra_env or {}), "BI_ACT_EVIDENCE": str(evidence)}
     started = time.monotonic()
     with log.open("w") as stream:
         proc = subprocess.Popen(
-            act_argv(setup, workflow, artifacts, {**(env or {}), "BI_ACT_EVIDENCE": str(evidence)}),
+            act_argv(setup, workflow, artifacts, act_env),
             cwd=setup.scratch.repo,
-            env=env,
+            env=process_env,
             stdout=stream,
             stderr=subprocess.STDOUT,
             text=True,

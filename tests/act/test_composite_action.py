@@ -19,8 +19,10 @@ from batch_invariance.cert.schema import Cert
 from batch_invariance.cert.store import read_cert
 from batch_invariance.cert.verify import cert_is_green, verify_cert_file
 
-#: A live run on 2 busy cores: the action image is cached by the Docker stage.
-TIMEOUT_S = 1200
+#: The live cell takes about a minute on 2 idle cores; on a host shared with other work it took
+#: 19 minutes once (0.39 serial tokens/s against 24 on idle cores). The image is cached by the
+#: Docker stage.
+TIMEOUT_S = 2400
 
 
 @pytest.fixture(scope="module")
