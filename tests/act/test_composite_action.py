@@ -79,8 +79,10 @@ def test_live_embedded_default_red_fails_the_job_and_uploads_the_cert(
     assert (outputs["verdict"], outputs["status"]) == (cert.verdict, cert.status)
     assert outputs["promotable"] == "false"
     assert outputs["cell"].endswith("/512/4") and outputs["divergent-ids"].isdigit()
-    # The embedded default on raw completions: continuous batching changes the answers.
-    assert cert.verdict == "RED", (cert.verdict, cert.decision_reasons)
+    # The embedded default on the action's chat work-set: continuous batching changes the
+    # answers (RED) or, in a sample where no answer flipped, the numerics under them (AMBER);
+    # either way the job fails.
+    assert cert.verdict in ("RED", "AMBER"), (cert.verdict, cert.decision_reasons)
     assert composite.job_results("embedded default, live") == [_conclusion(cert)] == ["failure"]
     assert _container_exit(composite, "embedded default, live") == [
         f"exit status {exitcodes.for_status(str(cert.status), promotable=False)}"
@@ -90,8 +92,9 @@ def test_live_embedded_default_red_fails_the_job_and_uploads_the_cert(
     binary = next(embedded_seed.glob("llama-server/*/bin/llama-server"))
     assert served["sha256"] == hashlib.sha256(binary.read_bytes()).hexdigest()
     summary = composite.summary("embedded default, live")
-    assert summary.startswith("## batch-invariance: RED"), summary[:500]
-    assert "### Divergent ids (A vs C)" in summary
+    assert summary.startswith(f"## batch-invariance: {cert.verdict}"), summary[:500]
+    if cert.verdict == "RED":
+        assert "### Divergent ids (A vs C)" in summary
 
 
 def test_mock_run_is_never_a_pass(composite: ActRun, tmp_path: Path) -> None:
