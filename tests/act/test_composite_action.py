@@ -80,9 +80,9 @@ def test_live_embedded_default_red_fails_the_job_and_uploads_the_cert(
     assert outputs["promotable"] == "false"
     assert outputs["cell"].endswith("/512/4") and outputs["divergent-ids"].isdigit()
     # The embedded default on the action's chat work-set: continuous batching changes the
-    # answers (RED) or, in a sample where no answer flipped, the numerics under them (AMBER);
-    # either way the job fails.
-    assert cert.verdict in ("RED", "AMBER"), (cert.verdict, cert.decision_reasons)
+    # answers (RED); a sample where no answer flipped is AMBER (the numerics under them) or
+    # UNVERIFIED (16 prompts bound nothing): never GREEN, and the job fails either way.
+    assert cert.verdict in ("RED", "AMBER", "UNVERIFIED"), (cert.verdict, cert.decision_reasons)
     assert composite.job_results("embedded default, live") == [_conclusion(cert)] == ["failure"]
     assert _container_exit(composite, "embedded default, live") == [
         f"exit status {exitcodes.for_status(str(cert.status), promotable=False)}"
