@@ -19,7 +19,7 @@ from batch_invariance.core.llama_flags import (
     read_flags,
     slot_layout,
 )
-from batch_invariance.engines.llama_server import build_argv, kv_label, owned_flag_conflicts
+from batch_invariance.engines.llama_server import build_argv, kv_label
 
 
 def test_command_line_beats_environment_and_later_beats_earlier() -> None:
@@ -127,7 +127,8 @@ def test_the_driver_owns_or_refuses_every_flag_that_changes_what_is_measured() -
         "--n_predict",
         "--no_cont_batching",
     )
-    assert owned_flag_conflicts(["-nocb", "--metrics"]) == ["-nocb"]
+    assert flag_conflicts(["-nocb", "--metrics"]) == ("-nocb",)
+    assert flag_conflicts(["-ngl", "99", "--port=1", "-c"]) == ("--port=1", "-c")
     parsed = read_flags(["--no-slots", "-ub", "1"], {"LLAMA_ARG_N_PARALLEL": "2"})
     assert flag_conflicts(parsed) == ("--no-slots",)
 

@@ -368,11 +368,3 @@ def flag_conflicts(flags: Sequence[str] | ServerFlags) -> tuple[str, ...]:
     a plain argv is scanned word by word, so a malformed value cannot hide an owned flag."""
     words = flags.given if isinstance(flags, ServerFlags) else flags
     return tuple(dict.fromkeys(w for w in words if _conflict_name(w) is not None))
-
-
-def conflict_reason(flag: str) -> str:
-    """Why the driver will not take ``flag`` from the user."""
-    name = _conflict_name(flag)
-    if name in OWNED_FLAGS:
-        return f"{flag} is set by the driver for every server it starts"
-    return f"{flag} changes what is measured and is refused"

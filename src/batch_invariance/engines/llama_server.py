@@ -29,7 +29,6 @@ from typing import IO, Any, Literal
 
 import requests
 
-from batch_invariance.core.llama_flags import flag_conflicts
 from batch_invariance.core.server_env import SYSTEM_CONFIG, engine_env, measured_env
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.base import LaunchCommand
@@ -91,12 +90,6 @@ def die_with_parent_hook(parent_pid: int) -> Any:
             os._exit(1)
 
     return hook
-
-
-def owned_flag_conflicts(server_flags: Sequence[str]) -> list[str]:
-    """User server flags the launcher owns (it sets them) or refuses (they change what is
-    measured), as written; the one list is :mod:`batch_invariance.core.llama_flags`'s."""
-    return list(flag_conflicts(server_flags))
 
 
 KvLayout = Literal["split", "unified"]
