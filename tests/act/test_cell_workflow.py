@@ -15,8 +15,8 @@ from act_run import ActRun, ActSetup, run_act
 from scratch import REPO
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.store import read_cert
 from batch_invariance.cert.verify import verify_cert_file
+from factories import load_cert as read_cert
 
 #: Two venv installs (pip, from the local wheel cache) and two mock cells on 2 cores.
 TIMEOUT_S = 900
