@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, item in enumerate(items):
             for s in runs[k % len(runs) :] + runs[: k % len(runs)]:  # rotate who goes first
                 before = proc.cpu_times()
-                resp = run_serial(server.base_url, s.template, [item])[item.test_id]
+                resp = run_serial(server.base_url, s.template, [item]).responses[item.test_id]
                 after = proc.cpu_times()
                 s.cpu_s.append(after.user + after.system - before.user - before.system)
                 if resp.dispatch_ts is not None and resp.complete_ts is not None:

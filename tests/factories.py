@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from batch_invariance.cert.certificate import Cert, build_cert
+from batch_invariance.cert.parse import parse_cert
 from batch_invariance.core.evidence import (
     CellEvidence,
     CellSpec,
@@ -28,6 +30,11 @@ TS = "2025-01-02T03:04:05Z"
 #: Server-reported generated tokens of a factory trial: above the default length floor.
 ANSWER_TOKENS = 80
 DEFAULT_POLICY = GatePolicy()
+
+
+def load_cert(path: Path) -> Cert:
+    """The cert at ``path``, parsed (schema and digest) as the verification path reads it."""
+    return parse_cert(path.read_text(encoding="utf-8"), str(path))
 
 
 def answer_for(test_id: str) -> str:

@@ -227,6 +227,11 @@ def test_busy_parsers() -> None:
     text = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 3\n"
     assert busy_from_metrics(text) == 3
     assert busy_from_metrics("nothing here\n") is None
+    # The one Prometheus parser: labelled series of the gauge are summed, others ignored.
+    labelled = (
+        'llamacpp:requests_processing{slot="0"} 1\nllamacpp:requests_processing{slot="1"} 2\n'
+    )
+    assert busy_from_metrics(labelled + "llamacpp:requests_deferred 7\n") == 3
 
 
 # ----- transport failures are values ------------------------------------------------------------

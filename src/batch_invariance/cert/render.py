@@ -17,6 +17,27 @@ from batch_invariance.cert.numerics_view import numerics_lines, numerics_markdow
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 from batch_invariance.core.throughput import Throughput
 
+__all__ = [
+    "NO_BUNDLE",
+    "TITLE",
+    "Require",
+    "annotation",
+    "chat_template_warning",
+    "escape_data",
+    "escape_property",
+    "failure_summary",
+    "live_banner",
+    "md_cell",
+    "mock_expected_status",
+    "mock_prediction",
+    "mock_report",
+    "summary_markdown",
+    "sweep_text",
+    "throughput_text",
+    "verdict_annotation",
+    "verify_report_text",
+]
+
 Require = Literal["green", "promotable"]
 
 TITLE = "batch-invariance"

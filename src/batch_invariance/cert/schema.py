@@ -33,6 +33,31 @@ from batch_invariance.core.repeat import SerialRepeatGate
 from batch_invariance.core.throughput import Throughput
 from batch_invariance.core.verdict import Reports, Sensitivity, Status
 
+__all__ = [
+    "CERT_ADAPTER",
+    "CERT_VERSION",
+    "GATE_ABC_UNION",
+    "HEADER_ADAPTER",
+    "JSON_RENAMES",
+    "SOURCES",
+    "ArmB",
+    "Cert",
+    "CertHeader",
+    "DisplayVerdict",
+    "EvidenceRecord",
+    "GateOutcome",
+    "PassEvidence",
+    "PromotionScope",
+    "Source",
+    "TrialRecord",
+    "canonical_json",
+    "cert_from_json",
+    "cert_to_json",
+    "compute_digest",
+    "display_verdict",
+    "schema_text",
+]
+
 #: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
 CERT_VERSION: Final = 3
 GATE_ABC_UNION = "abc_union"
@@ -105,6 +130,8 @@ class TrialRecord:
     transport_error: str | None = None
     #: The server's ``timings.cache_n`` (prompt tokens reused from cache) when reported.
     cache_n: int | None = None
+    #: The failed first attempt of a serial request retried once (absent: not retried).
+    first_attempt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -244,7 +271,23 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
     if out["evidence"].get("b_ids") is None:
         # Likewise: B on every id, as every cert written before B could run on a subset.
         out["evidence"].pop("b_ids", None)
+    for item in out["evidence"]["items"]:
+        if item.get("request_key") is None:
+            # Likewise: items of certs written before request keys were recorded.
+            item.pop("request_key", None)
+    for trials in _trial_maps(out["evidence"]):
+        for record in trials.values():
+            if record.get("first_attempt") is None:
+                # Likewise: a request that was not retried, as in every cert before retries.
+                record.pop("first_attempt", None)
     return out
+
+
+def _trial_maps(evidence: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every map of embedded trials in the evidence block (A, A', B and each C pass)."""
+    maps = [evidence.get("a"), evidence.get("a_repeat"), evidence.get("b")]
+    maps += [p.get("trials") for p in evidence.get("c_passes") or ()]
+    return [m for m in maps if isinstance(m, dict)]
 
 
 def cert_from_json(text: str | bytes) -> Cert:

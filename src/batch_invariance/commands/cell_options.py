@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.render import live_banner
 from batch_invariance.core.evidence import (
     DEFAULT_LOGIT_EPS,
@@ -241,4 +240,4 @@ def report(outcome: LiveOutcome, label: str) -> int:
     """Print the verdict banner; return the exit code for the cert."""
     finished = outcome.finished
     sys.stdout.write(live_banner(finished.cert, finished.path, finished.superseded, label))
-    return exitcodes.for_status(finished.cert.status, is_promotable(finished.cert))
+    return exitcodes.for_status(finished.verdict.status, finished.promotable)

@@ -1,11 +1,12 @@
 """Every arm's trials read once into the columns the comparisons and gates read (pure).
 
 A cell holds about ``ids x (passes + 2)`` trials and every gate and report looks at each of
-them; reading the same attributes from every trial again in each gate was most of the cost of
+them; reading the same attributes from every trial in each gate would be most of the cost of
 :func:`batch_invariance.core.verdict.decide`. :func:`arm_columns` reads an arm once, with
 C-level maps (no per-trial Python step), into an :class:`ArmColumns`; :func:`evidence_columns`
 does it for every arm of a cell. The gates and :func:`batch_invariance.core.diff.compare_columns`
-only read these columns, so what each of them counts is unchanged.
+only read these columns; the slow reference definitions they are tested against read the
+trials themselves (tests/test_core_fast_paths.py).
 """
 
 from __future__ import annotations

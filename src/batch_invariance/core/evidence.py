@@ -79,6 +79,9 @@ class Trial:
     slot_id: int | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
     transport_error: str | None = None
+    #: A serial request retried once after a transient failure: that first attempt's
+    #: ``"failure_mode: detail"`` (the fields above are the retry's).
+    first_attempt: str | None = None
 
     def invariant(self) -> tuple[Any, ...]:
         """The invariant fields as a tuple, in :data:`INVARIANT_FIELDS` order."""
@@ -126,11 +129,17 @@ class PassRecord:
 
 @dataclass(frozen=True)
 class ItemMeta:
-    """What the report groups by for one test id."""
+    """What the report groups by for one test id, and which request it sent.
+
+    ``request_key`` (:func:`~batch_invariance.core.workitem.request_key`) names the request
+    content the server saw: ids with one key are one distinct prompt for the per-prompt bound.
+    ``None`` only in certs written before it was recorded (their ids count by work-set row).
+    """
 
     test_id: str
     family: str | None = None
     fill: float | None = None
+    request_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ comparison with a transport failure on either side.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -37,7 +38,7 @@ from batch_invariance.core.columns import (
     unequal_via,
 )
 from batch_invariance.core.diff import PairReport, compare_columns
-from batch_invariance.core.evidence import CellEvidence, GatePolicy
+from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta
 from batch_invariance.core.numerics import (
     NumericEvidenceGate,
     Numerics,
@@ -48,7 +49,6 @@ from batch_invariance.core.numerics import (
 from batch_invariance.core.pair_report import ac_summary
 from batch_invariance.core.repeat import SerialRepeatGate, serial_repeat_gate
 from batch_invariance.core.schedule import ArmBScopeGate, arm_b_scope_gate, restrict
-from batch_invariance.core.workitem import row_ids
 
 Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
 
@@ -67,8 +67,9 @@ class Sensitivity:
     """How much a clean result can say, and what was seen.
 
     ``n_hot_trials`` counts id x pass comparisons scored ``ok`` in A and in the pass and
-    co-batched in it; ``n_distinct_prompts`` the work-set rows (ids without their ``#rK``
-    repetition suffix) with at least one of them. ``n_ac_divergent`` counts the AC id x pass
+    co-batched in it; ``n_distinct_prompts`` the distinct requests (request contents,
+    whitespace aside: :func:`~batch_invariance.core.sample.distinct_prompts`) with at least
+    one of them. ``n_ac_divergent`` counts the AC id x pass
     comparisons that diverged (an invariant field, or the id missing on one side), out of
     ``n_scored_comparisons``: the comparisons judged (no transport failure on either side).
     """
@@ -191,14 +192,14 @@ def _bound(n: int) -> float | None:
     return None if bound is None else min(1.0, bound)
 
 
-def sensitivity(hot: sg.HotByPass, ac: PairReport) -> Sensitivity:
+def sensitivity(hot: sg.HotByPass, ac: PairReport, items: Sequence[ItemMeta]) -> Sensitivity:
     """Counts, the rule-of-three bounds, and the exact interval when divergences were seen.
 
     A missing id is a judged, divergent comparison: it counts in both numbers."""
     scored = sum(p.n_compared for p in ac.per_pass)
     divergent = sum(p.n_divergent for p in ac.per_pass)
     n_hot = sum(map(len, hot.values()))
-    n_distinct = len(row_ids(set().union(*hot.values())))
+    n_distinct = sg.distinct_prompts(set().union(*hot.values()), items)
     if divergent == 0:
         return Sensitivity(
             n_hot, scored, 0, ac.n_divergent, n_distinct, _bound(n_distinct), _bound(n_hot),
@@ -218,7 +219,7 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     reports = build_reports(evidence, cols)
     co_sets = g.cobatched_by_pass(cols.passes, policy.overlap_margin_s)
     hot = sg.hot_by_pass(cols.a, cols.passes, co_sets)
-    sens = sensitivity(hot, reports.ac)
+    sens = sensitivity(hot, reports.ac, evidence.items)
     eps = policy.logit_eps
     numerics = cell_numerics(
         evidence.a,

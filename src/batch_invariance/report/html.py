@@ -23,6 +23,8 @@ from batch_invariance.report.views import (
     verdict_counts,
 )
 
+__all__ = ["render_html"]
+
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px;
   color: #1d232b; background: #fff; max-width: 1200px; }

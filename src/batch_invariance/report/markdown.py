@@ -15,6 +15,8 @@ from batch_invariance.report.views import (
     verdict_counts,
 )
 
+__all__ = ["render_markdown"]
+
 _MARK = {"GREEN": "🟢", "AMBER": "🟠", "RED": "🔴", "UNVERIFIED": "⚪"}
 
 

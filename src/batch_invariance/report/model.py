@@ -17,6 +17,25 @@ from batch_invariance.report.divergence import DivergentId, divergent_ids
 from batch_invariance.report.fields import dig, integer, num
 from batch_invariance.report.numerics import NumericsView, numerics_view
 
+__all__ = [
+    "AnswerLength",
+    "Cell",
+    "CellGroup",
+    "GateRow",
+    "InvalidCert",
+    "LoadedCert",
+    "RateFigure",
+    "Report",
+    "Signature",
+    "SignatureState",
+    "Throughput",
+    "answer_length_of",
+    "build_report",
+    "gate_rows",
+    "rate_figure",
+    "throughput_of",
+]
+
 SignatureState = Literal["unsigned", "present", "verified", "failed", "error"]
 
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import requests
 
 from batch_invariance.core.chat_template import sends_chat
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.workitem import WorkItem, request_key
 from batch_invariance.errors import InfraError
 from batch_invariance.run.response import RawResponse, parse_completion
 
@@ -118,6 +118,14 @@ class RequestTemplate:
         if item.system is not None:
             prompt = f"{item.system}\n\n{prompt}"
         return {"prompt": prompt, **common, **self._logprob_fields(chat=False)}
+
+    def request_key(self, item: WorkItem) -> str:
+        """What ``item`` asks the server, as one key (:func:`core.workitem.request_key`): the
+        path and the body without the per-id seed (greedy decoding at temperature 0 and
+        ``top_k`` 1 ignores it) and without the logprob fields each arm sets."""
+        body = self.with_logprobs("none").body_for(item)
+        del body["seed"]
+        return request_key(self.path_for(item), body)
 
     def encode(self, item: WorkItem) -> bytes:
         """The exact bytes sent for ``item`` (canonical JSON, so every arm sends the same)."""

@@ -50,6 +50,9 @@ class MockKnobs:
     #: The server "dies" (stops listening and drops every connection) after answering this
     #: many completion requests (``None``: never).
     die_after_requests: int | None = None
+    #: Prompts containing one of these are answered HTTP 500 the first time this server is
+    #: asked for them, and answered normally after (a live server's transient fault).
+    fail_once_if_contains: tuple[str, ...] = ()
     #: The model's own chat template; ``None`` plays a base model without one: ``/props``
     #: then reports llama.cpp's ChatML fallback, as llama-server does.
     chat_template: str | None = MOCK_CHAT_TEMPLATE
