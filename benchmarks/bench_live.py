@@ -11,12 +11,19 @@ tokens, ctx 1024, N 4, 3 passes, chat endpoint) it times, in alternating rounds:
   --i-understand-this-launches-a-real-server --server-flag=--cache-ram --server-flag=0``.
   Without ``--reference-src`` its measured 125.7 s is used as a constant, and the output says so.
 
-It prints the medians, the ratios full/reference and RED/reference (targets 0.8 and 0.5), and
-the per-arm wall time of this tool's last full run. ``--smoke`` runs a tiny cell (3 prompts,
-short answers, no reference) to check the script itself on a loaded machine.
+* with ``--previous-src DIR`` (a source tree of this tool before every arm asked for
+  pre-sampling logprobs, e.g. ``git archive 57530d8 src``), a full run of that tree on the
+  same cell, with this interpreter: the cost of logprobs in every arm, side by side (target
+  at most 1.10x). ``--runs full,previous`` runs only those two.
+
+It prints the medians, the ratios full/reference and RED/reference (targets 0.8 and 0.5),
+full/previous (target 1.10), and the per-arm wall time of this tool's last full run.
+``--smoke`` runs a tiny cell (3 prompts, short answers, no reference) to check the script
+itself on a loaded machine.
 
 Usage: python benchmarks/bench_live.py [--server-bin S --model M] [--reference-src DIR]
-       [--rounds R] [--smoke] [--server-flag=F ...]
+       [--previous-src DIR] [--runs full,previous,...] [--rounds R] [--smoke]
+       [--server-flag=F ...]
 
 ``--server-flag`` is passed to both tools' servers (for example ``-ub`` ``1`` for a clean cell).
 
@@ -95,6 +102,9 @@ DEMO = Path(__file__).resolve().parents[1] / "src/batch_invariance/data/worksets
 #: The reference's median wall time on the issue's cell (3 alternating runs, 2 CPU cores).
 REFERENCE_CONSTANT_S = 125.7
 FULL_TARGET, RED_TARGET = 0.8, 0.5
+#: Logprobs in every arm against the previous request mode (A only).
+LOGPROBS_TARGET = 1.10
+RUN_NAMES = ("full", "reference", "stop-on-red", "previous")
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,28 @@ def _reference(
     return Timed(wall, verdict, 3)
 
 
+def _previous(src: Path, request: LiveRequest, out: Path) -> Timed:
+    """A full run of this tool's earlier source tree ``src`` on ``request``'s cell."""
+    argv = [
+        sys.executable, "-m", "batch_invariance", "run-live",
+        "--server-bin", str(request.server_bin), "--model", str(request.model),
+        "--workset", str(request.workset), "--ctx", str(request.ctx),
+        "--parallel", str(request.parallel), "--gate-passes", str(request.gate_passes),
+        "--reps", str(request.reps), "--n-predict", str(request.n_predict),
+        "--endpoint", request.endpoint, "--min-hot-trials", str(request.min_hot_trials),
+        *(f"--server-flag={f}" for f in request.server_flags), "--out-dir", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(src / "src")}
+    t0 = time.monotonic()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    verdict, passes = "exit " + str(done.returncode), 0
+    for cert in out.glob("*.json"):
+        data = json.loads(cert.read_text())
+        verdict, passes = str(data.get("verdict", verdict)), int(data.get("n_passes", 0))
+    return Timed(wall, verdict, passes)
+
+
 def _progress(k: int, name: str, run: Timed) -> None:
     """One line per run on stderr as it ends, so a long benchmark shows where it is."""
     print(
@@ -169,7 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", type=Path, default=None)
     ap.add_argument("--server-flag", action="append", default=[], dest="server_flags",
                     help="passed to both tools' servers (e.g. -ub 1 for a clean AC)")  # fmt: skip
+    ap.add_argument("--previous-src", type=Path, default=None,
+                    help="this tool's source tree before logprobs in every arm")  # fmt: skip
+    ap.add_argument("--runs", default=",".join(RUN_NAMES),
+                    help=f"which runs, comma-separated, of {', '.join(RUN_NAMES)}")  # fmt: skip
     opts = ap.parse_args(argv)
+    wanted = [n for n in opts.runs.split(",") if n]
+    if not set(wanted) <= set(RUN_NAMES):
+        ap.error(f"--runs takes {', '.join(RUN_NAMES)}")
     if opts.server_bin is None or opts.model is None:
         pair = provision()
         server, model = pair.server_bin, pair.model
@@ -192,14 +231,20 @@ def main(argv: list[str] | None = None) -> int:
     full: list[Timed] = []
     red: list[Timed] = []
     ref: list[Timed] = []
+    prev: list[Timed] = []
     last: LiveOutcome | None = None
     for k in range(opts.rounds):
         # Each run takes each slot of a round once (round 1: full, reference, stop-on-red;
         # round 2 starts with the reference; round 3 with stop-on-red): on this VM a run late
         # in a burst of load came out up to 30% slower, which a fixed order charges to one tool.
-        names = ["full", "reference", "stop-on-red"]
-        for name in names[k % 3 :] + names[: k % 3]:
-            if name == "full":
+        names = [n for n in RUN_NAMES if n in wanted]
+        for name in names[k % len(names) :] + names[: k % len(names)]:
+            if name == "previous":
+                if opts.previous_src is None:
+                    continue
+                prev.append(_previous(opts.previous_src, base, root / f"prev-{k}"))
+                timed = prev[-1]
+            elif name == "full":
                 timed, last = _ours(replace(base, out_dir=root / f"full-{k}", stop_on_red=False))
                 full.append(timed)
             elif name == "stop-on-red":
@@ -223,13 +268,20 @@ def main(argv: list[str] | None = None) -> int:
     cell = (f"{len(rows)} prompts x {base.n_predict} tokens, ctx {base.ctx}, N {base.parallel}, "
             f"{base.gate_passes} passes, {opts.rounds} round(s)")  # fmt: skip
     print(f"cell: {cell}")
-    for name, runs in (("full", full), ("stop-on-red", red), ("reference", ref)):
+    for name, runs in (("full", full), ("stop-on-red", red), ("reference", ref),
+                       ("previous", prev)):  # fmt: skip
         for r in runs:
             print(f"  {name:<12} {r.wall_s:8.1f} s  {r.verdict:<10} passes {r.passes}")
     if ref:
         ref_s, ref_note = _median(ref), "measured side by side"
     else:
         ref_s, ref_note = REFERENCE_CONSTANT_S, "reference not run: its measured 125.7 s constant"
+    if full and prev:
+        ratio = _median(full) / _median(prev)
+        print(f"logprobs in every arm / previous mode: {ratio:.2f}x "
+              f"(target <= {LOGPROBS_TARGET}; {len(full)} round(s))")  # fmt: skip
+    if not (full and red):
+        return 0
     print(f"full run median:    {_median(full):.1f} s")
     print(f"time to RED median: {_median(red):.1f} s (verdicts: {[r.verdict for r in red]})")
     print(f"reference:          {ref_s:.1f} s ({ref_note})")

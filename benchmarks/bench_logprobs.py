@@ -3,11 +3,11 @@
 Starts one real ``llama-server --parallel 1`` (the provisioned embedded pair unless
 ``--server-bin``/``--model`` are given) and sends the demo's completion openings serially,
 each one once per setting, the settings interleaved per prompt so a change of host load hits
-all of them alike: no logprobs, the chosen tokens only after sampling (what B, A' and C send),
-top-2 before sampling (what A sends: the least that gives the top1-top2 margin) and
-top-``--n-probs`` (A and C when F4 is armed). Every setting sends ``top_k: 1``. Prints the
-median seconds per request, the server's own decode time per token, and whether every setting
-produced the same text (asking for logprobs must not change what is generated at temperature 0).
+all of them alike: no logprobs, top-2 before sampling (what every arm sends: the chosen
+token's logprob and the top1-top2 margin, the numeric evidence) and top-``--n-probs``.
+Every setting sends ``top_k: 1``. Prints the median seconds per request, the server's own
+decode time per token, and whether every setting produced the same text (asking for
+logprobs must not change what is generated at temperature 0).
 
 Usage: python benchmarks/bench_logprobs.py [--items K] [--n-predict T] [--n-probs P]
 """
@@ -54,9 +54,8 @@ def settings(n_predict: int, n_probs: int) -> list[Setting]:
     base = RequestTemplate("completions", n_predict=n_predict, seed=0)
     return [
         Setting("none", base.with_logprobs("none")),
-        Setting("tokens (B, A', C)", base.with_logprobs("tokens")),
-        Setting(f"top-{MARGIN_TOP_LOGPROBS} (A)", base),
-        Setting(f"top-{n_probs} (F4 armed)", RequestTemplate(
+        Setting(f"top-{MARGIN_TOP_LOGPROBS} (every arm)", base),
+        Setting(f"top-{n_probs} (--n-probs)", RequestTemplate(
             "completions", n_predict=n_predict, seed=0, n_probs=n_probs
         )),
     ]  # fmt: skip
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, item in enumerate(items):
             for s in runs[k % len(runs) :] + runs[: k % len(runs)]:  # rotate who goes first
                 before = proc.cpu_times()
-                resp = run_serial(server.base_url, s.template, [item])[item.test_id]
+                resp = run_serial(server.base_url, s.template, [item]).responses[item.test_id]
                 after = proc.cpu_times()
                 s.cpu_s.append(after.user + after.system - before.user - before.system)
                 if resp.dispatch_ts is not None and resp.complete_ts is not None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from batch_invariance.cert.certificate import Cert, build_cert
+from batch_invariance.cert.parse import parse_cert
 from batch_invariance.core.evidence import (
     CellEvidence,
     CellSpec,
@@ -28,6 +30,11 @@ TS = "2025-01-02T03:04:05Z"
 #: Server-reported generated tokens of a factory trial: above the default length floor.
 ANSWER_TOKENS = 80
 DEFAULT_POLICY = GatePolicy()
+
+
+def load_cert(path: Path) -> Cert:
+    """The cert at ``path``, parsed (schema and digest) as the verification path reads it."""
+    return parse_cert(path.read_text(encoding="utf-8"), str(path))
 
 
 def answer_for(test_id: str) -> str:
@@ -52,10 +59,19 @@ def make_trial(
     completion_tokens: int | None = ANSWER_TOKENS,
     finish_reason: str | None = "stop",
     cache_n: float | None = 0.0,
+    numerics: bool = True,
 ) -> Trial:
     """A genuinely scored, passing trial unless told otherwise: an answer of
-    :data:`ANSWER_TOKENS` server-reported tokens that stopped by itself, with ``cache_n`` 0."""
+    :data:`ANSWER_TOKENS` server-reported tokens that stopped by itself, with ``cache_n`` 0.
+    With ``numerics`` (the default) it carries tokens (the text's characters unless given)
+    with a logprob and a top1-top2 margin at each, a pure function of the tokens."""
     text = answer_for(test_id) if completion is None else completion
+    if numerics and failure_mode == "ok":
+        tokens = tuple(text) if tokens is None else tokens
+        if token_logprobs is None:
+            token_logprobs = tuple(-0.0130917 * (i % 7) - 0.00713 for i in range(len(tokens)))
+        if top_margins is None:
+            top_margins = tuple(0.37 + 0.011 * (i % 5) for i in range(len(tokens)))
     return Trial(
         test_id=test_id,
         score=score,

@@ -132,6 +132,42 @@ def red_data(n: int, *, model: str = "tiny", ctx: int = 2048) -> dict[str, Any]:
         "promotion_scope": {"valid_for": f"only model {model} at ctx {ctx} with --parallel {n}"},
         "divergence_report": {"AC": {"per_id": per_id}},
         "evidence": {"a": a, "c_passes": c_passes},
+        "numerics": red_numerics(),
+    }
+
+
+def red_numerics() -> dict[str, Any]:
+    """The numerics of :func:`red_data`: ``q1`` flips on passes 0 and 2, ``q3`` drifts on
+    pass 1 with equal tokens, ``q2`` carries no logprobs."""
+
+    def row(test_id: str, index: int, first: int | None, flip: int | None) -> dict[str, Any]:
+        return {"test_id": test_id, "pass_index": index, "positions": 2,
+                "first_drift": first, "max_abs_delta": 0.1875, "token_flip": flip}  # fmt: skip
+
+    def per_pass(index: int, drift: int, flips: int) -> dict[str, Any]:
+        delta = 0.1875 if drift else 0.0
+        return {"pass_index": index, "rows_compared": 2, "rows_with_drift": drift,
+                "rows_with_token_flip": flips, "max_abs_delta": delta}  # fmt: skip
+
+    return {
+        "statement": "batching changed the numerics on 2 of 2 rows (max |delta| 0.188)",
+        "AC": {
+            "per_pass": [
+                per_pass(0, 1, 1),
+                per_pass(1, 1, 0),
+                per_pass(2, 1, 1),
+                per_pass(3, 0, 0),
+            ],
+            "rows": [row("q1", 0, 1, 2), row("q1", 2, 1, 2), row("q3", 1, 0, None)],
+            "ids_without_logprobs": ["q2"],
+        },
+        "risk": {
+            "per_token_flip_probability": 0.0125,
+            "curve": [
+                {"tokens": k, "answer_change_share": 1 - (1 - 0.0125) ** k}
+                for k in (64, 128, 256, 512, 1024)
+            ],
+        },
     }
 
 

@@ -27,6 +27,7 @@ import pytest
 
 from batch_invariance import action, action_inputs, action_outputs, exitcodes
 from batch_invariance.cert import render
+from factories import load_cert
 
 REPO = Path(__file__).resolve().parents[1]
 ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
@@ -551,12 +552,11 @@ def test_live_inputs_become_the_same_request_the_cli_builds(tmp_path: Path) -> N
 
 
 def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> None:
-    from batch_invariance.cert.store import read_cert
     from batch_invariance.cli import main
 
     assert main(["run-mock", "--out-dir", str(tmp_path), "--batch-divergence"]) == 1
     path = next(p for p in tmp_path.glob("*.json"))
-    cert = read_cert(path)
+    cert = load_cert(path)
     assert cert.status == "failed"
     outputs = action_outputs.outputs_for(cert, path, None, tmp_path)
     assert outputs["verdict"] == "RED"

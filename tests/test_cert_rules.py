@@ -13,17 +13,17 @@ import pytest
 from batch_invariance import __version__, exitcodes
 from batch_invariance.cert.build import rederive
 from batch_invariance.cert.schema import CERT_VERSION, Cert, compute_digest
-from batch_invariance.cert.store import read_cert, render, write_cert
-from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_path
+from batch_invariance.cert.store import render, write_cert
+from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_built, verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import GatePolicy
-from factories import cert_for, green_evidence, live_provenance, server_argv, spec
+from factories import cert_for, green_evidence, live_provenance, load_cert, server_argv, spec
 
 
 def _mock_cert(tmp_path: Path) -> Cert:
     # A mock GREEN exits 3 (never promotable), like any GREEN that is not promotable.
     assert main(["run-mock", "--out-dir", str(tmp_path / "mock")]) == exitcodes.NOT_PROMOTABLE
-    return read_cert(tmp_path / "mock" / "mock__ctx2048__N4.json")
+    return load_cert(tmp_path / "mock" / "mock__ctx2048__N4.json")
 
 
 def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:
@@ -35,6 +35,7 @@ def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:
 
 
 def _verify(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()  # what ran before (run-mock's progress lines) is not verify-cert's
     code = main(["verify-cert", str(path)])
     captured = capsys.readouterr()
     return code, captured.err
@@ -163,6 +164,8 @@ def test_verify_cert_without_bundle_says_authenticity_was_not_checked(
         "size 64 >= 30, per-prompt bound 0.09375 <= 0.1 from 32 distinct prompts, median "
         "answer 80 >= 64 tokens)\n"
         "  - AB clean, no token-only differences\n"
+        "  - tokens and logprobs bitwise equal at 704 positions over 32 prompts x 2 passes "
+        "(64 co-batched)\n"
     )
 
 
@@ -277,3 +280,16 @@ def test_every_unmet_condition_is_listed(tmp_path: Path) -> None:
     assert verification.valid and not verification.promotable
     reasons = " | ".join(verification.promotable_reasons)
     assert "source is mock" in reasons and "min_hot_trials" in reasons
+
+
+def test_the_exit_code_reads_the_built_cert_as_verify_cert_does() -> None:
+    """A just-built cert's promotability comes without re-deriving it (verify_built), and
+    agrees with the full verification path on promotable, looser-policy and relabelled
+    certs alike."""
+    green, _ = cert_for()
+    loose, _ = cert_for(policy=GatePolicy(coverage_fraction=0.1))
+    relabelled = replace(green, ctx=4096)  # its servers ran ctx 2048: an identity problem
+    for cert, promotable in ((green, True), (loose, False), (relabelled, False)):
+        built = verify_built(cert)
+        assert built.promotable is promotable is is_promotable(cert)
+    assert not verify_built(relabelled).valid

@@ -101,16 +101,13 @@ def test_every_contract_field_is_present() -> None:
         "per_id",
         "by_family",
         "by_fill",
-        "logit_drift",
     ]:
         assert name in report, name
-    assert set(report["logit_drift"]) >= {
-        "armed",
-        "eps",
-        "max_logit_delta",
-        "logit_drift_ids",
-        "per_id_delta",
-    }
+    numerics = d["numerics"]
+    assert set(numerics) == {"eps", "AC", "AB", "BC", "AA", "evidence", "risk", "statement"}
+    assert numerics["eps"] == 0.0 and numerics["evidence"]["ok"] is True
+    assert set(numerics["AC"]) >= {"per_pass", "rows", "drift_ids", "positions", "max_abs_delta"}
+    assert numerics["statement"].startswith("tokens and logprobs bitwise equal at ")
     assert d["invariant_fields"] == list(INVARIANT_FIELDS)
     assert d["sensitivity"]["n_hot_trials"] == 64
     assert d["sensitivity"]["n_distinct_prompts"] == 32
@@ -130,6 +127,7 @@ def test_every_contract_field_is_present() -> None:
         "answer_length",
         "serial_repeat",
         "prompt_cache",
+        "numeric_evidence",
     }
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.cert.store import cert_path, read_cert, render, write_cert
-from batch_invariance.errors import CertInvalid, InfraError
-from factories import cert_for, green_evidence, spec
+from batch_invariance.cert.store import cert_path, render, write_cert
+from batch_invariance.cert.verify import verify_path
+from batch_invariance.errors import InfraError
+from factories import cert_for, green_evidence, load_cert, spec
 
 
 def test_cert_path_layout_and_unsafe_names(tmp_path: Path) -> None:
@@ -31,7 +32,7 @@ def test_write_is_canonical_and_reads_back(tmp_path: Path) -> None:
     data = json.loads(text)
     assert text == json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
     assert list(data) == sorted(data)
-    assert read_cert(written.path) == cert
+    assert load_cert(written.path) == cert
     # No temp files left behind.
     assert [p.name for p in (tmp_path / "new").iterdir()] == [written.path.name]
     assert written.path.stat().st_mode & 0o777 == 0o644
@@ -87,27 +88,23 @@ def test_an_out_dir_that_cannot_hold_a_cert_is_one_infra_error(tmp_path: Path) -
     assert blocker.read_text() == "not a folder"
 
 
-def test_read_cert_errors_are_cert_invalid(tmp_path: Path) -> None:
-    with pytest.raises(CertInvalid, match="no such cert file"):
-        read_cert(tmp_path / "absent.json")
+def test_unreadable_certs_are_invalid_with_one_line(tmp_path: Path) -> None:
+    def first_problem(path: Path) -> str:
+        return verify_path(path).problems[0]
+
+    assert "no such cert file" in first_problem(tmp_path / "absent.json")
     bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    with pytest.raises(CertInvalid, match="not valid JSON"):
-        read_cert(bad)
-    bad.write_text("[1, 2]")
-    with pytest.raises(CertInvalid, match="JSON object"):
-        read_cert(bad)
-    bad.write_text('{"status": "green"}')
-    with pytest.raises(CertInvalid, match="schema"):
-        read_cert(bad)
+    for text, why in (("{not json", "not valid JSON"), ("[1, 2]", "JSON object"),
+                      ('{"status": "green"}', "schema")):  # fmt: skip
+        bad.write_text(text)
+        assert why in first_problem(bad) and "\n" not in first_problem(bad)
 
 
 def test_read_cert_detects_a_changed_value(tmp_path: Path) -> None:
     cert, _ = cert_for()
     path = write_cert(tmp_path, cert).path
     path.write_text(path.read_text().replace('"reps": 1', '"reps": 2'))
-    with pytest.raises(CertInvalid, match="digest mismatch"):
-        read_cert(path)
+    assert "digest mismatch" in verify_path(path).problems[0]
 
 
 def test_render_matches_file(tmp_path: Path) -> None:

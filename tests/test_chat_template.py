@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from batch_invariance.cert.certificate import cert_to_json
 from batch_invariance.cert.verify import verify_text
+from batch_invariance.cli import main
 from batch_invariance.core.chat_template import (
     FALLBACK_WARNING,
     LLAMA_CPP_CHATML_FALLBACK,
@@ -16,9 +19,11 @@ from batch_invariance.core.chat_template import (
 )
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines.mock import MockKnobs, MockLauncher
+from batch_invariance.engines.mock import MockKnobs, MockLauncher, MockServer
 from batch_invariance.run.cell import CellPlan, run_cell
 from batch_invariance.run.finish import finish_cell
+from batch_invariance.run.records import ModelTemplate
+from batch_invariance.run.workset import items_to_row
 from batch_invariance.scorer_api import ExactMatchScorer
 from factories import cert_for
 
@@ -91,3 +96,38 @@ def test_a_cert_with_the_warning_still_re_derives() -> None:
     cert, verdict = cert_for(extra_provenance={"chat_template": block})
     report = verify_text(json.dumps(cert_to_json(cert)))
     assert report.problems == () and report.status == verdict.status == "green"
+
+
+def test_attach_mode_cert_carries_the_fallback_warning_from_props(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``run-live --base-url`` at a base model's server: /props reports the ChatML fallback,
+    and the cert says so (the live provenance once overwrote it with ``unknown``)."""
+    workset = tmp_path / "ws.json"
+    workset.write_text(json.dumps([items_to_row(i) for i in ITEMS]))
+    out = tmp_path / "out"
+    with MockServer(parallel=2, ctx=512, knobs=MockKnobs(chat_template=None)) as server:
+        code = main([
+            "run-live", "--base-url", server.base_url, "--workset", str(workset),
+            "--ctx", "512", "--parallel", "2", "--gate-passes", "2", "--n-predict", "8",
+            "--out-dir", str(out),
+        ])  # fmt: skip
+    banner = capsys.readouterr().out
+    (cert_path,) = out.glob("*.json")
+    cert = json.loads(cert_path.read_text())
+    assert code == 3 and cert["source"] == "attached", banner
+    assert cert["provenance"]["chat_template"] == {
+        "source": "server_fallback",
+        "warning": FALLBACK_WARNING,
+    }
+    assert FALLBACK_WARNING.split(";")[0] in banner
+
+
+def test_the_model_file_decides_over_the_servers_report() -> None:
+    """A launched GGUF's header is read: its template (or its lack of one) decides, whatever
+    ``/props`` said; the block is written once, from both."""
+    run = run_cell(_plan("chat"), MockLauncher(MockKnobs()), ExactMatchScorer())
+    without = run.provenance(ModelTemplate(None))["chat_template"]
+    assert without == {"source": "server_fallback", "warning": FALLBACK_WARNING}
+    own = run.provenance(ModelTemplate("{{ messages }}"))["chat_template"]
+    assert own == {"source": "model", "warning": None}

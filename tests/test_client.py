@@ -22,10 +22,8 @@ from batch_invariance.run.response import parse_completion, parse_logprobs
 from batch_invariance.run.transport import (
     CHAT_PATH,
     COMPLETIONS_PATH,
-    LOGPROB_ARMS,
     MARGIN_TOP_LOGPROBS,
     RequestTemplate,
-    logprob_mode_for,
     seed_for,
     send,
 )
@@ -115,27 +113,18 @@ def test_chat_body_fields() -> None:
     assert body["stream"] is False
 
 
-def test_each_arm_asks_only_for_what_it_reads() -> None:
-    """A asks for pre-sampling top-2 (the margin); B, A' and C for their chosen tokens only,
-    after sampling (no full-vocabulary softmax); C joins A when F4 is armed. Apart from the
-    logprobs fields every arm's body is the same bytes."""
+def test_every_arm_asks_for_pre_sampling_top2_with_the_same_bytes() -> None:
+    """Every arm's body is the same bytes: pre-sampling top-2 (the numeric evidence), never a
+    post-sampling-only mode."""
     for endpoint, item in (("chat", CHAT_ITEM), ("completions", PROMPT_ITEM)):
         t = RequestTemplate(endpoint, n_predict=8, seed=1)
-        bodies = {arm: t.for_arm(arm).body_for(item) for arm in ("A", "A_repeat", "B", "C")}
-        lp_keys = ("logprobs", "top_logprobs", "post_sampling_probs")
-        stripped = [{k: v for k, v in b.items() if k not in lp_keys} for b in bodies.values()]
-        assert all(s == stripped[0] for s in stripped) and stripped[0]["top_k"] == 1
-        assert "post_sampling_probs" not in bodies["A"]
-        for arm in ("A_repeat", "B", "C"):
-            assert bodies[arm]["post_sampling_probs"] is True
-            assert bodies[arm].get("top_logprobs", bodies[arm]["logprobs"]) == 1
-        armed = RequestTemplate(endpoint, n_predict=8, seed=1, n_probs=4)
-        assert "post_sampling_probs" not in armed.for_arm("C").body_for(item)
-        assert armed.for_arm("B").body_for(item)["post_sampling_probs"] is True
-    assert logprob_mode_for("C", n_probs_armed=False) == "tokens"
-    assert logprob_mode_for("C", n_probs_armed=True) == "margins"
+        body = t.body_for(item)
+        assert "post_sampling_probs" not in body and body["top_k"] == 1
+        assert body.get("top_logprobs", body["logprobs"]) == MARGIN_TOP_LOGPROBS
+        record = t.to_record()
+        assert set(record["logprobs_by_arm"].values()) == {"margins"}
+        assert record["pre_sampling"] is True
     assert RequestTemplate("chat", 8, 1).with_logprobs("none").alternatives is None
-    assert LOGPROB_ARMS == ("A",)
 
 
 def test_completions_body_and_armed_n_probs() -> None:
@@ -158,9 +147,7 @@ def test_rows_with_messages_always_go_to_chat() -> None:
 def test_template_record_is_json() -> None:
     record = RequestTemplate("chat", n_predict=8, seed=3, n_probs=2).to_record()
     assert json.loads(json.dumps(record)) == record
-    assert record["cache_prompt"] is False and record["n_probs_armed"] is True
-    assert record["logprobs_by_arm"] == {"A": "margins", "A_repeat": "tokens", "B": "tokens",
-                                         "C": "margins"}  # fmt: skip
+    assert record["cache_prompt"] is False and record["logprobs"]["top_logprobs"] == 2
     assert record["top_k"] == 1
 
 
@@ -240,6 +227,11 @@ def test_busy_parsers() -> None:
     text = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 3\n"
     assert busy_from_metrics(text) == 3
     assert busy_from_metrics("nothing here\n") is None
+    # The one Prometheus parser: labelled series of the gauge are summed, others ignored.
+    labelled = (
+        'llamacpp:requests_processing{slot="0"} 1\nllamacpp:requests_processing{slot="1"} 2\n'
+    )
+    assert busy_from_metrics(labelled + "llamacpp:requests_deferred 7\n") == 3
 
 
 # ----- transport failures are values ------------------------------------------------------------

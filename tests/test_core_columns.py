@@ -22,7 +22,7 @@ from batch_invariance.core.diff import classify, compare
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
 from batch_invariance.core.gates import cobatched_flags
 from batch_invariance.core.verdict import decide
-from batch_invariance.core.workitem import row_id, row_ids
+from batch_invariance.core.workitem import row_id
 from test_core_fast_paths import FAST, reference_depth, trials, twins
 from test_gates import brute_cobatched as brute_cobatched_flags
 
@@ -197,13 +197,12 @@ def counts(report: Any) -> list[dict[str, tuple[int, int, int]]]:
 def test_decide_reports_match_direct_comparisons(ev: CellEvidence) -> None:
     """AC, AB and BC inside :func:`decide` (BC through A where B has A's key) equal each
     pair compared on its own, and the group counts equal a Counter over the labels."""
-    eps = 0.1
-    reports = decide(ev, GatePolicy(logit_eps=eps)).reports
+    reports = decide(ev, GatePolicy()).reports
     ordered = sorted(ev.c_passes, key=lambda p: p.index)
     passes = [(p.index, p.trials) for p in ordered]
-    assert reports.ac == compare("AC", ev.a, passes, ev.items, eps)
-    assert reports.bc == compare("BC", ev.b, passes, ev.items, eps)
-    assert reports.ab == compare("AB", ev.a, [(None, ev.b)], ev.items, eps)
+    assert reports.ac == compare("AC", ev.a, passes, ev.items)
+    assert reports.bc == compare("BC", ev.b, passes, ev.items)
+    assert reports.ab == compare("AB", ev.a, [(None, ev.b)], ev.items)
     c_maps = [dict(p.trials) for p in ordered]
     assert counts(reports.ac) == reference_groups(ev, dict(ev.a), c_maps, reports.ac)
     assert counts(reports.bc) == reference_groups(ev, dict(ev.b), c_maps, reports.bc)
@@ -237,9 +236,3 @@ def test_cobatched_flags_match_the_pairwise_definition_with_tied_starts(
     spans: list[tuple[float, float]], margin: float
 ) -> None:
     assert cobatched_flags(spans, margin) == brute_cobatched_flags(spans, margin)
-
-
-@FAST
-@given(st.lists(st.sampled_from(["a", "a#r1", "a#r", "#r2", "a#rx", "b#r1#r2", "b#r10", "x"])))
-def test_row_ids_equal_one_row_id_per_id(test_ids: list[str]) -> None:
-    assert row_ids(test_ids) == {row_id(t) for t in test_ids}

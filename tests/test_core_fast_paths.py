@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch_invariance.core.diff import PairReport, _logit_delta, classify, compare
+from batch_invariance.core.diff import PairReport, classify, compare
 from batch_invariance.core.evidence import (
     TRANSPORT_MODES,
     CellEvidence,
@@ -124,7 +124,7 @@ def reference_compare(x: dict[str, Trial], ys: list[dict[str, Trial]]) -> dict[s
     """The union report by its definition: one :func:`classify` per id x pass."""
     out: dict[str, Any] = {
         "divergent": set(), "token_only": set(), "compared": set(), "skipped": set(),
-        "rows": [], "per_pass": [], "drift": {},
+        "rows": [], "per_pass": [],
     }  # fmt: skip
     for index, y in enumerate(ys):
         counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
@@ -145,15 +145,10 @@ def reference_compare(x: dict[str, Trial], ys: list[dict[str, Trial]]) -> dict[s
             if outcome == "token_only":
                 out["token_only"].add(tid)
                 out["rows"].append((tid, index, "token_only"))
-            delta = _logit_delta(xt, yt)
-            if delta is not None and delta > 0.0:
-                out["drift"][tid] = max(delta, out["drift"].get(tid, 0.0))
         n = counts["divergent"] + counts["token_only"] + counts["clean"]
         out["per_pass"].append(
             (index, n, counts["divergent"], counts["token_only"], counts["skipped"])
         )
-    for tid in out["divergent"]:
-        out["drift"].pop(tid, None)
     out["token_only"] -= out["divergent"]
     return out
 
@@ -169,7 +164,6 @@ def observed(report: PairReport) -> dict[str, Any]:
             (p.index, p.n_compared, p.n_divergent, p.n_token_only, p.n_skipped)
             for p in report.per_pass
         ],
-        "drift": dict(report.logit_drift.per_id_delta),
     }
 
 
@@ -177,7 +171,7 @@ def observed(report: PairReport) -> dict[str, Any]:
 @given(arms())
 def test_compare_fast_path_matches_classify_per_comparison(case: Any) -> None:
     x, ys = case
-    report = compare("AC", x, list(enumerate(ys)), logit_eps=0.1)
+    report = compare("AC", x, list(enumerate(ys)))
     want = reference_compare(x, ys)
     want["compared"] = len(want["compared"])
     want["rows"] = sorted(want["rows"])

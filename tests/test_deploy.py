@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,8 @@ OK_FLAGS = "-c 4096 -np 4 -ub 1 --cache-ram 0"
 
 
 def _provenance(model: Path, parallel: int, layout: str) -> dict[str, Any]:
-    """What run-live records for this cell: the model file and the A / BC servers' argv."""
+    """What run-live records for this cell: the model file, the server binary (``bin/`` beside
+    the model's folder) and the A / BC servers' argv."""
     from batch_invariance.engines.llama_server import build_argv
 
     def argv(n: int, kv: str) -> list[str]:
@@ -51,8 +54,13 @@ def _provenance(model: Path, parallel: int, layout: str) -> dict[str, Any]:
         )  # fmt: skip
 
     data = model.read_bytes()
+    binary = model.parent.parent / "bin" / "llama-server"
     return {
         "driver": "run-live",
+        "server_binary": {
+            "path": str(binary),
+            "sha256": hashlib.sha256(binary.read_bytes()).hexdigest(),
+        },
         "servers": [
             {"role": "A", "argv": argv(1, "split")},
             {"role": "BC", "argv": argv(parallel, layout)},
@@ -68,7 +76,12 @@ def _provenance(model: Path, parallel: int, layout: str) -> dict[str, Any]:
 
 
 def _live_cert(
-    out_dir: Path, model: Path, *, layout: str = "split", policy: GatePolicy | None = None
+    out_dir: Path,
+    model: Path,
+    *,
+    layout: str = "split",
+    policy: GatePolicy | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> Path:
     """A GREEN live cert of (MODEL, ctx 1024, N 4) whose provenance agrees with its cell; the
     verdict is decided by the core from the factories' green evidence."""
@@ -83,7 +96,7 @@ def _live_cert(
     evidence = green_evidence()
     label = kv_label(1024, 4, layout)  # type: ignore[arg-type]
     cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=label, reps=1, is_moe=False)
-    provenance = _provenance(model, 4, layout)
+    provenance = provenance or _provenance(model, 4, layout)
     cert = build_cert(evidence, decide(evidence, chosen), cell, chosen, provenance, "live",
                       "2025-01-02T03:04:05Z")  # fmt: skip
     return write_cert(out_dir, cert).path
@@ -109,21 +122,35 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     return finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir).path
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A model file, a promotable split cert (ctx 1024, N 4, -ub 1), a mock cert (N 2) and,
-    in its own folder, a promotable unified-KV cert of the same cell."""
-    root = tmp_path_factory.mktemp("deploy")
+def deploy_files(root: Path) -> tuple[Path, Path]:
+    """The model file and the server binary a cell is measured on: ``root/models`` and
+    ``root/bin`` (where :func:`_provenance` looks for the binary)."""
     model = root / "models" / f"{MODEL}.gguf"
     model.parent.mkdir()
     model.write_bytes(b"GGUF" + b"\x01" * 4096)
+    binary = root / "bin" / "llama-server"
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x7fELF measured build")
+    binary.chmod(0o755)
+    return model, binary
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """A model file, a server binary on PATH, a promotable split cert (ctx 1024, N 4, -ub 1),
+    a mock cert (N 2) and, in its own folder, a promotable unified-KV cert of the same cell."""
+    root = tmp_path_factory.mktemp("deploy")
+    model, binary = deploy_files(root)
     certs = root / "certs"
     green = _live_cert(certs, model)
     assert json.loads(green.read_text())["status"] == "green"
     _mock_cell(certs / "mock", 2)
     unified = root / "unified"
     _live_cert(unified, model, layout="unified")
-    return {"root": root, "model": model, "certs": certs, "unified": unified, "green": green}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{binary.parent}:{os.environ.get('PATH', '')}")
+        yield {"root": root, "model": model, "certs": certs, "unified": unified,
+               "green": green, "binary": binary}  # fmt: skip
 
 
 def _check(
@@ -148,8 +175,10 @@ def test_passes_when_every_batched_cell_is_covered(
     out = capsys.readouterr().out
     assert f"pass  {MODEL} ctx=1024 N=4 kv=split" in out
     assert "model by sha256" in out and "parallel 1: no batching" in out
+    longest = json.loads(world["green"].read_text())["promotion_scope"]["answer_tokens_max"]
     assert out.strip().splitlines()[-1] == (
-        "check-deploy: PASS: 1 batched cell(s) certified "
+        f"check-deploy: PASS: 1 batched cell(s) certified; covers answers up to {longest} "
+        "tokens (no -n cap in 1 cell(s): longer answers were never measured) "
         "(UNSIGNED: --allow-unsigned, signatures not checked)"
     )
 
@@ -175,7 +204,7 @@ def test_systemd_unit_environment(
     out = capsys.readouterr().out
     assert f"FAIL  {MODEL} ctx=1024 N=16 kv=split" in out and "1 of 1 batched" in out
     # Variables from a file that is not here could set anything: the cell is not covered.
-    covered = f"ExecStart=/usr/bin/llama-server -m {world['model']} {OK_FLAGS}\n"
+    covered = f"ExecStart={world['binary']} -m {world['model']} {OK_FLAGS}\n"
     unit = "[Service]\nEnvironmentFile=/etc/nowhere/llm.env\n" + covered
     assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
     assert "environment file(s) /etc/nowhere/llm.env not readable here" in capsys.readouterr().out
@@ -219,13 +248,16 @@ def test_same_file_name_but_another_model_is_not_covered(
 @pytest.mark.parametrize(
     ("flag", "named"),
     [
-        ("-fa on", "-fa on (measured auto)"),
-        ("-ub 512", "-ub 512 (measured 1)"),
-        ("-ngl 99", "-ngl 99 (measured auto)"),
-        ("-ctk q8_0", "-ctk q8_0 (measured f16)"),
-        ("-md /srv/draft.gguf --spec-draft-n-max 8", "-md /srv/draft.gguf (measured unset)"),
+        ("-fa on", "--flash-attn on (measured auto)"),
+        ("-ub 512", "--ubatch-size 512 (measured 1)"),
+        ("-ngl 99", "--gpu-layers 99 (measured auto)"),
+        ("-ctk q8_0", "--cache-type-k q8_0 (measured f16)"),
+        (
+            "-md /srv/draft.gguf --spec-draft-n-max 8",
+            "--spec-draft-model /srv/draft.gguf (measured unset)",
+        ),
         ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)"),
-        ("-bs", "-bs on (measured off)"),
+        ("-bs", "--backend-sampling on (measured off)"),
         ("--cache-ram 8192", "--cache-ram 8192 (measured 0)"),
     ],
 )
@@ -333,6 +365,8 @@ def test_signatures_are_required_by_default(
         "https://github.com/o/r/.github/workflows/c.yml@refs/tags/v1",
         "--cert-oidc-issuer",
         "https://token.actions.githubusercontent.com",
+        "--repository",
+        "o/deploy",
         "--offline",
     ]
     assert _check(world, tmp_path, body, *identity) == exitcodes.NOT_PROMOTABLE
@@ -353,6 +387,7 @@ def test_a_bundle_for_another_file_is_rejected(
     policy.write_text(
         'identity = "https://github.com/trailofbits/rfc8785.py/.github/workflows/release.yml'
         '@refs/tags/v0.1.2"\nissuer = "https://token.actions.githubusercontent.com"\n'
+        'repository = "trailofbits/rfc8785.py"\n'
     )
     body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
     args = ("--signing-policy", str(policy), "--offline")
@@ -368,7 +403,8 @@ def test_models_toml_and_usage_errors(world: dict[str, Path], tmp_path: Path) ->
         'server_flags = ["-np", "4"]\n'
     )
     models_dir = str(world["model"].parent)
-    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned"]
+    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned",
+            "--server-binary", str(world["binary"])]  # fmt: skip
     assert main([*args, "--models-dir", models_dir]) == exitcodes.PROMOTABLE
     config.write_text(config.read_text().replace('kv = "f16"', 'kv = "q8_0"'))
     assert main([*args, "--models-dir", models_dir]) == exitcodes.NOT_PROMOTABLE
@@ -425,10 +461,10 @@ def test_identity_regexp_decides_coverage(
     config.write_text(f"llama-server -m {world['model']} {OK_FLAGS}\n")
     policy = _policy_from(
         "--cert-identity-regexp", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER,
-        "--offline",
+        "--repository", "o/deploy", "--offline",
     )  # fmt: skip
     assert policy is not None and policy.signer.identity_is_regexp
-    cells = load_deploy_cells(config, None)
+    cells = load_deploy_cells(config, None).cells
     report = check_cells(config, cells, folder, policy, _signed_by(san))
     assert report.passed is covered
     if not covered:
@@ -436,8 +472,9 @@ def test_identity_regexp_decides_coverage(
         assert "signature identity mismatch" in report.checks[0].reason
     # The same SAN as an exact --cert-identity is a literal, not a pattern.
     exact = _policy_from(
-        "--cert-identity", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--offline"
-    )
+        "--cert-identity", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER,
+        "--repository", "o/deploy", "--offline",
+    )  # fmt: skip
     assert exact is not None and not exact.signer.identity_is_regexp
     assert not check_cells(config, cells, folder, exact, _signed_by(san)).passed
 
@@ -449,7 +486,8 @@ def test_identity_regexp_reaches_sigstore(tmp_path: Path) -> None:
         pytest.skip("the public sigstore fixture is not here")
     bundle = SIGSTORE / (wheel.name + ".sigstore.json")
     release = r"https://github\.com/trailofbits/rfc8785\.py/\.github/workflows/release\.yml@"
-    issuer = ("--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--offline")
+    repository = ("--repository", "trailofbits/rfc8785.py")
+    issuer = ("--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, *repository, "--offline")
     good = _policy_from(
         "--cert-identity-regexp", release + r"(refs/tags/v[0-9.]+|[0-9a-f]{40})", *issuer
     )
@@ -462,7 +500,7 @@ def test_identity_regexp_reaches_sigstore(tmp_path: Path) -> None:
 
 
 def test_identity_regexp_usage_errors(tmp_path: Path) -> None:
-    issuer = ("--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER)
+    issuer = ("--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--repository", "o/deploy")
     with pytest.raises(UsageError, match="not a valid regex"):
         _policy_from("--cert-identity-regexp", "(unclosed", *issuer)
     with pytest.raises(UsageError, match="not allowed with"):  # one identity flag or the other
@@ -476,8 +514,9 @@ def test_identity_regexp_usage_errors(tmp_path: Path) -> None:
     from_file = tmp_path / "regexp.toml"
     from_file.write_text(
         f"identity_regexp = '{TAG_OR_SHA}'\nissuer = \"{GITHUB_ACTIONS_ISSUER}\"\n"
+        'repository = "o/deploy"\n'
     )
     policy = _policy_from("--signing-policy", str(from_file))
     assert policy is not None and policy.signer == SignerPolicy(
-        TAG_OR_SHA, GITHUB_ACTIONS_ISSUER, None, identity_is_regexp=True
+        TAG_OR_SHA, GITHUB_ACTIONS_ISSUER, "o/deploy", identity_is_regexp=True
     )

@@ -146,14 +146,3 @@ def test_by_family_and_by_fill_group_compared_ids() -> None:
     assert r.by_family["math"].n_compared == 2 and r.by_family["math"].n_divergent == 1
     assert r.by_family["unknown"].n_compared == 1
     assert r.by_fill["0.25"].n_divergent == 1 and r.by_fill["unknown"].n_compared == 2
-
-
-def test_logit_drift_is_reported_and_only_flags_ids_when_armed() -> None:
-    x = {"a": make_trial("a", tokens=("1", "2"), token_logprobs=(-0.1, -0.2))}
-    y = {"a": changed(x["a"], token_logprobs=(-0.1, -0.5))}
-    disarmed = diff_pair("AC", x, y)
-    assert not disarmed.logit_drift.armed and disarmed.logit_drift.logit_drift_ids == ()
-    assert abs(disarmed.logit_drift.per_id_delta["a"] - 0.3) < 1e-12
-    armed = diff_pair("AC", x, y, logit_eps=0.1)
-    assert armed.logit_drift.logit_drift_ids == ("a",)
-    assert diff_pair("AC", x, y, logit_eps=0.5).logit_drift.logit_drift_ids == ()

@@ -56,7 +56,7 @@ def test_serial_never_overlaps_even_on_a_parallel_server() -> None:
             ITEMS[:6],
             server.check_alive,
             lambda r: done.append(r.test_id),
-        )
+        ).responses
         assert server.stats.max_busy == 1
     assert list(out) == [i.test_id for i in ITEMS[:6]] == done
     assert _max_depth(out) == 1

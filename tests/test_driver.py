@@ -7,17 +7,17 @@ import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 import pytest
 
+from batch_invariance.cert.verify import verify_path
 from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
 from batch_invariance.core.verdict import Verdict, decide
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.mock import MockKnobs, MockLauncher
-from batch_invariance.errors import UsageError
+from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, run_cell
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import Progress
@@ -104,16 +104,16 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     assert t.prompt_tokens_measured is not None and t.prompt_tokens_measured > 0
     assert t.content_sha256 is not None and len(t.content_sha256) == 64
     assert t.tokens == ("Paris",) and t.token_logprobs is not None and t.has_interval
-    # Every arm records its token stream; only A (which the margin is read from) carries
-    # pre-sampling logprobs and margins: B and C ask for the chosen tokens after sampling.
+    # Every arm records its token stream with pre-sampling logprobs and margins, bitwise
+    # equal on this batch-invariant mock.
     assert t.top_margins is not None and all(m is not None for m in t.top_margins)
     for other in [ev.b["fr"], *(p.trials["fr"] for p in ev.c_passes)]:
         assert other.tokens == ("Paris",)
-        assert other.token_logprobs is None and other.top_margins == (None,)
+        assert other.token_logprobs == t.token_logprobs and other.top_margins == t.top_margins
     assert [s.role for s in run.servers] == ["A", "BC"]
     assert "--parallel" in run.servers[1].argv and run.kv_label.startswith("mock:")
     assert run.request_template["cache_prompt"] is False
-    assert run.arm_wall_s("C") > 0 and run.server_ms()[1] > 0
+    assert run.arm_wall_s("C") > 0 and run.server_ms().predicted_ms > 0
     prov = run.provenance()
     assert json.loads(json.dumps(prov))["server_launches"] == 2
     assert set(prov["timing"]["arm_wall_s"]) == {"A", "A_repeat", "B", "C"}
@@ -179,17 +179,56 @@ def test_stochastic_divergence_breaks_the_serial_repeat() -> None:
     assert run.schedule is not None and run.schedule["arms_run"] == ["A", "A_repeat", "B", "C"]
     assert str(run.schedule["serial_repeat"]).startswith("A' ran: B differed from A")
     assert run.evidence.a_repeat is not None
-    # A' asks for its chosen tokens only (after sampling): tokens, no logprobs, no margins.
-    assert all(t.tokens is not None and t.token_logprobs is None
+    # A' asks for pre-sampling top-2 like every arm.
+    assert all(t.tokens is not None and t.token_logprobs is not None
                for t in run.evidence.a_repeat.values())  # fmt: skip
 
 
-def test_server_gone_mid_run_is_recorded_not_raised() -> None:
-    run, verdict = cell(MockKnobs(die_after_requests=3), gate_passes=1)
-    modes = [t.failure_mode for t in run.evidence.a.values()]
-    assert modes[:3] == ["ok", "ok", "ok"]
-    assert set(modes[3:]) == {"server_gone"}
-    assert verdict.status == "green_unverified"
+def test_a_server_that_dies_in_a_serial_arm_stops_the_run() -> None:
+    launcher = CountingLauncher(MockKnobs(die_after_requests=3))
+    with pytest.raises(InfraError, match=r"^run stopped in arm A, no cert written: mock server"):
+        run_cell(plan(gate_passes=2), launcher, ExactMatchScorer())
+    assert launcher.calls == [("A", 1, 512)]  # nothing else ran against the dead port
+    assert launcher.inner.servers[0].stats.requests == 3
+
+
+def test_a_server_that_dies_mid_pass_stops_the_run_at_once(tmp_path: Path) -> None:
+    # A answers its 8, the B/C server its first pass (8) and 4 of the second, then dies.
+    launcher = CountingLauncher(MockKnobs(die_after_requests=12))
+    with pytest.raises(InfraError, match=r"^run stopped in arm C pass 2/6, no cert written"):
+        run_cell(plan(gate_passes=6), launcher, ExactMatchScorer())
+    assert launcher.calls == [("A", 1, 512), ("BC", 4, 512)]
+    bc = launcher.inner.servers[1]
+    assert bc.dead and bc.stats.requests <= 12 + 4  # no pass, no arm B after the death
+    assert launcher.open == 0 and not list(tmp_path.iterdir())
+
+
+def test_a_transient_failure_is_retried_once_in_a_serial_arm_never_in_a_pass() -> None:
+    # Each server answers the France prompt HTTP 500 the first time it is asked.
+    run, verdict = cell(MockKnobs(fail_once_if_contains=("France",)), gate_passes=2)
+    ev = run.evidence
+    first = ev.a["fr"]
+    assert first.is_ok and first.extracted_answer == "Paris"
+    assert first.first_attempt is not None and first.first_attempt.startswith(
+        "http_error: HTTP 500"
+    )
+    assert all(t.first_attempt is None for k, t in ev.a.items() if k != "fr")
+    # The B/C server met it first in the concurrent pass: recorded as it failed, not retried.
+    assert ev.c_passes[0].trials["fr"].failure_mode == "http_error"
+    assert ev.c_passes[0].trials["fr"].first_attempt is None
+    assert ev.c_passes[1].trials["fr"].is_ok and ev.b["fr"].first_attempt is None
+    assert verdict.status == "green_unverified"  # a transport failure in C: never GREEN
+    assert any("fr: retried once after http_error" in n for n in run.notes)
+
+
+def test_a_retried_trial_is_carried_by_the_cert_and_verifies(tmp_path: Path) -> None:
+    run, _ = cell(MockKnobs(fail_once_if_contains=("Japan",)), gate_passes=2)
+    spec = CellSpec(model="mock", ctx=512, dispatch_n=4, kv_label=run.kv_label, reps=1)
+    done = finish_cell(run, spec, POLICY, {}, tmp_path)
+    evidence = json.loads(done.path.read_text())["evidence"]
+    assert evidence["a"]["jp"]["first_attempt"].startswith("http_error: HTTP 500")
+    assert "first_attempt" not in evidence["a"]["fr"]  # absent, not null, when not retried
+    assert verify_path(done.path).valid
 
 
 def test_no_serial_repeat_and_completions_endpoint() -> None:
@@ -199,18 +238,22 @@ def test_no_serial_repeat_and_completions_endpoint() -> None:
     assert run.request_template["endpoint"] == "completions"
 
 
-def test_armed_f4_keeps_its_logprobs_in_a_and_c() -> None:
-    """--n-probs arms F4: A and C ask for that many alternatives, B still for tokens only."""
-    run, _ = cell(MockKnobs(), n_probs=3)
-    assert run.request_template["n_probs_armed"] is True
-    assert run.request_template["logprobs"]["margins"] == {"logprobs": True, "top_logprobs": 3}
-    assert run.request_template["logprobs_by_arm"]["C"] == "margins"
+def test_every_arm_records_pre_sampling_logprobs_and_n_probs_sets_how_many() -> None:
+    run, verdict = cell(MockKnobs(), n_probs=3)
+    assert run.request_template["logprobs"] == {"logprobs": True, "top_logprobs": 3}
+    assert set(run.request_template["logprobs_by_arm"].values()) == {"margins"}
     ev = run.evidence
-    assert ev.a["fr"].token_logprobs is not None and ev.a["fr"].top_margins is not None
-    assert all(p.trials["fr"].token_logprobs is not None for p in ev.c_passes)
-    assert ev.b["fr"].token_logprobs is None
-    armed = decide(ev, replace(POLICY, logit_eps=0.5))
-    assert armed.reports.ac.logit_drift.armed and armed.status == "green"
+    arms = [ev.a, ev.b, *(p.trials for p in ev.c_passes)]
+    assert all(m["fr"].token_logprobs is not None and m["fr"].top_margins for m in arms)
+    assert verdict.numerics.evidence.ok and verdict.status == "green"
+
+
+def test_mock_numeric_drift_knob_gives_amber_latent_drift_with_equal_answers() -> None:
+    _, verdict = cell(MockKnobs(numeric_drift=1e-4))
+    assert verdict.status == "green_with_caveat" and verdict.anomaly == "latent_numeric_drift"
+    assert verdict.reports.ac.n_token_only == 0 and verdict.reports.ac.clean
+    assert verdict.numerics.ac.drift_ids and verdict.numerics.ab.drift_ids == ()
+    assert any("no answer changed in this sample" in r for r in verdict.decision_reasons)
 
 
 class RaisingScorer(Scorer):
@@ -251,10 +294,13 @@ def test_bad_plans_are_usage_errors() -> None:
         run_cell(plan(items=dup), MockLauncher(), ExactMatchScorer())
 
 
-def test_progress_draws_only_when_enabled() -> None:
-    quiet, loud = io.StringIO(), io.StringIO()
-    run_cell(plan(gate_passes=1), MockLauncher(), ExactMatchScorer(), progress=Progress(quiet))
-    assert quiet.getvalue() == ""  # a StringIO is not a TTY
+def test_progress_is_a_line_per_arm_in_a_log_and_one_live_line_on_a_tty() -> None:
+    log, loud = io.StringIO(), io.StringIO()
+    run_cell(plan(gate_passes=1), MockLauncher(), ExactMatchScorer(), progress=Progress(log))
+    lines = log.getvalue().splitlines()  # a StringIO is not a TTY: one line per arm and pass
+    assert [line.split(":")[1] for line in lines] == [" arm A", " arm C pass 1/1", " arm B"]
+    assert re.fullmatch(r"batch-invariance: arm B: 8 requests in \d+\.\d s, 0 of 8 differ from A",
+                        lines[2])  # fmt: skip
     progress = Progress(loud, enabled=True, min_interval_s=0.0)
     run_cell(plan(gate_passes=2), MockLauncher(), ExactMatchScorer(), progress=progress)
     text = loud.getvalue()

@@ -1,7 +1,9 @@
-"""The example cert in examples/certs/ is a real live cert that verify-cert accepts.
+"""The example cert in examples/certs/ is a real live cert written by cert_version 2.
 
 It was earned by `batch-invariance demo` on a 2-core CPU host (see examples/certs/README.md):
-RED / co_batching with overlap, floor and coverage met. Tampering with it must be caught.
+RED / co_batching with overlap, floor and coverage met, before every arm recorded pre-sampling
+logprobs (cert_version 3). verify-cert refuses it and says plainly which version wrote it;
+tampering with it is caught all the same.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ CERT = (
 )
 
 
-def test_example_cert_verifies_as_a_live_red(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_older_example_cert_says_which_version_wrote_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     code = main(["verify-cert", str(CERT)])
-    out = capsys.readouterr().out
-    assert code == exitcodes.RED, out
-    assert "RED" in out and "live" in out
+    err = capsys.readouterr().err
+    assert code == exitcodes.CERT_INVALID, err
+    assert "written by batch-invariance 0.1.0 (cert_version 2)" in err
+    assert "cert_version 3" in err and "not promotable" in err
     data = json.loads(CERT.read_text())
+    assert data["cert_version"] == 2
     assert data["source"] == "live" and data["status"] == "failed"
     assert data["divergence_class"] == "co_batching"
     assert data["overlap"]["ok"] and data["completion_floor"]["ok"]

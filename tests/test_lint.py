@@ -23,11 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 ACTIONS = ["action.yml", "install/action.yml"]
 #: Shell scripts the action, its image build and the CI stages run.
 SCRIPTS = ["action/run-container.sh", "action/name-artifact.sh", "docker/build-base.sh",
-           "docker/engine.sh", ".ci/run", ".ci/docker-stage"]  # fmt: skip
+           "docker/engine.sh", ".ci/run", ".ci/docker-stage", ".ci/act-stage"]  # fmt: skip
 WORKFLOWS = sorted(
     [
         *(REPO / ".github" / "workflows").glob("*.yml"),
         *(REPO / "examples" / "workflows").glob("*.yml"),
+        # The act stage's workflows (tests/act), run by act against the real Docker engine.
+        *(REPO / "tests" / "act" / "workflows").glob("*.yml"),
     ]
 )
 

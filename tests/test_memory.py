@@ -30,7 +30,7 @@ def test_projection_scales_with_ctx_times_n(info: memory.GgufInfo) -> None:
 
 
 def test_cache_type_flags_change_the_kv_estimate(info: memory.GgufInfo) -> None:
-    assert memory.cache_types(["-ctk", "q8_0", "--cache-type-v=q4_0"]) == ("q8_0", "q4_0")
+    assert memory.cache_types(["-ctk", "q8_0", "--cache-type-v", "q4_0"]) == ("q8_0", "q4_0")
     f16 = memory.project(info, 1024, 2)
     q8 = memory.project(info, 1024, 2, ["-ctk", "q8_0", "-ctv", "q8_0"])
     assert q8.kv_bytes < f16.kv_bytes

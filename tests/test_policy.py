@@ -31,7 +31,6 @@ def test_defaults_are_the_documented_numbers_and_acceptable() -> None:
         GatePolicy(min_answer_tokens=200),
         GatePolicy(max_bound=0.05),
         GatePolicy(completion_floor=0.9, coverage_fraction=0.95, overlap_margin_s=0.01),
-        GatePolicy(logit_eps=0.01),
     ],
 )
 def test_stricter_is_always_acceptable(stricter: GatePolicy) -> None:
@@ -48,6 +47,7 @@ def test_stricter_is_always_acceptable(stricter: GatePolicy) -> None:
         (GatePolicy(coverage_fraction=0.1), "coverage_fraction 0.1 is looser"),
         (GatePolicy(overlap_margin_s=0.0), "overlap_margin_s 0.0 is looser"),
         (GatePolicy(max_bound=math.nan), "max_bound is not a number"),
+        (GatePolicy(logit_eps=0.01), "logit_eps 0.01 is looser than the default 0.0"),
     ],
 )
 def test_looser_names_what_is_looser(looser: GatePolicy, needle: str) -> None:

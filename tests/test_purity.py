@@ -18,13 +18,14 @@ PKG = Path(batch_invariance.__file__).parent
 #: Every module of the ``core`` package, found on disk so a new one cannot slip past.
 CORE = tuple(sorted(str(p.relative_to(PKG)) for p in (PKG / "core").rglob("*.py")))
 #: Pure modules outside ``core``: the cert model, its builder and derived views, its parser
-#: and the identity check are pure too.
+#: the identity and structure checks are pure too.
 PURE_OUTSIDE_CORE = (
     "cert/schema.py",
     "cert/build.py",
     "cert/derived.py",
     "cert/parse.py",
     "cert/identity.py",
+    "cert/structure.py",
 )
 #: What a pure module may import from this package: the core, the pure cert modules, the
 #: error kinds and the package root (only ``__version__``).
@@ -35,6 +36,7 @@ ALLOWED_PACKAGE_PREFIXES = (
     "cert.derived",
     "cert.parse",
     "cert.identity",
+    "cert.structure",
     "errors",
 )
 FORBIDDEN_MODULES = {

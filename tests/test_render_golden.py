@@ -8,6 +8,7 @@ the diff of ``tests/golden/`` like code.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -22,9 +23,14 @@ from batch_invariance.cert.verify import verify_cert
 from batch_invariance.core.chat_template import FALLBACK_WARNING, ChatTemplateCheck
 from batch_invariance.core.evidence import CellEvidence
 from batch_invariance.core.verdict import decide
+from batch_invariance.engines.mock import MockKnobs, MockLauncher
+from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import FinishedCell
+from batch_invariance.run.progress import Progress
 from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
+from batch_invariance.scorer_api import ExactMatchScorer
 from factories import cert_for, changed, green_evidence, replace_pass, replace_trial
+from test_driver import plan as driver_plan
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN_ENV = "BATCH_INVARIANCE_REGEN_GOLDEN"
@@ -188,3 +194,37 @@ def test_sweep_table_golden() -> None:
     cells.append(SweepCell(8, None, None, "not run: projected 9.50 GiB > cap 8.00 GiB"))
     summary = sweep_summary("tiny-model", 2048, cells, launches=3)
     _check("sweep.txt", sweep_text(summary, Path("/certs/sweep.json")))
+
+
+class _StepClock:
+    """A clock that moves 2.5 s each time it is read: progress lines get stable durations."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        self.now += 2.5
+        return self.now
+
+
+def _progress_log(env: dict[str, str]) -> str:
+    """The log lines of one mock cell: the France prompt differs on any server with more
+    than one slot (C, B, then A' runs), and each server answers the Japan prompt HTTP 500
+    once (A retries it; the B/C server first meets it in a pass, which never retries)."""
+    stream = io.StringIO()
+    knobs = MockKnobs(slot_divergence_if_contains=("France",), fail_once_if_contains=("Japan",))
+    progress = Progress(stream, enabled=False, clock=_StepClock(), env=env)
+    run_cell(driver_plan(gate_passes=2), MockLauncher(knobs), ExactMatchScorer(), progress)
+    return stream.getvalue()
+
+
+def test_progress_log_lines_golden() -> None:
+    """Without a TTY: one line per arm and per C pass (what ran, how long, what it found)."""
+    _check("progress_log.txt", _progress_log({}))
+
+
+def test_progress_github_groups_golden() -> None:
+    """Inside GitHub Actions each arm's lines sit in a ::group:: ... ::endgroup::."""
+    text = _progress_log({"GITHUB_ACTIONS": "true"})
+    _check("progress_github.txt", text)
+    assert text.count("::group::") == text.count("::endgroup::") == 4  # A, C, B, A'

@@ -25,3 +25,16 @@ def test_invalid_certs_sections_and_highlights() -> None:
     assert html.count('<mark class="first-divergent-token">') == 3
     assert "(tokens not recorded)" in html
     assert "tie flip" in html and "<script" not in html
+
+
+def test_the_report_draws_rows_x_passes_drift_vs_flip_and_the_risk_curve() -> None:
+    html = render_html(build_report([loaded(red_data(4), "red.json")]))
+    assert '<svg class="numerics-grid"' in html and '<svg class="risk-curve"' in html
+    # q1 flips in passes 0 and 2, q3 drifts in pass 1, q2 has no logprobs: 3 ids x 4 passes.
+    assert html.count('class="cell-flip"') == 2 and html.count('class="cell-drift"') == 1
+    assert html.count('class="cell-missing"') == 4 and html.count('class="cell-equal"') == 5
+    assert "C1: drift on 1/2 rows, token flip on 0, max |delta| 0.188" in html
+    assert "batching changed the numerics on 2 of 2 rows" in html
+    bare = red_data(4)
+    del bare["numerics"]
+    assert "not recorded in this cert" in render_html(build_report([loaded(bare, "old.json")]))

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from batch_invariance.cert.certificate import cert_is_green, is_promotable
-from batch_invariance.cert.store import read_cert
 from batch_invariance.cli import main
+from factories import load_cert
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -24,7 +24,7 @@ def test_default_mode_earns_green_with_source_mock(
     out = capsys.readouterr().out
     path = tmp_path / "mock__ctx2048__N4.json"
     assert "GREEN" in out and str(path) in out
-    cert = read_cert(path)
+    cert = load_cert(path)
     assert cert.status == "green" and cert.source == "mock"
     assert cert.sensitivity.n_hot_trials >= 30
     assert cert.sensitivity.n_distinct_prompts >= 30

@@ -27,7 +27,6 @@ from batch_invariance.engines.llama_server import (
     LlamaServer,
     build_argv,
     log_tail,
-    owned_flag_conflicts,
 )
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from fakes_live import (
@@ -74,7 +73,6 @@ def test_argv_sizes_every_slot_and_enables_metrics(tmp_path: Path) -> None:
     assert argv[argv.index("--parallel") + 1] == "4"
     assert "--metrics" in argv and "--no-kv-unified" in argv
     assert argv[-2:] == ("-ngl", "99")
-    assert owned_flag_conflicts(["-ngl", "99", "--port=1", "-c"]) == ["--port=1", "-c"]
 
 
 def test_ready_server_serves_and_its_group_is_gone_after_exit(

@@ -43,6 +43,7 @@ from batch_invariance.cert.signing import (
     verify_bundle,
 )
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
+from factories import cert_for
 from test_action import FakeSigner, fake_github_jwt, oidc_endpoint, with_process_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -411,11 +412,9 @@ def test_verdict_maps_to_the_test_result(verdict: str, result: str) -> None:
 
 
 def test_statement_of_a_live_cert_names_cert_model_and_server(tmp_path: Path) -> None:
-    example = REPO / "examples" / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
-    from batch_invariance.cert.store import read_cert
-
-    cert = read_cert(example)
-    statement = statement_for(cert, example.name, "c" * 64)
+    server = {"path": "/bin/llama-server", "sha256": "d" * 64}
+    cert, _ = cert_for(extra_provenance={"server_binary": server})
+    statement = statement_for(cert, "tiny.json", "c" * 64)
     prov = cert.provenance
     assert statement["_type"] == STATEMENT_TYPE
     assert statement["predicateType"] == TEST_RESULT_PREDICATE

@@ -24,6 +24,7 @@ from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
 from batch_invariance.run.cell import ServerHandle, run_cells
 from batch_invariance.run.finish import finish_cell
+from batch_invariance.run.progress import NullProgress
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.sweep import parse_parallels
 from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
@@ -70,19 +71,8 @@ def _sweep(
         cells.append(SweepCell(n, done, verify_path(done.path), None))
 
     run_cells(_plans(parallels, stop_on_red), launcher, ExactMatchScorer(), POLICY,
-                     _NullSink(), finish)  # fmt: skip
+                     NullProgress(), finish)  # fmt: skip
     return launcher, cells
-
-
-class _NullSink:
-    def begin(self, total: int) -> None: ...
-    def arm(
-        self, name: str, pass_index: int | None = None, n_passes: int | None = None
-    ) -> None: ...
-    def advance(self, n: int = 1) -> None: ...
-    def extend(self, n: int) -> None: ...
-    def scope(self, text: str) -> None: ...
-    def end(self) -> None: ...
 
 
 def test_a_sweep_shares_arm_a_and_launches_one_server_per_n(tmp_path: Path) -> None:

@@ -199,26 +199,6 @@ def test_row4_token_only_is_amber() -> None:
     assert v.anomaly is None and v.reports.ac.token_divergence_ids == ("t001",)
 
 
-def _with_logprobs(ev: CellEvidence, c_logprob: float) -> CellEvidence:
-    for t in ids(32):
-        ev = replace_trial(ev, "A", t, changed(ev.a[t], tokens=("1",), token_logprobs=(-0.1,)))
-        for p in ev.c_passes:
-            ev = _c(ev, t, p.index, tokens=("1",), token_logprobs=(c_logprob,))
-    return ev
-
-
-def test_row4_armed_logit_drift_is_amber_never_red() -> None:
-    ev = _with_logprobs(green_evidence(), -0.4)
-    v = decide(ev, GatePolicy(logit_eps=0.1))
-    assert v.status == "green_with_caveat" and v.divergence_class == "token_and_logit_drift"
-
-
-def test_row4_missed_when_drift_disarmed_or_small() -> None:
-    ev = _with_logprobs(green_evidence(), -0.4)
-    assert decide(ev, POLICY).status == "green"
-    assert decide(ev, GatePolicy(logit_eps=0.5)).status == "green"
-
-
 def test_row4_loses_to_row3() -> None:
     ev = _b(_c(green_evidence(), "t001", completion="moved text"), "t002", score=0.0)
     assert decide(ev, POLICY).anomaly == "AC_agree_B_disagrees"

@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "make_workset",
     "sign",
     "check_deploy",
+    "serve",
     "report",
 )
 
@@ -93,7 +94,14 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
     try:
         if parser is None:
             parser = build_parser()
+        tail = None
+        if args_in[:1] == ["serve"]:
+            from batch_invariance.deploy.serve_plan import split_neutral
+
+            args_in, tail = split_neutral(args_in)
         args = parser.parse_args(_glue_dash_values(args_in))
+        if tail is not None:
+            args.neutral = [*args.neutral, *tail]
         code: int = args.func(args)
         return code
     except KeyboardInterrupt:

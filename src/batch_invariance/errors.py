@@ -7,6 +7,15 @@ do next, because the CLI prints them as they are, without a traceback.
 
 from __future__ import annotations
 
+__all__ = [
+    "BatchInvarianceError",
+    "CertInvalid",
+    "GuardRefused",
+    "InfraError",
+    "Interrupted",
+    "UsageError",
+]
+
 
 class BatchInvarianceError(Exception):
     """Base of every error this package raises on purpose."""
@@ -26,6 +35,10 @@ class InfraError(BatchInvarianceError):
 
 class CertInvalid(BatchInvarianceError):
     """A cert is malformed, fails its schema, digest or re-derivation, or its signature."""
+
+
+class NotCovered(BatchInvarianceError):
+    """What would run is not what a promotable cert measured (serve refuses; nothing ran)."""
 
 
 class Interrupted(BatchInvarianceError):

@@ -6,7 +6,7 @@ code   meaning
 0      GREEN and promotable
 1      RED: batching changed scored outputs
 2      usage or configuration error, or a refused guard (nothing ran)
-3      AMBER, UNVERIFIED, or otherwise not promotable
+3      AMBER, UNVERIFIED, or otherwise not promotable (serve: not the measured cell)
 4      infrastructure failure with no verdict
 5      cert invalid: schema, digest, version, re-derived verdict, identity or signature
 130    interrupted by SIGINT
@@ -24,6 +24,7 @@ from batch_invariance.errors import (
     GuardRefused,
     InfraError,
     Interrupted,
+    NotCovered,
     UsageError,
 )
 
@@ -41,6 +42,7 @@ _ERROR_CODES: tuple[tuple[type[BatchInvarianceError], int], ...] = (
     (GuardRefused, USAGE),
     (InfraError, INFRA),
     (CertInvalid, CERT_INVALID),
+    (NotCovered, NOT_PROMOTABLE),
 )
 
 

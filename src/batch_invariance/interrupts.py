@@ -16,6 +16,8 @@ from typing import Any, NoReturn
 
 from batch_invariance.errors import Interrupted
 
+__all__ = ["install_sigterm", "raise_interrupted", "restore_sigterm", "sigterm_raises"]
+
 
 def raise_interrupted(signum: int, frame: FrameType | None) -> NoReturn:
     raise Interrupted(signum)

@@ -21,9 +21,9 @@ from runner_job import Job
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.certificate import cert_is_green
-from batch_invariance.cert.store import read_cert
 from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.engines.provision import provision
+from factories import load_cert
 from test_action import parse_github_output
 
 PROMPTS = [
@@ -46,7 +46,7 @@ def test_mock_mode_fails_the_job_and_writes_outputs_and_summary(job: Job) -> Non
     assert out["cell"] == "mock/2048/4" and out["bundle-path"] == ""
     cert = job.workspace / out["cert-path"]
     assert cert.is_file() and not Path(out["cert-path"]).is_absolute()
-    assert read_cert(cert).source == "mock"
+    assert load_cert(cert).source == "mock"
     summary = job.summary.read_text(encoding="utf-8")
     assert summary.startswith("## batch-invariance: GREEN")
     assert "Mock run" in summary
@@ -93,7 +93,7 @@ def test_live_cell_in_the_container_on_the_provisioned_server_and_model(job: Job
     assert out, proc.stdout[-3000:] + proc.stderr[-3000:]
     cert_path = job.workspace / out["cert-path"]
     report = verify_cert_file(cert_path)  # schema, digest and re-derived verdict hold
-    cert = read_cert(cert_path)
+    cert = load_cert(cert_path)
     assert cert.source == "live"
     assert out["verdict"] == cert.verdict and out["status"] == cert.status
     assert out["cell"] == f"{model.stem}/512/2" or out["cell"].endswith("/512/2")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 import requests
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.render import live_banner
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.engines.provision import Provisioned
@@ -87,11 +89,25 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     assert cert.overlap.ok and cert.completion_floor.ok and cert.cobatch_coverage.ok
     assert cert.transport.ok
     assert cert.divergence_report.ac.n_divergent >= 1
+    # Numeric evidence from the real server: every arm carries pre-sampling logprobs at
+    # every token, and batching moved them on (nearly) every row, flipped or not.
+    numerics = cert.numerics
+    assert numerics.evidence.ok, numerics.evidence.reason
+    compared = numerics.ac.per_pass[0].rows_compared
+    assert compared == 12 and all(p.rows_with_drift >= 8 for p in numerics.ac.per_pass)
+    assert numerics.ac.max_abs_delta is not None and numerics.ac.max_abs_delta > 0.0
+    assert numerics.risk.per_token_flip_probability is not None
+    banner = live_banner(cert, Path("c.json"), None, "live")
+    assert "numerics: AC rows with logprob drift per pass" in banner
     assert outcome.finished.path.is_file()
     prov = cert.provenance
     assert prov["server_binary"]["sha256"] == live_pair.server_sha256
     assert prov["model_file"]["sha256"] == live_pair.model_sha256
     assert prov["model_file"]["gguf"]["architecture"] == "gemma3"
+    # Every item names the request the server saw; the subset's prompts are all distinct.
+    keys = {item.request_key for item in cert.evidence.items}
+    assert None not in keys and len(keys) == len(cert.evidence.items)
+    assert prov["workset"]["duplicate_prompts"] == []
     assert prov["is_moe"] is False
     assert prov["host"]["cpu_count"] >= 1 and prov["host"]["os"]
     assert prov["server_launches"] == 2
@@ -125,6 +141,9 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
     assert not cert.overlap.ok
     assert all((p.server_busy_max or 0) <= 1 for p in cert.overlap.per_pass)
     assert outcome.launcher.launches[-1].parallel == 1
+    # One request at a time on a --parallel 1 server: the logprobs are bitwise A's.
+    assert cert.numerics.evidence.ok and cert.numerics.ac.positions > 0
+    assert cert.numerics.ac.drift_ids == () and cert.numerics.ab.drift_ids == ()
 
 
 def _cli(*argv: str, **kw: object) -> subprocess.Popen[str]:
@@ -170,6 +189,24 @@ def _busy_slots(port: int) -> int:
     return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
 
 
+def _server_in_arm_c(
+    proc: subprocess.Popen[str], out_dir: Path, within_s: float = 240.0
+) -> int | None:
+    """The pid of the B/C server the tool started, once arm C runs on it: the server reports
+    two slots busy at once (arm B is serial, so it never does)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        logs = list(out_dir.glob("server-BC-*.log"))
+        if logs:
+            port = int(logs[0].stem.rsplit("-", 1)[1])
+            if _busy_slots(port) >= 2:
+                for child in psutil.Process(proc.pid).children():
+                    if str(port) in child.cmdline():
+                        return child.pid
+        time.sleep(0.05)
+    return None
+
+
 def test_sigint_in_the_middle_of_arm_c(
     live_pair: Provisioned,
     tmp_path: Path,
@@ -179,20 +216,7 @@ def test_sigint_in_the_middle_of_arm_c(
     out_dir = tmp_path / "out"
     proc = _cli(*_args(live_pair, demo_subset(8), out_dir, *SIGINT_CELL.split()))
     try:
-        server_pid = None
-        deadline = time.monotonic() + 240
-        # Arm C has started once the B/C server reports two slots busy at once (arm B is
-        # serial, so it never does).
-        while time.monotonic() < deadline and proc.poll() is None:
-            logs = list(out_dir.glob("server-BC-*.log"))
-            if logs:
-                port = int(logs[0].stem.rsplit("-", 1)[1])
-                if _busy_slots(port) >= 2:
-                    for child in psutil.Process(proc.pid).children():
-                        if str(port) in child.cmdline():
-                            server_pid = child.pid
-                    break
-            time.sleep(0.05)
+        server_pid = _server_in_arm_c(proc, out_dir)
         assert server_pid is not None, "arm C never started"
         assert group_alive(server_pid, settle_s=0)
         proc.send_signal(signal.SIGINT)
@@ -205,6 +229,43 @@ def test_sigint_in_the_middle_of_arm_c(
     assert "no cert written" in err and "Traceback" not in err
     assert not group_alive(server_pid)
     assert decoy.poll() is None  # the decoy named llama-server survived
+    assert list(out_dir.glob("*.json")) == []
+
+
+#: Short: 2 slots, 4 prompts, 3 passes; the kill lands in the first pass that is seen busy.
+KILL_CELL = "--ctx 256 --parallel 2 --gate-passes 3 --reps 1 --n-predict 32 --no-serial-repeat"
+
+
+def test_a_server_killed_mid_pass_ends_the_run_with_exit_4_and_no_cert(
+    live_pair: Provisioned, tmp_path: Path, demo_subset: Callable[[int], Path]
+) -> None:
+    """SIGKILL of the real B/C llama-server (by its pid) inside a concurrent pass: the tool
+    stops at once with one line naming the arm, the pass and the server log, and no cert."""
+    out_dir = tmp_path / "out"
+    proc = _cli(*_args(live_pair, demo_subset(4), out_dir, *KILL_CELL.split()))
+    try:
+        # Seconds on an idle host; a host shared by many jobs may take minutes to reach C.
+        server_pid = _server_in_arm_c(proc, out_dir, within_s=540.0)
+        assert server_pid is not None, "arm C never started"
+        killed_at = time.monotonic()
+        os.kill(server_pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        stopped_s = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == exitcodes.INFRA, err
+    errors = [line for line in err.splitlines() if line.startswith("batch-invariance: error")]
+    assert len(errors) == 1, err
+    assert re.match(
+        r"batch-invariance: error \[InfraError\]: run stopped in arm C pass [1-3]/3, no cert "
+        r"written: llama-server \(BC:np2, port \d+\) died with code -9; log \S+server-BC-\d+\.log",
+        errors[0],
+    ), errors[0]
+    assert "arm B" not in err  # nothing ran after the death
+    assert "Traceback" not in err
+    assert stopped_s < 30.0, f"the tool took {stopped_s:.1f} s to stop after the kill"
     assert list(out_dir.glob("*.json")) == []
 
 

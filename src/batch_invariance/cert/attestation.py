@@ -40,6 +40,24 @@ from batch_invariance.cert.signing import (
 )
 from batch_invariance.errors import CertInvalid, UsageError
 
+__all__ = [
+    "ATTESTATION_SUFFIX",
+    "IN_TOTO_PAYLOAD_TYPE",
+    "RESULT_OF_VERDICT",
+    "STATEMENT_TYPE",
+    "TEST_RESULT_PREDICATE",
+    "SignedAttestation",
+    "Subject",
+    "VerifiedStatement",
+    "attest_file",
+    "attestation_path_for",
+    "check_subjects",
+    "expected_subjects",
+    "statement_for",
+    "verify_attestation",
+    "verify_statement_bundle",
+]
+
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 TEST_RESULT_PREDICATE = "https://in-toto.io/attestation/test-result/v0.1"
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -85,14 +103,15 @@ def attestation_path_for(cert: Path) -> Path:
     return cert.with_name(cert.name + ATTESTATION_SUFFIX)
 
 
-def _provenance_digest(cert: Any, block: str) -> tuple[str, str] | None:
+def _provenance_digest(cert: Any, block: str) -> Subject | None:
+    """The file a provenance block names, as a subject (``None``: no sha256 recorded)."""
     entry = cert.provenance.get(block)
     if not isinstance(entry, dict):
         return None
     digest, name = entry.get("sha256"), entry.get("name") or Path(str(entry.get("path"))).name
     if not isinstance(digest, str) or not digest:
         return None
-    return str(name), digest
+    return Subject(str(name), digest)
 
 
 def expected_subjects(cert: Any, cert_name: str, cert_sha256: str) -> tuple[Subject, ...]:
@@ -101,7 +120,8 @@ def expected_subjects(cert: Any, cert_name: str, cert_sha256: str) -> tuple[Subj
     for block, fallback in (("model_file", "model"), ("server_binary", "llama-server")):
         found = _provenance_digest(cert, block)
         if found is not None:
-            subjects.append(Subject(found[0] if block == "model_file" else fallback, found[1]))
+            name = found.name if block == "model_file" else fallback
+            subjects.append(Subject(name, found.sha256))
     return tuple(subjects)
 
 

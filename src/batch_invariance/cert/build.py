@@ -199,6 +199,7 @@ def build_cert(
         serial_repeat=g.serial_repeat,
         gates=gates_block(verdict, spec, source, policy),
         sensitivity=verdict.sensitivity,
+        numerics=verdict.numerics,
         promotion_scope=promotion_scope(spec, verdict),
         provenance=recorded,
         evidence=_evidence_record(evidence, policy),

@@ -6,8 +6,8 @@ rule-of-three statement). Pure.
 from __future__ import annotations
 
 from batch_invariance.cert.schema import GATE_ABC_UNION, GateOutcome, PromotionScope
-from batch_invariance.core.diff import PairReport
 from batch_invariance.core.evidence import CellSpec, GatePolicy, policy_problems
+from batch_invariance.core.numerics import Numerics
 from batch_invariance.core.verdict import Verdict
 
 
@@ -55,16 +55,19 @@ def _moe_warning(is_moe: bool | None) -> str:
     return f"expert count unknown; if this is a mixture-of-experts model, {tail}"
 
 
-def _f4(ac: PairReport) -> GateOutcome:
-    drift = ac.logit_drift
-    if not drift.armed:
-        return GateOutcome(True, "F4 logit drift disarmed (no eps set)")
-    if drift.logit_drift_ids:
+def _f4(numerics: Numerics) -> GateOutcome:
+    eps = numerics.eps
+    at = "exact equality" if eps == 0.0 else f"eps {eps:g}, never promotable"
+    if not numerics.evidence.ok:
+        return GateOutcome(False, f"F4 armed ({at}) but no numeric evidence to check")
+    drift = numerics.ac.drift_ids_beyond(eps)
+    if drift:
         return GateOutcome(
             False,
-            f"F4 logit drift on {len(drift.logit_drift_ids)} id(s) beyond eps {drift.eps:g}",
+            f"F4 latent numeric drift on {len(drift)} id(s) (armed at {at}; max |delta| "
+            f"{numerics.ac.max_abs_delta or 0.0:.3g})",
         )
-    return GateOutcome(True, f"F4 armed (eps {drift.eps:g}): no drift beyond eps")
+    return GateOutcome(True, f"F4 armed ({at}): AC logprobs show no drift")
 
 
 def gates_block(
@@ -96,7 +99,7 @@ def gates_block(
         "F1": GateOutcome(g.overlap.ok, g.overlap.reason),
         "F2": GateOutcome(g.floor.ok, g.floor.reason),
         "F3": GateOutcome(g.coverage.ok, g.coverage.reason),
-        "F4": _f4(ac),
+        "F4": _f4(verdict.numerics),
         "F5": GateOutcome(promotable, f5_reason),
         "transport": GateOutcome(g.transport.ok, g.transport.reason),
         "min_hot_trials": GateOutcome(g.sample.ok, g.sample.reason),
@@ -104,6 +107,7 @@ def gates_block(
         "answer_length": GateOutcome(g.length.ok, g.length.reason),
         "serial_repeat": GateOutcome(g.serial_repeat.ok, g.serial_repeat.reason),
         "prompt_cache": GateOutcome(g.prompt_cache.ok, g.prompt_cache.reason),
+        "numeric_evidence": GateOutcome(g.numeric_evidence.ok, g.numeric_evidence.reason),
         # Only in a cert whose B ran on a RED cell's divergent ids (older certs lack it).
         **scope,
     }

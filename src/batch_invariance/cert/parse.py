@@ -2,8 +2,9 @@
 
 The text is parsed once, by the schema's ``TypeAdapter``. Every failure is a
 :class:`~batch_invariance.errors.CertInvalid` with a one-line message (exit 5): broken JSON,
-NaN / Infinity, an integer too long to parse, a schema error, a digest that does not match,
-or a cert written under another ``cert_version`` (its rules are not re-derivable here).
+NaN / Infinity, an integer too long to parse, a schema error, a key held twice by one JSON
+object (a reader keeps one value silently), a digest that does not match, or a cert written
+under another ``cert_version`` (its rules are not re-derivable here).
 Pure: no files, no clocks.
 """
 
@@ -21,6 +22,7 @@ from batch_invariance.cert.schema import (
     cert_to_json,
     compute_digest,
 )
+from batch_invariance.cert.structure import duplicate_key
 from batch_invariance.errors import CertInvalid
 
 _NON_FINITE = ("finite_number",)
@@ -76,6 +78,12 @@ def parse_cert(text: str | bytes, origin: str = "cert") -> Cert:
         header = _header(text)
         problem = None if header is None else version_problem(origin, header)
         raise CertInvalid(problem or _schema_message(origin, exc)) from None
+    twice = duplicate_key(text)
+    if twice is not None:
+        raise CertInvalid(
+            f"{origin}: a JSON object holds the key {twice!r} twice, so a reader keeps one "
+            "value and drops the other (a trial or a pass may be overwritten); not a valid cert"
+        )
     try:
         computed = compute_digest(cert_to_json(cert))
     except ValueError:

@@ -13,8 +13,30 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batch_invariance.cert.certificate import Cert, display_verdict
+from batch_invariance.cert.numerics_view import numerics_lines, numerics_markdown
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 from batch_invariance.core.throughput import Throughput
+
+__all__ = [
+    "NO_BUNDLE",
+    "TITLE",
+    "Require",
+    "annotation",
+    "chat_template_warning",
+    "escape_data",
+    "escape_property",
+    "failure_summary",
+    "live_banner",
+    "md_cell",
+    "mock_expected_status",
+    "mock_prediction",
+    "mock_report",
+    "summary_markdown",
+    "sweep_text",
+    "throughput_text",
+    "verdict_annotation",
+    "verify_report_text",
+]
 
 Require = Literal["green", "promotable"]
 
@@ -62,6 +84,7 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         _BAR,
         f"  gates: {gates}",
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
+        *(f"  {line}" for line in numerics_lines(cert.numerics)),
         f"  {_cert_throughput(cert)}",
     ]
     lines += _warning_lines(cert)
@@ -258,6 +281,7 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
             "id(s)."
         )
     scope = cert.promotion_scope
+    lines += ["", *numerics_markdown(cert.numerics)]
     lines += [
         "",
         "### Sensitivity",

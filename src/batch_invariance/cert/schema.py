@@ -28,11 +28,38 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter
 
 from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
+from batch_invariance.core.numerics import Numerics
+from batch_invariance.core.repeat import SerialRepeatGate
 from batch_invariance.core.throughput import Throughput
-from batch_invariance.core.verdict import Reports, Sensitivity, SerialRepeatGate, Status
+from batch_invariance.core.verdict import Reports, Sensitivity, Status
+
+__all__ = [
+    "CERT_ADAPTER",
+    "CERT_VERSION",
+    "GATE_ABC_UNION",
+    "HEADER_ADAPTER",
+    "JSON_RENAMES",
+    "SOURCES",
+    "ArmB",
+    "Cert",
+    "CertHeader",
+    "DisplayVerdict",
+    "EvidenceRecord",
+    "GateOutcome",
+    "PassEvidence",
+    "PromotionScope",
+    "Source",
+    "TrialRecord",
+    "canonical_json",
+    "cert_from_json",
+    "cert_to_json",
+    "compute_digest",
+    "display_verdict",
+    "schema_text",
+]
 
 #: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
-CERT_VERSION: Final = 2
+CERT_VERSION: Final = 3
 GATE_ABC_UNION = "abc_union"
 Source = Literal["live", "mock", "attached"]
 SOURCES: tuple[str, ...] = ("live", "mock", "attached")
@@ -103,6 +130,8 @@ class TrialRecord:
     transport_error: str | None = None
     #: The server's ``timings.cache_n`` (prompt tokens reused from cache) when reported.
     cache_n: int | None = None
+    #: The failed first attempt of a serial request retried once (absent: not retried).
+    first_attempt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,7 +197,7 @@ class Cert:
 
     __pydantic_config__ = _CONFIG
 
-    cert_version: Annotated[Literal[2], _of_json_type(int)]
+    cert_version: Annotated[Literal[3], _of_json_type(int)]
     tool_version: str
     model: str
     ctx: int
@@ -200,6 +229,9 @@ class Cert:
     serial_repeat: SerialRepeatGate
     gates: Mapping[str, GateOutcome]
     sensitivity: Sensitivity
+    #: Every arm's pre-sampling logprobs compared bitwise: AC, AB, BC and AA per pass, the
+    #: numeric evidence gate, the divergence-risk estimate and the statement.
+    numerics: Numerics
     promotion_scope: PromotionScope
     provenance: Mapping[str, Any]
     evidence: EvidenceRecord
@@ -239,7 +271,23 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
     if out["evidence"].get("b_ids") is None:
         # Likewise: B on every id, as every cert written before B could run on a subset.
         out["evidence"].pop("b_ids", None)
+    for item in out["evidence"]["items"]:
+        if item.get("request_key") is None:
+            # Likewise: items of certs written before request keys were recorded.
+            item.pop("request_key", None)
+    for trials in _trial_maps(out["evidence"]):
+        for record in trials.values():
+            if record.get("first_attempt") is None:
+                # Likewise: a request that was not retried, as in every cert before retries.
+                record.pop("first_attempt", None)
     return out
+
+
+def _trial_maps(evidence: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every map of embedded trials in the evidence block (A, A', B and each C pass)."""
+    maps = [evidence.get("a"), evidence.get("a_repeat"), evidence.get("b")]
+    maps += [p.get("trials") for p in evidence.get("c_passes") or ()]
+    return [m for m in maps if isinstance(m, dict)]
 
 
 def cert_from_json(text: str | bytes) -> Cert:

@@ -27,6 +27,28 @@ from typing import Any, Protocol
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
 
+__all__ = [
+    "BUNDLE_SUFFIX",
+    "GITHUB_ACTIONS_ISSUER",
+    "BundlePolicy",
+    "BundleSigner",
+    "SignedBundle",
+    "SignerPolicy",
+    "SigningIdentity",
+    "SigstoreSigner",
+    "TrustRoot",
+    "bundle_path_for",
+    "classify_failure",
+    "detect_token",
+    "identity_of",
+    "load_bundle",
+    "policy_for",
+    "sign_file",
+    "verifier_for",
+    "verify_bundle",
+    "write_bundle",
+]
+
 #: Suffix of the bundle written next to a signed file.
 BUNDLE_SUFFIX = ".sigstore.json"
 
@@ -253,8 +275,18 @@ def classify_failure(message: str, policy: SignerPolicy) -> str:
         return f"signature identity mismatch: signed by {actual}, expected {wanted}"
     if "OIDCIssuer" in text:
         return f"signature issuer mismatch: {text} (expected issuer {policy.issuer})"
-    if "GitHubWorkflowRepository" in text:
-        return f"signature repository mismatch: {text} (expected {policy.repository})"
+    if SOURCE_REPOSITORY_POLICY in text:
+        if "does not contain" in text:
+            return (
+                "signature repository mismatch: the signing certificate carries no "
+                f"source-repository claim ({SOURCE_REPOSITORY_OID}), so it cannot show it was "
+                f"signed for {policy.repository}"
+            )
+        got = text.split("(got ", 1)[1].split(",", 1)[0] if "(got " in text else "?"
+        wanted = repository_uri(policy.repository) if policy.repository else "?"
+        return (
+            f"signature repository mismatch: signed for source repository {got}, expected {wanted}"
+        )
     lowered = text.lower()
     if any(k in lowered for k in ("verified time", "certificate chain", "trust root", "ct log")):
         # The bundle's certificate or log entry is not anchored in the trust root we used:
@@ -264,6 +296,22 @@ def classify_failure(message: str, policy: SignerPolicy) -> str:
             "bundle from `sign --staging` verifies only with --staging, and vice versa"
         )
     return f"signature verification failed: {text}"
+
+
+#: The Fulcio certificate extension that names the repository a GitHub Actions job ran for
+#: (the caller's, also when a reusable workflow signs), and sigstore's policy class for it.
+SOURCE_REPOSITORY_OID = "1.3.6.1.4.1.57264.1.12"
+SOURCE_REPOSITORY_POLICY = "OIDCSourceRepositoryURI"
+_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+def repository_uri(repository: str) -> str:
+    """``OWNER/REPO`` (or its ``https://github.com/`` URL) as the certificate's
+    source-repository claim spells it; a usage error when it is not one."""
+    name = repository.strip().removeprefix("https://github.com/").rstrip("/")
+    if not _REPOSITORY.match(name):
+        raise UsageError(f"repository {repository!r} is not OWNER/REPO (e.g. octo-org/llm-deploy)")
+    return f"https://github.com/{name}"
 
 
 class _IdentityPattern:
@@ -305,7 +353,7 @@ def policy_for(wanted: SignerPolicy) -> Any:
         else policy.Identity(identity=wanted.identity, issuer=wanted.issuer)
     ]
     if wanted.repository:
-        rules.append(policy.GitHubWorkflowRepository(wanted.repository))
+        rules.append(policy.OIDCSourceRepositoryURI(repository_uri(wanted.repository)))
     return policy.AllOf(rules)
 
 
@@ -349,7 +397,8 @@ def verify_bundle(
 
     The policy is the certificate SAN ``identity`` (exact, or a full-match regular expression
     with ``identity_is_regexp``) plus OIDC ``issuer`` and, when ``repository`` is given, the
-    GitHub workflow repository (``OWNER/REPO``). ``trust.staging`` verifies against the
+    certificate's source-repository claim (``OWNER/REPO``, extension
+    :data:`SOURCE_REPOSITORY_OID`). ``trust.staging`` verifies against the
     Sigstore staging instance (bundles from ``sign --staging``); ``trust.offline`` uses the
     trust root embedded in sigstore (no network; HOME must be writable for its cache). Raises
     CertInvalid with a distinct one-line message for a missing or corrupt bundle, a changed

@@ -6,8 +6,8 @@
   never a partial file. A cert already at the target is first moved aside to a name suffixed
   with the NEW cert's timestamp and reported in :attr:`WrittenCert.superseded`: nothing is
   silently overwritten.
-* :func:`read_cert` reads a cert file once and hands the text to
-  :func:`~batch_invariance.cert.parse.parse_cert` (schema and digest), raising
+* :func:`read_cert_text` reads a cert file once for the verification path
+  (:mod:`~batch_invariance.cert.verify`), raising
   :class:`~batch_invariance.errors.CertInvalid` with a one-line message.
 
 ``python -m batch_invariance.cert.store --write-schema docs/cert.schema.json`` regenerates the
@@ -27,9 +27,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_invariance.cert.parse import parse_cert
 from batch_invariance.cert.schema import Cert, cert_to_json, schema_text
 from batch_invariance.errors import CertInvalid, InfraError
+
+__all__ = [
+    "WrittenCert",
+    "atomic_write_text",
+    "cert_path",
+    "main",
+    "read_cert_text",
+    "render",
+    "write_cert",
+    "write_schema",
+]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _FILE_MODE = 0o644
@@ -172,11 +182,6 @@ def read_cert_text(path: Path) -> str:
         raise CertInvalid(f"{p}: no such cert file; check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CertInvalid(f"{p}: cannot read cert ({exc.__class__.__name__}: {exc})") from None
-
-
-def read_cert(path: Path) -> Cert:
-    """Read, validate and digest-check the cert at ``path``; raises :class:`CertInvalid`."""
-    return parse_cert(read_cert_text(path), str(path))
 
 
 def write_schema(path: Path) -> None:

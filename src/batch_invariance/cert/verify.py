@@ -1,7 +1,8 @@
 """The one verification path and the one promotability rule.
 
 :func:`verify_text` parses a cert once (schema, digest: :mod:`~batch_invariance.cert.parse`),
-refuses one written under other rules, re-derives it once from its own evidence, checks its
+refuses one written under other rules, checks that its evidence is one consistent record
+(:mod:`~batch_invariance.cert.structure`), re-derives it once from its own evidence, checks its
 identity against its own provenance (:mod:`~batch_invariance.cert.identity`) and then says
 whether it is promotable. Everything that reads a cert asks it: ``verify-cert``,
 :func:`is_promotable`, :func:`cert_is_green`, check-deploy and the Action.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from batch_invariance.cert.build import differing_fields, rederive
 from batch_invariance.cert.identity import identity_problems
@@ -27,8 +29,23 @@ from batch_invariance.cert.schema import (
     cert_to_json,
     display_verdict,
 )
+from batch_invariance.cert.structure import structure_problems
 from batch_invariance.core.evidence import policy_problems
 from batch_invariance.errors import CertInvalid
+
+__all__ = [
+    "DIGEST_SCOPE",
+    "Promotability",
+    "Verification",
+    "cert_is_green",
+    "is_promotable",
+    "promotability",
+    "verify_built",
+    "verify_cert",
+    "verify_cert_file",
+    "verify_path",
+    "verify_text",
+]
 
 #: What the digest is for, said wherever a cert is reported valid.
 DIGEST_SCOPE = "the digest catches accidents, not forgery"
@@ -61,7 +78,16 @@ class Verification:
             raise CertInvalid(self.problems[0] + tail)
 
 
-def _promotability(cert: Cert) -> tuple[bool, tuple[str, ...]]:
+class Promotability(NamedTuple):
+    """Whether a valid cert may be promoted, and why (one line) or why not (each condition)."""
+
+    promotable: bool
+    reasons: tuple[str, ...]
+
+
+def promotability(cert: Cert) -> Promotability:
+    """The one promotability rule on a valid cert: status green, source live, gate
+    ``abc_union``, policy no looser than the defaults."""
     unmet: list[str] = []
     if cert.status != "green":
         unmet.append(f"status is {cert.status} ({display_verdict(cert.status)}), not green")
@@ -71,8 +97,10 @@ def _promotability(cert: Cert) -> tuple[bool, tuple[str, ...]]:
         unmet.append(f"gate is {cert.gate}, not {GATE_ABC_UNION}")
     unmet.extend(policy_problems(cert.evidence.policy))
     if unmet:
-        return False, tuple(unmet)
-    return True, ("status green, source live, gate abc_union, policy no looser than defaults",)
+        return Promotability(False, tuple(unmet))
+    return Promotability(
+        True, ("status green, source live, gate abc_union, policy no looser than defaults",)
+    )
 
 
 def _rederivation_problems(cert: Cert, origin: str) -> list[str]:
@@ -111,19 +139,32 @@ def verify_cert(cert: Cert, origin: str = "cert", path: Path | None = None) -> V
     version = version_problem(origin, CertHeader(cert.cert_version, cert.tool_version))
     if version is not None:
         return _invalid(path, cert, [version])
-    problems = _rederivation_problems(cert, origin)
-    problems += [f"{origin}: {p}" for p in identity_problems(cert)]
+    problems = [f"{origin}: {p}" for p in structure_problems(cert)]
+    problems += _rederivation_problems(cert, origin)
+    return _judged(cert, origin, path, problems)
+
+
+def verify_built(cert: Cert, path: Path | None = None) -> Verification:
+    """Verify a cert this process just built from ``decide()``'s verdict: identity and
+    promotability. Its version is this tool's, and re-deriving it would only run ``decide()``
+    again on the evidence the verdict in hand was decided from. Its structure is still
+    checked: a cert that does not hold together is never written as valid."""
+    return _judged(cert, "cert", path, [f"cert: {p}" for p in structure_problems(cert)])
+
+
+def _judged(cert: Cert, origin: str, path: Path | None, problems: list[str]) -> Verification:
+    problems = problems + [f"{origin}: {p}" for p in identity_problems(cert)]
     if problems:
         return _invalid(path, cert, problems)
-    promotable, reasons = _promotability(cert)
+    rule = promotability(cert)
     return Verification(
         path=path,
         cert=cert,
         problems=(),
         status=cert.status,
         verdict=display_verdict(cert.status),
-        promotable=promotable,
-        promotable_reasons=reasons,
+        promotable=rule.promotable,
+        promotable_reasons=rule.reasons,
     )
 
 

@@ -9,14 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.render import live_banner
-from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
+from batch_invariance.core.evidence import (
+    DEFAULT_LOGIT_EPS,
+    DEFAULT_MAX_BOUND,
+    DEFAULT_MIN_ANSWER_TOKENS,
+)
 from batch_invariance.engines import memory
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.run.dry_run import dry_run, usable_cpus
 from batch_invariance.run.live import (
-    DEFAULT_LOGIT_EPS,
     DEFAULT_MIN_HOT_TRIALS,
     DEFAULT_READY_TIMEOUT,
     DEFAULT_REQ_TIMEOUT,
@@ -131,12 +133,15 @@ def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> N
         default=[],
         help="extra llama-server argument (repeatable; values may start with '-')",
     )
-    p.add_argument("--n-probs", type=int, default=None, help="arm F4: top-K logprobs per token")
+    p.add_argument(
+        "--n-probs", type=int, default=None, help="top-K pre-sampling logprobs per token (2)"
+    )
     p.add_argument(
         "--logit-eps",
         type=float,
         default=DEFAULT_LOGIT_EPS,
-        help=f"F4 drift threshold with --n-probs (default {DEFAULT_LOGIT_EPS})",
+        help=f"F4 numeric drift threshold (default {DEFAULT_LOGIT_EPS:g}: bitwise equality; "
+        "a positive eps is never promotable)",
     )
     add_policy_options(p)
     p.add_argument("--max-footprint-gb", type=float, default=None, help="memory cap (GiB)")
@@ -235,4 +240,4 @@ def report(outcome: LiveOutcome, label: str) -> int:
     """Print the verdict banner; return the exit code for the cert."""
     finished = outcome.finished
     sys.stdout.write(live_banner(finished.cert, finished.path, finished.superseded, label))
-    return exitcodes.for_status(finished.cert.status, is_promotable(finished.cert))
+    return exitcodes.for_status(finished.verdict.status, finished.promotable)

@@ -1,9 +1,11 @@
 """`batch-invariance check-deploy CONFIG --certs DIR`: the deploy gate.
 
 Passes (exit 0) only when every cell of the deploy config with ``parallel > 1`` is covered by
-a cert in DIR that measured exactly that cell (model identity, ctx per slot, N, KV layout,
-numerics flags, answer length), verifies, is promotable and carries a sigstore bundle that
-verifies against the identity policy (``--allow-unsigned`` skips signatures, and says so).
+a cert in DIR that measured exactly that cell (model identity, server build, ctx per slot, N,
+KV layout, numerics flags, answer length), verifies, is promotable and carries a sigstore
+bundle that verifies against the identity policy, source repository included
+(``--allow-unsigned`` skips signatures, and says so). A deploy with no ``-n`` cap passes with
+its scope on the PASS line: answers up to the longest length the cert measured.
 Exit 3 when a cell is not covered, 5 when a covering cert or its signature is invalid.
 The rules: docs/deploy.md.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.errors import UsageError
 
 
@@ -40,48 +43,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="DIR",
         help="fills {MODELS_DIR} in a models.toml (default: $MODELS_DIR)",
     )
-    who = parser.add_mutually_exclusive_group()
-    who.add_argument(
-        "--cert-identity",
-        default=None,
-        metavar="ID",
-        help="every covering cert's CERT.sigstore.json must be signed by this identity (SAN)",
-    )
-    who.add_argument(
-        "--cert-identity-regexp",
-        default=None,
-        metavar="REGEX",
-        help="the same, as a regular expression the whole SAN must match (tag or SHA pins)",
-    )
     parser.add_argument(
-        "--cert-oidc-issuer", default=None, metavar="URL", help="OIDC issuer of --cert-identity"
-    )
-    parser.add_argument(
-        "--repository",
-        default=None,
-        metavar="OWNER/REPO",
-        help="also require the signing workflow to run in this GitHub repository",
-    )
-    parser.add_argument(
-        "--signing-policy",
+        "--server-binary",
         type=Path,
         default=None,
-        metavar="FILE",
+        metavar="PATH",
         help=(
-            "TOML file with identity (or identity_regexp), issuer and optional repository "
-            "(instead of the flags)"
+            "the llama-server binary the deploy runs, for deploy files that name none readable "
+            "here (models.toml, a container image, a bare name): its sha256 must be the build "
+            "the cert measured"
         ),
     )
-    parser.add_argument(
-        "--offline",
-        action="store_true",
-        help="verify bundles with the trust root embedded in sigstore (no network)",
-    )
-    parser.add_argument(
-        "--allow-unsigned",
-        action="store_true",
-        help="local use only: accept certs without a verified signature (the result says so)",
-    )
+    add_policy_arguments(parser)
     parser.set_defaults(func=handle)
 
 
@@ -92,6 +65,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
 
     identity, issuer, repository = args.cert_identity, args.cert_oidc_issuer, args.repository
     pattern = args.cert_identity_regexp
+    any_repository = bool(args.any_repository)
     if args.signing_policy is not None:
         try:
             text = args.signing_policy.read_text(encoding="utf-8")
@@ -107,9 +81,10 @@ def signing_policy(args: argparse.Namespace) -> Any:
                 )
         issuer = issuer or table.get("issuer")
         repository = repository or table.get("repository")
+        any_repository = any_repository or table.get("any_repository") is True
     if pattern:
         identity = pattern
-    given = identity or issuer or repository
+    given = identity or issuer or repository or any_repository
     if args.allow_unsigned:
         if given:
             raise UsageError("--allow-unsigned skips signatures; drop it or the identity policy")
@@ -120,13 +95,22 @@ def signing_policy(args: argparse.Namespace) -> Any:
             "--cert-identity-regexp) and --cert-oidc-issuer (or --signing-policy FILE), or "
             "--allow-unsigned for a local check"
         )
+    if repository and any_repository:
+        raise UsageError("give --repository or --any-repository, not both")
+    if not (isinstance(repository, str) and repository) and not any_repository:
+        raise UsageError(
+            "check-deploy needs --repository OWNER/REPO (or `repository` in --signing-policy): "
+            "every repository that calls the reusable cell workflow signs with the same "
+            "workflow identity, so the identity alone accepts a cert signed for any of them "
+            "(--any-repository accepts that explicitly)"
+        )
     signer = SignerPolicy(
         identity=identity,
         issuer=issuer,
         repository=repository if isinstance(repository, str) else None,
         identity_is_regexp=bool(pattern),
     )
-    policy_for(signer)  # a bad regexp is a usage error now, not only once a cert is checked
+    policy_for(signer)  # a bad regexp is a usage error before any cert is read
     return BundlePolicy(signer, TrustRoot(offline=args.offline))
 
 
@@ -136,20 +120,43 @@ def handle(args: argparse.Namespace) -> int:
 
     signing = signing_policy(args)
     models_dir = args.models_dir or os.environ.get("MODELS_DIR")
-    cells = load_deploy_cells(args.config, models_dir)
-    report = check_cells(args.config, cells, args.certs, signing)
+    read = load_deploy_cells(args.config, models_dir)
+    report = check_cells(
+        args.config,
+        read.cells,
+        args.certs,
+        signing,
+        unmodelled=read.unmodelled,
+        server_binary=args.server_binary,
+    )
 
     for cell in report.serial:
         print(f"skip  {cell.label}  [{cell.origin}]  parallel 1: no batching, no cert needed")
     for check in report.checks:
         mark = "pass" if check.ok else "FAIL"
         print(f"{mark}  {check.cell.label}  [{check.cell.origin}]  {check.reason}")
+    for line in report.unmodelled:
+        print(f"FAIL  not covered: {line}")
     note = " (UNSIGNED: --allow-unsigned, signatures not checked)" if signing is None else ""
+    if report.unmodelled:
+        print(
+            f"check-deploy: FAIL: {len(report.unmodelled)} construct(s) in {args.config} start "
+            "or configure a server the reader does not model (write them as plain commands, "
+            f"or launch with batch-invariance serve){note}"
+        )
+        return exitcodes.NOT_PROMOTABLE
     if not report.checks:
         print(f"check-deploy: PASS: {args.config} runs no batched cell (parallel > 1){note}")
         return exitcodes.PROMOTABLE
     if report.passed:
-        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified{note}")
+        scopes = [c.answers_up_to for c in report.checks if c.answers_up_to is not None]
+        scope = (
+            f"; covers answers up to {min(scopes)} tokens (no -n cap in {len(scopes)} cell(s): "
+            "longer answers were never measured)"
+            if scopes
+            else ""
+        )
+        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified{scope}{note}")
         return exitcodes.PROMOTABLE
     failing = report.failing
     print(

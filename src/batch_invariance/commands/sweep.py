@@ -59,7 +59,7 @@ def exit_code(outcome: SweepOutcome) -> int:
     cells = outcome.cells
     if any(c.finished is not None and c.finished.cert.status == "failed" for c in cells):
         return exitcodes.RED
-    if all(c.promotable_green for c in cells):
+    if all(c.finished is not None and c.finished.promotable for c in cells):
         return exitcodes.PROMOTABLE
     return exitcodes.NOT_PROMOTABLE
 

@@ -1,11 +1,12 @@
 """Every arm's trials read once into the columns the comparisons and gates read (pure).
 
 A cell holds about ``ids x (passes + 2)`` trials and every gate and report looks at each of
-them; reading the same attributes from every trial again in each gate was most of the cost of
+them; reading the same attributes from every trial in each gate would be most of the cost of
 :func:`batch_invariance.core.verdict.decide`. :func:`arm_columns` reads an arm once, with
 C-level maps (no per-trial Python step), into an :class:`ArmColumns`; :func:`evidence_columns`
 does it for every arm of a cell. The gates and :func:`batch_invariance.core.diff.compare_columns`
-only read these columns, so what each of them counts is unchanged.
+only read these columns; the slow reference definitions they are tested against read the
+trials themselves (tests/test_core_fast_paths.py).
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ _AGREEMENT_FIELDS = attrgetter(
 #: ``failure_mode`` within an agreement key.
 _KEY_FAILURE_MODE = itemgetter(8)
 _FAILURE_MODE = attrgetter("failure_mode")
-_LOGPROBS = attrgetter("token_logprobs")
 _DISPATCH = attrgetter("dispatch_ts")
 _COMPLETE = attrgetter("complete_ts")
 _TIMINGS = attrgetter("timings")
@@ -82,8 +82,6 @@ class ArmColumns:
     not_ok: frozenset[str]
     #: Ids whose trial is a transport failure.
     transport: frozenset[str]
-    #: Ids whose trial carries chosen-token logprobs.
-    with_logprobs: frozenset[str]
     #: The trials with both request timestamps, in map order: ids, dispatch and completion.
     timed_ids: Sequence[str]
     starts: Sequence[float]
@@ -131,7 +129,6 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
         reused = frozenset(compress(ids, map(and_, reported, map(ne, cached, repeat(0)))))
     if transport:  # answered trials only: transport failures are the transport gate's
         unreported, reused = unreported - transport, reused - transport
-    logprobs = list(map(_LOGPROBS, values))
     finish = list(map(_FINISH, values))
     return ArmColumns(
         trials=trials,
@@ -140,9 +137,6 @@ def arm_columns(trials: Mapping[str, Trial], keyed: bool = True) -> ArmColumns:
         keys=None if keys is None else dict(zip(ids, keys, strict=True)),
         not_ok=_EMPTY if all_ok else frozenset(compress(ids, map(ne, modes, repeat(OK)))),
         transport=transport,
-        with_logprobs=_EMPTY
-        if logprobs.count(None) == len(logprobs)
-        else frozenset(compress(ids, map(is_not, logprobs, repeat(None)))),
         timed_ids=list(compress(ids, timed)) if n_untimed else ids,
         starts=list(compress(starts, timed)) if n_untimed else starts,
         ends=list(compress(ends, timed)) if n_untimed else ends,

@@ -38,7 +38,6 @@ from batch_invariance.core.evidence import INVARIANT_FIELDS, TRANSPORT_MODES, It
 from batch_invariance.core.pair_report import (
     DivergenceRow,
     GroupCount,
-    LogitDrift,
     Outcome,
     PassCount,
     RowKind,
@@ -128,20 +127,6 @@ def _content_differs(x: Trial, y: Trial) -> bool:
     return False
 
 
-def _logit_delta(x: Trial, y: Trial) -> float | None:
-    """Largest |chosen-logprob delta| over the positions where both tokens are the same."""
-    if x.token_logprobs is None or y.token_logprobs is None:
-        return None
-    limit = min(len(x.token_logprobs), len(y.token_logprobs))
-    if x.tokens is not None and y.tokens is not None:
-        fdt = first_divergent_token(x.tokens, y.tokens)
-        if fdt is not None:
-            limit = min(limit, fdt)
-    if limit == 0:
-        return None
-    return max(abs(x.token_logprobs[i] - y.token_logprobs[i]) for i in range(limit))
-
-
 def _row(
     test_id: str, pass_index: int | None, x: Trial | None, y: Trial | None, kind: RowKind
 ) -> DivergenceRow:
@@ -225,7 +210,6 @@ def compare(
     x: Mapping[str, Trial],
     ys: Sequence[tuple[int | None, Mapping[str, Trial]]],
     items: Iterable[ItemMeta] = (),
-    logit_eps: float | None = None,
 ) -> PairReport:
     """Compare ``x`` with each map in ``ys`` (``(pass_index, map)``) and report the union.
 
@@ -233,7 +217,7 @@ def compare(
     every id list in the report is sorted, rows are sorted by (id, pass).
     """
     columns = [(i, arm_columns(y, keyed=False)) for i, y in ys]
-    return compare_columns(pair, arm_columns(x), columns, group_labels(items), logit_eps)
+    return compare_columns(pair, arm_columns(x), columns, group_labels(items))
 
 
 def compare_columns(
@@ -241,13 +225,13 @@ def compare_columns(
     xa: ArmColumns,
     ys: Sequence[tuple[int | None, ArmColumns]],
     labels: GroupLabels,
-    logit_eps: float | None = None,
     unequal: Sequence[Sequence[str]] | None = None,
 ) -> PairReport:
     """:func:`compare` on arms already read into columns, with the items' labels.
 
     Ids whose agreement keys are equal are clean (or skipped) without a per-id step; only
-    ids with unequal keys, missing ids and ids with logprobs on both sides are visited.
+    ids with unequal keys and missing ids are visited (the logprobs are compared by
+    :mod:`batch_invariance.core.numerics`).
     ``unequal``, when given, is :func:`~batch_invariance.core.columns.unequal_ids` of ``xa``
     and each map of ``ys``, already computed."""
     divergent: set[str] = set()
@@ -257,7 +241,6 @@ def compare_columns(
     only_x: set[str] = set()
     only_y: set[str] = set()
     rows: list[DivergenceRow] = []
-    drift: dict[str, float] = {}
     per_pass: list[PassCount] = []
     x_compared = False
     x, xk = xa.trials, key_map(xa)
@@ -294,12 +277,6 @@ def compare_columns(
         n_equal_skipped = len(pass_skipped) - counts["skipped"]
         counts["skipped"] += n_equal_skipped
         counts["clean"] += n_equal - n_equal_skipped
-        for test_id in xa.with_logprobs & ya.with_logprobs:
-            if test_id in pass_skipped or test_id in pass_divergent:
-                continue
-            delta = _logit_delta(x[test_id], y[test_id])
-            if delta is not None and delta > 0.0:
-                drift[test_id] = max(delta, drift.get(test_id, 0.0))
         divergent |= pass_divergent
         skipped |= pass_skipped
         if pass_skipped:
@@ -321,13 +298,6 @@ def compare_columns(
                 )
             )
     token_only -= divergent
-    # A divergent id's drift is not logit drift: the invariant record already moved.
-    for test_id in divergent:
-        drift.pop(test_id, None)
-    armed = logit_eps is not None
-    drift_ids = (
-        tuple(sorted(i for i, d in drift.items() if d > logit_eps)) if logit_eps is not None else ()
-    )
     n_compared = len(compared)
     rows.sort(key=lambda r: (r.test_id, -1 if r.pass_index is None else r.pass_index))
     by_family, by_fill = _group_counts(compared, divergent, token_only, labels)
@@ -345,13 +315,6 @@ def compare_columns(
         per_id=tuple(rows),
         by_family=by_family,
         by_fill=by_fill,
-        logit_drift=LogitDrift(
-            armed=armed,
-            eps=logit_eps,
-            max_logit_delta=max(drift.values()) if drift else None,
-            logit_drift_ids=drift_ids,
-            per_id_delta=dict(sorted(drift.items())),
-        ),
         per_pass=tuple(sorted(per_pass, key=lambda p: p.index)),
     )
 
@@ -388,7 +351,6 @@ def diff_pair(
     x: Mapping[str, Trial],
     y: Mapping[str, Trial],
     items: Iterable[ItemMeta] = (),
-    logit_eps: float | None = None,
 ) -> PairReport:
     """Compare two single maps (AB, or A against its serial repeat)."""
-    return compare(pair, x, [(None, y)], items, logit_eps)
+    return compare(pair, x, [(None, y)], items)

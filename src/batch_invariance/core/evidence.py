@@ -79,6 +79,9 @@ class Trial:
     slot_id: int | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
     transport_error: str | None = None
+    #: A serial request retried once after a transient failure: that first attempt's
+    #: ``"failure_mode: detail"`` (the fields above are the retry's).
+    first_attempt: str | None = None
 
     def invariant(self) -> tuple[Any, ...]:
         """The invariant fields as a tuple, in :data:`INVARIANT_FIELDS` order."""
@@ -126,11 +129,17 @@ class PassRecord:
 
 @dataclass(frozen=True)
 class ItemMeta:
-    """What the report groups by for one test id."""
+    """What the report groups by for one test id, and which request it sent.
+
+    ``request_key`` (:func:`~batch_invariance.core.workitem.request_key`) names the request
+    content the server saw: ids with one key are one distinct prompt for the per-prompt bound.
+    ``None`` only in certs written before it was recorded (their ids count by work-set row).
+    """
 
     test_id: str
     family: str | None = None
     fill: float | None = None
+    request_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,8 @@ DEFAULT_MIN_ANSWER_TOKENS = 64
 #: A GREEN needs the 95% upper bound on the per-prompt divergence rate at or below this
 #: (rule of three: 30 or more distinct prompts, none diverging).
 DEFAULT_MAX_BOUND = 0.10
+#: F4 is armed at exact (bitwise) equality of the logprobs.
+DEFAULT_LOGIT_EPS = 0.0
 
 
 @dataclass(frozen=True)
@@ -177,8 +188,9 @@ class GatePolicy:
     coverage_fraction: float = DEFAULT_COVERAGE_FRACTION
     #: Two request intervals only count as co-batched when they overlap by at least this.
     overlap_margin_s: float = DEFAULT_OVERLAP_MARGIN_S
-    #: F4: per-token logprob drift threshold; ``None`` leaves F4 disarmed.
-    logit_eps: float | None = None
+    #: F4: numeric drift larger than this (any AC row, any pass) is not GREEN. 0, the
+    #: default, is exact equality; a positive eps is looser and never promotable.
+    logit_eps: float = DEFAULT_LOGIT_EPS
     min_answer_tokens: int = DEFAULT_MIN_ANSWER_TOKENS
     max_bound: float = DEFAULT_MAX_BOUND
 
@@ -190,6 +202,8 @@ def policy_usage_problems(policy: GatePolicy) -> tuple[str, ...]:
         problems.append(f"--min-hot-trials must be at least 1 (got {policy.min_hot_trials})")
     if policy.min_answer_tokens < 1:
         problems.append(f"--min-answer-tokens must be at least 1 (got {policy.min_answer_tokens})")
+    if not policy.logit_eps >= 0.0:
+        problems.append(f"--logit-eps must be 0 or more (got {policy.logit_eps:g})")
     if not 0.0 < policy.max_bound <= 1.0:
         problems.append(f"--max-bound must be a rate in (0, 1] (got {policy.max_bound:g})")
     return tuple(problems)
@@ -218,6 +232,7 @@ def policy_problems(policy: GatePolicy) -> tuple[str, ...]:
     looser("overlap_margin_s", policy.overlap_margin_s, DEFAULT_OVERLAP_MARGIN_S, True)
     looser("min_answer_tokens", policy.min_answer_tokens, DEFAULT_MIN_ANSWER_TOKENS, True)
     looser("max_bound", policy.max_bound, DEFAULT_MAX_BOUND, False)
+    looser("logit_eps", policy.logit_eps, DEFAULT_LOGIT_EPS, False)
     return tuple(problems)
 
 

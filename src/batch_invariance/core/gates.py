@@ -36,7 +36,6 @@ from batch_invariance.core.columns import (
     as_arm_columns,
     as_evidence_columns,
     as_pass_columns,
-    pass_columns,
     same_order,
 )
 from batch_invariance.core.evidence import (
@@ -46,13 +45,12 @@ from batch_invariance.core.evidence import (
     ARM_C,
     CellEvidence,
     GatePolicy,
-    PassRecord,
     Trial,
 )
 from batch_invariance.core.intervals import cobatched, cobatched_flags, max_overlap_depth
 from batch_invariance.core.intervals import depth as overlap_depth
 
-#: Interval functions the gates are built on, importable from here as before.
+#: Interval functions the gates are built on, importable from here by the shell's callers.
 __all__ = ["cobatched_flags", "max_overlap_depth"]
 
 #: Both the client-side overlap depth and the server's busy slots must reach this.
@@ -82,11 +80,6 @@ def cobatched_of(pc: PassColumns, margin: float) -> IdSet:
         # Every trial of the pass, when each has an interval: its own keys, with no copy.
         return pc.arm.trials.keys() if not pc.arm.n_untimed else frozenset(pc.arm.timed_ids)
     return frozenset(map(pc.arm.timed_ids.__getitem__, pc.intervals.order[flags].tolist()))
-
-
-def cobatched_ids(pass_record: PassRecord, margin: float) -> IdSet:
-    """:func:`cobatched_of` of one pass record."""
-    return cobatched_of(pass_columns(pass_record), margin)
 
 
 # --------------------------------------------------------------------------- F1 overlap

@@ -1,15 +1,21 @@
 """The one reader of ``llama-server`` flags (pure): argv + env -> :class:`ServerFlags`.
 
 Used by run-live (owned and refused flags, KV cache types), the memory guard and plan-n (cache
-types, GPU offload) and check-deploy (the cell a deploy runs, and every flag that changes the
-numerics, compared with the argv a cert measured). The rules are llama-server's own, read from
-its ``--help`` and ``common/arg.cpp`` / ``tools/server/server.cpp`` (build 11434):
+types, GPU offload), check-deploy (the cell a deploy runs, and every option that can change
+outputs, compared with the argv a cert measured) and ``serve``. The options are the server's
+own table (:mod:`batch_invariance.core.server_options`, parsed from its ``--help``); the rules
+are ``common/arg.cpp``'s (build 11434):
 
-* a flag given on the command line beats its ``LLAMA_ARG_*`` variable; a later
-  flag beats an earlier one (``--lora`` accumulates);
+* a word that starts with ``--`` has every ``_`` rewritten to ``-`` before it is looked up
+  (``--ctx_size`` is ``--ctx-size``); a word the table does not name is an invalid argument,
+  so ``--ctx-size=4096`` and stray words make the server refuse to start;
+* ``LLAMA_ARG_*`` variables are read first and the command line overrides them; for a switch
+  with an off spelling, ``LLAMA_ARG_NO_*`` set to anything means off; switch values are
+  case-sensitive (``on/enabled/true/1``, ``off/disabled/false/0``);
 * ``-np`` defaults to -1 ("auto"), which the server turns into 4 slots with a unified KV
   cache, whatever ``-kvu``/``-no-kvu`` says;
-* booleans read ``on/enabled/true/1`` and ``off/disabled/false/0``.
+* ``-c`` is padded to a multiple of 256, and a split cache's per-slot share is padded again
+  (``src/llama-context.cpp``).
 """
 
 from __future__ import annotations
@@ -17,11 +23,30 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from batch_invariance.core.server_options import (
+    ACCUMULATING,
+    BY_CANONICAL,
+    CELL_OPTIONS,
+    DEFAULTS,
+    NEUTRAL,
+    OPTIONS,
+    OWNED,
+    RUN_LIVE_SETS,
+    OptionClass,
+    OptionSpec,
+    canonical_spelling,
+    lookup,
+    option_class,
+)
+
 #: llama-server's ``-np`` when it is auto (-1) or absent: 4 slots sharing one KV pool.
 AUTO_PARALLEL_SLOTS = 4
 DEFAULT_CACHE_TYPE = "f16"
+#: ``GGML_PAD(n_ctx, 256)`` in ``llama_context``'s constructor.
+CTX_PAD = 256
 _TRUE = frozenset({"on", "enabled", "true", "1"})
 _FALSE = frozenset({"off", "disabled", "false", "0"})
+_UNSET = "unset"
 
 
 class FlagError(ValueError):
@@ -29,196 +54,77 @@ class FlagError(ValueError):
 
 
 @dataclass(frozen=True)
-class FlagSpec:
-    """One llama-server option: its spellings, whether it takes a value, its env
-    variable and, for flags that change the numerics, llama-server's default."""
+class GivenOption:
+    """One option a server gets: its canonical name, as written, and where from."""
 
-    key: str
-    names: tuple[str, ...]
-    takes_value: bool = True
-    env: str | None = None
-    off_names: tuple[str, ...] = ()
-    numerics_default: str | None = None
-    accumulates: bool = False
+    canonical: str
+    written: str
+    from_env: bool
 
     @property
-    def numerics(self) -> bool:
-        return self.numerics_default is not None
-
-    @property
-    def label(self) -> str:
-        return self.names[0]
-
-
-_UNSET = "unset"
-# key | spellings | kind (value, bool, list = accumulates) | LLAMA_ARG_ variable | numerics
-# default ("-" = not a numerics flag) | spellings that switch a bool off.
-_TABLE = """
-model           -m --model                           value MODEL               -      -
-hf_repo         -hf -hfr --hf-repo                   value HF_REPO             -      -
-hf_file         -hff --hf-file                       value HF_FILE             -      -
-model_url       -mu --model-url                      value MODEL_URL           -      -
-host            --host                               value HOST                -      -
-port            --port                               value PORT                -      -
-ctx_size        -c --ctx-size                        value CTX_SIZE            -      -
-parallel        -np --parallel                       value N_PARALLEL          -      -
-kv_unified      -kvu --kv-unified                    bool  KV_UNIFIED          -      -no-kvu --no-kv-unified
-n_predict       -n --predict --n-predict             value N_PREDICT           -      -
-slots           --slots                              bool  ENDPOINT_SLOTS      -      --no-slots
-cont_batching   -cb --cont-batching                  bool  CONT_BATCHING       -      -nocb --no-cont-batching
-cache_reuse     --cache-reuse                        value CACHE_REUSE         -      -
-flash_attn      -fa --flash-attn                     value FLASH_ATTN          auto   -
-batch           -b --batch-size                      value BATCH               2048   -
-ubatch          -ub --ubatch-size                    value UBATCH              512    -
-gpu_layers      -ngl --gpu-layers --n-gpu-layers     value N_GPU_LAYERS        auto   -
-cache_type_k    -ctk --cache-type-k                  value CACHE_TYPE_K        f16    -
-cache_type_v    -ctv --cache-type-v                  value CACHE_TYPE_V        f16    -
-cache_ram       --cache-ram -cram                    value CACHE_RAM           8192   -
-kv_per_slot     --kv-unified-per-slot                value KV_UNIFIED_PER_SLOT unset  -
-backend_samp    -bs --backend-sampling               bool  BACKEND_SAMPLING    off    -
-lora            --lora                               list  -                   unset  -
-lora_scaled     --lora-scaled                        list  -                   unset  -
-control_vector  --control-vector                     list  -                   unset  -
-control_scaled  --control-vector-scaled              list  -                   unset  -
-draft_model     -md --model-draft --spec-draft-model value SPEC_DRAFT_MODEL    unset  -
-draft_hf        -hfd -hfrd --hf-repo-draft --spec-draft-hf value SPEC_DRAFT_HF_REPO  unset  -
-spec_type       --spec-type                          value SPEC_TYPE           unset  -
-split_mode      -sm --split-mode                     value SPLIT_MODE          layer  -
-tensor_split    -ts --tensor-split                   value TENSOR_SPLIT        unset  -
-override_tensor -ot --override-tensor                list  OVERRIDE_TENSOR     unset  -
-device          -dev --device                        value DEVICE              unset  -
-kv_offload      -kvo --kv-offload                    bool  KV_OFFLOAD          on     -nkvo --no-kv-offload
-swa_full        --swa-full                           bool  SWA_FULL            off    -
-rope_scaling    --rope-scaling                       value ROPE_SCALING_TYPE   unset  -
-rope_scale      --rope-scale                         value ROPE_SCALE          unset  -
-rope_freq_base  --rope-freq-base                     value ROPE_FREQ_BASE      unset  -
-rope_freq_scale --rope-freq-scale                    value ROPE_FREQ_SCALE     unset  -
-"""  # noqa: E501 (a table reads better unwrapped)
-
-
-def _parse_table(text: str) -> tuple[FlagSpec, ...]:
-    specs: list[FlagSpec] = []
-    for line in text.strip().splitlines():
-        key, *rest = line.split()
-        kind_at = next(i for i, w in enumerate(rest) if w in ("value", "bool", "list"))
-        names, kind = tuple(rest[:kind_at]), rest[kind_at]
-        env, default, *off = rest[kind_at + 1 :]
-        specs.append(
-            FlagSpec(
-                key=key,
-                names=names,
-                takes_value=kind != "bool",
-                env=None if env == "-" else "LLAMA_ARG_" + env,
-                off_names=() if off == ["-"] else tuple(off),
-                numerics_default=None if default == "-" else default,
-                accumulates=kind == "list",
-            )
-        )
-    return tuple(specs)
-
-
-SPECS: tuple[FlagSpec, ...] = _parse_table(_TABLE)
-_BY_NAME: dict[str, FlagSpec] = {n: s for s in SPECS for n in (*s.names, *s.off_names)}
-_BY_ENV: dict[str, FlagSpec] = {s.env: s for s in SPECS if s.env}
-_BY_KEY: dict[str, FlagSpec] = {s.key: s for s in SPECS}
-#: Speculative-decoding options not in the table above (there are dozens): any flag with one
-#: of these prefixes is compared as a numerics flag under its own name.
-_SPECULATIVE_PREFIXES = ("--spec-", "--draft", "--lookup")
-
-#: Flags the driver sets itself on every server it starts; a user ``--server-flag`` may not
-#: give them. ``--cache-ram`` is owned (the driver sets 0: no host-side prompt cache, every
-#: request computed from scratch, the memory projection honest).
-OWNED_FLAGS: frozenset[str] = frozenset(
-    n
-    for key in ("model", "host", "port", "parallel", "ctx_size", "kv_unified", "cache_ram")
-    for n in (*_BY_KEY[key].names, *_BY_KEY[key].off_names)
-) | frozenset(_BY_KEY["kv_per_slot"].names)
-#: Flags that change what is measured and that the driver will not run with: another model
-#: source, no /slots, no continuous batching, KV reuse across requests, a server-side length cap.
-REFUSED_FLAGS: frozenset[str] = frozenset(
-    {
-        *_BY_KEY["hf_repo"].names,
-        *_BY_KEY["hf_file"].names,
-        *_BY_KEY["model_url"].names,
-        "--no-slots",
-        "-nocb",
-        "--no-cont-batching",
-        *_BY_KEY["cache_reuse"].names,
-        *_BY_KEY["n_predict"].names,
-    }
-)
-
-
-def _bool_text(value: str, flag: str) -> str:
-    low = value.strip().lower()
-    if low in _TRUE:
-        return "on"
-    if low in _FALSE:
-        return "off"
-    raise FlagError(f"{flag} needs on/off (true/false, 1/0), got {value!r}")
-
-
-def _flash_attn_text(value: str) -> str:
-    low = value.strip().lower()
-    if low in ("auto", "-1"):
-        return "auto"
-    return _bool_text(low, "-fa")
-
-
-def _int(value: str, flag: str) -> int:
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise FlagError(f"{flag} needs an integer, got {value!r}") from None
+    def option_class(self) -> OptionClass:
+        return option_class(BY_CANONICAL[self.canonical])
 
 
 @dataclass(frozen=True)
 class ServerFlags:
-    """What one llama-server would run with: each known option's value (booleans as
-    ``on``/``off``), command line over ``LLAMA_ARG_*`` variables, and every flag name written."""
+    """What one llama-server would run with: each option's value by canonical name
+    (switches as ``on``/``off``), command line over ``LLAMA_ARG_*`` variables."""
 
+    #: Canonical name -> the last value given (the one in effect unless it accumulates).
     values: Mapping[str, str]
-    #: Flag names as written on the command line, then the ``LLAMA_ARG_*`` names used.
-    given: tuple[str, ...]
-    #: Speculative options outside the table (``--spec-draft-n-max`` ...), name -> value.
-    speculative: Mapping[str, str]
+    #: Canonical name -> every value given, in order (accumulating options keep them all).
+    occurrences: Mapping[str, tuple[str, ...]]
+    #: Every option given: command-line words first, then the variables used.
+    options: tuple[GivenOption, ...]
+    #: Words llama-server rejects as invalid arguments (unknown, ``--x=y``, stray words).
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def given(self) -> tuple[str, ...]:
+        """Option names as written (command line), then the ``LLAMA_ARG_*`` names used."""
+        return tuple(o.written for o in self.options)
 
     def _opt_int(self, key: str) -> int | None:
         raw = self.values.get(key)
-        return None if raw is None else _int(raw, _BY_KEY[key].label)
+        return None if raw is None else _int(raw, key)
 
     @property
     def model(self) -> str | None:
-        return self.values.get("model")
+        return self.values.get("--model")
 
     @property
     def hf_repo(self) -> str | None:
-        return self.values.get("hf_repo")
+        return self.values.get("--hf-repo")
+
+    @property
+    def model_url(self) -> str | None:
+        return self.values.get("--model-url")
 
     @property
     def ctx_size(self) -> int | None:
-        return self._opt_int("ctx_size")
+        return self._opt_int("--ctx-size")
 
     @property
     def parallel(self) -> int | None:
-        return self._opt_int("parallel")
+        return self._opt_int("--parallel")
 
     @property
     def n_predict(self) -> int | None:
-        return self._opt_int("n_predict")
+        return self._opt_int("--predict")
 
     @property
     def kv_unified(self) -> bool | None:
-        raw = self.values.get("kv_unified")
+        raw = self.values.get("--kv-unified")
         return None if raw is None else raw == "on"
 
     @property
     def cache_type_k(self) -> str:
-        return self.values.get("cache_type_k", DEFAULT_CACHE_TYPE)
+        return self.values.get("--cache-type-k", DEFAULT_CACHE_TYPE)
 
     @property
     def cache_type_v(self) -> str:
-        return self.values.get("cache_type_v", DEFAULT_CACHE_TYPE)
+        return self.values.get("--cache-type-v", DEFAULT_CACHE_TYPE)
 
     @property
     def cache_types(self) -> tuple[str, str]:
@@ -227,7 +133,7 @@ class ServerFlags:
     @property
     def gpu_offload(self) -> bool:
         """True when layers go to a GPU (``-ngl`` > 0, ``all`` or ``auto``)."""
-        raw = self.values.get("gpu_layers")
+        raw = self.values.get("--gpu-layers")
         if raw is None:
             return False
         if raw in ("all", "auto"):
@@ -237,89 +143,140 @@ class ServerFlags:
         except ValueError:
             return False
 
-    def numerics(self) -> dict[str, str]:
-        """Every numerics flag with its effective value (llama-server's default when unset),
-        keyed by the flag's short spelling; unknown speculative options by their own name."""
-        out = {
-            s.label: self.values.get(s.key, s.numerics_default or "") for s in SPECS if s.numerics
-        }
-        out.update(self.speculative)
+    def unclassified(self) -> tuple[str, ...]:
+        """Options given that are in no class (a deploy giving one is not covered)."""
+        return tuple(
+            dict.fromkeys(o.written for o in self.options if o.option_class == "unclassified")
+        )
+
+    def compared(self) -> dict[str, str]:
+        """Every option compared by value (not neutral, not the cell's layout) with what it
+        is set to: every value given, joined; llama-server's default or ``unset`` when not
+        given."""
+        names = {o.canonical for o in self.options} | set(DEFAULTS)
+        out: dict[str, str] = {}
+        for name in sorted(names):
+            if name in NEUTRAL or name in CELL_OPTIONS:
+                continue
+            given = self.occurrences.get(name)
+            if not given:
+                out[name] = DEFAULTS.get(name, _UNSET)
+            else:
+                out[name] = " | ".join(given) if name in ACCUMULATING else given[-1]
         return out
 
-
-def _set(values: dict[str, str], spec: FlagSpec, value: str) -> None:
-    if spec.accumulates and spec.key in values:
-        values[spec.key] = values[spec.key] + "," + value
-    else:
-        values[spec.key] = value
+    def numerics(self) -> dict[str, str]:
+        """The compared options (the name run-live's provenance and older tests use)."""
+        return self.compared()
 
 
-def _normalise(spec: FlagSpec, value: str, flag: str) -> str:
-    if spec.key == "flash_attn":
-        return _flash_attn_text(value)
-    if not spec.takes_value:
-        return _bool_text(value, flag)
-    if spec.key in ("ctx_size", "parallel", "n_predict"):
-        _int(value, flag)
+def _bool_text(value: str, flag: str) -> str:
+    if value in _TRUE:
+        return "on"
+    if value in _FALSE:
+        return "off"
+    raise FlagError(f"{flag} needs on/off (true/false, 1/0; lower case), got {value!r}")
+
+
+def _int(value: str, flag: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise FlagError(f"{flag} needs an integer, got {value!r}") from None
+
+
+_INTEGER_OPTIONS = frozenset({"--ctx-size", "--parallel", "--predict"})
+
+
+def _normalise(spec: OptionSpec, value: str, written: str) -> str:
+    name = spec.canonical
+    if name == "--flash-attn":
+        if value in ("auto", "-1"):
+            return "auto"
+        return _bool_text(value, written)
+    if name in _INTEGER_OPTIONS:
+        _int(value, written)
     return value
 
 
-def read_flags(
-    argv: Sequence[str], env: Mapping[str, str] | None = None, *, first_is_binary: bool = False
-) -> ServerFlags:
-    """Read a llama-server argv (and the ``LLAMA_ARG_*`` variables it runs with).
+@dataclass
+class _Reading:
+    values: dict[str, str]
+    occurrences: dict[str, list[str]]
+    options: list[GivenOption]
 
-    Tokens that are not options (the binary, stray words) are skipped; an unknown option
-    takes no value. Raises :class:`FlagError` for a value llama-server would refuse.
+    def put(self, spec: OptionSpec, value: str, written: str, from_env: bool) -> None:
+        name = spec.canonical
+        self.values[name] = value
+        self.occurrences.setdefault(name, []).append(value)
+        self.options.append(GivenOption(name, written, from_env))
+
+
+def _read_env(env: Mapping[str, str], reading: _Reading) -> None:
+    for spec in OPTIONS:
+        negative = spec.negative_env
+        if negative is not None and negative in env:
+            reading.put(spec, "off", negative, True)
+            continue
+        if spec.env is None or spec.env not in env:
+            continue
+        raw = env[spec.env]
+        if spec.nvalues:
+            reading.put(spec, _normalise(spec, raw, spec.env), spec.env, True)
+        elif spec.negatives:
+            reading.put(spec, _bool_text(raw, spec.env), spec.env, True)
+        elif raw in _TRUE:
+            reading.put(spec, "on", spec.env, True)  # any other value: the server ignores it
+
+
+def read_flags(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    first_is_binary: bool | None = None,
+) -> ServerFlags:
+    """Read a llama-server argv (and the variables it runs with) as the server does.
+
+    ``first_is_binary=None``: a first word that is not an option is the program. Words
+    llama-server would reject are collected in ``rejected``; a value it would refuse raises
+    :class:`FlagError`.
     """
-    tokens = list(argv[1:] if first_is_binary else argv)
-    values: dict[str, str] = {}
-    given: list[str] = []
-    speculative: dict[str, str] = {}
+    tokens = list(argv)
+    if first_is_binary is None:
+        first_is_binary = bool(tokens) and not tokens[0].startswith("-")
+    if tokens and first_is_binary:
+        tokens = tokens[1:]
+    env_reading = _Reading({}, {}, [])
+    _read_env(env or {}, env_reading)
+    cli = _Reading({}, {}, [])
+    rejected: list[str] = []
     i = 0
     while i < len(tokens):
-        token = tokens[i]
-        name, eq, inline = token.partition("=")
-        spec = _BY_NAME.get(name) if name.startswith("-") else None
+        word = tokens[i]
+        spec = lookup(word)
         if spec is None:
-            if name.startswith(_SPECULATIVE_PREFIXES):
-                given.append(name)
-                nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-                if eq:
-                    speculative[name] = inline
-                elif nxt is not None and not nxt.startswith("-"):
-                    speculative[name] = nxt
-                    i += 1
-                else:
-                    speculative[name] = "on"
+            rejected.append(word)
             i += 1
             continue
-        given.append(name)
-        if name in spec.off_names:
-            values[spec.key] = "off"
-        elif not spec.takes_value:
-            values[spec.key] = _bool_text(inline, name) if eq else "on"
-        else:
-            if eq:
-                value = inline
-            elif spec.key == "flash_attn" and (
-                i + 1 >= len(tokens) or tokens[i + 1].lower() not in (*_TRUE, *_FALSE, "auto", "-1")
-            ):
-                value = "on"  # older servers: a bare -fa switches it on
-            elif i + 1 < len(tokens):
-                i += 1
-                value = tokens[i]
-            else:
-                raise FlagError(f"{name} is missing its value")
-            _set(values, spec, _normalise(spec, value, name))
-        i += 1
-    for var, raw in (env or {}).items():
-        spec = _BY_ENV.get(var)
-        if spec is None or spec.key in values:
+        if spec.nvalues == 0:
+            off = canonical_spelling(word) in spec.negatives
+            cli.put(spec, "off" if off else "on", word, False)
+            i += 1
             continue
-        given.append(var)
-        values[spec.key] = _normalise(spec, raw, var)
-    return ServerFlags(values=values, given=tuple(given), speculative=speculative)
+        if i + spec.nvalues >= len(tokens):
+            raise FlagError(f"{word} is missing its value")
+        value = " ".join(tokens[i + 1 : i + 1 + spec.nvalues])
+        cli.put(spec, _normalise(spec, value, word), word, False)
+        i += 1 + spec.nvalues
+    values = {**env_reading.values, **cli.values}
+    occurrences = {**env_reading.occurrences, **cli.occurrences}
+    kept_env = [o for o in env_reading.options if o.canonical not in cli.values]
+    return ServerFlags(
+        values=values,
+        occurrences={k: tuple(v) for k, v in occurrences.items()},
+        options=(*cli.options, *kept_env),
+        rejected=tuple(rejected),
+    )
 
 
 @dataclass(frozen=True)
@@ -343,33 +300,71 @@ def slot_layout(flags: ServerFlags) -> SlotLayout:
     return SlotLayout(parallel=parallel, kv_unified=bool(flags.kv_unified), auto=False)
 
 
+@dataclass(frozen=True)
+class PaddedContext:
+    """The KV cache llama.cpp actually allocates for a ``-c`` (after its padding)."""
+
+    #: The whole pool in tokens.
+    pool: int
+    #: The context one slot can use (a cert's ``ctx``; for a unified pool, its N-th share).
+    per_slot: int
+
+
+def _pad(n: int) -> int:
+    return (n + CTX_PAD - 1) // CTX_PAD * CTX_PAD
+
+
+def padded_context(n_ctx: int, layout: SlotLayout) -> PaddedContext:
+    """``-c`` as llama.cpp pads it: the pool to a multiple of 256, a split cache's per-slot
+    share padded again and the pool re-made from it (``-c 4097 -np 4`` is 1280 per slot)."""
+    pool = _pad(n_ctx)
+    if layout.kv_unified:
+        return PaddedContext(pool=pool, per_slot=pool // layout.parallel)
+    per_slot = _pad(pool // layout.parallel)
+    return PaddedContext(pool=per_slot * layout.parallel, per_slot=per_slot)
+
+
 def numerics_differences(deploy: ServerFlags, measured: ServerFlags) -> tuple[str, ...]:
-    """Each numerics flag whose effective value differs: ``"-ub 512 (measured 1)"``."""
-    ours, theirs = deploy.numerics(), measured.numerics()
+    """Each compared option whose value differs: ``"--ubatch-size 512 (measured 1)"``."""
+    ours, theirs = deploy.compared(), measured.compared()
     out: list[str] = []
     for name in sorted(set(ours) | set(theirs)):
-        a, b = ours.get(name, _UNSET), theirs.get(name, _UNSET)
+        a = ours.get(name, DEFAULTS.get(name, _UNSET))
+        b = theirs.get(name, DEFAULTS.get(name, _UNSET))
         if a != b:
             out.append(f"{name} {a} (measured {b})")
     return tuple(out)
 
 
+#: run-live's user ``--server-flag`` may not give these: the driver sets them.
+OWNED_FLAGS: frozenset[str] = frozenset(
+    n
+    for name in (*OWNED, *RUN_LIVE_SETS)
+    for n in (*BY_CANONICAL[name].names, *BY_CANONICAL[name].negatives)
+)
+#: Options that change what is measured and that the driver will not run with: another model
+#: source, no /slots, no continuous batching, KV reuse across requests, a server-side length
+#: cap. Negative spellings only where the positive is what the driver sets.
+REFUSED_FLAGS: frozenset[str] = frozenset(
+    {
+        *(n for name in ("--hf-repo", "--hf-file", "--model-url", "--docker-repo",
+                         "--cache-reuse", "--predict")
+          for n in BY_CANONICAL[name].names),
+        *BY_CANONICAL["--slots"].negatives,
+        *BY_CANONICAL["--cont-batching"].negatives,
+    }
+)  # fmt: skip
+
+
+def _conflict_name(word: str) -> str | None:
+    name = canonical_spelling(word.partition("=")[0])
+    return name if name in OWNED_FLAGS or name in REFUSED_FLAGS else None
+
+
 def flag_conflicts(flags: Sequence[str] | ServerFlags) -> tuple[str, ...]:
     """The owned or refused flags among user server flags, as written (empty = fine).
 
-    A plain argv is scanned token by token (no values are parsed), so a malformed value
-    cannot hide an owned flag."""
-    if isinstance(flags, ServerFlags):
-        names: Sequence[str] = flags.given
-    else:
-        names = [t for t in flags if t.partition("=")[0] in OWNED_FLAGS | REFUSED_FLAGS]
-        return tuple(names)
-    return tuple(n for n in dict.fromkeys(names) if n in OWNED_FLAGS | REFUSED_FLAGS)
-
-
-def conflict_reason(flag: str) -> str:
-    """Why the driver will not take ``flag`` from the user."""
-    name = flag.partition("=")[0]
-    if name in OWNED_FLAGS:
-        return f"{flag} is set by the driver for every server it starts"
-    return f"{flag} changes what is measured and is refused"
+    Every word is looked up as llama-server looks it up (``--kv_unified`` is ``--kv-unified``);
+    a plain argv is scanned word by word, so a malformed value cannot hide an owned flag."""
+    words = flags.given if isinstance(flags, ServerFlags) else flags
+    return tuple(dict.fromkeys(w for w in words if _conflict_name(w) is not None))

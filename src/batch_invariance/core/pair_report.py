@@ -61,19 +61,6 @@ class PassCount:
 
 
 @dataclass(frozen=True)
-class LogitDrift:
-    """F4 diagnostics: per-token chosen-logprob deltas on positions with identical tokens."""
-
-    armed: bool
-    eps: float | None
-    max_logit_delta: float | None
-    #: Ids whose delta exceeds ``eps`` (empty when disarmed).
-    logit_drift_ids: tuple[str, ...]
-    #: Largest delta per id over passes, for ids with a non-zero delta.
-    per_id_delta: Mapping[str, float]
-
-
-@dataclass(frozen=True)
 class PairReport:
     """The comparison of two arms (``y`` may be the union of several C passes)."""
 
@@ -91,10 +78,31 @@ class PairReport:
     per_id: tuple[DivergenceRow, ...]
     by_family: Mapping[str, GroupCount]
     by_fill: Mapping[str, GroupCount]
-    logit_drift: LogitDrift
     per_pass: tuple[PassCount, ...]
 
     @property
     def clean(self) -> bool:
         """True when no id diverged (token-only differences do not count)."""
         return self.n_divergent == 0
+
+
+def ac_summary(ac: PairReport) -> str:
+    """RED's first reason: how many ids diverged, the first one, and ids missing on a side."""
+    first = ac.per_id[0] if ac.per_id else None
+    where = ""
+    if first is not None and first.kind == "missing":
+        side = "C" if first.x == "present" else "A"
+        where = f"; first: {first.test_id} missing from {side}"
+        if first.pass_index is not None:
+            where += f" in pass {first.pass_index}"
+    elif first is not None:
+        where = f"; first: {first.test_id} field {first.field}"
+        if first.pass_index is not None:
+            where += f" in pass {first.pass_index}"
+    missing = sorted(set(ac.only_x) | set(ac.only_y))
+    gone = f"; missing on one side: {', '.join(missing[:5])}" if missing else ""
+    more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+    return (
+        f"AC: {ac.n_divergent} of {ac.n_compared} ids diverged from A in an invariant field "
+        f"or by being missing, on at least one C pass{where}{gone}{more}"
+    )

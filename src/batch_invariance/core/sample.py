@@ -3,7 +3,8 @@
 * sample size - at least ``min_hot_trials`` id x pass comparisons genuinely scored in both A
   and the pass, and co-batched in that pass (the "hot" comparisons).
 * per-prompt bound - the 95% upper bound on the divergence rate over DISTINCT prompts
-  (work-set rows; repetitions of one prompt are not independent) at most ``max_bound``.
+  (distinct request contents, :func:`distinct_prompts`: repetitions of one prompt, and ids
+  that send the same prompt up to whitespace, are not independent) at most ``max_bound``.
 * answer length - the median server-reported generated length of the hot comparisons at
   least ``min_answer_tokens``; an unknown length fails. A GREEN holds only for the answer
   length it was measured at.
@@ -32,8 +33,9 @@ from batch_invariance.core.columns import (
     as_pass_columns,
     same_order,
 )
-from batch_invariance.core.evidence import GatePolicy, Trial
+from batch_invariance.core.evidence import GatePolicy, ItemMeta, Trial
 from batch_invariance.core.gates import IdSet, cobatched_by_pass, exact_fraction
+from batch_invariance.core.workitem import row_id
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -221,6 +223,14 @@ def length_gate(
 
 
 # --------------------------------------------------------------------------- per-prompt bound
+
+
+def distinct_prompts(test_ids: Iterable[str], items: Sequence[ItemMeta]) -> int:
+    """How many distinct requests ``test_ids`` sent: ids whose items carry one
+    ``request_key`` count once. An id without a key (a cert written before keys were
+    recorded) counts by its work-set row, as such certs were judged."""
+    keys = {m.test_id: m.request_key for m in items if m.request_key is not None}
+    return len({keys.get(t) or "row:" + row_id(t) for t in test_ids})
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from batch_invariance.core import gates as g
 from batch_invariance.core.diff import PairReport, compare, diff_pair
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
+from batch_invariance.core.numerics import compare_pair
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,19 @@ def serial_repeat_decision(
     items: Iterable[ItemMeta] = (),
     b_ids: Collection[str] | None = None,
 ) -> RepeatDecision:
-    """Run A' only when B differs from A (invariant or token-only) or compares nothing.
-    ``b_ids``: the ids B ran on when a RED cell limited it (A is compared on those)."""
+    """Run A' only when B differs from A (invariant, token-only or in its logprobs) or
+    compares nothing. ``b_ids``: the ids B ran on when a RED cell limited it (A is compared
+    on those)."""
     ab = diff_pair("AB", restrict(a, b_ids), b, items)
     if ab.n_compared == 0:
         return RepeatDecision(True, "A' ran: A and B had no id in common to compare")
+    drift = compare_pair("AB", a, [(None, b)]).drift_ids
+    if reproduces(ab) and drift:
+        return RepeatDecision(
+            True,
+            f"A' ran: B's logprobs drifted from A's on {len(drift)} id(s) with equal tokens; "
+            "A' tells slot allocation from run-to-run noise",
+        )
     if reproduces(ab):
         return RepeatDecision(
             False,

@@ -7,12 +7,14 @@
    ``slot_allocation(+co_batching)`` when AB diverges too; prefixed ``run_to_run(+...)`` when
    the serial repeat A' already differed from A.
 2. Any anti-vacuity gate not met (F1 overlap, F2 floor, F3 coverage, transport, sample size,
-   per-prompt bound, answer length, serial repeat, prompt cache, arm B on every id) ->
-   ``green_unverified`` (UNVERIFIED).
-3. AB divergent, or AB token-only differences -> ``green_with_caveat`` (AMBER), anomaly
-   ``AC_agree_B_disagrees``.
-4. AC token-only differences, or armed F4 logit drift -> ``green_with_caveat``.
-5. Otherwise ``green``.
+   per-prompt bound, answer length, serial repeat (A' equal to A in tokens and numerics),
+   prompt cache, arm B on every id, numeric evidence: logprobs at every token of every arm)
+   -> ``green_unverified`` (UNVERIFIED).
+3. AB divergent, AB token-only differences, or AB numeric drift beyond ``logit_eps`` ->
+   ``green_with_caveat`` (AMBER), anomaly ``AC_agree_B_disagrees``.
+4. AC token-only differences, or AC numeric drift beyond ``logit_eps`` (F4, armed at exact
+   equality by default; anomaly ``latent_numeric_drift``) -> ``green_with_caveat``.
+5. Otherwise ``green``: tokens and logprobs bitwise equal (within ``logit_eps``) everywhere.
 
 Transport failures never reach row 1 on their own: :mod:`batch_invariance.core.diff` skips any
 comparison with a transport failure on either side.
@@ -20,7 +22,8 @@ comparison with a transport failure on either side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from batch_invariance.core import gates as g
@@ -35,30 +38,28 @@ from batch_invariance.core.columns import (
     unequal_via,
 )
 from batch_invariance.core.diff import PairReport, compare_columns
-from batch_invariance.core.evidence import CellEvidence, GatePolicy
+from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta
+from batch_invariance.core.numerics import (
+    NumericEvidenceGate,
+    Numerics,
+    cell_numerics,
+    drift_words,
+    numeric_statement,
+)
+from batch_invariance.core.pair_report import ac_summary
+from batch_invariance.core.repeat import SerialRepeatGate, serial_repeat_gate
 from batch_invariance.core.schedule import ArmBScopeGate, arm_b_scope_gate, restrict
-from batch_invariance.core.workitem import row_ids
 
 Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
 
 ANOMALY_B = "AC_agree_B_disagrees"
+ANOMALY_DRIFT = "latent_numeric_drift"
 CLASS_CO_BATCHING = "co_batching"
 CLASS_SLOT = "slot_allocation(+co_batching)"
 CLASS_RUN_TO_RUN = "run_to_run"
 CLASS_TOKEN_ONLY = "token_only"
 CLASS_LOGIT = "token_and_logit_drift"
-
-
-@dataclass(frozen=True)
-class SerialRepeatGate:
-    """The A vs A' control: the reference must reproduce itself before anything is GREEN."""
-
-    ran: bool
-    ok: bool
-    n_divergent: int
-    n_token_only: int
-    ids: tuple[str, ...]
-    reason: str
+CLASS_DRIFT = "logit_drift"
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,9 @@ class Sensitivity:
     """How much a clean result can say, and what was seen.
 
     ``n_hot_trials`` counts id x pass comparisons scored ``ok`` in A and in the pass and
-    co-batched in it; ``n_distinct_prompts`` the work-set rows (ids without their ``#rK``
-    repetition suffix) with at least one of them. ``n_ac_divergent`` counts the AC id x pass
+    co-batched in it; ``n_distinct_prompts`` the distinct requests (request contents,
+    whitespace aside: :func:`~batch_invariance.core.sample.distinct_prompts`) with at least
+    one of them. ``n_ac_divergent`` counts the AC id x pass
     comparisons that diverged (an invariant field, or the id missing on one side), out of
     ``n_scored_comparisons``: the comparisons judged (no transport failure on either side).
     """
@@ -103,6 +105,7 @@ class Gates:
     serial_repeat: SerialRepeatGate
     prompt_cache: g.PromptCacheGate
     b_scope: ArmBScopeGate
+    numeric_evidence: NumericEvidenceGate
 
     def unmet(self) -> tuple[str, ...]:
         """Reasons of the gates not met, in the verdict's order."""
@@ -119,6 +122,7 @@ class Gates:
                 self.serial_repeat,
                 self.prompt_cache,
                 self.b_scope,
+                self.numeric_evidence,
             )
             if not gate.ok
         )
@@ -142,24 +146,22 @@ class Verdict:
     reports: Reports
     gates: Gates
     sensitivity: Sensitivity
+    numerics: Numerics
 
 
-def build_reports(
-    evidence: CellEvidence, policy: GatePolicy, columns: EvidenceColumns | None = None
-) -> Reports:
+def build_reports(evidence: CellEvidence, columns: EvidenceColumns | None = None) -> Reports:
     """The AC, AB, BC (and A A') reports; AC and BC are unions over the C passes. Each arm is
     read once (``columns``, when given, must be :func:`evidence_columns` of ``evidence``) and
     shared by every report that reads it."""
     cols = columns if columns is not None else evidence_columns(evidence)
     passes = [(pc.record.index, pc.arm) for pc in cols.passes]
-    eps = policy.logit_eps
     labels = group_labels(evidence.items)
     a, b = cols.a, cols.b
     aa = None
     if cols.a_repeat is not None:
-        aa = compare_columns("AA", a, [(None, cols.a_repeat)], labels, eps)
+        aa = compare_columns("AA", a, [(None, cols.a_repeat)], labels)
     ac_unequal = [unequal_ids(a, c) for _, c in passes]
-    ac = compare_columns("AC", a, passes, labels, eps, ac_unequal)
+    ac = compare_columns("AC", a, passes, labels, ac_unequal)
     scope = evidence.b_ids
     if scope is not None:
         # B ran on these ids only (a RED cell's divergent ids): AB and BC compare them alone.
@@ -167,8 +169,8 @@ def build_reports(
         passes_b = [(i, arm_columns(restrict(c.trials, scope), keyed=False)) for i, c in passes]
         return Reports(
             ac=ac,
-            ab=compare_columns("AB", a_b, [(None, b)], labels, eps),
-            bc=compare_columns("BC", b, passes_b, labels, eps),
+            ab=compare_columns("AB", a_b, [(None, b)], labels),
+            bc=compare_columns("BC", b, passes_b, labels),
             aa=aa,
         )
     # Each C pass's keys are compared with A's once; B's comparison reuses that wherever B
@@ -178,50 +180,9 @@ def build_reports(
     bc_unequal = [unequal_via(u, agree, b, c) for u, (_, c) in zip(ac_unequal, passes, strict=True)]
     return Reports(
         ac=ac,
-        ab=compare_columns("AB", a, [(None, b)], labels, eps, [ab_unequal]),
-        bc=compare_columns("BC", b, passes, labels, eps, bc_unequal),
+        ab=compare_columns("AB", a, [(None, b)], labels, [ab_unequal]),
+        bc=compare_columns("BC", b, passes, labels, bc_unequal),
         aa=aa,
-    )
-
-
-def _both_present(report: PairReport) -> int:
-    """Ids the report compared with a trial on both sides (a missing id repeats nothing)."""
-    return report.n_compared - len(set(report.only_x) | set(report.only_y))
-
-
-def serial_repeat_gate(aa: PairReport | None, ab: PairReport) -> SerialRepeatGate:
-    """A GREEN needs a serial repeat that agrees with A: A' (same server) or, when A' was not
-    run, arm B (serial, on the other server). Any A vs A' difference makes GREEN impossible;
-    so does having neither repeat. (A B that disagrees with A is row 3, AMBER.)"""
-    if aa is None:
-        if _both_present(ab) == 0:
-            return SerialRepeatGate(
-                False, False, 0, 0, (),
-                "serial repeat not met: neither A' nor B compared any id with A, so nothing "
-                "shows that A reproduces itself when serial",
-            )  # fmt: skip
-        return SerialRepeatGate(
-            False, True, 0, 0, (),
-            f"serial repeat A' not run; arm B (serial) is the repeat ({_both_present(ab)} id(s))",
-        )  # fmt: skip
-    ids = tuple(sorted(set(aa.divergent_ids) | set(aa.token_divergence_ids)))
-    if _both_present(aa) == 0:
-        return SerialRepeatGate(
-            True, False, 0, 0, (), "serial repeat not met: A' compared no id with A"
-        )
-    if not ids:
-        return SerialRepeatGate(
-            True, True, 0, 0, (), "serial repeat: A' reproduced A exactly (run-to-run clean)"
-        )
-    return SerialRepeatGate(
-        True,
-        False,
-        aa.n_divergent,
-        aa.n_token_only,
-        ids,
-        f"serial repeat: A' differs from A on {len(ids)} id(s) "
-        f"({aa.n_divergent} invariant, {aa.n_token_only} token-only) with no batching at all; "
-        "run-to-run nondeterminism makes GREEN impossible",
     )
 
 
@@ -231,14 +192,14 @@ def _bound(n: int) -> float | None:
     return None if bound is None else min(1.0, bound)
 
 
-def sensitivity(hot: sg.HotByPass, ac: PairReport) -> Sensitivity:
+def sensitivity(hot: sg.HotByPass, ac: PairReport, items: Sequence[ItemMeta]) -> Sensitivity:
     """Counts, the rule-of-three bounds, and the exact interval when divergences were seen.
 
     A missing id is a judged, divergent comparison: it counts in both numbers."""
     scored = sum(p.n_compared for p in ac.per_pass)
     divergent = sum(p.n_divergent for p in ac.per_pass)
     n_hot = sum(map(len, hot.values()))
-    n_distinct = len(row_ids(set().union(*hot.values())))
+    n_distinct = sg.distinct_prompts(set().union(*hot.values()), items)
     if divergent == 0:
         return Sensitivity(
             n_hot, scored, 0, ac.n_divergent, n_distinct, _bound(n_distinct), _bound(n_hot),
@@ -251,35 +212,22 @@ def sensitivity(hot: sg.HotByPass, ac: PairReport) -> Sensitivity:
     )  # fmt: skip
 
 
-def _ac_summary(ac: PairReport) -> str:
-    first = ac.per_id[0] if ac.per_id else None
-    where = ""
-    if first is not None and first.kind == "missing":
-        side = "C" if first.x == "present" else "A"
-        where = f"; first: {first.test_id} missing from {side}"
-        if first.pass_index is not None:
-            where += f" in pass {first.pass_index}"
-    elif first is not None:
-        where = f"; first: {first.test_id} field {first.field}"
-        if first.pass_index is not None:
-            where += f" in pass {first.pass_index}"
-    missing = sorted(set(ac.only_x) | set(ac.only_y))
-    gone = f"; missing on one side: {', '.join(missing[:5])}" if missing else ""
-    more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
-    return (
-        f"AC: {ac.n_divergent} of {ac.n_compared} ids diverged from A in an invariant field "
-        f"or by being missing, on at least one C pass{where}{gone}{more}"
-    )
-
-
 def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     """The verdict for one cell. Pure and deterministic: the same evidence always gives the
     same verdict, whatever the iteration order of its maps."""
     cols = evidence_columns(evidence)  # the one scan of every trial; all below read it
-    reports = build_reports(evidence, policy, cols)
+    reports = build_reports(evidence, cols)
     co_sets = g.cobatched_by_pass(cols.passes, policy.overlap_margin_s)
     hot = sg.hot_by_pass(cols.a, cols.passes, co_sets)
-    sens = sensitivity(hot, reports.ac)
+    sens = sensitivity(hot, reports.ac, evidence.items)
+    eps = policy.logit_eps
+    numerics = cell_numerics(
+        evidence.a,
+        evidence.a_repeat,
+        evidence.b,
+        [(p.index, p.trials) for p in sorted(evidence.c_passes, key=lambda p: p.index)],
+        eps,
+    )
     gates = Gates(
         overlap=g.overlap_gate(cols.passes),
         floor=g.completion_floor_gate(cols.a, cols.passes, policy),
@@ -288,9 +236,10 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         sample=sg.sample_gate(sens.n_hot_trials, policy),
         bound=sg.bound_gate(sens.n_distinct_prompts, sens.rate_upper_bound_95, policy),
         length=sg.length_gate(cols.a, cols.passes, hot, policy),
-        serial_repeat=serial_repeat_gate(reports.aa, reports.ab),
+        serial_repeat=serial_repeat_gate(reports.aa, reports.ab, numerics.aa, eps),
         prompt_cache=g.prompt_cache_gate(cols),
         b_scope=arm_b_scope_gate(evidence),
+        numeric_evidence=numerics.evidence,
     )
     run_to_run = not gates.serial_repeat.ok
     ac, ab = reports.ac, reports.ab
@@ -298,11 +247,18 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     def verdict(
         status: Status, cls: str | None, anomaly: str | None, reasons: list[str]
     ) -> Verdict:
-        return Verdict(status, cls, anomaly, tuple(reasons), reports, gates, sens)
+        said = numeric_statement(
+            numerics, status == "green", sens.n_distinct_prompts, sens.n_hot_trials,
+            len(evidence.c_passes),
+        )  # fmt: skip
+        return Verdict(
+            status, cls, anomaly, tuple(reasons), reports, gates, sens,
+            replace(numerics, statement=said),
+        )  # fmt: skip
 
     # 1. RED: a score-bearing difference between ground truth and the arm under test.
     if not ac.clean:
-        reasons = [_ac_summary(ac)]
+        reasons = [ac_summary(ac)]
         if ab.clean:
             cls = CLASS_CO_BATCHING
             where = (
@@ -345,9 +301,19 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
     )
 
     # 3. AMBER: the serial control on the parallel server disagrees (in an invariant field
-    # or, like row 4 for AC, only in its tokens).
-    if not ab.clean or ab.n_token_only:
-        if not ab.clean:
+    # or, like row 4 for AC, only in its tokens or its numerics).
+    ab_drift = numerics.ab.drift_ids_beyond(eps)
+    ac_drift = numerics.ac.drift_ids_beyond(eps)
+    n_rows = ac.n_compared
+    if not ab.clean or ab.n_token_only or ab_drift:
+        if ab_drift and ab.clean and not ab.n_token_only:
+            c_side = "C drifts too" if ac_drift else "C equals A bitwise"
+            b_reason = (
+                f"AB numeric drift on {drift_words(numerics.ab, ab_drift, n_rows)} with equal "
+                f"tokens while {c_side}: slot allocation on the parallel server changes the "
+                "numerics even when serial"
+            )
+        elif not ab.clean:
             b_reason = (
                 f"AB diverged on {ab.n_divergent} id(s) while AC agreed: "
                 "the parallel server disagrees with A even when serial"
@@ -359,23 +325,24 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
             )
         return verdict("green_with_caveat", None, ANOMALY_B, [met, b_reason])
 
-    # 4. AMBER: content moved but no invariant field did (or armed logit drift).
-    drift = ac.logit_drift
-    f4 = drift.armed and bool(drift.logit_drift_ids)
-    if ac.n_token_only or f4:
+    # 4. AMBER: content moved but no invariant field did, or the numerics drifted (F4).
+    if ac.n_token_only or ac_drift:
         reasons = [met]
         if ac.n_token_only:
             reasons.append(
                 f"AC token-only differences on {ac.n_token_only} id(s): content "
                 "changed but every invariant field matched"
             )
-        if f4:
+        if ac_drift:
+            beyond = "" if eps == 0.0 else f" beyond eps {eps:g}"
             reasons.append(
-                f"F4 logit drift on {len(drift.logit_drift_ids)} id(s): max "
-                f"|delta logprob| {drift.max_logit_delta:.3g} > eps {drift.eps:g}"
+                f"F4 latent numeric drift{beyond}: batching changed the numerics on "
+                f"{drift_words(numerics.ac, ac_drift, n_rows)}; no answer changed in this "
+                "sample"
             )
-        cls = CLASS_LOGIT if f4 else CLASS_TOKEN_ONLY
-        return verdict("green_with_caveat", cls, None, reasons)
+        cls = (CLASS_LOGIT if ac.n_token_only else CLASS_DRIFT) if ac_drift else CLASS_TOKEN_ONLY
+        return verdict("green_with_caveat", cls, ANOMALY_DRIFT if ac_drift else None, reasons)
 
     # 5. GREEN.
-    return verdict("green", None, None, [met, "AB clean, no token-only differences"])
+    green = verdict("green", None, None, [met, "AB clean, no token-only differences"])
+    return replace(green, decision_reasons=(*green.decision_reasons, green.numerics.statement))

@@ -2,24 +2,35 @@
 
 llama-server's own rules apply (see :mod:`batch_invariance.core.llama_flags`): no ``-np`` (or
 ``-np -1``) is 4 slots sharing one unified KV pool; ``-c 0`` or no ``-c`` is the model's
-training context, read from the GGUF header when the file is here. A cell's ``ctx`` is the
-context per slot (``-c / N``), which is what a cert's ``ctx`` means; for a unified pool the
-pool itself (``-c``) must also equal the one measured.
+training context, read from the GGUF header when the file is here; ``-c`` is padded as
+llama.cpp pads it. A cell's ``ctx`` is the context per slot after padding, which is what a
+cert's ``ctx`` means; for a unified pool the padded pool must also equal the one measured.
+A cell also carries why it cannot be covered whatever the certs say (a word the server
+rejects, an option in no class, a config file it would read, a variable whose value the
+reader lost, a model path that is not on this host), and the variables ggml reads.
+A ``batch-invariance serve CERT`` line is read as the server it execs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from batch_invariance.core.llama_flags import (
     FlagError,
     ServerFlags,
     SlotLayout,
+    padded_context,
     read_flags,
     slot_layout,
 )
+from batch_invariance.core.server_env import config_files, engine_env, is_engine_variable
+from batch_invariance.core.server_options import TABLE_BUILD
 from batch_invariance.deploy.config import ServerCommand
+from batch_invariance.deploy.serve_plan import served_command
+from batch_invariance.deploy.shell import is_serve
 from batch_invariance.errors import UsageError
 
 
@@ -38,10 +49,21 @@ class DeployCell:
     layout: SlotLayout
     #: ``-c`` as the server gets it (0 = the model's training context).
     ctx_size: int
-    #: The whole KV pool in tokens; ``None`` when ``-c`` is 0 and the model file is not here.
+    #: The whole KV pool in tokens after llama.cpp's padding; ``None`` when ``-c`` is 0 and the
+    #: model file is not here.
     pool: int | None
-    #: Environment files that could not be read (the cell fails closed).
-    unread_env_files: tuple[str, ...] = ()
+    #: The context per slot after padding (a cert's ``ctx``).
+    per_slot: int | None = None
+    #: Why this cell cannot be covered whatever the certs say (empty: it can be).
+    not_covered: tuple[str, ...] = ()
+    #: The variables of its environment that ggml / the runtimes read (compared).
+    engine_env: Mapping[str, str] = field(default_factory=dict)
+    #: The server binary as the deploy names it (``argv[0]``).
+    binary: str = "llama-server"
+    #: Where that binary is on this machine; ``None`` when it cannot be located here.
+    binary_path: Path | None = None
+    #: Why it cannot be located here (for the message); ``None`` when it was.
+    binary_missing: str | None = None
 
     @property
     def parallel(self) -> int:
@@ -49,8 +71,8 @@ class DeployCell:
 
     @property
     def ctx(self) -> int | None:
-        """Context per slot (a cert's ``ctx``)."""
-        return None if self.pool is None else self.pool // self.parallel
+        """Context per slot (a cert's ``ctx``), as llama.cpp pads it."""
+        return self.per_slot
 
     @property
     def layout_name(self) -> str:
@@ -71,15 +93,46 @@ class DeployCell:
         return self.parallel > 1
 
 
-def _host_path(model: str, command: ServerCommand) -> Path:
-    """The host path of a model path as written (compose mounts mapped back, relative paths
-    against the deploy file's folder)."""
-    for container, host in command.mounts:
-        if model == container or model.startswith(container + "/"):
+def _host_path(model: str, command: ServerCommand) -> tuple[Path | None, str | None]:
+    """The host path of a model path as written, or why it is not on this host (a container
+    path outside every bind mount, a relative path after a ``cd`` the reader lost)."""
+    for container, host in command.mounts:  # longest container path first
+        if model == container or model.startswith(container.rstrip("/") + "/"):
             model = host + model[len(container) :]
             break
+    else:
+        if command.in_container:
+            return None, f"model {model} is inside the container (under no bind mount)"
     path = Path(model).expanduser()
-    return path if path.is_absolute() else command.base_dir / path
+    if path.is_absolute():
+        return path, None
+    if command.base_dir is None:
+        return None, f"model {model} is relative to a folder the reader could not follow"
+    return command.base_dir / path, None
+
+
+def _binary_path(command: ServerCommand) -> tuple[Path | None, str | None]:
+    """Where the server binary of ``command`` is on this machine, or why it is not here: a
+    path as written (relative to the deploy file's folder), a bare name looked up on the
+    deploy's ``PATH`` (its own, else this process's)."""
+    import os
+    import shutil
+
+    word = command.argv[0] if command.argv else "llama-server"
+    if command.binary_elsewhere is not None:
+        return None, f"server binary {word} {command.binary_elsewhere}"
+    if "/" not in word:
+        search = command.env.get("PATH") or os.environ.get("PATH", "")
+        found = shutil.which(word, path=search)
+        if found is None:
+            return None, f"server binary {word} is not on PATH here"
+        return Path(found), None
+    path = Path(word).expanduser()
+    if path.is_absolute():
+        return path, None
+    if command.base_dir is None:
+        return None, f"server binary {word} is relative to a folder the reader could not follow"
+    return command.base_dir / path, None
 
 
 def _trained_ctx(path: Path | None) -> int | None:
@@ -93,27 +146,57 @@ def _trained_ctx(path: Path | None) -> int | None:
         return None
 
 
+def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
+    """Why a server's cell cannot be covered whatever the certs say."""
+    out: list[str] = []
+    if command.unread_env_files:
+        out.append(f"environment file(s) {', '.join(command.unread_env_files)} not readable here")
+    lost = [v for v in command.unknown_env if v.startswith("LLAMA_ARG_") or is_engine_variable(v)]
+    if lost:
+        out.append(f"{', '.join(lost)}: value unknown (set where the reader cannot follow)")
+    for word in flags.rejected:
+        hint = (
+            f" (write {word.replace('=', ' ', 1)})" if word.startswith("-") and "=" in word else ""
+        )
+        out.append(f"llama-server rejects {word}: no such option in build {TABLE_BUILD}{hint}")
+    for option in flags.unclassified():
+        out.append(f"option {option} is in no class (neutral, compared, owned): not covered")
+    if not command.in_container:
+        home = os.path.expanduser("~")
+        for config in config_files(command.env, home):
+            if Path(config).exists():
+                out.append(f"llama-server would read config file {config} (its settings apply)")
+    return out
+
+
 def cell_of(command: ServerCommand) -> DeployCell:
     """The cell one server runs; a value llama-server would refuse is a usage error."""
+    if is_serve(command.argv):
+        command = served_command(command)
     try:
-        flags = read_flags(command.argv, command.env)
+        flags = read_flags(command.argv, command.env, first_is_binary=True)
         layout = slot_layout(flags)
         ctx_size = flags.ctx_size or 0
     except FlagError as exc:
         raise UsageError(f"{command.origin}: {exc}") from None
     if ctx_size < 0:
         raise UsageError(f"{command.origin}: invalid --ctx-size {ctx_size}")
+    not_covered = _not_covered(command, flags)
     model = command.model_override or flags.model
     path: Path | None = None
     if model:
-        path = _host_path(model, command)
+        path, missing = _host_path(model, command)
+        if missing:
+            not_covered.append(missing)
     else:
-        model = flags.hf_repo or flags.values.get("model_url")
+        model = flags.hf_repo or flags.model_url
         if not model:
             raise UsageError(
                 f"{command.origin}: no model (-m/--model) in this llama-server command"
             )
-    pool = ctx_size if ctx_size > 0 else _trained_ctx(path)
+    n_ctx = ctx_size if ctx_size > 0 else _trained_ctx(path)
+    padded = None if n_ctx is None else padded_context(n_ctx, layout)
+    binary_path, binary_missing = _binary_path(command)
     return DeployCell(
         origin=command.origin,
         model=model,
@@ -122,13 +205,26 @@ def cell_of(command: ServerCommand) -> DeployCell:
         flags=flags,
         layout=layout,
         ctx_size=ctx_size,
-        pool=pool,
-        unread_env_files=command.unread_env_files,
+        pool=None if padded is None else padded.pool,
+        per_slot=None if padded is None else padded.per_slot,
+        not_covered=tuple(not_covered),
+        engine_env=engine_env(command.env),
+        binary=command.argv[0] if command.argv else "llama-server",
+        binary_path=binary_path,
+        binary_missing=binary_missing,
     )
 
 
-def load_deploy_cells(path: Path, models_dir: str | None = None) -> tuple[DeployCell, ...]:
-    """Read a deploy config and return the cell of every server it starts."""
+@dataclass(frozen=True)
+class DeployCells:
+    cells: tuple[DeployCell, ...]
+    #: Constructs that mention a server but were not read (the deploy is not covered).
+    unmodelled: tuple[str, ...]
+
+
+def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
+    """Read a deploy config: the cell of every server it starts, and what it could not read."""
     from batch_invariance.deploy.config import read_deploy_file
 
-    return tuple(cell_of(command) for command in read_deploy_file(path, models_dir))
+    read = read_deploy_file(path, models_dir)
+    return DeployCells(tuple(cell_of(command) for command in read.commands), read.unmodelled)

@@ -1,23 +1,19 @@
 """Reading deploy files: which ``llama-server`` processes a deploy starts, with what argv and
-environment.
+environment, the way bash, systemd and compose start them.
 
-Four kinds of file are read, each with the environment of the whole file, unit or service:
-
-* a shell script or any text with command lines: ``export X=..`` and bare ``LLAMA_ARG_*=..``
-  anywhere in the file, plus ``X=.. llama-server ..`` on the line itself (which wins);
-* a systemd unit (a ``[Service]`` section): ``Environment=`` lines, ``EnvironmentFile=`` when
-  readable, and the ``ExecStart=`` command;
-* a compose file (``.yml``/``.yaml`` with ``services:``): each service whose image is
-  llama.cpp's or whose entrypoint/command runs llama-server; ``environment:`` as a map or a
-  list, ``command:`` as a string or a list, container model paths mapped back through
-  ``volumes:``;
+* a shell script (:mod:`batch_invariance.deploy.shell`): commands in order, with exported
+  variables, prefix assignments, ``cd``, sourced files and environment-resetting wrappers;
+* a systemd unit (:mod:`batch_invariance.deploy.systemd`): ``Environment=`` then
+  ``EnvironmentFile=``, ``ExecStart=``, ``WorkingDirectory=``;
+* a compose file (one YAML document with ``services:``): each service whose entrypoint is
+  llama-server, or a llama.cpp ``:server*`` image; ``environment:`` over ``env_file:``;
+  container model paths mapped back through the bind mount with the longest container path;
 * a ``models.toml`` registry, read by the one registry reader (:mod:`profiles.models`), with the
   ``kv`` cache type applied as run-live applies it.
 
-A line is a server only when a ``llama-server`` executable is in command position (after
-environment assignments and wrappers such as ``exec``/``nohup``/``taskset``): ``python3 -m
-venv`` or ``Description=llama-server`` are not servers. An environment file that cannot be
-read is recorded, and the gate fails the cell closed.
+What is not modelled and mentions a server (llama-server, a llama.cpp image, ``LLAMA_ARG_``,
+a ``.gguf`` file, ``batch-invariance serve``) is returned in :attr:`DeployRead.unmodelled`,
+and the deploy is not covered: the reader never lets "the rest passed" stand for the file.
 """
 
 from __future__ import annotations
@@ -29,90 +25,57 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batch_invariance.deploy.shell import TRIGGER
 from batch_invariance.errors import UsageError
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_WRAPPERS = frozenset(
-    {"exec", "nohup", "sudo", "env", "nice", "ionice", "taskset", "numactl", "time", "stdbuf",
-     "setsid", "chrt", "command", "timeout", "doas", "runuser", "su", "-u"}
-)  # fmt: skip
-_OPERATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "|&"})
-_WRAPPER_VALUE = re.compile(r"^[0-9][0-9,.\-:a-z]*$")
 
 
 @dataclass(frozen=True)
 class ServerCommand:
-    """One llama-server a deploy file starts."""
+    """One llama-server (or ``batch-invariance serve``) a deploy file starts."""
 
     #: Where it came from, for messages (``deploy.sh:3``, ``compose.yml [llm]``).
     origin: str
     argv: tuple[str, ...]
-    #: The environment it runs with (file-wide, then per-command; later wins).
+    #: The environment it runs with, as the shell / systemd / compose would give it.
     env: Mapping[str, str]
     #: A models.toml ``gguf`` (placeholder filled) that replaces ``-m``.
     model_override: str | None = None
     alias: str | None = None
-    #: Folder relative model paths are resolved against.
-    base_dir: Path = Path(".")
-    #: Container-path -> host-path prefixes from compose ``volumes:``.
+    #: Folder relative model paths are resolved against (``None``: unknown, after a ``cd``
+    #: the reader cannot follow).
+    base_dir: Path | None = Path(".")
+    #: Container-path -> host-path prefixes from compose ``volumes:`` (bind mounts only).
     mounts: tuple[tuple[str, str], ...] = ()
+    #: The server runs in a container: a model path outside every bind mount is not here.
+    in_container: bool = False
     #: Environment files that could not be read (their variables are unknown).
     unread_env_files: tuple[str, ...] = field(default_factory=tuple)
+    #: Variables of its environment whose value the reader could not follow.
+    unknown_env: tuple[str, ...] = ()
+    #: Why ``argv[0]`` names no file on this host (inside a container image; a registry that
+    #: names no binary); ``None`` when it does. The build then cannot be checked here.
+    binary_elsewhere: str | None = None
 
 
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Join backslash-continued lines; keep the number of each line's first physical line."""
-    out: list[tuple[int, str]] = []
-    buffer: list[str] = []
-    start = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not buffer:
-            start = number
-        stripped = raw.rstrip()
-        if stripped.endswith("\\"):
-            buffer.append(stripped[:-1])
-            continue
-        buffer.append(stripped)
-        out.append((start, " ".join(buffer)))
-        buffer = []
-    if buffer:
-        out.append((start, " ".join(buffer)))
-    return out
+@dataclass(frozen=True)
+class DeployRead:
+    """What a deploy file starts, and what in it the reader could not turn into a cell."""
 
-
-def _split(line: str, where: str) -> list[str]:
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
-    try:
-        return list(lexer)
-    except ValueError as exc:
-        raise UsageError(f"{where}: cannot parse the command line ({exc})") from None
-
-
-def _is_server(token: str) -> bool:
-    return "=" not in token and token.rsplit("/", 1)[-1].startswith("llama-server")
-
-
-def server_argv(tokens: Sequence[str]) -> tuple[dict[str, str], tuple[str, ...]] | None:
-    """``(inline env, argv)`` when a segment runs llama-server in command position (pure)."""
-    env: dict[str, str] = {}
-    for index, token in enumerate(tokens):
-        if _is_server(token):
-            return env, tuple(tokens[index:])
-        if _ASSIGN.match(token):
-            key, _, value = token.partition("=")
-            env[key] = value
-        elif not (token in _WRAPPERS or token.startswith("-") or _WRAPPER_VALUE.match(token)):
-            return None
-    return None
+    commands: tuple[ServerCommand, ...]
+    #: ``file:line: why: text`` for each construct that mentions a server but is not
+    #: modelled; any one makes the deploy not covered.
+    unmodelled: tuple[str, ...] = ()
 
 
 def _assignments(tokens: Sequence[str]) -> dict[str, str]:
     return dict(t.partition("=")[::2] for t in tokens if _ASSIGN.match(t))
 
 
-def _read_env_file(path: Path) -> dict[str, str] | None:
+def read_env_file(path: Path) -> dict[str, str] | None:
+    """``KEY=VALUE`` lines of an environment file (``#`` comments, optional ``export``,
+    quotes removed); ``None`` when it cannot be read."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -120,86 +83,60 @@ def _read_env_file(path: Path) -> dict[str, str] | None:
     env: dict[str, str] = {}
     for line in text.splitlines():
         body = line.strip().removeprefix("export ").strip()
-        if body and not body.startswith("#") and _ASSIGN.match(body):
+        if body and not body.startswith(("#", ";")) and _ASSIGN.match(body):
             key, _, value = body.partition("=")
             env[key] = value.strip().strip("'\"")
     return env
 
 
 def _load_env_file(name: str, base_dir: Path, env: dict[str, str], unread: list[str]) -> None:
-    """Merge a sourced / ``EnvironmentFile=`` file into ``env``, or record it as unread."""
+    """Merge an ``env_file:`` into ``env``, or record it as unread."""
     path = Path(name).expanduser()
-    loaded = _read_env_file(path if path.is_absolute() else base_dir / path)
+    loaded = read_env_file(path if path.is_absolute() else base_dir / path)
     if loaded is None:
         unread.append(name)
     else:
         env.update(loaded)
 
 
-_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+def shell_commands(text: str, name: str, base_dir: Path) -> DeployRead:
+    """The servers a shell script starts, read in order as bash runs it."""
+    from batch_invariance.deploy.shell import ShellReader, ShellState
 
+    def source(file: str, state: ShellState) -> str | None:
+        path = Path(file)
+        if not path.is_absolute():
+            if state.cwd is None:
+                return None
+            path = state.cwd / path
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
 
-def expand(token: str, env: Mapping[str, str]) -> str:
-    """``$NAME`` / ``${NAME}`` replaced from the file's environment (as the shell and systemd
-    do); an unknown name stays as written, so a flag that needs a number fails loudly."""
-
-    def sub(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2)
-        return env.get(name, match.group(0))
-
-    return _REFERENCE.sub(sub, token)
-
-
-def text_commands(text: str, name: str, base_dir: Path) -> tuple[ServerCommand, ...]:
-    """The servers of a shell script or systemd unit, each with the whole file's env."""
-    systemd = re.search(r"^\s*\[(Service|Unit|Install)\]\s*$", text, re.MULTILINE) is not None
-    file_env: dict[str, str] = {}
-    unread: list[str] = []
-    found: list[tuple[str, dict[str, str], tuple[str, ...]]] = []
-    for number, line in _logical_lines(text):
-        where = f"{name}:{number}"
-        body = line.strip()
-        if not body or body.startswith(("#", ";")):
-            continue
-        key, eq, value = body.partition("=")
-        if systemd and eq and re.fullmatch(r"[A-Za-z]+", key.strip()):
-            key = key.strip()
-            if key == "Environment":
-                file_env.update(_assignments(_split(value, where)))
-            elif key == "EnvironmentFile":
-                _load_env_file(value.strip().lstrip("-"), base_dir, file_env, unread)
-            elif key == "ExecStart":
-                hit = server_argv(_split(value.lstrip("-@:+!"), where))
-                if hit is not None:
-                    found.append((where, *hit))
-            continue  # Description=llama-server and every other key are not commands
-        tokens = _split(body, where)
-        segments: list[list[str]] = [[]]
-        for token in tokens:
-            if token in _OPERATORS:
-                segments.append([])
-            else:
-                segments[-1].append(token)
-        for segment in segments:
-            if segment[:1] in (["source"], ["."]) and len(segment) > 1:
-                _load_env_file(segment[1], base_dir, file_env, unread)
-                continue
-            if segment[:1] == ["export"] or (segment and all(_ASSIGN.match(t) for t in segment)):
-                file_env.update(_assignments(segment))
-                continue
-            hit = server_argv(segment)
-            if hit is not None:
-                found.append((where, *hit))
-    return tuple(
+    reader = ShellReader(name, text.splitlines(), source, ShellState(cwd=base_dir))
+    reader.run(text)
+    commands = tuple(
         ServerCommand(
-            origin=where,
-            argv=tuple(expand(token, {**file_env, **inline}) for token in argv),
-            env={**file_env, **inline},
-            base_dir=base_dir,
-            unread_env_files=tuple(unread),
+            origin=launch.where,
+            argv=launch.argv,
+            env=launch.env,
+            base_dir=launch.cwd,
+            unread_env_files=tuple(reader.unread_files),
+            unknown_env=launch.unknown_env,
         )
-        for where, inline, argv in found
+        for launch in reader.launches
     )
+    return DeployRead(commands, tuple(reader.unmodelled))
+
+
+def text_commands(text: str, name: str, base_dir: Path) -> DeployRead:
+    """The servers of a shell script or a systemd unit."""
+    if re.search(r"^\s*\[(Service|Unit|Install)\]\s*$", text, re.MULTILINE):
+        from batch_invariance.deploy.systemd import unit_commands
+
+        return unit_commands(text, name, base_dir)
+    return shell_commands(text, name, base_dir)
 
 
 def _compose_env(raw: Any, where: str) -> dict[str, str]:
@@ -222,56 +159,100 @@ def _compose_words(raw: Any, where: str, key: str) -> list[str]:
     if raw is None:
         return []
     if isinstance(raw, str):
-        return _split(raw, f"{where} {key}")
+        return shlex.split(raw)  # compose splits a string form shell-like, without a shell
     if isinstance(raw, list):
         return [_yaml_text(v) for v in raw]
     raise UsageError(f"{where}: {key} must be a string or a list")
 
 
-def compose_commands(
-    data: Mapping[str, Any], name: str, base_dir: Path
-) -> tuple[ServerCommand, ...]:
-    """The llama-server services of a compose file (pure over the decoded YAML)."""
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, Mapping):
+        return [s for k, v in value.items() for s in (str(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [str(value)]
+
+
+def _bind_mounts(volumes: Any, base_dir: Path) -> tuple[tuple[str, str], ...]:
+    """(container path, host path) of every bind mount, longest container path first (the
+    mount that wins for a path under two of them)."""
+    mounts: list[tuple[str, str]] = []
+    for volume in volumes or []:
+        if isinstance(volume, Mapping) and volume.get("type") == "bind":
+            source, target = str(volume.get("source") or ""), str(volume.get("target") or "")
+        elif isinstance(volume, str):
+            source, _, rest = volume.partition(":")
+            target = rest.split(":", 1)[0]
+        else:
+            continue
+        if source.startswith((".", "/", "~")) and target.startswith("/"):
+            host = Path(source).expanduser()
+            host = host if host.is_absolute() else base_dir / host
+            mounts.append((target.rstrip("/") or "/", str(host).rstrip("/") or "/"))
+    return tuple(sorted(mounts, key=lambda m: len(m[0]), reverse=True))
+
+
+def _compose_server(spec: Mapping[str, Any], where: str) -> tuple[str, ...] | str:
+    """The argv a service runs, or why it is not modelled."""
+    image = str(spec.get("image") or "")
+    entrypoint = _compose_words(spec.get("entrypoint"), where, "entrypoint")
+    command = _compose_words(spec.get("command"), where, "command")
+    words = [*entrypoint, *command]
+    if any(re.search(r"(?<!\$)\$(?!\$)", w) for w in words):
+        return "a $VARIABLE that compose fills in from the caller's environment or .env"
+    if entrypoint:
+        program = entrypoint[0].rsplit("/", 1)[-1]
+        if program.startswith("llama-server"):
+            return tuple(words)
+        return f"entrypoint {entrypoint[0]} is not llama-server"
+    tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+    if "llama.cpp" in image and tag.startswith("server"):
+        return ("llama-server", *command)  # the :server* images' entrypoint is llama-server
+    if command and command[0].rsplit("/", 1)[-1].startswith("llama-server"):
+        return tuple(command)
+    return f"image {image or '(none)'} with command {' '.join(command)[:60]} is not modelled"
+
+
+def compose_commands(data: Mapping[str, Any], name: str, base_dir: Path) -> DeployRead:
+    """The llama-server services of a compose file (pure over the decoded YAML); a service
+    that mentions a server but is not modelled is named."""
     services = data.get("services")
     if not isinstance(services, Mapping):
-        return ()
+        return DeployRead(())
     out: list[ServerCommand] = []
+    unmodelled: list[str] = []
     for service, spec in services.items():
         if not isinstance(spec, Mapping):
             continue
         where = f"{name} [{service}]"
-        image = str(spec.get("image") or "")
-        words = _compose_words(spec.get("entrypoint"), where, "entrypoint")
-        words += _compose_words(spec.get("command"), where, "command")
-        hit = server_argv(words)
-        if hit is None and ("llama.cpp" in image or "llama-server" in image):
-            hit = ({}, ("llama-server", *words))  # the image's entrypoint is llama-server
-        if hit is None:
+        mentions = any(TRIGGER.search(text) for text in _strings(spec))
+        argv = _compose_server(spec, where)
+        if isinstance(argv, str):
+            if mentions:
+                unmodelled.append(f"{where}: {argv}")
             continue
         env = _compose_env(spec.get("environment"), where)
         unread: list[str] = []
         files = spec.get("env_file")
         from_files: dict[str, str] = {}
         for item in [files] if isinstance(files, str) else files or []:
-            name = str(item.get("path") if isinstance(item, Mapping) else item)
-            _load_env_file(name, base_dir, from_files, unread)
-        env = {**from_files, **env}  # environment: beats env_file:
-        mounts: list[tuple[str, str]] = []
-        for volume in spec.get("volumes") or []:
-            parts = str(volume).split(":") if isinstance(volume, str) else []
-            if len(parts) >= 2 and parts[0].startswith((".", "/", "~")):
-                mounts.append((parts[1].rstrip("/"), parts[0].rstrip("/")))
+            file = str(item.get("path") if isinstance(item, Mapping) else item)
+            _load_env_file(file, base_dir, from_files, unread)
+        workdir = str(spec.get("working_dir") or "/")
+        image = str(spec.get("image") or "")
         out.append(
             ServerCommand(
                 origin=where,
-                argv=hit[1],
-                env={**env, **hit[0]},
-                base_dir=base_dir,
-                mounts=tuple(mounts),
+                argv=argv,
+                env={**from_files, **env},  # environment: beats env_file:
+                base_dir=Path(workdir) if workdir.startswith("/") else None,
+                mounts=_bind_mounts(spec.get("volumes"), base_dir),
+                in_container=True,
                 unread_env_files=tuple(unread),
+                binary_elsewhere=f"runs inside the container image {image or '(built here)'}",
             )
         )
-    return tuple(out)
+    return DeployRead(tuple(out), tuple(unmodelled))
 
 
 def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[ServerCommand, ...]:
@@ -296,13 +277,38 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[Server
                 model_override=str(gguf),
                 alias=alias,
                 base_dir=path.parent,
+                binary_elsewhere=f"{path.name} names no server binary",
             )
         )
     return tuple(out)
 
 
-def read_deploy_file(path: Path, models_dir: str | None = None) -> tuple[ServerCommand, ...]:
-    """Every llama-server a deploy file starts; a file with none is a usage error."""
+def _yaml_commands(text: str, name: str, base: Path) -> DeployRead:
+    import yaml
+
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{name}: not valid YAML ({' '.join(str(exc).split())})") from None
+    composes = [d for d in documents if isinstance(d, Mapping) and "services" in d]
+    if len(documents) == 1 and composes:
+        return compose_commands(composes[0], name, base)
+    # Kubernetes manifests and any other YAML: not modelled; every line that mentions a
+    # server makes the deploy not covered.
+    return DeployRead((), _mentions(text, name, "YAML that is not one compose file"))
+
+
+def _mentions(text: str, name: str, what: str) -> tuple[str, ...]:
+    return tuple(
+        f"{name}:{number}: {what} (not modelled): {line.strip()[:120]}"
+        for number, line in enumerate(text.splitlines(), start=1)
+        if TRIGGER.search(line)
+    )
+
+
+def read_deploy_file(path: Path, models_dir: str | None = None) -> DeployRead:
+    """Every llama-server a deploy file starts, and what it could not read; a file that
+    starts none and mentions none is a usage error."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -310,22 +316,14 @@ def read_deploy_file(path: Path, models_dir: str | None = None) -> tuple[ServerC
     base = path.parent
     suffix = path.suffix.lower()
     if suffix == ".toml":
-        commands = toml_commands(path, text, models_dir)
+        read = DeployRead(toml_commands(path, text, models_dir))
     elif suffix in (".yml", ".yaml") or re.search(r"^services:\s*$", text, re.MULTILINE):
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise UsageError(
-                f"{path.name}: not valid YAML ({' '.join(str(exc).split())})"
-            ) from None
-        commands = compose_commands(data if isinstance(data, Mapping) else {}, path.name, base)
+        read = _yaml_commands(text, path.name, base)
     else:
-        commands = text_commands(text, path.name, base)
-    if not commands:
+        read = text_commands(text, path.name, base)
+    if not read.commands and not read.unmodelled:
         raise UsageError(
             f"{path.name}: no llama-server command line, compose service or [[models]] entry "
             "found; pass the file that starts the server"
         )
-    return commands
+    return read

@@ -7,12 +7,20 @@ under a policy no looser than the defaults, and signed (unless ``--allow-unsigne
 * model identity: the sha256 of the deploy's model file when it is readable here, otherwise
   its size and file name (when it can be stat'ed); a model that is not here cannot be
   identified, so the cell is not covered;
+* server build: the sha256 of the deploy's server binary (``provenance.server_binary``); a
+  binary that cannot be read here cannot be checked, so the cell is not covered;
 * ctx per slot, N and the KV layout (split or unified; for unified, the same pool ``-c``),
   against the argv of the B/C server the cert records (``provenance.servers``);
-* every numerics flag (:func:`batch_invariance.core.llama_flags.numerics_differences`): KV cache
-  types, ``-fa``, ``-b``, ``-ub``, ``-ngl``, ``--cache-ram``, speculative/draft, ``-bs``, LoRA ...;
+* every option that is not neutral (:func:`batch_invariance.core.llama_flags.numerics_differences`
+  over llama-server's own option table): KV cache types, ``-fa``, ``-b``, ``-ub``, ``-ngl``,
+  ``--cache-ram``, MoE placement, speculative/draft, ``-bs``, LoRA ...; and the variables ggml
+  reads (:func:`engine_env_differences`);
+* nothing the cell itself cannot be covered for (``DeployCell.not_covered``: an option in no
+  class, a word llama-server rejects, a config file it would read ...), and nothing in the file
+  the reader did not model (``DeployReport.unmodelled``);
 * answer length: a deploy that fixes ``-n L`` needs a cert measured at answers up to L tokens
-  (``promotion_scope.answer_tokens_max``, else the run's ``n_predict``).
+  (``promotion_scope.answer_tokens_max``, else the run's ``n_predict``); a deploy with no cap
+  (no ``-n``, or ``-n -1``) passes only with that measured length printed as its scope.
 
 Each cert file is read once. A file that is not JSON (or holds NaN/Infinity) is named and
 skipped; a cert that fails verification and claims a cell fails that cell as invalid.
@@ -24,7 +32,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from batch_invariance.cert.signing import (
     BundlePolicy,
@@ -38,11 +46,20 @@ from batch_invariance.core.llama_flags import (
     FlagError,
     ServerFlags,
     numerics_differences,
+    padded_context,
     read_flags,
     slot_layout,
 )
 from batch_invariance.deploy.cells import DeployCell
-from batch_invariance.deploy.identity import ModelIdentity, identify_model, model_differences
+from batch_invariance.deploy.identity import (
+    BuildIdentity,
+    ModelIdentity,
+    build_differences,
+    identify_build,
+    identify_model,
+    model_differences,
+)
+from batch_invariance.deploy.serve_plan import ServeRefused, bc_server, measured_argv
 from batch_invariance.errors import CertInvalid, UsageError
 
 CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown", "unsigned"]
@@ -94,6 +111,9 @@ class CellCheck:
     kind: CheckKind
     reason: str
     cert: Path | None = None
+    #: The longest answer the covering cert measured, when the deploy sets no ``-n`` cap:
+    #: what a pass covers (longer answers were never compared).
+    answers_up_to: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,10 +128,12 @@ class DeployReport:
     serial: tuple[DeployCell, ...]
     #: ``--allow-unsigned`` was used: signatures were not checked.
     unsigned_allowed: bool
+    #: Constructs of the deploy file that mention a server but were not read.
+    unmodelled: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
-        return all(check.ok for check in self.checks)
+        return not self.unmodelled and all(check.ok for check in self.checks)
 
     @property
     def failing(self) -> tuple[CellCheck, ...]:
@@ -123,16 +145,10 @@ def _reject_constant(name: str) -> float:
 
 
 def _bc_flags(provenance: Mapping[str, Any]) -> ServerFlags | None:
-    servers = provenance.get("servers")
-    for server in servers if isinstance(servers, list) else []:
-        if isinstance(server, Mapping) and server.get("role") == "BC":
-            argv = server.get("argv")
-            if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
-                try:
-                    return read_flags(argv)
-                except FlagError:
-                    return None
-    return None
+    try:
+        return read_flags(measured_argv(provenance))
+    except (ServeRefused, FlagError):
+        return None
 
 
 def read_cert_file(path: Path) -> CertFile | str:
@@ -194,6 +210,22 @@ def _measured_length(cert: CertFile) -> int | None:
     return budget if type(budget) is int else None
 
 
+def engine_env_differences(
+    deploy: Mapping[str, str], provenance: Mapping[str, Any]
+) -> tuple[str, ...]:
+    """Variables ggml or the runtimes read that the deploy sets differently from the B/C
+    server the cert measured (its recorded ``engine_env``; none recorded = none set)."""
+    info = bc_server(provenance).get("info")
+    recorded = info.get("engine_env") if isinstance(info, Mapping) else None
+    measured: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
+    return tuple(
+        f"environment {name}={deploy.get(name, '(unset)')} (measured "
+        f"{measured.get(name, '(unset)')})"
+        for name in sorted(set(deploy) | set(measured))
+        if deploy.get(name) != measured.get(name)
+    )
+
+
 def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
     """Everything the cert measured differently from what the cell runs (empty = same)."""
     out = list(model_differences(model, cert.provenance))
@@ -209,29 +241,49 @@ def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
     if layout.kv_unified != cell.layout.kv_unified:
         measured_name = "unified" if layout.kv_unified else "split"
         out.append(f"KV layout {cell.layout_name} (measured {measured_name})")
-    elif cell.layout.kv_unified and measured.ctx_size != cell.pool:
-        out.append(f"unified KV pool -c {cell.pool} (measured {measured.ctx_size})")
+    elif cell.layout.kv_unified:
+        pool = padded_context(measured.ctx_size or 0, layout).pool
+        if pool != cell.pool:
+            out.append(f"unified KV pool of {cell.pool} tokens (measured {pool})")
     out.extend(numerics_differences(cell.flags, measured))
+    out.extend(engine_env_differences(cell.engine_env, cert.provenance))
     limit = cell.flags.n_predict
+    longest = _measured_length(cert)
     if limit is not None and limit > 0:
-        longest = _measured_length(cert)
         if longest is None:
             out.append(f"-n {limit}: the cert records no measured answer length")
         elif longest < limit:
             out.append(f"-n {limit}: the cert measured answers up to {longest} tokens only")
+    elif _uncapped(cell) and longest is None:
+        out.append("no -n cap: the cert records no measured answer length to scope a pass to")
     return tuple(out)
+
+
+def _uncapped(cell: DeployCell) -> bool:
+    """The deploy sets no answer-length cap (no ``-n``, or a negative one: ``-1`` is
+    unlimited, ``-2`` until the context fills)."""
+    limit = cell.flags.n_predict
+    return limit is None or limit < 0
+
+
+class SignatureProblem(NamedTuple):
+    """Why a cert's signature does not hold: the check's kind and a one-line reason."""
+
+    kind: CheckKind
+    reason: str
 
 
 def _signature_problem(
     cert: CertFile, policy: BundlePolicy, verify: BundleVerifier
-) -> tuple[CheckKind, str] | None:
+) -> SignatureProblem | None:
     bundle = bundle_path_for(cert.path)
     if not bundle.is_file():
-        return "unsigned", f"cert {cert.path.name} is not signed (no {bundle.name} beside it)"
+        why = f"cert {cert.path.name} is not signed (no {bundle.name} beside it)"
+        return SignatureProblem("unsigned", why)
     try:
         verify(cert.path, bundle, policy.signer, policy.trust)
     except CertInvalid as exc:
-        return "invalid", f"cert {cert.path.name}: {exc}"
+        return SignatureProblem("invalid", f"cert {cert.path.name}: {exc}")
     return None
 
 
@@ -239,13 +291,13 @@ def check_cell(
     cell: DeployCell,
     index: CertIndex,
     model: ModelIdentity,
+    build: BuildIdentity,
     signing: BundlePolicy | None,
     verify: BundleVerifier = verify_bundle,
 ) -> CellCheck:
     """Decide one cell: a cert must have measured it, and every such cert must pass."""
-    if cell.unread_env_files:
-        files = ", ".join(cell.unread_env_files)
-        return CellCheck(cell, "unknown", f"environment file(s) {files} not readable here")
+    if cell.not_covered:
+        return CellCheck(cell, "unknown", "; ".join(cell.not_covered))
     if cell.ctx is None:
         return CellCheck(
             cell,
@@ -258,7 +310,10 @@ def check_cell(
         if cert.problem is not None and cert.model in (cell.name, cell.alias):
             return CellCheck(cell, "invalid", f"cert {cert.path.name} is invalid: {cert.problem}")
     valid = [c for c in claims if c.problem is None]
-    diffs = {c.path: config_differences(cell, c, model) for c in valid}
+    diffs = {
+        c.path: config_differences(cell, c, model) + build_differences(build, c.provenance)
+        for c in valid
+    }
     same = [c for c in valid if not diffs[c.path]]
     if not same:
         hint = f"; unreadable files: {', '.join(index.unreadable)}" if index.unreadable else ""
@@ -273,11 +328,24 @@ def check_cell(
         if signing is not None:
             bad = _signature_problem(cert, signing, verify)
             if bad is not None:
-                return CellCheck(cell, bad[0], bad[1], cert.path)
+                return CellCheck(cell, bad.kind, bad.reason, cert.path)
     names = ", ".join(c.path.name for c in same)
-    signed = "signature verified" if signing else "UNSIGNED: --allow-unsigned"
-    reason = f"promotable cert: {names} (model by {model.method}; {signed})"
-    return CellCheck(cell, "ok", reason, same[-1].path)
+    scope: int | None = None
+    scope_text = ""
+    if _uncapped(cell):
+        scope = min(length for c in same if (length := _measured_length(c)) is not None)
+        scope_text = f"; covers answers up to {scope} tokens only: the deploy sets no -n cap"
+    if signing is None:
+        signed = "UNSIGNED: --allow-unsigned"
+    elif signing.signer.repository:
+        signed = f"signature verified, signed for {signing.signer.repository}"
+    else:
+        signed = "signature verified for any repository: --any-repository"
+    reason = (
+        f"promotable cert: {names} (model by {model.method}, build by sha256 of "
+        f"{build.shown}; {signed}){scope_text}"
+    )
+    return CellCheck(cell, "ok", reason, same[-1].path, scope)
 
 
 def check_cells(
@@ -286,13 +354,17 @@ def check_cells(
     certs_dir: Path,
     signing: BundlePolicy | None,
     verify: BundleVerifier = verify_bundle,
+    unmodelled: Sequence[str] = (),
+    server_binary: Path | None = None,
 ) -> DeployReport:
     """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``.
 
-    ``verify`` is the bundle check (sigstore's; tests pass a fake).
+    ``verify`` is the bundle check (sigstore's; tests pass a fake). ``server_binary``
+    (``--server-binary``) is the binary of cells whose deploy file names no readable one.
     """
     index = index_certs(certs_dir)
     identities: dict[str, ModelIdentity] = {}
+    builds: dict[tuple[str, str | None, bool], BuildIdentity] = {}
     checks: list[CellCheck] = []
     for cell in cells:
         if not cell.needs_cert:
@@ -300,6 +372,15 @@ def check_cells(
         key = str(cell.model_path) if cell.model_path is not None else "hf:" + cell.model
         if key not in identities:
             identities[key] = identify_model(cell.model_path, cell.model)
-        checks.append(check_cell(cell, index, identities[key], signing, verify))
+        named = "/" in cell.binary
+        where = (str(cell.binary_path), cell.binary_missing, named)
+        if where not in builds:
+            builds[where] = identify_build(
+                cell.binary_path, cell.binary_missing, server_binary, named=named
+            )
+        checks.append(check_cell(cell, index, identities[key], builds[where], signing, verify))
     serial = tuple(cell for cell in cells if not cell.needs_cert)
-    return DeployReport(config, tuple(checks), serial, unsigned_allowed=signing is None)
+    return DeployReport(
+        config, tuple(checks), serial, unsigned_allowed=signing is None,
+        unmodelled=tuple(unmodelled),
+    )  # fmt: skip

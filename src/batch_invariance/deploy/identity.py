@@ -1,9 +1,15 @@
-"""Which model file a deploy runs, compared with the one a cert measured.
+"""Which model file and which server build a deploy runs, against the ones a cert measured.
 
-The strongest check available is used, and the result says which: the file's sha256 when it
-can be read here; its size and file name when it can only be stat'ed (no read permission);
-nothing when it is not here at all (or is an ``-hf``/``-mu`` download), and then the cell is
-not covered: a file name alone cannot tell two vendors' ``model.gguf`` apart.
+Model: the strongest check available is used, and the result says which: the file's sha256
+when it can be read here; its size and file name when it can only be stat'ed (no read
+permission); nothing when it is not here at all (or is an ``-hf``/``-mu`` download), and then
+the cell is not covered: a file name alone cannot tell two vendors' ``model.gguf`` apart.
+
+Build: the server binary is part of the cell (another build computes differently). Its
+sha256 must equal the ``provenance.server_binary.sha256`` the cert measured; a binary that
+cannot be read here (absent, unreadable, inside a container image, not named by the file)
+cannot be checked, and the cell is not covered. ``--server-binary`` names the file when the
+deploy file does not name a readable one.
 """
 
 from __future__ import annotations
@@ -67,4 +73,51 @@ def model_differences(model: ModelIdentity, provenance: Mapping[str, Any]) -> tu
         return ()
     if (size, name) != (model.size, model.name):
         return (f"model {model.name} of {model.size} bytes (measured {name} of {size} bytes)",)
+    return ()
+
+
+@dataclass(frozen=True)
+class BuildIdentity:
+    """The server build a deploy runs: its binary's sha256, or why it cannot be read here."""
+
+    #: How the binary was found, for messages (``/usr/bin/llama-server``).
+    shown: str
+    sha256: str | None = None
+    missing: str | None = None
+
+
+def identify_build(
+    path: Path | None, missing: str | None, override: Path | None, *, named: bool
+) -> BuildIdentity:
+    """Hash the deploy's server binary: the file the deploy names (``named``: a path, not a
+    bare name found on ``PATH``), else ``override`` (``--server-binary``) when given, else
+    what ``PATH`` found; ``missing`` says why none was located."""
+    from batch_invariance.engines.gguf import cached_sha256
+
+    if override is not None and not (named and missing is None):
+        path, missing, how = override, None, f"{override} (--server-binary)"
+    else:
+        how = str(path)
+    if path is None:
+        return BuildIdentity(how, missing=missing or "the server binary is not here")
+    try:
+        return BuildIdentity(how, sha256=cached_sha256(path, None))
+    except OSError as exc:
+        why = "not found here" if isinstance(exc, FileNotFoundError) else "not readable here"
+        return BuildIdentity(how, missing=f"server binary {path} {why}")
+
+
+def build_differences(build: BuildIdentity, provenance: Mapping[str, Any]) -> tuple[str, ...]:
+    """Why the cert's server build is not (provably) the deploy's (empty = the same binary)."""
+    recorded = provenance.get("server_binary")
+    sha = recorded.get("sha256") if isinstance(recorded, Mapping) else None
+    if build.missing is not None:
+        return (
+            f"{build.missing}: its build (sha256) cannot be checked; give its path in the "
+            "deploy file or --server-binary",
+        )
+    if not isinstance(sha, str):
+        return ("the cert records no server binary sha256 (build unknown)",)
+    if sha != build.sha256:
+        return (f"server build sha256 {str(build.sha256)[:12]}... (measured {sha[:12]}...)",)
     return ()

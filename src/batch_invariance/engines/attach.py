@@ -26,6 +26,8 @@ from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 from batch_invariance.run.probe import get_json
 
+__all__ = ["ARM_A_NOTE", "AttachLauncher", "AttachTarget", "AttachedHandle", "attach_target"]
+
 ARM_A_NOTE = (
     "arm A not available: the tool cannot start a --parallel 1 server on an attached server; "
     "arms A and A' ran serially on the attached server"

@@ -15,7 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from batch_invariance.core.server_options import canonical_spelling
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
+
+__all__ = [
+    "CacheEvidence",
+    "Engine",
+    "LaunchCommand",
+    "LaunchRequest",
+    "flag_conflicts",
+    "passthrough_env",
+]
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,8 @@ def flag_conflicts(engine: Engine, extra_flags: Sequence[str]) -> tuple[str, ...
     """User flags that the engine's launcher owns or refuses, each with the reason."""
     out: list[str] = []
     for flag in extra_flags:
-        name = flag.partition("=")[0]
+        # llama-server and vLLM both read ``--x_y`` as ``--x-y``.
+        name = canonical_spelling(flag.partition("=")[0])
         if name in engine.owned_flags:
             out.append(f"{flag}: set by the tool for engine {engine.name}")
         elif name in engine.refused_flags:

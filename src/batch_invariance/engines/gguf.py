@@ -19,6 +19,16 @@ from typing import Any, BinaryIO
 
 from batch_invariance.errors import UsageError
 
+__all__ = [
+    "CACHE_TYPE_BYTES",
+    "CHAT_TEMPLATE_KEY",
+    "GgufInfo",
+    "cached_sha256",
+    "parse_info",
+    "read_metadata",
+    "sha256_file",
+]
+
 _MAGIC = b"GGUF"
 
 # GGUF metadata value types -> struct format (scalars only).
@@ -268,6 +278,7 @@ def parse_info(path: str | Path) -> GgufInfo:
 
 
 def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks (the one file-hash helper)."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

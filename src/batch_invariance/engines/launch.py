@@ -27,6 +27,8 @@ from batch_invariance.engines.llama_server import LlamaServer
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 from batch_invariance.run.probe import get_text
 
+__all__ = ["EngineHandle", "EngineLauncher"]
+
 
 @dataclass
 class EngineHandle:

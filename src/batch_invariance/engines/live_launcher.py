@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import signal
 import subprocess
@@ -18,9 +17,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batch_invariance.engines import memory, ports
-from batch_invariance.engines.gguf import GgufInfo
+from batch_invariance.engines.gguf import GgufInfo, sha256_file
 from batch_invariance.engines.llama_server import KvLayout, LlamaServer
 from batch_invariance.errors import InfraError
+
+__all__ = ["BinaryIdentity", "LaunchRecord", "LiveLauncher", "identify_binary", "recorded"]
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,7 @@ def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity
     A failing ``--version`` is recorded, not raised: the launch itself reports a broken binary
     with its log tail.
     """
-    digest = hashlib.sha256()
-    with server_bin.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+    digest = sha256_file(server_bin)
     try:
         # Own process group: a --version that hangs is killed with everything it spawned,
         # and nothing outside that group is touched.
@@ -58,7 +56,7 @@ def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity
     except OSError as exc:
         return BinaryIdentity(
             path=str(server_bin),
-            sha256=digest.hexdigest(),
+            sha256=digest,
             version=f"(--version failed: {exc})",
             version_rc=None,
         )
@@ -76,9 +74,7 @@ def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity
         ]
         version = " ; ".join(lines) if lines else text[-300:]
         rc = proc.returncode
-    return BinaryIdentity(
-        path=str(server_bin), sha256=digest.hexdigest(), version=version, version_rc=rc
-    )
+    return BinaryIdentity(path=str(server_bin), sha256=digest, version=version, version_rc=rc)
 
 
 @dataclass
@@ -185,8 +181,8 @@ class LiveLauncher:
 def recorded(server: LlamaServer, record: LaunchRecord) -> Iterator[LlamaServer]:
     """Run ``server`` and fill ``record`` (ready, alive, RSS peak, info), even on failure.
 
-    A server that died on its own is the driver's data (transport failures); one aborted for
-    memory ends the run without a verdict (:class:`InfraError`)."""
+    A server that died or was aborted for memory ends the run without a verdict
+    (:class:`InfraError`: the driver names the arm and pass it died in)."""
     t0 = time.monotonic()
     try:
         with server:

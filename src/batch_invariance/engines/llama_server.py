@@ -29,7 +29,7 @@ from typing import IO, Any, Literal
 
 import requests
 
-from batch_invariance.core.llama_flags import flag_conflicts
+from batch_invariance.core.server_env import SYSTEM_CONFIG, engine_env, measured_env
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.base import LaunchCommand
 from batch_invariance.errors import InfraError
@@ -92,12 +92,6 @@ def die_with_parent_hook(parent_pid: int) -> Any:
     return hook
 
 
-def owned_flag_conflicts(server_flags: Sequence[str]) -> list[str]:
-    """User server flags the launcher owns (it sets them) or refuses (they change what is
-    measured), as written; the one list is :mod:`batch_invariance.core.llama_flags`'s."""
-    return list(flag_conflicts(server_flags))
-
-
 KvLayout = Literal["split", "unified"]
 
 
@@ -150,12 +144,24 @@ def build_argv(
 
 
 def server_env(parent: Mapping[str, str]) -> dict[str, str]:
-    """The environment a measured server gets: the tool's own without ``LLAMA_ARG_*``.
+    """The environment a measured (or ``serve``d) server gets: the tool's own without the
+    variables options are read from (``LLAMA_ARG_*`` ...) and with ``XDG_CONFIG_HOME=/dev/null``.
 
-    llama-server reads those variables as flags; one left in the tool's environment would
-    change what is measured without showing in the recorded argv (which check-deploy compares).
+    llama-server reads those variables as flags and the user config file as defaults; either
+    would change what runs without showing in the recorded argv (which check-deploy compares).
+    The variables ggml reads (:mod:`batch_invariance.core.server_env`) are passed on and
+    recorded in the server's provenance (``engine_env``).
     """
-    return {k: v for k, v in parent.items() if not k.startswith("LLAMA_ARG_")}
+    return measured_env(parent)
+
+
+def refuse_system_config() -> None:
+    """The system-wide config file would be read by every server: refuse to start one."""
+    if Path(SYSTEM_CONFIG).exists():
+        raise InfraError(
+            f"{SYSTEM_CONFIG} exists: llama-server reads it before its flags, so what it "
+            "runs would differ from the recorded argv; move it away"
+        )
 
 
 def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:
@@ -263,6 +269,7 @@ class LlamaServer:
 
     def start(self) -> None:
         """Spawn the server in a new process group (its own session) with output to the log."""
+        refuse_system_config()
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._prev_sigterm = install_sigterm(only_if_default=True)
         self._log = self.log_path.open("wb")
@@ -275,7 +282,7 @@ class LlamaServer:
                 start_new_session=True,
                 close_fds=True,
                 preexec_fn=die_with_parent_hook(os.getpid()),
-                env={**server_env(os.environ), **self._env},
+                env=self._child_env(),
             )
         except OSError as exc:
             self._log.close()
@@ -287,6 +294,9 @@ class LlamaServer:
         with _LIVE_LOCK:
             _LIVE.add(self)
         self._started = time.monotonic()
+
+    def _child_env(self) -> dict[str, str]:
+        return {**server_env(os.environ), **self._env}
 
     def wait_ready(self) -> None:
         """Poll ``/health`` until 200; a dead child or the deadline raise :class:`InfraError`."""
@@ -397,4 +407,5 @@ class LlamaServer:
             "rss_peak_bytes": self._watch.peak_bytes if self._watch is not None else None,
             "log": str(self.log_path),
             "metrics_enabled": self.metrics_enabled,
+            "engine_env": engine_env(self._child_env()),
         }

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = ["HandBack", "hand_back"]
+
 
 @dataclass(frozen=True)
 class HandBack:

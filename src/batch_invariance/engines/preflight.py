@@ -15,6 +15,8 @@ from pathlib import Path
 
 from batch_invariance.errors import UsageError
 
+__all__ = ["LinkGaps", "check_binary", "gap_message", "image_libc", "parse_ldd"]
+
 _NOT_FOUND = re.compile(r"^\s*(\S+)\s+=>\s+not found\s*$")
 _VERSION = re.compile(r"version [`'](\S+)' not found \(required by")
 

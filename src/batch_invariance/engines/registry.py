@@ -11,6 +11,8 @@ from batch_invariance.engines.sglang import SglangEngine
 from batch_invariance.engines.vllm import VllmEngine
 from batch_invariance.errors import UsageError
 
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "engine_for"]
+
 DEFAULT_ENGINE = "llama-server"
 
 ENGINES: Mapping[str, Engine] = {

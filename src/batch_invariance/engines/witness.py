@@ -1,64 +1,32 @@
 """Reading engines' Prometheus text: the busy witnesses and cache counters they expose.
 
 vLLM and SGLang report how many requests they are running as gauges on ``/metrics``; that is
-the server-side evidence F1 needs that requests were co-batched. The parser here is pure: a
-body of Prometheus text exposition in, typed samples out. Several series of one metric (one
-per engine or model label set) are summed: the server as a whole was running that many.
+the server-side evidence F1 needs that requests were co-batched. The text is read by the one
+Prometheus parser (:mod:`batch_invariance.core.prometheus`). Several series of one metric
+(one per engine or model label set) are summed: the server as a whole was running that many.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from batch_invariance.core.prometheus import MetricSample, metric_total, parse_prometheus
 from batch_invariance.run.dispatch import BusyProbe
 
-# name{labels} value [timestamp]; label values may hold escaped quotes and spaces.
-_SAMPLE = re.compile(
-    r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)"
-    r"(?:\{(?P<labels>(?:[^}\"]|\"(?:[^\"\\]|\\.)*\")*)\})?"
-    r"\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
-)
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-@dataclass(frozen=True)
-class MetricSample:
-    """One sample line of Prometheus text."""
-
-    name: str
-    labels: Mapping[str, str]
-    value: float
-
-
-def parse_prometheus(text: str) -> tuple[MetricSample, ...]:
-    """Every finite sample in ``text``; comments, blank and malformed lines are skipped."""
-    out: list[MetricSample] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue
-        labels = dict(_LABEL.findall(m.group("labels") or ""))
-        out.append(MetricSample(m.group("name"), labels, value))
-    return tuple(out)
-
-
-def metric_total(samples: Iterable[MetricSample], name: str) -> float | None:
-    """The sum of every series of ``name``; ``None`` when the metric is absent."""
-    values = [s.value for s in samples if s.name == name]
-    return sum(values) if values else None
+#: The parser's names stay importable here, where engine code has always read them.
+__all__ = [
+    "Histogram",
+    "MetricSample",
+    "counters",
+    "gauge_probe",
+    "gauge_reader",
+    "histogram",
+    "metric_total",
+    "parse_prometheus",
+    "step_totals_reader",
+]
 
 
 def gauge_reader(name: str) -> Callable[[Any], int | None]:

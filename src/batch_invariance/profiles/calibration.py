@@ -22,6 +22,8 @@ from typing import Literal
 
 from batch_invariance.run.cell import ServerHandle, ServerLauncher
 
+__all__ = ["PrelaunchedLauncher"]
+
 
 class PrelaunchedLauncher:
     """A ``ServerLauncher`` whose first ``launch(arm, parallel, ctx)`` matching the held server

@@ -32,6 +32,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batch_invariance.errors import UsageError
 
+__all__ = [
+    "PLACEHOLDER",
+    "ModelEntry",
+    "Registry",
+    "ResolvedModel",
+    "fill_models_dir",
+    "kv_flags",
+    "load_toml",
+    "parse_registry",
+    "read_registry",
+    "resolve_model",
+]
+
 # tomllib is stdlib from 3.11; tomli is its backport (a dependency on 3.10 only). Imported by
 # name so type checking does not need tomli installed on newer Pythons.
 _toml = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")

@@ -15,6 +15,8 @@ import requests
 
 from batch_invariance.errors import InfraError
 
+__all__ = ["TokenCounter", "approx_token_count", "server_token_counter"]
+
 #: Counts the tokens of a text (the content only, no chat template or BOS).
 TokenCounter = Callable[[str], int]
 

@@ -12,6 +12,7 @@ from html import escape
 
 from batch_invariance.report.divergence import DivergentId, TextSide
 from batch_invariance.report.model import Cell, CellGroup, GateRow, Report
+from batch_invariance.report.numerics import grid_svg, pass_table_rows, risk_svg
 from batch_invariance.report.plot import VERDICT_COLOURS, rate_plot
 from batch_invariance.report.views import (
     answer_length_text,
@@ -21,6 +22,8 @@ from batch_invariance.report.views import (
     speedup_text,
     verdict_counts,
 )
+
+__all__ = ["render_html"]
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px;
@@ -43,6 +46,7 @@ mark.first-divergent-token { background: #ffd54f; outline: 2px solid #c62828;
   color: #000; padding: 0 1px; }
 details.cell { border-top: 1px solid #d5d9de; margin-top: 12px; }
 details.cell > summary { cursor: pointer; font-weight: 600; padding: 6px 0; }
+.numerics { display: flex; gap: 24px; align-items: flex-start; flex-wrap: wrap; }
 """
 
 
@@ -129,6 +133,21 @@ def _table(group: CellGroup) -> str:
     return f'<table class="cells">{head}{"".join(rows)}</table>'
 
 
+def _numerics(cell: Cell) -> str:
+    view = cell.numerics
+    if view is None:
+        return '<h4>Numerics</h4><p class="muted">not recorded in this cert</p>'
+    passes = "".join(f"<li>{escape(line)}</li>" for line in pass_table_rows(view))
+    p = view.flip_probability
+    risk = "not estimated" if p is None else f"per-token flip probability {p:.2g}"
+    return (
+        f"<h4>Numerics (pre-sampling logprobs, bitwise)</h4><p>{escape(view.statement)}</p>"
+        f'<ul class="numerics-passes">{passes}</ul><div class="numerics">{grid_svg(view)}'
+        f"<div><p>Divergence risk ({escape(risk)}; an estimate, never a gate)</p>"
+        f"{risk_svg(view)}</div></div>"
+    )
+
+
 def _cell_details(cell: Cell) -> str:
     reasons = "".join(f"<li>{escape(r)}</li>" for r in cell.decision_reasons)
     gates = "".join(_gate_row(g) for g in cell.gates)
@@ -140,7 +159,7 @@ def _cell_details(cell: Cell) -> str:
         f"{_verdict_badge(cell.verdict)} <code>{escape(cell.origin)}</code></summary>"
         f"<h4>Why</h4><ol>{reasons}</ol>"
         f'<h4>Gates</h4><table class="gates"><tr><th>gate</th><th>state</th><th>reason</th>'
-        f"</tr>{gates}</table><h4>Divergent ids</h4>{divergent}</details>"
+        f"</tr>{gates}</table>{_numerics(cell)}<h4>Divergent ids</h4>{divergent}</details>"
     )
 
 

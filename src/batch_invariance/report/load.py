@@ -23,6 +23,8 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.errors import BatchInvarianceError, CertInvalid, UsageError
 from batch_invariance.report.model import LoadedCert, Signature
 
+__all__ = ["check_signature", "collect", "is_cert_name", "load_all", "load_cert"]
+
 _CERT_NAME = re.compile(r".+__ctx\d+__N\d+\.json")
 
 

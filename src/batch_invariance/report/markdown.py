@@ -15,6 +15,8 @@ from batch_invariance.report.views import (
     verdict_counts,
 )
 
+__all__ = ["render_markdown"]
+
 _MARK = {"GREEN": "🟢", "AMBER": "🟠", "RED": "🔴", "UNVERIFIED": "⚪"}
 
 
@@ -70,7 +72,8 @@ def _group(group: CellGroup) -> list[str]:
         "",
     ]
     for cell in group.cells:
-        details = _unmet_gates(cell) + _divergent_lines(cell)
+        numerics = [f"  - numerics: {_cell_text(cell.numerics.statement)}"] if cell.numerics else []
+        details = _unmet_gates(cell) + numerics + _divergent_lines(cell)
         if details:
             lines += [f"- N={cell.n} {cell.verdict}:", *details]
     if lines[-1] != "":

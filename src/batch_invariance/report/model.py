@@ -15,6 +15,26 @@ from typing import Any, Literal
 from batch_invariance.cert.certificate import display_verdict
 from batch_invariance.report.divergence import DivergentId, divergent_ids
 from batch_invariance.report.fields import dig, integer, num
+from batch_invariance.report.numerics import NumericsView, numerics_view
+
+__all__ = [
+    "AnswerLength",
+    "Cell",
+    "CellGroup",
+    "GateRow",
+    "InvalidCert",
+    "LoadedCert",
+    "RateFigure",
+    "Report",
+    "Signature",
+    "SignatureState",
+    "Throughput",
+    "answer_length_of",
+    "build_report",
+    "gate_rows",
+    "rate_figure",
+    "throughput_of",
+]
 
 SignatureState = Literal["unsigned", "present", "verified", "failed", "error"]
 
@@ -99,6 +119,8 @@ class Cell:
     gates: tuple[GateRow, ...]
     divergent: tuple[DivergentId, ...]
     duplicate: bool
+    #: The cert's ``numerics`` block as drawn (``None`` when it has none).
+    numerics: NumericsView | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +268,7 @@ def _cell(item: LoadedCert, data: Mapping[str, Any]) -> Cell:
         gates=gate_rows(data),
         divergent=divergent_ids(data),
         duplicate=False,
+        numerics=numerics_view(data),
     )
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from batch_invariance.report.model import Cell, Report
 
+__all__ = ["REPORT_VERSION", "render_json"]
+
 REPORT_VERSION = 1
 
 

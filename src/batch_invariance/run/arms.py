@@ -4,13 +4,14 @@ ending early once RED is proven with ``stop_on_red``, then arm B where it decide
 :mod:`batch_invariance.run.cell` composes them into one cell, or into a sweep's cells sharing
 one reference.
 
-The launcher Protocols the driver starts servers through live here too.
+The launcher Protocols the driver starts servers through live here too; the C passes are
+in :mod:`batch_invariance.run.passes`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
@@ -30,12 +31,18 @@ from batch_invariance.core.schedule import (
     RedProof,
     b_first_ids,
     b_scope_after,
-    red_proof,
     serial_repeat_decision,
 )
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass, run_serial
+from batch_invariance.run.dispatch import run_serial
+from batch_invariance.run.passes import (
+    arm_report,
+    arm_stats,
+    run_c_passes,
+    stops_the_run,
+    ticker,
+)
 from batch_invariance.run.probe import server_chat_template
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.records import ArmStats, ServerRecord
@@ -95,30 +102,6 @@ def request_template(plan: CellPlan) -> RequestTemplate:
     )
 
 
-def _arm_stats(
-    arm: str,
-    pass_index: int | None,
-    wall_s: float,
-    responses: Mapping[str, RawResponse],
-    busy: tuple[int | None, str | None] = (None, None),
-) -> ArmStats:
-    prompt_ms = sum((r.timings or {}).get("prompt_ms", 0.0) for r in responses.values())
-    predicted_ms = sum((r.timings or {}).get("predicted_ms", 0.0) for r in responses.values())
-    predicted_n = sum(int((r.timings or {}).get("predicted_n", 0)) for r in responses.values())
-    return ArmStats(
-        arm=arm,
-        pass_index=pass_index,
-        wall_s=wall_s,
-        n_requests=len(responses),
-        n_transport_failures=sum(1 for r in responses.values() if not r.ok),
-        prompt_ms=prompt_ms,
-        predicted_ms=predicted_ms,
-        predicted_n=predicted_n,
-        server_busy_max=busy[0],
-        busy_source=busy[1],
-    )
-
-
 def _server_record(role: str, handle: ServerHandle, wall_s: float) -> ServerRecord:
     return ServerRecord(
         role=role,
@@ -142,7 +125,8 @@ class Reference:
     a_stats: ArmStats
     server: ServerRecord
     notes: tuple[str, ...] = ()
-    repeat: Mapping[str, RawResponse] | None = None
+    #: A''s trials, once it ran.
+    repeat_trials: Mapping[str, Trial] | None = None
     repeat_stats: ArmStats | None = None
     repeat_server: ServerRecord | None = None
     #: Why A' ran or did not (recorded in the cert's ``provenance.schedule``).
@@ -173,24 +157,48 @@ class ParallelRun:
     b_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class _Scoring:
+    """How a serial arm's answers are scored, where its notes go, and what it reports to."""
+
+    scorer: Scorer
+    n_predict: int
+    notes: Notes
+    sink: ProgressSink
+    #: Arm A's trials, which every other arm's progress line compares against.
+    a_trials: Mapping[str, Trial] | None = None
+
+
+@dataclass(frozen=True)
+class SerialArm:
+    """One serial arm's answers and their trials, and its timing."""
+
+    responses: Mapping[str, RawResponse]
+    trials: dict[str, Trial]
+    stats: ArmStats
+
+
 def _serial_arm(
     arm: str,
     server: ServerHandle,
     template: RequestTemplate,
     items: Sequence[WorkItem],
-    sink: ProgressSink,
-) -> tuple[Mapping[str, RawResponse], ArmStats]:
-    sink.arm("A'" if arm == ARM_A_REPEAT else arm)
+    scoring: _Scoring,
+) -> SerialArm:
+    """Run ``arm`` serially on ``items`` and score it (each transient failure retried once;
+    a dead server ends the run); tell the sink what it found."""
+    name = "A'" if arm == ARM_A_REPEAT else arm
+    sink = scoring.sink
+    sink.arm(name)
     t0 = time.monotonic()
-    resp = run_serial(server.base_url, template, items, server.check_alive, _ticker(sink))
-    return resp, _arm_stats(arm, None, time.monotonic() - t0, resp)
-
-
-def _ticker(sink: ProgressSink) -> Callable[[RawResponse], None]:
-    def tick(_: RawResponse) -> None:
-        sink.advance(1)
-
-    return tick
+    with stops_the_run(f"arm {name}"):
+        run = run_serial(server.base_url, template, items, server.check_alive, ticker(sink))
+    stats = arm_stats(arm, None, time.monotonic() - t0, run.responses)
+    trials = trials_for(run.responses, items, scoring.scorer, scoring.n_predict, scoring.notes,
+                        arm, run.first_attempts)  # fmt: skip
+    against = None if arm == ARM_A else scoring.a_trials
+    sink.done(arm_report(trials, against, len(run.first_attempts)))
+    return SerialArm(run.responses, trials, stats)
 
 
 def run_reference(
@@ -201,24 +209,45 @@ def run_reference(
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
         chat_template = server_chat_template(server_a.base_url)
-        template = request_template(plan).for_arm(ARM_A)
-        resp, stats = _serial_arm(ARM_A, server_a, template, plan.items, sink)
+        template = request_template(plan)
+        scoring = _Scoring(scorer, plan.n_predict, notes, sink)
+        arm_a = _serial_arm(ARM_A, server_a, template, plan.items, scoring)
         record = _server_record("A", server_a, time.monotonic() - started)
-    trials = trials_for(resp, plan.items, scorer, plan.n_predict, notes, ARM_A)
-    return Reference(resp, trials, stats, record, tuple(notes.items), chat_template=chat_template)
+    return Reference(
+        arm_a.responses,
+        arm_a.trials,
+        arm_a.stats,
+        record,
+        tuple(notes.items),
+        chat_template=chat_template,
+    )
 
 
 def run_repeat(
-    plan: CellPlan, launcher: ServerLauncher, sink: ProgressSink, ref: Reference, reason: str
+    plan: CellPlan,
+    launcher: ServerLauncher,
+    scorer: Scorer,
+    sink: ProgressSink,
+    ref: Reference,
+    reason: str,
 ) -> Reference:
     """The serial repeat A' on a fresh ``--parallel 1`` server (see
     :func:`~batch_invariance.core.schedule.serial_repeat_decision` for when)."""
+    notes = Notes()
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
-        control = request_template(plan).for_arm(ARM_A_REPEAT)
-        resp, stats = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, sink)
+        control = request_template(plan)
+        scoring = _Scoring(scorer, plan.n_predict, notes, sink, ref.a_trials)
+        repeat = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, scoring)
         record = _server_record("A", server_a, time.monotonic() - started)
-    return replace(ref, repeat=resp, repeat_stats=stats, repeat_server=record, repeat_reason=reason)
+    return replace(
+        ref,
+        notes=(*ref.notes, *notes.items),
+        repeat_trials=repeat.trials,
+        repeat_stats=repeat.stats,
+        repeat_server=record,
+        repeat_reason=reason,
+    )
 
 
 def run_parallel(
@@ -234,26 +263,24 @@ def run_parallel(
     With ``plan.stop_on_red`` the passes end at the first that proves RED. When AC diverged,
     B runs on the divergent ids first, and on the rest only when it differs from A on one of
     them (:mod:`batch_invariance.core.schedule`); a clean AC gets B on every id."""
-    template = request_template(plan).for_arm(ARM_C)
-    b_template = template.for_arm(ARM_B)
+    template = request_template(plan)
     notes = Notes()
     b_stats: list[ArmStats] = []
     b_resp: dict[str, RawResponse] = {}
     scope: BScope | None = None
     with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
         started = time.monotonic()
-        passes, c_stats, proof = _c_passes(
-            plan, server_bc, template, scorer, sink, a_trials, policy, notes
-        )
+        c = run_c_passes(plan, server_bc, template, scorer, sink, a_trials, policy, notes)
+        scoring = _Scoring(scorer, plan.n_predict, notes, sink, a_trials)
 
         def serial_b(items: Sequence[WorkItem]) -> dict[str, Trial]:
             """Run B on ``items``; their trials (each B trial is scored once)."""
-            resp, stats = _serial_arm(ARM_B, server_bc, b_template, items, sink)
-            b_resp.update(resp)
-            b_stats.append(stats)
-            return trials_for(resp, items, scorer, plan.n_predict, notes, ARM_B)
+            arm_b = _serial_arm(ARM_B, server_bc, template, items, scoring)
+            b_resp.update(arm_b.responses)
+            b_stats.append(arm_b.stats)
+            return arm_b.trials
 
-        first_ids = b_first_ids(a_trials, passes)
+        first_ids = b_first_ids(a_trials, c.passes)
         if first_ids is None:
             b_trials = serial_b(plan.items)
         else:
@@ -272,11 +299,11 @@ def run_parallel(
     return ParallelRun(
         b_resp,
         b_trials,
-        tuple(passes),
-        (_merged_b_stats(b_stats), *c_stats),
+        c.passes,
+        (_merged_b_stats(b_stats), *c.stats),
         record,
         tuple(notes.items),
-        proof,
+        c.red_proof,
         b_ids=b_ids,
         b_reason="B ran on every id: AC was clean" if scope is None else scope.reason,
     )
@@ -299,68 +326,6 @@ def _merged_b_stats(parts: Sequence[ArmStats]) -> ArmStats:
     return first
 
 
-def _c_passes(
-    plan: CellPlan,
-    server_bc: ServerHandle,
-    template: RequestTemplate,
-    scorer: Scorer,
-    sink: ProgressSink,
-    a_trials: Mapping[str, Trial],
-    policy: GatePolicy,
-    notes: Notes,
-) -> tuple[list[PassRecord], list[ArmStats], RedProof | None]:
-    """The C passes, ending at the first that proves RED when ``plan.stop_on_red``."""
-    stats: list[ArmStats] = []
-    passes: list[PassRecord] = []
-    for index in range(plan.gate_passes):
-        sink.arm(ARM_C, index, plan.gate_passes)
-        result = run_concurrent_pass(
-            server_bc.base_url,
-            template,
-            plan.items,
-            workers=plan.parallel,
-            pass_index=index,
-            seed=plan.seed,
-            metrics_enabled=server_bc.metrics_enabled,
-            check_alive=server_bc.check_alive,
-            on_done=_ticker(sink),
-            # An engine's handle names its own busy witnesses (possibly none: F1 then
-            # fails closed); without the attribute, llama-server's /slots and /metrics.
-            probes=getattr(server_bc, "busy_probes", None),
-            # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
-            # as corroboration in the arm stats, never read by F1.
-            counters=getattr(server_bc, "pass_counters", ()),
-        )
-        busy = (result.server_busy_max, result.busy_source)
-        stats.append(
-            replace(
-                _arm_stats(ARM_C, index, result.wall_s, result.responses, busy),
-                counter_deltas=result.counter_deltas or None,
-            )
-        )
-        for note in slot_notes(result):
-            notes.add(note)
-        label = f"C{index}"
-        trials = trials_for(result.responses, plan.items, scorer, plan.n_predict, notes, label)
-        passes.append(_pass_record(result, trials))
-        if plan.stop_on_red:
-            found = red_proof(a_trials, passes[-1], policy)
-            if found.proven:
-                sink.extend(-len(plan.items) * (plan.gate_passes - index - 1))
-                return passes, stats, found
-    return passes, stats, None
-
-
-def _pass_record(result: ConcurrentPass, trials: Mapping[str, Trial]) -> PassRecord:
-    return PassRecord(
-        index=result.index,
-        trials=trials,
-        server_busy_max=result.server_busy_max,
-        busy_source=result.busy_source,
-        order=result.order,
-    )
-
-
 def complete_reference(
     plan: CellPlan,
     launcher: ServerLauncher,
@@ -370,7 +335,7 @@ def complete_reference(
     parallel: ParallelRun,
 ) -> Reference:
     """``ref`` with A' run when it decides something (once; a sweep reuses it)."""
-    if ref.repeat is not None:
+    if ref.repeat_trials is not None:
         return ref
     if not plan.serial_repeat:
         return replace(ref, repeat_reason="A' not run: --no-serial-repeat")
@@ -378,7 +343,7 @@ def complete_reference(
     if not decision.run:
         return replace(ref, repeat_reason=decision.reason)
     sink.extend(len(plan.items))
-    return run_repeat(plan, launcher, sink, ref, decision.reason)
+    return run_repeat(plan, launcher, scorer, sink, ref, decision.reason)
 
 
 def schedule_record(
@@ -386,8 +351,9 @@ def schedule_record(
 ) -> dict[str, Any]:
     """``provenance.schedule``: which arms ran and why, and whether passes were cut short."""
     proof = parallel.red_proof
+    repeat = [ARM_A_REPEAT] if ref.repeat_trials is not None else []
     return {
-        "arms_run": [ARM_A, *([ARM_A_REPEAT] if ref.repeat is not None else []), ARM_B, ARM_C],
+        "arms_run": [ARM_A, *repeat, ARM_B, ARM_C],
         "serial_repeat": ref.repeat_reason,
         "reference_shared": shared_reference,
         "passes_planned": plan.gate_passes,
@@ -398,15 +364,3 @@ def schedule_record(
         "b_ids": None if parallel.b_ids is None else list(parallel.b_ids),
         "b_reason": parallel.b_reason,
     }
-
-
-def slot_notes(result: ConcurrentPass) -> tuple[str, ...]:
-    """What a pass says about its slots (diagnostic: the slot ids responses reported, and a
-    busy-slot sampler that saw nothing)."""
-    notes: list[str] = []
-    slots = sorted({r.slot_id for r in result.responses.values() if r.slot_id is not None})
-    if slots:
-        notes.append(f"C{result.index}: responses reported slots {slots}")
-    if result.busy.n_samples == 0:
-        notes.append(f"C{result.index}: the busy-slot sampler took no samples")
-    return tuple(notes)

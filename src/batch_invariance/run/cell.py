@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from batch_invariance.core.evidence import ARM_A_REPEAT, CellEvidence, GatePolicy, ItemMeta
+from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import UsageError
@@ -37,11 +37,11 @@ from batch_invariance.run.arms import (
     run_parallel,
     run_reference,
     schedule_record,
-    slot_notes,
 )
+from batch_invariance.run.passes import slot_notes
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
-from batch_invariance.run.trials import Notes, trials_for
+from batch_invariance.run.trials import Notes
 
 #: Names other modules import from here (the launcher Protocols live in run.arms).
 __all__ = [
@@ -72,13 +72,13 @@ def assemble(
     notes = Notes()
     for note in (*ref.notes, *parallel.notes):
         notes.add(note)
-    a_repeat = None
-    if ref.repeat is not None:
-        a_repeat = trials_for(ref.repeat, plan.items, scorer, plan.n_predict, notes, ARM_A_REPEAT)
+    template = request_template(plan)
     evidence = CellEvidence(
-        items=tuple(ItemMeta(i.test_id, i.family, i.fill) for i in plan.items),
+        items=tuple(
+            ItemMeta(i.test_id, i.family, i.fill, template.request_key(i)) for i in plan.items
+        ),
         a=ref.a_trials,
-        a_repeat=a_repeat,
+        a_repeat=ref.repeat_trials,
         b=parallel.b_trials,
         c_passes=parallel.c_passes,
         b_ids=parallel.b_ids,
@@ -89,7 +89,7 @@ def assemble(
         plan=plan,
         evidence=evidence,
         arm_stats=stats,
-        request_template=request_template(plan).to_record(),
+        request_template=template.to_record(),
         servers=servers,
         launches=launches,
         scorer_id=str(getattr(scorer, "scorer_id", type(scorer).__name__)),
@@ -126,7 +126,7 @@ def run_cells(
             sink.scope(f"cell {k} of {len(plans)} (N={plan.parallel})")
         par = run_parallel(plan, runner, scorer, sink, ref.a_trials, policy)
         ref = complete_reference(plan, runner, scorer, sink, ref, par)
-        shared = _shared_text(plan.ctx, ref.repeat is not None, parallels)
+        shared = _shared_text(plan.ctx, ref.repeat_trials is not None, parallels)
         finish(
             assemble(
                 plan,
@@ -159,8 +159,10 @@ def run_cell(
 ) -> CellRun:
     """Measure one cell: A, then the C passes and B, then A' where it decides something.
 
-    Raises only for infrastructure (launch) failures and interrupts. Transport failures of
-    single requests are recorded in the trials, never raised. ``policy`` is what the early
+    Raises only for infrastructure failures (a launch that failed, a server that died or
+    was aborted: :class:`~batch_invariance.errors.InfraError`, naming the arm and pass) and
+    interrupts. Transport failures of single requests on a live server are recorded in the
+    trials (a serial one after one retry), never raised. ``policy`` is what the early
     stop checks a pass's gates against (default: the gate policy's defaults).
     """
     problems = plan.problems()

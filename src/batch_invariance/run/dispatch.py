@@ -5,6 +5,13 @@ N worker threads at once through a barrier; they drain a shared queue in a per-p
 shuffled from the seed, while a sampler thread asks the server itself how many slots are busy
 (``/slots``, and ``/metrics`` when enabled). Every thread is joined before either returns,
 including when the caller is interrupted.
+
+Faults (README, exit codes): a server that died is an infrastructure failure, so both raise
+the handle's :class:`~batch_invariance.errors.InfraError` as soon as its liveness check fails,
+and never go on against a dead port. A transient failure of a live server is retried once in
+a serial arm, with the same body (one request in flight either way, and a client that gives
+up closes its connection, which cancels the request in llama-server); a concurrent pass is
+never retried, because a request sent again would meet other co-batched neighbours.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any, Literal
 import requests
 
 from batch_invariance.core.workitem import WorkItem
+from batch_invariance.errors import InfraError
 from batch_invariance.run.probe import (
     busy_from_metrics,
     busy_from_slots,
@@ -29,6 +37,25 @@ from batch_invariance.run.probe import (
 )
 from batch_invariance.run.response import RawResponse
 from batch_invariance.run.transport import RequestTemplate, send
+
+__all__ = [
+    "SAMPLE_INTERVAL_S",
+    "SETTLED_INTERVAL_S",
+    "SETTLE_AFTER_S",
+    "TRANSIENT_MODES",
+    "BusyProbe",
+    "BusySample",
+    "CheckAlive",
+    "ConcurrentPass",
+    "OnDone",
+    "PassCounter",
+    "SerialRun",
+    "counter_deltas",
+    "llama_server_probes",
+    "pass_order",
+    "run_concurrent_pass",
+    "run_serial",
+]
 
 #: Called after each completed request with the response (from any thread).
 OnDone = Callable[[RawResponse], None]
@@ -51,22 +78,58 @@ def pass_order(ids: Sequence[str], seed: int, pass_index: int) -> tuple[str, ...
     return tuple(order)
 
 
+#: Failure modes of a live server worth one more try in a serial arm (``server_gone`` is
+#: not: a dead server ends the run).
+TRANSIENT_MODES: frozenset[str] = frozenset({"timeout", "connection_error", "http_error"})
+
+#: Called with no arguments; raises :class:`InfraError` when the server died.
+CheckAlive = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class SerialRun:
+    """What a serial arm got back: the answer to each id (the retry's, where one was sent),
+    and the failed first attempt of every request that was retried."""
+
+    responses: dict[str, RawResponse]
+    first_attempts: dict[str, RawResponse]
+
+
+def _raise_if_dead(resp: RawResponse, check_alive: CheckAlive | None) -> None:
+    """Raise the handle's :class:`InfraError` when ``resp`` failed because the server died."""
+    if resp.ok or check_alive is None:
+        return
+    check_alive()
+    if resp.failure_mode == "server_gone":
+        raise InfraError(f"the server stopped answering: {resp.transport_error}")
+
+
 def run_serial(
     base_url: str,
     template: RequestTemplate,
     items: Sequence[WorkItem],
-    check_alive: Callable[[], None] | None = None,
+    check_alive: CheckAlive | None = None,
     on_done: OnDone | None = None,
-) -> dict[str, RawResponse]:
-    """Send ``items`` one at a time, in order; return ``{test_id: RawResponse}``."""
+) -> SerialRun:
+    """Send ``items`` one at a time, in order, each transient failure retried once.
+
+    Raises :class:`InfraError` when ``check_alive`` says the server died."""
     out: dict[str, RawResponse] = {}
+    first_attempts: dict[str, RawResponse] = {}
     with requests.Session() as session:
         for item in items:
             resp = send(session, base_url, template, item, check_alive)
+            _raise_if_dead(resp, check_alive)
+            if resp.failure_mode in TRANSIENT_MODES:
+                first_attempts[item.test_id] = resp
+                resp = send(session, base_url, template, item, check_alive)
+                _raise_if_dead(resp, check_alive)
             out[item.test_id] = resp
             if on_done is not None:
                 on_done(resp)
-    return out
+    if check_alive is not None:
+        check_alive()
+    return SerialRun(out, first_attempts)
 
 
 @dataclass(frozen=True)
@@ -229,7 +292,7 @@ def run_concurrent_pass(
     pass_index: int,
     seed: int,
     metrics_enabled: bool = False,
-    check_alive: Callable[[], None] | None = None,
+    check_alive: CheckAlive | None = None,
     on_done: OnDone | None = None,
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     probes: Sequence[BusyProbe] | None = None,
@@ -242,7 +305,8 @@ def run_concurrent_pass(
     All threads (workers and sampler) are joined before this returns or re-raises.
     ``probes`` are the server's busy witnesses (default: llama-server's, see
     :func:`llama_server_probes`); ``counters`` are read before the workers start and after
-    they are joined.
+    they are joined. A request that finds the server gone stops every worker; once they are
+    joined, ``check_alive`` raises :class:`InfraError` (nothing is retried).
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
@@ -273,6 +337,9 @@ def run_concurrent_pass(
                 resp = send(session, base_url, template, item, check_alive)
                 with lock:
                     results[item.test_id] = resp
+                if resp.failure_mode == "server_gone":
+                    stop.set()  # the pass cannot finish: send nothing more to a dead port
+                    return
                 if on_done is not None:
                     on_done(resp)
 
@@ -305,6 +372,11 @@ def run_concurrent_pass(
         if sampler.ident is not None:
             sampler.join(timeout=5.0)
     wall = time.monotonic() - started
+    if check_alive is not None:
+        check_alive()
+    gone = [r for r in results.values() if r.failure_mode == "server_gone"]
+    if gone:
+        raise InfraError(f"the server stopped answering: {gone[0].transport_error}")
     with requests.Session() as session:
         after = _read_counters(session, counters)
     busy = sampler.result()

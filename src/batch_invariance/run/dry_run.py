@@ -13,6 +13,8 @@ from batch_invariance.engines.llama_server import KvLayout, build_argv, kv_label
 from batch_invariance.errors import UsageError
 from batch_invariance.run.live import LiveCell
 
+__all__ = ["DryRun", "dry_run", "usable_cpus"]
+
 
 @dataclass(frozen=True)
 class DryRun:

@@ -13,11 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.errors import UsageError
-from batch_invariance.run.records import CellRun
+from batch_invariance.run.records import CellRun, ModelTemplate
 
 if TYPE_CHECKING:
     from batch_invariance.cert.certificate import Cert
     from batch_invariance.core.verdict import Verdict
+
+
+__all__ = ["FinishedCell", "finish_cell", "prepare_out_dir", "utc_now"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class FinishedCell:
     verdict: Verdict
     path: Path
     superseded: Path | None
+    #: The one promotability rule on the cert as built (exit 0 only when true).
+    promotable: bool = False
 
 
 def prepare_out_dir(out_dir: Path, flag: str = "--out-dir") -> Path:
@@ -54,19 +59,22 @@ def finish_cell(
     provenance: Mapping[str, Any],
     out_dir: Path,
     ts_utc: str | None = None,
+    model_template: ModelTemplate | None = None,
 ) -> FinishedCell:
     """Decide the verdict, build the cert and write it atomically into ``out_dir``.
 
     ``provenance`` from the caller (tool version, binary and model hashes, work-set sha256, ...)
-    is merged over the run's own block (request template, servers, timings). The cert's
+    is merged over the run's own block (request template, servers, timings, chat template:
+    ``model_template`` is what the model file's header said, where it was read). The cert's
     ``source`` is the run's: what the launcher that started the servers is.
     """
     from batch_invariance.cert import certificate
     from batch_invariance.cert import store as certstore
+    from batch_invariance.cert.verify import verify_built
     from batch_invariance.core import verdict
 
     decided = verdict.decide(run.evidence, policy)
-    merged: dict[str, Any] = {**run.provenance(), **dict(provenance)}
+    merged: dict[str, Any] = {**run.provenance(model_template), **dict(provenance)}
     cert = certificate.build_cert(
         run.evidence,
         decided,
@@ -78,5 +86,9 @@ def finish_cell(
     )
     written = certstore.write_cert(out_dir, cert)
     return FinishedCell(
-        cert=cert, verdict=decided, path=written.path, superseded=written.superseded
+        cert=cert,
+        verdict=decided,
+        path=written.path,
+        superseded=written.superseded,
+        promotable=verify_built(cert, written.path).promotable,
     )

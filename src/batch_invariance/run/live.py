@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance.core.evidence import (
+    DEFAULT_LOGIT_EPS,
     DEFAULT_MAX_BOUND,
     DEFAULT_MIN_ANSWER_TOKENS,
     CellSpec,
@@ -42,9 +43,28 @@ from batch_invariance.run.live_target import (
     resolve_target,
 )
 from batch_invariance.run.progress import ProgressSink
-from batch_invariance.run.records import CellRun
+from batch_invariance.run.records import CellRun, ModelTemplate
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import Workset, bundled_workset_path, expand_reps, load_workset
+
+__all__ = [
+    "ACTION_DEFAULTS",
+    "DEFAULT_LOGIT_EPS",
+    "DEFAULT_MIN_HOT_TRIALS",
+    "DEFAULT_READY_TIMEOUT",
+    "DEFAULT_REQ_TIMEOUT",
+    "DEFAULT_SEED",
+    "RUN_LIVE_DEFAULTS",
+    "SWEEP_DEFAULTS",
+    "CellDefaults",
+    "LiveCell",
+    "LiveOutcome",
+    "LiveRequest",
+    "check_room_to_answer",
+    "preflight_guard",
+    "prepare",
+    "run_live_cell",
+]
 
 
 @dataclass(frozen=True)
@@ -67,7 +87,6 @@ ACTION_DEFAULTS = replace(RUN_LIVE_DEFAULTS, ctx=2048, parallel=4, stop_on_red=T
 #: ``sweep``: run-live's cell, ending each cell once RED is proven.
 SWEEP_DEFAULTS = replace(RUN_LIVE_DEFAULTS, stop_on_red=True)
 DEFAULT_SEED = 0
-DEFAULT_LOGIT_EPS = 0.01
 #: The gate policy's own default (core/evidence.py), not a second copy.
 DEFAULT_MIN_HOT_TRIALS = GatePolicy().min_hot_trials
 DEFAULT_READY_TIMEOUT = 300.0
@@ -149,10 +168,10 @@ class LiveRequest:
             raise UsageError(problems[0])
 
     def policy(self) -> GatePolicy:
-        """The gate policy the request asks for (F4 armed only with ``n_probs``)."""
+        """The gate policy the request asks for (F4 always armed, at ``logit_eps``)."""
         return GatePolicy(
             min_hot_trials=self.min_hot_trials,
-            logit_eps=self.logit_eps if self.n_probs is not None else None,
+            logit_eps=self.logit_eps,
             min_answer_tokens=self.min_answer_tokens,
             max_bound=self.max_bound,
         )
@@ -194,6 +213,14 @@ class LiveCell:
             stop_on_red=req.stop_on_red,
             req_timeout=req.req_timeout,
         )
+
+    @property
+    def model_template(self) -> ModelTemplate | None:
+        """The model file's own chat template, where its header was read (a launched GGUF)."""
+        gguf = self.target.gguf
+        if gguf is None or self.target.attach is not None:
+            return None
+        return ModelTemplate(gguf.chat_template)
 
     def launcher(self) -> LiveServerLauncher:
         return make_launcher(self.target, self.request, self.out_dir, self.port_policy)
@@ -335,7 +362,7 @@ def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) ->
         raise InfraError(launcher.aborted)
     provenance = provenance_for(cell, workset, launcher.launches, len(plan.items), identity)
     finished = finish_cell(run, cell.spec(cell.parallel, run.kv_label), cell.policy, provenance,
-                           cell.out_dir)  # fmt: skip
+                           cell.out_dir, model_template=cell.model_template)  # fmt: skip
     return LiveOutcome(
         finished=finished, run=run, launcher=launcher, workset=workset, model_name=cell.model_name
     )

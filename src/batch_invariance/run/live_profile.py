@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from batch_invariance.run.live import LiveRequest
 
 
+__all__ = ["ProfileInputs", "ProfileRequest", "resolve_profile"]
+
+
 @dataclass(frozen=True)
 class ProfileRequest:
     """The profile options of a live request (``--profile`` and the options that need it)."""

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from batch_invariance import __version__
-from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.engines import host as hostinfo
 from batch_invariance.engines.live_launcher import LaunchRecord
 from batch_invariance.run.workset import Workset
@@ -85,24 +84,11 @@ def provenance_for(
         },
         "model_file": _model_file(target, identity.model_sha256),
         "is_moe": gguf.is_moe if gguf is not None else None,
-        "workset": {
-            "source": workset.source,
-            "sha256": workset.sha256,
-            "n_rows": len(workset.items),
-            "n_items": n_items,
-        },
+        "workset": {**workset.record(), "n_items": n_items},
         "server_flags": list(cell.server_flags),
         "host": hostinfo.summary(),
         "memory_guard": _memory_guard(cell, launches),
         "profile": None if cell.profile is None else dict(cell.profile),
-        # The model file says whether the template is the model's own or the server's fallback.
-        "chat_template": judge_chat_template(
-            uses_chat=sends_chat(cell.request.endpoint, workset.items),
-            server_argv=cell.server_flags,
-            server_template=None,
-            model_read=gguf is not None,
-            model_template=gguf.chat_template if gguf is not None else None,
-        ).to_record(),
     }
     if target.attach is not None:
         prov["attach"] = target.attach.to_record()

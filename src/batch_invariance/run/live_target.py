@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from batch_invariance.core.llama_flags import FlagError, read_flags
 from batch_invariance.engines import memory, ports
 from batch_invariance.engines.attach import AttachLauncher, AttachTarget, attach_target
 from batch_invariance.engines.base import Engine, flag_conflicts
@@ -99,6 +100,15 @@ def _check_attach_options(request: LiveRequest) -> AttachTarget | None:
     return attach_target(request.base_url, request.metrics_url, request.allow_remote)
 
 
+def _rejected_by_llama_server(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """Words the server would refuse to start with (read by the one flag reader)."""
+    try:
+        rejected = read_flags(flags, first_is_binary=False).rejected
+    except FlagError as exc:
+        return (f"{' '.join(flags)}: {exc}",)
+    return tuple(f"{w}: llama-server has no such option (write --name value)" for w in rejected)
+
+
 def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTarget:
     """Check the engine-dependent part of ``request`` (UsageError naming the first problem)."""
     engine = engine_for(request.engine)
@@ -110,6 +120,8 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
         raise UsageError("--kv-layout unified applies only to llama-server launched by the tool")
     flags = tuple(prof.server_flags if prof else request.server_flags)
     problems = flag_conflicts(engine, flags)
+    if not problems and engine.name == DEFAULT_ENGINE:
+        problems = _rejected_by_llama_server(flags)
     if problems:
         driver = request.driver_name
         raise UsageError(
@@ -139,7 +151,8 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
             "no memory guard"
         )
     # A venv's interpreter is a symlink whose own path makes it the venv: resolve only
-    # llama-server's binary (as before), keep another engine's launcher as given.
+    # llama-server's binary (the cert names the file that ran), keep another engine's
+    # launcher as given.
     launcher = server_bin.resolve() if engine.name == DEFAULT_ENGINE else server_bin.absolute()
     return ServerTarget(engine, launcher, model.resolve(), gguf, skipped, None, flags)
 

@@ -23,6 +23,8 @@ from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import bundled_workset_path, expand_reps, load_workset
 
+__all__ = ["MOCK_MODEL", "MockRequest", "run_mock_cell"]
+
 #: The cert's model name for mock cells.
 MOCK_MODEL = "mock"
 
@@ -86,7 +88,7 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
         "tool_version": __version__,
         "driver": "run-mock",
         "mock_knobs": {"cobatch_divergence": knobs.cobatch_divergence, "seed": knobs.seed},
-        "workset": {"source": workset.source, "sha256": workset.sha256, "n_rows": len(items)},
+        "workset": {**workset.record(), "n_rows": len(items)},
         "scorer_id": run.scorer_id,
     }
     return finish_cell(run, spec, request.policy, provenance, out_dir)

@@ -11,7 +11,17 @@ from typing import Any
 
 import requests
 
+from batch_invariance.core.prometheus import metric_total, parse_prometheus
 from batch_invariance.run.response import as_int
+
+__all__ = [
+    "busy_from_metrics",
+    "busy_from_slots",
+    "get_json",
+    "get_text",
+    "server_chat_template",
+    "tasks_from_slots",
+]
 
 
 def get_json(session: requests.Session, url: str, timeout_s: float = 2.0) -> Any | None:
@@ -65,14 +75,7 @@ def tasks_from_slots(payload: Any) -> tuple[int, ...]:
 
 
 def busy_from_metrics(text: str, name: str = "llamacpp:requests_processing") -> int | None:
-    """The value of a Prometheus gauge in ``/metrics`` text; ``None`` when absent."""
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) >= 2 and (parts[0] == name or parts[0].startswith(name + "{")):
-            try:
-                return int(float(parts[1]))
-            except ValueError:
-                return None
-    return None
+    """The value of a Prometheus gauge in ``/metrics`` text (its series summed); ``None``
+    when absent."""
+    total = metric_total(parse_prometheus(text), name)
+    return None if total is None else int(total)

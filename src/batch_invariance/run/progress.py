@@ -1,17 +1,41 @@
-"""Progress of a cell on stderr: arm, pass, done/total and an ETA, only while stderr is a TTY.
+"""Progress of a cell on stderr.
 
-The driver reports through the :class:`ProgressSink` protocol; :class:`Progress` draws one
-self-overwriting line and is silent when its stream is not a terminal (CI logs, pipes), so
-machine-read output never gets progress noise mixed in.
+The driver reports through the :class:`ProgressSink` protocol. On a terminal,
+:class:`Progress` draws one self-overwriting line (arm, pass, done/total, ETA). Anywhere else
+(a CI log, a pipe) it writes one line per arm and per C pass once it has run: what ran, how
+long it took, and what it found so far, so a long cell never looks hung in a log. Inside
+GitHub Actions (``GITHUB_ACTIONS=true``) each arm's lines sit in a ``::group::``. Stdout,
+which machine readers parse, never gets progress.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, TextIO
+
+__all__ = ["ArmReport", "NullProgress", "Progress", "ProgressSink", "format_eta", "report_line"]
+
+
+@dataclass(frozen=True)
+class ArmReport:
+    """What one arm (or one C pass) did, as the driver tells the sink when it has run."""
+
+    n_requests: int
+    #: Requests that ended in a transport failure (after a serial arm's one retry).
+    n_failed: int = 0
+    #: Serial requests sent a second time after a transient failure.
+    n_retried: int = 0
+    #: Ids whose answer differs from arm A's (for C: on any pass so far), out of ``compared``;
+    #: ``None`` for arm A itself.
+    differ: int | None = None
+    compared: int | None = None
+    #: Whether ``differ`` accumulates over the passes run so far (C) or is this arm's own.
+    so_far: bool = False
 
 
 class ProgressSink(Protocol):
@@ -22,6 +46,9 @@ class ProgressSink(Protocol):
     def arm(
         self, name: str, pass_index: int | None = None, n_passes: int | None = None
     ) -> None: ...
+
+    def done(self, report: ArmReport) -> None:
+        """The arm (or pass) last named by :meth:`arm` has run."""
 
     def advance(self, n: int = 1) -> None: ...
 
@@ -46,8 +73,24 @@ def format_eta(seconds: float | None) -> str:
     return f"{s}s"
 
 
+def report_line(label: str, wall_s: float, report: ArmReport) -> str:
+    """``C pass 2/4: 16 requests in 21.3 s, 6 of 16 differ from A so far``."""
+    plural = "" if report.n_requests == 1 else "s"
+    parts = [f"{label}: {report.n_requests} request{plural} in {wall_s:.1f} s"]
+    if report.n_failed:
+        parts.append(f"{report.n_failed} failed")
+    if report.n_retried:
+        parts.append(f"{report.n_retried} retried once")
+    if report.differ is not None and report.compared is not None:
+        tail = " so far" if report.so_far else ""
+        parts.append(f"{report.differ} of {report.compared} differ from A{tail}")
+    return ", ".join(parts)
+
+
 class Progress:
-    """A one-line progress display; a no-op unless ``stream`` is a TTY (or ``enabled=True``)."""
+    """Progress on ``stream``: a self-overwriting line on a TTY (or with ``enabled=True``),
+    else one line per arm and C pass (``::group::`` per arm when ``env`` says GitHub
+    Actions). ``clock`` times the arms and the ETA."""
 
     def __init__(
         self,
@@ -55,6 +98,7 @@ class Progress:
         enabled: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
         min_interval_s: float = 0.1,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self._stream = stream if stream is not None else sys.stderr
         if enabled is None:
@@ -63,6 +107,7 @@ class Progress:
             except (AttributeError, ValueError):
                 enabled = False
         self.enabled = enabled
+        self._groups = (os.environ if env is None else env).get("GITHUB_ACTIONS") == "true"
         self._clock = clock
         self._min_interval = min_interval_s
         self._lock = threading.Lock()
@@ -71,6 +116,8 @@ class Progress:
         self._label = ""
         self._scope = ""
         self._started = clock()
+        self._arm_started = self._started
+        self._group: str | None = None
         self._last_draw = float("-inf")
         self._drawn = False
 
@@ -86,7 +133,34 @@ class Progress:
                 self._label = f"arm {name} pass {pass_index + 1}/{n_passes}"
             else:
                 self._label = f"arm {name}"
-            self._draw(force=True)
+            self._arm_started = self._clock()
+            if self.enabled:
+                self._draw(force=True)
+            elif self._groups:
+                self._open_group(f"{self._scope}arm {name}")
+
+    def done(self, report: ArmReport) -> None:
+        with self._lock:
+            if self.enabled:
+                return
+            line = report_line(self._label, self._clock() - self._arm_started, report)
+            self._write(f"batch-invariance: {self._scope}{line}")
+
+    def _open_group(self, title: str) -> None:
+        if title == self._group:
+            return
+        self._close_group()
+        self._write(f"::group::{title}")
+        self._group = title
+
+    def _close_group(self) -> None:
+        if self._group is not None:
+            self._write("::endgroup::")
+            self._group = None
+
+    def _write(self, line: str) -> None:
+        self._stream.write(line + "\n")
+        self._stream.flush()
 
     def advance(self, n: int = 1) -> None:
         with self._lock:
@@ -130,6 +204,7 @@ class Progress:
                 self._stream.write("\n")
                 self._stream.flush()
             self._drawn = False
+            self._close_group()
 
 
 class NullProgress:
@@ -139,6 +214,9 @@ class NullProgress:
         return
 
     def arm(self, name: str, pass_index: int | None = None, n_passes: int | None = None) -> None:
+        return
+
+    def done(self, report: ArmReport) -> None:
         return
 
     def extend(self, n: int) -> None:

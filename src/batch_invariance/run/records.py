@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.core.evidence import ARM_A, ARM_A_REPEAT, ARM_B, ARM_C, CellEvidence
@@ -31,7 +31,8 @@ class ArmStats:
     counter_deltas: Mapping[str, Mapping[str, float]] | None = None
 
     def to_record(self) -> dict[str, Any]:
-        # Corroboration only where an engine offers counters (llama-server certs unchanged).
+        # Only where an engine offers counters: a llama-server cert has no such block, so
+        # its record keeps the shape every verifier already reads.
         extra: dict[str, Any] = {}
         if self.counter_deltas is not None:
             extra["witness_corroboration"] = {k: dict(v) for k, v in self.counter_deltas.items()}
@@ -74,6 +75,20 @@ class ServerRecord:
         }
 
 
+class ServerMs(NamedTuple):
+    """Server-reported time summed over every arm of a cell."""
+
+    prompt_ms: float
+    predicted_ms: float
+
+
+@dataclass(frozen=True)
+class ModelTemplate:
+    """What a model file's header says about its chat template (``None``: it has none)."""
+
+    template: str | None
+
+
 @dataclass(frozen=True)
 class CellRun:
     """Everything one cell measured: the evidence for the core, and how it was measured."""
@@ -105,16 +120,19 @@ class CellRun:
     def arm_wall_s(self, arm: str) -> float:
         return sum(s.wall_s for s in self.arm_stats if s.arm == arm)
 
-    def server_ms(self) -> tuple[float, float]:
-        """Summed server-reported (prompt_ms, predicted_ms) over every arm."""
-        return (
-            sum(s.prompt_ms for s in self.arm_stats),
-            sum(s.predicted_ms for s in self.arm_stats),
+    def server_ms(self) -> ServerMs:
+        """Summed server-reported prompt and generation time over every arm."""
+        return ServerMs(
+            prompt_ms=sum(s.prompt_ms for s in self.arm_stats),
+            predicted_ms=sum(s.predicted_ms for s in self.arm_stats),
         )
 
-    def provenance(self) -> dict[str, Any]:
-        """The run's own provenance block (merged under the caller's in :func:`finish_cell`)."""
-        prompt_ms, predicted_ms = self.server_ms()
+    def provenance(self, model_template: ModelTemplate | None = None) -> dict[str, Any]:
+        """The run's own provenance block (merged under the caller's in :func:`finish_cell`).
+
+        ``model_template``: the model file's own template, where its header was read (a
+        launched GGUF model); without it, the A server's ``/props`` report decides."""
+        server_ms = self.server_ms()
         return {
             "request_template": dict(self.request_template),
             "servers": [s.to_record() for s in self.servers],
@@ -127,8 +145,8 @@ class CellRun:
                     arm: round(self.arm_wall_s(arm), 6)
                     for arm in (ARM_A, ARM_A_REPEAT, ARM_B, ARM_C)
                 },
-                "server_prompt_ms": round(prompt_ms, 3),
-                "server_predicted_ms": round(predicted_ms, 3),
+                "server_prompt_ms": round(server_ms.prompt_ms, 3),
+                "server_predicted_ms": round(server_ms.predicted_ms, 3),
             },
             "plan": {
                 "ctx": self.plan.ctx,
@@ -145,10 +163,12 @@ class CellRun:
             },
             "notes": list(self.notes[:200]),
             "schedule": None if self.schedule is None else dict(self.schedule),
-            # From the server's own report; a live run refines it from the model file.
+            # The one place the block is written: every source of the answer at once.
             "chat_template": judge_chat_template(
                 uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
                 server_argv=[a for s in self.servers for a in s.argv],
                 server_template=self.server_chat_template,
+                model_read=model_template is not None,
+                model_template=None if model_template is None else model_template.template,
             ).to_record(),
         }

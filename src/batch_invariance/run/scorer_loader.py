@@ -13,6 +13,8 @@ from typing import Any
 from batch_invariance.core.scoring import ExactMatchScorer, FunctionScorer, Scorer, one_line
 from batch_invariance.errors import UsageError
 
+__all__ = ["load_scorer"]
+
 
 def _check_function_signature(fn: Callable[..., Any], spec: str, name: str) -> None:
     """Refuse, before any server starts, a function that cannot take ``(text, expected, *, item)``.

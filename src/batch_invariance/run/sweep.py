@@ -33,6 +33,17 @@ from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
 
+__all__ = [
+    "SWEEP_FILE",
+    "SweepOutcome",
+    "SweepRequest",
+    "cell_launches",
+    "check_sweepable",
+    "guard_refusal",
+    "parse_parallels",
+    "run_sweep",
+]
+
 SWEEP_FILE = "sweep.json"
 
 
@@ -152,7 +163,9 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
             launches = cell_launches(launcher.launches)
             prov = provenance_for(cell_n, workset, launches, len(run.plan.items), identity)
             spec = cell.spec(n, run.kv_label)
-            finished = finish_cell(run, spec, cell.policy, prov, cell.out_dir)
+            finished = finish_cell(
+                run, spec, cell.policy, prov, cell.out_dir, model_template=cell.model_template
+            )
             cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
 
         try:

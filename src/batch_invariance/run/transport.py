@@ -2,17 +2,12 @@
 
 :class:`RequestTemplate` turns a :class:`~batch_invariance.run.workset.WorkItem` into a request
 body that is byte-identical for the same test id in every arm (temperature 0 and ``top_k: 1``,
-a fixed per-id seed, ``cache_prompt: false``, the same token budget), except for the logprobs
-fields, which each arm asks for only as far as it reads them (:func:`logprob_mode_for`):
-
-* ``margins`` (arm A; and C when F4 is armed): the top-2 alternatives before sampling, for the
-  top1-top2 margin at the first divergent token (``--n-probs`` alternatives when armed);
-* ``tokens`` (B, A' and C): the chosen token of every position only, taken after sampling
-  (``post_sampling_probs``), so the server skips the softmax over the whole vocabulary that
-  pre-sampling logprobs cost (on the embedded pair, 6 prompts x 96 tokens on an idle host:
-  top-2 1.06x and top-20 1.08x the server CPU of no logprobs, tokens only 0.98x;
-  ``benchmarks/bench_logprobs.py``). Every arm still records its token stream, so token-only
-  differences are seen in AB, AC and BC alike.
+a fixed per-id seed, ``cache_prompt: false``, the same token budget, and in every arm the
+same logprobs fields): the chosen token and the top-2 alternatives of every generated token,
+taken before sampling (``--n-probs`` alternatives when given). They are the numeric evidence
+(:mod:`batch_invariance.core.numerics` compares them bitwise between arms) and give the
+top1-top2 margin at the first divergent token. On the embedded pair, 6 prompts x 96 tokens on
+an idle host, top-2 cost 1.06x the server CPU of no logprobs (``benchmarks/bench_logprobs.py``).
 
 ``top_k: 1`` leaves the chosen token as it is (at temperature 0 it is the argmax either way)
 and makes greedy selection explicit, so the list that survives sampling holds the chosen token
@@ -37,7 +32,7 @@ from typing import Any, Literal
 import requests
 
 from batch_invariance.core.chat_template import sends_chat
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.workitem import WorkItem, request_key
 from batch_invariance.errors import InfraError
 from batch_invariance.run.response import RawResponse, parse_completion
 
@@ -50,19 +45,9 @@ COMPLETIONS_PATH = "/v1/completions"
 #: alternative returns the chosen token only). Measured cost: benchmarks/bench_logprobs.py.
 MARGIN_TOP_LOGPROBS = 2
 
-#: How much of the per-token distribution one request asks for (see the module docstring).
-LogprobMode = Literal["none", "tokens", "margins"]
-
-#: The arms whose requests carry pre-sampling alternatives (the margin is read from A; C joins
-#: when F4 is armed, which compares chosen-token logprobs of A and C).
-LOGPROB_ARMS = ("A",)
-ARMED_LOGPROB_ARMS = ("A", "C")
-
-
-def logprob_mode_for(arm: str, n_probs_armed: bool) -> LogprobMode:
-    """What ``arm`` (``A``, ``A_repeat``, ``B`` or ``C``) asks for."""
-    margin_arms = ARMED_LOGPROB_ARMS if n_probs_armed else LOGPROB_ARMS
-    return "margins" if arm in margin_arms else "tokens"
+#: Whether a request asks for the pre-sampling alternatives (every arm does; ``none`` is for
+#: measuring what they cost).
+LogprobMode = Literal["none", "margins"]
 
 
 def seed_for(run_seed: int, test_id: str) -> int:
@@ -76,9 +61,8 @@ class RequestTemplate:
     """How every request of a cell is built. Recorded in the cert via :meth:`to_record`.
 
     ``endpoint`` picks ``/v1/chat/completions`` or ``/v1/completions``; rows with ``messages``
-    always go to chat. ``n_probs`` arms per-token alternatives (F4); without it
-    :data:`MARGIN_TOP_LOGPROBS` brings back the chosen tokens and the top1 - top2 margin.
-    ``logprobs`` is what this template asks for (:meth:`for_arm` sets it per arm).
+    always go to chat. ``n_probs`` sets the number of pre-sampling alternatives per token;
+    without it :data:`MARGIN_TOP_LOGPROBS` brings back the chosen token and the top-2.
     """
 
     endpoint: Endpoint
@@ -93,26 +77,17 @@ class RequestTemplate:
         """The number of alternatives asked for per position (``None``: no logprobs)."""
         if self.logprobs == "none":
             return None
-        if self.logprobs == "tokens":
-            return 1
         return self.n_probs if self.n_probs is not None else MARGIN_TOP_LOGPROBS
 
     def with_logprobs(self, mode: LogprobMode) -> RequestTemplate:
         """The same requests asking for ``mode`` of the distribution."""
         return replace(self, logprobs=mode)
 
-    def for_arm(self, arm: str) -> RequestTemplate:
-        """The template ``arm`` sends (:func:`logprob_mode_for`)."""
-        return self.with_logprobs(logprob_mode_for(arm, self.n_probs is not None))
-
     def _logprob_fields(self, chat: bool) -> dict[str, Any]:
         k = self.alternatives
         if k is None:
             return {}
-        fields: dict[str, Any] = {"logprobs": True, "top_logprobs": k} if chat else {"logprobs": k}
-        if self.logprobs == "tokens":
-            fields["post_sampling_probs"] = True
-        return fields
+        return {"logprobs": True, "top_logprobs": k} if chat else {"logprobs": k}
 
     def uses_chat(self, item: WorkItem) -> bool:
         return sends_chat(self.endpoint, (item,))
@@ -144,6 +119,14 @@ class RequestTemplate:
             prompt = f"{item.system}\n\n{prompt}"
         return {"prompt": prompt, **common, **self._logprob_fields(chat=False)}
 
+    def request_key(self, item: WorkItem) -> str:
+        """What ``item`` asks the server, as one key (:func:`core.workitem.request_key`): the
+        path and the body without the per-id seed (greedy decoding at temperature 0 and
+        ``top_k`` 1 ignores it) and without the logprob fields each arm sets."""
+        body = self.with_logprobs("none").body_for(item)
+        del body["seed"]
+        return request_key(self.path_for(item), body)
+
     def encode(self, item: WorkItem) -> bytes:
         """The exact bytes sent for ``item`` (canonical JSON, so every arm sends the same)."""
         return json.dumps(self.body_for(item), sort_keys=True, separators=(",", ":")).encode()
@@ -161,15 +144,9 @@ class RequestTemplate:
             "max_tokens": self.n_predict,
             "stream": False,
             "top_k": 1,
-            "logprobs": {
-                mode: self.with_logprobs(mode)._logprob_fields(self.endpoint == "chat")
-                for mode in ("margins", "tokens")
-            },
-            "logprobs_by_arm": {
-                arm: logprob_mode_for(arm, self.n_probs is not None)
-                for arm in ("A", "A_repeat", "B", "C")
-            },
-            "n_probs_armed": self.n_probs is not None,
+            "logprobs": self._logprob_fields(self.endpoint == "chat"),
+            "logprobs_by_arm": {arm: self.logprobs for arm in ("A", "A_repeat", "B", "C")},
+            "pre_sampling": True,
             "timeout_s": self.timeout_s,
         }
 

@@ -25,12 +25,27 @@ class Notes:
         self.items.append(note)
 
 
+def describe_attempt(resp: RawResponse) -> str:
+    """A failed attempt in one line: ``"failure_mode: detail"``."""
+    return f"{resp.failure_mode}: {resp.transport_error or 'no detail'}"
+
+
 def make_trial(
-    resp: RawResponse, item: WorkItem, scorer: Scorer, n_predict: int, notes: Notes, arm: str
+    resp: RawResponse,
+    item: WorkItem,
+    scorer: Scorer,
+    n_predict: int,
+    notes: Notes,
+    arm: str,
+    first_attempt: RawResponse | None = None,
 ) -> Trial:
-    """Score one response into a trial (a transport failure stays a failure mode)."""
+    """Score one response into a trial (a transport failure stays a failure mode);
+    ``first_attempt`` is the failed try before it, when the request was retried."""
     for note in resp.notes:
         notes.add(f"{arm}: {note}")
+    retried = None if first_attempt is None else describe_attempt(first_attempt)
+    if retried is not None:
+        notes.add(f"{arm}: {item.test_id}: retried once after {retried}")
     timings = dict(resp.timings or {})
     if resp.failure_mode is not None or resp.text is None:
         return Trial(
@@ -45,6 +60,7 @@ def make_trial(
             complete_ts=resp.complete_ts,
             timings=timings,
             transport_error=resp.transport_error,
+            first_attempt=retried,
         )
     completion = Completion(
         text=resp.text,
@@ -75,6 +91,7 @@ def make_trial(
         slot_id=resp.slot_id,
         timings=timings,
         transport_error=None,
+        first_attempt=retried,
     )
 
 
@@ -85,7 +102,11 @@ def trials_for(
     n_predict: int,
     notes: Notes,
     arm: str,
+    first_attempts: Mapping[str, RawResponse] | None = None,
 ) -> dict[str, Trial]:
+    """One trial per item, in item order (``first_attempts``: the retried requests' failed
+    first tries, by id)."""
+    retried = first_attempts or {}
     out: dict[str, Trial] = {}
     for item in items:
         resp = responses.get(item.test_id)
@@ -95,5 +116,6 @@ def trials_for(
             resp = RawResponse(
                 item.test_id, "connection_error", transport_error="no response recorded"
             )
-        out[item.test_id] = make_trial(resp, item, scorer, n_predict, notes, arm)
+        first = retried.get(item.test_id)
+        out[item.test_id] = make_trial(resp, item, scorer, n_predict, notes, arm, first)
     return out

@@ -3,21 +3,38 @@
 A work-set file is a JSON list of rows ``{id?, prompt | messages, expected_answer?, family?,
 fill?, system?}``; any other keys are kept in :attr:`WorkItem.meta` for the scorer. Rows are
 validated with pydantic at this edge and become frozen :class:`WorkItem` values inside.
+Rows that carry the same prompt (whitespace aside) are named when the work-set is read: one
+warning line on stderr, and :attr:`Workset.duplicates`, which the cert's provenance records.
+They count as one distinct prompt (:func:`batch_invariance.core.sample.distinct_prompts`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from batch_invariance.core.workitem import WorkItem, rep_id
+from batch_invariance.core.workitem import WorkItem, duplicate_prompts, rep_id
 from batch_invariance.errors import UsageError
+
+__all__ = [
+    "BUNDLED_WORKSETS",
+    "ChatMessage",
+    "WorkRow",
+    "Workset",
+    "bundled_workset_path",
+    "expand_reps",
+    "items_to_row",
+    "load_workset",
+    "parse_workset",
+    "workset_from_items",
+]
 
 
 class ChatMessage(BaseModel):
@@ -56,6 +73,42 @@ class Workset:
     items: tuple[WorkItem, ...]
     sha256: str
     source: str
+    #: Groups of ids whose rows carry the same prompt, whitespace aside (one distinct prompt).
+    duplicates: tuple[tuple[str, ...], ...] = ()
+
+    def record(self) -> dict[str, Any]:
+        """The work-set as the cert's provenance records it."""
+        return {
+            "source": self.source,
+            "sha256": self.sha256,
+            "n_rows": len(self.items),
+            "duplicate_prompts": [list(group) for group in self.duplicates],
+        }
+
+
+def duplicates_warning(workset: Workset) -> str | None:
+    """The one warning line naming rows that carry the same prompt, or ``None``."""
+    groups = workset.duplicates
+    if not groups:
+        return None
+    n_rows = sum(map(len, groups))
+    shown = "; ".join(
+        ", ".join(group[:4]) + (" ..." if len(group) > 4 else "") for group in groups[:3]
+    )
+    more = f" (+{len(groups) - 3} more group(s))" if len(groups) > 3 else ""
+    return (
+        f"warning: work-set {workset.source}: {n_rows} rows carry only {len(groups)} distinct "
+        f"prompt(s) between them (whitespace aside): {shown}{more}; each group counts as one "
+        "distinct prompt for the per-prompt bound"
+    )
+
+
+def _named(workset: Workset) -> Workset:
+    found = replace(workset, duplicates=duplicate_prompts(workset.items))
+    warning = duplicates_warning(found)
+    if warning is not None:
+        print(warning, file=sys.stderr)
+    return found
 
 
 def _item_from_row(index: int, row: WorkRow) -> WorkItem:
@@ -117,7 +170,7 @@ def load_workset(path: str | Path) -> Workset:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"work-set {p} is not valid JSON: {exc}") from None
-    return parse_workset(data, source=str(p), sha256=hashlib.sha256(raw).hexdigest())
+    return _named(parse_workset(data, source=str(p), sha256=hashlib.sha256(raw).hexdigest()))
 
 
 def workset_from_items(items: Sequence[WorkItem], source: str) -> Workset:
@@ -125,7 +178,9 @@ def workset_from_items(items: Sequence[WorkItem], source: str) -> Workset:
     canonical = json.dumps(
         [items_to_row(i) for i in items], sort_keys=True, separators=(",", ":")
     ).encode()
-    return Workset(items=tuple(items), sha256=hashlib.sha256(canonical).hexdigest(), source=source)
+    return _named(
+        Workset(items=tuple(items), sha256=hashlib.sha256(canonical).hexdigest(), source=source)
+    )
 
 
 def items_to_row(item: WorkItem) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class MockServer:
         self._prompt_tokens_total = 0
         self._predicted_tokens_total = 0
         self._answered = 0
+        self._failed_once: set[str] = set()
         self._port = port
         self._handler = handler
 
@@ -137,6 +138,15 @@ class MockServer:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+
+    def fails_now(self, prompt_text: str) -> bool:
+        """True the first time a prompt the ``fail_once_if_contains`` knob names arrives."""
+        if not any(s in prompt_text for s in self.knobs.fail_once_if_contains):
+            return False
+        with self._cond:
+            first = prompt_text not in self._failed_once
+            self._failed_once.add(prompt_text)
+        return first
 
     @property
     def loading(self) -> bool:
@@ -258,8 +268,11 @@ class MockServer:
                 text = "".join(pieces)
                 finish = "length"
             drift = 0.05 if token_only else 0.0
+            if cobatched and not token_only:
+                drift = knobs.numeric_drift
+            # An odd divisor: the values carry full float precision, as a real engine's do.
             logprobs = tuple(
-                -((zlib.crc32(f"{i}:{p}".encode()) % 500) / 10000.0) - drift
+                -((zlib.crc32(f"{i}:{p}".encode()) % 500) / 9973.0) - drift
                 for i, p in enumerate(pieces)
             )
             with self._cond:

@@ -209,6 +209,9 @@ class MockHandler(BaseHTTPRequestHandler):
         n_predict = int(raw_n) if isinstance(raw_n, (int, float)) else -1
         if n_predict < 0:
             n_predict = 1 << 20
+        if mock.fails_now(prompt_text):
+            self._send(500, _error(500, "transient failure (mock knob)", "server_error"))
+            return
         try:
             gen = mock.generate(prompt_text, n_predict)
             mock.count_answer()

@@ -22,6 +22,9 @@ class MockKnobs:
     #: Same answer, different tokens and logprobs when co-batched (a trailing newline and a
     #: different split), so the invariant fields stay equal.
     token_divergence: bool = False
+    #: Same tokens and answer, but the logprobs move by ``numeric_drift`` when co-batched:
+    #: the latent numeric drift a batch-variant server shows before any token flips.
+    numeric_drift: float = 0.0
     #: Probability that any request's answer changes (seeded by ``seed``), in every arm.
     divergence_probability: float = 0.0
     #: Prompts containing any of these substrings get an empty completion.
@@ -47,6 +50,9 @@ class MockKnobs:
     #: The server "dies" (stops listening and drops every connection) after answering this
     #: many completion requests (``None``: never).
     die_after_requests: int | None = None
+    #: Prompts containing one of these are answered HTTP 500 the first time this server is
+    #: asked for them, and answered normally after (a live server's transient fault).
+    fail_once_if_contains: tuple[str, ...] = ()
     #: The model's own chat template; ``None`` plays a base model without one: ``/props``
     #: then reports llama.cpp's ChatML fallback, as llama-server does.
     chat_template: str | None = MOCK_CHAT_TEMPLATE

@@ -1,0 +1,130 @@
+"""`batch-invariance serve CERT [-- NEUTRAL...]`: start exactly the server a cert measured.
+
+Before anything starts it verifies the cert (valid, promotable, signed under the identity
+policy unless ``--allow-unsigned``), checks the sha256 of the server binary and the model
+file against the cert's provenance and the variables ggml reads against the recorded ones,
+and refuses any extra option that is not neutral
+(:data:`batch_invariance.core.server_options.NEUTRAL`). Then it replaces itself (``execve``)
+with the measured B/C server argv, neutral options added or replaced, in the environment a
+measured server gets (no ``LLAMA_ARG_*``, no user config file): the process *is* the server,
+so signals and the exit status are the server's own. Refusals: exit 2 (an option or the
+command line), 3 (not promotable, or a file differs from what was measured), 5 (the cert or
+its signature is invalid). The rules: docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from batch_invariance.errors import CertInvalid, InfraError, NotCovered, UsageError
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    from batch_invariance.deploy.serve_plan import add_serve_arguments
+
+    parser = sub.add_parser(
+        "serve",
+        help="start exactly the llama-server a promotable cert measured (neutral options only)",
+        description=(
+            "Verify CERT (valid, promotable, signed), check the server binary's and model's "
+            "sha256 against it, then exec the measured B/C server argv; options after -- "
+            "may only be neutral ones (--host, --port, --api-key, --metrics, --timeout ...). "
+            "See docs/deploy.md."
+        ),
+    )
+    add_serve_arguments(parser)
+    parser.set_defaults(func=handle)
+
+
+#: Options whose value is a file the cert does not fingerprint: serve cannot check them.
+_UNCHECKED_FILES = frozenset(
+    {"--spec-draft-model", "--lora", "--lora-scaled", "--control-vector",
+     "--control-vector-scaled", "--mmproj", "--grammar-file", "--json-schema-file",
+     "--chat-template-file", "--lookup-cache-static", "--lookup-cache-dynamic"}
+)  # fmt: skip
+
+
+def _recorded_sha(provenance: Mapping[str, Any], key: str) -> str | None:
+    block = provenance.get(key)
+    sha = block.get("sha256") if isinstance(block, Mapping) else None
+    return sha if isinstance(sha, str) and sha else None
+
+
+def check_files(argv: Sequence[str], provenance: Mapping[str, Any]) -> None:
+    """The binary and model the argv runs must be the bytes the cert measured."""
+    from batch_invariance.core.llama_flags import read_flags
+    from batch_invariance.engines.gguf import cached_sha256
+
+    flags = read_flags(argv, first_is_binary=True)
+    unchecked = sorted({o.written for o in flags.options if o.canonical in _UNCHECKED_FILES})
+    if unchecked:
+        raise NotCovered(f"the measured argv loads {', '.join(unchecked)}, whose files the "
+                         "cert does not fingerprint; serve cannot check them")  # fmt: skip
+    files = (("server binary", argv[0], "server_binary"), ("model", flags.model, "model_file"))
+    for what, path, key in files:
+        wanted = _recorded_sha(provenance, key)
+        if wanted is None or path is None:
+            raise NotCovered(f"the cert records no {what} sha256: serve cannot check it")
+        try:
+            found = cached_sha256(path, None)  # always the bytes on disk, never a cached hash
+        except OSError as exc:
+            raise NotCovered(f"{what} {path} cannot be read ({exc.strerror or exc})") from None
+        if found != wanted:
+            raise NotCovered(
+                f"{what} {path} has sha256 {found[:12]}..., the cert measured {wanted[:12]}...: "
+                "not the measured cell"
+            )
+
+
+def _verify(args: argparse.Namespace) -> Mapping[str, Any]:
+    """The cert's provenance once it is valid, promotable and (unless allowed) signed."""
+    from batch_invariance.cert.signing import bundle_path_for, verify_bundle
+    from batch_invariance.commands.check_deploy import signing_policy
+    from batch_invariance.deploy.gate import read_cert_file
+
+    policy = signing_policy(args)
+    cert = read_cert_file(args.cert)
+    if isinstance(cert, str):
+        raise CertInvalid(f"cannot serve {cert}")
+    if cert.problem is not None:
+        raise CertInvalid(f"cert {args.cert} is invalid: {cert.problem}")
+    if not cert.promotable:
+        raise NotCovered(f"cert {args.cert} is not promotable ({cert.not_promotable})")
+    if policy is not None:
+        bundle = args.bundle or bundle_path_for(args.cert)
+        if not bundle.is_file():
+            raise CertInvalid(f"cert {args.cert} is not signed (no {bundle}); pass --bundle")
+        verify_bundle(args.cert, bundle, policy.signer, policy.trust)
+    return cert.provenance
+
+
+def handle(args: argparse.Namespace) -> int:
+    from batch_invariance.core.server_env import engine_env
+    from batch_invariance.deploy.gate import engine_env_differences
+    from batch_invariance.deploy.serve_plan import measured_argv, serve_argv
+    from batch_invariance.engines.llama_server import refuse_system_config, server_env
+
+    if not isinstance(args.cert, Path) or not args.cert.is_file():
+        raise UsageError(f"cert not found: {args.cert}")
+    provenance = _verify(args)
+    argv = serve_argv(measured_argv(provenance), args.neutral)
+    check_files(argv, provenance)
+    refuse_system_config()
+    env = server_env(os.environ)
+    differ = engine_env_differences(engine_env(env), provenance)
+    if differ:
+        raise NotCovered(f"{differ[0]}: ggml reads it, so the server would not be the measured one")
+    # Not the argv itself: it may hold an --api-key.
+    print(f"batch-invariance serve: {args.cert.name} verified; exec {argv[0]}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(argv[0], list(argv), env)
+    except OSError as exc:
+        raise InfraError(f"cannot exec {argv[0]}: {exc.strerror or exc}") from None
+    return 0  # pragma: no cover - execve does not return

@@ -1,0 +1,140 @@
+"""What ``batch-invariance serve CERT`` runs: the measured B/C server argv, with only neutral
+options added or replaced (one plan for the ``serve`` command and for check-deploy, which
+reads a ``batch-invariance serve`` line as the server that line starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batch_invariance.core.llama_flags import FlagError, read_flags
+from batch_invariance.core.server_options import NEUTRAL, lookup
+from batch_invariance.deploy.config import ServerCommand
+from batch_invariance.deploy.policy_options import add_policy_arguments
+from batch_invariance.errors import UsageError
+
+
+class ServeRefused(UsageError):
+    """``serve`` will not start this: the message names what (nothing was started)."""
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` command line (shared with check-deploy's reading of a serve line)."""
+    parser.add_argument("cert", type=Path, metavar="CERT", help="the promotable cert to serve")
+    parser.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        metavar="B",
+        help="its sigstore bundle (default: CERT.sigstore.json beside it)",
+    )
+    add_policy_arguments(parser)
+    parser.add_argument("neutral", nargs="*", metavar="-- NEUTRAL",
+                        help="after --: neutral llama-server options to add or replace "
+                             "(--host, --port, --api-key, --metrics, --timeout ...)")  # fmt: skip
+
+
+def split_neutral(words: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """``serve``'s own words and the llama-server options after its ``--`` (argparse cannot
+    give a trailing positional list after a positional CERT and options)."""
+    if "--" not in words:
+        return list(words), None
+    cut = list(words).index("--")
+    return list(words[:cut]), list(words[cut + 1 :])
+
+
+def bc_server(provenance: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The record of the B/C server a cert measured (``provenance.servers``, role ``BC``);
+    empty when it records none."""
+    servers = provenance.get("servers")
+    for server in servers if isinstance(servers, list) else []:
+        if isinstance(server, Mapping) and server.get("role") == "BC":
+            return server
+    return {}
+
+
+def measured_argv(provenance: Mapping[str, Any]) -> tuple[str, ...]:
+    """The argv of the B/C server a cert measured."""
+    argv = bc_server(provenance).get("argv")
+    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+        return tuple(argv)
+    raise ServeRefused("the cert records no B/C server argv: nothing measured to serve")
+
+
+def _canonicals(words: Sequence[str]) -> set[str]:
+    try:
+        flags = read_flags(words, first_is_binary=False)
+    except FlagError as exc:
+        raise ServeRefused(f"extra option: {exc}") from None
+    if flags.rejected:
+        raise ServeRefused(f"extra option {flags.rejected[0]}: llama-server has no such option")
+    for option in flags.options:
+        if option.canonical not in NEUTRAL:
+            raise ServeRefused(
+                f"extra option {option.written} is not neutral (it can change outputs or the "
+                "cell); only these may be added: " + ", ".join(sorted(NEUTRAL))
+            )
+    return {o.canonical for o in flags.options}
+
+
+def serve_argv(measured: Sequence[str], neutral: Sequence[str]) -> tuple[str, ...]:
+    """The measured argv with every option named in ``neutral`` replaced by the given one."""
+    replaced = _canonicals(neutral)
+    out = [measured[0]]
+    index = 1
+    while index < len(measured):
+        spec = lookup(measured[index])
+        width = 1 + (spec.nvalues if spec is not None else 0)
+        if spec is None or spec.canonical not in replaced:
+            out.extend(measured[index : index + width])
+        index += width
+    return (*out, *neutral)
+
+
+@dataclass(frozen=True)
+class ServeLine:
+    cert: Path
+    neutral: tuple[str, ...]
+
+
+def parse_serve_line(argv: Sequence[str], base_dir: Path | None, origin: str) -> ServeLine:
+    """A ``batch-invariance serve ...`` command line as ``serve`` itself parses it."""
+    parser = argparse.ArgumentParser(prog="batch-invariance serve", add_help=False)
+    add_serve_arguments(parser)
+    own, neutral = split_neutral(argv[2:])
+    try:
+        args = parser.parse_args(own)
+    except SystemExit:
+        raise ServeRefused(f"{origin}: serve would refuse this command line") from None
+    cert = args.cert if args.cert.is_absolute() or base_dir is None else base_dir / args.cert
+    return ServeLine(cert, (*args.neutral, *(neutral or ())))
+
+
+def served_command(command: ServerCommand) -> ServerCommand:
+    """The llama-server a ``batch-invariance serve CERT`` line execs, as a server command
+    (environment as serve gives it: no ``LLAMA_ARG_*``, no user config file)."""
+    from batch_invariance.core.server_env import measured_env
+
+    line = parse_serve_line(command.argv, command.base_dir, command.origin)
+    try:
+        data = json.loads(line.cert.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ServeRefused(f"{command.origin}: cannot read cert {line.cert}: {exc}") from None
+    provenance = data.get("provenance") if isinstance(data, Mapping) else None
+    try:
+        argv = serve_argv(measured_argv(provenance or {}), line.neutral)
+    except ServeRefused as exc:
+        raise ServeRefused(f"{command.origin}: {exc}") from None
+    return ServerCommand(
+        origin=command.origin,
+        argv=argv,
+        env=measured_env(command.env),
+        base_dir=command.base_dir,
+        unread_env_files=command.unread_env_files,
+        unknown_env=command.unknown_env,
+    )
