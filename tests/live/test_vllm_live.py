@@ -203,7 +203,10 @@ def check_agreement(cert: Cert, found: Probe, label: str) -> None:
     if found.changed:
         assert cert.verdict in ("RED", "AMBER"), cert.decision_reasons
     else:
-        assert cert.verdict == "GREEN", cert.decision_reasons
+        # No answer changed: GREEN when the logprobs are bitwise equal too, AMBER when
+        # co-batching changed the numerics under the same tokens (latent drift).
+        drift = cert.verdict == "AMBER" and cert.anomaly == "latent_numeric_drift"
+        assert cert.verdict == "GREEN" or drift, cert.decision_reasons
 
 
 def test_vllm_cells_agree_with_an_independent_probe(
