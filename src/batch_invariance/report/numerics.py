@@ -107,7 +107,7 @@ def grid_svg(view: NumericsView) -> str:
     width = _LABEL + n_cols * (_CELL + _GAP) + 150
     height = 24 + n_rows * (_CELL + _GAP) + 8
     parts = [
-        f'<svg class="numerics-grid" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'<svg class="numerics-grid" width="{width}" '
         f'height="{height}" role="img" aria-label="rows x passes: logprob drift and token '
         f'flips"><text x="0" y="12" font-size="11">rows x passes</text>'
     ]
@@ -153,7 +153,7 @@ def risk_svg(view: NumericsView, width: int = 320, height: int = 160) -> str:
         for t, _ in view.curve
     )
     return (
-        f'<svg class="risk-curve" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'<svg class="risk-curve" width="{width}" '
         f'height="{height}" role="img" aria-label="estimated share of answers changing vs '
         f'answer length"><line x1="{left}" y1="{height - bottom}" x2="{width - right}" '
         f'y2="{height - bottom}" stroke="#888"/><line x1="{left}" y1="{top}" x2="{left}" '
