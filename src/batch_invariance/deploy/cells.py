@@ -14,6 +14,7 @@ A ``batch-invariance serve CERT`` line is read as the server it execs.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,21 +104,13 @@ def _host_path(model: str, command: ServerCommand) -> tuple[Path | None, str | N
     else:
         if command.in_container:
             return None, f"model {model} is inside the container (under no bind mount)"
-    path = Path(model).expanduser()
-    if path.is_absolute():
-        return path, None
-    if command.base_dir is None:
-        return None, f"model {model} is relative to a folder the reader could not follow"
-    return command.base_dir / path, None
+    return _as_written(model, "model", command)
 
 
 def _binary_path(command: ServerCommand) -> tuple[Path | None, str | None]:
     """Where the server binary of ``command`` is on this machine, or why it is not here: a
     path as written (relative to the deploy file's folder), a bare name looked up on the
     deploy's ``PATH`` (its own, else this process's)."""
-    import os
-    import shutil
-
     word = command.argv[0] if command.argv else "llama-server"
     if command.binary_elsewhere is not None:
         return None, f"server binary {word} {command.binary_elsewhere}"
@@ -127,11 +120,17 @@ def _binary_path(command: ServerCommand) -> tuple[Path | None, str | None]:
         if found is None:
             return None, f"server binary {word} is not on PATH here"
         return Path(found), None
+    return _as_written(word, "server binary", command)
+
+
+def _as_written(word: str, what: str, command: ServerCommand) -> tuple[Path | None, str | None]:
+    """A path as the deploy writes it: absolute, or relative to the folder the command runs
+    in; ``None`` and why when that folder is one the reader could not follow."""
     path = Path(word).expanduser()
     if path.is_absolute():
         return path, None
     if command.base_dir is None:
-        return None, f"server binary {word} is relative to a folder the reader could not follow"
+        return None, f"{what} {word} is relative to a folder the reader could not follow"
     return command.base_dir / path, None
 
 
