@@ -42,9 +42,11 @@ MEASURED_FLAGS = ("-ub", "1")
 OK_FLAGS = "-c 4096 -np 4 -ub 1 --cache-ram 0"
 
 
-def _provenance(model: Path, parallel: int, layout: str) -> dict[str, Any]:
-    """What run-live records for this cell: the model file, the server binary (``bin/`` beside
-    the model's folder) and the A / BC servers' argv."""
+def _provenance(
+    model: Path, parallel: int, layout: str, binary: Path | None = None
+) -> dict[str, Any]:
+    """What run-live records for this cell: the model file, the server binary (by default
+    ``bin/`` beside the model's folder) and the A / BC servers' argv."""
     from batch_invariance.engines.llama_server import build_argv
 
     def argv(n: int, kv: str) -> list[str]:
@@ -54,7 +56,7 @@ def _provenance(model: Path, parallel: int, layout: str) -> dict[str, Any]:
         )  # fmt: skip
 
     data = model.read_bytes()
-    binary = model.parent.parent / "bin" / "llama-server"
+    binary = binary or model.parent.parent / "bin" / "llama-server"
     return {
         "driver": "run-live",
         "server_binary": {

@@ -63,13 +63,9 @@ def _recorded(live_pair: Provisioned, root: Path, model: Path) -> Path:
     start them with (ctx 1024, N 4, split, -ub 1)."""
     from test_deploy import _live_cert, _provenance
 
-    provenance = _provenance(model, 4, "split")
+    provenance = _provenance(model, 4, "split", binary=live_pair.server_bin)
     for server in provenance["servers"]:
         server["argv"][0] = str(live_pair.server_bin)
-    provenance["server_binary"] = {
-        "path": str(live_pair.server_bin),
-        "sha256": live_pair.server_sha256,
-    }
     return _live_cert(root / "certs", model, provenance=provenance)
 
 
