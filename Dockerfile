@@ -42,7 +42,7 @@ RUN mkdir -p src/batch_invariance \
 
 COPY src ./src
 RUN /opt/venv/bin/pip install --no-deps . \
-    && /opt/venv/bin/python -c "import batch_invariance.container"
+    && /opt/venv/bin/python -c "import batch_invariance.action.container"
 
 ENV PATH=/opt/venv/bin:$PATH
 
@@ -52,4 +52,4 @@ ENV PATH=/opt/venv/bin:$PATH
 # hadolint ignore=DL3002
 USER 0
 
-ENTRYPOINT ["/opt/venv/bin/python", "-m", "batch_invariance.container"]
+ENTRYPOINT ["/opt/venv/bin/python", "-m", "batch_invariance.action.container"]

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import psutil
 
-from batch_invariance.engines import ports
-from batch_invariance.engines.gguf import parse_info
-from batch_invariance.engines.live_launcher import LiveLauncher
-from batch_invariance.engines.provision import provision
+from batch_invariance.host.gguf import parse_info
+from batch_invariance.provision.embedded import provision
 from batch_invariance.run.dispatch import run_serial
 from batch_invariance.run.transport import MARGIN_TOP_LOGPROBS, RequestTemplate
-from batch_invariance.run.workset import bundled_workset_path, load_workset
+from batch_invariance.servers import ports
+from batch_invariance.servers.live_launcher import LiveLauncher
+from batch_invariance.service.workset import bundled_workset_path, load_workset
 
 
 @dataclass

@@ -27,8 +27,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.engines.mock import MockKnobs, MockServer
-from batch_invariance.engines.mock.http import MockHandler
+from batch_invariance.mock import MockKnobs, MockServer
+from batch_invariance.mock.http import MockHandler
 
 _LLAMA_ONLY = ("/slots", "/props", "/completion", "/tokenize")
 

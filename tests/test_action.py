@@ -25,7 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance import action, action_inputs, action_outputs, exitcodes
+from batch_invariance import exitcodes
+from batch_invariance.action import entrypoint as action
+from batch_invariance.action import inputs as action_inputs
+from batch_invariance.action import outputs as action_outputs
 from batch_invariance.cert import render
 from factories import load_cert
 
@@ -516,7 +519,7 @@ def test_annotation_escapes_newlines_and_property_separators() -> None:
 
 
 def test_input_defaults_come_from_the_run_live_table() -> None:
-    from batch_invariance.run.live import ACTION_DEFAULTS, RUN_LIVE_DEFAULTS
+    from batch_invariance.service.live import ACTION_DEFAULTS, RUN_LIVE_DEFAULTS
 
     for name in ("gate_passes", "reps", "n_predict"):
         assert getattr(ACTION_DEFAULTS, name) == getattr(RUN_LIVE_DEFAULTS, name)
@@ -527,7 +530,7 @@ def test_input_defaults_come_from_the_run_live_table() -> None:
 
 
 def test_live_inputs_become_the_same_request_the_cli_builds(tmp_path: Path) -> None:
-    from batch_invariance.action_inputs import live_request
+    from batch_invariance.action.inputs import live_request
     from batch_invariance.cli import build_parser
     from batch_invariance.commands.cell_options import request_from_args
 
@@ -574,7 +577,7 @@ def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> No
 def test_the_engine_input_runs_that_engine_through_the_same_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from batch_invariance.action_inputs import live_request
+    from batch_invariance.action.inputs import live_request
     from batch_invariance.cli import build_parser
     from batch_invariance.commands.cell_options import request_from_args
     from test_engines_cell import stand_in

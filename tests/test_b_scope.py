@@ -18,7 +18,7 @@ from batch_invariance.core.schedule import (
     serial_repeat_decision,
 )
 from batch_invariance.core.verdict import CLASS_CO_BATCHING, CLASS_SLOT, decide
-from batch_invariance.engines.mock import MockKnobs
+from batch_invariance.mock import MockKnobs
 from factories import cert_for, green_evidence
 from test_sweep import _sweep
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines.mock import MockKnobs, MockServer
+from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.dispatch import (
     SAMPLE_INTERVAL_S,
     SETTLED_INTERVAL_S,

@@ -16,8 +16,8 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
 from batch_invariance.core.verdict import Verdict, decide
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import InfraError, UsageError
+from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, run_cell
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import Progress

@@ -13,16 +13,16 @@ import pytest
 from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.core.evidence import CellSpec
 from batch_invariance.core.verdict import decide
-from batch_invariance.engines import ports
-from batch_invariance.engines.attach import ARM_A_NOTE, AttachLauncher, attach_target
-from batch_invariance.engines.launch import EngineLauncher
-from batch_invariance.engines.mock import MockKnobs, MockServer
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import InfraError, UsageError
+from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.records import ArmStats, CellRun
 from batch_invariance.scorer_api import ExactMatchScorer
+from batch_invariance.servers import ports
+from batch_invariance.servers.attach import ARM_A_NOTE, AttachLauncher, attach_target
+from batch_invariance.servers.launch import EngineLauncher
 from engine_fakes import fake_engine
 from test_driver import ITEMS, POLICY, plan
 

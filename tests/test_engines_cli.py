@@ -11,8 +11,8 @@ import pytest
 from batch_invariance.cert.identity import identity_problems
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
-from batch_invariance.engines.mock import MockKnobs, MockServer
-from batch_invariance.run.workset import items_to_row
+from batch_invariance.mock import MockKnobs, MockServer
+from batch_invariance.service.workset import items_to_row
 from test_driver import ITEMS
 from test_engines_cell import stand_in
 
@@ -130,7 +130,7 @@ def test_usage_errors_exit_2_with_one_line(
 
 
 def test_attach_to_nothing_exits_4(workset: Path, tmp_path: Path) -> None:
-    from batch_invariance.engines import ports
+    from batch_invariance.servers import ports
 
     port = ports.pick_free(frozenset())
     assert main(_cell(workset, tmp_path / "out", "--base-url", f"http://127.0.0.1:{port}")) == 4

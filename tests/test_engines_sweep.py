@@ -11,7 +11,7 @@ import pytest
 
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
-from batch_invariance.run.workset import items_to_row
+from batch_invariance.service.workset import items_to_row
 from test_driver import ITEMS
 from test_engines_cell import stand_in
 
@@ -147,7 +147,7 @@ def test_a_gguf_engine_gets_the_memory_guard_before_any_launch(
 
 def test_an_unknown_engine_in_a_request_is_a_usage_error(tmp_path: Path) -> None:
     from batch_invariance.errors import UsageError
-    from batch_invariance.run.live import LiveRequest, prepare
+    from batch_invariance.service.live import LiveRequest, prepare
 
     with pytest.raises(UsageError, match="unknown --engine 'ollama'; choose one of"):
         prepare(LiveRequest(out_dir=tmp_path, engine="ollama", ctx=512, parallel=2))

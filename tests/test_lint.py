@@ -126,7 +126,7 @@ def test_dockerfile_facts() -> None:
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in text
     assert re.search(r"^USER 0$", text, flags=re.M)
     # The entrypoint runs the ldd preflight and hands files back before/after the Action.
-    assert '"-m", "batch_invariance.container"' in text
+    assert '"-m", "batch_invariance.action.container"' in text
     assert "libc-bin" in text  # ldd
 
 

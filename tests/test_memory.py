@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.engines import memory
-from batch_invariance.engines.gguf import parse_info
-from batch_invariance.engines.memory import GIB, HostMemory
 from batch_invariance.errors import GuardRefused
+from batch_invariance.host import memory
+from batch_invariance.host.gguf import parse_info
+from batch_invariance.host.memory import GIB, HostMemory
 from fakes_live import dense_meta, write_gguf
 
 
@@ -108,7 +108,7 @@ def test_group_rss_of_a_missing_process_is_zero() -> None:
 def test_gpu_figures_come_from_nvidia_smi_when_present(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from batch_invariance.engines import host as hostinfo
+    from batch_invariance.host import facts as hostinfo
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text(

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 import requests
 
-from batch_invariance.engines.mock import (
+from batch_invariance.errors import InfraError
+from batch_invariance.mock import (
     MockKnobs,
     MockLauncher,
     MockServer,
@@ -17,7 +18,6 @@ from batch_invariance.engines.mock import (
     diverged_answer,
     tokenize,
 )
-from batch_invariance.errors import InfraError
 
 
 def _chat(base: str, content: str, **extra: object) -> requests.Response:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.engines.ownership import hand_back
-from batch_invariance.engines.preflight import LinkGaps, check_binary, gap_message, parse_ldd
+from batch_invariance.action.ownership import hand_back
+from batch_invariance.action.preflight import LinkGaps, check_binary, gap_message, parse_ldd
 from batch_invariance.errors import UsageError
 
 LDD_NEWER_GLIBC_AND_CUDA13 = """\

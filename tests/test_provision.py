@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.engines import provision as prov
-from batch_invariance.engines.gguf import sha256_file
 from batch_invariance.errors import InfraError, UsageError
+from batch_invariance.host.gguf import sha256_file
+from batch_invariance.provision import embedded as prov
 from fakes_live import fake_server
 
 REAL_MODEL = Path.home() / ".cache" / "batch-invariance" / "models" / prov.MODEL_FILE

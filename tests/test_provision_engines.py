@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.engines.provision import Layout
-from batch_invariance.engines.provision_engines import (
+from batch_invariance.errors import InfraError
+from batch_invariance.provision.embedded import Layout
+from batch_invariance.provision.pinned_venv import (
     CMAKE_ARGS,
     LLAMA_CPP_PYTHON_VERSION,
     EngineVenv,
@@ -22,7 +23,7 @@ from batch_invariance.engines.provision_engines import (
     installed_version,
     venv_dir,
 )
-from batch_invariance.engines.provision_vllm import (
+from batch_invariance.provision.vllm import (
     TORCH_CPU_INDEX,
     VLLM_CPU_VENV,
     ensure_model_folder,
@@ -30,7 +31,6 @@ from batch_invariance.engines.provision_vllm import (
     model_dir,
     verified_folder,
 )
-from batch_invariance.errors import InfraError
 
 
 def fake_python(path: Path, prints: str) -> Path:

@@ -23,12 +23,12 @@ from batch_invariance.cert.verify import verify_cert
 from batch_invariance.core.chat_template import FALLBACK_WARNING, ChatTemplateCheck
 from batch_invariance.core.evidence import CellEvidence
 from batch_invariance.core.verdict import decide
-from batch_invariance.engines.mock import MockKnobs, MockLauncher
+from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import FinishedCell
 from batch_invariance.run.progress import Progress
-from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
 from batch_invariance.scorer_api import ExactMatchScorer
+from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from factories import cert_for, changed, green_evidence, replace_pass, replace_trial
 from test_driver import plan as driver_plan
 
@@ -155,9 +155,9 @@ def test_annotations() -> None:
 
 def test_dry_run_plan(tmp_path: Path) -> None:
     """The --dry-run plan on a fixed host (memory and CPUs are inputs, not read here)."""
-    from batch_invariance.engines.memory import GIB, HostMemory
-    from batch_invariance.run.dry_run import dry_run
-    from batch_invariance.run.live import LiveRequest, prepare
+    from batch_invariance.host.memory import GIB, HostMemory
+    from batch_invariance.service.dry_run import dry_run
+    from batch_invariance.service.live import LiveRequest, prepare
     from fakes_live import dense_meta, fake_server, write_gguf
 
     ws = tmp_path / "ws.json"

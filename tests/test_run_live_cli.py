@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cli import main
-from batch_invariance.engines import memory
-from batch_invariance.engines.gguf import parse_info
+from batch_invariance.host import memory
+from batch_invariance.host.gguf import parse_info
 from fakes_live import fake_cell_files
 
 
@@ -169,8 +169,8 @@ def test_plan_n_lists_every_n_and_launches_nothing(
 def test_fitted_prompts_must_leave_room_for_the_answer() -> None:
     from batch_invariance.core.workitem import WorkItem
     from batch_invariance.errors import UsageError
-    from batch_invariance.run.live import check_room_to_answer
-    from batch_invariance.run.workset import workset_from_items
+    from batch_invariance.service.live import check_room_to_answer
+    from batch_invariance.service.workset import workset_from_items
 
     def item(test_id: str, tokens: int | None) -> WorkItem:
         meta = {} if tokens is None else {"calibrated_tokens": tokens}

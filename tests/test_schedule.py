@@ -9,7 +9,7 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.core.evidence import GatePolicy, PassRecord
 from batch_invariance.core.schedule import red_proof, serial_repeat_decision
 from batch_invariance.core.verdict import decide
-from batch_invariance.run.mock_cell import MockRequest, run_mock_cell
+from batch_invariance.service.mock_cell import MockRequest, run_mock_cell
 from factories import green_evidence, serial_map
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.

@@ -20,15 +20,15 @@ import psutil
 import pytest
 import requests
 
-from batch_invariance.engines import ports
-from batch_invariance.engines.gguf import parse_info
-from batch_invariance.engines.live_launcher import LiveLauncher, identify_binary
-from batch_invariance.engines.llama_server import (
+from batch_invariance.errors import GuardRefused, InfraError, UsageError
+from batch_invariance.host.gguf import parse_info
+from batch_invariance.servers import ports
+from batch_invariance.servers.live_launcher import LiveLauncher, identify_binary
+from batch_invariance.servers.llama_server import (
     LlamaServer,
     build_argv,
     log_tail,
 )
-from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from fakes_live import (
     dense_meta,
     exiting_server,
@@ -253,8 +253,8 @@ def test_a_busy_fixed_port_is_refused() -> None:
 _HOLDER = r"""
 import sys, time
 from pathlib import Path
-from batch_invariance.engines import ports
-from batch_invariance.engines.llama_server import LlamaServer
+from batch_invariance.servers import ports
+from batch_invariance.servers.llama_server import LlamaServer
 exe, model, log_dir, mode = sys.argv[1:5]
 srv = LlamaServer(Path(exe), Path(model), arm="A", parallel=1, ctx=256,
                   port=ports.pick_free(ports.DEFAULT_RESERVED), log_dir=Path(log_dir))
@@ -301,7 +301,7 @@ def test_no_server_outlives_its_owner(
 
 
 def test_host_summary_names_os_cpus_and_memory() -> None:
-    from batch_invariance.engines import host
+    from batch_invariance.host import facts as host
 
     facts = host.summary()
     assert set(facts) == {"os", "machine", "python", "cpu_model", "cpu_count", "cpu_usable",

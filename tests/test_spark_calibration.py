@@ -13,7 +13,7 @@ from typing import Literal
 import pytest
 
 from batch_invariance.core.evidence import OK
-from batch_invariance.engines.mock import MockKnobs, MockLauncher, tokenize
+from batch_invariance.mock import MockKnobs, MockLauncher, tokenize
 from batch_invariance.profiles import resolve_profile_run
 from batch_invariance.profiles.calibration import PrelaunchedLauncher
 from batch_invariance.profiles.tokens import server_token_counter

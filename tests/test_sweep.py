@@ -18,18 +18,18 @@ from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines import memory
-from batch_invariance.engines.gguf import parse_info
-from batch_invariance.engines.mock import MockKnobs, MockLauncher
 from batch_invariance.errors import UsageError
+from batch_invariance.host import memory
+from batch_invariance.host.gguf import parse_info
+from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import ServerHandle, run_cells
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import NullProgress
 from batch_invariance.run.records import CellRun
-from batch_invariance.run.sweep import parse_parallels
-from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
-from batch_invariance.run.workset import bundled_workset_path, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
+from batch_invariance.service.sweep import parse_parallels
+from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
+from batch_invariance.service.workset import bundled_workset_path, load_workset
 from fakes_live import fake_cell_files
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.

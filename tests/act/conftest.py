@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from act_run import CHECKOUT, UPLOAD_ARTIFACT, ActSetup, remove_containers_under
 from scratch import REPO, Scratch, make_scratch
 
-from batch_invariance.engines.provision import Layout, cache_root, provision
+from batch_invariance.provision.embedded import Layout, cache_root, provision
 
 ENABLED = os.environ.get("BI_ACT_TESTS") == "1"
 

@@ -22,7 +22,7 @@ from runner_job import Job
 from batch_invariance import exitcodes
 from batch_invariance.cert.certificate import cert_is_green
 from batch_invariance.cert.verify import verify_cert_file
-from batch_invariance.engines.provision import provision
+from batch_invariance.provision.embedded import provision
 from factories import load_cert
 from test_action import parse_github_output
 

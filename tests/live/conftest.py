@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.engines.provision import Provisioned, provision
+from batch_invariance.provision.embedded import Provisioned, provision
 
 DEMO_WORKSET = (
     Path(__file__).resolve().parents[2] / "src" / "batch_invariance" / "data" / "worksets" /

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
-from batch_invariance.engines.provision import cache_root, provision
+from batch_invariance.provision.embedded import cache_root, provision
 
 pytestmark = pytest.mark.live
 

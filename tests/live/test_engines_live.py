@@ -14,17 +14,17 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan
-from batch_invariance.engines import ports
-from batch_invariance.engines.attach import AttachLauncher, attach_target
 from batch_invariance.engines.base import LaunchRequest
-from batch_invariance.engines.llama_server import LlamaServer
-from batch_invariance.engines.provision import Layout, Provisioned, cache_root
-from batch_invariance.engines.provision_engines import EngineVenv, ensure_llama_cpp_python
 from batch_invariance.engines.registry import engine_for
+from batch_invariance.provision.embedded import Layout, Provisioned, cache_root
+from batch_invariance.provision.pinned_venv import EngineVenv, ensure_llama_cpp_python
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import FinishedCell, finish_cell
-from batch_invariance.run.workset import expand_reps, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
+from batch_invariance.servers import ports
+from batch_invariance.servers.attach import AttachLauncher, attach_target
+from batch_invariance.servers.llama_server import LlamaServer
+from batch_invariance.service.workset import expand_reps, load_workset
 
 pytestmark = pytest.mark.live
 

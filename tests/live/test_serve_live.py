@@ -23,7 +23,7 @@ import requests
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
 from batch_invariance.deploy.serve_plan import serve_argv
-from batch_invariance.engines.provision import Provisioned
+from batch_invariance.provision.embedded import Provisioned
 
 pytestmark = pytest.mark.live
 

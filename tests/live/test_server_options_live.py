@@ -7,8 +7,8 @@ import pytest
 
 from batch_invariance.core import server_options
 from batch_invariance.core.llama_flags import read_flags
-from batch_invariance.engines.provision import Provisioned
 from batch_invariance.engines.server_help import options_of
+from batch_invariance.provision.embedded import Provisioned
 
 pytestmark = pytest.mark.live
 

@@ -17,11 +17,11 @@ import pytest
 import requests
 
 from batch_invariance.cli import main
-from batch_invariance.engines import ports
-from batch_invariance.engines.llama_server import LlamaServer
-from batch_invariance.engines.provision import Provisioned, provision
 from batch_invariance.profiles.spark.workset import generate
 from batch_invariance.profiles.tokens import server_token_counter
+from batch_invariance.provision.embedded import Provisioned, provision
+from batch_invariance.servers import ports
+from batch_invariance.servers.llama_server import LlamaServer
 
 pytestmark = pytest.mark.live
 

@@ -33,9 +33,9 @@ import requests
 from batch_invariance.cert.parse import parse_cert
 from batch_invariance.cert.schema import Cert
 from batch_invariance.cli import main
-from batch_invariance.engines.provision import Layout, cache_root
-from batch_invariance.engines.provision_vllm import VllmProvisioned, ensure_vllm
 from batch_invariance.errors import InfraError
+from batch_invariance.provision.embedded import Layout, cache_root
+from batch_invariance.provision.vllm import VllmProvisioned, ensure_vllm
 
 pytestmark = pytest.mark.live
 

@@ -1,5 +1,5 @@
 """The cell options ``run-live`` and ``demo`` share, and the one reader that turns them into
-a :class:`~batch_invariance.run.live.LiveRequest`."""
+a :class:`~batch_invariance.service.live.LiveRequest`."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from batch_invariance.core.evidence import (
     DEFAULT_MAX_BOUND,
     DEFAULT_MIN_ANSWER_TOKENS,
 )
-from batch_invariance.engines import memory
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
-from batch_invariance.run.dry_run import dry_run, usable_cpus
-from batch_invariance.run.live import (
+from batch_invariance.host import memory
+from batch_invariance.service.dry_run import dry_run, usable_cpus
+from batch_invariance.service.live import (
     DEFAULT_MIN_HOT_TRIALS,
     DEFAULT_READY_TIMEOUT,
     DEFAULT_REQ_TIMEOUT,
@@ -28,7 +28,7 @@ from batch_invariance.run.live import (
     LiveRequest,
     prepare,
 )
-from batch_invariance.run.live_profile import ProfileRequest
+from batch_invariance.service.profile import ProfileRequest
 
 
 def add_target_options(p: argparse.ArgumentParser) -> None:

@@ -25,9 +25,9 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
-from batch_invariance.engines.provision import cache_root, provision
-from batch_invariance.run.live import CellDefaults, run_live_cell
+from batch_invariance.provision.embedded import cache_root, provision
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.live import CellDefaults, run_live_cell
 
 #: Measured demo defaults (2 cores, see examples/certs/README.md).
 DEMO_DEFAULTS = CellDefaults(

@@ -8,9 +8,9 @@ from typing import Any
 
 from batch_invariance import exitcodes
 from batch_invariance.core.plan import number_problems
-from batch_invariance.engines import memory
-from batch_invariance.engines.gguf import parse_info
 from batch_invariance.errors import UsageError
+from batch_invariance.host import memory
+from batch_invariance.host.gguf import parse_info
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.engines.provision import (
+from batch_invariance.provision.embedded import (
     Layout,
     cache_root,
     ensure_model,
@@ -15,8 +15,8 @@ from batch_invariance.engines.provision import (
     provision,
     say_stderr,
 )
-from batch_invariance.engines.provision_engines import ensure_llama_cpp_python
-from batch_invariance.engines.provision_vllm import ensure_vllm
+from batch_invariance.provision.pinned_venv import ensure_llama_cpp_python
+from batch_invariance.provision.vllm import ensure_vllm
 
 #: Engines this command can provision (SGLang needs a GPU host and its own install).
 PROVISIONED_ENGINES = ("llama-server", "llama-cpp-python", "vllm")

@@ -1,8 +1,8 @@
 """`batch-invariance run-live`: one real cell against the user's own ``llama-server`` (or
 another engine, ``--engine``, or a server already running, ``--base-url``).
 
-request (argparse -> :class:`~batch_invariance.run.live.LiveRequest`) -> service
-(:func:`~batch_invariance.run.live.run_live_cell`) -> render (the banner) -> exit code.
+request (argparse -> :class:`~batch_invariance.service.live.LiveRequest`) -> service
+(:func:`~batch_invariance.service.live.run_live_cell`) -> render (the banner) -> exit code.
 ``--dry-run`` prints the plan and launches nothing.
 """
 
@@ -20,8 +20,8 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
-from batch_invariance.run.live import RUN_LIVE_DEFAULTS, run_live_cell
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.live import RUN_LIVE_DEFAULTS, run_live_cell
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

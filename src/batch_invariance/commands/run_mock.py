@@ -1,7 +1,7 @@
 """`batch-invariance run-mock`: the full A/B/C gate against the in-process mock server.
 
-request (argparse -> :class:`~batch_invariance.run.mock_cell.MockRequest`) -> service
-(:func:`~batch_invariance.run.mock_cell.run_mock_cell`) -> render -> exit code. The default
+request (argparse -> :class:`~batch_invariance.service.mock_cell.MockRequest`) -> service
+(:func:`~batch_invariance.service.mock_cell.run_mock_cell`) -> render -> exit code. The default
 mock is batch-invariant and should earn GREEN; ``--batch-divergence`` makes co-batched
 requests change their answers and should earn RED. Exit 0 when the verdict is the one the
 mode predicts; the cert says ``source: mock`` and is never promotable.
@@ -18,8 +18,8 @@ from batch_invariance import exitcodes
 from batch_invariance.cert.render import mock_prediction, mock_report
 from batch_invariance.commands.cell_options import add_policy_options
 from batch_invariance.core.evidence import GatePolicy
-from batch_invariance.run.mock_cell import MOCK_MODEL, MockRequest, run_mock_cell
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.mock_cell import MOCK_MODEL, MockRequest, run_mock_cell
 
 _DEFAULTS = MockRequest(out_dir=Path())
 

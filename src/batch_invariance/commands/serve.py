@@ -58,7 +58,7 @@ def _recorded_sha(provenance: Mapping[str, Any], key: str) -> str | None:
 def check_files(argv: Sequence[str], provenance: Mapping[str, Any]) -> None:
     """The binary and model the argv runs must be the bytes the cert measured."""
     from batch_invariance.core.llama_flags import read_flags
-    from batch_invariance.engines.gguf import cached_sha256
+    from batch_invariance.host.gguf import cached_sha256
 
     flags = read_flags(argv, first_is_binary=True)
     unchecked = sorted({o.written for o in flags.options if o.canonical in _UNCHECKED_FILES})
@@ -107,7 +107,7 @@ def handle(args: argparse.Namespace) -> int:
     from batch_invariance.core.server_env import engine_env
     from batch_invariance.deploy.gate import engine_env_differences
     from batch_invariance.deploy.serve_plan import measured_argv, serve_argv
-    from batch_invariance.engines.llama_server import refuse_system_config, server_env
+    from batch_invariance.servers.llama_server import refuse_system_config, server_env
 
     if not isinstance(args.cert, Path) or not args.cert.is_file():
         raise UsageError(f"cert not found: {args.cert}")

@@ -1,7 +1,7 @@
 """`batch-invariance sweep`: one live cell per ``--parallel`` N, sharing arm A.
 
-request (argparse -> :class:`~batch_invariance.run.sweep.SweepRequest`) -> service
-(:func:`~batch_invariance.run.sweep.run_sweep`) -> render (a banner per cell and the sweep
+request (argparse -> :class:`~batch_invariance.service.sweep.SweepRequest`) -> service
+(:func:`~batch_invariance.service.sweep.run_sweep`) -> render (a banner per cell and the sweep
 table) -> exit code.
 """
 
@@ -22,9 +22,9 @@ from batch_invariance.commands.cell_options import (
     print_dry_run,
     request_from_args,
 )
-from batch_invariance.run.live import SWEEP_DEFAULTS
 from batch_invariance.run.progress import Progress
-from batch_invariance.run.sweep import (
+from batch_invariance.service.live import SWEEP_DEFAULTS
+from batch_invariance.service.sweep import (
     SweepOutcome,
     SweepRequest,
     check_sweepable,

@@ -137,7 +137,7 @@ def _as_written(word: str, what: str, command: ServerCommand) -> tuple[Path | No
 def _trained_ctx(path: Path | None) -> int | None:
     if path is None or not path.is_file():
         return None
-    from batch_invariance.engines.gguf import parse_info
+    from batch_invariance.host.gguf import parse_info
 
     try:
         return parse_info(path).context_length

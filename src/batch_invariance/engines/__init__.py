@@ -1,1 +1,2 @@
-"""Servers under test: the llama-server process, the loopback mock, host facts, provisioning."""
+"""Engine adapters: what differs between llama-server and its work-alikes (argv, flags,
+readiness, witnesses, cache counters), one :class:`~batch_invariance.engines.base.Engine` each."""

@@ -12,11 +12,11 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from batch_invariance.core.chat_template import LLAMA_CPP_CHATML_FALLBACK
-from batch_invariance.engines.mock.knobs import Busy, Generation
-from batch_invariance.engines.mock.oracle import token_id, tokenize
+from batch_invariance.mock.knobs import Busy, Generation
+from batch_invariance.mock.oracle import token_id, tokenize
 
 if TYPE_CHECKING:
-    from batch_invariance.engines.mock.engine import MockServer
+    from batch_invariance.mock.engine import MockServer
 
 
 def _render_chat(messages: Any) -> str:

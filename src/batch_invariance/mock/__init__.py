@@ -10,10 +10,10 @@ injects the faults the verdict must tell apart; :class:`MockLauncher` implements
 This is never a substitute for the real server: certs from it are ``source=mock``.
 """
 
-from batch_invariance.engines.mock.engine import MockServer
-from batch_invariance.engines.mock.knobs import Generation, MockKnobs, MockStats
-from batch_invariance.engines.mock.launcher import MockHandle, MockLauncher, wait_ready
-from batch_invariance.engines.mock.oracle import answer_for, diverged_answer, token_id, tokenize
+from batch_invariance.mock.engine import MockServer
+from batch_invariance.mock.knobs import Generation, MockKnobs, MockStats
+from batch_invariance.mock.launcher import MockHandle, MockLauncher, wait_ready
+from batch_invariance.mock.oracle import answer_for, diverged_answer, token_id, tokenize
 
 __all__ = [
     "Generation",

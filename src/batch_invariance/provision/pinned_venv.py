@@ -10,7 +10,7 @@ from.
 
 ``provision --engine llama-cpp-python`` installs the pinned ``llama-cpp-python[server]``,
 which builds its vendored llama.cpp from source (a long build on few cores). vLLM's venvs are
-in :mod:`batch_invariance.engines.provision_vllm`. SGLang is not provisioned: it needs a GPU
+in :mod:`batch_invariance.provision.vllm`. SGLang is not provisioned: it needs a GPU
 host, where the operator installs it and names its Python with --server-bin.
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batch_invariance.engines.provision import Layout, Say, locked, run_logged, say_stderr
 from batch_invariance.errors import InfraError
+from batch_invariance.provision.embedded import Layout, Say, locked, run_logged, say_stderr
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_PYTHON_REQUIREMENT = f"llama-cpp-python[server]=={LLAMA_CPP_PYTHON_VERSION}"

@@ -4,7 +4,7 @@
 :class:`LiveRequest` (from argparse or from ``INPUT_*``) and call :func:`run_live_cell`.
 :func:`prepare` validates the request once, in a fixed order (usage errors first, before
 anything is launched) and resolves it into a :class:`LiveCell`: the files checked, the
-work-set and scorer loaded, the server side checked (:mod:`batch_invariance.run.live_target`:
+work-set and scorer loaded, the server side checked (:mod:`batch_invariance.service.target`:
 the engine, its binary and model or the attached URL, the GGUF header where there is one), the
 out-dir created. ``source`` is ``live`` when this code path spawns the servers itself (any
 engine) and ``attached`` for ``--base-url``.
@@ -27,25 +27,31 @@ from batch_invariance.core.evidence import (
 )
 from batch_invariance.core.plan import CellPlan, Endpoint, number_problems
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.engines import memory, ports
-from batch_invariance.engines.llama_server import KvLayout
 from batch_invariance.engines.registry import DEFAULT_ENGINE
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
+from batch_invariance.host import memory
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import FinishedCell, finish_cell, prepare_out_dir
-from batch_invariance.run.live_profile import ProfileInputs, ProfileRequest, resolve_profile
-from batch_invariance.run.live_provenance import provenance_for
-from batch_invariance.run.live_target import (
+from batch_invariance.run.progress import ProgressSink
+from batch_invariance.run.records import CellRun, ModelTemplate
+from batch_invariance.servers import ports
+from batch_invariance.servers.llama_server import KvLayout
+from batch_invariance.service.profile import ProfileInputs, ProfileRequest, resolve_profile
+from batch_invariance.service.provenance import provenance_for
+from batch_invariance.service.scorer_loader import load_scorer
+from batch_invariance.service.target import (
     LiveServerLauncher,
     ServerTarget,
     identify,
     make_launcher,
     resolve_target,
 )
-from batch_invariance.run.progress import ProgressSink
-from batch_invariance.run.records import CellRun, ModelTemplate
-from batch_invariance.run.scorer_loader import load_scorer
-from batch_invariance.run.workset import Workset, bundled_workset_path, expand_reps, load_workset
+from batch_invariance.service.workset import (
+    Workset,
+    bundled_workset_path,
+    expand_reps,
+    load_workset,
+)
 
 __all__ = [
     "ACTION_DEFAULTS",

@@ -1,12 +1,13 @@
 """The action image's entrypoint: preflight, the Action, then hand files back to their owner.
 
-``python -m batch_invariance.container`` is what the Docker image runs. It
+``python -m batch_invariance.action.container`` is what the Docker image runs. It
 
-1. checks the mounted ``server-bin`` with ``ldd`` (:mod:`batch_invariance.engines.preflight`)
+1. checks the mounted ``server-bin`` with ``ldd`` (:mod:`batch_invariance.action.preflight`)
    and stops with one ``::error::`` line when the image cannot run it;
-2. runs the Action's entrypoint (:func:`batch_invariance.action.main`), which reads INPUT_*;
+2. runs the Action's entrypoint (:func:`~batch_invariance.action.entrypoint.main`), which
+   reads INPUT_*;
 3. gives every file it created in the workspace and in ``$HOME`` back to the owner of that
-   folder (:mod:`batch_invariance.engines.ownership`), whatever the outcome.
+   folder (:mod:`batch_invariance.action.ownership`), whatever the outcome.
 
 The exit code is the Action's (or the preflight's configuration-error code).
 """
@@ -29,7 +30,7 @@ _CLOCK_SLACK_NS = 2_000_000_000
 
 
 def _server_bin(env: Mapping[str, str]) -> Path | None:
-    from batch_invariance.action_inputs import input_value
+    from batch_invariance.action.inputs import input_value
 
     raw = (input_value(env, "server-bin") or "").strip()
     if not raw:
@@ -42,8 +43,8 @@ def _server_bin(env: Mapping[str, str]) -> Path | None:
 
 def preflight(env: Mapping[str, str]) -> int | None:
     """None when the run may go ahead, else the exit code after reporting the problem."""
+    from batch_invariance.action.preflight import check_binary
     from batch_invariance.cert.render import annotation
-    from batch_invariance.engines.preflight import check_binary
 
     binary = _server_bin(env)
     if binary is None:
@@ -62,8 +63,8 @@ def preflight(env: Mapping[str, str]) -> int | None:
 
 def give_back(env: Mapping[str, str], since_ns: int) -> None:
     """Hand the workspace's and HOME's new root-owned files to those folders' owners."""
+    from batch_invariance.action.ownership import hand_back
     from batch_invariance.cert.render import annotation
-    from batch_invariance.engines.ownership import hand_back
 
     folders = {env.get("GITHUB_WORKSPACE") or os.getcwd(), env.get("HOME") or ""}
     for folder in sorted(f for f in folders if f and Path(f).is_dir()):
@@ -80,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         refused = preflight(env)
         if refused is not None:
             return refused
-        from batch_invariance.action import main as action_main
+        from batch_invariance.action.entrypoint import main as action_main
 
         return action_main(list(argv or []))
     finally:

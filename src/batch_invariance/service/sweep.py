@@ -4,7 +4,7 @@ Arm A (and A', once some N's B differed from A) runs once on its own ``--paralle
 and every N compares against it; each N gets its own ``--parallel N`` server for arm B and its
 C passes, so K values make 1 + K launches (one more if A' runs). Every cell is finished
 exactly as ``run-live`` finishes it (:func:`~batch_invariance.run.finish.finish_cell`) and its
-cert re-derives on its own; ``sweep.json`` (:mod:`batch_invariance.run.sweep_summary`) lists
+cert re-derives on its own; ``sweep.json`` (:mod:`batch_invariance.service.sweep_summary`) lists
 them with ``max_safe_parallel``. N values the memory guard refuses are named there as not run,
 before anything launches (where a guard applies: a GGUF model). Any launched engine can be
 swept (``--engine``); an attached server cannot, since its N is not the tool's to change.
@@ -21,17 +21,17 @@ from typing import Any
 
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.cert.verify import verify_path
-from batch_invariance.engines import memory
-from batch_invariance.engines.live_launcher import LaunchRecord
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
+from batch_invariance.host import memory
 from batch_invariance.run.cell import ServerLauncher, run_cells
 from batch_invariance.run.finish import finish_cell
-from batch_invariance.run.live import LiveRequest, check_room_to_answer, prepare
-from batch_invariance.run.live_provenance import provenance_for
-from batch_invariance.run.live_target import LiveServerLauncher, identify
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
-from batch_invariance.run.sweep_summary import SweepCell, sweep_summary
+from batch_invariance.servers.live_launcher import LaunchRecord
+from batch_invariance.service.live import LiveRequest, check_room_to_answer, prepare
+from batch_invariance.service.provenance import provenance_for
+from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
+from batch_invariance.service.target import LiveServerLauncher, identify
 
 __all__ = [
     "SWEEP_FILE",

@@ -1,10 +1,10 @@
 """The GitHub Action's entrypoint: ``python -m batch_invariance.action``.
 
-It reads the step's inputs from ``INPUT_*`` (:mod:`batch_invariance.action_inputs`), builds the
+It reads the step's inputs from ``INPUT_*`` (:mod:`batch_invariance.action.inputs`), builds the
 same typed request the CLI builds and calls the same service (``run_live_cell`` /
 ``run_mock_cell``) with the same driver and core, then:
 
-* writes the outputs to ``$GITHUB_OUTPUT`` (:mod:`batch_invariance.action_outputs`);
+* writes the outputs to ``$GITHUB_OUTPUT`` (:mod:`batch_invariance.action.outputs`);
 * appends a Markdown job summary to ``$GITHUB_STEP_SUMMARY`` (:mod:`batch_invariance.cert.render`);
 * prints ``::error::`` / ``::notice::`` annotations;
 * signs the cert with sigstore when ``sign`` is true;
@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import TextIO
 
 from batch_invariance import exitcodes
-from batch_invariance.action_inputs import (
+from batch_invariance.action.inputs import (
     ActionInputs,
     check_server_pair,
     live_request,
     mock_request,
     read_inputs,
 )
-from batch_invariance.action_outputs import (
+from batch_invariance.action.outputs import (
     OUTPUT_NAMES,
     append_runner_file,
     format_outputs,
@@ -59,16 +59,16 @@ from batch_invariance.errors import (
 )
 from batch_invariance.interrupts import sigterm_raises
 from batch_invariance.run.finish import FinishedCell
-from batch_invariance.run.live import run_live_cell
-from batch_invariance.run.mock_cell import run_mock_cell
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.mock_cell import run_mock_cell
 
 Provisioner = Callable[[], tuple[Path, Path]]
 
 
 def embedded_default() -> tuple[Path, Path]:
     """Provision the embedded default (real llama-server + Gemma 3 270M) and return it."""
-    from batch_invariance.engines.provision import provision
+    from batch_invariance.provision.embedded import provision
 
     got = provision()
     return got.server_bin, got.model
@@ -178,7 +178,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exitcodes.USAGE
     with sigterm_raises():
         return run_action(os.environ)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

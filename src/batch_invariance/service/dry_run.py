@@ -7,11 +7,12 @@ import os
 from dataclasses import dataclass
 
 from batch_invariance.core.plan import eta_seconds, serial_arm_count
-from batch_invariance.engines import memory, ports
 from batch_invariance.engines.base import LaunchRequest
-from batch_invariance.engines.llama_server import KvLayout, build_argv, kv_label
 from batch_invariance.errors import UsageError
-from batch_invariance.run.live import LiveCell
+from batch_invariance.host import memory
+from batch_invariance.servers import ports
+from batch_invariance.servers.llama_server import KvLayout, build_argv, kv_label
+from batch_invariance.service.live import LiveCell
 
 __all__ = ["DryRun", "dry_run", "usable_cpus"]
 

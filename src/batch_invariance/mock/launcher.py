@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 import requests
 
-from batch_invariance.engines.mock.engine import MockServer
-from batch_invariance.engines.mock.knobs import MockKnobs
 from batch_invariance.errors import InfraError
+from batch_invariance.mock.engine import MockServer
+from batch_invariance.mock.knobs import MockKnobs
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from batch_invariance import __version__
-from batch_invariance.engines import host as hostinfo
-from batch_invariance.engines.live_launcher import LaunchRecord
-from batch_invariance.run.workset import Workset
+from batch_invariance.host import facts as hostinfo
+from batch_invariance.servers.live_launcher import LaunchRecord
+from batch_invariance.service.workset import Workset
 
 if TYPE_CHECKING:
-    from batch_invariance.run.live import LiveCell
-    from batch_invariance.run.live_target import ServerTarget, TargetIdentity
+    from batch_invariance.service.live import LiveCell
+    from batch_invariance.service.target import ServerTarget, TargetIdentity
 
 
 def _round(value: float | None) -> float | None:

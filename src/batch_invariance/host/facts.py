@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.engines.memory import query_nvidia_smi, read_meminfo
+from batch_invariance.host.memory import query_nvidia_smi, read_meminfo
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from batch_invariance.engines import memory, ports
-from batch_invariance.engines.gguf import GgufInfo, sha256_file
-from batch_invariance.engines.llama_server import KvLayout, LlamaServer
 from batch_invariance.errors import InfraError
+from batch_invariance.host import memory
+from batch_invariance.host.gguf import GgufInfo, sha256_file
+from batch_invariance.servers import ports
+from batch_invariance.servers.llama_server import KvLayout, LlamaServer
 
 __all__ = ["BinaryIdentity", "LaunchRecord", "LiveLauncher", "identify_binary", "recorded"]
 

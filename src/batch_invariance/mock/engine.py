@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from batch_invariance.engines.mock.http import MockHandler
-from batch_invariance.engines.mock.knobs import Busy, Generation, MockKnobs, MockStats
-from batch_invariance.engines.mock.oracle import answer_for, diverged_answer, resplit, tokenize
 from batch_invariance.errors import InfraError
+from batch_invariance.mock.http import MockHandler
+from batch_invariance.mock.knobs import Busy, Generation, MockKnobs, MockStats
+from batch_invariance.mock.oracle import answer_for, diverged_answer, resplit, tokenize
 
 
 @dataclass

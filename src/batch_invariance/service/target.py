@@ -18,25 +18,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from batch_invariance.core.llama_flags import FlagError, read_flags
-from batch_invariance.engines import memory, ports
-from batch_invariance.engines.attach import AttachLauncher, AttachTarget, attach_target
 from batch_invariance.engines.base import Engine, flag_conflicts
-from batch_invariance.engines.gguf import GgufInfo, cached_sha256, parse_info
-from batch_invariance.engines.launch import EngineLauncher
-from batch_invariance.engines.live_launcher import (
+from batch_invariance.engines.registry import DEFAULT_ENGINE, engine_for
+from batch_invariance.errors import UsageError
+from batch_invariance.host import memory
+from batch_invariance.host.gguf import GgufInfo, cached_sha256, parse_info
+from batch_invariance.provision.embedded import cache_root
+from batch_invariance.run.cell import ServerLauncher
+from batch_invariance.servers import ports
+from batch_invariance.servers.attach import AttachLauncher, AttachTarget, attach_target
+from batch_invariance.servers.launch import EngineLauncher
+from batch_invariance.servers.live_launcher import (
     BinaryIdentity,
     LaunchRecord,
     LiveLauncher,
     identify_binary,
 )
-from batch_invariance.engines.provision import cache_root
-from batch_invariance.engines.registry import DEFAULT_ENGINE, engine_for
-from batch_invariance.errors import UsageError
-from batch_invariance.run.cell import ServerLauncher
-from batch_invariance.run.live_profile import ProfileInputs
+from batch_invariance.service.profile import ProfileInputs
 
 if TYPE_CHECKING:
-    from batch_invariance.run.live import LiveRequest
+    from batch_invariance.service.live import LiveRequest
 
 ATTACHED_NO_GGUF = "attached: the tool did not start the server and reads no model file"
 

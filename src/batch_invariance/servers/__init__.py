@@ -1,0 +1,1 @@
+"""Server processes the tool runs or attaches to: supervision, launchers, attach mode, ports."""
