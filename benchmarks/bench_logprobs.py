@@ -29,7 +29,7 @@ from batch_invariance.run.dispatch import run_serial
 from batch_invariance.run.transport import MARGIN_TOP_LOGPROBS, RequestTemplate
 from batch_invariance.servers import ports
 from batch_invariance.servers.live_launcher import LiveLauncher
-from batch_invariance.service.workset import bundled_workset_path, load_workset
+from batch_invariance.run.workset import bundled_workset_path, load_workset
 
 
 @dataclass

@@ -7,7 +7,7 @@ import math
 
 from batch_invariance.commands.demo import DEMO_DEFAULTS, DEMO_WORKSET
 from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
-from batch_invariance.service.workset import bundled_workset_path, load_workset
+from batch_invariance.run.workset import bundled_workset_path, load_workset
 
 #: The distinct prompts a GREEN needs: the rule-of-three bound 3/n must reach the max bound.
 MIN_DISTINCT_PROMPTS = math.ceil(3 / DEFAULT_MAX_BOUND)

@@ -113,7 +113,7 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     from batch_invariance.run.cell import CellPlan, run_cell
     from batch_invariance.run.finish import finish_cell
     from batch_invariance.scorer_api import load_scorer
-    from batch_invariance.service.workset import load_workset
+    from batch_invariance.run.workset import load_workset
 
     ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
     with resources.as_file(ref) as path:

@@ -12,7 +12,7 @@ from batch_invariance.cert.identity import identity_problems
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.mock import MockKnobs, MockServer
-from batch_invariance.service.workset import items_to_row
+from batch_invariance.run.workset import items_to_row
 from test_driver import ITEMS
 from test_engines_cell import stand_in
 

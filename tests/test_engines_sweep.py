@@ -11,7 +11,7 @@ import pytest
 
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
-from batch_invariance.service.workset import items_to_row
+from batch_invariance.run.workset import items_to_row
 from test_driver import ITEMS
 from test_engines_cell import stand_in
 

@@ -24,7 +24,7 @@ from batch_invariance.profiles.models import (
 from batch_invariance.profiles.spark.scorer import SparkScorer
 from batch_invariance.profiles.tokens import approx_token_count
 from batch_invariance.scorer_api import ExactMatchScorer
-from batch_invariance.service.workset import load_workset
+from batch_invariance.run.workset import load_workset
 
 MODELS_TOML = """
 [defaults]
@@ -94,7 +94,7 @@ def write_user_profile(root: Path, scorer_body: str, workset_body: str | None = 
         workset_body
         or textwrap.dedent(
             """
-            from batch_invariance.service.workset import WorkItem
+            from batch_invariance.run.workset import WorkItem
             from .helpers import ANSWER
 
             def generate(ctx, corner, seed, token_counter):

@@ -74,7 +74,7 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("batch_invariance_no_such_module:X", "importing"),
         ("batch_invariance.scorer_api:Nope", "has no attribute"),
         ("batch_invariance.core.scoring:SCORER_ERROR", "neither a Scorer nor a function"),
-        ("batch_invariance.service.workset:WorkItem", "is not a batch_invariance Scorer"),
+        ("batch_invariance.run.workset:WorkItem", "is not a batch_invariance Scorer"),
         ("os:getcwd", "cannot be called as fn(text, expected, *, item)"),
         ("json:dumps", "cannot be called as fn(text, expected, *, item)"),
     ],

@@ -13,7 +13,7 @@ from batch_invariance.profiles.spark.scorer import SparkScorer, is_runaway, make
 from batch_invariance.profiles.spark.workset import generate
 from batch_invariance.profiles.tokens import approx_token_count
 from batch_invariance.scorer_api import Completion, Scorer, evaluate
-from batch_invariance.service.workset import load_workset
+from batch_invariance.run.workset import load_workset
 
 SCORER = SparkScorer()
 
@@ -238,7 +238,7 @@ def test_make_scorer_gives_a_scorer() -> None:
 def test_generated_expected_answers_score_full_marks_after_a_file_round_trip(tmp_path: Any) -> None:
     """Every generated item's own expected answer, as a model would write it, scores 1.0 and
     ``ok`` -- also after make-workset's file format is read back (meta survives as JSON)."""
-    from batch_invariance.service.workset import items_to_row
+    from batch_invariance.run.workset import items_to_row
 
     items = generate(4096, "balanced", 3, approx_token_count)
     path = tmp_path / "ws.json"

@@ -20,7 +20,7 @@ from batch_invariance.profiles.spark.haystack import haystack_blocks, load_corpu
 from batch_invariance.profiles.spark.task import canonical_json
 from batch_invariance.profiles.spark.workset import CORNERS, generate
 from batch_invariance.profiles.tokens import approx_token_count
-from batch_invariance.service.workset import items_to_row
+from batch_invariance.run.workset import items_to_row
 
 
 def render(items: list[WorkItem]) -> bytes:

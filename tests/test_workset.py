@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from batch_invariance.errors import UsageError
-from batch_invariance.service.workset import (
+from batch_invariance.run.workset import (
     expand_reps,
     items_to_row,
     load_workset,

@@ -1,7 +1,7 @@
 """The public scorer API for user scorers: ``from batch_invariance.scorer_api import Scorer``.
 
 A stable import path over :mod:`batch_invariance.core.scoring` (the contract) and
-:mod:`batch_invariance.service.scorer_loader` (``--scorer`` loading); nothing is defined here.
+:mod:`batch_invariance.run.scorer_loader` (``--scorer`` loading); nothing is defined here.
 """
 
 from batch_invariance.core.scoring import (
@@ -13,7 +13,7 @@ from batch_invariance.core.scoring import (
     ScoreResult,
     evaluate,
 )
-from batch_invariance.service.scorer_loader import load_scorer
+from batch_invariance.run.scorer_loader import load_scorer
 
 __all__ = [
     "Completion",

@@ -24,7 +24,7 @@ from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, attach_target
 from batch_invariance.servers.llama_server import LlamaServer
-from batch_invariance.service.workset import expand_reps, load_workset
+from batch_invariance.run.workset import expand_reps, load_workset
 
 pytestmark = pytest.mark.live
 

@@ -47,8 +47,8 @@ from batch_invariance.profiles.models import (
     resolve_model,
 )
 from batch_invariance.profiles.tokens import TokenCounter, approx_token_count
-from batch_invariance.service.scorer_loader import load_scorer
-from batch_invariance.service.workset import Workset, workset_from_items
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import Workset, workset_from_items
 
 __all__ = [
     "Profile",

@@ -1,6 +1,6 @@
 """HTTP requests to llama-server's OpenAI-compatible surface.
 
-:class:`RequestTemplate` turns a :class:`~batch_invariance.service.workset.WorkItem` into a request
+:class:`RequestTemplate` turns a :class:`~batch_invariance.run.workset.WorkItem` into a request
 body that is byte-identical for the same test id in every arm (temperature 0 and ``top_k: 1``,
 a fixed per-id seed, ``cache_prompt: false``, the same token budget, and in every arm the
 same logprobs fields): the chosen token and the top-2 alternatives of every generated token,

@@ -38,7 +38,7 @@ from batch_invariance.servers import ports
 from batch_invariance.servers.llama_server import KvLayout
 from batch_invariance.service.profile import ProfileInputs, ProfileRequest, resolve_profile
 from batch_invariance.service.provenance import provenance_for
-from batch_invariance.service.scorer_loader import load_scorer
+from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.service.target import (
     LiveServerLauncher,
     ServerTarget,
@@ -46,7 +46,7 @@ from batch_invariance.service.target import (
     make_launcher,
     resolve_target,
 )
-from batch_invariance.service.workset import (
+from batch_invariance.run.workset import (
     Workset,
     bundled_workset_path,
     expand_reps,

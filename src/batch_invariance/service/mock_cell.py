@@ -20,8 +20,8 @@ from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import FinishedCell, finish_cell, prepare_out_dir
 from batch_invariance.run.progress import ProgressSink
-from batch_invariance.service.scorer_loader import load_scorer
-from batch_invariance.service.workset import bundled_workset_path, expand_reps, load_workset
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import bundled_workset_path, expand_reps, load_workset
 
 __all__ = ["MOCK_MODEL", "MockRequest", "run_mock_cell"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import UsageError
-from batch_invariance.service.workset import Workset
+from batch_invariance.run.workset import Workset
 
 if TYPE_CHECKING:
     from batch_invariance.service.live import LiveRequest
