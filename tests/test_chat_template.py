@@ -23,8 +23,8 @@ from batch_invariance.mock import MockKnobs, MockLauncher, MockServer
 from batch_invariance.run.cell import CellPlan, run_cell
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.records import ModelTemplate
-from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.run.workset import items_to_row
+from batch_invariance.scorer_api import ExactMatchScorer
 from factories import cert_for
 
 ITEMS = (WorkItem("fr", "What is the capital of France?", None, expected_answer="Paris"),)

@@ -22,12 +22,14 @@ from typing import Any
 import pytest
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.signing import (
-    GITHUB_ACTIONS_ISSUER,
+from batch_invariance.cert.signature import (
     BundlePolicy,
     SignerPolicy,
     TrustRoot,
     verify_bundle,
+)
+from batch_invariance.cert.signing import (
+    GITHUB_ACTIONS_ISSUER,
 )
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.check_deploy import signing_policy
@@ -112,8 +114,8 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     from batch_invariance.mock import MockKnobs, MockLauncher
     from batch_invariance.run.cell import CellPlan, run_cell
     from batch_invariance.run.finish import finish_cell
-    from batch_invariance.scorer_api import load_scorer
     from batch_invariance.run.workset import load_workset
+    from batch_invariance.scorer_api import load_scorer
 
     ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
     with resources.as_file(ref) as path:

@@ -21,13 +21,15 @@ from typing import Any
 import pytest
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.signing import (
-    GITHUB_ACTIONS_ISSUER,
+from batch_invariance.cert.signature import (
     SignerPolicy,
     TrustRoot,
     load_bundle,
     policy_for,
     verify_bundle,
+)
+from batch_invariance.cert.signing import (
+    GITHUB_ACTIONS_ISSUER,
 )
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.check_deploy import signing_policy
@@ -277,7 +279,9 @@ def test_check_deploy_refuses_a_cert_signed_for_another_repository(
     def claims_only(artifact: Path, bundle: Path, wanted: SignerPolicy, trust: TrustRoot) -> None:
         from sigstore.errors import VerificationError
 
-        from batch_invariance.cert.signing import classify_failure
+        from batch_invariance.cert.signature import (
+            classify_failure,
+        )
 
         try:
             policy_for(wanted).verify(certificate)

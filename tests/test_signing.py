@@ -32,15 +32,17 @@ from batch_invariance.cert.attestation import (
     verify_attestation,
     verify_statement_bundle,
 )
-from batch_invariance.cert.signing import (
-    GITHUB_ACTIONS_ISSUER,
+from batch_invariance.cert.signature import (
     SignerPolicy,
     TrustRoot,
+    verify_bundle,
+)
+from batch_invariance.cert.signing import (
+    GITHUB_ACTIONS_ISSUER,
     bundle_path_for,
     detect_token,
     identity_of,
     sign_file,
-    verify_bundle,
 )
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
 from factories import cert_for

@@ -12,8 +12,8 @@ from batch_invariance.core.workitem import WorkItem
 from batch_invariance.profiles.spark.scorer import SparkScorer, is_runaway, make_scorer
 from batch_invariance.profiles.spark.workset import generate
 from batch_invariance.profiles.tokens import approx_token_count
-from batch_invariance.scorer_api import Completion, Scorer, evaluate
 from batch_invariance.run.workset import load_workset
+from batch_invariance.scorer_api import Completion, Scorer, evaluate
 
 SCORER = SparkScorer()
 

@@ -26,10 +26,10 @@ from batch_invariance.run.cell import ServerHandle, run_cells
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import NullProgress
 from batch_invariance.run.records import CellRun
+from batch_invariance.run.workset import bundled_workset_path, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.sweep import parse_parallels
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
-from batch_invariance.run.workset import bundled_workset_path, load_workset
 from fakes_live import fake_cell_files
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.

@@ -49,7 +49,12 @@ from batch_invariance.cert.render import (
     summary_markdown,
     verdict_annotation,
 )
-from batch_invariance.cert.signing import BundleSigner, SigstoreSigner, detect_token, sign_file
+from batch_invariance.cert.signing import (
+    BundleSigner,
+    SigstoreSigner,
+    detect_token,
+    sign_file,
+)
 from batch_invariance.errors import (
     BatchInvarianceError,
     CertInvalid,

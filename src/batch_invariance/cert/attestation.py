@@ -26,16 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.cert.signing import (
-    BundleSigner,
+from batch_invariance.cert.signature import (
     SignerPolicy,
-    SigningIdentity,
     TrustRoot,
     classify_failure,
-    identity_of,
     load_bundle,
     policy_for,
     verifier_for,
+)
+from batch_invariance.cert.signing import (
+    BundleSigner,
+    SigningIdentity,
+    identity_of,
     write_bundle,
 )
 from batch_invariance.errors import CertInvalid, UsageError

@@ -60,7 +60,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def signing_policy(args: argparse.Namespace) -> Any:
     """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned."""
-    from batch_invariance.cert.signing import BundlePolicy, SignerPolicy, TrustRoot, policy_for
+    from batch_invariance.cert.signature import (
+        BundlePolicy,
+        SignerPolicy,
+        TrustRoot,
+        policy_for,
+    )
     from batch_invariance.profiles.models import load_toml
 
     identity, issuer, repository = args.cert_identity, args.cert_oidc_issuer, args.repository

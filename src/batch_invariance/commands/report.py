@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.signing import BundlePolicy, SignerPolicy, TrustRoot
+from batch_invariance.cert.signature import (
+    BundlePolicy,
+    SignerPolicy,
+    TrustRoot,
+)
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.report.html import render_html

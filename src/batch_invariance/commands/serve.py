@@ -83,7 +83,12 @@ def check_files(argv: Sequence[str], provenance: Mapping[str, Any]) -> None:
 
 def _verify(args: argparse.Namespace) -> Mapping[str, Any]:
     """The cert's provenance once it is valid, promotable and (unless allowed) signed."""
-    from batch_invariance.cert.signing import bundle_path_for, verify_bundle
+    from batch_invariance.cert.signature import (
+        verify_bundle,
+    )
+    from batch_invariance.cert.signing import (
+        bundle_path_for,
+    )
     from batch_invariance.commands.check_deploy import signing_policy
     from batch_invariance.deploy.gate import read_cert_file
 

@@ -47,7 +47,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from batch_invariance.cert.attestation import attest_file
-    from batch_invariance.cert.signing import SigstoreSigner, detect_token, sign_file
+    from batch_invariance.cert.signing import (
+        SigstoreSigner,
+        detect_token,
+        sign_file,
+    )
     from batch_invariance.cert.verify import verify_cert_file
 
     cert: Path = args.cert

