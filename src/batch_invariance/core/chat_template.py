@@ -18,6 +18,19 @@ from typing import Any, Literal
 
 from batch_invariance.core.workitem import WorkItem
 
+__all__ = [
+    "FALLBACK_WARNING",
+    "FIXES",
+    "LLAMA_CPP_CHATML_FALLBACK",
+    "TEMPLATE_FLAGS",
+    "ChatTemplateCheck",
+    "ChatTemplateSource",
+    "judge_chat_template",
+    "sends_chat",
+    "sets_template",
+]
+
+
 ChatTemplateSource = Literal["model", "server_flag", "server_fallback", "unknown", "not_used"]
 
 #: llama.cpp's built-in fallback, byte for byte as the real ``/props`` reports it when the

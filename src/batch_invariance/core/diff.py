@@ -45,6 +45,20 @@ from batch_invariance.core.pair_report import (
 )
 from batch_invariance.core.pair_report import PairReport as PairReport  # the report type
 
+__all__ = [
+    "EXCERPT_CHARS",
+    "classify",
+    "compare",
+    "compare_columns",
+    "content_key",
+    "diff_pair",
+    "differing_fields",
+    "excerpt",
+    "first_divergent_token",
+    "same_value",
+]
+
+
 #: Length of the completion excerpts carried in per-id rows (first characters, no marker, so
 #: that an excerpt of an excerpt is the excerpt itself).
 EXCERPT_CHARS = 80

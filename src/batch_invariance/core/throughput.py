@@ -25,6 +25,11 @@ from typing import Any
 
 from batch_invariance.core.evidence import ARM_A, ARM_C
 
+__all__ = [
+    "Throughput",
+    "throughput_of_arms",
+]
+
 
 @dataclass(frozen=True)
 class Throughput:

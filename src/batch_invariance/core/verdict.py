@@ -50,6 +50,26 @@ from batch_invariance.core.pair_report import ac_summary
 from batch_invariance.core.repeat import SerialRepeatGate, serial_repeat_gate
 from batch_invariance.core.schedule import ArmBScopeGate, arm_b_scope_gate, restrict
 
+__all__ = [
+    "ANOMALY_B",
+    "ANOMALY_DRIFT",
+    "CLASS_CO_BATCHING",
+    "CLASS_DRIFT",
+    "CLASS_LOGIT",
+    "CLASS_RUN_TO_RUN",
+    "CLASS_SLOT",
+    "CLASS_TOKEN_ONLY",
+    "Gates",
+    "Reports",
+    "Sensitivity",
+    "Status",
+    "Verdict",
+    "build_reports",
+    "decide",
+    "sensitivity",
+]
+
+
 Status = Literal["failed", "green_unverified", "green_with_caveat", "green"]
 
 ANOMALY_B = "AC_agree_B_disagrees"

@@ -8,6 +8,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = [
+    "REP_SEPARATOR",
+    "WorkItem",
+    "duplicate_prompts",
+    "normalise_whitespace",
+    "prompt_text",
+    "rep_id",
+    "request_key",
+    "row_id",
+]
+
+
 #: Repetitions of one work-set row get ids ``{row id}{REP_SEPARATOR}{k}``.
 REP_SEPARATOR = "#r"
 

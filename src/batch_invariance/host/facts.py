@@ -9,6 +9,13 @@ from typing import Any
 
 from batch_invariance.host.memory import query_nvidia_smi, read_meminfo
 
+__all__ = [
+    "cpu_flags",
+    "cpu_model",
+    "gpu_summary",
+    "summary",
+]
+
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The CPU model name, when the platform says."""

@@ -23,6 +23,28 @@ from batch_invariance.core.llama_flags import read_flags
 from batch_invariance.errors import GuardRefused
 from batch_invariance.host.gguf import GgufInfo
 
+__all__ = [
+    "GIB",
+    "OVERHEAD_BYTES",
+    "GuardDecision",
+    "HostMemory",
+    "LaunchGuard",
+    "Projection",
+    "RssWatch",
+    "cache_types",
+    "check",
+    "evaluate",
+    "group_rss",
+    "launch_guard",
+    "offloads_to_gpu",
+    "project",
+    "query_nvidia_smi",
+    "read_host_memory",
+    "read_meminfo",
+    "read_vram_free",
+]
+
+
 GIB = 1024**3
 
 #: Compute buffers, output logits and server bookkeeping beyond weights + KV (measured on

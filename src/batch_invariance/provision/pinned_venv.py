@@ -27,6 +27,21 @@ from pathlib import Path
 from batch_invariance.errors import InfraError
 from batch_invariance.provision.embedded import Layout, Say, locked, run_logged, say_stderr
 
+__all__ = [
+    "CMAKE_ARGS",
+    "LLAMA_CPP_PYTHON_REQUIREMENT",
+    "LLAMA_CPP_PYTHON_VERSION",
+    "EngineVenv",
+    "PinnedVenv",
+    "PipStep",
+    "ensure_llama_cpp_python",
+    "ensure_venv",
+    "installed_version",
+    "llama_cpp_python_venv",
+    "venv_dir",
+]
+
+
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_PYTHON_REQUIREMENT = f"llama-cpp-python[server]=={LLAMA_CPP_PYTHON_VERSION}"
 #: A portable CPU build: a native one enables AMX where the CPU flags it, and AMX kernels

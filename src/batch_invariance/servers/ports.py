@@ -13,6 +13,17 @@ from dataclasses import dataclass
 
 from batch_invariance.errors import GuardRefused, UsageError
 
+__all__ = [
+    "DEFAULT_RESERVED",
+    "LOOPBACK",
+    "PortPolicy",
+    "choose",
+    "is_free",
+    "make_policy",
+    "pick_free",
+]
+
+
 LOOPBACK = "127.0.0.1"
 
 #: Ports reserved unless the user says otherwise (a production server often listens there).
