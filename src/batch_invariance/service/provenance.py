@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from batch_invariance import __version__
 from batch_invariance.host import facts as hostinfo
-from batch_invariance.servers.live_launcher import LaunchRecord
+from batch_invariance.servers.launch import LaunchRecord
 from batch_invariance.service.workset import Workset
 
 if TYPE_CHECKING:
