@@ -173,15 +173,10 @@ class ServerProcess:
                 code = self._proc.poll()
                 if code is not None:
                     self.exit_code = code
-                    raise InfraError(
-                        f"{self.engine} ({self.label}, port {self.port}) exited with code {code} "
-                        f"before it was ready; log {self.log_path}: {log_tail(self.log_path)}"
-                    )
+                    raise self._failure(f"exited with code {code} before it was ready")
                 if time.monotonic() > deadline:
-                    raise InfraError(
-                        f"{self.engine} ({self.label}, port {self.port}) not ready after "
-                        f"{self._ready_timeout:g} s (raise --ready-timeout?); log "
-                        f"{self.log_path}: {log_tail(self.log_path)}"
+                    raise self._failure(
+                        f"not ready after {self._ready_timeout:g} s (raise --ready-timeout?)"
                     )
                 try:
                     resp = session.get(self.base_url + self._ready_path, timeout=0.5)
@@ -216,10 +211,14 @@ class ServerProcess:
         code = self._proc.poll()
         if code is not None:
             self.exit_code = code
-            raise InfraError(
-                f"{self.engine} ({self.label}, port {self.port}) died with code {code}; "
-                f"log {self.log_path}: {log_tail(self.log_path)}"
-            )
+            raise self._failure(f"died with code {code}")
+
+    def _failure(self, what: str) -> InfraError:
+        """One line naming the engine, the server, what happened and the log's tail."""
+        return InfraError(
+            f"{self.engine} ({self.label}, port {self.port}) {what}; "
+            f"log {self.log_path}: {log_tail(self.log_path)}"
+        )
 
     def stop(self) -> None:
         """Terminate, wait for, then kill this server's own process group. Idempotent."""
