@@ -14,6 +14,7 @@ engine. :func:`make_launcher` picks the launcher: :class:`EngineLauncher` for a 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -91,10 +92,15 @@ def _check_attach_options(request: LiveRequest) -> AttachTarget | None:
     return attach_target(request.base_url, request.metrics_url, request.allow_remote)
 
 
+def _engines_that(can: Callable[[Engine], bool]) -> str:
+    """The names of the engines that ``can``, for a usage error."""
+    return ", ".join(sorted(e.name for e in ENGINES.values() if can(e)))
+
+
 def _check_layout(layout: KvLayout, engine: Engine, attached: bool) -> None:
     if layout in engine.kv_layouts and (layout == "split" or not attached):
         return
-    takers = ", ".join(sorted(e.name for e in ENGINES.values() if layout in e.kv_layouts))
+    takers = _engines_that(lambda e: layout in e.kv_layouts)
     raise UsageError(f"--kv-layout {layout} applies only to {takers} launched by the tool")
 
 
@@ -103,7 +109,7 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
     engine = engine_for(request.engine)
     attach = _check_attach_options(request)
     if prof is not None and (attach is not None or not engine.takes_profiles):
-        takers = ", ".join(sorted(e.name for e in ENGINES.values() if e.takes_profiles))
+        takers = _engines_that(lambda e: e.takes_profiles)
         raise UsageError(f"--profile works only with the default engine ({takers}, launched)")
     _check_layout(request.kv_layout, engine, attach is not None)
     flags = tuple(prof.server_flags if prof else request.server_flags)
@@ -118,6 +124,7 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
         return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
     server_bin = request.server_bin or (prof.server_bin if prof else None)
     model = request.model or (prof.model if prof else None)
+    # Without a profile that could name them, both must be given.
     if not engine.takes_profiles and (server_bin is None or model is None):
         raise UsageError(
             f"--server-bin and --model are required for --engine {engine.name} "
