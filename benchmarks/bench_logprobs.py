@@ -23,13 +23,14 @@ from pathlib import Path
 
 import psutil
 
+from batch_invariance.engines.llama_server import LlamaServerEngine
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.provision.embedded import provision
 from batch_invariance.run.dispatch import run_serial
 from batch_invariance.run.transport import MARGIN_TOP_LOGPROBS, RequestTemplate
-from batch_invariance.servers import ports
-from batch_invariance.servers.live_launcher import LiveLauncher
 from batch_invariance.run.workset import bundled_workset_path, load_workset
+from batch_invariance.servers import ports
+from batch_invariance.servers.launch import EngineLauncher
 
 
 @dataclass
@@ -77,15 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         server_bin, model = opts.server_bin, opts.model
     items = load_workset(bundled_workset_path("demo_completions")).items[: opts.items]
     runs = settings(opts.n_predict, opts.n_probs)
-    launcher = LiveLauncher(
+    launcher = EngineLauncher(
+        LlamaServerEngine(),
         server_bin,
         model,
-        parse_info(model),
         Path(tempfile.mkdtemp(prefix="bench-logprobs-")),
         port_policy=ports.make_policy(None, []),
+        gguf=parse_info(model),
     )
     with launcher.launch("A", 1, opts.ctx) as server:
-        proc = psutil.Process(server.pid)
+        proc = psutil.Process(server.process.pid)
         for k, item in enumerate(items):
             for s in runs[k % len(runs) :] + runs[: k % len(runs)]:  # rotate who goes first
                 before = proc.cpu_times()

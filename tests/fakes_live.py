@@ -1,7 +1,7 @@
 """Test helpers for the live shell: a tiny GGUF writer and fake server executables.
 
 The fake server is a real process (a Python script on loopback) that speaks the few
-endpoints :class:`batch_invariance.servers.llama_server.LlamaServer` uses (``/health``,
+endpoints :class:`batch_invariance.servers.process.ServerProcess` uses (``/health``,
 ``/props``); its behaviour is chosen by ``--fake-*`` flags passed through ``extra_flags``.
 """
 

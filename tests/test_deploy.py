@@ -49,7 +49,7 @@ def _provenance(
 ) -> dict[str, Any]:
     """What run-live records for this cell: the model file, the server binary (by default
     ``bin/`` beside the model's folder) and the A / BC servers' argv."""
-    from batch_invariance.servers.llama_server import build_argv
+    from batch_invariance.engines.llama_server import build_argv
 
     def argv(n: int, kv: str) -> list[str]:
         return list(
@@ -93,7 +93,7 @@ def _live_cert(
     from batch_invariance.cert.store import write_cert
     from batch_invariance.core.evidence import CellSpec
     from batch_invariance.core.verdict import decide
-    from batch_invariance.servers.llama_server import kv_label
+    from batch_invariance.engines.llama_server import kv_label
     from factories import green_evidence
 
     chosen = policy or GatePolicy()

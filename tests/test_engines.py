@@ -242,3 +242,35 @@ def test_openai_cached_tokens_are_cache_evidence() -> None:
     both = _chat_payload({"prompt_tokens_details": {"cached_tokens": 5}}, {"cache_n": 0.0})
     assert parse_completion("x", both, chat=True).timings == {"cache_n": 0.0}
     assert parse_completion("x", _chat_payload({}), chat=True).timings == {}
+
+
+def test_what_differs_between_engines_is_a_property_of_each_adapter(tmp_path: Path) -> None:
+    llama, vllm = engine_for("llama-server"), engine_for("vllm")
+    lcp = engine_for("llama-cpp-python")
+    assert llama.kv_layouts == {"split", "unified"} and vllm.kv_layouts == {"split"}
+    assert llama.reports_slots and not vllm.reports_slots and not lcp.reports_slots
+    assert llama.takes_profiles and not vllm.takes_profiles
+    real = tmp_path / "bin" / "real"
+    real.parent.mkdir()
+    real.write_text("")
+    link = tmp_path / "python"
+    link.symlink_to(real)
+    assert llama.resolve_binary(link) == real.resolve()  # the cert names the file that ran
+    assert vllm.resolve_binary(link) == link.absolute()  # a venv's interpreter stays as given
+    assert llama.kv_label(512, 4, "unified").startswith("unified:-c 2048 -np 4 -kvu")
+    assert lcp.kv_label(512, 4, "split") == (
+        "llama-cpp-python:one-context:512 (serves one request at a time)"
+    )
+    assert vllm.kv_label(512, 4, "split") == "vllm:4 seqs x 512 tokens"
+    assert llama.guard_flags(["-ctk", "q8_0"]) == ("-ctk", "q8_0")
+    assert vllm.guard_flags(["-ctk", "q8_0"]) == ()
+    unified = llama.launch_command(
+        LaunchRequest(Path("ls"), M, 4, 512, "127.0.0.1", 9, kv_layout="unified")
+    )
+    assert "--kv-unified" in unified.argv and "--no-kv-unified" not in unified.argv
+
+
+def test_flags_an_engine_would_refuse_to_start_with_are_conflicts() -> None:
+    (problem,) = flag_conflicts(engine_for("llama-server"), ["--not-an-option"])
+    assert problem == "--not-an-option: llama-server has no such option (write --name value)"
+    assert flag_conflicts(engine_for("vllm"), ["--not-an-option"]) == ()

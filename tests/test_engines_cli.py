@@ -116,6 +116,18 @@ def test_launched_vllm_fake_through_the_cli(
             "changes what is measured",
         ),
         (["--base-url", "http://127.0.0.1:1", "--dry-run"], "--dry-run is not available"),
+        (
+            ["--base-url", "http://127.0.0.1:1", "--kv-layout", "unified"],
+            "--kv-layout unified applies only to llama-server launched by the tool",
+        ),
+        (
+            ["--engine", "llama-cpp-python", "--kv-layout", "unified"],
+            "--kv-layout unified applies only to llama-server launched by the tool",
+        ),
+        (
+            ["--engine", "vllm", "--profile", "spark"],
+            "--profile works only with the default engine (llama-server, launched)",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(

@@ -19,7 +19,7 @@ from batch_invariance.core.llama_flags import (
     read_flags,
     slot_layout,
 )
-from batch_invariance.servers.llama_server import build_argv, kv_label
+from batch_invariance.engines.llama_server import build_argv, kv_label
 
 
 def test_command_line_beats_environment_and_later_beats_earlier() -> None:
@@ -205,7 +205,7 @@ def test_run_live_dry_run_shows_the_unified_bc_server(
 
 def test_measured_servers_get_no_llama_arg_variables_and_no_user_config() -> None:
     from batch_invariance.core.server_env import config_files, engine_env
-    from batch_invariance.servers.llama_server import server_env
+    from batch_invariance.servers.spawn import server_env
 
     env = server_env(
         {"PATH": "/bin", "LLAMA_ARG_UBATCH": "512", "LLAMA_ARG_N_PARALLEL": "8",

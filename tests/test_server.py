@@ -1,4 +1,4 @@
-"""LlamaServer / LiveLauncher process safety with fake server executables (real processes).
+"""ServerProcess / EngineLauncher process safety with fake server executables (real processes).
 
 These tests never start the real llama-server (the live suite does); they start tiny scripts
 that behave like one (ready, dead at once, hanging, forking a child, eating memory).
@@ -20,15 +20,16 @@ import psutil
 import pytest
 import requests
 
+from batch_invariance.engines.base import Engine, LaunchRequest
+from batch_invariance.engines.llama_server import LlamaServerEngine, build_argv
+from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.servers import ports
-from batch_invariance.servers.live_launcher import LiveLauncher, identify_binary
-from batch_invariance.servers.llama_server import (
-    LlamaServer,
-    build_argv,
-    log_tail,
-)
+from batch_invariance.servers.binary import identify_binary
+from batch_invariance.servers.launch import EngineLauncher
+from batch_invariance.servers.process import ServerProcess
+from batch_invariance.servers.spawn import log_tail
 from fakes_live import (
     dense_meta,
     exiting_server,
@@ -53,17 +54,26 @@ def decoy(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
-def _server(tmp_path: Path, model: Path, exe: Path, **kw: object) -> LlamaServer:
-    return LlamaServer(
-        exe,
-        model,
-        arm=str(kw.pop("arm", "A")),
-        parallel=int(kw.pop("parallel", 1)),  # type: ignore[call-overload]
-        ctx=512,
-        port=ports.pick_free(ports.DEFAULT_RESERVED),
-        log_dir=tmp_path / "out",
-        **kw,  # type: ignore[arg-type]
-    )
+LLAMA = LlamaServerEngine()
+
+
+def _server(
+    tmp_path: Path,
+    model: Path,
+    exe: Path,
+    *,
+    arm: str = "A",
+    parallel: int = 1,
+    extra_flags: tuple[str, ...] = (),
+    engine: Engine = LLAMA,
+    **kw: float,
+) -> ServerProcess:
+    port = ports.pick_free(ports.DEFAULT_RESERVED)
+    request = LaunchRequest(exe, model, parallel, 512, ports.LOOPBACK, port, extra_flags)
+    return ServerProcess(
+        engine, engine.launch_command(request), arm=arm, parallel=parallel, ctx=512, port=port,
+        log_dir=tmp_path / "out", **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 def test_argv_sizes_every_slot_and_enables_metrics(tmp_path: Path) -> None:
@@ -103,6 +113,19 @@ def test_a_server_that_exits_at_once_fails_fast_with_the_log_tail(
         pass
     assert time.monotonic() - t0 < 2.0
     assert "this server cannot start" in str(err.value)
+    assert str(err.value).startswith("llama-server (A:np1, port ")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "llama-cpp-python"])
+def test_another_engines_process_errors_name_that_engine(
+    tmp_path: Path, model: Path, engine: str
+) -> None:
+    exe = exiting_server(tmp_path / "bin", name="python")
+    srv = _server(tmp_path, model, exe, engine=engine_for(engine), ready_timeout=60.0)
+    with pytest.raises(InfraError, match="exited with code 1") as err, srv:
+        pass
+    assert str(err.value).startswith(f"{engine} (A:np1, port ")
+    assert "llama-server" not in str(err.value)
 
 
 def test_a_server_that_never_gets_ready_times_out_and_is_killed(
@@ -154,13 +177,14 @@ def test_rss_past_the_cap_aborts_the_server(tmp_path: Path, model: Path) -> None
         assert srv.pid is not None and not group_alive(srv.pid)
 
 
-def _launcher(tmp_path: Path, model: Path, exe: Path, **kw: object) -> LiveLauncher:
-    return LiveLauncher(
+def _launcher(tmp_path: Path, model: Path, exe: Path, **kw: object) -> EngineLauncher:
+    return EngineLauncher(
+        LLAMA,
         exe,
         model,
-        parse_info(model),
         tmp_path / "out",
         port_policy=ports.make_policy(None, None),
+        gguf=parse_info(model),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -179,11 +203,26 @@ def test_launcher_guard_refuses_before_launching(
 def test_launcher_records_launches_and_caps_parallel(tmp_path: Path, model: Path) -> None:
     launcher = _launcher(tmp_path, model, fake_server(tmp_path / "bin"), cap_parallel=1)
     with launcher.launch("BC", 4, 256) as srv:
-        assert srv.parallel == 1 and srv.total_slots == 1
+        assert srv.process.parallel == 1 and srv.process.total_slots == 1
     rec = launcher.launches[0]
     assert (rec.arm, rec.parallel, rec.ctx) == ("BC", 1, 256)
     assert rec.ready_s is not None and rec.alive_s is not None
     assert launcher.aborted is None
+
+
+def test_the_launch_runs_the_planned_argv_with_the_asked_kv_layout(
+    tmp_path: Path, model: Path
+) -> None:
+    launcher = _launcher(tmp_path, model, fake_server(tmp_path / "bin"), kv_layout="unified")
+    with launcher.launch("A", 1, 256) as a:
+        # One sequence: its layout cannot matter, so the serial server runs split.
+        assert "--no-kv-unified" in a.argv and a.kv_label.startswith("split:-c 256 -np 1")
+    with launcher.launch("BC", 3, 256) as bc:
+        assert "--kv-unified" in bc.argv and bc.kv_label.startswith("unified:-c 768 -np 3")
+        assert bc.process.total_slots == 3 and bc.info()["kv_label"] == bc.kv_label
+    assert [r.parallel for r in launcher.launches] == [1, 3]
+    for rec in launcher.launches:
+        assert rec.argv == launcher.planned(rec.parallel, rec.ctx, rec.port).command.argv
 
 
 def test_launcher_raises_after_an_rss_abort(tmp_path: Path, model: Path) -> None:
@@ -191,7 +230,7 @@ def test_launcher_raises_after_an_rss_abort(tmp_path: Path, model: Path) -> None
                          server_flags=("--fake-ballast-mb", "900"))  # fmt: skip
     with pytest.raises(InfraError, match="passed the cap"), launcher.launch("A", 1, 256) as srv:
         deadline = time.monotonic() + 15
-        while srv.aborted is None and time.monotonic() < deadline:
+        while srv.process.aborted is None and time.monotonic() < deadline:
             time.sleep(0.05)
     assert launcher.aborted is not None
 
@@ -253,11 +292,16 @@ def test_a_busy_fixed_port_is_refused() -> None:
 _HOLDER = r"""
 import sys, time
 from pathlib import Path
+from batch_invariance.engines.base import LaunchRequest
+from batch_invariance.engines.llama_server import LlamaServerEngine
 from batch_invariance.servers import ports
-from batch_invariance.servers.llama_server import LlamaServer
+from batch_invariance.servers.process import ServerProcess
 exe, model, log_dir, mode = sys.argv[1:5]
-srv = LlamaServer(Path(exe), Path(model), arm="A", parallel=1, ctx=256,
-                  port=ports.pick_free(ports.DEFAULT_RESERVED), log_dir=Path(log_dir))
+port = ports.pick_free(ports.DEFAULT_RESERVED)
+engine = LlamaServerEngine()
+command = engine.launch_command(LaunchRequest(Path(exe), Path(model), 1, 256, ports.LOOPBACK, port))
+srv = ServerProcess(engine, command, arm="A", parallel=1, ctx=256, port=port,
+                    log_dir=Path(log_dir))
 if mode == "atexit":
     srv.start()
     srv.wait_ready()

@@ -1,8 +1,9 @@
 """The one SIGTERM policy: a SIGTERM unwinds as :class:`~batch_invariance.errors.Interrupted`,
 so every ``with`` block (servers, temp files) tears down and no partial cert is written.
 
-``cli.main`` and the Action install it for the whole run; a :class:`LlamaServer` used outside
-them installs it only while nobody else handles SIGTERM.
+``cli.main`` and the Action install it for the whole run; a
+:class:`~batch_invariance.servers.process.ServerProcess` used outside them installs it only
+while nobody else handles SIGTERM.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan
-from batch_invariance.engines.base import LaunchRequest
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.provision.embedded import Layout, Provisioned, cache_root
 from batch_invariance.provision.pinned_venv import EngineVenv, ensure_llama_cpp_python
@@ -24,7 +23,7 @@ from batch_invariance.run.workset import expand_reps, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, attach_target
-from batch_invariance.servers.llama_server import LlamaServer
+from batch_invariance.servers.launch import EngineLauncher
 
 pytestmark = pytest.mark.live
 
@@ -101,15 +100,15 @@ def test_attached_real_llama_server_at_default_flags_reaches_red(
     live_pair: Provisioned, tmp_path: Path
 ) -> None:
     plan = _plan(ctx=512, parallel=4, passes=2, n_predict=64, rows=12, completions=True)
-    port = ports.pick_free(frozenset())
     # Started by the test, not by the tool: the tool only gets its URL.
-    with LlamaServer(
-        live_pair.server_bin, live_pair.model, arm="external", parallel=4, ctx=512, port=port,
-        log_dir=tmp_path / "logs",
-    ) as server:  # fmt: skip
+    external = EngineLauncher(
+        engine_for("llama-server"), live_pair.server_bin, live_pair.model, tmp_path / "logs",
+        port_policy=ports.make_policy(None, None),
+    )  # fmt: skip
+    with external.launch("external", 4, 512) as server:
         launcher = AttachLauncher(attach_target(server.base_url), engine_for("llama-server"))
         run = run_cell(plan, launcher, ExactMatchScorer())
-        assert server.pid is not None  # still ours, still running: the tool never stopped it
+        assert server.process.pid is not None  # still ours, still running: never stopped
         server.check_alive()
     done = _finish(run, plan, tmp_path / "out", "llama-server")
     cert = done.cert
@@ -125,14 +124,11 @@ def test_attached_llama_cpp_python_is_unverified(
 ) -> None:
     plan = _plan(ctx=512, parallel=2, passes=1, n_predict=16, rows=8)
     engine = engine_for("llama-cpp-python")
-    port = ports.pick_free(frozenset())
-    command = engine.launch_command(
-        LaunchRequest(llama_cpp_python.python, live_pair.model, 2, 512, ports.LOOPBACK, port)
-    )
-    with LlamaServer(
-        llama_cpp_python.python, live_pair.model, arm="external", parallel=1, ctx=512,
-        port=port, log_dir=tmp_path / "logs", ready_timeout=180.0, command=command,
-    ) as server:  # fmt: skip
+    external = EngineLauncher(
+        engine, llama_cpp_python.python, live_pair.model, tmp_path / "logs",
+        port_policy=ports.make_policy(None, None), ready_timeout=180.0,
+    )  # fmt: skip
+    with external.launch("external", 2, 512) as server:
         launcher = AttachLauncher(attach_target(server.base_url), engine)
         run = run_cell(plan, launcher, ExactMatchScorer())
     cert = _finish(run, plan, tmp_path / "out", "llama-cpp-python").cert

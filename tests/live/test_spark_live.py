@@ -17,11 +17,12 @@ import pytest
 import requests
 
 from batch_invariance.cli import main
+from batch_invariance.engines.registry import engine_for
 from batch_invariance.profiles.spark.workset import generate
 from batch_invariance.profiles.tokens import server_token_counter
 from batch_invariance.provision.embedded import Provisioned, provision
 from batch_invariance.servers import ports
-from batch_invariance.servers.llama_server import LlamaServer
+from batch_invariance.servers.launch import EngineLauncher
 
 pytestmark = pytest.mark.live
 
@@ -36,17 +37,15 @@ def embedded() -> Provisioned:
 def test_fills_land_within_three_percent_of_the_real_tokenizer(
     embedded: Provisioned, tmp_path: Path
 ) -> None:
-    port = ports.pick_free(frozenset({8080}))
-    with LlamaServer(
+    launcher = EngineLauncher(
+        engine_for("llama-server"),
         embedded.server_bin,
         embedded.model,
-        arm="T",
-        parallel=1,
-        ctx=CTX,
-        port=port,
-        log_dir=tmp_path,
-        extra_flags=("--threads", "2"),
-    ) as server:
+        tmp_path,
+        port_policy=ports.make_policy(None, None),
+        server_flags=("--threads", "2"),
+    )
+    with launcher.launch("T", 1, CTX) as server:
         counter = server_token_counter(server.base_url)
         skipped: list[str] = []
         items = generate(CTX, "short", 0, counter, skipped=skipped)

@@ -112,7 +112,7 @@ def handle(args: argparse.Namespace) -> int:
     from batch_invariance.core.server_env import engine_env
     from batch_invariance.deploy.gate import engine_env_differences
     from batch_invariance.deploy.serve_plan import measured_argv, serve_argv
-    from batch_invariance.servers.llama_server import refuse_system_config, server_env
+    from batch_invariance.servers.spawn import refuse_system_config, server_env
 
     if not isinstance(args.cert, Path) or not args.cert.is_file():
         raise UsageError(f"cert not found: {args.cert}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from batch_invariance.core.server_options import canonical_spelling
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
@@ -21,6 +21,7 @@ from batch_invariance.run.dispatch import BusyProbe, PassCounter
 __all__ = [
     "CacheEvidence",
     "Engine",
+    "KvLayout",
     "LaunchCommand",
     "LaunchRequest",
     "flag_conflicts",
@@ -28,9 +29,15 @@ __all__ = [
 ]
 
 
+#: How the KV cache of a server with several sequences is laid out. Split: every sequence owns
+#: ``ctx`` tokens. Unified: one pool of ``ctx * parallel`` tokens that every sequence draws from.
+KvLayout = Literal["split", "unified"]
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
-    """What the driver asks of a launch: ``parallel`` sequences of ``ctx`` tokens each."""
+    """What the driver asks of a launch: ``parallel`` sequences of ``ctx`` tokens each, with
+    the KV cache laid out as ``kv_layout`` (one of the engine's :attr:`Engine.kv_layouts`)."""
 
     server_bin: Path
     model: Path
@@ -41,6 +48,7 @@ class LaunchRequest:
     extra_flags: tuple[str, ...] = ()
     #: The environment the numerics switches are read from (never the process's own here).
     env: Mapping[str, str] = field(default_factory=dict)
+    kv_layout: KvLayout = "split"
 
 
 @dataclass(frozen=True)
@@ -91,8 +99,39 @@ class Engine(Protocol):
         """Whether ``--model`` is one GGUF file (its header is read and the memory guard
         applies); ``False`` for engines that load a Hugging Face model folder."""
 
+    @property
+    def kv_layouts(self) -> frozenset[KvLayout]:
+        """The KV layouts it can be launched with (``--kv-layout``)."""
+
+    @property
+    def reports_slots(self) -> bool:
+        """Whether ``/props`` reports ``total_slots`` (a ready server must report the
+        ``parallel`` it was started with)."""
+
+    @property
+    def takes_profiles(self) -> bool:
+        """Whether a ``--profile`` (flags, binary and model of a calibrated setup) applies."""
+
+    @property
+    def binary_hint(self) -> str:
+        """What ``--server-bin`` names for it, for usage errors."""
+
+    def resolve_binary(self, server_bin: Path) -> Path:
+        """The absolute path the launch runs and the cert records."""
+
+    def kv_label(self, ctx: int, parallel: int, layout: KvLayout) -> str:
+        """How its KV cache is sized, as the cert's ``kv_label`` says it."""
+
+    def guard_flags(self, flags: Sequence[str]) -> tuple[str, ...]:
+        """The flags the memory projection reads (KV cache types, GPU offload): empty where
+        its flags are not llama.cpp's and the projection assumes the defaults."""
+
+    def unknown_flags(self, flags: Sequence[str]) -> tuple[str, ...]:
+        """Flags it would refuse to start with, each with the reason (empty: none known)."""
+
     def launch_command(self, request: LaunchRequest) -> LaunchCommand:
-        """The command that starts it as ``request`` asks."""
+        """The command that starts it as ``request`` asks (the one argv builder: the launch
+        and the dry run both read it)."""
 
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         """Its server-side busy witnesses (empty: it offers none, and F1 fails closed)."""
@@ -111,7 +150,8 @@ class Engine(Protocol):
 
 
 def flag_conflicts(engine: Engine, extra_flags: Sequence[str]) -> tuple[str, ...]:
-    """User flags that the engine's launcher owns or refuses, each with the reason."""
+    """User flags that the engine's launcher owns or refuses, each with the reason; where
+    none does, the flags the engine itself would refuse to start with."""
     out: list[str] = []
     for flag in extra_flags:
         # llama-server and vLLM both read ``--x_y`` as ``--x-y``.
@@ -120,7 +160,7 @@ def flag_conflicts(engine: Engine, extra_flags: Sequence[str]) -> tuple[str, ...
             out.append(f"{flag}: set by the tool for engine {engine.name}")
         elif name in engine.refused_flags:
             out.append(f"{flag}: changes what is measured on engine {engine.name}")
-    return tuple(out)
+    return tuple(out) or engine.unknown_flags(extra_flags)
 
 
 def passthrough_env(names: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:

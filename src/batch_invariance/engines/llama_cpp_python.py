@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
+from batch_invariance.engines.python_module import PythonModuleEngine
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 #: Ready when the OpenAI model list answers (the server has no ``/health``).
 READY_PATH = "/v1/models"
 
 
-class LlamaCppPythonEngine:
+class LlamaCppPythonEngine(PythonModuleEngine):
     """``python -m llama_cpp.server --model M --n_ctx C --host 127.0.0.1 --port P``."""
 
     name = "llama-cpp-python"

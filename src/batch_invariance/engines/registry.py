@@ -11,7 +11,7 @@ from batch_invariance.engines.sglang import SglangEngine
 from batch_invariance.engines.vllm import VllmEngine
 from batch_invariance.errors import UsageError
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "engine_for"]
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "engine_for", "shown_name"]
 
 DEFAULT_ENGINE = "llama-server"
 
@@ -28,3 +28,9 @@ def engine_for(name: str) -> Engine:
         raise UsageError(
             f"unknown --engine {name!r}; choose one of {', '.join(sorted(ENGINES))}"
         ) from None
+
+
+def shown_name(engine: Engine) -> str:
+    """The engine's name where human-facing text names it: empty for the default engine,
+    which plain output leaves unnamed."""
+    return "" if engine.name == DEFAULT_ENGINE else engine.name

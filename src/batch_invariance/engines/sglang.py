@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
+from batch_invariance.engines.python_module import PythonModuleEngine
 from batch_invariance.engines.witness import counters, gauge_probe
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
@@ -20,7 +21,7 @@ CACHE_HIT_RATE = "sglang:cache_hit_rate"
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 
-class SglangEngine:
+class SglangEngine(PythonModuleEngine):
     """``python -m sglang.launch_server --model-path M --max-running-requests N ...``.
 
     ``server_bin`` is the Python interpreter that has SGLang installed.

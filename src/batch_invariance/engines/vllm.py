@@ -29,6 +29,7 @@ from batch_invariance.engines.base import (
     LaunchRequest,
     passthrough_env,
 )
+from batch_invariance.engines.python_module import PythonModuleEngine
 from batch_invariance.engines.witness import counters, gauge_probe, step_totals_reader
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
@@ -62,7 +63,7 @@ def preload_env(server_bin: Path, inherited: str | None) -> dict[str, str]:
     return {"LD_PRELOAD": ":".join([str(lib), *rest])}
 
 
-class VllmEngine:
+class VllmEngine(PythonModuleEngine):
     """``PY -m vllm.entrypoints.openai.api_server --model M --max-num-seqs N ...``."""
 
     name = "vllm"

@@ -24,7 +24,7 @@ from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.host import memory
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 from batch_invariance.run.probe import get_json
-from batch_invariance.servers.live_launcher import LaunchRecord
+from batch_invariance.servers.launch import LaunchRecord
 
 __all__ = ["ARM_A_NOTE", "AttachLauncher", "AttachTarget", "AttachedHandle", "attach_target"]
 

@@ -1,67 +1,90 @@
-"""Launching a work-alike engine (llama-cpp-python, vLLM, SGLang) for the driver.
+"""The one launcher: starts any :class:`~batch_invariance.engines.base.Engine`'s server for the
+driver (``run.arms.ServerLauncher``).
 
-:class:`EngineLauncher` implements ``run.cell.ServerLauncher`` for any
-:class:`~batch_invariance.engines.base.Engine` other than llama-server (whose own
-``LiveLauncher`` adds KV layout and slot sizing). The process is the same supervised child as
-llama-server's (own process group, log file, deadline, teardown of that group only); the engine
-supplies its command, ready path, busy witnesses and pass counters. Where the engine loads a
-GGUF file (``gguf`` given) the memory guard runs before every launch, as for llama-server. The
-handle records the engine's provenance and, at the end, its cache counters.
+Before every launch :class:`EngineLauncher` re-reads host memory (the guard, where the engine
+loads a GGUF file), picks or re-checks the port, asks the engine for its command
+(:meth:`EngineLauncher.planned`, which the dry run prints too) and runs it as a
+:class:`~batch_invariance.servers.process.ServerProcess`. The serial A server has one sequence,
+so its KV layout cannot matter: it gets ``split``; B/C get the asked one. The handle records the
+process's facts, the engine's provenance and, at the end, its cache counters.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import requests
 
-from batch_invariance.engines.base import Engine, LaunchCommand, LaunchRequest
+from batch_invariance.engines.base import Engine, KvLayout, LaunchCommand, LaunchRequest
+from batch_invariance.errors import InfraError
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import GgufInfo
 from batch_invariance.run.dispatch import BusyProbe, PassCounter
 from batch_invariance.run.probe import get_text
 from batch_invariance.servers import ports
-from batch_invariance.servers.live_launcher import LaunchRecord, recorded
-from batch_invariance.servers.llama_server import LlamaServer
+from batch_invariance.servers.process import ServerProcess
 
-__all__ = ["EngineHandle", "EngineLauncher"]
+__all__ = ["EngineHandle", "EngineLauncher", "LaunchRecord", "PlannedServer", "recorded"]
+
+
+@dataclass(frozen=True)
+class PlannedServer:
+    """The server a launch would start: its command and how its KV cache is sized."""
+
+    parallel: int
+    command: LaunchCommand
+    kv_label: str
+
+
+@dataclass
+class LaunchRecord:
+    """One launch a launcher made (for provenance and the benchmark)."""
+
+    arm: str
+    parallel: int
+    ctx: int
+    port: int
+    argv: tuple[str, ...]
+    #: The memory guard's projection (``None`` where the guard does not apply).
+    projected_bytes: int | None
+    ready_s: float | None = None
+    alive_s: float | None = None
+    rss_peak_bytes: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class EngineHandle:
-    """A running engine server as the driver sees it (``run.cell.ServerHandle``)."""
+    """A running engine server as the driver sees it (``run.arms.ServerHandle``)."""
 
-    server: LlamaServer
+    process: ServerProcess
     engine: Engine
-    command: LaunchCommand
-    parallel: int
-    ctx: int
+    planned: PlannedServer
 
     @property
     def base_url(self) -> str:
-        return self.server.base_url
+        return self.process.base_url
 
     @property
     def label(self) -> str:
-        return f"{self.engine.name}:{self.server.label}"
+        return self.process.label
 
     @property
     def argv(self) -> tuple[str, ...]:
-        return self.command.argv
+        return self.planned.command.argv
+
+    @property
+    def kv_label(self) -> str:
+        return self.planned.kv_label
 
     @property
     def metrics_enabled(self) -> bool:
         return bool(self.busy_probes)
-
-    @property
-    def kv_label(self) -> str:
-        if not self.engine.cobatches:
-            return f"{self.engine.name}:one-context:{self.ctx} (serves one request at a time)"
-        return f"{self.engine.name}:{self.parallel} seqs x {self.ctx} tokens"
 
     @property
     def busy_probes(self) -> tuple[BusyProbe, ...]:
@@ -72,21 +95,28 @@ class EngineHandle:
         return self.engine.pass_counters(self.base_url)
 
     def check_alive(self) -> None:
-        self.server.check_alive()
+        self.process.check_alive()
 
     def info(self) -> Mapping[str, Any]:
         with requests.Session() as session:
             metrics = get_text(session, self.base_url.rstrip("/") + "/metrics", timeout_s=2.0)
+        command = self.planned.command
         return {
-            **dict(self.server.info()),
-            **self.engine.provenance(self.command),
-            "env": dict(self.command.env),
+            **dict(self.process.info()),
+            "kv_label": self.kv_label,
+            "metrics_enabled": self.metrics_enabled,
+            **self.engine.provenance(command),
+            "env": dict(command.env),
             "cache_evidence": self.engine.cache_evidence(metrics).to_record(),
         }
 
 
 class EngineLauncher:
-    """Starts ``engine`` servers: ``parallel=1`` for arm A, N for B/C, on a loopback port."""
+    """Starts ``engine`` servers: ``parallel=1`` for arm A, N for B/C, on a loopback port.
+
+    ``cap_parallel`` is a test hook: it launches every server with at most that many
+    sequences while the driver still dispatches as planned (a server that cannot co-batch).
+    """
 
     def __init__(
         self,
@@ -98,9 +128,11 @@ class EngineLauncher:
         port_policy: ports.PortPolicy,
         server_flags: Sequence[str] = (),
         env: Mapping[str, str] = {},
-        ready_timeout: float = 300.0,
+        ready_timeout: float = 120.0,
         gguf: GgufInfo | None = None,
         max_footprint_gb: float | None = None,
+        cap_parallel: int | None = None,
+        kv_layout: KvLayout = "split",
     ) -> None:
         self.engine = engine
         self.server_bin = server_bin
@@ -112,6 +144,8 @@ class EngineLauncher:
         self.ready_timeout = ready_timeout
         self.gguf = gguf
         self.max_footprint_gb = max_footprint_gb
+        self.cap_parallel = cap_parallel
+        self.kv_layout: KvLayout = kv_layout
         self.launches: list[LaunchRecord] = []
         #: Set when a server was aborted (RSS past the cap); the run must not write a cert.
         self.aborted: str | None = None
@@ -121,38 +155,73 @@ class EngineLauncher:
         """``"live"``: this launcher spawns the engine's server process itself."""
         return "live"
 
+    def effective_parallel(self, parallel: int) -> int:
+        return min(parallel, self.cap_parallel) if self.cap_parallel else parallel
+
     def guard_decision(
         self, parallel: int, ctx: int, host: memory.HostMemory
     ) -> memory.GuardDecision | None:
         """The memory guard on the server it would start (``None``: no GGUF file to project).
 
-        One context for an engine that cannot co-batch; its own flags are not llama-server's,
-        so the projection assumes the default KV cache types, in host memory."""
+        One context for an engine that cannot co-batch; the projection reads the flags the
+        engine says are llama.cpp's (KV cache types, GPU offload)."""
         if self.gguf is None:
             return None
-        slots = parallel if self.engine.cobatches else 1
-        return memory.evaluate(memory.project(self.gguf, ctx, slots), host, self.max_footprint_gb)
+        served = self.effective_parallel(parallel)
+        slots = served if self.engine.cobatches else 1
+        flags = self.engine.guard_flags(self.server_flags)
+        projection = memory.project(self.gguf, ctx, slots, flags)
+        return memory.evaluate(
+            projection, host, self.max_footprint_gb, memory.offloads_to_gpu(flags)
+        )
+
+    def planned(self, parallel: int, ctx: int, port: int) -> PlannedServer:
+        """The command and KV label of the server :meth:`launch` starts for ``parallel``."""
+        served = self.effective_parallel(parallel)
+        layout: KvLayout = self.kv_layout if served > 1 else "split"
+        request = LaunchRequest(
+            self.server_bin, self.model, served, ctx, ports.LOOPBACK, port, self.server_flags,
+            self.env, layout,
+        )  # fmt: skip
+        command = self.engine.launch_command(request)
+        return PlannedServer(served, command, self.engine.kv_label(ctx, served, layout))
 
     @contextlib.contextmanager
     def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[EngineHandle]:
+        """Guard memory, pick/re-check the port, start the server and yield it once ready."""
         decision = self.guard_decision(parallel, ctx, memory.read_host_memory())
         guard = None if decision is None else memory.launch_guard(decision)
         port = ports.choose(self.port_policy)
-        command = self.engine.launch_command(
-            LaunchRequest(self.server_bin, self.model, parallel, ctx, ports.LOOPBACK, port,
-                          self.server_flags, self.env)
-        )  # fmt: skip
-        server = LlamaServer(
-            self.server_bin, self.model, arm=arm, parallel=parallel, ctx=ctx, port=port,
-            log_dir=self.log_dir, ready_timeout=self.ready_timeout, command=command,
+        planned = self.planned(parallel, ctx, port)
+        process = ServerProcess(
+            self.engine, planned.command, arm=arm, parallel=planned.parallel, ctx=ctx,
+            port=port, log_dir=self.log_dir, ready_timeout=self.ready_timeout,
             rss_cap_bytes=None if guard is None else guard.rss_cap_bytes,
         )  # fmt: skip
-        record = LaunchRecord(
-            arm, parallel, ctx, port, command.argv, None if guard is None else guard.projected_bytes
-        )
+        projected = None if guard is None else guard.projected_bytes
+        record = LaunchRecord(arm, planned.parallel, ctx, port, planned.command.argv, projected)
         self.launches.append(record)
-        with recorded(server, record):
+        with recorded(process, record):
             try:
-                yield EngineHandle(server, self.engine, command, parallel, ctx)
+                yield EngineHandle(process, self.engine, planned)
             finally:
-                self.aborted = self.aborted or server.aborted
+                self.aborted = self.aborted or process.aborted
+
+
+@contextlib.contextmanager
+def recorded(server: ServerProcess, record: LaunchRecord) -> Iterator[ServerProcess]:
+    """Run ``server`` and fill ``record`` (ready, alive, RSS peak, info), even on failure.
+
+    A server that died or was aborted for memory ends the run without a verdict
+    (:class:`InfraError`: the driver names the arm and pass it died in)."""
+    t0 = time.monotonic()
+    try:
+        with server:
+            record.ready_s = server.ready_s
+            yield server
+            if server.aborted is not None:
+                raise InfraError(server.aborted)
+    finally:
+        record.alive_s = time.monotonic() - t0
+        record.info = dict(server.info())
+        record.rss_peak_bytes = record.info.get("rss_peak_bytes")

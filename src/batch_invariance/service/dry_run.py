@@ -1,5 +1,7 @@
 """``--dry-run``: the plan of a live cell (each server's argv, memory, requests, ETA) as text;
-nothing is launched. Any launched engine; an attached server has nothing to plan."""
+nothing is launched. Any launched engine: each argv is the launcher's own
+(:meth:`~batch_invariance.servers.launch.EngineLauncher.planned`); an attached server has
+nothing to plan."""
 
 from __future__ import annotations
 
@@ -7,12 +9,11 @@ import os
 from dataclasses import dataclass
 
 from batch_invariance.core.plan import eta_seconds, serial_arm_count
-from batch_invariance.engines.base import LaunchRequest
+from batch_invariance.engines.registry import shown_name
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
-from batch_invariance.servers import ports
-from batch_invariance.servers.llama_server import KvLayout, build_argv, kv_label
 from batch_invariance.service.live import LiveCell
+from batch_invariance.service.target import engine_launcher
 
 __all__ = ["DryRun", "dry_run", "usable_cpus"]
 
@@ -36,20 +37,6 @@ def _gib(n: int) -> str:
     return f"{n / memory.GIB:.2f} GiB"
 
 
-def _argv(cell: LiveCell, n: int, layout: KvLayout) -> tuple[str, ...]:
-    """The argv of a server with ``n`` slots, with port 0 for the port."""
-    target = cell.target
-    assert target.server_bin is not None and target.model is not None
-    if target.is_llama_server:
-        return build_argv(
-            target.server_bin, target.model, host=ports.LOOPBACK, port=0, parallel=n,
-            ctx=cell.ctx, extra_flags=cell.server_flags, kv_layout=layout,
-        )  # fmt: skip
-    request = LaunchRequest(target.server_bin, target.model, n, cell.ctx, ports.LOOPBACK, 0,
-                            cell.server_flags)  # fmt: skip
-    return target.engine.launch_command(request).argv
-
-
 def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     """The plan of ``cell`` on a host with ``host`` memory and ``cpus`` CPUs."""
     req = cell.request
@@ -59,20 +46,17 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
             "--dry-run is not available with --base-url: the tool launches nothing to plan there"
         )
     port = str(cell.port_policy.fixed) if cell.port_policy.fixed is not None else "<free>"
-    launcher = cell.launcher()
+    launcher = engine_launcher(target, req, cell.out_dir, cell.port_policy)
     refused: str | None = None
-
-    def layout(n: int) -> KvLayout:
-        # The serial A server has one slot: its layout cannot matter.
-        return req.kv_layout if n > 1 else "split"
-
-    engine = "" if target.is_llama_server else f" engine {target.engine.name}"
+    named = shown_name(target.engine)
+    engine = f" engine {named}" if named else ""
     lines = [
         f"dry run:{engine} cell {cell.model_name} ctx={cell.ctx} N={cell.parallel} "
         "(nothing launched)"
     ]
     for arm, n in (("A", 1), ("BC", cell.parallel)):
-        argv = _argv(cell, n, layout(n))
+        planned = launcher.planned(n, cell.ctx, port=0)
+        argv = planned.command.argv
         shown = [port if a == "0" and i > 0 and argv[i - 1] == "--port" else a
                  for i, a in enumerate(argv)]  # fmt: skip
         lines.append(f"server {arm}: {' '.join(shown)}")
@@ -82,9 +66,8 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
             continue
         proj = decision.projection
         refused = refused or decision.refusal
-        kv = kv_label(cell.ctx, n, layout(n)) if target.is_llama_server else f"{n} x {cell.ctx}"
         lines.append(
-            f"  kv: {kv}; projected {_gib(proj.total_bytes)} "
+            f"  kv: {planned.kv_label}; projected {_gib(proj.total_bytes)} "
             f"(weights {_gib(proj.weights_bytes)} + KV {_gib(proj.kv_bytes)} + overhead "
             f"{_gib(proj.overhead_bytes)}); guard: {decision.refusal or 'ok'}"
         )

@@ -27,6 +27,7 @@ from batch_invariance.core.evidence import (
 )
 from batch_invariance.core.plan import CellPlan, Endpoint, number_problems
 from batch_invariance.core.scoring import Scorer
+from batch_invariance.engines.base import KvLayout
 from batch_invariance.engines.registry import DEFAULT_ENGINE
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host import memory
@@ -42,7 +43,6 @@ from batch_invariance.run.workset import (
     load_workset,
 )
 from batch_invariance.servers import ports
-from batch_invariance.servers.llama_server import KvLayout
 from batch_invariance.service.profile import ProfileInputs, ProfileRequest, resolve_profile
 from batch_invariance.service.provenance import provenance_for
 from batch_invariance.service.target import (

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from batch_invariance import __version__
 from batch_invariance.host import facts as hostinfo
 from batch_invariance.run.workset import Workset
-from batch_invariance.servers.live_launcher import LaunchRecord
+from batch_invariance.servers.launch import LaunchRecord
 
 if TYPE_CHECKING:
     from batch_invariance.service.live import LiveCell

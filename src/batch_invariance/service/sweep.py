@@ -27,7 +27,7 @@ from batch_invariance.run.cell import ServerLauncher, run_cells
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
-from batch_invariance.servers.live_launcher import LaunchRecord
+from batch_invariance.servers.launch import LaunchRecord
 from batch_invariance.service.live import LiveRequest, check_room_to_answer, prepare
 from batch_invariance.service.provenance import provenance_for
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary

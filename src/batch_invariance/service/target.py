@@ -5,21 +5,22 @@ binary and model the tool launches or the URL of a server it attaches to (``--ba
 errors, one line each): attach URLs, server flags against the engine's own owned and refused
 flags, the binary and the model. The GGUF header is read where the engine loads a GGUF file
 (llama-server, llama-cpp-python); an engine that loads a Hugging Face model folder (vLLM,
-SGLang) gets no header, no memory guard, and the reason recorded. :func:`make_launcher` picks
-the launcher: ``LiveLauncher`` for llama-server, ``EngineLauncher`` for the other launched
-engines, ``AttachLauncher`` for an attached server. :func:`identify` records what ran.
+SGLang) gets no header, no memory guard, and the reason recorded. What differs between engines
+(KV layouts, profiles, how the binary is resolved, which flags it refuses) is asked of the
+engine. :func:`make_launcher` picks the launcher: :class:`EngineLauncher` for a launched engine,
+``AttachLauncher`` for an attached server. :func:`identify` records what ran.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from batch_invariance.core.llama_flags import FlagError, read_flags
-from batch_invariance.engines.base import Engine, flag_conflicts
-from batch_invariance.engines.registry import DEFAULT_ENGINE, engine_for
+from batch_invariance.engines.base import Engine, KvLayout, flag_conflicts
+from batch_invariance.engines.registry import ENGINES, engine_for
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import GgufInfo, cached_sha256, parse_info
@@ -27,13 +28,8 @@ from batch_invariance.provision.embedded import cache_root
 from batch_invariance.run.cell import ServerLauncher
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, AttachTarget, attach_target
-from batch_invariance.servers.launch import EngineLauncher
-from batch_invariance.servers.live_launcher import (
-    BinaryIdentity,
-    LaunchRecord,
-    LiveLauncher,
-    identify_binary,
-)
+from batch_invariance.servers.binary import BinaryIdentity, identify_binary
+from batch_invariance.servers.launch import EngineLauncher, LaunchRecord
 from batch_invariance.service.profile import ProfileInputs
 
 if TYPE_CHECKING:
@@ -71,11 +67,6 @@ class ServerTarget:
     attach: AttachTarget | None
     server_flags: tuple[str, ...]
 
-    @property
-    def is_llama_server(self) -> bool:
-        """The default path: llama-server launched by the tool."""
-        return self.attach is None and self.engine.name == DEFAULT_ENGINE
-
 
 def _check_file(path: Path | None, flag: str, what: str, executable: bool = False) -> Path:
     if path is None:
@@ -101,28 +92,28 @@ def _check_attach_options(request: LiveRequest) -> AttachTarget | None:
     return attach_target(request.base_url, request.metrics_url, request.allow_remote)
 
 
-def _rejected_by_llama_server(flags: tuple[str, ...]) -> tuple[str, ...]:
-    """Words the server would refuse to start with (read by the one flag reader)."""
-    try:
-        rejected = read_flags(flags, first_is_binary=False).rejected
-    except FlagError as exc:
-        return (f"{' '.join(flags)}: {exc}",)
-    return tuple(f"{w}: llama-server has no such option (write --name value)" for w in rejected)
+def _engines_that(can: Callable[[Engine], bool]) -> str:
+    """The names of the engines that ``can``, for a usage error."""
+    return ", ".join(sorted(e.name for e in ENGINES.values() if can(e)))
+
+
+def _check_layout(layout: KvLayout, engine: Engine, attached: bool) -> None:
+    if layout in engine.kv_layouts and (layout == "split" or not attached):
+        return
+    takers = _engines_that(lambda e: layout in e.kv_layouts)
+    raise UsageError(f"--kv-layout {layout} applies only to {takers} launched by the tool")
 
 
 def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTarget:
     """Check the engine-dependent part of ``request`` (UsageError naming the first problem)."""
     engine = engine_for(request.engine)
     attach = _check_attach_options(request)
-    launched_llama_server = attach is None and engine.name == DEFAULT_ENGINE
-    if prof is not None and not launched_llama_server:
-        raise UsageError("--profile works only with the default engine (llama-server, launched)")
-    if request.kv_layout != "split" and not launched_llama_server:
-        raise UsageError("--kv-layout unified applies only to llama-server launched by the tool")
+    if prof is not None and (attach is not None or not engine.takes_profiles):
+        takers = _engines_that(lambda e: e.takes_profiles)
+        raise UsageError(f"--profile works only with the default engine ({takers}, launched)")
+    _check_layout(request.kv_layout, engine, attach is not None)
     flags = tuple(prof.server_flags if prof else request.server_flags)
     problems = flag_conflicts(engine, flags)
-    if not problems and engine.name == DEFAULT_ENGINE:
-        problems = _rejected_by_llama_server(flags)
     if problems:
         driver = request.driver_name
         raise UsageError(
@@ -133,13 +124,13 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
         return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
     server_bin = request.server_bin or (prof.server_bin if prof else None)
     model = request.model or (prof.model if prof else None)
-    if engine.name != DEFAULT_ENGINE and (server_bin is None or model is None):
+    # Without a profile that could name them, both must be given.
+    if not engine.takes_profiles and (server_bin is None or model is None):
         raise UsageError(
             f"--server-bin and --model are required for --engine {engine.name} "
             "(its executable or Python interpreter, and its model)"
         )
-    what = "path to llama-server" if engine.name == DEFAULT_ENGINE else f"{engine.name} launcher"
-    server_bin = _check_file(server_bin, "--server-bin", what, executable=True)
+    server_bin = _check_file(server_bin, "--server-bin", engine.binary_hint, executable=True)
     if engine.loads_gguf:
         model = _check_file(model, "--model", "path to a GGUF model")
         gguf, skipped = parse_info(model), None
@@ -151,33 +142,31 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
             f"engine {engine.name} loads a Hugging Face model folder: no GGUF header read and "
             "no memory guard"
         )
-    # A venv's interpreter is a symlink whose own path makes it the venv: resolve only
-    # llama-server's binary (the cert names the file that ran), keep another engine's
-    # launcher as given.
-    launcher = server_bin.resolve() if engine.name == DEFAULT_ENGINE else server_bin.absolute()
+    launcher = engine.resolve_binary(server_bin)
     return ServerTarget(engine, launcher, model.resolve(), gguf, skipped, None, flags)
 
 
 def make_launcher(
     target: ServerTarget, request: LiveRequest, log_dir: Path, policy: ports.PortPolicy
 ) -> LiveServerLauncher:
-    """The launcher for ``target``: attached, llama-server, or another launched engine."""
+    """The launcher for ``target``: attached, or the engine launched by the tool."""
     if target.attach is not None:
         return AttachLauncher(target.attach, target.engine)
-    assert target.server_bin is not None and target.model is not None
-    if target.is_llama_server:
-        assert target.gguf is not None
-        return LiveLauncher(
-            target.server_bin, target.model, target.gguf, log_dir, port_policy=policy,
-            server_flags=target.server_flags, max_footprint_gb=request.max_footprint_gb,
-            ready_timeout=request.ready_timeout, cap_parallel=request.cap_parallel,
-            kv_layout=request.kv_layout,
-        )  # fmt: skip
+    return engine_launcher(target, request, log_dir, policy)
+
+
+def engine_launcher(
+    target: ServerTarget, request: LiveRequest, log_dir: Path, policy: ports.PortPolicy
+) -> EngineLauncher:
+    """The launcher that starts ``target``'s engine (a launched target only)."""
+    if target.server_bin is None or target.model is None:
+        raise UsageError("an attached server has no launcher: the tool starts nothing there")
     return EngineLauncher(
         target.engine, target.server_bin, target.model, log_dir, port_policy=policy,
         server_flags=target.server_flags, env=dict(os.environ),
         ready_timeout=request.ready_timeout, gguf=target.gguf,
-        max_footprint_gb=request.max_footprint_gb,
+        max_footprint_gb=request.max_footprint_gb, cap_parallel=request.cap_parallel,
+        kv_layout=request.kv_layout,
     )  # fmt: skip
 
 
