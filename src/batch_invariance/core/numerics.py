@@ -23,24 +23,10 @@ from dataclasses import dataclass
 
 from batch_invariance.core.evidence import Trial
 
-__all__ = [
-    "RISK_LENGTHS",
-    "ROUNDED_DECIMALS",
-    "ROUNDED_MIN_VALUES",
-    "NumericEvidenceGate",
-    "Numerics",
-    "PairNumerics",
-    "PassNumerics",
-    "RiskEstimate",
-    "RiskPoint",
-    "RowNumerics",
-    "cell_numerics",
-    "compare_pair",
-    "drift_words",
-    "evidence_gate",
-    "has_logprobs",
-    "numeric_statement",
-]
+__all__ = ["RISK_LENGTHS", "ROUNDED_DECIMALS", "ROUNDED_MIN_VALUES", "NumericEvidenceGate",
+           "Numerics", "PairNumerics", "PassNumerics", "RiskEstimate", "RiskPoint", "RowNumerics",
+           "cell_numerics", "compare_pair", "drift_words", "evidence_gate", "has_logprobs",
+           "numeric_statement"]  # fmt: skip
 
 
 #: Logprobs whose every non-zero value has at most this many decimals were rounded by the
