@@ -34,10 +34,11 @@ from batch_invariance.servers.live_launcher import (
     LiveLauncher,
     identify_binary,
 )
+from batch_invariance.servers.llama_server import KvLayout
 from batch_invariance.service.profile import ProfileInputs
 
 if TYPE_CHECKING:
-    from batch_invariance.service.live import LiveRequest
+    from batch_invariance.service.request import LiveRequest
 
 ATTACHED_NO_GGUF = "attached: the tool did not start the server and reads no model file"
 
@@ -53,6 +54,18 @@ class LiveServerLauncher(ServerLauncher, Protocol):
         self, parallel: int, ctx: int, host: memory.HostMemory
     ) -> memory.GuardDecision | None:
         """``None`` where no guard applies (no GGUF file, or an attached server)."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The checked launch settings of a live cell (what a launcher needs besides the target)."""
+
+    ready_timeout: float
+    max_footprint_gb: float | None = None
+    #: Test hook: launch every server with at most this many slots (cannot co-batch).
+    cap_parallel: int | None = None
+    #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
+    kv_layout: KvLayout = "split"
 
 
 @dataclass(frozen=True)
@@ -159,7 +172,7 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
 
 
 def make_launcher(
-    target: ServerTarget, request: LiveRequest, log_dir: Path, policy: ports.PortPolicy
+    target: ServerTarget, options: LaunchOptions, log_dir: Path, policy: ports.PortPolicy
 ) -> LiveServerLauncher:
     """The launcher for ``target``: attached, llama-server, or another launched engine."""
     if target.attach is not None:
@@ -169,15 +182,15 @@ def make_launcher(
         assert target.gguf is not None
         return LiveLauncher(
             target.server_bin, target.model, target.gguf, log_dir, port_policy=policy,
-            server_flags=target.server_flags, max_footprint_gb=request.max_footprint_gb,
-            ready_timeout=request.ready_timeout, cap_parallel=request.cap_parallel,
-            kv_layout=request.kv_layout,
+            server_flags=target.server_flags, max_footprint_gb=options.max_footprint_gb,
+            ready_timeout=options.ready_timeout, cap_parallel=options.cap_parallel,
+            kv_layout=options.kv_layout,
         )  # fmt: skip
     return EngineLauncher(
         target.engine, target.server_bin, target.model, log_dir, port_policy=policy,
         server_flags=target.server_flags, env=dict(os.environ),
-        ready_timeout=request.ready_timeout, gguf=target.gguf,
-        max_footprint_gb=request.max_footprint_gb,
+        ready_timeout=options.ready_timeout, gguf=target.gguf,
+        max_footprint_gb=options.max_footprint_gb,
     )  # fmt: skip
 
 
