@@ -312,9 +312,7 @@ def test_model_identity_uses_the_strongest_check_available(tmp_path: Path) -> No
     found = identify_model(model, str(model))
     assert found.method == "sha256" and model_differences(found, recorded) == ()
     no_sha = Provenance(model_file=ModelFileRecord(name="m.gguf", size=8))
-    assert model_differences(found, no_sha) == (
-        "the cert records no model sha256",
-    )
+    assert model_differences(found, no_sha) == ("the cert records no model sha256",)
     # Stat-able but not readable (not reproducible as root): size and name must both agree.
     by_stat = ModelIdentity("size and name", "m.gguf", size=8)
     assert model_differences(by_stat, recorded) == ()
