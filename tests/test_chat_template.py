@@ -104,7 +104,7 @@ def test_attach_mode_cert_carries_the_fallback_warning_from_props(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``run-live --base-url`` at a base model's server: /props reports the ChatML fallback,
-    and the cert says so (the live provenance once overwrote it with ``unknown``)."""
+    and the cert says so (the block has one writer, so no second one can say ``unknown``)."""
     workset = tmp_path / "ws.json"
     workset.write_text(json.dumps([items_to_row(i) for i in ITEMS]))
     out = tmp_path / "out"

@@ -85,3 +85,14 @@ def test_a_written_cert_reads_its_provenance_by_attribute(tmp_path: Path) -> Non
     again = json.loads(path.read_text())["provenance"]
     assert Provenance.from_record(again) == cert.provenance
     assert cert.provenance.model_file == ModelFileRecord.from_record(again["model_file"])
+
+
+def test_a_key_two_writers_write_is_refused_not_silently_replaced() -> None:
+    """The run writes ``chat_template`` from the server's /props; a caller writing it again
+    would replace the warning with its own guess."""
+    run = Provenance.from_record({"chat_template": {"source": "server_fallback", "warning": "w"}})
+    caller = Provenance.from_record({"chat_template": {"source": "unknown", "warning": None}})
+    with pytest.raises(ValueError, match="chat_template"):
+        caller.merged_over(run)
+    merged = Provenance(driver="run-live").merged_over(run)
+    assert merged.record() == {**run.record(), "driver": "run-live"}

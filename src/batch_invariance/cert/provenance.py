@@ -212,5 +212,10 @@ class Provenance(_Record):
         return next((s for s in self.server_entries if s.role == "BC"), None)
 
     def merged_over(self, base: Provenance) -> Provenance:
-        """This block's keys over ``base``'s (the caller's block over the run's own)."""
+        """This block and ``base`` (the caller's block and the run's own) as one. Each key
+        has one writer: a key both write raises ``ValueError`` rather than one value
+        silently replacing the other."""
+        both = sorted(self.model_fields_set & base.model_fields_set)
+        if both:
+            raise ValueError(f"provenance keys written twice: {', '.join(both)}")
         return Provenance.from_record({**base.record(), **self.record()})

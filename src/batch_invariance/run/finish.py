@@ -64,9 +64,10 @@ def finish_cell(
     """Decide the verdict, build the cert and write it atomically into ``out_dir``.
 
     ``provenance`` from the caller (tool version, binary and model hashes, work-set sha256, ...)
-    is merged over the run's own block (request template, servers, timings, chat template:
-    ``model_template`` is what the model file's header said, where it was read). The cert's
-    ``source`` is the run's: what the launcher that started the servers is.
+    is merged with the run's own block (request template, servers, timings, chat template:
+    ``model_template`` is what the model file's header said, where it was read); each key has
+    one writer. The cert's ``source`` is the run's: what the launcher that started the servers
+    is.
     """
     from batch_invariance.cert import certificate
     from batch_invariance.cert import store as certstore

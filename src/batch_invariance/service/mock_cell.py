@@ -90,6 +90,5 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
         driver="run-mock",
         mock_knobs={"cobatch_divergence": knobs.cobatch_divergence, "seed": knobs.seed},
         workset={**workset.record(), "n_rows": len(items)},
-        scorer_id=run.scorer_id,
     )
     return finish_cell(run, spec, request.policy, provenance, out_dir)
