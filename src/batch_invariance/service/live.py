@@ -57,14 +57,15 @@ def check_room_to_answer(workset: Workset, ctx: int, n_predict: int) -> None:
     work-sets do) are checked: a prompt plus ``n_predict`` beyond ``ctx`` would cut every
     answer short in every arm, so the cell would measure truncation, not batching.
     """
-    over = [
-        (item.test_id, int(item.meta["calibrated_tokens"]))
+    over = {
+        item.test_id: int(tokens)
         for item in workset.items
-        if isinstance(item.meta.get("calibrated_tokens"), int)
-        and int(item.meta["calibrated_tokens"]) + n_predict > ctx
-    ]
+        if isinstance(tokens := item.meta.get("calibrated_tokens"), int)
+        and int(tokens) + n_predict > ctx
+    }
     if over:
-        worst_id, worst = max(over, key=lambda pair: pair[1])
+        worst_id = max(over, key=over.__getitem__)
+        worst = over[worst_id]
         raise UsageError(
             f"{len(over)} prompt(s) leave no room for --n-predict {n_predict} in ctx {ctx} "
             f"(largest: {worst_id}, {worst} tokens); raise --ctx, lower --n-predict or pick "
