@@ -96,7 +96,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batch_invariance.provision.embedded import provision
-from batch_invariance.service.live import LiveOutcome, LiveRequest, run_live_cell
+from batch_invariance.service.live import LiveOutcome, run_live_cell
+from batch_invariance.service.request import LiveRequest
 
 DEMO = Path(__file__).resolve().parents[1] / "src/batch_invariance/data/worksets/demo.json"
 #: The reference's median wall time on the issue's cell (3 alternating runs, 2 CPU cores).

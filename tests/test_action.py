@@ -519,7 +519,7 @@ def test_annotation_escapes_newlines_and_property_separators() -> None:
 
 
 def test_input_defaults_come_from_the_run_live_table() -> None:
-    from batch_invariance.service.live import ACTION_DEFAULTS, RUN_LIVE_DEFAULTS
+    from batch_invariance.service.request import ACTION_DEFAULTS, RUN_LIVE_DEFAULTS
 
     for name in ("gate_passes", "reps", "n_predict"):
         assert getattr(ACTION_DEFAULTS, name) == getattr(RUN_LIVE_DEFAULTS, name)

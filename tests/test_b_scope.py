@@ -148,14 +148,14 @@ def test_stop_on_red_runs_b_on_the_divergent_ids_only(tmp_path: Path) -> None:
     (cell,) = cells
     assert cell.finished is not None and cell.verification is not None
     cert = cell.finished.cert
-    schedule = cert.provenance["schedule"]
+    schedule = cert.provenance.schedule
     proof_ids = tuple(cert.divergence_report.ac.divergent_ids)
     assert cert.verdict == "RED" and cert.divergence_class == CLASS_CO_BATCHING
     assert cert.n_passes == 1 and proof_ids and _arith_ids(proof_ids)
     assert cert.evidence.b_ids == proof_ids == tuple(sorted(cert.evidence.b))
-    assert schedule["b_ids"] == list(proof_ids)
-    assert "and reproduced A on each" in schedule["b_reason"]
-    b_arm = next(arm for arm in cert.provenance["arms"] if arm["arm"] == "B")
+    assert schedule is not None and schedule.b_ids == proof_ids
+    assert "and reproduced A on each" in str(schedule.b_reason)
+    b_arm = next(arm for arm in cert.provenance.arms or () if arm["arm"] == "B")
     assert b_arm["n_requests"] == len(proof_ids) < len(cert.evidence.a)
     assert cert.gates["arm_b_scope"].ok is False
     assert cell.verification.problems == ()
@@ -173,8 +173,9 @@ def test_b_runs_on_every_id_when_it_differs_from_a_on_a_divergent_one(tmp_path: 
     assert cert.evidence.b_ids is None and len(cert.evidence.b) == len(cert.evidence.a)
     assert cert.divergence_report.ab.divergent_ids == ("arith-add-1",)
     assert cert.divergence_class is not None and CLASS_SLOT in cert.divergence_class
-    assert "B ran on every id" in cert.provenance["schedule"]["b_reason"]
-    b_arm = next(arm for arm in cert.provenance["arms"] if arm["arm"] == "B")
+    schedule = cert.provenance.schedule
+    assert schedule is not None and "B ran on every id" in str(schedule.b_reason)
+    b_arm = next(arm for arm in cert.provenance.arms or () if arm["arm"] == "B")
     assert b_arm["n_requests"] == len(cert.evidence.a)
     assert "arm_b_scope" not in cert.gates
     assert cell.verification.problems == ()
@@ -188,7 +189,8 @@ def test_a_full_red_run_runs_b_on_the_ids_that_diverged_in_any_pass(tmp_path: Pa
     divergent = tuple(cert.divergence_report.ac.divergent_ids)
     assert cert.verdict == "RED" and cert.n_passes == 3 and _arith_ids(divergent)
     assert cert.evidence.b_ids == divergent and cert.divergence_class == CLASS_CO_BATCHING
-    assert cert.provenance["schedule"]["stopped_early"] is False
+    schedule = cert.provenance.schedule
+    assert schedule is not None and schedule.stopped_early is False
     assert cell.verification.problems == ()
 
 
@@ -199,4 +201,5 @@ def test_a_clean_run_runs_b_on_every_id(tmp_path: Path) -> None:
     cert = cell.finished.cert
     assert cert.verdict == "GREEN" and cert.evidence.b_ids is None
     assert len(cert.evidence.b) == len(cert.evidence.a)
-    assert cert.provenance["schedule"]["b_reason"] == "B ran on every id: AC was clean"
+    schedule = cert.provenance.schedule
+    assert schedule is not None and schedule.b_reason == "B ran on every id: AC was clean"

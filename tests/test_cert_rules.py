@@ -71,7 +71,7 @@ def test_stripping_the_mock_markers_still_leaves_a_mock_argv(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mock = _mock_cert(tmp_path)
-    prov = {k: v for k, v in mock.provenance.items() if k != "mock_knobs"}
+    prov = {k: v for k, v in mock.provenance.record().items() if k != "mock_knobs"}
     prov["driver"] = "run-live"
     forged = replace(mock, source="live", provenance=prov, kv_label="split:-c 8192 -np 4")
     code, err = _verify(_rebuilt(tmp_path, forged), capsys)
@@ -116,7 +116,7 @@ def test_a_live_cert_whose_cell_was_edited_and_rebuilt_is_invalid(
 )
 def test_a_live_cert_whose_provenance_disagrees_is_invalid(provenance_edit: Any) -> None:
     cert, _ = cert_for()
-    prov = json.loads(json.dumps(dict(cert.provenance)))
+    prov = cert.provenance.record()
     provenance_edit(prov)
     forged = rederive(replace(cert, provenance=prov))
     verification_text = render(forged)

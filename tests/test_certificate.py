@@ -210,7 +210,7 @@ def test_provenance_becomes_plain_json() -> None:
         "live",
         TS,
     )
-    assert cert.provenance == {"server_bin": "/x/llama-server", "argv": ["a", "b"]}
+    assert cert.provenance.record() == {"server_bin": "/x/llama-server", "argv": ["a", "b"]}
 
 
 # ----------------------------------------------------------------- predicates

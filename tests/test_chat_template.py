@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cert.certificate import cert_to_json
+from batch_invariance.cert.provenance import ChatTemplateRecord, Provenance
 from batch_invariance.cert.verify import verify_text
 from batch_invariance.cli import main
 from batch_invariance.core.chat_template import (
@@ -81,14 +82,15 @@ def test_the_mock_plays_a_base_model_and_the_cert_carries_the_warning(tmp_path: 
     run = run_cell(_plan("chat"), MockLauncher(MockKnobs(chat_template=None)), ExactMatchScorer())
     assert run.server_chat_template == LLAMA_CPP_CHATML_FALLBACK
     spec = CellSpec(model="mock", ctx=512, dispatch_n=2, kv_label=run.kv_label, reps=1)
-    done = finish_cell(run, spec, GatePolicy(), {"tool_version": "test"}, tmp_path)
+    done = finish_cell(run, spec, GatePolicy(), Provenance(tool_version="test"), tmp_path)
     block = json.loads(done.path.read_text())["provenance"]["chat_template"]
     assert block == {"source": "server_fallback", "warning": FALLBACK_WARNING}
     # The default mock carries its own template; the completions endpoint uses none.
     own = run_cell(_plan("chat"), MockLauncher(MockKnobs()), ExactMatchScorer())
-    assert own.provenance()["chat_template"] == {"source": "model", "warning": None}
+    assert own.provenance().chat_template == ChatTemplateRecord(source="model", warning=None)
     raw = run_cell(_plan("completions"), MockLauncher(MockKnobs()), ExactMatchScorer())
-    assert raw.provenance()["chat_template"]["source"] == "not_used"
+    raw_block = raw.provenance().chat_template
+    assert raw_block is not None and raw_block.source == "not_used"
 
 
 def test_a_cert_with_the_warning_still_re_derives() -> None:
@@ -102,7 +104,7 @@ def test_attach_mode_cert_carries_the_fallback_warning_from_props(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``run-live --base-url`` at a base model's server: /props reports the ChatML fallback,
-    and the cert says so (the live provenance once overwrote it with ``unknown``)."""
+    and the cert says so (the block has one writer, so no second one can say ``unknown``)."""
     workset = tmp_path / "ws.json"
     workset.write_text(json.dumps([items_to_row(i) for i in ITEMS]))
     out = tmp_path / "out"
@@ -127,7 +129,7 @@ def test_the_model_file_decides_over_the_servers_report() -> None:
     """A launched GGUF's header is read: its template (or its lack of one) decides, whatever
     ``/props`` said; the block is written once, from both."""
     run = run_cell(_plan("chat"), MockLauncher(MockKnobs()), ExactMatchScorer())
-    without = run.provenance(ModelTemplate(None))["chat_template"]
-    assert without == {"source": "server_fallback", "warning": FALLBACK_WARNING}
-    own = run.provenance(ModelTemplate("{{ messages }}"))["chat_template"]
-    assert own == {"source": "model", "warning": None}
+    without = run.provenance(ModelTemplate(None)).chat_template
+    assert without == ChatTemplateRecord(source="server_fallback", warning=FALLBACK_WARNING)
+    own = run.provenance(ModelTemplate("{{ messages }}")).chat_template
+    assert own == ChatTemplateRecord(source="model", warning=None)

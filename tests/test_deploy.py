@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.signature import (
     BundlePolicy,
     SignerPolicy,
@@ -123,7 +124,7 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=128)
     run = run_cell(plan, MockLauncher(MockKnobs()), load_scorer(None))
     spec = CellSpec(model=MODEL, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
-    return finish_cell(run, spec, GatePolicy(), {"test": "deploy"}, out_dir).path
+    return finish_cell(run, spec, GatePolicy(), Provenance(driver="deploy-test"), out_dir).path
 
 
 def deploy_files(root: Path) -> tuple[Path, Path]:
@@ -300,7 +301,7 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
     from batch_invariance.deploy.identity import identify_model
 
     argv = data["provenance"]["servers"][1]["argv"]
-    bare = CertFile(world["green"], {"provenance": {}}, None, True, None, MODEL, 1024, 4,
+    bare = CertFile(world["green"], Provenance(), None, True, None, MODEL, 1024, 4,
                     read_flags(argv))  # fmt: skip
     cell = cell_of(
         ServerCommand("x", ("llama-server", "-m", str(m), *OK_FLAGS.split(), "-n", "8"), {})

@@ -299,22 +299,20 @@ def test_systemd_environment_file_overrides_environment_regardless_of_order(
 def test_model_identity_uses_the_strongest_check_available(tmp_path: Path) -> None:
     import hashlib
 
+    from batch_invariance.cert.provenance import ModelFileRecord, Provenance
     from batch_invariance.deploy.identity import ModelIdentity, identify_model, model_differences
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF-one")
-    recorded = {
-        "model_file": {
-            "name": "m.gguf",
-            "size": 8,
-            "sha256": hashlib.sha256(b"GGUF-one").hexdigest(),
-        }
-    }
+    recorded = Provenance(
+        model_file=ModelFileRecord(
+            name="m.gguf", size=8, sha256=hashlib.sha256(b"GGUF-one").hexdigest()
+        )
+    )
     found = identify_model(model, str(model))
     assert found.method == "sha256" and model_differences(found, recorded) == ()
-    assert model_differences(found, {"model_file": {"name": "m.gguf", "size": 8}}) == (
-        "the cert records no model sha256",
-    )
+    no_sha = Provenance(model_file=ModelFileRecord(name="m.gguf", size=8))
+    assert model_differences(found, no_sha) == ("the cert records no model sha256",)
     # Stat-able but not readable (not reproducible as root): size and name must both agree.
     by_stat = ModelIdentity("size and name", "m.gguf", size=8)
     assert model_differences(by_stat, recorded) == ()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from batch_invariance import exitcodes
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.signature import (
     SignerPolicy,
     TrustRoot,
@@ -149,7 +150,7 @@ def test_a_cert_that_records_no_build_covers_no_deploy(
     from batch_invariance.cert.store import write_cert
 
     cert = parse_cert(cover["green"].read_text())
-    provenance: dict[str, Any] = dict(cert.provenance)
+    provenance: dict[str, Any] = cert.provenance.record()
     del provenance["server_binary"]
     folder = tmp_path / "certs"
     write_cert(folder, rederive(replace(cert, provenance=provenance)))
@@ -195,7 +196,7 @@ def test_an_uncapped_deploy_needs_a_measured_length(cover: dict[str, Path]) -> N
 
     data = json.loads(cover["green"].read_text())
     argv = data["provenance"]["servers"][1]["argv"]
-    bare = CertFile(cover["green"], {"provenance": {}}, None, True, None, MODEL, 1024, 4,
+    bare = CertFile(cover["green"], Provenance(), None, True, None, MODEL, 1024, 4,
                     read_flags(argv))  # fmt: skip
     m = str(cover["model"])
     for cap in ((), ("-n", "-1")):

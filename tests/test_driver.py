@@ -12,6 +12,7 @@ from typing import Literal
 
 import pytest
 
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
 from batch_invariance.core.verdict import Verdict, decide
@@ -94,8 +95,8 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     assert set(ev.a) == set(ev.b) == ids
     # B reproduced A exactly on a second server instance, so A' decides nothing: skipped.
     assert ev.a_repeat is None
-    assert run.schedule is not None and run.schedule["arms_run"] == ["A", "B", "C"]
-    assert str(run.schedule["serial_repeat"]).startswith("A' skipped: B")
+    assert run.schedule is not None and run.schedule.arms_run == ("A", "B", "C")
+    assert str(run.schedule.serial_repeat).startswith("A' skipped: B")
     assert len(ev.c_passes) == 6 and all(set(p.trials) == ids for p in ev.c_passes)
     assert all(p.server_busy_max is not None and p.server_busy_max >= 2 for p in ev.c_passes)
     assert len({p.order for p in ev.c_passes}) > 1  # shuffled per pass
@@ -115,8 +116,8 @@ def test_green_on_a_batch_invariant_mock_and_what_the_run_records() -> None:
     assert run.request_template["cache_prompt"] is False
     assert run.arm_wall_s("C") > 0 and run.server_ms().predicted_ms > 0
     prov = run.provenance()
-    assert json.loads(json.dumps(prov))["server_launches"] == 2
-    assert set(prov["timing"]["arm_wall_s"]) == {"A", "A_repeat", "B", "C"}
+    assert prov.server_launches == 2 and prov.timing is not None
+    assert set(prov.timing["arm_wall_s"]) == {"A", "A_repeat", "B", "C"}
 
 
 def test_red_on_cobatch_divergence() -> None:
@@ -176,8 +177,8 @@ def test_stochastic_divergence_breaks_the_serial_repeat() -> None:
     assert launcher.calls == [("A", 1, 512), ("BC", 4, 512), ("A", 1, 512)]
     assert launcher.max_open == 1 and run.launches == 3
     assert [s.role for s in run.servers] == ["A", "BC", "A"]
-    assert run.schedule is not None and run.schedule["arms_run"] == ["A", "A_repeat", "B", "C"]
-    assert str(run.schedule["serial_repeat"]).startswith("A' ran: B differed from A")
+    assert run.schedule is not None and run.schedule.arms_run == ("A", "A_repeat", "B", "C")
+    assert str(run.schedule.serial_repeat).startswith("A' ran: B differed from A")
     assert run.evidence.a_repeat is not None
     # A' asks for pre-sampling top-2 like every arm.
     assert all(t.tokens is not None and t.token_logprobs is not None
@@ -224,7 +225,7 @@ def test_a_transient_failure_is_retried_once_in_a_serial_arm_never_in_a_pass() -
 def test_a_retried_trial_is_carried_by_the_cert_and_verifies(tmp_path: Path) -> None:
     run, _ = cell(MockKnobs(fail_once_if_contains=("Japan",)), gate_passes=2)
     spec = CellSpec(model="mock", ctx=512, dispatch_n=4, kv_label=run.kv_label, reps=1)
-    done = finish_cell(run, spec, POLICY, {}, tmp_path)
+    done = finish_cell(run, spec, POLICY, Provenance(), tmp_path)
     evidence = json.loads(done.path.read_text())["evidence"]
     assert evidence["a"]["jp"]["first_attempt"].startswith("http_error: HTTP 500")
     assert "first_attempt" not in evidence["a"]["fr"]  # absent, not null, when not retried
@@ -311,7 +312,7 @@ def test_progress_is_a_line_per_arm_in_a_log_and_one_live_line_on_a_tty() -> Non
 def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
     run = run_cell(plan(), MockLauncher(MockKnobs(cobatch_divergence=True)), ExactMatchScorer())
     spec = CellSpec(model="mock", ctx=512, dispatch_n=4, kv_label=run.kv_label, reps=1)
-    done = finish_cell(run, spec, POLICY, {"tool_version": "test"}, tmp_path)
+    done = finish_cell(run, spec, POLICY, Provenance(tool_version="test"), tmp_path)
     assert done.path == tmp_path / "mock__ctx512__N4.json"
     assert done.superseded is None
     data = json.loads(done.path.read_text())
@@ -320,7 +321,7 @@ def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", data["ts_utc"])
     assert data["provenance"]["request_template"]["cache_prompt"] is False
     assert data["provenance"]["tool_version"] == "test"
-    again = finish_cell(run, spec, POLICY, {}, tmp_path, ts_utc="2030-01-01T00:00:00Z")
+    again = finish_cell(run, spec, POLICY, Provenance(), tmp_path, ts_utc="2030-01-01T00:00:00Z")
     assert again.superseded is not None and again.superseded.exists()
 
 

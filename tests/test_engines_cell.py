@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cert.certificate import is_promotable
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.evidence import CellSpec
 from batch_invariance.core.verdict import decide
 from batch_invariance.engines.registry import engine_for
@@ -120,7 +121,7 @@ def attached_cell(knobs: MockKnobs, tmp_path: Path, engine: str = "llama-server"
         lau = AttachLauncher(attach_target(server.base_url), engine_for(engine))
         run = run_cell(plan(gate_passes=3), lau, ExactMatchScorer())
     spec = CellSpec(model="attached", ctx=512, dispatch_n=4, kv_label=run.kv_label, reps=1)
-    done = finish_cell(run, spec, POLICY, {"engine": engine}, tmp_path)
+    done = finish_cell(run, spec, POLICY, Provenance(engine=engine), tmp_path)
     return run, done
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cert.identity import identity_problems
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.mock import MockKnobs, MockServer
@@ -87,13 +88,13 @@ def test_launched_vllm_fake_through_the_cli(
     assert checked.problems == () and checked.promotable
     # A relabelled BC server (one sequence where the cert claims N=4) is caught per engine.
     assert checked.cert is not None
-    prov = json.loads(json.dumps(checked.cert.provenance))
+    prov = checked.cert.provenance.record()
     argv = prov["servers"][1]["argv"]
     argv[argv.index("--max-num-seqs") + 1] = "1"
-    relabel = replace(checked.cert, provenance=prov)
+    relabel = replace(checked.cert, provenance=Provenance.from_record(prov))
     assert any("dispatch_n 4 but server BC" in p for p in identity_problems(relabel))
     prov["engine"] = "ollama"
-    unknown = replace(checked.cert, provenance=prov)
+    unknown = replace(checked.cert, provenance=Provenance.from_record(prov))
     assert "engine 'ollama' is not one this tool launches" in identity_problems(unknown)
     cert["provenance"]["engine"] = "ollama"
     relabelled = tmp_path / "relabelled.json"

@@ -21,6 +21,7 @@ CORE = tuple(sorted(str(p.relative_to(PKG)) for p in (PKG / "core").rglob("*.py"
 #: the identity and structure checks are pure too.
 PURE_OUTSIDE_CORE = (
     "cert/schema.py",
+    "cert/provenance.py",
     "cert/build.py",
     "cert/derived.py",
     "cert/parse.py",
@@ -32,6 +33,7 @@ PURE_OUTSIDE_CORE = (
 ALLOWED_PACKAGE_PREFIXES = (
     "core",
     "cert.schema",
+    "cert.provenance",
     "cert.build",
     "cert.derived",
     "cert.parse",

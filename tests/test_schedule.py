@@ -82,9 +82,9 @@ def test_stop_on_red_ends_a_divergent_mock_after_one_pass(tmp_path: Path) -> Non
     )
     cert = finished.cert
     assert cert.verdict == "RED" and cert.n_passes == 1
-    schedule = cert.provenance["schedule"]
-    assert schedule["passes_planned"] == 4 and schedule["passes_run"] == 1
-    assert schedule["stopped_early"] is True and "RED proven in pass 0" in schedule["stop_reason"]
+    schedule = cert.provenance.schedule
+    assert schedule is not None and schedule.passes_planned == 4 and schedule.passes_run == 1
+    assert schedule.stopped_early is True and "RED proven in pass 0" in str(schedule.stop_reason)
     # The rate is over the pass actually run, and the cert re-derives on its own.
     assert cert.sensitivity.n_scored_comparisons == len(cert.evidence.a)
     assert verify_path(finished.path).problems == ()
@@ -95,10 +95,12 @@ def test_stop_on_red_runs_every_pass_of_a_green_mock(tmp_path: Path) -> None:
         MockRequest(out_dir=tmp_path, stop_on_red=True, gate_passes=4, policy=POLICY)
     )
     assert finished.cert.verdict == "GREEN" and finished.cert.n_passes == 4
-    assert finished.cert.provenance["schedule"]["stopped_early"] is False
+    schedule = finished.cert.provenance.schedule
+    assert schedule is not None and schedule.stopped_early is False
 
 
 def test_without_stop_on_red_a_divergent_mock_runs_every_pass(tmp_path: Path) -> None:
     finished = run_mock_cell(MockRequest(out_dir=tmp_path, batch_divergence=True, gate_passes=3))
     assert finished.cert.verdict == "RED" and finished.cert.n_passes == 3
-    assert finished.cert.provenance["schedule"]["stopped_early"] is False
+    schedule = finished.cert.provenance.schedule
+    assert schedule is not None and schedule.stopped_early is False

@@ -422,10 +422,11 @@ def test_statement_of_a_live_cert_names_cert_model_and_server(tmp_path: Path) ->
     assert statement["predicateType"] == TEST_RESULT_PREDICATE
     assert [s["digest"]["sha256"] for s in statement["subject"]] == [
         "c" * 64,
-        prov["model_file"]["sha256"],
-        prov["server_binary"]["sha256"],
+        prov.model_file and prov.model_file.sha256,
+        prov.server_binary and prov.server_binary.sha256,
     ]
-    assert statement["subject"][1]["name"] == prov["model_file"]["name"]
+    assert prov.model_file is not None
+    assert statement["subject"][1]["name"] == prov.model_file.name
     predicate = statement["predicate"]
     assert predicate["result"] == RESULT_OF_VERDICT[cert.verdict]
     (config,) = predicate["configuration"]

@@ -12,6 +12,7 @@ from typing import Literal
 
 import pytest
 
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
@@ -67,7 +68,7 @@ def _sweep(
     def finish(run: CellRun) -> None:
         n = run.plan.parallel
         spec = CellSpec(model="mock", ctx=512, dispatch_n=n, kv_label=run.kv_label, reps=1)
-        done = finish_cell(run, spec, POLICY, {"tool_version": "test"}, tmp_path)
+        done = finish_cell(run, spec, POLICY, Provenance(tool_version="test"), tmp_path)
         cells.append(SweepCell(n, done, verify_path(done.path), None))
 
     run_cells(_plans(parallels, stop_on_red), launcher, ExactMatchScorer(), POLICY,
@@ -84,8 +85,9 @@ def test_a_sweep_shares_arm_a_and_launches_one_server_per_n(tmp_path: Path) -> N
         assert c.finished is not None and c.verification is not None
         assert c.verification.problems == ()  # every cert re-derives on its own
         assert c.finished.cert.verdict == "GREEN"
-        schedule = c.finished.cert.provenance["schedule"]
-        assert "shared by the cells N=2, 4" in schedule["reference_shared"]
+        schedule = c.finished.cert.provenance.schedule
+        assert schedule is not None and schedule.reference_shared is not None
+        assert "shared by the cells N=2, 4" in schedule.reference_shared
     a2, a4 = (c.finished.cert.evidence.a for c in cells if c.finished)
     assert a2 == a4  # the same ground truth in both certs
 

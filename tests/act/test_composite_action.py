@@ -88,9 +88,9 @@ def test_live_embedded_default_red_fails_the_job_and_uploads_the_cert(
         f"exit status {exitcodes.for_status(str(cert.status), promotable=False)}"
     ]
     # The container provisioned the embedded default from the cache the workflow restored.
-    served = cert.provenance["server_binary"]
+    served = cert.provenance.server_binary
     binary = next(embedded_seed.glob("llama-server/*/bin/llama-server"))
-    assert served["sha256"] == hashlib.sha256(binary.read_bytes()).hexdigest()
+    assert served is not None and served.sha256 == hashlib.sha256(binary.read_bytes()).hexdigest()
     summary = composite.summary("embedded default, live")
     assert summary.startswith(f"## batch-invariance: {cert.verdict}"), summary[:500]
     if cert.verdict == "RED":

@@ -104,9 +104,9 @@ def test_live_cell_in_the_container_on_the_provisioned_server_and_model(job: Job
     )
     assert proc.returncode == want, (out, proc.stdout[-2000:])
     assert report.status == cert.status
-    served = cert.provenance["server_binary"]
-    assert served["path"] == "/github/workspace/models/llama-server"
-    assert served["sha256"] == hashlib.sha256(server.read_bytes()).hexdigest()
+    served = cert.provenance.server_binary
+    assert served is not None and served.path == "/github/workspace/models/llama-server"
+    assert served.sha256 == hashlib.sha256(server.read_bytes()).hexdigest()
     assert f"## batch-invariance: {cert.verdict}" in job.summary.read_text(encoding="utf-8")
     assert job.not_owned_by_runner() == [], "the container left root-owned files"
 

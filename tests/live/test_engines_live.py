@@ -91,8 +91,8 @@ def test_llama_cpp_python_is_unverified_for_want_of_a_cobatching_witness(
     assert not cert.overlap.ok and "no server signal" in cert.overlap.reason
     assert all(p.server_busy_max is None for p in cert.overlap.per_pass)
     assert cert.divergence_report.ac.n_divergent == 0  # serialized: never RED
-    assert cert.provenance["engine"] == "llama-cpp-python"
-    assert "llama_cpp.server" in cert.provenance["servers"][1]["argv"]
+    assert cert.provenance.engine == "llama-cpp-python"
+    assert "llama_cpp.server" in (cert.provenance.server_entries[1].argv or ())
     assert not checked.promotable
 
 

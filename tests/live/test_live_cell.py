@@ -100,7 +100,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     banner = live_banner(cert, Path("c.json"), None, "live")
     assert "numerics: AC rows with logprob drift per pass" in banner
     assert outcome.finished.path.is_file()
-    prov = cert.provenance
+    prov = cert.provenance.record()
     assert prov["server_binary"]["sha256"] == live_pair.server_sha256
     assert prov["model_file"]["sha256"] == live_pair.model_sha256
     assert prov["model_file"]["gguf"]["architecture"] == "gemma3"

@@ -44,9 +44,10 @@ def test_a_sweep_over_two_n_writes_two_certs_and_launches_three_servers(
         cert = verification.cert
         assert cert is not None and cert.digest == entry["digest"]
         assert cert.source == "live" and cert.throughput is not None
-        schedule = cert.provenance["schedule"]
-        assert "shared by the cells N=2, 4" in schedule["reference_shared"]
-        a_repeat_ran = a_repeat_ran or "A_repeat" in schedule["arms_run"]
+        schedule = cert.provenance.schedule
+        assert schedule is not None and schedule.reference_shared is not None
+        assert "shared by the cells N=2, 4" in schedule.reference_shared
+        a_repeat_ran = a_repeat_ran or "A_repeat" in (schedule.arms_run or ())
     # One A server for both N, one server per N: 1 + K launches (A' only if a B differed).
     assert summary["server_launches"] == (4 if a_repeat_ran else 3)
 
@@ -66,14 +67,15 @@ def test_stop_on_red_reaches_red_in_fewer_passes_than_a_full_run(
     outcome = run_live_cell(request_from_args(args))
     cert = outcome.finished.cert
     assert cert.verdict == "RED", cert.decision_reasons
-    schedule = cert.provenance["schedule"]
-    assert schedule["stopped_early"] is True and schedule["passes_planned"] == passes
-    assert cert.n_passes == schedule["passes_run"] < passes
+    schedule = cert.provenance.schedule
+    assert schedule is not None and schedule.passes_run is not None
+    assert schedule.stopped_early is True and schedule.passes_planned == passes
+    assert cert.n_passes == schedule.passes_run < passes
     # B ran after the passes, on the proof's divergent ids alone: on this pair the
     # --parallel 4 server reproduces A when serial (AB clean in every measured run).
     divergent = cert.divergence_report.ac.divergent_ids
     assert cert.evidence.b_ids == tuple(divergent) == tuple(sorted(cert.evidence.b))
     assert len(divergent) < 8 and cert.divergence_class == "co_batching"
-    b_arm = next(arm for arm in cert.provenance["arms"] if arm["arm"] == "B")
+    b_arm = next(arm for arm in cert.provenance.arms or () if arm["arm"] == "B")
     assert b_arm["n_requests"] == len(divergent)
     assert verify_path(outcome.finished.path).problems == ()

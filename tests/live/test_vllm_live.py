@@ -241,10 +241,10 @@ def test_vllm_cells_agree_with_an_independent_probe(
         *(f"--server-flag={flag}" for flag in CPU_FLAGS),
     ])  # fmt: skip
     raw_cert = _cert(tmp_path / "raw")
-    assert raw_cert.source == "live" and raw_cert.provenance["engine"] == "vllm"
+    assert raw_cert.source == "live" and raw_cert.provenance.engine == "vllm"
     assert code in (1, 3)  # a looser gate policy and a model folder: never promotable
     check_agreement(raw_cert, raw, "completions (launched)")
-    servers = raw_cert.provenance["servers"]
+    servers = raw_cert.provenance.record()["servers"]
     assert [s["argv"][s["argv"].index("--max-num-seqs") + 1] for s in servers] == ["1", "4"]
     bc = servers[1]["info"]
     assert bc["numerics_env"]["LD_PRELOAD"].endswith("/lib/libiomp5.so")

@@ -24,8 +24,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from batch_invariance.cert.schema import Cert
 from batch_invariance.cert.signature import (
     SignerPolicy,
     TrustRoot,
@@ -105,29 +106,20 @@ def attestation_path_for(cert: Path) -> Path:
     return cert.with_name(cert.name + ATTESTATION_SUFFIX)
 
 
-def _provenance_digest(cert: Any, block: str) -> Subject | None:
-    """The file a provenance block names, as a subject (``None``: no sha256 recorded)."""
-    entry = cert.provenance.get(block)
-    if not isinstance(entry, dict):
-        return None
-    digest, name = entry.get("sha256"), entry.get("name") or Path(str(entry.get("path"))).name
-    if not isinstance(digest, str) or not digest:
-        return None
-    return Subject(str(name), digest)
-
-
-def expected_subjects(cert: Any, cert_name: str, cert_sha256: str) -> tuple[Subject, ...]:
-    """The subjects a cert's Statement must have: the cert file, then model and server."""
+def expected_subjects(cert: Cert, cert_name: str, cert_sha256: str) -> tuple[Subject, ...]:
+    """The subjects a cert's Statement must have: the cert file, then the model file and the
+    server binary the provenance records a sha256 of."""
     subjects = [Subject(cert_name, cert_sha256)]
-    for block, fallback in (("model_file", "model"), ("server_binary", "llama-server")):
-        found = _provenance_digest(cert, block)
-        if found is not None:
-            name = found.name if block == "model_file" else fallback
-            subjects.append(Subject(name, found.sha256))
+    model = cert.provenance.model_file
+    if model is not None and model.sha256:
+        subjects.append(Subject(model.name or Path(str(model.path)).name, model.sha256))
+    binary = cert.provenance.server_binary
+    if binary is not None and binary.sha256:
+        subjects.append(Subject("llama-server", binary.sha256))
     return tuple(subjects)
 
 
-def statement_for(cert: Any, cert_name: str, cert_sha256: str) -> dict[str, Any]:
+def statement_for(cert: Cert, cert_name: str, cert_sha256: str) -> dict[str, Any]:
     """The in-toto Test Result Statement of ``cert`` (pure)."""
     verdict = str(cert.verdict)
     cell = f"{cert.model}/{cert.ctx}/{cert.dispatch_n}"
@@ -163,14 +155,21 @@ def statement_for(cert: Any, cert_name: str, cert_sha256: str) -> dict[str, Any]
     }
 
 
-def _read_cert_bytes(cert_path: Path) -> tuple[bytes, Any]:
+class _CertBytes(NamedTuple):
+    """A cert file's bytes (what the Statement's first subject hashes) and the cert in them."""
+
+    raw: bytes
+    cert: Cert
+
+
+def _read_cert_bytes(cert_path: Path) -> _CertBytes:
     from batch_invariance.cert.parse import parse_cert
 
     try:
         raw = cert_path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {cert_path}: {exc.strerror or exc}") from None
-    return raw, parse_cert(raw.decode("utf-8"), str(cert_path))
+    return _CertBytes(raw, parse_cert(raw.decode("utf-8"), str(cert_path)))
 
 
 def attest_file(cert_path: Path, token: str, signer: BundleSigner) -> SignedAttestation:

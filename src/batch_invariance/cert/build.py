@@ -13,13 +13,13 @@ Nothing here reads files or clocks: the timestamp comes from the caller.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
 from batch_invariance import __version__
 from batch_invariance.cert.derived import gates_block, promotion_scope
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.schema import (
     CERT_VERSION,
     SOURCES,
@@ -141,18 +141,12 @@ def spec_from_cert(cert: Cert) -> CellSpec:
     )
 
 
-def _json_safe(value: Mapping[str, Any]) -> dict[str, Any]:
-    """Provenance as plain JSON (paths and other objects become strings)."""
-    out: dict[str, Any] = json.loads(json.dumps(dict(value), sort_keys=True, default=str))
-    return out
-
-
 def build_cert(
     evidence: CellEvidence,
     verdict: Verdict,
     spec: CellSpec,
     policy: GatePolicy,
-    provenance: Mapping[str, Any],
+    provenance: Provenance | Mapping[str, Any],
     source: Source,
     ts_utc: str,
     *,
@@ -166,7 +160,9 @@ def build_cert(
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     r = verdict.reports
     g = verdict.gates
-    recorded = _json_safe(provenance)
+    recorded = (
+        provenance if isinstance(provenance, Provenance) else Provenance.from_record(provenance)
+    )
     draft = Cert(
         cert_version=CERT_VERSION,
         tool_version=__version__,
@@ -204,7 +200,7 @@ def build_cert(
         provenance=recorded,
         evidence=_evidence_record(evidence, policy),
         digest="",
-        throughput=throughput_of_arms(recorded.get("arms")) if with_throughput else None,
+        throughput=throughput_of_arms(recorded.arms) if with_throughput else None,
     )
     # Through the JSON edge once: types checked, keys closed, numbers in their JSON form
     # (an int score becomes 1.0), so the digest is over exactly what a reader gets back.

@@ -22,8 +22,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
+from batch_invariance.cert.provenance import DEFAULT_ENGINE_NAME
 from batch_invariance.cert.schema import Cert
 from batch_invariance.core.llama_flags import FlagError, ServerFlags, read_flags
 
@@ -64,12 +65,20 @@ class _Launched:
     ctx_said: str = ""
 
 
-#: Other engines' (model flag, parallel flag, context flag), as ``engines/`` launches them;
-#: llama-cpp-python has no parallel flag: it serves one request at a time whatever N is.
-_OTHER_ENGINES: Mapping[str, tuple[str, str | None, str]] = {
-    "llama-cpp-python": ("--model", None, "--n_ctx"),
-    "vllm": ("--model", "--max-num-seqs", "--max-model-len"),
-    "sglang": ("--model-path", "--max-running-requests", "--context-length"),
+class _EngineFlags(NamedTuple):
+    """The flags another engine's argv names its model, N and context with."""
+
+    model: str
+    #: ``None``: no parallel flag (it serves one request at a time whatever N is).
+    parallel: str | None
+    ctx: str
+
+
+#: Other engines' flags, as ``engines/`` launches them.
+_OTHER_ENGINES: Mapping[str, _EngineFlags] = {
+    "llama-cpp-python": _EngineFlags("--model", None, "--n_ctx"),
+    "vllm": _EngineFlags("--model", "--max-num-seqs", "--max-model-len"),
+    "sglang": _EngineFlags("--model-path", "--max-running-requests", "--context-length"),
 }
 
 
@@ -90,8 +99,8 @@ def _as_int(text: str | None) -> int | None:
 
 def _launched(cert: Cert, argv: Sequence[str]) -> _Launched | None:
     """``None`` when ``provenance.engine`` names an engine this tool does not launch."""
-    engine = cert.provenance.get("engine", "llama-server")
-    if engine == "llama-server":
+    engine = cert.provenance.engine_name
+    if engine == DEFAULT_ENGINE_NAME:
         flags = _flags(argv)
         per_slot = (
             flags.ctx_size // flags.parallel
@@ -102,46 +111,33 @@ def _launched(cert: Cert, argv: Sequence[str]) -> _Launched | None:
         )
         said = f"--ctx-size {flags.ctx_size}"
         return _Launched(flags.model, flags.parallel, per_slot, _layout(flags), True, False, said)
-    if not isinstance(engine, str) or engine not in _OTHER_ENGINES:
+    if engine not in _OTHER_ENGINES:
         return None
-    model_flag, parallel_flag, ctx_flag = _OTHER_ENGINES[engine]
-    parallel = 1 if parallel_flag is None else _as_int(_value_after(argv, parallel_flag))
-    ctx_text = _value_after(argv, ctx_flag)
+    flag = _OTHER_ENGINES[engine]
+    parallel = 1 if flag.parallel is None else _as_int(_value_after(argv, flag.parallel))
+    ctx_text = _value_after(argv, flag.ctx)
     return _Launched(
-        _value_after(argv, model_flag),
+        _value_after(argv, flag.model),
         parallel,
         _as_int(ctx_text),
-        serves_one=parallel_flag is None,
-        ctx_said=f"{ctx_flag} {ctx_text}",
+        serves_one=flag.parallel is None,
+        ctx_said=f"{flag.ctx} {ctx_text}",
     )
-
-
-def _servers(provenance: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    raw = provenance.get("servers")
-    return [s for s in raw if isinstance(s, Mapping)] if isinstance(raw, list) else []
-
-
-def _argv(server: Mapping[str, Any]) -> list[str] | None:
-    argv = server.get("argv")
-    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
-        return list(argv)
-    return None
 
 
 def mock_markers(cert: Cert) -> tuple[str, ...]:
     """What in the cert's provenance says the run was against the mock."""
     prov = cert.provenance
     found: list[str] = []
-    driver = prov.get("driver")
-    if isinstance(driver, str) and (driver in MOCK_DRIVERS or "mock" in driver):
+    driver = prov.driver
+    if driver is not None and (driver in MOCK_DRIVERS or "mock" in driver):
         found.append(f"driver {driver}")
-    if "mock_knobs" in prov:
+    if prov.records_mock_knobs:
         found.append("mock knobs")
-    for server in _servers(prov):
-        argv = _argv(server) or []
-        info = server.get("info")
+    for server in prov.server_entries:
+        argv = server.argv or ()
         if (argv and "mock" in argv[0].rsplit("/", 1)[-1]) or (
-            isinstance(info, Mapping) and info.get("kind") == "mock"
+            server.info is not None and server.info.kind == "mock"
         ):
             found.append("a mock server argv")
             break
@@ -157,31 +153,31 @@ def _source_problems(cert: Cert) -> list[str]:
             f"source says live but its provenance records a mock run ({', '.join(markers)}): "
             "a mock run is never live"
         ]
-    if not any(_argv(s) for s in _servers(cert.provenance)):
+    if not any(s.argv for s in cert.provenance.server_entries):
         return ["source says live but the provenance records no server argv"]
     return []
 
 
 def _model_problems(cert: Cert) -> list[str]:
-    model_file = cert.provenance.get("model_file")
-    if not isinstance(model_file, Mapping):
+    model_file = cert.provenance.model_file
+    if model_file is None:
         return [f"model {cert.model} but the provenance records no model file"]
-    path, name, sha = model_file.get("path"), model_file.get("name"), model_file.get("sha256")
+    path, name, sha = model_file.path, model_file.name, model_file.sha256
     problems: list[str] = []
-    if not isinstance(sha, str) or not _SHA256.match(sha):
+    if sha is None or not _SHA256.match(sha):
         problems.append(f"model {cert.model} but no sha256 of the model file is recorded")
-    if not isinstance(path, str) or not isinstance(name, str) or path.rsplit("/", 1)[-1] != name:
+    if path is None or name is None or path.rsplit("/", 1)[-1] != name:
         problems.append(f"model file name {name!r} is not the file of path {path!r}")
         return problems
-    profile = cert.provenance.get("profile")
-    alias = profile.get("model_alias") if isinstance(profile, Mapping) else None
+    profile = cert.provenance.profile
+    alias = profile.model_alias if profile is not None else None
     if cert.model not in {name.removesuffix(".gguf"), alias}:
         problems.append(f"model {cert.model} but the model file recorded is {name}")
-    for server in _servers(cert.provenance):
-        launched = _launched(cert, _argv(server) or [])
+    for server in cert.provenance.server_entries:
+        launched = _launched(cert, server.argv or ())
         served = launched.model if launched is not None else None
         if served != path:
-            problems.append(f"server {server.get('role')} was started on {served}, not {path}")
+            problems.append(f"server {server.role} was started on {served}, not {path}")
     return problems
 
 
@@ -189,12 +185,12 @@ def _server_problems(cert: Cert) -> list[str]:
     problems: list[str] = []
     claimed_layout = cert.kv_label.split(":", 1)[0]
     roles: list[str] = []
-    for server in _servers(cert.provenance):
-        role = str(server.get("role"))
+    for server in cert.provenance.server_entries:
+        role = str(server.role)
         roles.append(role)
-        launched = _launched(cert, _argv(server) or [])
+        launched = _launched(cert, server.argv or ())
         if launched is None:
-            return [f"engine {cert.provenance.get('engine')!r} is not one this tool launches"]
+            return [f"engine {cert.provenance.engine!r} is not one this tool launches"]
         parallel = launched.parallel
         want = 1 if role == _ROLE_PARALLEL_IS_ONE or launched.serves_one else cert.dispatch_n
         if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST):

@@ -95,9 +95,9 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
 
 def chat_template_warning(cert: Cert) -> str | None:
     """The cert's ``provenance.chat_template.warning`` (answers shaped by a fallback)."""
-    block = cert.provenance.get("chat_template")
-    warning = block.get("warning") if isinstance(block, Mapping) else None
-    return warning if isinstance(warning, str) and warning else None
+    block = cert.provenance.chat_template
+    warning = block.warning if block is not None else None
+    return warning or None
 
 
 def _warning_lines(cert: Cert) -> list[str]:

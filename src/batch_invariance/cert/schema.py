@@ -26,6 +26,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter
 
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
 from batch_invariance.core.numerics import Numerics
@@ -233,7 +234,8 @@ class Cert:
     #: numeric evidence gate, the divergence-risk estimate and the statement.
     numerics: Numerics
     promotion_scope: PromotionScope
-    provenance: Mapping[str, Any]
+    #: How the cell was run: open, but every key the tool reads is typed.
+    provenance: Provenance
     evidence: EvidenceRecord
     digest: str
     #: Serial (arm A) against concurrent (C passes) throughput, from ``provenance.arms``;

@@ -18,17 +18,17 @@ from batch_invariance.core.evidence import (
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.host import memory
 from batch_invariance.service.dry_run import dry_run, usable_cpus
-from batch_invariance.service.live import (
+from batch_invariance.service.job import LiveCell, prepare
+from batch_invariance.service.live import LiveOutcome
+from batch_invariance.service.profile import ProfileRequest
+from batch_invariance.service.request import (
     DEFAULT_MIN_HOT_TRIALS,
     DEFAULT_READY_TIMEOUT,
     DEFAULT_REQ_TIMEOUT,
     DEFAULT_SEED,
     CellDefaults,
-    LiveOutcome,
     LiveRequest,
-    prepare,
 )
-from batch_invariance.service.profile import ProfileRequest
 
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
@@ -227,13 +227,15 @@ def print_dry_run(request: LiveRequest) -> int:
     return exitcodes.PROMOTABLE
 
 
-def cell_label(request: LiveRequest, model_name: str, kind: str = "live") -> str:
+def cell_label(job: LiveCell, kind: str = "live") -> str:
     """The banner's name for a cell: ``live cell M``, with the engine when it is not the
     default, and the URL when attached."""
-    if request.base_url is not None:
-        return f"attached {request.engine} cell {model_name} ({request.base_url})"
-    engine = "" if request.engine == DEFAULT_ENGINE else f"{request.engine} "
-    return f"{kind} {engine}cell {model_name}"
+    engine_name = job.target.engine.name
+    attach = job.target.attach
+    if attach is not None:
+        return f"attached {engine_name} cell {job.model_name} ({attach.base_url})"
+    engine = "" if engine_name == DEFAULT_ENGINE else f"{engine_name} "
+    return f"{kind} {engine}cell {job.model_name}"
 
 
 def report(outcome: LiveOutcome, label: str) -> int:

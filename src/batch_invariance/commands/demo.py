@@ -27,7 +27,8 @@ from batch_invariance.commands.cell_options import (
 )
 from batch_invariance.provision.embedded import cache_root, provision
 from batch_invariance.run.progress import Progress
-from batch_invariance.service.live import CellDefaults, run_live_cell
+from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.request import CellDefaults
 
 #: Measured demo defaults (2 cores, see examples/certs/README.md).
 DEMO_DEFAULTS = CellDefaults(

@@ -21,7 +21,8 @@ from batch_invariance.commands.cell_options import (
     request_from_args,
 )
 from batch_invariance.run.progress import Progress
-from batch_invariance.service.live import RUN_LIVE_DEFAULTS, run_live_cell
+from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.request import RUN_LIVE_DEFAULTS
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -47,4 +48,4 @@ def handle(args: argparse.Namespace) -> int:
     if args.dry_run:
         return print_dry_run(request)
     outcome = run_live_cell(request, progress=Progress())
-    return report(outcome, cell_label(request, outcome.model_name))
+    return report(outcome, cell_label(outcome.job))

@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.errors import CertInvalid, InfraError, NotCovered, UsageError
 
 
@@ -49,13 +50,15 @@ _UNCHECKED_FILES = frozenset(
 )  # fmt: skip
 
 
-def _recorded_sha(provenance: Mapping[str, Any], key: str) -> str | None:
-    block = provenance.get(key)
-    sha = block.get("sha256") if isinstance(block, Mapping) else None
-    return sha if isinstance(sha, str) and sha else None
+class _MeasuredFile(NamedTuple):
+    """A file the served argv loads, and the sha256 the cert measured it with."""
+
+    what: str
+    path: str | None
+    sha256: str | None
 
 
-def check_files(argv: Sequence[str], provenance: Mapping[str, Any]) -> None:
+def check_files(argv: Sequence[str], provenance: Provenance) -> None:
     """The binary and model the argv runs must be the bytes the cert measured."""
     from batch_invariance.core.llama_flags import read_flags
     from batch_invariance.host.gguf import cached_sha256
@@ -65,10 +68,13 @@ def check_files(argv: Sequence[str], provenance: Mapping[str, Any]) -> None:
     if unchecked:
         raise NotCovered(f"the measured argv loads {', '.join(unchecked)}, whose files the "
                          "cert does not fingerprint; serve cannot check them")  # fmt: skip
-    files = (("server binary", argv[0], "server_binary"), ("model", flags.model, "model_file"))
-    for what, path, key in files:
-        wanted = _recorded_sha(provenance, key)
-        if wanted is None or path is None:
+    binary, model = provenance.server_binary, provenance.model_file
+    files = (
+        _MeasuredFile("server binary", argv[0], binary.sha256 if binary is not None else None),
+        _MeasuredFile("model", flags.model, model.sha256 if model is not None else None),
+    )
+    for what, path, wanted in files:
+        if not wanted or path is None:
             raise NotCovered(f"the cert records no {what} sha256: serve cannot check it")
         try:
             found = cached_sha256(path, None)  # always the bytes on disk, never a cached hash
@@ -81,7 +87,7 @@ def check_files(argv: Sequence[str], provenance: Mapping[str, Any]) -> None:
             )
 
 
-def _verify(args: argparse.Namespace) -> Mapping[str, Any]:
+def _verify(args: argparse.Namespace) -> Provenance:
     """The cert's provenance once it is valid, promotable and (unless allowed) signed."""
     from batch_invariance.cert.signature import (
         verify_bundle,

@@ -23,7 +23,7 @@ from batch_invariance.commands.cell_options import (
     request_from_args,
 )
 from batch_invariance.run.progress import Progress
-from batch_invariance.service.live import SWEEP_DEFAULTS
+from batch_invariance.service.request import SWEEP_DEFAULTS
 from batch_invariance.service.sweep import (
     SweepOutcome,
     SweepRequest,
@@ -76,7 +76,7 @@ def handle(args: argparse.Namespace) -> int:
     for cell in outcome.cells:
         if cell.finished is not None:
             f = cell.finished
-            label = cell_label(request.cell, outcome.model_name, kind="sweep")
+            label = cell_label(outcome.job, kind="sweep")
             sys.stdout.write(live_banner(f.cert, f.path, f.superseded, label))
     sys.stdout.write(sweep_text(outcome.summary, outcome.path))
     return exit_code(outcome)

@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from batch_invariance.core.llama_flags import (
     FlagError,
@@ -94,7 +95,14 @@ class DeployCell:
         return self.parallel > 1
 
 
-def _host_path(model: str, command: ServerCommand) -> tuple[Path | None, str | None]:
+class Located(NamedTuple):
+    """A file of the deploy on this host, or why it is not here."""
+
+    path: Path | None
+    missing: str | None
+
+
+def _host_path(model: str, command: ServerCommand) -> Located:
     """The host path of a model path as written, or why it is not on this host (a container
     path outside every bind mount, a relative path after a ``cd`` the reader lost)."""
     for container, host in command.mounts:  # longest container path first
@@ -103,35 +111,35 @@ def _host_path(model: str, command: ServerCommand) -> tuple[Path | None, str | N
             break
     else:
         if command.in_container:
-            return None, f"model {model} is inside the container (under no bind mount)"
+            return Located(None, f"model {model} is inside the container (under no bind mount)")
     return _as_written(model, "model", command)
 
 
-def _binary_path(command: ServerCommand) -> tuple[Path | None, str | None]:
+def _binary_path(command: ServerCommand) -> Located:
     """Where the server binary of ``command`` is on this machine, or why it is not here: a
     path as written (relative to the deploy file's folder), a bare name looked up on the
     deploy's ``PATH`` (its own, else this process's)."""
     word = command.argv[0] if command.argv else "llama-server"
     if command.binary_elsewhere is not None:
-        return None, f"server binary {word} {command.binary_elsewhere}"
+        return Located(None, f"server binary {word} {command.binary_elsewhere}")
     if "/" not in word:
         search = command.env.get("PATH") or os.environ.get("PATH", "")
         found = shutil.which(word, path=search)
         if found is None:
-            return None, f"server binary {word} is not on PATH here"
-        return Path(found), None
+            return Located(None, f"server binary {word} is not on PATH here")
+        return Located(Path(found), None)
     return _as_written(word, "server binary", command)
 
 
-def _as_written(word: str, what: str, command: ServerCommand) -> tuple[Path | None, str | None]:
+def _as_written(word: str, what: str, command: ServerCommand) -> Located:
     """A path as the deploy writes it: absolute, or relative to the folder the command runs
     in; ``None`` and why when that folder is one the reader could not follow."""
     path = Path(word).expanduser()
     if path.is_absolute():
-        return path, None
+        return Located(path, None)
     if command.base_dir is None:
-        return None, f"{what} {word} is relative to a folder the reader could not follow"
-    return command.base_dir / path, None
+        return Located(None, f"{what} {word} is relative to a folder the reader could not follow")
+    return Located(command.base_dir / path, None)
 
 
 def _trained_ctx(path: Path | None) -> int | None:
@@ -184,9 +192,10 @@ def cell_of(command: ServerCommand) -> DeployCell:
     model = command.model_override or flags.model
     path: Path | None = None
     if model:
-        path, missing = _host_path(model, command)
-        if missing:
-            not_covered.append(missing)
+        located = _host_path(model, command)
+        path = located.path
+        if located.missing:
+            not_covered.append(located.missing)
     else:
         model = flags.hf_repo or flags.model_url
         if not model:
@@ -195,7 +204,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
             )
     n_ctx = ctx_size if ctx_size > 0 else _trained_ctx(path)
     padded = None if n_ctx is None else padded_context(n_ctx, layout)
-    binary_path, binary_missing = _binary_path(command)
+    binary = _binary_path(command)
     return DeployCell(
         origin=command.origin,
         model=model,
@@ -209,8 +218,8 @@ def cell_of(command: ServerCommand) -> DeployCell:
         not_covered=tuple(not_covered),
         engine_env=engine_env(command.env),
         binary=command.argv[0] if command.argv else "llama-server",
-        binary_path=binary_path,
-        binary_missing=binary_missing,
+        binary_path=binary.path,
+        binary_missing=binary.missing,
     )
 
 

@@ -23,12 +23,19 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from batch_invariance.deploy.shell import TRIGGER
 from batch_invariance.errors import UsageError
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+class BindMount(NamedTuple):
+    """A compose bind mount: the path inside the container and the host path it shows."""
+
+    container: str
+    host: str
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class ServerCommand:
     #: the reader cannot follow).
     base_dir: Path | None = Path(".")
     #: Container-path -> host-path prefixes from compose ``volumes:`` (bind mounts only).
-    mounts: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[BindMount, ...] = ()
     #: The server runs in a container: a model path outside every bind mount is not here.
     in_container: bool = False
     #: Environment files that could not be read (their variables are unknown).
@@ -173,10 +180,10 @@ def _strings(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _bind_mounts(volumes: Any, base_dir: Path) -> tuple[tuple[str, str], ...]:
-    """(container path, host path) of every bind mount, longest container path first (the
-    mount that wins for a path under two of them)."""
-    mounts: list[tuple[str, str]] = []
+def _bind_mounts(volumes: Any, base_dir: Path) -> tuple[BindMount, ...]:
+    """Every bind mount, longest container path first (the mount that wins for a path under
+    two of them)."""
+    mounts: list[BindMount] = []
     for volume in volumes or []:
         if isinstance(volume, Mapping) and volume.get("type") == "bind":
             source, target = str(volume.get("source") or ""), str(volume.get("target") or "")
@@ -188,8 +195,8 @@ def _bind_mounts(volumes: Any, base_dir: Path) -> tuple[tuple[str, str], ...]:
         if source.startswith((".", "/", "~")) and target.startswith("/"):
             host = Path(source).expanduser()
             host = host if host.is_absolute() else base_dir / host
-            mounts.append((target.rstrip("/") or "/", str(host).rstrip("/") or "/"))
-    return tuple(sorted(mounts, key=lambda m: len(m[0]), reverse=True))
+            mounts.append(BindMount(target.rstrip("/") or "/", str(host).rstrip("/") or "/"))
+    return tuple(sorted(mounts, key=lambda m: len(m.container), reverse=True))
 
 
 def _compose_server(spec: Mapping[str, Any], where: str) -> tuple[str, ...] | str:

@@ -32,8 +32,9 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol
 
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.signature import (
     BundlePolicy,
     SignerPolicy,
@@ -61,7 +62,7 @@ from batch_invariance.deploy.identity import (
     identify_model,
     model_differences,
 )
-from batch_invariance.deploy.serve_plan import ServeRefused, bc_server, measured_argv
+from batch_invariance.deploy.serve_plan import ServeRefused, measured_argv
 from batch_invariance.errors import CertInvalid, UsageError
 
 CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown", "unsigned"]
@@ -80,8 +81,8 @@ class CertFile:
     """One cert file, read and verified once."""
 
     path: Path
-    #: The decoded JSON (for fields other helpers add, e.g. ``promotion_scope``).
-    data: Mapping[str, Any]
+    #: Its provenance as the cert model reads it (empty when the file is no cert at all).
+    provenance: Provenance
     #: Why it is not a valid cert (``None`` = valid).
     problem: str | None
     promotable: bool
@@ -93,11 +94,8 @@ class CertFile:
     n: int
     #: Flags of the B/C server it measured; ``None`` when it records no argv.
     measured: ServerFlags | None
-
-    @property
-    def provenance(self) -> Mapping[str, Any]:
-        p = self.data.get("provenance")
-        return p if isinstance(p, Mapping) else {}
+    #: The longest answer it compared (``promotion_scope.answer_tokens_max``).
+    answer_tokens_max: int | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +144,7 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number a cert may hold")
 
 
-def _bc_flags(provenance: Mapping[str, Any]) -> ServerFlags | None:
+def _bc_flags(provenance: Provenance) -> ServerFlags | None:
     try:
         return read_flags(measured_argv(provenance))
     except (ServeRefused, FlagError):
@@ -170,16 +168,20 @@ def read_cert_file(path: Path) -> CertFile | str:
     found = verify_text(text, str(path), path)
     problem = "; ".join(found.problems) or None
     promotable = found.promotable and problem is None
+    provenance = Provenance() if found.cert is None else found.cert.provenance
     return CertFile(
         path=path,
-        data=data,
+        provenance=provenance,
         problem=problem,
         promotable=promotable,
         not_promotable=None if promotable else "; ".join(found.promotable_reasons),
         model=model,
         ctx=ctx,
         n=n,
-        measured=_bc_flags(data.get("provenance") or {}),
+        measured=_bc_flags(provenance),
+        answer_tokens_max=None
+        if found.cert is None
+        else found.cert.promotion_scope.answer_tokens_max,
     )
 
 
@@ -203,23 +205,19 @@ def index_certs(certs_dir: Path) -> CertIndex:
 
 
 def _measured_length(cert: CertFile) -> int | None:
-    scope = cert.data.get("promotion_scope")
-    longest = scope.get("answer_tokens_max") if isinstance(scope, Mapping) else None
-    if type(longest) is int:
-        return longest
-    plan = cert.provenance.get("plan")
-    budget = plan.get("n_predict") if isinstance(plan, Mapping) else None
-    return budget if type(budget) is int else None
+    if cert.answer_tokens_max is not None:
+        return cert.answer_tokens_max
+    plan = cert.provenance.plan
+    return plan.n_predict if plan is not None else None
 
 
-def engine_env_differences(
-    deploy: Mapping[str, str], provenance: Mapping[str, Any]
-) -> tuple[str, ...]:
+def engine_env_differences(deploy: Mapping[str, str], provenance: Provenance) -> tuple[str, ...]:
     """Variables ggml or the runtimes read that the deploy sets differently from the B/C
     server the cert measured (its recorded ``engine_env``; none recorded = none set)."""
-    info = bc_server(provenance).get("info")
-    recorded = info.get("engine_env") if isinstance(info, Mapping) else None
-    measured: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
+    server = provenance.bc_server()
+    info = server.info if server is not None else None
+    recorded = info.engine_env if info is not None else None
+    measured: Mapping[str, str] = recorded or {}
     return tuple(
         f"environment {name}={deploy.get(name, '(unset)')} (measured "
         f"{measured.get(name, '(unset)')})"

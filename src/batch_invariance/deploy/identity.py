@@ -14,10 +14,11 @@ deploy file does not name a readable one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+from batch_invariance.cert.provenance import ModelFileRecord, Provenance
 
 
 @dataclass(frozen=True)
@@ -46,23 +47,10 @@ def identify_model(path: Path | None, written: str) -> ModelIdentity:
         return ModelIdentity("size and name", path.name, size=size)
 
 
-def _recorded(provenance: Mapping[str, Any]) -> tuple[str | None, int | None, str | None]:
-    """(sha256, size, file name) of the model a cert's provenance records."""
-    model = provenance.get("model_file")
-    model = model if isinstance(model, Mapping) else {}
-    sha = provenance.get("model_sha256") or model.get("sha256")
-    size = model.get("size")
-    name = model.get("name")
-    return (
-        sha if isinstance(sha, str) else None,
-        size if type(size) is int else None,
-        name if isinstance(name, str) else None,
-    )
-
-
-def model_differences(model: ModelIdentity, provenance: Mapping[str, Any]) -> tuple[str, ...]:
+def model_differences(model: ModelIdentity, provenance: Provenance) -> tuple[str, ...]:
     """Why the cert's model is not (provably) the deploy's (empty = the same file)."""
-    sha, size, name = _recorded(provenance)
+    recorded = provenance.model_file or ModelFileRecord()
+    sha, size, name = recorded.sha256, recorded.size, recorded.name
     if model.method == "nothing":
         return (f"{model.missing}: its identity (sha256, or size and name) cannot be checked",)
     if model.method == "sha256":
@@ -107,16 +95,16 @@ def identify_build(
         return BuildIdentity(how, missing=f"server binary {path} {why}")
 
 
-def build_differences(build: BuildIdentity, provenance: Mapping[str, Any]) -> tuple[str, ...]:
+def build_differences(build: BuildIdentity, provenance: Provenance) -> tuple[str, ...]:
     """Why the cert's server build is not (provably) the deploy's (empty = the same binary)."""
-    recorded = provenance.get("server_binary")
-    sha = recorded.get("sha256") if isinstance(recorded, Mapping) else None
+    recorded = provenance.server_binary
+    sha = recorded.sha256 if recorded is not None else None
     if build.missing is not None:
         return (
             f"{build.missing}: its build (sha256) cannot be checked; give its path in the "
             "deploy file or --server-binary",
         )
-    if not isinstance(sha, str):
+    if sha is None:
         return ("the cert records no server binary sha256 (build unknown)",)
     if sha != build.sha256:
         return (f"server build sha256 {str(build.sha256)[:12]}... (measured {sha[:12]}...)",)

@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.llama_flags import FlagError, read_flags
 from batch_invariance.core.server_options import NEUTRAL, lookup
 from batch_invariance.deploy.config import ServerCommand
@@ -48,21 +48,11 @@ def split_neutral(words: Sequence[str]) -> tuple[list[str], list[str] | None]:
     return list(words[:cut]), list(words[cut + 1 :])
 
 
-def bc_server(provenance: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The record of the B/C server a cert measured (``provenance.servers``, role ``BC``);
-    empty when it records none."""
-    servers = provenance.get("servers")
-    for server in servers if isinstance(servers, list) else []:
-        if isinstance(server, Mapping) and server.get("role") == "BC":
-            return server
-    return {}
-
-
-def measured_argv(provenance: Mapping[str, Any]) -> tuple[str, ...]:
-    """The argv of the B/C server a cert measured."""
-    argv = bc_server(provenance).get("argv")
-    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
-        return tuple(argv)
+def measured_argv(provenance: Provenance) -> tuple[str, ...]:
+    """The argv of the B/C server a cert measured (``provenance.servers``, role ``BC``)."""
+    server = provenance.bc_server()
+    if server is not None and server.argv:
+        return server.argv
     raise ServeRefused("the cert records no B/C server argv: nothing measured to serve")
 
 
@@ -125,9 +115,15 @@ def served_command(command: ServerCommand) -> ServerCommand:
         data = json.loads(line.cert.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ServeRefused(f"{command.origin}: cannot read cert {line.cert}: {exc}") from None
-    provenance = data.get("provenance") if isinstance(data, Mapping) else None
+    record = data.get("provenance") if isinstance(data, Mapping) else None
     try:
-        argv = serve_argv(measured_argv(provenance or {}), line.neutral)
+        provenance = Provenance.from_record(record if isinstance(record, Mapping) else {})
+    except ValueError:
+        raise ServeRefused(
+            f"{command.origin}: cert {line.cert}: its provenance does not match the cert schema"
+        ) from None
+    try:
+        argv = serve_argv(measured_argv(provenance), line.neutral)
     except ServeRefused as exc:
         raise ServeRefused(f"{command.origin}: {exc}") from None
     return ServerCommand(

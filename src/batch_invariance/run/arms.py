@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
+from batch_invariance.cert.provenance import ScheduleRecord
 from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
@@ -348,19 +349,19 @@ def complete_reference(
 
 def schedule_record(
     plan: CellPlan, ref: Reference, parallel: ParallelRun, shared_reference: str | None
-) -> dict[str, Any]:
+) -> ScheduleRecord:
     """``provenance.schedule``: which arms ran and why, and whether passes were cut short."""
     proof = parallel.red_proof
-    repeat = [ARM_A_REPEAT] if ref.repeat_trials is not None else []
-    return {
-        "arms_run": [ARM_A, *repeat, ARM_B, ARM_C],
-        "serial_repeat": ref.repeat_reason,
-        "reference_shared": shared_reference,
-        "passes_planned": plan.gate_passes,
-        "passes_run": len(parallel.c_passes),
-        "stop_on_red": plan.stop_on_red,
-        "stopped_early": proof is not None and len(parallel.c_passes) < plan.gate_passes,
-        "stop_reason": None if proof is None else proof.reason,
-        "b_ids": None if parallel.b_ids is None else list(parallel.b_ids),
-        "b_reason": parallel.b_reason,
-    }
+    repeat = (ARM_A_REPEAT,) if ref.repeat_trials is not None else ()
+    return ScheduleRecord(
+        arms_run=(ARM_A, *repeat, ARM_B, ARM_C),
+        serial_repeat=ref.repeat_reason,
+        reference_shared=shared_reference,
+        passes_planned=plan.gate_passes,
+        passes_run=len(parallel.c_passes),
+        stop_on_red=plan.stop_on_red,
+        stopped_early=proof is not None and len(parallel.c_passes) < plan.gate_passes,
+        stop_reason=None if proof is None else proof.reason,
+        b_ids=parallel.b_ids,
+        b_reason=parallel.b_reason,
+    )

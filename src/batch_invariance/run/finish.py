@@ -5,12 +5,12 @@ runs before it measures anything."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.errors import UsageError
 from batch_invariance.run.records import CellRun, ModelTemplate
@@ -56,7 +56,7 @@ def finish_cell(
     run: CellRun,
     spec: CellSpec,
     policy: GatePolicy,
-    provenance: Mapping[str, Any],
+    provenance: Provenance,
     out_dir: Path,
     ts_utc: str | None = None,
     model_template: ModelTemplate | None = None,
@@ -64,9 +64,10 @@ def finish_cell(
     """Decide the verdict, build the cert and write it atomically into ``out_dir``.
 
     ``provenance`` from the caller (tool version, binary and model hashes, work-set sha256, ...)
-    is merged over the run's own block (request template, servers, timings, chat template:
-    ``model_template`` is what the model file's header said, where it was read). The cert's
-    ``source`` is the run's: what the launcher that started the servers is.
+    is merged with the run's own block (request template, servers, timings, chat template:
+    ``model_template`` is what the model file's header said, where it was read); each key has
+    one writer. The cert's ``source`` is the run's: what the launcher that started the servers
+    is.
     """
     from batch_invariance.cert import certificate
     from batch_invariance.cert import store as certstore
@@ -74,7 +75,7 @@ def finish_cell(
     from batch_invariance.core import verdict
 
     decided = verdict.decide(run.evidence, policy)
-    merged: dict[str, Any] = {**run.provenance(model_template), **dict(provenance)}
+    merged = provenance.merged_over(run.provenance(model_template))
     cert = certificate.build_cert(
         run.evidence,
         decided,

@@ -7,6 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from batch_invariance.cert.provenance import (
+    ChatTemplateRecord,
+    PlanRecord,
+    Provenance,
+    ScheduleRecord,
+    ServerEntry,
+    ServerInfo,
+)
 from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.core.evidence import ARM_A, ARM_A_REPEAT, ARM_B, ARM_C, CellEvidence
 from batch_invariance.core.plan import CellPlan
@@ -71,16 +79,17 @@ class ServerRecord:
     info: Mapping[str, Any]
     wall_s: float
 
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "label": self.label,
-            "argv": list(self.argv),
-            "kv_label": self.kv_label,
-            "metrics_enabled": self.metrics_enabled,
-            "info": dict(self.info),
-            "wall_s": round(self.wall_s, 6),
-        }
+    def entry(self) -> ServerEntry:
+        """The server as ``provenance.servers`` records it."""
+        return ServerEntry(
+            role=self.role,
+            label=self.label,
+            argv=tuple(self.argv),
+            kv_label=self.kv_label,
+            metrics_enabled=self.metrics_enabled,
+            info=ServerInfo.from_record(self.info),
+            wall_s=round(self.wall_s, 6),
+        )
 
 
 class ServerMs(NamedTuple):
@@ -113,7 +122,7 @@ class CellRun:
     source: Literal["live", "mock", "attached"] = "mock"
     notes: tuple[str, ...] = ()
     #: Which arms ran and why, and whether the passes were cut short (``provenance.schedule``).
-    schedule: Mapping[str, Any] | None = None
+    schedule: ScheduleRecord | None = None
     #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
     server_chat_template: str | None = None
 
@@ -135,19 +144,26 @@ class CellRun:
             predicted_ms=sum(s.predicted_ms for s in self.arm_stats),
         )
 
-    def provenance(self, model_template: ModelTemplate | None = None) -> dict[str, Any]:
+    def provenance(self, model_template: ModelTemplate | None = None) -> Provenance:
         """The run's own provenance block (merged under the caller's in :func:`finish_cell`).
 
         ``model_template``: the model file's own template, where its header was read (a
         launched GGUF model); without it, the A server's ``/props`` report decides."""
         server_ms = self.server_ms()
-        return {
-            "request_template": dict(self.request_template),
-            "servers": [s.to_record() for s in self.servers],
-            "server_launches": self.launches,
-            "scorer_id": self.scorer_id,
-            "arms": [s.to_record() for s in self.arm_stats],
-            "timing": {
+        chat_template = judge_chat_template(
+            uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
+            server_argv=[a for s in self.servers for a in s.argv],
+            server_template=self.server_chat_template,
+            model_read=model_template is not None,
+            model_template=None if model_template is None else model_template.template,
+        )
+        return Provenance(
+            request_template=dict(self.request_template),
+            servers=tuple(s.entry() for s in self.servers),
+            server_launches=self.launches,
+            scorer_id=self.scorer_id,
+            arms=tuple(s.to_record() for s in self.arm_stats),
+            timing={
                 "cell_wall_s": round(self.wall_s, 6),
                 "arm_wall_s": {
                     arm: round(self.arm_wall_s(arm), 6)
@@ -156,27 +172,21 @@ class CellRun:
                 "server_prompt_ms": round(server_ms.prompt_ms, 3),
                 "server_predicted_ms": round(server_ms.predicted_ms, 3),
             },
-            "plan": {
-                "ctx": self.plan.ctx,
-                "parallel": self.plan.parallel,
-                "gate_passes": self.plan.gate_passes,
-                "n_predict": self.plan.n_predict,
-                "seed": self.plan.seed,
-                "endpoint": self.plan.endpoint,
-                "n_probs": self.plan.n_probs,
-                "serial_repeat": self.plan.serial_repeat,
-                "stop_on_red": self.plan.stop_on_red,
-                "req_timeout": self.plan.req_timeout,
-                "n_items": len(self.plan.items),
-            },
-            "notes": list(self.notes[:200]),
-            "schedule": None if self.schedule is None else dict(self.schedule),
+            plan=PlanRecord(
+                ctx=self.plan.ctx,
+                parallel=self.plan.parallel,
+                gate_passes=self.plan.gate_passes,
+                n_predict=self.plan.n_predict,
+                seed=self.plan.seed,
+                endpoint=self.plan.endpoint,
+                n_probs=self.plan.n_probs,
+                serial_repeat=self.plan.serial_repeat,
+                stop_on_red=self.plan.stop_on_red,
+                req_timeout=self.plan.req_timeout,
+                n_items=len(self.plan.items),
+            ),
+            notes=tuple(self.notes[:200]),
+            schedule=self.schedule,
             # The one place the block is written: every source of the answer at once.
-            "chat_template": judge_chat_template(
-                uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
-                server_argv=[a for s in self.servers for a in s.argv],
-                server_template=self.server_chat_template,
-                model_read=model_template is not None,
-                model_template=None if model_template is None else model_template.template,
-            ).to_record(),
-        }
+            chat_template=ChatTemplateRecord.from_record(chat_template.to_record()),
+        )

@@ -12,7 +12,7 @@ from batch_invariance.core.plan import eta_seconds, serial_arm_count
 from batch_invariance.engines.registry import shown_name
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
-from batch_invariance.service.live import LiveCell
+from batch_invariance.service.job import LiveCell
 from batch_invariance.service.target import engine_launcher
 
 __all__ = ["DryRun", "dry_run", "usable_cpus"]
@@ -39,14 +39,14 @@ def _gib(n: int) -> str:
 
 def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     """The plan of ``cell`` on a host with ``host`` memory and ``cpus`` CPUs."""
-    req = cell.request
+    m = cell.measurement
     target = cell.target
     if target.attach is not None:
         raise UsageError(
             "--dry-run is not available with --base-url: the tool launches nothing to plan there"
         )
     port = str(cell.port_policy.fixed) if cell.port_policy.fixed is not None else "<free>"
-    launcher = engine_launcher(target, req, cell.out_dir, cell.port_policy)
+    launcher = engine_launcher(target, cell.launch, cell.out_dir, cell.port_policy)
     refused: str | None = None
     named = shown_name(target.engine)
     engine = f" engine {named}" if named else ""
@@ -72,20 +72,21 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
             f"{_gib(proj.overhead_bytes)}); guard: {decision.refusal or 'ok'}"
         )
     avail = host.mem_available_bytes
-    cap = "none" if req.max_footprint_gb is None else f"{req.max_footprint_gb:g} GiB"
+    cap_gb = cell.launch.max_footprint_gb
+    cap = "none" if cap_gb is None else f"{cap_gb:g} GiB"
     lines.append(
         f"memory: cap {cap}; available now {_gib(avail) if avail is not None else 'unknown'}"
         + (f"; VRAM free {_gib(host.vram_free_bytes)}" if host.vram_free_bytes else "")
     )
     if cell.workset is not None:
-        n_items = len(cell.workset.items) * req.reps
+        n_items = len(cell.workset.items) * m.reps
         # An upper bound: A' runs only when B differs from A, B only on the divergent ids of
         # a RED cell, and --stop-on-red may end the C passes early.
-        arms = "A, B, A' if B differs" if req.serial_repeat else "A, B"
-        total = n_items * (serial_arm_count(req.serial_repeat) + req.gate_passes)
+        arms = "A, B, A' if B differs" if m.serial_repeat else "A, B"
+        total = n_items * (serial_arm_count(m.serial_repeat) + m.gate_passes)
         lines.append(
-            f"requests: up to {total} = {n_items} items x ({arms} + {req.gate_passes} C passes "
-            f"of {cell.parallel} workers); endpoint {req.endpoint}; n_predict {req.n_predict}"
+            f"requests: up to {total} = {n_items} items x ({arms} + {m.gate_passes} C passes "
+            f"of {cell.parallel} workers); endpoint {m.endpoint}; n_predict {m.n_predict}"
         )
         if target.gguf is None:
             lines.append("ETA: unknown (no GGUF model size to estimate from)")
@@ -93,9 +94,9 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
             eta = eta_seconds(
                 target.gguf.file_size,
                 n_items,
-                n_predict=req.n_predict,
-                gate_passes=req.gate_passes,
-                serial_repeat=req.serial_repeat,
+                n_predict=m.n_predict,
+                gate_passes=m.gate_passes,
+                serial_repeat=m.serial_repeat,
                 cpus=cpus,
             )
             lines.append(f"ETA: ~{eta / 60:.1f} min (rough: from model size and CPU count)")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batch_invariance import __version__
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.evidence import CellSpec, GatePolicy, policy_usage_problems
 from batch_invariance.core.plan import CellPlan, number_problems
 from batch_invariance.errors import UsageError
@@ -84,11 +85,10 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
         model=MOCK_MODEL, ctx=request.ctx, dispatch_n=request.parallel, kv_label=run.kv_label,
         reps=request.reps,
     )  # fmt: skip
-    provenance = {
-        "tool_version": __version__,
-        "driver": "run-mock",
-        "mock_knobs": {"cobatch_divergence": knobs.cobatch_divergence, "seed": knobs.seed},
-        "workset": {**workset.record(), "n_rows": len(items)},
-        "scorer_id": run.scorer_id,
-    }
+    provenance = Provenance(
+        tool_version=__version__,
+        driver="run-mock",
+        mock_knobs={"cobatch_divergence": knobs.cobatch_divergence, "seed": knobs.seed},
+        workset={**workset.record(), "n_rows": len(items)},
+    )
     return finish_cell(run, spec, request.policy, provenance, out_dir)

@@ -6,17 +6,18 @@ profile, the profile-only options are refused so a typo cannot silently do nothi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batch_invariance.cert.provenance import ProfileRecord
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import UsageError
 from batch_invariance.run.workset import Workset
 
 if TYPE_CHECKING:
-    from batch_invariance.service.live import LiveRequest
+    from batch_invariance.service.request import LiveRequest
 
 
 __all__ = ["ProfileInputs", "ProfileRequest", "resolve_profile"]
@@ -48,7 +49,7 @@ class ProfileInputs:
     scorer: Scorer
     model_name: str | None
     build_workset: Callable[[int, Callable[[str], int]], Workset] | None
-    provenance: Mapping[str, Any]
+    provenance: ProfileRecord
 
 
 def resolve_profile(profile: ProfileRequest | None, request: LiveRequest) -> ProfileInputs | None:
@@ -83,12 +84,14 @@ def resolve_profile(profile: ProfileRequest | None, request: LiveRequest) -> Pro
         scorer=run.scorer,
         model_name=run.model_alias,
         build_workset=None if request.workset is not None else build,
-        provenance={
-            "name": run.profile.name,
-            "corner": run.corner,
-            "seed": run.seed,
-            "model_alias": run.model_alias,
-            "models_toml": run.models_toml,
-            "kv": run.kv,
-        },
+        provenance=ProfileRecord.from_record(
+            {
+                "name": run.profile.name,
+                "corner": run.corner,
+                "seed": run.seed,
+                "model_alias": run.model_alias,
+                "models_toml": run.models_toml,
+                "kv": run.kv,
+            }
+        ),
     )

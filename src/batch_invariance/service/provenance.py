@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from batch_invariance import __version__
+from batch_invariance.cert.provenance import BinaryRecord, ModelFileRecord, Provenance
 from batch_invariance.host import facts as hostinfo
 from batch_invariance.run.workset import Workset
 from batch_invariance.servers.launch import LaunchRecord
 
 if TYPE_CHECKING:
-    from batch_invariance.service.live import LiveCell
+    from batch_invariance.service.job import LiveCell
     from batch_invariance.service.target import ServerTarget, TargetIdentity
 
 
@@ -21,28 +22,25 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def _model_file(target: ServerTarget, sha256: str | None) -> dict[str, Any] | None:
+def _model_file(target: ServerTarget, sha256: str | None) -> ModelFileRecord | None:
     model = target.model
     if model is None or target.attach is not None:
         return None  # attached: the tool cannot say which file the server loaded
     gguf = target.gguf
-    return {
-        "path": str(model),
-        "name": model.name,
-        "sha256": sha256,
-        "size": gguf.file_size if gguf is not None else None,
-        "gguf": gguf.summary() if gguf is not None else None,
-        **({"gguf_skipped": target.gguf_skipped} if gguf is None else {}),
-    }
+    if gguf is None:
+        return ModelFileRecord(path=str(model), name=model.name, sha256=sha256, size=None,
+                               gguf=None, gguf_skipped=target.gguf_skipped)  # fmt: skip
+    return ModelFileRecord(path=str(model), name=model.name, sha256=sha256,
+                           size=gguf.file_size, gguf=gguf.summary())  # fmt: skip
 
 
 def _memory_guard(cell: LiveCell, launches: Sequence[LaunchRecord]) -> dict[str, Any]:
     target = cell.target
     if target.gguf is None:
-        return {"max_footprint_gb": cell.request.max_footprint_gb, "applied": False,
+        return {"max_footprint_gb": cell.launch.max_footprint_gb, "applied": False,
                 "reason": target.gguf_skipped}  # fmt: skip
     return {
-        "max_footprint_gb": cell.request.max_footprint_gb,
+        "max_footprint_gb": cell.launch.max_footprint_gb,
         "launches": [
             {
                 "arm": r.arm,
@@ -58,38 +56,38 @@ def _memory_guard(cell: LiveCell, launches: Sequence[LaunchRecord]) -> dict[str,
     }
 
 
+def _binary(identity: TargetIdentity) -> BinaryRecord | None:
+    binary = identity.binary
+    if binary is None:
+        return None
+    return BinaryRecord(path=binary.path, sha256=binary.sha256, version=binary.version,
+                        version_rc=binary.version_rc)  # fmt: skip
+
+
 def provenance_for(
     cell: LiveCell,
     workset: Workset,
     launches: Sequence[LaunchRecord],
     n_items: int,
     identity: TargetIdentity,
-) -> dict[str, Any]:
+) -> Provenance:
     """The caller's provenance block of a live cell (``launches``: the servers this cell
     used; a sweep's launcher also started others)."""
     target = cell.target
-    binary = identity.binary
     gguf = target.gguf
-    prov: dict[str, Any] = {
-        "tool_version": __version__,
-        "driver": cell.request.driver_name,
-        "engine": target.engine.name,
-        "server_binary": None
-        if binary is None
-        else {
-            "path": binary.path,
-            "sha256": binary.sha256,
-            "version": binary.version,
-            "version_rc": binary.version_rc,
-        },
-        "model_file": _model_file(target, identity.model_sha256),
-        "is_moe": gguf.is_moe if gguf is not None else None,
-        "workset": {**workset.record(), "n_items": n_items},
-        "server_flags": list(cell.server_flags),
-        "host": hostinfo.summary(),
-        "memory_guard": _memory_guard(cell, launches),
-        "profile": None if cell.profile is None else dict(cell.profile),
-    }
-    if target.attach is not None:
-        prov["attach"] = target.attach.to_record()
-    return prov
+    block = Provenance(
+        tool_version=__version__,
+        driver=cell.driver,
+        engine=target.engine.name,
+        server_binary=_binary(identity),
+        model_file=_model_file(target, identity.model_sha256),
+        is_moe=gguf.is_moe if gguf is not None else None,
+        workset={**workset.record(), "n_items": n_items},
+        server_flags=tuple(cell.server_flags),
+        host=hostinfo.summary(),
+        memory_guard=_memory_guard(cell, launches),
+        profile=cell.profile,
+    )
+    if target.attach is None:
+        return block
+    return block.model_copy(update={"attach": target.attach.to_record()})

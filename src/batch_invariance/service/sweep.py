@@ -23,13 +23,15 @@ from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host import memory
-from batch_invariance.run.cell import ServerLauncher, run_cells
+from batch_invariance.run.cell import run_cells
 from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
 from batch_invariance.servers.launch import LaunchRecord
-from batch_invariance.service.live import LiveRequest, check_room_to_answer, prepare
+from batch_invariance.service.job import LiveCell, prepare
+from batch_invariance.service.live import open_runner
 from batch_invariance.service.provenance import provenance_for
+from batch_invariance.service.request import LiveRequest
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from batch_invariance.service.target import LiveServerLauncher, identify
 
@@ -61,7 +63,12 @@ class SweepOutcome:
     summary: dict[str, Any]
     path: Path
     launches: int
-    model_name: str
+    #: The checked job every N was measured from (its ``parallel`` is the first N).
+    job: LiveCell
+
+    @property
+    def model_name(self) -> str:
+        return self.job.model_name
 
 
 def parse_parallels(text: str) -> tuple[int, ...]:
@@ -138,30 +145,15 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
         _write_summary(cell.out_dir, summary)
         raise GuardRefused(f"every N was refused by the memory guard; {refused[ns[0]]}")
     with contextlib.ExitStack() as stack:
-        runner: ServerLauncher = launcher
-        if cell.workset is not None:
-            workset = cell.workset
-        else:
-            from batch_invariance.profiles.calibration import PrelaunchedLauncher
-            from batch_invariance.profiles.tokens import server_token_counter
-
-            assert cell.build_workset is not None
-            pre = stack.enter_context(PrelaunchedLauncher(launcher, ctx=cell.ctx))
-            workset = cell.build_workset(cell.ctx, server_token_counter(pre.handle.base_url))
-            check_room_to_answer(workset, cell.ctx, cell.request.n_predict)
-            runner = pre
-        plans = [
-            replace(cell, parallel=n, request=replace(cell.request, parallel=n)).plan(workset)
-            for n in runnable
-        ]
+        runner = open_runner(cell, launcher, stack)
+        plans = [cell.plan(runner.workset, parallel=n) for n in runnable]
 
         def finish(run: CellRun) -> None:
             n = run.plan.parallel
             if launcher.aborted is not None:
                 raise InfraError(launcher.aborted)
-            cell_n = replace(cell, parallel=n)
             launches = cell_launches(launcher.launches)
-            prov = provenance_for(cell_n, workset, launches, len(run.plan.items), identity)
+            prov = provenance_for(cell, runner.workset, launches, len(run.plan.items), identity)
             spec = cell.spec(n, run.kv_label)
             finished = finish_cell(
                 run, spec, cell.policy, prov, cell.out_dir, model_template=cell.model_template
@@ -169,13 +161,13 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
             cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
 
         try:
-            run_cells(plans, runner, cell.scorer, cell.policy, sink, finish)
+            run_cells(plans, runner.launcher, cell.scorer, cell.policy, sink, finish)
         finally:
             sink.end()
     ordered = [cells[n] for n in ns]
     summary = sweep_summary(cell.model_name, cell.ctx, ordered, launches=len(launcher.launches))
     path = _write_summary(cell.out_dir, summary)
-    return SweepOutcome(tuple(ordered), summary, path, len(launcher.launches), cell.model_name)
+    return SweepOutcome(tuple(ordered), summary, path, len(launcher.launches), cell)
 
 
 def cell_launches(launches: Sequence[LaunchRecord]) -> list[LaunchRecord]:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batch_invariance.cert.certificate import cert_to_json
+from batch_invariance.cert.provenance import ScheduleRecord
 from batch_invariance.cert.verify import Verification
 from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
 from batch_invariance.run.finish import FinishedCell
@@ -62,7 +63,7 @@ def _entry(cell: SweepCell) -> dict[str, Any]:
         for row in cert.divergence_report.ac.per_id
         if row.kind == "invariant"
     ]
-    schedule = cert.provenance.get("schedule") or {}
+    schedule = cert.provenance.schedule or ScheduleRecord()
     v = cell.verification
     return {
         "parallel": cell.parallel,
@@ -77,8 +78,8 @@ def _entry(cell: SweepCell) -> dict[str, Any]:
         "first_divergent_token_median": median_first_divergence(rows),
         "throughput": None if cert.throughput is None else asdict(cert.throughput),
         "passes_run": cert.n_passes,
-        "stopped_early": bool(schedule.get("stopped_early")),
-        "arms_run": schedule.get("arms_run"),
+        "stopped_early": bool(schedule.stopped_early),
+        "arms_run": None if schedule.arms_run is None else list(schedule.arms_run),
         "cert": cell.finished.path.name,
         "digest": cert.digest,
     }

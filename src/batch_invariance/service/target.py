@@ -33,7 +33,7 @@ from batch_invariance.servers.launch import EngineLauncher, LaunchRecord
 from batch_invariance.service.profile import ProfileInputs
 
 if TYPE_CHECKING:
-    from batch_invariance.service.live import LiveRequest
+    from batch_invariance.service.request import LiveRequest
 
 ATTACHED_NO_GGUF = "attached: the tool did not start the server and reads no model file"
 
@@ -49,6 +49,18 @@ class LiveServerLauncher(ServerLauncher, Protocol):
         self, parallel: int, ctx: int, host: memory.HostMemory
     ) -> memory.GuardDecision | None:
         """``None`` where no guard applies (no GGUF file, or an attached server)."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The checked launch settings of a live cell (what a launcher needs besides the target)."""
+
+    ready_timeout: float
+    max_footprint_gb: float | None = None
+    #: Test hook: launch every server with at most this many slots (cannot co-batch).
+    cap_parallel: int | None = None
+    #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
+    kv_layout: KvLayout = "split"
 
 
 @dataclass(frozen=True)
@@ -147,16 +159,16 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
 
 
 def make_launcher(
-    target: ServerTarget, request: LiveRequest, log_dir: Path, policy: ports.PortPolicy
+    target: ServerTarget, options: LaunchOptions, log_dir: Path, policy: ports.PortPolicy
 ) -> LiveServerLauncher:
     """The launcher for ``target``: attached, or the engine launched by the tool."""
     if target.attach is not None:
         return AttachLauncher(target.attach, target.engine)
-    return engine_launcher(target, request, log_dir, policy)
+    return engine_launcher(target, options, log_dir, policy)
 
 
 def engine_launcher(
-    target: ServerTarget, request: LiveRequest, log_dir: Path, policy: ports.PortPolicy
+    target: ServerTarget, options: LaunchOptions, log_dir: Path, policy: ports.PortPolicy
 ) -> EngineLauncher:
     """The launcher that starts ``target``'s engine (a launched target only)."""
     if target.server_bin is None or target.model is None:
@@ -164,9 +176,9 @@ def engine_launcher(
     return EngineLauncher(
         target.engine, target.server_bin, target.model, log_dir, port_policy=policy,
         server_flags=target.server_flags, env=dict(os.environ),
-        ready_timeout=request.ready_timeout, gguf=target.gguf,
-        max_footprint_gb=request.max_footprint_gb, cap_parallel=request.cap_parallel,
-        kv_layout=request.kv_layout,
+        ready_timeout=options.ready_timeout, gguf=target.gguf,
+        max_footprint_gb=options.max_footprint_gb, cap_parallel=options.cap_parallel,
+        kv_layout=options.kv_layout,
     )  # fmt: skip
 
 

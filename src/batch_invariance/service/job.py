@@ -1,0 +1,189 @@
+"""The job: a :class:`~batch_invariance.service.request.LiveRequest` checked once into a
+:class:`LiveCell` that carries only checked values.
+
+:func:`prepare` validates the request in a fixed order (usage errors first, before anything is
+launched) and resolves it: the files checked, the work-set and scorer loaded, the server side
+checked (:mod:`batch_invariance.service.target`: the engine, its binary and model or the
+attached URL, the GGUF header where there is one), the out-dir created. It is the one reader
+of the raw request; the launcher, the plan, the spec, the provenance, the dry run and the sweep
+read the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from batch_invariance.cert.provenance import ProfileRecord
+from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.plan import CellPlan, Endpoint
+from batch_invariance.core.scoring import Scorer
+from batch_invariance.errors import UsageError
+from batch_invariance.run.finish import prepare_out_dir
+from batch_invariance.run.records import ModelTemplate
+from batch_invariance.run.scorer_loader import load_scorer
+from batch_invariance.run.workset import (
+    Workset,
+    bundled_workset_path,
+    expand_reps,
+    load_workset,
+)
+from batch_invariance.servers import ports
+from batch_invariance.service.profile import ProfileInputs, resolve_profile
+from batch_invariance.service.request import LiveRequest
+from batch_invariance.service.target import (
+    LaunchOptions,
+    LiveServerLauncher,
+    ServerTarget,
+    make_launcher,
+    resolve_target,
+)
+
+__all__ = ["LiveCell", "Measurement", "prepare"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How every arm and pass of a cell is measured: the request's checked numbers."""
+
+    gate_passes: int
+    reps: int
+    n_predict: int
+    seed: int
+    endpoint: Endpoint
+    n_probs: int | None
+    serial_repeat: bool
+    stop_on_red: bool
+    req_timeout: float
+
+
+@dataclass(frozen=True)
+class LiveCell:
+    """The job: a live request checked once by :func:`prepare`, holding only checked values.
+
+    Everything after :func:`prepare` (the launcher, the plan, the spec, the provenance, the
+    dry run, the sweep) reads this, never the :class:`LiveRequest`.
+    """
+
+    #: The entry point that ran the cell (``run-live``, ``demo``, ``sweep``, ...).
+    driver: str
+    target: ServerTarget
+    launch: LaunchOptions
+    model_name: str
+    ctx: int
+    parallel: int
+    measurement: Measurement
+    workset: Workset | None
+    build_workset: Callable[[int, Callable[[str], int]], Workset] | None
+    scorer: Scorer
+    policy: GatePolicy
+    port_policy: ports.PortPolicy
+    out_dir: Path
+    profile: ProfileRecord | None = None
+
+    @property
+    def server_flags(self) -> tuple[str, ...]:
+        return self.target.server_flags
+
+    def plan(self, workset: Workset, parallel: int | None = None) -> CellPlan:
+        """The plan of this cell over ``workset`` (a sweep asks once per ``parallel`` N)."""
+        m = self.measurement
+        return CellPlan(
+            items=expand_reps(workset.items, m.reps),
+            ctx=self.ctx,
+            parallel=self.parallel if parallel is None else parallel,
+            gate_passes=m.gate_passes,
+            n_predict=m.n_predict,
+            seed=m.seed,
+            endpoint=m.endpoint,
+            n_probs=m.n_probs,
+            serial_repeat=m.serial_repeat,
+            stop_on_red=m.stop_on_red,
+            req_timeout=m.req_timeout,
+        )
+
+    @property
+    def model_template(self) -> ModelTemplate | None:
+        """The model file's own chat template, where its header was read (a launched GGUF)."""
+        gguf = self.target.gguf
+        if gguf is None or self.target.attach is not None:
+            return None
+        return ModelTemplate(gguf.chat_template)
+
+    def launcher(self) -> LiveServerLauncher:
+        return make_launcher(self.target, self.launch, self.out_dir, self.port_policy)
+
+    def spec(self, parallel: int, kv_label: str) -> CellSpec:
+        """The cell's identity for the cert (a sweep asks once per N)."""
+        gguf = self.target.gguf
+        return CellSpec(
+            model=self.model_name,
+            ctx=self.ctx,
+            dispatch_n=parallel,
+            kv_label=kv_label,
+            reps=self.measurement.reps,
+            is_moe=gguf.is_moe if gguf is not None else False,
+        )
+
+
+def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
+    """Check ``request`` and resolve it (UsageError naming the first problem): the one place
+    the raw request is read."""
+    prof: ProfileInputs | None = resolve_profile(request.profile, request)
+    target = resolve_target(request, prof)
+    if request.ctx is None or request.parallel is None:
+        raise UsageError("--ctx and --parallel are required (tokens per slot, and N)")
+    request.check_numbers()
+    builder = None
+    workset: Workset | None = None
+    if request.workset is not None:
+        workset = load_workset(request.workset)
+    elif prof is not None and prof.build_workset is not None:
+        builder = prof.build_workset
+    elif request.bundled_workset is not None:
+        workset = load_workset(bundled_workset_path(request.bundled_workset))
+    else:
+        raise UsageError("--workset FILE is required (or --profile NAME --model-alias ALIAS)")
+    scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
+    port_policy = ports.make_policy(request.port, list(request.reserved_ports))
+    if request.out_dir is None:
+        raise UsageError("--out-dir DIR is required (where the cert and server logs go)")
+    out_dir = prepare_out_dir(request.out_dir) if create_out_dir else request.out_dir
+    model = target.model
+    name = (
+        request.model_name
+        or (prof.model_name if prof and prof.model_name else None)
+        or (model.name.removesuffix(".gguf") if model is not None else "attached")
+    )
+    return LiveCell(
+        driver=request.driver_name,
+        target=target,
+        launch=LaunchOptions(
+            ready_timeout=request.ready_timeout,
+            max_footprint_gb=request.max_footprint_gb,
+            cap_parallel=request.cap_parallel,
+            kv_layout=request.kv_layout,
+        ),
+        model_name=name,
+        ctx=request.ctx,
+        parallel=request.parallel,
+        measurement=Measurement(
+            gate_passes=request.gate_passes,
+            reps=request.reps,
+            n_predict=request.n_predict,
+            seed=request.seed,
+            endpoint=request.endpoint,
+            n_probs=request.n_probs,
+            serial_repeat=request.serial_repeat,
+            stop_on_red=request.stop_on_red,
+            req_timeout=request.req_timeout,
+        ),
+        workset=workset,
+        build_workset=builder,
+        scorer=scorer,
+        policy=request.policy(),
+        port_policy=port_policy,
+        out_dir=out_dir,
+        profile=None if prof is None else prof.provenance,
+    )
