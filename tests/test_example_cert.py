@@ -1,9 +1,8 @@
-"""The example cert in examples/certs/ is a real live cert written by cert_version 2.
+"""The example cert in examples/certs/ is a real live cert written by cert_version 3.
 
 It was earned by `batch-invariance demo` on a 2-core CPU host (see examples/certs/README.md):
-RED / co_batching with overlap, floor and coverage met, before every arm recorded pre-sampling
-logprobs (cert_version 3). verify-cert refuses it and says plainly which version wrote it;
-tampering with it is caught all the same.
+RED / co_batching with overlap, floor, coverage and numeric evidence met, and logprobs drifting
+under co-batching. verify-cert re-derives it (exit 1: a valid RED); tampering with it is caught.
 """
 
 from __future__ import annotations
@@ -24,21 +23,21 @@ CERT = (
 )
 
 
-def test_the_older_example_cert_says_which_version_wrote_it(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_the_example_cert_verifies_as_a_red(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["verify-cert", str(CERT)])
-    err = capsys.readouterr().err
-    assert code == exitcodes.CERT_INVALID, err
-    assert "written by batch-invariance 0.1.0 (cert_version 2)" in err
-    assert "cert_version 3" in err and "not promotable" in err
+    out = capsys.readouterr().out
+    assert code == exitcodes.RED, out
+    assert "verdict re-derived from evidence matches" in out
     data = json.loads(CERT.read_text())
-    assert data["cert_version"] == 2
+    assert data["cert_version"] == 3
     assert data["source"] == "live" and data["status"] == "failed"
     assert data["divergence_class"] == "co_batching"
     assert data["overlap"]["ok"] and data["completion_floor"]["ok"]
     assert data["cobatch_coverage"]["ok"]
     assert data["provenance"]["driver"] == "demo"
+    numerics = data["numerics"]
+    assert numerics["evidence"]["ok"]
+    assert all(p["rows_with_drift"] > 0 for p in numerics["AC"]["per_pass"])
 
 
 def test_a_tampered_example_cert_is_invalid(

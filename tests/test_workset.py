@@ -102,3 +102,15 @@ def test_in_memory_worksets_hash_their_canonical_rows() -> None:
     assert workset_from_items(items, "gen").sha256 == workset_from_items(items, "gen").sha256
     other = parse_workset([{"id": "a", "prompt": "y"}]).items
     assert workset_from_items(items, "gen").sha256 != workset_from_items(other, "gen").sha256
+
+
+def test_chat32_example_is_the_chat_demo_plus_sixteen_distinct_prompts() -> None:
+    """docs/numerics.md's live chat cells ran on it: 32 distinct prompts clear the per-prompt
+    bound (<= 0.1), so only the numerics can keep such a cell from GREEN."""
+    ws = load_workset(EXAMPLE.with_name("workset_chat32.json"))
+    prompts = [i.prompt for i in ws.items]
+    assert len(ws.items) == 32 and len(set(prompts)) == 32 and None not in prompts
+    demo = resources.files("batch_invariance").joinpath("data/worksets/demo.json")
+    assert json.loads(demo.read_text()) == [
+        {"id": i.test_id, "family": i.family, "prompt": i.prompt} for i in ws.items[:16]
+    ]
