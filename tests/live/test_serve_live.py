@@ -52,8 +52,10 @@ def _earned(live_pair: Provisioned, root: Path, model: Path) -> Path:
          "--workset", str(COMPLETIONS_WORKSET), "--out-dir", str(out), *GREEN_CELL.split(),
          "--server-flag=-ub", "--server-flag=1"]
     )  # fmt: skip
-    (cert,) = out.rglob("*__ctx256__N4.json")
-    assert code == exitcodes.PROMOTABLE, json.loads(cert.read_text())["decision_reasons"]
+    certs = list(out.rglob("*__ctx256__N4.json"))
+    assert len(certs) == 1, f"run-live exited {code} and wrote {len(certs)} cert(s)"
+    assert code == exitcodes.PROMOTABLE, json.loads(certs[0].read_text())["decision_reasons"]
+    cert = certs[0]
     return cert
 
 

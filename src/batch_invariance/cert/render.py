@@ -57,7 +57,12 @@ def throughput_text(block: Throughput | None, parallel: int, *, red: bool = Fals
     """What N buys (for a RED cell: what staying serial costs), on one line."""
     if block is None or block.speedup is None:
         return "throughput: not measured (the server reported no token timings)"
-    cost = "; staying serial costs this" if red else ""
+    if block.speedup < 1:
+        # Concurrency bought nothing here (a host shared with other work, or a server that
+        # serialises): there is no speedup for staying serial to give up.
+        cost = "; concurrent decoding was slower here, so staying serial costs nothing"
+    else:
+        cost = "; staying serial costs this" if red else ""
     return (
         f"throughput: serial {block.serial_tokens_per_s} tok/s, N={parallel} concurrent "
         f"{block.concurrent_tokens_per_s} tok/s: speedup {block.speedup:.2f}x{cost}"
