@@ -126,6 +126,13 @@ def test_launched_vllm_fake_through_the_cli(
             "--kv-layout unified applies only to llama-server launched by the tool",
         ),
         (
+            ["--ctx", "1000"],
+            "--ctx 1000: llama-server rounds the context per slot up to a multiple of 256, so "
+            "it would run 1024 and the cert would not name what ran; use --ctx 768 or 1024",
+        ),
+        # vLLM takes its context as given: the same --ctx passes on to the next check.
+        (["--engine", "vllm", "--ctx", "1000"], "--server-bin and --model are required"),
+        (
             ["--engine", "vllm", "--profile", "spark"],
             "--profile works only with the default engine (llama-server, launched)",
         ),

@@ -109,6 +109,11 @@ class Engine(Protocol):
         ``parallel`` it was started with)."""
 
     @property
+    def ctx_multiple(self) -> int:
+        """The per-slot context it rounds up to a multiple of (1: taken as given). A ``--ctx``
+        it would round is refused, so the cert's ``ctx`` is the context that ran."""
+
+    @property
     def takes_profiles(self) -> bool:
         """Whether a ``--profile`` (flags, binary and model of a calibrated setup) applies."""
 

@@ -23,6 +23,7 @@ class PythonModuleEngine:
     cobatches: bool
     kv_layouts: frozenset[KvLayout] = frozenset({"split"})
     reports_slots = False
+    ctx_multiple = 1
     takes_profiles = False
 
     @property

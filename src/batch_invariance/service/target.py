@@ -116,6 +116,19 @@ def _check_layout(layout: KvLayout, engine: Engine, attached: bool) -> None:
     raise UsageError(f"--kv-layout {layout} applies only to {takers} launched by the tool")
 
 
+def _check_ctx(ctx: int | None, engine: Engine) -> None:
+    step = engine.ctx_multiple
+    if ctx is None or ctx <= 0 or ctx % step == 0:
+        return
+    up = -(-ctx // step) * step
+    down = up - step
+    fix = f"--ctx {down} or {up}" if down > 0 else f"--ctx {up}"
+    raise UsageError(
+        f"--ctx {ctx}: {engine.name} rounds the context per slot up to a multiple of {step}, "
+        f"so it would run {up} and the cert would not name what ran; use {fix}"
+    )
+
+
 def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTarget:
     """Check the engine-dependent part of ``request`` (UsageError naming the first problem)."""
     engine = engine_for(request.engine)
@@ -134,6 +147,7 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
         )
     if attach is not None:
         return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
+    _check_ctx(request.ctx, engine)
     server_bin = request.server_bin or (prof.server_bin if prof else None)
     model = request.model or (prof.model if prof else None)
     # Without a profile that could name them, both must be given.
