@@ -204,10 +204,9 @@ def test_run_live_dry_run_shows_the_unified_bc_server(
 
 
 def test_measured_servers_get_no_llama_arg_variables_and_no_user_config() -> None:
-    from batch_invariance.core.server_env import config_files, engine_env
-    from batch_invariance.servers.spawn import server_env
+    from batch_invariance.core.server_env import config_files, engine_env, measured_env
 
-    env = server_env(
+    env = measured_env(
         {"PATH": "/bin", "LLAMA_ARG_UBATCH": "512", "LLAMA_ARG_N_PARALLEL": "8",
          "LLAMA_API_KEY": "k", "XDG_CONFIG_HOME": "/home/u/.config", "GGML_CUDA_NO_PINNED": "1"}
     )  # fmt: skip

@@ -115,10 +115,10 @@ def _verify(args: argparse.Namespace) -> Provenance:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from batch_invariance.core.server_env import engine_env
+    from batch_invariance.core.server_env import engine_env, measured_env
     from batch_invariance.deploy.gate import engine_env_differences
     from batch_invariance.deploy.serve_plan import measured_argv, serve_argv
-    from batch_invariance.servers.spawn import refuse_system_config, server_env
+    from batch_invariance.servers.spawn import refuse_system_config
 
     if not isinstance(args.cert, Path) or not args.cert.is_file():
         raise UsageError(f"cert not found: {args.cert}")
@@ -126,7 +126,7 @@ def handle(args: argparse.Namespace) -> int:
     argv = serve_argv(measured_argv(provenance), args.neutral)
     check_files(argv, provenance)
     refuse_system_config()
-    env = server_env(os.environ)
+    env = measured_env(os.environ)
     differ = engine_env_differences(engine_env(env), provenance)
     if differ:
         raise NotCovered(f"{differ[0]}: ggml reads it, so the server would not be the measured one")

@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import requests
 
-from batch_invariance.core.server_env import engine_env
+from batch_invariance.core.server_env import engine_env, measured_env
 from batch_invariance.engines.base import Engine, LaunchCommand
 from batch_invariance.errors import InfraError
 from batch_invariance.host import memory
@@ -38,7 +38,6 @@ from batch_invariance.servers.spawn import (
     die_with_parent_hook,
     log_tail,
     refuse_system_config,
-    server_env,
 )
 
 __all__ = ["ServerProcess"]
@@ -160,7 +159,7 @@ class ServerProcess:
         self._started = time.monotonic()
 
     def _child_env(self) -> dict[str, str]:
-        return {**server_env(os.environ), **self._env}
+        return {**measured_env(os.environ), **self._env}
 
     def wait_ready(self) -> None:
         """Poll the ready path until 200; a dead child or the deadline raise

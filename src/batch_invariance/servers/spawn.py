@@ -1,5 +1,6 @@
-"""How a server child is started safely, for any engine: the environment it gets, the config
-file that must not exist, the parent-death signal, and the log tail its errors quote."""
+"""How a server child is started safely, for any engine (its environment is
+:func:`~batch_invariance.core.server_env.measured_env`): the config file that must not exist,
+the parent-death signal, and the log tail its errors quote."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.core.server_env import SYSTEM_CONFIG, measured_env
+from batch_invariance.core.server_env import SYSTEM_CONFIG
 from batch_invariance.errors import InfraError
 
-__all__ = ["die_with_parent_hook", "log_tail", "refuse_system_config", "server_env"]
+__all__ = ["die_with_parent_hook", "log_tail", "refuse_system_config"]
 
 _TAIL_LINES = 15
 
@@ -56,18 +56,6 @@ def die_with_parent_hook(parent_pid: int) -> Any:
             os._exit(1)
 
     return hook
-
-
-def server_env(parent: Mapping[str, str]) -> dict[str, str]:
-    """The environment a measured (or ``serve``d) server gets: the tool's own without the
-    variables options are read from (``LLAMA_ARG_*`` ...) and with ``XDG_CONFIG_HOME=/dev/null``.
-
-    llama-server reads those variables as flags and the user config file as defaults; either
-    would change what runs without showing in the recorded argv (which check-deploy compares).
-    The variables ggml reads (:mod:`batch_invariance.core.server_env`) are passed on and
-    recorded in the server's provenance (``engine_env``).
-    """
-    return measured_env(parent)
 
 
 def refuse_system_config() -> None:
