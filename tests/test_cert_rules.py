@@ -12,6 +12,7 @@ import pytest
 
 from batch_invariance import __version__, exitcodes
 from batch_invariance.cert.build import rederive
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.schema import CERT_VERSION, Cert, compute_digest
 from batch_invariance.cert.store import render, write_cert
 from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_built, verify_path
@@ -73,7 +74,9 @@ def test_stripping_the_mock_markers_still_leaves_a_mock_argv(
     mock = _mock_cert(tmp_path)
     prov = {k: v for k, v in mock.provenance.record().items() if k != "mock_knobs"}
     prov["driver"] = "run-live"
-    forged = replace(mock, source="live", provenance=prov, kv_label="split:-c 8192 -np 4")
+    forged = replace(
+        mock, source="live", provenance=Provenance.from_record(prov), kv_label="split:-c 8192 -np 4"
+    )
     code, err = _verify(_rebuilt(tmp_path, forged), capsys)
     assert code == exitcodes.CERT_INVALID and "a mock server argv" in err
 
@@ -118,7 +121,7 @@ def test_a_live_cert_whose_provenance_disagrees_is_invalid(provenance_edit: Any)
     cert, _ = cert_for()
     prov = cert.provenance.record()
     provenance_edit(prov)
-    forged = rederive(replace(cert, provenance=prov))
+    forged = rederive(replace(cert, provenance=Provenance.from_record(prov)))
     verification_text = render(forged)
     assert not is_promotable(forged) and not cert_is_green(forged)
     assert json.loads(verification_text)["source"] == "live"
@@ -135,10 +138,13 @@ def test_a_profile_model_alias_is_an_accepted_model_name() -> None:
         {"role": "BC", "argv": server_argv(path, cell.ctx, cell.dispatch_n)},
     ]
     cert, _ = cert_for(cell=cell)
-    without_alias = rederive(replace(cert, provenance=prov))
+    without_alias = rederive(replace(cert, provenance=Provenance.from_record(prov)))
     assert not is_promotable(without_alias)
     with_alias = rederive(
-        replace(cert, provenance={**prov, "profile": {"model_alias": "gemma-alias"}})
+        replace(
+            cert,
+            provenance=Provenance.from_record({**prov, "profile": {"model_alias": "gemma-alias"}}),
+        )
     )
     assert is_promotable(with_alias)
 

@@ -153,7 +153,7 @@ def test_a_cert_that_records_no_build_covers_no_deploy(
     provenance: dict[str, Any] = cert.provenance.record()
     del provenance["server_binary"]
     folder = tmp_path / "certs"
-    write_cert(folder, rederive(replace(cert, provenance=provenance)))
+    write_cert(folder, rederive(replace(cert, provenance=Provenance.from_record(provenance))))
     body = f"{cover['binary']} -m {cover['model']} {OK_FLAGS}\n"
     assert _run(cover, tmp_path, body, "--certs", str(folder)) == exitcodes.NOT_PROMOTABLE
     assert "the cert records no server binary sha256 (build unknown)" in capsys.readouterr().out

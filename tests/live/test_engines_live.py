@@ -10,6 +10,7 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.certificate import is_promotable
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
@@ -65,7 +66,7 @@ def _finish(run: object, plan: CellPlan, out: Path, engine: str) -> FinishedCell
         model="gemma-3-270m-q4_k_m", ctx=plan.ctx, dispatch_n=plan.parallel,
         kv_label=run.kv_label, reps=1,
     )  # fmt: skip
-    return finish_cell(run, spec, GatePolicy(), {"engine": engine}, out)
+    return finish_cell(run, spec, GatePolicy(), Provenance(engine=engine), out)
 
 
 def test_llama_cpp_python_is_unverified_for_want_of_a_cobatching_witness(
