@@ -146,13 +146,12 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
     assert cert.numerics.ac.drift_ids == () and cert.numerics.ab.drift_ids == ()
 
 
-def _cli(*argv: str, **kw: object) -> subprocess.Popen[str]:
+def _cli(*argv: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "batch_invariance", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        **kw,  # type: ignore[call-overload]
     )
 
 
