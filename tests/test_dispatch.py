@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -102,6 +103,18 @@ def test_single_slot_server_overlaps_on_the_client_only() -> None:
     assert result.server_busy_max == 1
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Python's own SIGINT handler for the test: a shell that started the suite in the
+    background hands it SIGINT ignored, and then no Ctrl-C would reach the code under test."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_interrupt_joins_every_thread() -> None:
     calls = []
 

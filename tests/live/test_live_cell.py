@@ -146,12 +146,19 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
     assert cert.numerics.ac.drift_ids == () and cert.numerics.ab.drift_ids == ()
 
 
+def _ctrl_c_default() -> None:
+    # A shell that started the suite in the background hands it SIGINT ignored, and an ignored
+    # SIGINT stays ignored in the tool: give it the disposition a terminal's Ctrl-C meets.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(*argv: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "batch_invariance", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_default,
     )
 
 
