@@ -156,3 +156,35 @@ def test_red_cert_report_highlights_the_first_divergent_token(sweep: Path, tmp_p
     shot = tmp_path / "red.png"
     chromium([f"--screenshot={shot}", out.as_uri()], tmp_path / "profile")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: Injected into a copy of the report (the report itself carries no script): marks every SVG
+#: text whose box, as Chromium laid it out, leaves its SVG's drawing area.
+_MARK_OVERFLOW = """<script>
+for (const svg of document.querySelectorAll("svg")) {
+  const w = svg.width.baseVal.value, h = svg.height.baseVal.value;
+  for (const t of svg.querySelectorAll("text")) {
+    const b = t.getBBox();
+    if (b.x < 0 || b.y < 0 || b.x + b.width > w || b.y + b.height > h) {
+      const x = `x ${Math.round(b.x)}+${Math.round(b.width)} of ${w}`;
+      const box = `${x}, y ${b.y.toFixed(1)}+${b.height.toFixed(1)} of ${h}`;
+      t.setAttribute("data-outside", `${svg.getAttribute("class")}: ${box}`);
+    }
+  }
+  svg.setAttribute("data-checked", "yes");
+}
+</script>"""
+
+
+def test_every_plot_label_lies_inside_its_svg(sweep: Path, tmp_path: Path) -> None:
+    """Checked on Chromium's layout, not on estimated text widths: a label that started at the
+    right axis once ran out of the plot ("tokens/s (C)" was shown as "tokens/s (C")."""
+    text = _render([sweep], tmp_path / "report.html")
+    probe = tmp_path / "probe.html"
+    probe.write_text(text.replace("</body>", _MARK_OVERFLOW + "</body>"), encoding="utf-8")
+    built = dom(chromium(["--dump-dom", probe.as_uri()], tmp_path / "profile"))
+    svgs = [e for e in built if e.tag == "svg"]
+    assert svgs and all(e.attrs.get("data-checked") == "yes" for e in svgs)
+    assert any("tokens/s (C)" in e.text for e in built if e.tag == "text")
+    outside = [(e.text, e.attrs["data-outside"]) for e in built if "data-outside" in e.attrs]
+    assert outside == []

@@ -161,7 +161,7 @@ def risk_svg(view: NumericsView, width: int = 320, height: int = 160) -> str:
         f'font-size="9" text-anchor="end">100%</text><text x="{left - 4}" '
         f'y="{height - bottom}" font-size="9" text-anchor="end">0%</text>'
         f'<polyline fill="none" stroke="#b86e00" stroke-width="2" points="{points}"/>{ticks}'
-        f'<text x="{(left + width - right) / 2:.0f}" y="{height - 1}" font-size="9" '
+        f'<text x="{(left + width - right) / 2:.0f}" y="{height - 3}" font-size="9" '
         'text-anchor="middle">answer tokens (estimate, never a gate)</text></svg>'
     )
 

@@ -116,7 +116,8 @@ def _axes(frame: Frame) -> list[str]:
         for k in range(5):
             value = frame.throughput_max * k / 4
             parts.append(_text(right + 6, frame.y_throughput(value) + 4, f"{value:.4g}", "start"))
-        parts.append(_text(right + 6, TOP - 12, "tokens/s (C)", "start"))
+        # Anchored at the frame's right edge: started at the axis, the label ran out of the frame.
+        parts.append(_text(WIDTH - 2, TOP - 12, "tokens/s (C)", "end"))
     else:
         parts.append(
             _text(right, bottom + 34, "throughput not measured", "end", "throughput-missing")
