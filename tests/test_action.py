@@ -342,12 +342,12 @@ def test_bad_inputs_are_configuration_errors_without_a_verdict(
     assert outputs_of(env) == {}
 
 
-def _no_provision() -> tuple[str, str]:
+def _no_provision() -> tuple[Path, Path]:
     raise AssertionError("must not provision for a bad input")
 
 
 def test_infrastructure_failure_is_distinct_and_has_no_verdict(tmp_path: Path) -> None:
-    def provision_fails() -> tuple[str, str]:
+    def provision_fails() -> tuple[Path, Path]:
         from batch_invariance.errors import InfraError
 
         raise InfraError("llama-server build failed; see build.log")
