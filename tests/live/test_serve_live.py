@@ -55,8 +55,7 @@ def _earned(live_pair: Provisioned, root: Path, model: Path) -> Path:
     certs = list(out.rglob("*__ctx256__N4.json"))
     assert len(certs) == 1, f"run-live exited {code} and wrote {len(certs)} cert(s)"
     assert code == exitcodes.PROMOTABLE, json.loads(certs[0].read_text())["decision_reasons"]
-    cert = certs[0]
-    return cert
+    return certs[0]
 
 
 def _recorded(live_pair: Provisioned, root: Path, model: Path) -> Path:

@@ -78,7 +78,7 @@ class LlamaServerEngine:
     #: ``/props`` reports ``total_slots`` and ``/slots`` shows which are busy.
     reports_slots = True
     #: llama-context pads the KV pool, and a split cache's per-slot share, to 256 tokens.
-    ctx_multiple = 256
+    ctx_multiple = llama_flags.CTX_PAD
     takes_profiles = True
     binary_hint = "path to llama-server"
     #: The one llama-server flag reader's lists (core.llama_flags).
