@@ -71,9 +71,7 @@ def test_too_little_reuse_is_unverified() -> None:
     assert not verdict.gates.cache_arm.ok
     assert any("prompt-cache reuse not proven" in r for r in verdict.decision_reasons)
     # Exactly the required share is enough.
-    enough = decide(
-        with_cache(green_evidence(), cache_pass(reused=low + 1)), DEFAULT_POLICY
-    )
+    enough = decide(with_cache(green_evidence(), cache_pass(reused=low + 1)), DEFAULT_POLICY)
     assert enough.status == "green"
 
 

@@ -8,8 +8,10 @@ logprobs). What it proves needs two things:
 
 * **reuse, proven by the server**: each answer's ``timings.cache_n`` (llama-server) or
   ``usage.prompt_tokens_details.cached_tokens`` (vLLM, SGLang) says how many prompt tokens
-  came from the cache. At least :data:`REQUIRED_REUSE_SHARE` of the answered requests must
-  have reused some; a request that reports nothing counts as not reused. Otherwise the arm
+  came from the cache. A request counts as reusing when it reused at least
+  :data:`MIN_REUSED_TOKENS` (a shared preamble or an earlier turn, not a lone BOS token), and
+  at least :data:`REQUIRED_REUSE_SHARE` of the answered requests must; a request that reports
+  nothing counts as not reused. Otherwise the arm
   proves nothing about the cache and the cell is UNVERIFIED for that claim.
 * **attribution**: a difference counts as the cache's own only on ids where every C pass
   (same N, cache off) matched A bitwise: there, co-batching alone changed nothing. A
@@ -32,6 +34,7 @@ from batch_invariance.core.evidence import ItemMeta, PassRecord, Trial
 from batch_invariance.core.numerics import PairNumerics, compare_pair, evidence_gate
 
 __all__ = [
+    "MIN_REUSED_TOKENS",
     "PAIR_CACHE",
     "REQUIRED_REUSE_SHARE",
     "CacheReuse",
@@ -45,6 +48,8 @@ __all__ = [
 PAIR_CACHE = "A_cache"
 #: At least this share of the cache arm's answered requests must report reused prompt tokens.
 REQUIRED_REUSE_SHARE = Fraction(1, 2)
+#: A request reused its cache when the server reports at least this many prompt tokens.
+MIN_REUSED_TOKENS = 16
 
 #: ``clean``: bitwise equal to A everywhere. ``drift``: tokens or logprobs differ (no scored
 #: field) on ids where every C pass matched A bitwise. ``changed``: a scored field differs on
@@ -59,7 +64,7 @@ class CacheReuse:
 
     ok: bool
     n_answered: int
-    #: Requests that reported reused prompt tokens (``cache_n > 0``).
+    #: Requests that reported at least :data:`MIN_REUSED_TOKENS` reused prompt tokens.
     n_reused: int
     #: Answered requests whose server reported no reuse count at all.
     n_unreported: int
@@ -67,6 +72,7 @@ class CacheReuse:
     tokens_reused: int
     prompt_tokens: int
     required_share: float
+    min_reused_tokens: int
     reason: str
 
 
@@ -100,7 +106,7 @@ def reuse_of(passes: Sequence[PassRecord]) -> CacheReuse:
     """How much the server reused over ``passes``, and whether that is enough."""
     answered = [t for p in passes for t in p.trials.values() if not t.is_transport_failure]
     counts = [_cache_n(t) for t in answered]
-    n_reused = sum(1 for c in counts if c)
+    n_reused = sum(1 for c in counts if c is not None and c >= MIN_REUSED_TOKENS)
     n_unreported = counts.count(None)
     tokens = sum(c for c in counts if c)
     prompt = sum(t.prompt_tokens_measured or 0 for t in answered)
@@ -108,7 +114,8 @@ def reuse_of(passes: Sequence[PassRecord]) -> CacheReuse:
     ok = bool(answered) and Fraction(n_reused, len(answered)) >= REQUIRED_REUSE_SHARE
     silent = f", {n_unreported} reported no reuse count" if n_unreported else ""
     said = (
-        f"{n_reused} of {len(answered)} cache-arm request(s) reused cached prompt tokens "
+        f"{n_reused} of {len(answered)} cache-arm request(s) reused >= {MIN_REUSED_TOKENS} "
+        "cached prompt tokens "
         f"({tokens} of {prompt} prompt tokens, as the server reported){silent}"
     )
     if ok:
@@ -121,7 +128,8 @@ def reuse_of(passes: Sequence[PassRecord]) -> CacheReuse:
             "nothing about the cache (use a work-set with shared preambles or multi-turn "
             "conversations: --cache-shape)"
         )
-    return CacheReuse(ok, len(answered), n_reused, n_unreported, tokens, prompt, share, reason)
+    return CacheReuse(ok, len(answered), n_reused, n_unreported, tokens, prompt, share,
+                      MIN_REUSED_TOKENS, reason)  # fmt: skip
 
 
 def _evidence_problems(passes: Sequence[PassRecord]) -> tuple[str, ...]:

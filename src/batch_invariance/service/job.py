@@ -19,6 +19,7 @@ from batch_invariance.cert.provenance import ProfileRecord
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Endpoint
 from batch_invariance.core.scoring import Scorer
+from batch_invariance.engines.base import PromptCache
 from batch_invariance.errors import UsageError
 from batch_invariance.run.finish import prepare_out_dir
 from batch_invariance.run.records import ModelTemplate
@@ -28,6 +29,7 @@ from batch_invariance.run.workset import (
     bundled_workset_path,
     expand_reps,
     load_workset,
+    shaped_for_cache,
 )
 from batch_invariance.servers import ports
 from batch_invariance.service.profile import ProfileInputs, resolve_profile
@@ -56,6 +58,8 @@ class Measurement:
     serial_repeat: bool
     stop_on_red: bool
     req_timeout: float
+    #: Passes of the prompt-cache arm (0: the cache is not measured).
+    cache_passes: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class LiveCell:
             serial_repeat=m.serial_repeat,
             stop_on_red=m.stop_on_red,
             req_timeout=m.req_timeout,
+            cache_passes=m.cache_passes,
         )
 
     @property
@@ -145,6 +150,17 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
         workset = load_workset(bundled_workset_path(request.bundled_workset))
     else:
         raise UsageError("--workset FILE is required (or --profile NAME --model-alias ALIAS)")
+    if request.cache_shape is not None:
+        if workset is None:
+            raise UsageError("--cache-shape needs a --workset FILE (a profile builds its own)")
+        workset = shaped_for_cache(workset, request.cache_shape)
+    if request.cache_passes and target.attach is not None:
+        raise UsageError(
+            "--cache-arm needs a server the tool launches: the prompt-cache arm runs on its own "
+            "server with the cache on (drop --base-url)"
+        )
+    if request.cache_ram is not None and not request.cache_passes:
+        raise UsageError("--cache-ram sets the prompt-cache arm's server: give --cache-arm too")
     scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
     port_policy = ports.make_policy(request.port, list(request.reserved_ports))
     if request.out_dir is None:
@@ -164,6 +180,7 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
             max_footprint_gb=request.max_footprint_gb,
             cap_parallel=request.cap_parallel,
             kv_layout=request.kv_layout,
+            prompt_cache=PromptCache(request.cache_ram),
         ),
         model_name=name,
         ctx=request.ctx,
@@ -178,6 +195,7 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
             serial_repeat=request.serial_repeat,
             stop_on_red=request.stop_on_red,
             req_timeout=request.req_timeout,
+            cache_passes=request.cache_passes,
         ),
         workset=workset,
         build_workset=builder,
