@@ -5,18 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from factories import (
-    DEFAULT_POLICY,
-    cert_for,
-    changed,
-    concurrent_pass,
-    green_evidence,
-    ids,
-    replace_trial,
-)
-
 from batch_invariance.cert.build import rederive
-from batch_invariance.cert.schema import cert_from_json, cert_to_json, canonical_json
+from batch_invariance.cert.schema import canonical_json, cert_from_json, cert_to_json
 from batch_invariance.core.cache_arm import REQUIRED_REUSE_SHARE, reuse_of
 from batch_invariance.core.evidence import CellEvidence, PassRecord
 from batch_invariance.core.verdict import (
@@ -25,6 +15,15 @@ from batch_invariance.core.verdict import (
     CLASS_CACHE_DRIFT,
     CLASS_CO_BATCHING,
     decide,
+)
+from factories import (
+    DEFAULT_POLICY,
+    cert_for,
+    changed,
+    concurrent_pass,
+    green_evidence,
+    ids,
+    replace_trial,
 )
 
 N_IDS = 32

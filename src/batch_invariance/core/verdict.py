@@ -321,9 +321,9 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
             numerics, status == "green", sens.n_distinct_prompts, sens.n_hot_trials,
             len(evidence.c_passes),
         )  # fmt: skip
-        if cache is not None and cache.status not in ("clean", "unverified"):
-            if not any(r.startswith("prompt-cache arm:") for r in reasons):
-                reasons = [*reasons, f"prompt-cache arm: {cache.reason}"]
+        said_cache = any(r.startswith("prompt-cache arm:") for r in reasons)
+        if cache is not None and cache.status not in ("clean", "unverified") and not said_cache:
+            reasons = [*reasons, f"prompt-cache arm: {cache.reason}"]
         return Verdict(
             status, cls, anomaly, tuple(reasons), reports, gates, sens,
             replace(numerics, statement=said), cache,
@@ -440,7 +440,5 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
 
     # 5. GREEN.
     green = verdict("green", None, None, [met, "AB clean, no token-only differences"])
-    tail = (green.numerics.statement,)
-    if cache is not None:
-        tail = (*tail, cache.reason)
+    tail = (green.numerics.statement, *(() if cache is None else (cache.reason,)))
     return replace(green, decision_reasons=(*green.decision_reasons, *tail))

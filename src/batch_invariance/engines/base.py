@@ -20,11 +20,11 @@ from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 __all__ = [
     "CacheEvidence",
-    "PromptCache",
     "Engine",
     "KvLayout",
     "LaunchCommand",
     "LaunchRequest",
+    "PromptCache",
     "flag_conflicts",
     "passthrough_env",
 ]

@@ -90,11 +90,10 @@ def run_cache_arm(
             for note in own.items:
                 if _REUSE_NOTE not in note:
                     notes.add(note)
-            passes.append(
-                PassRecord(
-                    index, trials, result.server_busy_max, result.busy_source, result.order
-                )  # fmt: skip
+            measured = PassRecord(
+                index, trials, result.server_busy_max, result.busy_source, result.order
             )
+            passes.append(measured)
             differ = compare("A_cache", a_trials, [(index, trials)]).divergent_ids
             failed = sum(1 for t in trials.values() if t.is_transport_failure)
             sink.done(ArmReport(len(trials), failed, 0, len(differ), len(a_trials)))

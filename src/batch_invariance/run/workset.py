@@ -25,7 +25,6 @@ from batch_invariance.core.workitem import WorkItem, duplicate_prompts, rep_id
 from batch_invariance.errors import UsageError
 
 __all__ = [
-    "shaped_for_cache",
     "BUNDLED_WORKSETS",
     "ChatMessage",
     "WorkRow",
@@ -35,6 +34,7 @@ __all__ = [
     "items_to_row",
     "load_workset",
     "parse_workset",
+    "shaped_for_cache",
     "workset_from_items",
 ]
 
@@ -186,8 +186,8 @@ def workset_from_items(items: Sequence[WorkItem], source: str) -> Workset:
 
 
 def shaped_for_cache(workset: Workset, turns: int) -> Workset:
-    """``workset`` in the prompt-cache shape (``--cache-shape``): its rows as conversations of
-    ``turns`` behind one shared preamble (:func:`~batch_invariance.core.cache_shape.cache_shaped`)."""
+    """``workset`` in the prompt-cache shape (``--cache-shape``): its rows as conversations
+    of ``turns`` behind one shared preamble (:func:`core.cache_shape.cache_shaped`)."""
     items = cache_shaped(workset.items, turns)
     return workset_from_items(items, f"{workset.source} (prompt-cache shape, {turns} turns)")
 

@@ -139,11 +139,11 @@ class EngineLauncher:
         max_footprint_gb: float | None = None,
         cap_parallel: int | None = None,
         kv_layout: KvLayout = "split",
-        prompt_cache: PromptCache = PromptCache(),
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.engine = engine
         #: How the prompt-cache arm's server (``arm="cache"``) runs its cache.
-        self.prompt_cache = prompt_cache
+        self.prompt_cache = prompt_cache or PromptCache()
         self.server_bin = server_bin
         self.model = model
         self.log_dir = log_dir

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -62,7 +62,7 @@ class LaunchOptions:
     #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
     kv_layout: KvLayout = "split"
     #: How the prompt-cache arm's server runs its cache (when the arm runs).
-    prompt_cache: PromptCache = PromptCache()
+    prompt_cache: PromptCache = field(default_factory=PromptCache)
 
 
 @dataclass(frozen=True)
