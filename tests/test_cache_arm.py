@@ -162,3 +162,29 @@ def test_cert_without_the_cache_arm_has_no_block() -> None:
     assert verdict.prompt_cache is None
     assert "prompt_cache" not in data and "cache_passes" not in data["evidence"]
     assert "prompt_cache_arm" not in data["gates"]
+
+
+def test_b_sample_gate_needs_c_bitwise_equal_to_a_and_a_large_enough_sample() -> None:
+    from batch_invariance.core.b_sample import sample_ids
+
+    ev = green_evidence()
+    sample = sample_ids(ids(N_IDS), 0)
+    sampled = replace(ev, b={t: ev.b[t] for t in sample}, b_ids=sample)
+    assert len(sample) == 8
+    assert decide(sampled, DEFAULT_POLICY).status == "green"
+    # Too small a sample is the old rule: only RED can rest on it.
+    small = replace(sampled, b={t: ev.b[t] for t in sample[:7]}, b_ids=sample[:7])
+    assert decide(small, DEFAULT_POLICY).status == "green_unverified"
+    # C drifting from A (logprobs only) makes the sample insufficient.
+    trial = ev.c_passes[0].trials["t001"]
+    assert trial.token_logprobs is not None
+    moved = changed(
+        trial, token_logprobs=(trial.token_logprobs[0] + 1e-7, *trial.token_logprobs[1:])
+    )
+    drifting = replace_trial(sampled, "C", "t001", moved)
+    verdict = decide(drifting, DEFAULT_POLICY)
+    assert not verdict.gates.b_scope.ok and verdict.status == "green_unverified"
+    # A B difference on the sample still makes the cell AMBER.
+    b_trial = changed(ev.b[sample[0]], extracted_answer="other")
+    amber = replace(sampled, b={**sampled.b, sample[0]: b_trial})
+    assert decide(amber, DEFAULT_POLICY).status == "green_with_caveat"

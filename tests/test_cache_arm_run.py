@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from batch_invariance.core.b_sample import sample_size
 from batch_invariance.core.cache_shape import PREAMBLE, cache_shaped
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.core.plan import CellPlan
@@ -123,3 +124,26 @@ def test_without_the_arm_nothing_changes(passes: int) -> None:
     cell, verdict, launcher = run(MockKnobs(), cache_passes=passes)
     assert launcher.launches == 2 and cell.evidence.cache_passes is None
     assert verdict.prompt_cache is None
+
+
+def test_b_on_a_seeded_sample_pays_for_the_cache_arm_when_c_equals_a_bitwise() -> None:
+    plan = CellPlan(
+        items=SHAPED, ctx=2048, parallel=4, gate_passes=2, n_predict=128, endpoint="chat",
+        req_timeout=30.0, cache_passes=1, b_sample=True,
+    )  # fmt: skip
+    cell = run_cell(plan, MockLauncher(MockKnobs()), ExactMatchScorer())
+    verdict = decide(cell.evidence, GatePolicy())
+    assert cell.evidence.b_ids is not None and len(cell.evidence.b_ids) == sample_size(40) == 10
+    assert len(cell.evidence.b) == 10
+    assert verdict.gates.b_scope.ok and "sample of 10 of 40" in verdict.gates.b_scope.reason
+    assert verdict.status == "green", verdict.decision_reasons
+    assert cell.schedule is not None and "seeded sample" in (cell.schedule.b_reason or "")
+
+
+def test_b_sample_is_never_taken_when_co_batching_moved_the_numerics() -> None:
+    plan = CellPlan(
+        items=SHAPED, ctx=2048, parallel=4, gate_passes=1, n_predict=128, endpoint="chat",
+        req_timeout=30.0, cache_passes=1, b_sample=True,
+    )  # fmt: skip
+    cell = run_cell(plan, MockLauncher(MockKnobs(numeric_drift=1e-4)), ExactMatchScorer())
+    assert cell.evidence.b_ids is None and len(cell.evidence.b) == 40

@@ -104,6 +104,8 @@ class CellPlan:
     stop_on_red: bool = False
     #: Passes of the prompt-cache arm (``core.cache_arm``): 0 leaves the cache unmeasured.
     cache_passes: int = 0
+    #: Run B on a seeded sample when every C pass equals A bitwise (``core.b_sample``).
+    b_sample: bool = False
 
     @property
     def n_requests(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from batch_invariance.cert.provenance import ScheduleRecord
+from batch_invariance.core.b_sample import bitwise_equal_everywhere, sample_ids
 from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
@@ -282,7 +283,13 @@ def run_parallel(
             return arm_b.trials
 
         first_ids = b_first_ids(a_trials, c.passes)
-        if first_ids is None:
+        sample = _b_sample(plan, a_trials, c.passes) if first_ids is None else None
+        if sample is not None:
+            wanted = set(sample.b_ids or ())
+            b_trials = serial_b([i for i in plan.items if i.test_id in wanted])
+            sink.extend(-(len(plan.items) - len(wanted)))
+            scope = sample
+        elif first_ids is None:
             b_trials = serial_b(plan.items)
         else:
             wanted = set(first_ids)
@@ -307,6 +314,23 @@ def run_parallel(
         c.red_proof,
         b_ids=b_ids,
         b_reason="B ran on every id: AC was clean" if scope is None else scope.reason,
+    )
+
+
+def _b_sample(
+    plan: CellPlan, a_trials: Mapping[str, Trial], passes: Sequence[PassRecord]
+) -> BScope | None:
+    """B's seeded sample when the plan asks for one and every C pass equals A bitwise."""
+    if not plan.b_sample or not bitwise_equal_everywhere(a_trials, passes):
+        return None
+    ids = sample_ids([i.test_id for i in plan.items], plan.seed)
+    if len(ids) == len(plan.items):
+        return None
+    return BScope(
+        ids,
+        False,
+        f"B ran on a seeded sample of {len(ids)} of {len(plan.items)} id(s): every C pass "
+        "equals A bitwise at every compared position",
     )
 
 

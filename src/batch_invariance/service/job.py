@@ -106,6 +106,8 @@ class LiveCell:
             stop_on_red=m.stop_on_red,
             req_timeout=m.req_timeout,
             cache_passes=m.cache_passes,
+            # What pays for the prompt-cache arm (core.b_sample).
+            b_sample=m.cache_passes > 0,
         )
 
     @property
