@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
 #: Action metadata: the composite action and the install sub-action.
 ACTIONS = ["action.yml", "install/action.yml"]
 #: Shell scripts the action, its image build and the CI stages run.

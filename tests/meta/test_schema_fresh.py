@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from batch_invariance.cert.schema import cert_to_json, schema_text
-from factories import cert_for
+from tests.support.factories import cert_for
+from tests.support.paths import REPO
 
-SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "cert.schema.json"
+SCHEMA = REPO / "docs" / "cert.schema.json"
 
 
 def test_schema_file_is_fresh() -> None:

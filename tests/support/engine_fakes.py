@@ -11,10 +11,10 @@ vLLM's ``vllm:iteration_tokens_total`` histogram advances with the requests serv
 ``$FAKE_ENGINE_WITNESS=0`` and ``$FAKE_ENGINE_KNOBS`` (JSON of :class:`MockKnobs` fields) set
 the same for the stand-in executable.
 
-Run as a script (``python engine_fakes.py -m vllm.entrypoints.openai.api_server --model M
---max-num-seqs N ... --port P``) it is
-a stand-in executable for the engine's own command line: it checks the flags the adapter must
-pass, writes what it was started with to ``$FAKE_ENGINE_RECORD``, and serves until SIGTERM.
+Run as a script (``python tests/support/engine_fakes.py -m vllm.entrypoints.openai.api_server
+--model M --max-num-seqs N ... --port P``) it is a stand-in executable for the engine's own
+command line: it checks the flags the adapter must pass, writes what it was started with to
+``$FAKE_ENGINE_RECORD``, and serves until SIGTERM.
 """
 
 from __future__ import annotations

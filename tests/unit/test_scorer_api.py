@@ -18,8 +18,9 @@ from batch_invariance.scorer_api import (
     evaluate,
     load_scorer,
 )
+from tests.support.paths import EXAMPLES
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "scorer.py"
+EXAMPLE = EXAMPLES / "scorer.py"
 ITEM = WorkItem("q", "What is 6 * 7?", None, expected_answer="42")
 
 

@@ -30,9 +30,9 @@ from batch_invariance.action import entrypoint as action
 from batch_invariance.action import inputs as action_inputs
 from batch_invariance.action import outputs as action_outputs
 from batch_invariance.cert import render
-from factories import load_cert
+from tests.support.factories import load_cert
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
 WORKFLOW_REF = "octo/repo/.github/workflows/cell.yml@refs/heads/main"
 
@@ -580,7 +580,7 @@ def test_the_engine_input_runs_that_engine_through_the_same_request(
     from batch_invariance.action.inputs import live_request
     from batch_invariance.cli import build_parser
     from batch_invariance.commands.cell_options import request_from_args
-    from test_engines_cell import stand_in
+    from tests.unit.engines.test_engine_cells import stand_in
 
     monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps({"token_delay_s": 0.005}))
     small = {"gate-passes": "1", "reps": "1", "n-predict": "8"}

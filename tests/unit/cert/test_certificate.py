@@ -30,7 +30,7 @@ from batch_invariance.cert.schema import (
 from batch_invariance.cert.verify import cert_is_green, is_promotable
 from batch_invariance.core.evidence import INVARIANT_FIELDS, GatePolicy, Trial
 from batch_invariance.core.verdict import decide
-from factories import (
+from tests.support.factories import (
     PROVENANCE,
     TS,
     cert_for,

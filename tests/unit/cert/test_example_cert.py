@@ -14,13 +14,9 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
+from tests.support.paths import EXAMPLES
 
-CERT = (
-    Path(__file__).resolve().parents[1]
-    / "examples"
-    / "certs"
-    / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
-)
+CERT = EXAMPLES / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
 
 
 def test_the_example_cert_verifies_as_a_red(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,7 @@ from batch_invariance.core.evidence import (
     GatePolicy,
     policy_problems,
 )
-from factories import cert_for, green_evidence
+from tests.support.factories import cert_for, green_evidence
 
 
 def test_defaults_are_the_documented_numbers_and_acceptable() -> None:

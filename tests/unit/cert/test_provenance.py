@@ -15,9 +15,10 @@ from batch_invariance.cert.provenance import ModelFileRecord, Provenance
 from batch_invariance.cert.schema import canonical_json, compute_digest
 from batch_invariance.cert.store import render, write_cert
 from batch_invariance.cli import main
-from factories import cert_for
+from tests.support.factories import cert_for
+from tests.support.paths import EXAMPLES
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "certs"
+EXAMPLE = EXAMPLES / "certs"
 
 
 def test_the_example_certs_provenance_reads_back_exactly() -> None:

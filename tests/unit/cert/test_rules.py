@@ -18,7 +18,14 @@ from batch_invariance.cert.store import render, write_cert
 from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_built, verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import GatePolicy
-from factories import cert_for, green_evidence, live_provenance, load_cert, server_argv, spec
+from tests.support.factories import (
+    cert_for,
+    green_evidence,
+    live_provenance,
+    load_cert,
+    server_argv,
+    spec,
+)
 
 
 def _mock_cert(tmp_path: Path) -> Cert:

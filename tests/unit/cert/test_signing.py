@@ -45,11 +45,16 @@ from batch_invariance.cert.signing import (
     sign_file,
 )
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
-from factories import cert_for
-from test_action import FakeSigner, fake_github_jwt, oidc_endpoint, with_process_env
+from tests.support.factories import cert_for
+from tests.support.paths import SHARED_FIXTURES
+from tests.unit.action.test_entrypoint import (
+    FakeSigner,
+    fake_github_jwt,
+    oidc_endpoint,
+    with_process_env,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "sigstore"
+FIXTURES = SHARED_FIXTURES / "sigstore"
 WHEEL = "rfc8785-0.1.2-py3-none-any.whl"
 IDENTITY = (
     "https://github.com/trailofbits/rfc8785.py/.github/workflows/release.yml@refs/tags/v0.1.2"
@@ -289,7 +294,7 @@ def test_sign_file_writes_bundle_atomically_and_keeps_old_one_on_failure(tmp_pat
 
 # --------------------------------------------------------------------------- in-toto attestation
 
-DSSE = REPO.parent / "shared" / "fixtures" / "sigstore-dsse"
+DSSE = SHARED_FIXTURES / "sigstore-dsse"
 DSSE_BUNDLE = DSSE / "a.dsse.staging-rekor-v2.txt.sigstore.json"
 DSSE_IDENTITY = (
     "https://github.com/sigstore-conformance/extremely-dangerous-public-oidc-beacon/"

@@ -12,7 +12,7 @@ import pytest
 from batch_invariance.cert.store import cert_path, render, write_cert
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.errors import InfraError
-from factories import cert_for, green_evidence, load_cert, spec
+from tests.support.factories import cert_for, green_evidence, load_cert, spec
 
 
 def test_cert_path_layout_and_unsafe_names(tmp_path: Path) -> None:

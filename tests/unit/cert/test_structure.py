@@ -17,7 +17,7 @@ from batch_invariance import exitcodes
 from batch_invariance.cert.store import write_cert
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellEvidence, ItemMeta
-from factories import cert_for, concurrent_pass, green_evidence, replace_pass
+from tests.support.factories import cert_for, concurrent_pass, green_evidence, replace_pass
 
 
 def _verify(tmp_path: Path, evidence: CellEvidence, capsys: pytest.CaptureFixture[str]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cli import main
-from report_fixtures import mock_cert
+from tests.support.report_fixtures import mock_cert
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from batch_invariance.cli import main
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import parse_info
-from fakes_live import fake_cell_files
+from tests.support.fakes_live import fake_cell_files
 
 
 @pytest.fixture()

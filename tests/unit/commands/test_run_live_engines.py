@@ -14,8 +14,8 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.workset import items_to_row
-from test_driver import ITEMS
-from test_engines_cell import stand_in
+from tests.unit.engines.test_engine_cells import stand_in
+from tests.unit.run.test_cell import ITEMS
 
 
 @pytest.fixture()

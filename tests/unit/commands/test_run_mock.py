@@ -10,10 +10,8 @@ import pytest
 
 from batch_invariance.cert.certificate import cert_is_green, is_promotable
 from batch_invariance.cli import main
-from factories import load_cert
-
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "examples"
+from tests.support.factories import load_cert
+from tests.support.paths import EXAMPLES
 
 
 def test_default_mode_earns_green_with_source_mock(

@@ -20,7 +20,7 @@ from batch_invariance import exitcodes
 from batch_invariance.cli import main
 from batch_invariance.core.server_env import is_engine_variable
 from batch_invariance.deploy.serve_plan import ServeRefused, serve_argv
-from test_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
+from tests.unit.deploy.test_check_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
 
 MEASURED = (
     "/opt/llama-server", "--model", "/m/a.gguf", "--host", "127.0.0.1", "--port", "4711",

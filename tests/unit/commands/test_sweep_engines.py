@@ -12,8 +12,8 @@ import pytest
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.run.workset import items_to_row
-from test_driver import ITEMS
-from test_engines_cell import stand_in
+from tests.unit.engines.test_engine_cells import stand_in
+from tests.unit.run.test_cell import ITEMS
 
 
 @pytest.fixture()
@@ -130,7 +130,7 @@ def test_sweep_engine_usage_errors_exit_2_with_one_line(
 def test_a_gguf_engine_gets_the_memory_guard_before_any_launch(
     vllm_cell: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fakes_live import dense_meta, write_gguf
+    from tests.support.fakes_live import dense_meta, write_gguf
 
     model = write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20)
     python = stand_in(tmp_path, "python")

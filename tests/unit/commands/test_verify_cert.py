@@ -11,7 +11,7 @@ from batch_invariance.cert.schema import compute_digest
 from batch_invariance.cert.store import write_cert
 from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.cli import main
-from factories import cert_for, changed, green_evidence, replace_trial
+from tests.support.factories import cert_for, changed, green_evidence, replace_trial
 
 
 def _write(tmp_path: Path, **kw: object) -> Path:

@@ -19,8 +19,8 @@ from batch_invariance.core.schedule import (
 )
 from batch_invariance.core.verdict import CLASS_CO_BATCHING, CLASS_SLOT, decide
 from batch_invariance.mock import MockKnobs
-from factories import cert_for, green_evidence
-from test_sweep import _sweep
+from tests.support.factories import cert_for, green_evidence
+from tests.unit.service.test_sweep import _sweep
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens.
 POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)

@@ -26,7 +26,8 @@ from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.records import ModelTemplate
 from batch_invariance.run.workset import items_to_row
 from batch_invariance.scorer_api import ExactMatchScorer
-from factories import cert_for
+from tests.support.factories import cert_for
+from tests.support.paths import GOLDEN
 
 ITEMS = (WorkItem("fr", "What is the capital of France?", None, expected_answer="Paris"),)
 CHAT_ROW = WorkItem("m", None, (("user", "hi"),))
@@ -49,7 +50,7 @@ def test_a_model_without_a_template_warns_and_names_both_fixes() -> None:
 
 #: ``GET /props`` (trimmed to ``chat_template``) from the real llama-server 11434.0.0 serving
 #: Gemma 3 270M, a model without a template of its own, as it came over the wire.
-REAL_PROPS = Path(__file__).parent / "golden" / "real_props_gemma3_270m.json"
+REAL_PROPS = GOLDEN / "real_props_gemma3_270m.json"
 
 
 def test_the_fallback_text_is_what_the_real_server_reports() -> None:

@@ -23,8 +23,8 @@ from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, P
 from batch_invariance.core.gates import cobatched_flags
 from batch_invariance.core.verdict import decide
 from batch_invariance.core.workitem import row_id
-from test_core_fast_paths import FAST, reference_depth, trials, twins
-from test_gates import brute_cobatched as brute_cobatched_flags
+from tests.unit.core.test_fast_paths import FAST, reference_depth, trials, twins
+from tests.unit.core.test_gates import brute_cobatched as brute_cobatched_flags
 
 #: Ids with repetitions of one prompt (``#rK``), so distinct prompts and hot pairs differ.
 IDS = ["p0", "p1", "p1#r1", "p1#r2", "p2#r1", "p3"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batch_invariance.core.diff import EXCERPT_CHARS, compare, diff_pair, first_divergent_token
 from batch_invariance.core.evidence import INVARIANT_FIELDS, ItemMeta
-from factories import changed, make_trial, transport_failure
+from tests.support.factories import changed, make_trial, transport_failure
 
 
 def _maps(n: int = 4) -> dict[str, object]:

@@ -31,7 +31,7 @@ from batch_invariance.core.gates import (
     transport_gate,
 )
 from batch_invariance.core.sample import hot_trials
-from factories import make_trial, transport_failure
+from tests.support.factories import make_trial, transport_failure
 
 FAST = settings(
     max_examples=150,

@@ -10,7 +10,7 @@ import pytest
 from batch_invariance.core import gates as g
 from batch_invariance.core import sample
 from batch_invariance.core.evidence import GatePolicy, PassRecord
-from factories import (
+from tests.support.factories import (
     changed,
     concurrent_pass,
     green_evidence,

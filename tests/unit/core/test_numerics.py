@@ -17,7 +17,7 @@ from batch_invariance.core.numerics import (
     evidence_gate,
 )
 from batch_invariance.core.verdict import decide
-from factories import (
+from tests.support.factories import (
     cert_for,
     changed,
     green_evidence,

@@ -22,7 +22,7 @@ from batch_invariance.core.evidence import (
 )
 from batch_invariance.core.gates import cobatched_flags
 from batch_invariance.core.verdict import decide
-from factories import cert_for, changed, green_evidence, make_trial, transport_failure
+from tests.support.factories import cert_for, changed, green_evidence, make_trial, transport_failure
 
 FAST = settings(
     max_examples=60,
@@ -309,7 +309,7 @@ def test_no_random_object_with_green_live_keys_is_promotable(extra: dict[str, An
 def test_build_cert_is_deterministic() -> None:
     ev = green_evidence()
     v = decide(ev, POLICY)
-    from factories import PROVENANCE, TS, spec
+    from tests.support.factories import PROVENANCE, TS, spec
 
     a = build_cert(ev, v, spec(), POLICY, PROVENANCE, "live", TS)
     b = build_cert(ev, v, spec(), POLICY, PROVENANCE, "live", TS)

@@ -10,7 +10,7 @@ from batch_invariance.core.evidence import GatePolicy, PassRecord
 from batch_invariance.core.schedule import red_proof, serial_repeat_decision
 from batch_invariance.core.verdict import decide
 from batch_invariance.service.mock_cell import MockRequest, run_mock_cell
-from factories import green_evidence, serial_map
+from tests.support.factories import green_evidence, serial_map
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.
 POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)

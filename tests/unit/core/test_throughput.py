@@ -16,7 +16,7 @@ from batch_invariance.cert.schema import (
 from batch_invariance.cert.verify import verify_text
 from batch_invariance.core.throughput import throughput_of_arms
 from batch_invariance.core.verdict import decide
-from factories import DEFAULT_POLICY, TS, green_evidence, live_provenance, spec
+from tests.support.factories import DEFAULT_POLICY, TS, green_evidence, live_provenance, spec
 
 
 def _arm(arm: str, wall_s: float, tokens: int, n: int = 10, ms: float = 0.0) -> dict[str, object]:

@@ -8,7 +8,7 @@ import pytest
 
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
 from batch_invariance.core.verdict import decide
-from factories import (
+from tests.support.factories import (
     changed,
     concurrent_pass,
     green_evidence,

@@ -38,9 +38,10 @@ from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.deploy.cells import load_deploy_cells
 from batch_invariance.deploy.gate import BundleVerifier, check_cells
 from batch_invariance.errors import CertInvalid, UsageError
+from tests.support.paths import SHARED_FIXTURES
 
 MODEL = "gemma-3-270m-q4_k_m"
-SIGSTORE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sigstore"
+SIGSTORE = SHARED_FIXTURES / "sigstore"
 MEASURED_FLAGS = ("-ub", "1")
 OK_FLAGS = "-c 4096 -np 4 -ub 1 --cache-ram 0"
 
@@ -95,7 +96,7 @@ def _live_cert(
     from batch_invariance.core.evidence import CellSpec
     from batch_invariance.core.verdict import decide
     from batch_invariance.engines.llama_server import kv_label
-    from factories import green_evidence
+    from tests.support.factories import green_evidence
 
     chosen = policy or GatePolicy()
     evidence = green_evidence()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
-from test_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
+from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
 
 NEUTRAL = "--host 0.0.0.0 --port 8080 --api-key team#42 --metrics --timeout 30"
 

@@ -1,9 +1,9 @@
 """What a cert covers in a deploy (issue 17 §4): the server build, the answer-length scope of
 an uncapped deploy, and the repository a signature was made for.
 
-The certs are the same promotable live certs ``tests/test_deploy.py`` builds (the verdict
-decided by the core; a server binary and model file in tmp recorded in the provenance). The
-repository rule is checked against the real public sigstore bundle in
+The certs are the same promotable live certs ``tests/unit/deploy/test_check_deploy.py`` builds
+(the verdict decided by the core; a server binary and model file in tmp recorded in the
+provenance). The repository rule is checked against the real public sigstore bundle in
 ``../shared/fixtures/sigstore`` (its certificate's source-repository claim is
 ``https://github.com/trailofbits/rfc8785.py``).
 """
@@ -37,7 +37,7 @@ from batch_invariance.commands.check_deploy import signing_policy
 from batch_invariance.deploy.cells import load_deploy_cells
 from batch_invariance.deploy.gate import check_cells
 from batch_invariance.errors import CertInvalid, UsageError
-from test_deploy import MODEL, OK_FLAGS, SIGSTORE, _live_cert, deploy_files
+from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, SIGSTORE, _live_cert, deploy_files
 
 WHEEL = "rfc8785-0.1.2-py3-none-any.whl"
 RELEASE_SAN = (

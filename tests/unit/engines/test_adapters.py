@@ -15,7 +15,7 @@ from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_fo
 from batch_invariance.engines.sglang import SglangEngine
 from batch_invariance.engines.vllm import VllmEngine
 from batch_invariance.errors import UsageError
-from engine_fakes import fake_engine
+from tests.support.engine_fakes import fake_engine
 
 M = Path("/models/m")
 

@@ -24,18 +24,17 @@ from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import ARM_A_NOTE, AttachLauncher, attach_target
 from batch_invariance.servers.launch import EngineLauncher
-from engine_fakes import fake_engine
-from test_driver import ITEMS, POLICY, plan
-
-TESTS = Path(__file__).resolve().parent
+from tests.support import engine_fakes
+from tests.support.engine_fakes import fake_engine
+from tests.unit.run.test_cell import ITEMS, POLICY, plan
 
 
 def stand_in(tmp_path: Path, name: str) -> Path:
     """An executable named like the engine's command that runs the protocol fake."""
     exe = tmp_path / name
     exe.write_text(
-        f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(TESTS)!r})\n"
-        "import engine_fakes\nengine_fakes.main(sys.argv[1:])\n"
+        f"#!{sys.executable}\nimport runpy\n"
+        f"runpy.run_path({engine_fakes.__file__!r}, run_name='__main__')\n"
     )
     exe.chmod(0o755)
     return exe

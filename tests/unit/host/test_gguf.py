@@ -10,7 +10,7 @@ import pytest
 
 from batch_invariance.errors import UsageError
 from batch_invariance.host.gguf import cached_sha256, parse_info, read_metadata, sha256_file
-from fakes_live import dense_meta, write_gguf
+from tests.support.fakes_live import dense_meta, write_gguf
 
 
 def test_dense_model_geometry(tmp_path: Path) -> None:

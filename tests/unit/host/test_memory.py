@@ -12,7 +12,7 @@ from batch_invariance.errors import GuardRefused
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.host.memory import GIB, HostMemory
-from fakes_live import dense_meta, write_gguf
+from tests.support.fakes_live import dense_meta, write_gguf
 
 
 @pytest.fixture()

@@ -21,7 +21,7 @@ from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.host.gguf import sha256_file
 from batch_invariance.provision import embedded as prov
 from batch_invariance.provision import sdist
-from fakes_live import fake_server
+from tests.support.fakes_live import fake_server
 
 REAL_MODEL = Path.home() / ".cache" / "batch-invariance" / "models" / prov.MODEL_FILE
 

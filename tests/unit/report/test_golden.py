@@ -1,23 +1,21 @@
 """Golden outputs of ``report --format md`` and ``--format json`` (human- and machine-facing).
 
-Regenerate after an intended change with ``BI_UPDATE_GOLDEN=1 pytest tests/test_report_golden.py``
-and review the diff.
+Regenerate after an intended change with
+``BI_UPDATE_GOLDEN=1 pytest tests/unit/report/test_golden.py`` and review the diff.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from batch_invariance.report.markdown import render_markdown
 from batch_invariance.report.model import build_report
 from batch_invariance.report.summary import render_json
-from report_fixtures import sweep_inputs
-
-GOLDEN = Path(__file__).parent / "golden"
+from tests.support.paths import GOLDEN
+from tests.support.report_fixtures import sweep_inputs
 
 
 def _check(name: str, text: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batch_invariance.report.html import render_html
 from batch_invariance.report.model import build_report
-from report_fixtures import loaded, red_data, sweep_inputs
+from tests.support.report_fixtures import loaded, red_data, sweep_inputs
 
 
 def test_every_cert_value_is_escaped() -> None:

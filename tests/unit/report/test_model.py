@@ -12,7 +12,7 @@ from batch_invariance.report.divergence import TIE_FLIP_MARGIN, flip_kind
 from batch_invariance.report.model import LoadedCert, Signature, build_report, rate_figure
 from batch_invariance.report.plot import frame_for, nice_ceiling, nice_rate_max, rate_plot
 from batch_invariance.report.views import answer_length_text, signature_text, speedup_text
-from report_fixtures import green_data, loaded, red_data, sweep_inputs
+from tests.support.report_fixtures import green_data, loaded, red_data, sweep_inputs
 
 PKG = Path(batch_invariance.__file__).parent
 PURE_REPORT_MODULES = (

@@ -2,8 +2,8 @@
 
 Each view of a fixed GREEN and a fixed RED cert is compared byte for byte with
 ``tests/golden/<name>``. After an intended change to a view, regenerate with
-``BATCH_INVARIANCE_REGEN_GOLDEN=1 python -m pytest tests/test_render_golden.py`` and review
-the diff of ``tests/golden/`` like code.
+``BATCH_INVARIANCE_REGEN_GOLDEN=1 python -m pytest tests/unit/report/test_render_golden.py``
+and review the diff of ``tests/golden/`` like code.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from batch_invariance.run.finish import FinishedCell
 from batch_invariance.run.progress import Progress
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
-from factories import cert_for, changed, green_evidence, replace_pass, replace_trial
-from test_driver import plan as driver_plan
+from tests.support.factories import cert_for, changed, green_evidence, replace_pass, replace_trial
+from tests.support.paths import GOLDEN
+from tests.unit.run.test_cell import plan as driver_plan
 
-GOLDEN = Path(__file__).parent / "golden"
 REGEN_ENV = "BATCH_INVARIANCE_REGEN_GOLDEN"
 CERT_PATH = Path("/certs/tiny-model__ctx2048__N4.json")
 OLD_PATH = Path("/certs/tiny-model__ctx2048__N4.superseded-1.json")
@@ -159,7 +159,7 @@ def test_dry_run_plan(tmp_path: Path) -> None:
     from batch_invariance.service.dry_run import dry_run
     from batch_invariance.service.job import prepare
     from batch_invariance.service.request import LiveRequest
-    from fakes_live import dense_meta, fake_server, write_gguf
+    from tests.support.fakes_live import dense_meta, fake_server, write_gguf
 
     ws = tmp_path / "ws.json"
     ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(5)]))

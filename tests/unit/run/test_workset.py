@@ -17,8 +17,9 @@ from batch_invariance.run.workset import (
     parse_workset,
     workset_from_items,
 )
+from tests.support.paths import EXAMPLES
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "workset.json"
+EXAMPLE = EXAMPLES / "workset.json"
 
 
 def _error(data: Any) -> str:

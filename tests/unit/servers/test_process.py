@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -30,12 +29,11 @@ from batch_invariance.servers.binary import identify_binary
 from batch_invariance.servers.launch import EngineLauncher
 from batch_invariance.servers.process import ServerProcess
 from batch_invariance.servers.spawn import log_tail
-from fakes_live import (
+from tests.support.fakes_live import (
     dense_meta,
     exiting_server,
     fake_server,
     group_alive,
-    start_decoy,
     write_gguf,
 )
 
@@ -43,15 +41,6 @@ from fakes_live import (
 @pytest.fixture()
 def model(tmp_path: Path) -> Path:
     return write_gguf(tmp_path / "tiny.gguf", dense_meta())
-
-
-@pytest.fixture()
-def decoy(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A process named ``llama-server`` this test started; it must survive every path."""
-    proc = start_decoy(tmp_path / "decoy", 300)
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 LLAMA = LlamaServerEngine()

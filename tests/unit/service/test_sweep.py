@@ -31,7 +31,7 @@ from batch_invariance.run.workset import bundled_workset_path, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.sweep import parse_parallels
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
-from fakes_live import fake_cell_files
+from tests.support.fakes_live import fake_cell_files
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.
 POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)
