@@ -42,7 +42,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     opt_out = [m for m in OPT_IN if not re.search(rf"\b{m}\b", named)]
     if not opt_out:
         return
-    kept, dropped = [], []
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
         (dropped if any(item.get_closest_marker(m) for m in opt_out) else kept).append(item)
     if dropped:
