@@ -23,10 +23,10 @@ import pytest
 import requests
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.render import live_banner
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
+from batch_invariance.report.render import live_banner
 from batch_invariance.service.live import run_live_cell
 from fakes_live import exiting_server, group_alive, start_decoy
 

@@ -11,7 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
-from batch_invariance.core.chat_template import LLAMA_CPP_CHATML_FALLBACK
+from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.mock.knobs import Busy, Generation
 from batch_invariance.mock.oracle import token_id, tokenize
 

@@ -20,7 +20,6 @@ from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Endpoint
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import UsageError
-from batch_invariance.run.finish import prepare_out_dir
 from batch_invariance.run.records import ModelTemplate
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import (
@@ -30,6 +29,7 @@ from batch_invariance.run.workset import (
     load_workset,
 )
 from batch_invariance.servers import ports
+from batch_invariance.service.finish import prepare_out_dir
 from batch_invariance.service.profile import ProfileInputs, resolve_profile
 from batch_invariance.service.request import LiveRequest
 from batch_invariance.service.target import (

@@ -15,11 +15,12 @@ from typing import Any, NamedTuple
 
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host import memory
-from batch_invariance.run.cell import ServerLauncher, run_cell
-from batch_invariance.run.finish import FinishedCell, finish_cell
+from batch_invariance.run.cell import run_cell
 from batch_invariance.run.progress import ProgressSink
+from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.workset import Workset
+from batch_invariance.service.finish import FinishedCell, finish_cell
 from batch_invariance.service.job import LiveCell, prepare
 from batch_invariance.service.provenance import provenance_for
 from batch_invariance.service.request import LiveRequest

@@ -23,9 +23,10 @@ from batch_invariance.engines.base import Engine, KvLayout, flag_conflicts
 from batch_invariance.engines.registry import ENGINES, engine_for
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
-from batch_invariance.host.gguf import GgufInfo, cached_sha256, parse_info
+from batch_invariance.host.file_hash import cached_sha256
+from batch_invariance.host.gguf import GgufInfo, parse_info
 from batch_invariance.provision.embedded import cache_root
-from batch_invariance.run.cell import ServerLauncher
+from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, AttachTarget, attach_target
 from batch_invariance.servers.binary import BinaryIdentity, identify_binary

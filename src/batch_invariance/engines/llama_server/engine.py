@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.core import llama_flags
-from batch_invariance.core.llama_flags import FlagError, read_flags
 from batch_invariance.engines.base import CacheEvidence, KvLayout, LaunchCommand, LaunchRequest
-from batch_invariance.run.dispatch import BusyProbe, PassCounter, llama_server_probes
+from batch_invariance.engines.llama_server import flags as llama_flags
+from batch_invariance.engines.llama_server.flags import FlagError, read_flags
+from batch_invariance.engines.llama_server.probes import llama_server_probes
+from batch_invariance.engines.probes import BusyProbe, PassCounter
 
 __all__ = ["LlamaServerEngine", "build_argv", "kv_label"]
 
