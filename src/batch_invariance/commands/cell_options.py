@@ -20,7 +20,6 @@ from batch_invariance.report.render import live_banner
 from batch_invariance.service.dry_run import dry_run, usable_cpus
 from batch_invariance.service.job import LiveCell, prepare
 from batch_invariance.service.live import LiveOutcome
-from batch_invariance.service.profile import ProfileRequest
 from batch_invariance.service.request import (
     DEFAULT_MIN_HOT_TRIALS,
     DEFAULT_READY_TIMEOUT,
@@ -28,6 +27,7 @@ from batch_invariance.service.request import (
     DEFAULT_SEED,
     CellDefaults,
     LiveRequest,
+    ProfileRequest,
 )
 
 

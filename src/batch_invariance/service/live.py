@@ -24,7 +24,12 @@ from batch_invariance.service.finish import FinishedCell, finish_cell
 from batch_invariance.service.job import LiveCell, prepare
 from batch_invariance.service.provenance import provenance_for
 from batch_invariance.service.request import LiveRequest
-from batch_invariance.service.target import LiveServerLauncher, identify
+from batch_invariance.service.target import (
+    LauncherFactory,
+    LiveServerLauncher,
+    identify,
+    make_launcher,
+)
 
 __all__ = [
     "CellRunner",
@@ -113,7 +118,12 @@ def open_runner(
     return CellRunner(workset, pre)
 
 
-def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) -> LiveOutcome:
+def run_live_cell(
+    request: LiveRequest,
+    progress: ProgressSink | None = None,
+    *,
+    launcher_for: LauncherFactory = make_launcher,
+) -> LiveOutcome:
     """Check the request, run one live cell and write its cert.
 
     Raises on bad input (before any launch), infrastructure failure or interrupt. Nothing is
@@ -121,7 +131,7 @@ def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) ->
     signal raise before :func:`finish_cell`.
     """
     cell = prepare(request)
-    launcher = cell.launcher()
+    launcher = launcher_for(cell.target, cell.launch, cell.out_dir, cell.port_policy)
     preflight_guard(cell, launcher)
     # Identify binary and model before the cell: what ran is what gets recorded.
     identity = identify(cell.target)

@@ -127,7 +127,7 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
     base = replace(request.cell, parallel=ns[0], driver_name="sweep")
     check_sweepable(base)
     for n in ns:
-        replace(base, parallel=n).check_numbers()
+        replace(base, parallel=n).check()
     cell = prepare(base)
     launcher = cell.launcher()
     host = memory.read_host_memory()
