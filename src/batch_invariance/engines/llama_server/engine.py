@@ -82,7 +82,7 @@ class LlamaServerEngine:
     ctx_multiple = llama_flags.CTX_PAD
     takes_profiles = True
     binary_hint = "path to llama-server"
-    #: The one llama-server flag reader's lists (core.llama_flags).
+    #: The one llama-server flag reader's lists (engines.llama_server.flags).
     owned_flags: frozenset[str] = llama_flags.OWNED_FLAGS
     refused_flags: frozenset[str] = llama_flags.REFUSED_FLAGS
 
