@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from batch_invariance.mock.knobs import Generation, MockKnobs
+from batch_invariance.mock.knobs import Generation, MockKnobs, MockStats
 
 __all__ = ["MockState"]
 
@@ -20,12 +20,16 @@ class MockState(Protocol):
     parallel: int
     ctx: int
     knobs: MockKnobs
+    #: What it served so far (other engines' fake surfaces report from it).
+    stats: MockStats
 
     @property
     def loading(self) -> bool: ...
 
     @property
     def dead(self) -> bool: ...
+
+    def busy_count(self) -> int: ...
 
     def slots_json(self) -> list[dict[str, Any]]: ...
 
