@@ -18,8 +18,8 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.core.server_env import is_engine_variable
 from batch_invariance.deploy.serve_plan import ServeRefused, serve_argv
+from batch_invariance.engines.llama_server.env import is_engine_variable
 from tests.unit.deploy.test_check_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
 
 MEASURED = (
