@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.core.llama_flags import FlagError, ServerFlags, read_flags
-from batch_invariance.core.server_options import DEFAULTS
+from batch_invariance.engines.llama_server.flags import FlagError, ServerFlags, read_flags
+from batch_invariance.engines.llama_server.options import DEFAULTS
 
 __all__ = [
     "CACHE_OPTIONS",

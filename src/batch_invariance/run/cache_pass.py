@@ -19,10 +19,11 @@ from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import ARM_CACHE, PassRecord, Trial
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.run.arms import ServerHandle, ServerLauncher, request_template
+from batch_invariance.run.arms import request_template
 from batch_invariance.run.dispatch import run_concurrent_pass
 from batch_invariance.run.passes import arm_stats, stops_the_run, ticker
 from batch_invariance.run.progress import ArmReport, ProgressSink
+from batch_invariance.run.protocols import ServerHandle, ServerLauncher
 from batch_invariance.run.records import ArmStats, ServerRecord
 from batch_invariance.run.trials import Notes, trials_for
 
