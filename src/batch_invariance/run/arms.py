@@ -63,7 +63,7 @@ def request_template(plan: CellPlan) -> RequestTemplate:
     )
 
 
-def _server_record(role: str, handle: ServerHandle, wall_s: float) -> ServerRecord:
+def server_record(role: str, handle: ServerHandle, wall_s: float) -> ServerRecord:
     return ServerRecord(
         role=role,
         label=handle.label,
@@ -173,7 +173,7 @@ def run_reference(
         template = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink)
         arm_a = _serial_arm(ARM_A, server_a, template, plan.items, scoring)
-        record = _server_record("A", server_a, time.monotonic() - started)
+        record = server_record("A", server_a, time.monotonic() - started)
     return Reference(
         arm_a.responses,
         arm_a.trials,
@@ -200,7 +200,7 @@ def run_repeat(
         control = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink, ref.a_trials)
         repeat = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, scoring)
-        record = _server_record("A", server_a, time.monotonic() - started)
+        record = server_record("A", server_a, time.monotonic() - started)
     return replace(
         ref,
         notes=(*ref.notes, *notes.items),
@@ -261,7 +261,7 @@ def run_parallel(
                 b_trials = {i.test_id: both[i.test_id] for i in plan.items}
             else:
                 sink.extend(-len(rest))
-        record = _server_record("BC", server_bc, time.monotonic() - started)
+        record = server_record("BC", server_bc, time.monotonic() - started)
     b_ids = None if scope is None else scope.b_ids
     return ParallelRun(
         b_resp,

@@ -19,11 +19,11 @@ from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import ARM_CACHE, PassRecord, Trial
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.run.arms import request_template
+from batch_invariance.run.arms import request_template, server_record
 from batch_invariance.run.dispatch import run_concurrent_pass
 from batch_invariance.run.passes import arm_stats, stops_the_run, ticker
 from batch_invariance.run.progress import ArmReport, ProgressSink
-from batch_invariance.run.protocols import ServerHandle, ServerLauncher
+from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.run.records import ArmStats, ServerRecord
 from batch_invariance.run.trials import Notes, trials_for
 
@@ -41,18 +41,6 @@ class CacheRun:
     stats: tuple[ArmStats, ...]
     server: ServerRecord
     notes: tuple[str, ...]
-
-
-def _record(handle: ServerHandle, wall_s: float) -> ServerRecord:
-    return ServerRecord(
-        role="cache",
-        label=handle.label,
-        argv=tuple(handle.argv),
-        kv_label=handle.kv_label,
-        metrics_enabled=handle.metrics_enabled,
-        info=dict(handle.info()),
-        wall_s=wall_s,
-    )
 
 
 def run_cache_arm(
@@ -98,7 +86,7 @@ def run_cache_arm(
             differ = compare("A_cache", a_trials, [(index, trials)]).divergent_ids
             failed = sum(1 for t in trials.values() if t.is_transport_failure)
             sink.done(ArmReport(len(trials), failed, 0, len(differ), len(a_trials)))
-        record = _record(server, time.monotonic() - started)
+        record = server_record("cache", server, time.monotonic() - started)
     reused = sum(1 for p in passes for t in p.trials.values() if t.timings.get("cache_n"))
     total = sum(len(p.trials) for p in passes)
     notes.add(f"prompt-cache arm: the server reported reused prompt tokens on {reused} of "
