@@ -1,7 +1,8 @@
 """`batch-invariance run-live`: one real cell against the user's own ``llama-server`` (or
 another engine, ``--engine``, or a server already running, ``--base-url``).
 
-request (argparse -> :class:`~batch_invariance.service.live.LiveRequest`) -> service
+request (argparse -> :class:`~batch_invariance.service.request.LiveRequest`) -> job (checked
+once, :func:`~batch_invariance.service.job.prepare`) -> service
 (:func:`~batch_invariance.service.live.run_live_cell`) -> render (the banner) -> exit code.
 ``--dry-run`` prints the plan and launches nothing.
 """
@@ -21,6 +22,7 @@ from batch_invariance.commands.cell_options import (
     request_from_args,
 )
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.request import RUN_LIVE_DEFAULTS
 
@@ -44,8 +46,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    request = request_from_args(args)
+    job = prepare(request_from_args(args), create_out_dir=not args.dry_run)
     if args.dry_run:
-        return print_dry_run(request)
-    outcome = run_live_cell(request, progress=Progress())
+        return print_dry_run(job)
+    outcome = run_live_cell(job, progress=Progress())
     return report(outcome, cell_label(outcome.job))
