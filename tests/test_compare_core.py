@@ -167,9 +167,10 @@ def test_other_prompts_or_requests_are_not_comparable() -> None:
     assert "other prompt ids (1 only in the baseline" in not_comparable(old, fewer)[0]
     keys = dict(old.request_keys)
     keys["t003"] = "sha256:" + "0" * 64
-    assert "the requests differ on 1 prompt(s) (first: t003)" in not_comparable(
-        old, replace(old, request_keys=keys)
-    )[0]
+    assert (
+        "the requests differ on 1 prompt(s) (first: t003)"
+        in not_comparable(old, replace(old, request_keys=keys))[0]
+    )
     unknown = {k: None for k in keys}
     assert "request keys not recorded" in not_comparable(old, replace(old, request_keys=unknown))[0]
 
@@ -191,3 +192,9 @@ def test_worst_class_ranks() -> None:
     assert worst_class(ClassCounts(scored=1, drift=5)) == "scored"
     assert worst_class(ClassCounts(uncompared=2)) == "uncompared"
     assert worst_class(ClassCounts()) is None
+
+
+def test_an_uncompared_prompt_is_never_reported_identical() -> None:
+    assert worst_class(ClassCounts(identical=31, uncompared=1)) == "uncompared"
+    assert worst_class(ClassCounts(tokens=3, uncompared=1)) == "uncompared"
+    assert worst_class(ClassCounts(scored=1, uncompared=1)) == "scored"

@@ -147,7 +147,9 @@ def compare_inputs(
             (
                 o.ref(),
                 n.ref(),
-                compare_cells(side_from_cert(o.cert, str(o.path)), side_from_cert(n.cert, str(n.path))),
+                compare_cells(
+                    side_from_cert(o.cert, str(o.path)), side_from_cert(n.cert, str(n.path))
+                ),
             )
             for o, n in pairs
         ),

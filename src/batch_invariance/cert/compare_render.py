@@ -17,7 +17,7 @@ _WORST_WORDS = {
     "drift": "logprobs drifted, tokens and scored fields equal",
     "tokens": "tokens changed, scored fields equal",
     "scored": "a scored field changed",
-    "uncompared": "nothing could be compared (transport failures)",
+    "uncompared": "a prompt had no answer to judge (transport failure): it may hide a change",
 }
 
 
@@ -102,7 +102,9 @@ def comparison_text(comparison: Comparison, fail_on: FailOn | None = None) -> st
     if fail_on is not None:
         failures = comparison.policy_failures(fail_on)
         verdict = "FAIL" if failures else "pass"
-        lines.append(f"policy fail-on {fail_on}: {verdict}" + (f" ({failures[0]})" if failures else ""))
+        lines.append(
+            f"policy fail-on {fail_on}: {verdict}" + (f" ({failures[0]})" if failures else "")
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -135,7 +137,9 @@ def comparison_markdown(comparison: Comparison, fail_on: FailOn) -> str:
         lines += ["", "| prompt | class | what changed |", "| --- | --- | --- |"]
         for _, c in changed[:MAX_ROWS]:
             what = _change_line(c).split(": ", 1)[-1]
-            lines.append(f"| `{md_cell(c.test_id, 60)}` | {c.prompt_class} | {md_cell(what, 200)} |")
+            lines.append(
+                f"| `{md_cell(c.test_id, 60)}` | {c.prompt_class} | {md_cell(what, 200)} |"
+            )
         if len(changed) > MAX_ROWS:
             lines.append(f"\n…and {len(changed) - MAX_ROWS} more in the comparison JSON.")
     if failures:

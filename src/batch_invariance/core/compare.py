@@ -65,14 +65,16 @@ PROMPT_CLASSES: tuple[PromptClass, ...] = (
     "uncompared",
 )
 #: How bad each class is. ``unchecked`` ranks with ``drift``: without logprobs, drift cannot
-#: be ruled out. ``uncompared`` has no rank: its answer is unknown, so every policy but
-#: ``never`` fails on it (:func:`fails_policy`).
+#: be ruled out. ``uncompared`` ranks above ``tokens`` and below a scored change seen: its
+#: answer is unknown, so it may hide one, and every policy but ``never`` fails on it
+#: (:func:`fails_policy`).
 CLASS_RANK: Mapping[str, int] = {
     "identical": 0,
     "unchecked": 1,
     "drift": 1,
     "tokens": 2,
-    "scored": 3,
+    "uncompared": 3,
+    "scored": 4,
 }
 
 #: What fails a job: the least class that does (``never``: nothing does).
@@ -194,18 +196,18 @@ def not_comparable(old: CellSide, new: CellSide) -> tuple[str, ...]:
     if old.workset_sha256 is None or new.workset_sha256 is None:
         why.append("work-set: a cert records no work-set sha256")
     elif old.workset_sha256 != new.workset_sha256:
-        why.append(
-            f"another work-set (sha256 {old.workset_sha256[:12]}... vs {new.workset_sha256[:12]}...)"
-        )
+        ws_old, ws_new = old.workset_sha256[:12], new.workset_sha256[:12]
+        why.append(f"another work-set (sha256 {ws_old}... vs {ws_new}...)")
     if old.request_keys.keys() != new.request_keys.keys():
         only_old = sorted(old.request_keys.keys() - new.request_keys.keys())
         only_new = sorted(new.request_keys.keys() - old.request_keys.keys())
+        named = ", ".join((only_old + only_new)[:3])
         why.append(
             f"other prompt ids ({len(only_old)} only in the baseline, {len(only_new)} only "
-            f"in the new cert{': ' + ', '.join((only_old + only_new)[:3]) if only_old or only_new else ''})"
+            f"in the new cert: {named})"
         )
     else:
-        unknown = [k for k, v in old.request_keys.items() if v is None or new.request_keys[k] is None]
+        unknown = [k for k, v in old.request_keys.items() if None in (v, new.request_keys[k])]
         changed = [k for k, v in old.request_keys.items() if new.request_keys[k] != v]
         if unknown:
             why.append(f"request keys not recorded for {len(unknown)} prompt(s)")
@@ -281,11 +283,11 @@ def _classify(old: Mapping[str, Trial], new: Mapping[str, Trial]) -> tuple[Promp
         changes[test_id] = _bare(
             test_id, "uncompared", f"transport failure in the {side}'s arm A: no answer to judge"
         )
-    for test_id, row in numerics.items():
-        if test_id not in changes and row.first_drift is not None:
+    for test_id, num in numerics.items():
+        if test_id not in changes and num.first_drift is not None:
             changes[test_id] = PromptChange(
                 test_id, "drift", None, (), None, None, None, None, None,
-                row.first_drift, row.max_abs_delta, None, None,
+                num.first_drift, num.max_abs_delta, None, None,
             )  # fmt: skip
     for test_id, x in old.items():
         if test_id in changes or test_id in numerics:
@@ -310,11 +312,11 @@ def _counts(n_prompts: int, changes: Sequence[PromptChange]) -> ClassCounts:
 
 
 def worst_class(counts: ClassCounts) -> PromptClass | None:
-    """The worst ranked class present (``uncompared`` only when nothing else was compared)."""
-    present = [c for c in PROMPT_CLASSES if c != "uncompared" and getattr(counts, c)]
-    if present:
-        return max(present, key=lambda c: CLASS_RANK[c])
-    return "uncompared" if counts.uncompared else None
+    """The worst ranked class present (``None``: no prompt)."""
+    present: list[PromptClass] = [c for c in PROMPT_CLASSES if getattr(counts, c)]
+    if not present:
+        return None
+    return max(present, key=CLASS_RANK.__getitem__)
 
 
 def compare_cells(old: CellSide, new: CellSide) -> CellComparison:
