@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance.cert.build import build_cert
-from batch_invariance.cert.compare_load import compare_inputs
 from batch_invariance.cert.compare_view import side_from_cert
 from batch_invariance.cert.parse import parse_cert
 from batch_invariance.cert.store import render
@@ -41,6 +40,7 @@ from batch_invariance.core.evidence import (
     Trial,
 )
 from batch_invariance.core.verdict import decide
+from batch_invariance.report.compare_load import compare_inputs
 
 MODEL_SHA = "ab" * 32
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.cert.compare_load import compare_inputs
 from batch_invariance.cert.schema import Cert
 from batch_invariance.cert.signature import BundlePolicy, SignerPolicy, TrustRoot
 from batch_invariance.cert.store import render
 from batch_invariance.cli import main
 from batch_invariance.core.compare import COMPARE_VERSION
 from batch_invariance.errors import CertInvalid
+from batch_invariance.report.compare_load import compare_inputs
 from factories import (
     changed,
     comparable_cert,
@@ -171,9 +171,9 @@ def test_folders_pair_cells_by_model_ctx_and_n(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     for n in (2, 4):
-        _write(Path(f"old/m__N{n}.json"), comparable_cert(cell=spec(n=n)))
-    _write(Path("new/m__N4.json"), comparable_cert(cell=spec(n=4)))
-    _write(Path("new/m__N8.json"), comparable_cert(cell=spec(n=8)))
+        _write(Path(f"old/m__ctx2048__N{n}.json"), comparable_cert(cell=spec(n=n)))
+    _write(Path("new/m__ctx2048__N4.json"), comparable_cert(cell=spec(n=4)))
+    _write(Path("new/m__ctx2048__N8.json"), comparable_cert(cell=spec(n=8)))
     Path("new/sweep.json").write_text('{"sweep_version": 1}')  # no cert: skipped
     assert main(["compare", "old", "new", "--allow-unsigned", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

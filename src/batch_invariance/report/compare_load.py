@@ -13,28 +13,21 @@ comparable).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from batch_invariance.cert.compare_view import CertRef, Comparison, side_from_cert
 from batch_invariance.cert.schema import Cert
-from batch_invariance.cert.signature import BundlePolicy, SignerPolicy, TrustRoot, verify_bundle
-from batch_invariance.cert.signing import bundle_path_for
+from batch_invariance.cert.signature import BundlePolicy
 from batch_invariance.cert.verify import verify_path
-from batch_invariance.core.compare import compare_cells
-from batch_invariance.errors import CertInvalid, UsageError
+from batch_invariance.core.compare import CellComparison, compare_cells
+from batch_invariance.errors import CertInvalid, InfraError, UsageError
+from batch_invariance.report.load import BundleCheck, check_signature, collect
 
-__all__ = ["BundleCheck", "LoadedCert", "compare_inputs", "load_side", "signature_words"]
-
-#: Checks that a bundle signs an artifact for a signer; raises CertInvalid if not.
-BundleCheck = Callable[[Path, Path, SignerPolicy, TrustRoot], None]
-
-#: A file in a folder of certs that is no cert (sweep.json, a comparison) has none of these.
-_CERT_KEY = "cert_version"
+__all__ = ["LoadedSide", "compare_inputs", "compare_loaded", "load_side", "signature_words"]
 
 
-class LoadedCert:
+class LoadedSide:
     """One verified (and, when asked, signature-checked) cert and where it came from."""
 
     def __init__(self, path: Path, cert: Cert) -> None:
@@ -51,50 +44,34 @@ class LoadedCert:
         return CertRef.of(self.cert, str(self.path))
 
 
-def _cert_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise UsageError(f"not found: {path}; give a cert file or a folder of certs")
-    found: list[Path] = []
-    for p in sorted(path.rglob("*.json")):
-        if p.name.endswith(".sigstore.json") or ".superseded-" in p.name or not p.is_file():
-            continue
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            found.append(p)  # unreadable: verification names why
-            continue
-        if isinstance(data, dict) and _CERT_KEY not in data:
-            continue
-        found.append(p)
-    if not found:
-        raise UsageError(f"no cert in {path}; give a cert file or a folder that holds certs")
-    return found
-
-
-def _check_signature(path: Path, policy: BundlePolicy, check: BundleCheck) -> None:
-    bundle = bundle_path_for(path)
-    if not bundle.is_file():
+def _require_signature(path: Path, policy: BundlePolicy, check: BundleCheck | None) -> None:
+    signature = check_signature(path, policy, check)
+    if signature.state == "verified":
+        return
+    if signature.state == "unsigned":
         raise CertInvalid(
-            f"{path}: not signed (no {bundle.name} beside it); sign it, or pass "
+            f"{path}: not signed (no {path.name}.sigstore.json beside it); sign it, or pass "
             "--allow-unsigned for a local comparison"
         )
-    check(path, bundle, policy.signer, policy.trust)
+    if signature.state == "error":
+        raise InfraError(signature.detail)
+    raise CertInvalid(signature.detail)
 
 
 def load_side(
-    path: Path, signing: BundlePolicy | None, check: BundleCheck = verify_bundle
-) -> list[LoadedCert]:
+    path: Path, signing: BundlePolicy | None, check: BundleCheck | None = None
+) -> list[LoadedSide]:
     """Every cert of ``path``, each verified; raises CertInvalid on the first that is not."""
-    loaded: list[LoadedCert] = []
-    for file in _cert_files(path):
+    if not path.exists():
+        raise UsageError(f"not found: {path}; give a cert file or a folder of certs")
+    loaded: list[LoadedSide] = []
+    for file in collect([path]):
         verification = verify_path(file)
         verification.raise_if_invalid()
         assert verification.cert is not None
         if signing is not None:
-            _check_signature(file, signing, check)
-        loaded.append(LoadedCert(file, verification.cert))
+            _require_signature(file, signing, check)
+        loaded.append(LoadedSide(file, verification.cert))
     return loaded
 
 
@@ -106,8 +83,8 @@ def signature_words(signing: BundlePolicy | None) -> str:
 
 
 def _pairs(
-    old: Sequence[LoadedCert], new: Sequence[LoadedCert]
-) -> tuple[list[tuple[LoadedCert, LoadedCert]], list[LoadedCert], list[LoadedCert]]:
+    old: Sequence[LoadedSide], new: Sequence[LoadedSide]
+) -> tuple[list[tuple[LoadedSide, LoadedSide]], list[LoadedSide], list[LoadedSide]]:
     if len(old) == 1 and len(new) == 1:
         return [(old[0], new[0])], [], []
     for side, certs in (("baseline", old), ("new", new)):
@@ -129,30 +106,38 @@ def _pairs(
     )
 
 
+def _compare(old: LoadedSide, new: LoadedSide) -> CellComparison:
+    return compare_cells(
+        side_from_cert(old.cert, str(old.path)), side_from_cert(new.cert, str(new.path))
+    )
+
+
+def compare_loaded(
+    old_certs: Sequence[LoadedSide],
+    new_certs: Sequence[LoadedSide],
+    baseline: str,
+    new: str,
+    signatures: str,
+) -> Comparison:
+    """Pair the cells of two verified sides and compare each pair."""
+    pairs, only_old, only_new = _pairs(old_certs, new_certs)
+    return Comparison(
+        baseline=baseline,
+        new=new,
+        signatures=signatures,
+        cells=tuple((o.ref(), n.ref(), _compare(o, n)) for o, n in pairs),
+        baseline_only=tuple(c.ref() for c in only_old),
+        new_only=tuple(c.ref() for c in only_new),
+    )
+
+
 def compare_inputs(
     baseline: Path,
     new: Path,
     signing: BundlePolicy | None,
-    check: BundleCheck = verify_bundle,
+    check: BundleCheck | None = None,
 ) -> Comparison:
-    """Verify both sides, pair their cells and compare each pair."""
+    """Verify both sides (signatures under ``signing``), pair their cells, compare each."""
     old_certs = load_side(baseline, signing, check)
     new_certs = load_side(new, signing, check)
-    pairs, only_old, only_new = _pairs(old_certs, new_certs)
-    return Comparison(
-        baseline=str(baseline),
-        new=str(new),
-        signatures=signature_words(signing),
-        cells=tuple(
-            (
-                o.ref(),
-                n.ref(),
-                compare_cells(
-                    side_from_cert(o.cert, str(o.path)), side_from_cert(n.cert, str(n.path))
-                ),
-            )
-            for o, n in pairs
-        ),
-        baseline_only=tuple(c.ref() for c in only_old),
-        new_only=tuple(c.ref() for c in only_new),
-    )
+    return compare_loaded(old_certs, new_certs, str(baseline), str(new), signature_words(signing))
