@@ -24,7 +24,15 @@ from batch_invariance.core.compare import CellComparison, compare_cells
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
 from batch_invariance.report.load import BundleCheck, check_signature, collect
 
-__all__ = ["LoadedSide", "compare_inputs", "compare_loaded", "load_side", "signature_words"]
+__all__ = [
+    "LoadedSide",
+    "compare_inputs",
+    "compare_loaded",
+    "compare_with_run",
+    "comparison_path",
+    "load_side",
+    "signature_words",
+]
 
 
 class LoadedSide:
@@ -141,3 +149,23 @@ def compare_inputs(
     old_certs = load_side(baseline, signing, check)
     new_certs = load_side(new, signing, check)
     return compare_loaded(old_certs, new_certs, str(baseline), str(new), signature_words(signing))
+
+
+def comparison_path(cert_path: Path) -> Path:
+    """Where a run writes its comparison: ``{cert stem}.compare.json`` beside the cert (a
+    name the report and folder readers do not take for a cert)."""
+    return cert_path.with_name(cert_path.stem + ".compare.json")
+
+
+def compare_with_run(
+    baseline: Sequence[LoadedSide], baseline_path: Path, cert: Cert, cert_path: Path, words: str
+) -> Comparison:
+    """The cert this run just wrote (built and checked by this process) against the verified
+    ``baseline``."""
+    return compare_loaded(
+        baseline,
+        [LoadedSide(cert_path, cert)],
+        str(baseline_path),
+        str(cert_path),
+        f"baseline {words}; new cert written by this run",
+    )
