@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from batch_invariance.action.baseline import BaselineInputs, read_baseline_inputs
 from batch_invariance.cert.render import Require
 from batch_invariance.core.plan import number_problems
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
@@ -45,6 +46,12 @@ INPUT_DEFAULTS: Mapping[str, str] = {
     "out-dir": "batch-invariance-certs",
     "sign": "true",
     "require": "green",
+    "baseline": "",
+    "fail-on": "scored",
+    "baseline-identity": "",
+    "baseline-oidc-issuer": "https://token.actions.githubusercontent.com",
+    "baseline-repository": "",
+    "baseline-allow-unsigned": "false",
 }
 
 #: Inputs only a live cell takes (mock mode reports them as ignored).
@@ -78,6 +85,8 @@ class ActionInputs:
     sign: bool
     require: Require
     workspace: Path
+    #: ``baseline``, ``fail-on`` and the baseline's signature policy (docs/compare.md).
+    baseline: BaselineInputs = field(default_factory=lambda: BaselineInputs("", "scored", None))
     #: Inputs set to something other than their default (for "ignored in mock mode").
     explicit: frozenset[str] = field(default_factory=frozenset)
 
@@ -163,6 +172,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         sign=_bool_input("sign", raw["sign"]),
         require="green" if require == "green" else "promotable",
         workspace=workspace,
+        baseline=read_baseline_inputs(raw, env),
         explicit=frozenset(explicit),
         **numbers,
     )
