@@ -134,6 +134,8 @@ def run_action(
                 detect_token(None)
             except BatchInvarianceError as exc:
                 return _fail(exc, env, stream, title=f"{TITLE} signing impossible (no run)")
+        # Verified (signature included) before the cell runs: a bad baseline costs no run.
+        baseline = load_baseline(inputs.baseline, inputs.workspace, inputs.out_dir, env)
         for name in inputs.ignored():
             print(annotation("notice", TITLE, f"input {name} is ignored in mock mode"), file=stream)
         print(
@@ -141,8 +143,6 @@ def run_action(
             file=stream,
             flush=True,
         )
-        # Verified (signature included) before the cell runs: a bad baseline costs no run.
-        baseline = load_baseline(inputs.baseline, inputs.workspace, inputs.out_dir, env)
         finished = run_cell_for(inputs, provisioner)
     except BatchInvarianceError as exc:
         return _fail(exc, env, stream)
