@@ -91,7 +91,7 @@ class _FakeGitHub(BaseHTTPRequestHandler):
         self.seen.append((self.path, self.headers.get("Accept", ""), auth))
         if auth != f"Bearer {TOKEN}":
             self._send(401, b'{"message": "Bad credentials"}')
-        elif self.path == "/repos/o/r/releases/latest":
+        elif self.path in ("/repos/o/r/releases/latest", "/repos/o/r/releases/tags/v1.0.0"):
             if self.release is None:
                 self._send(404, b'{"message": "Not Found"}')
             else:
@@ -143,6 +143,7 @@ def test_release_certs_are_fetched_with_the_token(
     _publish(handler, base, {"m__ctx512__N4.json": b"{cert}", "m__ctx512__N4.json.sigstore.json":
                              b"{bundle}", "notes.txt": b"x", "sweep.json": b"{}"})  # fmt: skip
     got = fetch_release_certs(_env(base), tmp_path / "b")
+    assert fetch_release_certs(_env(base), tmp_path / "t", tag="v1.0.0").is_dir()
     assert sorted(p.name for p in got.iterdir()) == [
         "m__ctx512__N4.json",
         "m__ctx512__N4.json.sigstore.json",
@@ -156,8 +157,10 @@ def test_no_release_or_no_cert_is_a_usage_error(
     github: tuple[str, type[_FakeGitHub]], tmp_path: Path
 ) -> None:
     base, handler = github
-    with pytest.raises(UsageError, match="has no published release"):
+    with pytest.raises(UsageError, match="has no such published release"):
         fetch_release_certs(_env(base), tmp_path / "b")
+    with pytest.raises(UsageError, match=r"baseline release:v0\.9: o/r has no such published"):
+        fetch_release_certs(_env(base), tmp_path / "b", tag="v0.9")
     _publish(handler, base, {"notes.txt": b"x"})
     with pytest.raises(UsageError, match=r"release v1\.0\.0 of o/r has no cert attached"):
         fetch_release_certs(_env(base), tmp_path / "b")

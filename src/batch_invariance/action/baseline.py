@@ -1,12 +1,13 @@
 """The Action's ``baseline:``: compare the new cert with an earlier build's, fail on a policy.
 
-``baseline`` is a cert file or folder under the workspace, or ``release:latest``: the certs
-(``{model}__ctx{C}__N{N}.json``) and their sigstore bundles attached to the repository's latest
-release, fetched with the GitHub REST API (``GITHUB_API_URL``, ``GITHUB_REPOSITORY``,
-``GITHUB_TOKEN``). The baseline is verified before the cell runs (the one verification path,
-and its signature for ``baseline-identity`` unless ``baseline-allow-unsigned``); after the run
-the comparison is written beside the cert, shown in the job summary, and ``fail-on`` (default
-``scored``) says which class fails the job. docs/compare.md.
+``baseline`` is a cert file or folder under the workspace, ``release:latest`` or
+``release:TAG``: the certs (``{model}__ctx{C}__N{N}.json``) and their sigstore bundles attached
+to the repository's latest release (or the release of TAG), fetched with the GitHub REST API
+(``GITHUB_API_URL``, ``GITHUB_REPOSITORY``, ``GITHUB_TOKEN``). The baseline is verified
+before the cell runs (the one verification path, and its signature for ``baseline-identity``
+unless ``baseline-allow-unsigned``); after the run the comparison is written beside the cert,
+shown in the job summary, and ``fail-on`` (default ``scored``) says which class fails the job.
+docs/compare.md.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
@@ -37,6 +39,7 @@ from batch_invariance.report.load import is_cert_name
 
 __all__ = [
     "LATEST_RELEASE",
+    "RELEASE_PREFIX",
     "BaselineInputs",
     "BaselineResult",
     "LoadedBaseline",
@@ -46,8 +49,10 @@ __all__ = [
     "read_baseline_inputs",
 ]
 
-#: The ``baseline`` value that names the certs attached to the latest release.
+#: The ``baseline`` value that names the certs attached to the latest release; ``release:TAG``
+#: names another release.
 LATEST_RELEASE = "release:latest"
+RELEASE_PREFIX = "release:"
 _API_VERSION = "2022-11-28"
 _TIMEOUT_S = 60.0
 
@@ -114,20 +119,26 @@ def _api_get(session: requests.Session, url: str, token: str, accept: str) -> re
 
 
 def fetch_release_certs(
-    env: Mapping[str, str], dest: Path, session: requests.Session | None = None
+    env: Mapping[str, str],
+    dest: Path,
+    session: requests.Session | None = None,
+    tag: str | None = None,
 ) -> Path:
-    """Download the certs and bundles attached to the latest release into ``dest``."""
+    """Download the certs and bundles attached to the latest release (or the release of
+    ``tag``) into ``dest``."""
     api = (env.get("GITHUB_API_URL") or "https://api.github.com").rstrip("/")
     repo = env.get("GITHUB_REPOSITORY", "")
     token = env.get("GITHUB_TOKEN", "")
     if not repo:
-        raise UsageError(f"baseline {LATEST_RELEASE} needs GITHUB_REPOSITORY (set by the runner)")
+        raise UsageError("a release baseline needs GITHUB_REPOSITORY (set by the runner)")
     http = session or requests.Session()
-    url = f"{api}/repos/{repo}/releases/latest"
+    which = LATEST_RELEASE if tag is None else RELEASE_PREFIX + tag
+    path = "latest" if tag is None else f"tags/{quote(tag, safe='')}"
+    url = f"{api}/repos/{repo}/releases/{path}"
     response = _api_get(http, url, token, "application/vnd.github+json")
     if response.status_code == 404:
         raise UsageError(
-            f"baseline {LATEST_RELEASE}: {repo} has no published release (HTTP 404 from {url}); "
+            f"baseline {which}: {repo} has no such published release (HTTP 404 from {url}); "
             "publish one with its certs attached, or leave baseline empty"
         )
     if response.status_code != 200:
@@ -135,7 +146,7 @@ def fetch_release_certs(
     try:
         release: Any = response.json()
         assets = [a for a in release["assets"] if isinstance(a, dict)]
-        tag = str(release.get("tag_name", "?"))
+        name = str(release.get("tag_name", "?"))
     except (ValueError, KeyError, TypeError):
         raise InfraError(f"GitHub API {url}: the answer is not a release") from None
     wanted = [
@@ -147,7 +158,7 @@ def fetch_release_certs(
     ]
     if not any(is_cert_name(Path(a["name"])) for a in wanted):
         raise UsageError(
-            f"baseline {LATEST_RELEASE}: release {tag} of {repo} has no cert attached "
+            f"baseline {which}: release {name} of {repo} has no cert attached "
             "({model}__ctx{C}__N{N}.json); attach the cell's cert to the release"
         )
     dest.mkdir(parents=True, exist_ok=True)
@@ -170,8 +181,12 @@ def load_baseline(
     baseline cert or its signature does not verify (before anything runs)."""
     if not inputs.source:
         return None
-    if inputs.source == LATEST_RELEASE:
-        path = fetch_release_certs(env, out_dir / "baseline", session)
+    if inputs.source.startswith(RELEASE_PREFIX):
+        tag = inputs.source[len(RELEASE_PREFIX) :]
+        if not tag:
+            raise UsageError("input baseline: release: needs latest or a tag (release:v1.2.0)")
+        wanted = None if inputs.source == LATEST_RELEASE else tag
+        path = fetch_release_certs(env, out_dir / "baseline", session, wanted)
     else:
         path = Path(inputs.source)
         path = path if path.is_absolute() else workspace / path
