@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from batch_invariance.cert.compare_view import side_from_cert
 from batch_invariance.cert.schema import cert_to_json
 from batch_invariance.cert.signature import BundlePolicy, SignerPolicy, TrustRoot
 from batch_invariance.cert.signing import (
@@ -93,7 +94,9 @@ def load_cert(path: Path, policy: BundlePolicy | None) -> LoadedCert:
         problem = checked.problems[0] if checked.problems else f"{origin}: not a cert"
         return LoadedCert(origin, None, problem, False, Signature("unsigned", "not checked"))
     data = cert_to_json(checked.cert)
-    return LoadedCert(origin, data, None, checked.promotable, check_signature(path, policy))
+    signature = check_signature(path, policy)
+    side = side_from_cert(checked.cert, origin)
+    return LoadedCert(origin, data, None, checked.promotable, signature, side)
 
 
 def load_all(paths: Sequence[Path], policy: BundlePolicy | None) -> list[LoadedCert]:
