@@ -44,9 +44,11 @@ def history_certs(root: Path) -> list[Path]:
                                                   tokens=tuple("answer-t5"),
                                                   extracted_answer="answer-t5"))  # fmt: skip
     tok = make_trial("t006")
-    ev3 = replace_trial(ev3, "A", "t006", changed(tok, completion="answer-t0O6",
-                                                  tokens=tuple("answer-t0O6"),
-                                                  extracted_answer=tok.extracted_answer))  # fmt: skip
+    text = "answer-t0O6"
+    same_answer = changed(
+        tok, completion=text, tokens=tuple(text), extracted_answer=tok.extracted_answer
+    )
+    ev3 = replace_trial(ev3, "A", "t006", same_answer)
     builds = [
         ("b1", comparable_cert(ev, binary_sha="a1" * 32, ts_utc="2026-10-01T00:00:00Z")),
         ("b2", comparable_cert(ev2, binary_sha="b2" * 32, ts_utc="2026-11-01T00:00:00Z")),
