@@ -283,3 +283,20 @@ def test_a_bad_baseline_fails_before_the_cell_runs(cell: dict[str, str], tmp_pat
 
     code, _, out = _job(cell, tmp_path, "y", baseline="old")
     assert code == exitcodes.USAGE and "baseline needs baseline-identity" in out
+
+
+def test_require_none_only_with_a_baseline_and_never_for_a_mock_cert(tmp_path: Path) -> None:
+    from batch_invariance.action.inputs import read_inputs
+    from batch_invariance.action.outputs import require_holds
+    from factories import cert_for
+
+    with pytest.raises(UsageError, match="require none leaves the job to the comparison"):
+        read_inputs({"GITHUB_WORKSPACE": str(tmp_path), "INPUT_REQUIRE": "none"})
+    env = {"GITHUB_WORKSPACE": str(tmp_path), "INPUT_REQUIRE": "none", "INPUT_BASELINE": "b.json"}
+    got = read_inputs({**env, "INPUT_BASELINE-ALLOW-UNSIGNED": "true"})
+    assert got.require == "none" and got.baseline.source == "b.json"
+    unverified = cert_for(source="live", policy=replace(cert_for()[0].evidence.policy,
+                                                        min_hot_trials=10_000))[0]  # fmt: skip
+    assert unverified.status == "green_unverified"
+    assert require_holds(unverified, "none") and not require_holds(unverified, "green")
+    assert not require_holds(cert_for(source="mock")[0], "none")

@@ -144,14 +144,20 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         choices = ", ".join(sorted(ENGINES))
         raise UsageError(f"input engine must be one of {choices}, got {raw['engine'].strip()!r}")
     require = raw["require"].strip().lower()
-    if require not in ("green", "promotable"):
+    if require not in ("green", "promotable", "none"):
         raise UsageError(
-            f"input require must be green or promotable, got {raw['require'].strip()!r}"
+            f"input require must be green, promotable or none, got {raw['require'].strip()!r}"
         )
     numbers = {name.replace("-", "_"): _int_input(name, raw[name]) for name in _NUMBER_INPUTS}
     problems = number_problems(dict(numbers), spell=_spell_input)
     if problems:
         raise UsageError(problems[0])
+    baseline = read_baseline_inputs(raw, env)
+    if require == "none" and not baseline.source:
+        raise UsageError(
+            "input require none leaves the job to the comparison with a baseline; set baseline, "
+            "or require green or promotable"
+        )
     workspace = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
     out_dir = Path(raw["out-dir"].strip())
     if not out_dir.is_absolute():
@@ -170,9 +176,9 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         scorer=raw["scorer"].strip(),
         out_dir=out_dir,
         sign=_bool_input("sign", raw["sign"]),
-        require="green" if require == "green" else "promotable",
+        require=next(r for r in ("green", "promotable", "none") if r == require),
         workspace=workspace,
-        baseline=read_baseline_inputs(raw, env),
+        baseline=baseline,
         explicit=frozenset(explicit),
         **numbers,
     )
