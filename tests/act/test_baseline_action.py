@@ -12,14 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from act_run import ActRun, ActSetup, run_act
-from test_composite_action import TIMEOUT_S, _cert_from_artifact, _outputs
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.build import build_cert, evidence_from_cert, spec_from_cert
 from batch_invariance.cert.store import render
 from batch_invariance.core.verdict import decide
-from tests_support_changed import changed_answer
+from tests.act.act_run import ActRun, ActSetup, run_act
+from tests.act.test_composite_action import TIMEOUT_S, _cert_from_artifact, _outputs
+from tests.support.factories import changed_answer
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +57,16 @@ def _evidence(run: ActRun, job: str) -> dict[str, str]:
 
 def test_identical_baseline_passes_the_job(baseline_run: ActRun) -> None:
     outputs = _evidence(baseline_run, "identical")
-    assert outputs["baseline-worst"] == "identical", baseline_run.lines("identical baseline")[-3000:]
+    assert outputs["baseline-worst"] == "identical", baseline_run.lines("identical baseline")[
+        -3000:
+    ]
     assert baseline_run.job_results("identical baseline") == ["success"]
     summary = baseline_run.summary("identical baseline")
     assert "### Against the baseline: pass (fail on `scored`)" in summary
-    assert "| cell | verdict | identical | drift | tokens changed | scored changed | worst |" in summary
+    assert (
+        "| cell | verdict | identical | drift | tokens changed | scored changed | worst |"
+        in summary
+    )
     assert outputs["comparison-path"].endswith(".compare.json")
     files = baseline_run.artifact(outputs["artifact"])
     assert Path(outputs["comparison-path"]).name in files  # uploaded beside the cert

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cli import main
-from report_fixtures import mock_cert
+from tests.support.report_fixtures import mock_cert
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -192,7 +192,7 @@ def test_every_plot_label_lies_inside_its_svg(sweep: Path, tmp_path: Path) -> No
 
 def test_history_over_builds_renders_in_chromium(tmp_path: Path) -> None:
     """Four builds of one cell: the history table, one row per build, as Chromium built it."""
-    from test_report_history import history_certs
+    from tests.unit.report.test_history import history_certs
 
     paths = history_certs(tmp_path / "builds")
     out = tmp_path / "history.html"

@@ -14,25 +14,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import psutil
-import pytest
 import requests
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.render import live_banner
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
+from batch_invariance.report.render import live_banner
 from batch_invariance.service.live import run_live_cell
-from fakes_live import exiting_server, group_alive, start_decoy
+from batch_invariance.service.target import engine_launcher
+from tests.support.fakes_live import exiting_server, group_alive
+from tests.support.paths import WORKSETS
 
-pytestmark = pytest.mark.live
-
-WORKSETS = Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets"
 DEMO_WORKSET = WORKSETS / "demo.json"
 #: Completion openings for the base model on /v1/completions: co-batching changes several of
 #: them in every pass (on the chat endpoint only 1-2 of 16, and not in every pass).
@@ -134,8 +132,9 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
         )
     )
     request = request_from_args(args)
-    # Test hook: the B/C server gets --parallel 1 behind a C arm that dispatches 2 at once.
-    outcome = run_live_cell(replace(request, cap_parallel=1))
+    # The B/C server gets --parallel 1 behind a C arm that dispatches 2 at once: the test's
+    # own launcher factory caps every server's slots.
+    outcome = run_live_cell(request, launcher_for=partial(engine_launcher, cap_parallel=1))
     cert = outcome.finished.cert
     assert cert.status == "green_unverified", (cert.status, cert.decision_reasons)
     assert not cert.overlap.ok
@@ -176,15 +175,6 @@ def test_a_server_that_exits_at_once_fails_fast_with_exit_4(
     assert "this server cannot start" in err  # the log tail
     assert "Traceback" not in err
     assert list((tmp_path / "out").glob("*.json")) == []
-
-
-@pytest.fixture()
-def decoy(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A process named ``llama-server`` that this test (not the tool) started."""
-    proc = start_decoy(tmp_path / "decoy", 600)
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def _busy_slots(port: int) -> int:

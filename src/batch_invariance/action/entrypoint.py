@@ -5,8 +5,8 @@ same typed request the CLI builds and calls the same service (``run_live_cell`` 
 ``run_mock_cell``) with the same driver and core, then:
 
 * writes the outputs to ``$GITHUB_OUTPUT`` (:mod:`batch_invariance.action.outputs`);
-* appends a Markdown job summary to ``$GITHUB_STEP_SUMMARY`` (:mod:`batch_invariance.cert.render`);
-* prints ``::error::`` / ``::notice::`` annotations;
+* appends a Markdown job summary to ``$GITHUB_STEP_SUMMARY``
+(:mod:`batch_invariance.report.render`); * prints ``::error::`` / ``::notice::`` annotations;
 * signs the cert with sigstore when ``sign`` is true;
 * with a ``baseline``, verifies it before the run, compares the new cert with it after, writes
   the comparison beside the cert and adds its table to the summary
@@ -47,14 +47,6 @@ from batch_invariance.action.outputs import (
     require_holds,
 )
 from batch_invariance.cert.attestation import attest_file
-from batch_invariance.cert.compare_render import comparison_markdown, worst_words
-from batch_invariance.cert.render import (
-    TITLE,
-    annotation,
-    failure_summary,
-    summary_markdown,
-    verdict_annotation,
-)
 from batch_invariance.cert.signing import (
     BundleSigner,
     SigstoreSigner,
@@ -69,8 +61,16 @@ from batch_invariance.errors import (
     Interrupted,
 )
 from batch_invariance.interrupts import sigterm_raises
-from batch_invariance.run.finish import FinishedCell
+from batch_invariance.report.compare_render import comparison_markdown, worst_words
+from batch_invariance.report.render import (
+    TITLE,
+    annotation,
+    failure_summary,
+    summary_markdown,
+    verdict_annotation,
+)
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.finish import FinishedCell
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.mock_cell import run_mock_cell
 

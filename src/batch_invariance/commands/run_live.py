@@ -89,10 +89,10 @@ def _baseline(args: argparse.Namespace) -> Any:
 
 
 def _compare(args: argparse.Namespace, baseline: Any, outcome: LiveOutcome) -> None:
-    from batch_invariance.cert.compare_render import comparison_text
     from batch_invariance.cert.compare_view import comparison_json
     from batch_invariance.cert.store import atomic_write_text
     from batch_invariance.report.compare_load import compare_with_run, comparison_path
+    from batch_invariance.report.compare_render import comparison_text
 
     sides, words = baseline
     finished = outcome.finished

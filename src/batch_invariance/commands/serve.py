@@ -4,7 +4,8 @@ Before anything starts it verifies the cert (valid, promotable, signed under the
 policy unless ``--allow-unsigned``), checks the sha256 of the server binary and the model
 file against the cert's provenance and the variables ggml reads against the recorded ones,
 and refuses any extra option that is not neutral
-(:data:`batch_invariance.core.server_options.NEUTRAL`). Then it replaces itself (``execve``)
+(:data:`batch_invariance.engines.llama_server.options.NEUTRAL`). Then it replaces itself
+(``execve``)
 with the measured B/C server argv, neutral options added or replaced, in the environment a
 measured server gets (no ``LLAMA_ARG_*``, no user config file): the process *is* the server,
 so signals and the exit status are the server's own. Refusals: exit 2 (an option or the
@@ -60,8 +61,8 @@ class _MeasuredFile(NamedTuple):
 
 def check_files(argv: Sequence[str], provenance: Provenance) -> None:
     """The binary and model the argv runs must be the bytes the cert measured."""
-    from batch_invariance.core.llama_flags import read_flags
-    from batch_invariance.host.gguf import cached_sha256
+    from batch_invariance.engines.llama_server.flags import read_flags
+    from batch_invariance.host.file_hash import cached_sha256
 
     flags = read_flags(argv, first_is_binary=True)
     unchecked = sorted({o.written for o in flags.options if o.canonical in _UNCHECKED_FILES})
@@ -115,9 +116,9 @@ def _verify(args: argparse.Namespace) -> Provenance:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from batch_invariance.core.server_env import engine_env, measured_env
     from batch_invariance.deploy.gate import engine_env_differences
     from batch_invariance.deploy.serve_plan import measured_argv, serve_argv
+    from batch_invariance.engines.llama_server.env import engine_env, measured_env
     from batch_invariance.servers.spawn import refuse_system_config
 
     if not isinstance(args.cert, Path) or not args.cert.is_file():

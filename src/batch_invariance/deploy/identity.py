@@ -33,7 +33,7 @@ class ModelIdentity:
 
 def identify_model(path: Path | None, written: str) -> ModelIdentity:
     """Hash the deploy's model file when readable; else stat it; else say why not."""
-    from batch_invariance.host.gguf import cached_sha256
+    from batch_invariance.host.file_hash import cached_sha256
 
     if path is None:
         return ModelIdentity("nothing", written, missing=f"{written} is downloaded, not a file")
@@ -80,7 +80,7 @@ def identify_build(
     """Hash the deploy's server binary: the file the deploy names (``named``: a path, not a
     bare name found on ``PATH``), else ``override`` (``--server-binary``) when given, else
     what ``PATH`` found; ``missing`` says why none was located."""
-    from batch_invariance.host.gguf import cached_sha256
+    from batch_invariance.host.file_hash import cached_sha256
 
     if override is not None and not (named and missing is None):
         path, missing, how = override, None, f"{override} (--server-binary)"

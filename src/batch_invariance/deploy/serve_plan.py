@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.core.llama_flags import FlagError, read_flags
-from batch_invariance.core.server_options import NEUTRAL, lookup
 from batch_invariance.deploy.config import ServerCommand
 from batch_invariance.deploy.policy_options import add_policy_arguments
+from batch_invariance.engines.llama_server.flags import FlagError, read_flags
+from batch_invariance.engines.llama_server.options import NEUTRAL, lookup
 from batch_invariance.errors import UsageError
 
 
@@ -108,7 +108,7 @@ def parse_serve_line(argv: Sequence[str], base_dir: Path | None, origin: str) ->
 def served_command(command: ServerCommand) -> ServerCommand:
     """The llama-server a ``batch-invariance serve CERT`` line execs, as a server command
     (environment as serve gives it: no ``LLAMA_ARG_*``, no user config file)."""
-    from batch_invariance.core.server_env import measured_env
+    from batch_invariance.engines.llama_server.env import measured_env
 
     line = parse_serve_line(command.argv, command.base_dir, command.origin)
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
-from batch_invariance.core.server_env import is_engine_variable
 from batch_invariance.deploy.config import DeployRead, ServerCommand, read_env_file
 from batch_invariance.deploy.shell import (
     INERT,
@@ -26,6 +25,7 @@ from batch_invariance.deploy.shell import (
 )
 from batch_invariance.deploy.shell_words import Word, tokenize
 from batch_invariance.deploy.shell_wrappers import Unmodelled
+from batch_invariance.engines.llama_server.env import is_engine_variable
 
 _KEY = re.compile(r"^([A-Za-z]+)\s*=\s*(.*)$")
 

@@ -1,0 +1,127 @@
+"""llama.cpp's ``llama-server`` as an :class:`~batch_invariance.engines.base.Engine`.
+
+Its argv (:func:`build_argv`: every slot gets ``ctx`` tokens, a split or unified KV cache,
+``--slots``, ``--cache-ram 0``, ``--metrics``), its KV label, its witnesses (``/slots`` and the
+``llamacpp:requests_processing`` gauge) and its cache evidence (per-response
+``timings.cache_n``, which the transport reads). The process that runs the argv is
+:mod:`batch_invariance.servers.process`, the same for every engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from batch_invariance.engines.base import CacheEvidence, KvLayout, LaunchCommand, LaunchRequest
+from batch_invariance.engines.llama_server import flags as llama_flags
+from batch_invariance.engines.llama_server.flags import FlagError, read_flags
+from batch_invariance.engines.llama_server.probes import llama_server_probes
+from batch_invariance.engines.probes import BusyProbe, PassCounter
+
+__all__ = ["LlamaServerEngine", "build_argv", "kv_label"]
+
+
+def kv_label(ctx: int, parallel: int, layout: KvLayout = "split") -> str:
+    """How the KV cache is sized. Split: every slot owns ``ctx`` tokens. Unified: one pool
+    of ``ctx * parallel`` tokens that every slot draws from."""
+    if layout == "unified":
+        return f"unified:-c {ctx * parallel} -np {parallel} -kvu (one pool, ctx {ctx} per slot)"
+    return f"split:-c {ctx * parallel} -np {parallel} (ctx {ctx} per slot, no-kv-unified)"
+
+
+def build_argv(
+    server_bin: Path,
+    model: Path,
+    *,
+    host: str,
+    port: int,
+    parallel: int,
+    ctx: int,
+    extra_flags: Sequence[str] = (),
+    kv_layout: KvLayout = "split",
+) -> tuple[str, ...]:
+    """The server command line: ``-c ctx*parallel`` and ``-np parallel`` with a split KV cache
+    (every slot gets ``ctx``) or, with ``kv_layout="unified"``, one pool of that size."""
+    argv = [
+        str(server_bin),
+        "--model",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--parallel",
+        str(parallel),
+        "--ctx-size",
+        str(ctx * parallel),
+        "--kv-unified" if kv_layout == "unified" else "--no-kv-unified",
+        "--slots",
+        # Owned: no host-side prompt cache, so every request is computed from scratch and the
+        # memory projection stays honest. A deploy must run --cache-ram 0 to be covered.
+        "--cache-ram",
+        "0",
+        "--no-webui",
+        "--metrics",
+    ]
+    argv.extend(extra_flags)
+    return tuple(argv)
+
+
+class LlamaServerEngine:
+    """``llama-server --parallel N --ctx-size C*N --no-kv-unified --slots --metrics ...``."""
+
+    name = "llama-server"
+    cobatches = True
+    #: Its ``--model`` is one GGUF file (header read, memory guard applied).
+    loads_gguf = True
+    kv_layouts: frozenset[KvLayout] = frozenset({"split", "unified"})
+    #: ``/props`` reports ``total_slots`` and ``/slots`` shows which are busy.
+    reports_slots = True
+    #: llama-context pads the KV pool, and a split cache's per-slot share, to 256 tokens.
+    ctx_multiple = llama_flags.CTX_PAD
+    takes_profiles = True
+    binary_hint = "path to llama-server"
+    #: The one llama-server flag reader's lists (engines.llama_server.flags).
+    owned_flags: frozenset[str] = llama_flags.OWNED_FLAGS
+    refused_flags: frozenset[str] = llama_flags.REFUSED_FLAGS
+
+    def resolve_binary(self, server_bin: Path) -> Path:
+        # The cert names the file that ran, not a symlink to it.
+        return server_bin.resolve()
+
+    def kv_label(self, ctx: int, parallel: int, layout: KvLayout) -> str:
+        return kv_label(ctx, parallel, layout)
+
+    def guard_flags(self, flags: Sequence[str]) -> tuple[str, ...]:
+        return tuple(flags)
+
+    def unknown_flags(self, flags: Sequence[str]) -> tuple[str, ...]:
+        """Words the server would refuse to start with (read by the one flag reader)."""
+        try:
+            rejected = read_flags(flags, first_is_binary=False).rejected
+        except FlagError as exc:
+            return (f"{' '.join(flags)}: {exc}",)
+        return tuple(f"{w}: llama-server has no such option (write --name value)" for w in rejected)
+
+    def launch_command(self, r: LaunchRequest) -> LaunchCommand:
+        argv = build_argv(
+            r.server_bin, r.model, host=r.host, port=r.port, parallel=r.parallel, ctx=r.ctx,
+            extra_flags=r.extra_flags, kv_layout=r.kv_layout,
+        )  # fmt: skip
+        return LaunchCommand(argv, {}, "/health")
+
+    def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
+        return llama_server_probes(base_url, metrics_enabled=True, metrics_url=metrics_url)
+
+    def pass_counters(
+        self, base_url: str, metrics_url: str | None = None
+    ) -> tuple[PassCounter, ...]:
+        return ()
+
+    def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
+        # Per-response timings.cache_n is the evidence here (the prompt_cache gate reads it).
+        return CacheEvidence({}, None)
+
+    def provenance(self, command: LaunchCommand) -> dict[str, Any]:
+        return {"engine": self.name, "busy_witness": "/slots + llamacpp:requests_processing"}

@@ -1,0 +1,343 @@
+"""Every human view of a cert, as text: the console banner of ``run-live`` / ``demo``, the
+``run-mock`` report, the ``verify-cert`` text, and the Action's Markdown job summary and
+workflow-command annotations.
+
+Each function returns a string and prints nothing; the commands print it. Golden tests
+(``tests/golden/``) pin every view byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from batch_invariance.cert.certificate import Cert, display_verdict
+from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
+from batch_invariance.core.throughput import Throughput
+from batch_invariance.report.numerics_view import numerics_lines, numerics_markdown
+
+__all__ = [
+    "NO_BUNDLE",
+    "TITLE",
+    "Require",
+    "annotation",
+    "chat_template_warning",
+    "escape_data",
+    "escape_property",
+    "failure_summary",
+    "live_banner",
+    "md_cell",
+    "mock_expected_status",
+    "mock_prediction",
+    "mock_report",
+    "summary_markdown",
+    "sweep_text",
+    "throughput_text",
+    "verdict_annotation",
+    "verify_report_text",
+]
+
+#: ``none`` only with a baseline: the job checks the comparison with it, not the verdict.
+Require = Literal["green", "promotable", "none"]
+
+TITLE = "batch-invariance"
+_BAR = "=" * 72
+_MAX_DIVERGENT_ROWS = 10
+_EXCERPT_CHARS = 80
+
+
+# --------------------------------------------------------------------------- console
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def throughput_text(block: Throughput | None, parallel: int, *, red: bool = False) -> str:
+    """What N buys (for a RED cell: what staying serial costs), on one line."""
+    if block is None or block.speedup is None:
+        return "throughput: not measured (the server reported no token timings)"
+    if block.speedup < 1:
+        # Concurrency bought nothing here (a host shared with other work, or a server that
+        # serialises): there is no speedup for staying serial to give up.
+        cost = "; concurrent decoding was slower here, so staying serial costs nothing"
+    else:
+        cost = "; staying serial costs this" if red else ""
+    return (
+        f"throughput: serial {block.serial_tokens_per_s} tok/s, N={parallel} concurrent "
+        f"{block.concurrent_tokens_per_s} tok/s: speedup {block.speedup:.2f}x{cost}"
+    )
+
+
+def _cert_throughput(cert: Cert) -> str:
+    return throughput_text(cert.throughput, cert.dispatch_n, red=cert.status == "failed")
+
+
+def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> str:
+    """The verdict banner, gates and reasons of a live cell (``run-live``, ``demo``)."""
+    klass = f" / {cert.divergence_class}" if cert.divergence_class else ""
+    gates = (
+        f"overlap {_met(cert.overlap.ok)}, "
+        f"floor {_met(cert.completion_floor.ok)}, "
+        f"coverage {_met(cert.cobatch_coverage.ok)}, "
+        f"transport {'clean' if cert.transport.ok else 'failures'}"
+    )
+    ac = cert.divergence_report.ac
+    lines = [
+        _BAR,
+        f"  {display_verdict(cert.status)}{klass}  {label} ctx={cert.ctx} N={cert.dispatch_n}",
+        _BAR,
+        f"  gates: {gates}",
+        f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
+        *(f"  {line}" for line in numerics_lines(cert.numerics)),
+        f"  {_cert_throughput(cert)}",
+    ]
+    lines += _warning_lines(cert)
+    lines += [f"  - {reason}" for reason in cert.decision_reasons]
+    lines += _cert_lines(path, superseded)
+    return "\n".join(lines) + "\n"
+
+
+def chat_template_warning(cert: Cert) -> str | None:
+    """The cert's ``provenance.chat_template.warning`` (answers shaped by a fallback)."""
+    block = cert.provenance.chat_template
+    warning = block.warning if block is not None else None
+    return warning or None
+
+
+def _warning_lines(cert: Cert) -> list[str]:
+    warning = chat_template_warning(cert)
+    return [] if warning is None else [f"  WARNING: {warning}"]
+
+
+def _cert_lines(path: Path, superseded: Path | None) -> list[str]:
+    lines = [f"cert: {path}"]
+    if superseded is not None:
+        lines.append(f"previous cert moved to: {superseded}")
+    return lines
+
+
+def mock_report(
+    cert: Cert, path: Path, superseded: Path | None, *, model: str, divergence_mode: bool
+) -> str:
+    """The ``run-mock`` banner, reasons and footer (source=mock is never promotable)."""
+    mode = "--batch-divergence" if divergence_mode else "default"
+    lines = [
+        _BAR,
+        f"  {display_verdict(cert.status)}  mock cell {model} ctx={cert.ctx} "
+        f"N={cert.dispatch_n}  ({mode} mode)",
+        _BAR,
+    ]
+    lines += _warning_lines(cert)
+    lines += [f"  - {reason}" for reason in cert.decision_reasons]
+    lines += _cert_lines(path, superseded)
+    lines.append("source=mock: never promotable (verify-cert never exits 0 on it, by design)")
+    return "\n".join(lines) + "\n"
+
+
+def mock_expected_status(divergence_mode: bool) -> str:
+    """The status the mock's mode predicts: RED with ``--batch-divergence``, else GREEN."""
+    return "failed" if divergence_mode else "green"
+
+
+def mock_prediction(status: str, divergence_mode: bool) -> tuple[bool, str]:
+    """Whether the mock behaved as its mode predicts, and the line that says so."""
+    mode = "--batch-divergence" if divergence_mode else "default"
+    expected = mock_expected_status(divergence_mode)
+    if status == expected:
+        return True, f"mock behaved as the {mode} mode predicts ({display_verdict(expected)})"
+    return False, (
+        f"batch-invariance: the mock did NOT behave as predicted: expected "
+        f"{display_verdict(expected)}, got {display_verdict(status)}"
+    )
+
+
+NO_BUNDLE = f"not checked (no --bundle): authenticity was not checked; {DIGEST_SCOPE}"
+
+
+def verify_report_text(report: Verification, signature: str | None) -> str:
+    """What ``verify-cert`` prints for a cert that passed every check."""
+    cert = report.cert
+    assert cert is not None  # a valid verification always carries its cert
+    lines = [
+        f"cert:       {report.path}",
+        f"cell:       model={cert.model} ctx={cert.ctx} N={cert.dispatch_n}",
+        f"status:     {report.verdict} ({cert.status})",
+        f"source:     {cert.source}   gate: {cert.gate}",
+        f"promotable: {'yes' if report.promotable else 'no'}",
+    ]
+    lines += [f"  - {reason}" for reason in report.promotable_reasons]
+    lines += [
+        f"signature:  {signature or NO_BUNDLE}",
+        "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, "
+        "identity matches its provenance",
+        "reasons:",
+    ]
+    lines += [f"  - {reason}" for reason in cert.decision_reasons]
+    return "\n".join(lines) + "\n"
+
+
+def _sweep_rate(rate: Mapping[str, Any]) -> str:
+    if rate.get("kind") == "observed":
+        return (
+            f"rate {rate.get('observed_rate'):.3g} "
+            f"[{rate.get('ci95_low'):.3g}, {rate.get('ci95_high'):.3g}]"
+        )
+    bound = rate.get("rate_upper_bound_95")
+    return "bound -" if bound is None else f"bound <= {bound:.3g}"
+
+
+def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
+    """The table ``sweep`` prints after the cells' banners."""
+    lines = [
+        _BAR,
+        f"  sweep {summary['model']} ctx={summary['ctx']}: max_safe_parallel = "
+        f"{summary['max_safe_parallel']}  ({summary['server_launches']} server launches)",
+        _BAR,
+    ]
+    for entry in summary["cells"]:
+        n = entry["parallel"]
+        if not entry["ran"]:
+            lines.append(f"  N={n:<3} {entry['not_run']}")
+            continue
+        tp = entry.get("throughput") or {}
+        speed = tp.get("speedup")
+        first = entry.get("first_divergent_token_median")
+        lines.append(
+            f"  N={n:<3} {entry['verdict']:<10} promotable={'yes' if entry['promotable'] else 'no'}"
+            f"  {_sweep_rate(entry['rate'])}"
+            f"  speedup {'-' if speed is None else f'{speed:.2f}x'}"
+            f"  passes {entry['passes_run']}{' (stopped on RED)' if entry['stopped_early'] else ''}"
+            + ("" if first is None else f"  first divergent token ~{first:g}")
+        )
+    lines.append(f"sweep: {path}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- GitHub
+
+
+def escape_data(text: str) -> str:
+    """Escape a workflow-command message (``::error::MESSAGE``)."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    """Escape a workflow-command property value (``title=...``)."""
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(level: Literal["error", "warning", "notice"], title: str, message: str) -> str:
+    return f"::{level} title={escape_property(title)}::{escape_data(message)}"
+
+
+def md_cell(value: object, limit: int = _EXCERPT_CHARS) -> str:
+    """``value`` on one line, cut to ``limit`` characters, safe inside a Markdown table."""
+    text = " ".join(str(value).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text.replace("|", "\\|").replace("`", "'") or "∅"
+
+
+def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mapping[str, str]) -> str:
+    """The job summary: verdict, gate table, divergent ids, bound, scope (pure)."""
+    ac = cert.divergence_report.ac
+    lines = [
+        f"## batch-invariance: {outputs['verdict']} — `{outputs['cell']}`",
+        "",
+        f"- **Verdict:** {outputs['verdict']} (status `{cert.status}`, source `{cert.source}`, "
+        f"gate `{cert.gate}`, KV `{cert.kv_label}`)",
+        f"- **Require `{require}`:** {'met' if passed else 'NOT met'}; promotable: "
+        f"{outputs['promotable']}",
+    ]
+    lines.append(f"- **{_cert_throughput(cert).replace(':', ':**', 1)}")
+    if cert.divergence_class:
+        lines.append(f"- **Divergence class:** `{cert.divergence_class}`")
+    if cert.anomaly:
+        lines.append(f"- **Anomaly:** `{cert.anomaly}`")
+    if cert.source == "mock":
+        lines.append(
+            "- **Mock run:** this cert comes from the in-process mock server "
+            "(`source=mock`); it tests the wiring and can never pass `require`."
+        )
+    lines += ["", "### Gates", "", "| gate | result | reason |", "| --- | --- | --- |"]
+    for name, outcome in cert.gates.items():
+        mark = "pass" if outcome.ok else "**fail**"
+        lines.append(f"| {name} | {mark} | {md_cell(outcome.reason, 200)} |")
+    lines += ["", f"### Divergent ids (A vs C): {len(ac.divergent_ids)}", ""]
+    rows = [row for row in ac.per_id if row.kind != "token_only"]
+    if rows:
+        lines += ["| id | pass | field | A | C |", "| --- | --- | --- | --- | --- |"]
+        for row in rows[:_MAX_DIVERGENT_ROWS]:
+            a_text = row.x_excerpt if row.x_excerpt is not None else row.x
+            c_text = row.y_excerpt if row.y_excerpt is not None else row.y
+            where = "" if row.pass_index is None else str(row.pass_index)
+            lines.append(
+                f"| `{md_cell(row.test_id, 60)}` | {where} | {row.field} | {md_cell(a_text)} | "
+                f"{md_cell(c_text)} |"
+            )
+        if len(rows) > _MAX_DIVERGENT_ROWS:
+            lines.append(f"\n…and {len(rows) - _MAX_DIVERGENT_ROWS} more rows in the cert.")
+    else:
+        lines.append("None: A and C agreed on every compared id and pass.")
+    if ac.token_divergence_ids:
+        lines.append(
+            f"\nToken-only differences (same invariant fields): {len(ac.token_divergence_ids)} "
+            "id(s)."
+        )
+    scope = cert.promotion_scope
+    lines += ["", *numerics_markdown(cert.numerics)]
+    lines += [
+        "",
+        "### Sensitivity",
+        "",
+        md_cell(scope.rule_of_three, 400),
+        "",
+        "### Scope",
+        "",
+        f"> {md_cell(str(scope.valid_for).rstrip('.'), 400)}. This result does not generalize "
+        "to other models, context sizes, N, builds or hardware.",
+        f"> {md_cell(scope.moe_warning, 400)}",
+        "",
+        "### Decision reasons",
+        "",
+    ]
+    lines += [f"{i}. {md_cell(reason, 400)}" for i, reason in enumerate(cert.decision_reasons, 1)]
+    lines += ["", f"Cert: `{outputs['cert-path']}`"]
+    if outputs["bundle-path"]:
+        lines.append(f"Signature bundle: `{outputs['bundle-path']}`")
+    return "\n".join(lines) + "\n"
+
+
+def verdict_annotation(cert: Cert, require: Require, passed: bool, cell: str) -> str:
+    """The one ``::notice::`` / ``::error::`` line that states the verdict on the job."""
+    verdict = display_verdict(str(cert.status))
+    title = f"{TITLE} {verdict}"
+    reasons = "; ".join(str(r) for r in cert.decision_reasons[:2])
+    if passed:
+        return annotation("notice", title, f"{cell}: {verdict}, require {require} met. {reasons}")
+    if cert.status == "failed":
+        n = len(cert.divergence_report.ac.divergent_ids)
+        mock = " (mock run)" if cert.source == "mock" else ""
+        return annotation(
+            "error",
+            title,
+            f"{cell}: batching changed scored outputs on {n} id(s) "
+            f"({cert.divergence_class}){mock}. {reasons}",
+        )
+    if cert.source == "mock":
+        return annotation(
+            "error",
+            title,
+            f"{cell}: mock mode: the cert has source=mock and can never pass require "
+            f"{require}; use mode live on a real server",
+        )
+    return annotation(
+        "error", title, f"{cell}: {verdict} does not meet require {require}. {reasons}"
+    )
+
+
+def failure_summary(heading: str, error: object) -> str:
+    """The job summary of a run that ended without a verdict."""
+    return f"## {heading}\n\n{md_cell(error, 1000)}\n"
