@@ -25,11 +25,10 @@ def _other_build(tmp_path: Path) -> Path:
     """Another build of the fake engine: it answers otherwise on about half the prompts, in
     every arm (the launcher passes no FAKE_* variable on, so the build carries its knobs)."""
     exe = stand_in(tmp_path, "vllm")
-    text = exe.read_text().replace(
-        "import engine_fakes\n",
-        "import os\nos.environ['FAKE_ENGINE_KNOBS'] = '{\"divergence_probability\": 0.5}'\n"
-        "import engine_fakes\n",
-    )
+    lines = exe.read_text().splitlines(keepends=True)
+    knobs = "import os\nos.environ['FAKE_ENGINE_KNOBS'] = '{\"divergence_probability\": 0.5}'\n"
+    text = "".join([lines[0], knobs, *lines[1:]])
+    assert text != exe.read_text()
     other = tmp_path / "other" / "vllm"
     other.parent.mkdir()
     other.write_text(text)
