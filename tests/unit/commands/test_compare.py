@@ -4,7 +4,6 @@ the signature policy (both certs verified before anything is compared)."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,17 +25,7 @@ from tests.support.factories import (
     spec,
     transport_failure,
 )
-from tests.support.paths import GOLDEN
-
-REGEN_ENV = "BATCH_INVARIANCE_REGEN_GOLDEN"
-
-
-def _check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get(REGEN_ENV):
-        path.write_text(text, encoding="utf-8")
-    assert path.is_file(), f"no golden file {path}; run with {REGEN_ENV}=1 to create it"
-    assert text == path.read_text(encoding="utf-8"), f"{name} changed; regenerate and review"
+from tests.support.paths import check_golden
 
 
 def _write(path: Path, cert: Cert) -> Path:
@@ -80,7 +69,7 @@ def test_human_output_golden_and_exit_1_on_a_scored_change(
 ) -> None:
     code = main(["compare", *pair, "--allow-unsigned"])
     out = capsys.readouterr().out
-    _check("compare_changed.txt", out)
+    check_golden("compare_changed.txt", out)
     assert code == 1
 
 
@@ -125,7 +114,7 @@ def test_identical_exits_0_and_golden(
     _write(Path("a.json"), comparable_cert())
     _write(Path("b.json"), comparable_cert(binary_sha="33" * 32))
     assert main(["compare", "a.json", "b.json", "--allow-unsigned"]) == 0
-    _check("compare_identical.txt", capsys.readouterr().out)
+    check_golden("compare_identical.txt", capsys.readouterr().out)
     assert main(["compare", "a.json", "b.json", "--allow-unsigned", "--fail-on", "drift"]) == 0
 
 
@@ -161,7 +150,7 @@ def test_not_comparable_says_why_compares_nothing_exit_2(
     _write(Path("b.json"), comparable_cert(_changed_evidence(), workset={"sha256": "98" * 32}))
     assert main(["compare", "a.json", "b.json", "--allow-unsigned"]) == 2
     out = capsys.readouterr().out
-    _check("compare_not_comparable.txt", out)
+    check_golden("compare_not_comparable.txt", out)
     assert "scored" not in out.split("NOT COMPARABLE")[1].split("worst")[0]
     assert main(["compare", "a.json", "b.json", "--allow-unsigned", "--fail-on", "never"]) == 2
 

@@ -5,7 +5,6 @@ in Chromium: tests/browser)."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,15 +24,7 @@ from tests.support.factories import (
     make_trial,
     replace_trial,
 )
-from tests.support.paths import GOLDEN
-
-
-def _check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("BI_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.is_file(), f"{path} missing; run with BI_UPDATE_GOLDEN=1 once"
-    assert text == path.read_text(encoding="utf-8")
+from tests.support.paths import check_golden
 
 
 def history_certs(root: Path) -> list[Path]:
@@ -103,9 +94,11 @@ def test_one_build_per_cell_has_no_history(builds: list[Path]) -> None:
 def test_history_golden_markdown_and_json(builds: list[Path]) -> None:
     report = build_report(load_all(builds, None))
     markdown = render_markdown(report)
-    _check("report_history.md", markdown[markdown.index("### History over builds") :])
+    check_golden("report_history.md", markdown[markdown.index("### History over builds") :])
     data = json.loads(render_json(report))
-    _check("report_history.json", json.dumps(data["histories"], indent=2, sort_keys=True) + "\n")
+    check_golden(
+        "report_history.json", json.dumps(data["histories"], indent=2, sort_keys=True) + "\n"
+    )
 
 
 def test_history_in_html_and_the_report_command(
