@@ -58,8 +58,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=handle)
 
 
-def signing_policy(args: argparse.Namespace) -> Any:
-    """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned."""
+def signing_policy(args: argparse.Namespace, command: str = "check-deploy") -> Any:
+    """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned.
+    ``command`` names the caller in the usage errors."""
     from batch_invariance.cert.signature import (
         BundlePolicy,
         SignerPolicy,
@@ -96,7 +97,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
         return None
     if not (isinstance(identity, str) and identity and isinstance(issuer, str) and issuer):
         raise UsageError(
-            "check-deploy verifies every covering cert's signature: pass --cert-identity (or "
+            f"{command} verifies every cert's signature: pass --cert-identity (or "
             "--cert-identity-regexp) and --cert-oidc-issuer (or --signing-policy FILE), or "
             "--allow-unsigned for a local check"
         )
@@ -104,7 +105,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
         raise UsageError("give --repository or --any-repository, not both")
     if not (isinstance(repository, str) and repository) and not any_repository:
         raise UsageError(
-            "check-deploy needs --repository OWNER/REPO (or `repository` in --signing-policy): "
+            f"{command} needs --repository OWNER/REPO (or `repository` in --signing-policy): "
             "every repository that calls the reusable cell workflow signs with the same "
             "workflow identity, so the identity alone accepts a cert signed for any of them "
             "(--any-repository accepts that explicitly)"
