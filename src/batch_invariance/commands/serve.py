@@ -117,6 +117,7 @@ def _verify(args: argparse.Namespace) -> Provenance:
 
 def handle(args: argparse.Namespace) -> int:
     from batch_invariance.deploy.gate import engine_env_differences
+    from batch_invariance.deploy.prompt_cache import serving_argv
     from batch_invariance.deploy.serve_plan import measured_argv, serve_argv
     from batch_invariance.engines.llama_server.env import engine_env, measured_env
     from batch_invariance.servers.spawn import refuse_system_config
@@ -124,7 +125,8 @@ def handle(args: argparse.Namespace) -> int:
     if not isinstance(args.cert, Path) or not args.cert.is_file():
         raise UsageError(f"cert not found: {args.cert}")
     provenance = _verify(args)
-    argv = serve_argv(measured_argv(provenance), args.neutral)
+    # The prompt cache as measured: the cache arm's server, else the cold server with it off.
+    argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), args.neutral)
     check_files(argv, provenance)
     refuse_system_config()
     env = measured_env(os.environ)
@@ -132,7 +134,15 @@ def handle(args: argparse.Namespace) -> int:
     if differ:
         raise NotCovered(f"{differ[0]}: ggml reads it, so the server would not be the measured one")
     # Not the argv itself: it may hold an --api-key.
-    print(f"batch-invariance serve: {args.cert.name} verified; exec {argv[0]}", file=sys.stderr)
+    cache = (
+        "prompt cache on, as measured"
+        if provenance.cache_server() is not None
+        else "prompt cache off (--no-cache-prompt): the cert measured cache-off traffic only"
+    )
+    print(
+        f"batch-invariance serve: {args.cert.name} verified; exec {argv[0]}; {cache}",
+        file=sys.stderr,
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -55,6 +55,11 @@ from batch_invariance.deploy.identity import (
     identify_model,
     model_differences,
 )
+from batch_invariance.deploy.prompt_cache import (
+    cache_differences,
+    is_cache_difference,
+    measured_cache_flags,
+)
 from batch_invariance.deploy.serve_plan import ServeRefused, measured_argv
 from batch_invariance.engines.llama_server.flags import (
     FlagError,
@@ -97,6 +102,8 @@ class CertFile:
     measured: ServerFlags | None
     #: The longest answer it compared (``promotion_scope.answer_tokens_max``).
     answer_tokens_max: int | None = None
+    #: Flags of the prompt-cache arm's server; ``None`` when it did not measure the cache.
+    cache_measured: ServerFlags | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,9 @@ def read_cert_file(path: Path) -> CertFile | str:
         answer_tokens_max=None
         if found.cert is None
         else found.cert.promotion_scope.answer_tokens_max,
+        cache_measured=None
+        if found.cert is None or found.cert.prompt_cache is None
+        else measured_cache_flags(provenance),
     )
 
 
@@ -246,7 +256,10 @@ def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
         pool = padded_context(measured.ctx_size or 0, layout).pool
         if pool != cell.pool:
             out.append(f"unified KV pool of {cell.pool} tokens (measured {pool})")
-    out.extend(numerics_differences(cell.flags, measured))
+    # The prompt-cache options are the prompt-cache rule's (deploy/prompt_cache.py).
+    compared = numerics_differences(cell.flags, measured)
+    out.extend(d for d in compared if not is_cache_difference(d))
+    out.extend(cache_differences(cell.flags, cert.cache_measured))
     out.extend(engine_env_differences(cell.engine_env, cert.provenance))
     limit = cell.flags.n_predict
     longest = _measured_length(cert)

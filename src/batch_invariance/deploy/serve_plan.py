@@ -108,6 +108,7 @@ def parse_serve_line(argv: Sequence[str], base_dir: Path | None, origin: str) ->
 def served_command(command: ServerCommand) -> ServerCommand:
     """The llama-server a ``batch-invariance serve CERT`` line execs, as a server command
     (environment as serve gives it: no ``LLAMA_ARG_*``, no user config file)."""
+    from batch_invariance.deploy.prompt_cache import serving_argv
     from batch_invariance.engines.llama_server.env import measured_env
 
     line = parse_serve_line(command.argv, command.base_dir, command.origin)
@@ -123,7 +124,7 @@ def served_command(command: ServerCommand) -> ServerCommand:
             f"{command.origin}: cert {line.cert}: its provenance does not match the cert schema"
         ) from None
     try:
-        argv = serve_argv(measured_argv(provenance), line.neutral)
+        argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), line.neutral)
     except ServeRefused as exc:
         raise ServeRefused(f"{command.origin}: {exc}") from None
     return ServerCommand(

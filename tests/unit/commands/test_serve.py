@@ -86,7 +86,11 @@ def test_serve_execs_the_measured_argv_in_a_clean_environment(served: dict[str, 
     seen = json.loads(served["record"].read_text())
     assert seen["pid"] == child.pid  # exec: serve became the server, no child process
     measured = json.loads(served["cert"].read_text())["provenance"]["servers"][1]["argv"]
-    assert seen["argv"] == list(serve_argv(measured, ["--port", "8080", "--api-key", "k"]))
+    # The cert measured cache-off traffic only: serve turns the prompt cache off, so every
+    # request is computed from scratch as in the measured arms.
+    cold = [*measured, "--no-cache-prompt"]
+    assert seen["argv"] == list(serve_argv(cold, ["--port", "8080", "--api-key", "k"]))
+    assert "prompt cache off (--no-cache-prompt)" in stderr
     assert "LLAMA_ARG_UBATCH" not in seen["env"] and seen["env"]["XDG_CONFIG_HOME"] == "/dev/null"
     assert "k" not in stderr.split()  # the api key is not echoed
 

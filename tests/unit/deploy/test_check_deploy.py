@@ -43,7 +43,9 @@ from tests.support.paths import SHARED_FIXTURES
 MODEL = "gemma-3-270m-q4_k_m"
 SIGSTORE = SHARED_FIXTURES / "sigstore"
 MEASURED_FLAGS = ("-ub", "1")
-OK_FLAGS = "-c 4096 -np 4 -ub 1 --cache-ram 0"
+#: The prompt cache off, as the cold arms measured it (deploy/prompt_cache.py).
+CACHE_OFF = "--no-cache-prompt --cache-ram 0"
+OK_FLAGS = f"-c 4096 -np 4 -ub 1 {CACHE_OFF}"
 
 
 def _provenance(
@@ -204,7 +206,7 @@ def test_systemd_unit_environment(
 ) -> None:
     unit = (
         "[Unit]\nDescription=llama-server\n[Service]\nEnvironment=LLAMA_ARG_N_PARALLEL=16\n"
-        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 16384 -ub 1 --cache-ram 0\n"
+        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 16384 -ub 1 {CACHE_OFF}\n"
     )
     assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
@@ -219,7 +221,10 @@ def test_systemd_unit_environment(
 
 @pytest.mark.parametrize(
     "flags",
-    ["-c 4096 -np 4 -kvu -ub 1 --cache-ram 0", "-c 4096 -ub 1 --cache-ram 0"],
+    [
+        "-c 4096 -np 4 -kvu -ub 1 --no-cache-prompt --cache-ram 0",
+        "-c 4096 -ub 1 --no-cache-prompt --cache-ram 0",
+    ],
     ids=["kvu", "no-np"],
 )
 def test_unified_kv_is_not_covered_by_a_split_cert_but_by_a_unified_one(
@@ -264,7 +269,7 @@ def test_same_file_name_but_another_model_is_not_covered(
         ),
         ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)"),
         ("-bs", "--backend-sampling on (measured off)"),
-        ("--cache-ram 8192", "--cache-ram 8192 (measured 0)"),
+        ("--cache-ram 8192", "caches prompts (--cache-ram 8192) but the cert measured"),
     ],
 )
 def test_numerics_flags_must_match_the_measured_argv(
@@ -314,7 +319,7 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
 def test_mock_and_tampered_certs_do_not_cover(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = f"llama-server -m {world['model']} -c 2048 -np 2 -ub 1 --cache-ram 0\n"
+    body = f"llama-server -m {world['model']} -c 2048 -np 2 -ub 1 --no-cache-prompt --cache-ram 0\n"
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     # A mock run records no model file and a mock server argv: it measured no deploy cell.
@@ -404,7 +409,8 @@ def test_a_bundle_for_another_file_is_rejected(
 def test_models_toml_and_usage_errors(world: dict[str, Path], tmp_path: Path) -> None:
     config = tmp_path / "models.toml"
     config.write_text(
-        '[defaults]\nserver_flags = ["-c", "4096", "-ub", "1", "--cache-ram", "0"]\n\n'
+        '[defaults]\nserver_flags = ["-c", "4096", "-ub", "1", "--cache-ram", "0", '
+        '"--no-cache-prompt"]\n\n'
         f'[[models]]\nalias = "g"\ngguf = "{{MODELS_DIR}}/{MODEL}.gguf"\nkv = "f16"\n'
         'server_flags = ["-np", "4"]\n'
     )

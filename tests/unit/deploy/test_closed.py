@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
+from tests.unit.deploy.test_check_deploy import CACHE_OFF as COLD
 from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
 
 NEUTRAL = "--host 0.0.0.0 --port 8080 --api-key team#42 --metrics --timeout 30"
@@ -38,10 +39,13 @@ def test_the_measured_deploy_passes_plain_and_with_neutral_options(
     m = world["model"]
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS}\n") == 0
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} {NEUTRAL}\n") == 0
-    snake = f"llama-server --model {m} --ctx_size 4096 --parallel 4 --ubatch_size 1 --cache_ram 0\n"
+    snake = (
+        f"llama-server --model {m} --ctx_size 4096 --parallel 4 --ubatch_size 1 "
+        "--no-cache-prompt --cache_ram 0\n"
+    )
     assert _unsigned(world, tmp_path, snake) == 0
     # -c 4000 pads to the same 1024 per slot the cert measured.
-    padded = f"llama-server -m {m} -c 4000 -np 4 -ub 1 --cache-ram 0\n"
+    padded = f"llama-server -m {m} -c 4000 -np 4 -ub 1 --no-cache-prompt --cache-ram 0\n"
     assert _unsigned(world, tmp_path, padded) == 0
     assert "check-deploy: PASS" in capsys.readouterr().out
 
@@ -51,7 +55,7 @@ def test_the_measured_deploy_passes_plain_and_with_neutral_options(
     [
         ("--kv_unified", "KV layout unified (measured split)"),
         ("--ubatch_size 512", "--ubatch-size 512 (measured 1)"),
-        ("--cache_ram 8192", "--cache-ram 8192 (measured 0)"),
+        ("--cache_ram 8192", "caches prompts (--cache-ram 8192) but the cert measured"),
         ("--cache_type_k q4_0", "--cache-type-k q4_0 (measured f16)"),
         ("--no_cont_batching", "--cont-batching off (measured on)"),
         ("--n_cpu_moe 2", "--n-cpu-moe 2 (measured unset)"),
@@ -72,7 +76,7 @@ def test_ctx_is_padded_as_llama_cpp_pads_it(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    body = f"llama-server -m {world['model']} -c 4097 -np 4 -ub 1 --cache-ram 0\n"
+    body = f"llama-server -m {world['model']} -c 4097 -np 4 -ub 1 --no-cache-prompt --cache-ram 0\n"
     _fails(world, tmp_path, capsys, body, f"{MODEL} ctx=1280 N=4")
 
 
@@ -120,9 +124,15 @@ def test_a_config_file_the_server_would_read_is_not_covered(
     ("script", "named"),
     [
         # Assignments in order: the N of the second server is 8, not the file's last 4.
-        ("NP=8\nllama-server -m {m} -c 8192 -np $NP -ub 1 --cache-ram 0\nNP=4\n", "N=8"),
+        (
+            "NP=8\nllama-server -m {m} -c 8192 -np $NP -ub 1 " + COLD + "\nNP=4\n",
+            "N=8",
+        ),
         # A prefix assignment does not reach the expansion on its own line.
-        ("N=8\nN=4 llama-server -m {m} -c 8192 -np $N -ub 1 --cache-ram 0\n", "N=8"),
+        (
+            "N=8\nN=4 llama-server -m {m} -c 8192 -np $N -ub 1 --no-cache-prompt --cache-ram 0\n",
+            "N=8",
+        ),
         # export reaches the server; env -i drops it and the flag-less default is 4 unified.
         ("export LLAMA_ARG_KV_UNIFIED=1\nllama-server -m {m} {ok}\n", "kv=unified"),
         (
@@ -164,7 +174,7 @@ def test_systemd_environment_file_overrides_environment(
     unit = tmp_path / "llm.service"
     unit.write_text(
         f"[Service]\nEnvironmentFile={env}\nEnvironment=LLAMA_ARG_UBATCH=1\n"
-        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 4096 -np 4 --cache-ram 0\n"
+        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 4096 -np 4 {COLD}\n"
     )
     from batch_invariance.cli import main
 
