@@ -102,7 +102,7 @@ def test_another_build_is_not_covered(
          "server binary /srv/nowhere/llama-server not found here: its build (sha256) cannot be "
          "checked"),
         ("PATH=/srv/nowhere llama-server -m {model} {flags}\n",
-         "server binary llama-server is not on PATH here"),
+         "program llama-server is not on the file's PATH here"),
     ],
     ids=["absent-path", "not-on-path"],
 )  # fmt: skip

@@ -3,7 +3,7 @@ Go reader (YAML 1.2) provably agree (pure).
 
 One document; no anchors, aliases, merge keys or tags; every plain (unquoted) scalar is a
 decimal integer without a leading zero, or a word that starts with a letter, ``/``, ``_`` or
-``-`` followed by a letter, made of :data:`_PLAIN` characters and not a YAML 1.1 boolean or
+``-`` followed by a letter, made of :data:`_PLAIN` characters (spaces inside) and not a YAML 1.1 boolean or
 null (``yes``, ``on``, ``null`` ...): such a scalar reads as the same string or integer in both.
 Every scalar is returned as text (compose passes them to the container as text).
 """
@@ -17,7 +17,7 @@ import yaml
 
 from batch_invariance.deploy.commands import NotUnderstood
 
-_PLAIN = re.compile(r"(0|[1-9][0-9]*|-?[A-Za-z/_][A-Za-z0-9_./:,@+=-]*|-)")
+_PLAIN = re.compile(r"(0|[1-9][0-9]*|-?[A-Za-z/_][A-Za-z0-9_./:,@+= -]*|-)")
 _KEYWORDS = frozenset(
     ["y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"]
 )  # YAML 1.1's booleans and nulls, any case

@@ -487,6 +487,10 @@ class ShellReader:
         self._redirects(s)
         _check_unexported(prefix, state)
         search = state.variables.get("PATH") if "PATH" in state.exported else None
+        if "PATH" in prefix:  # bash looks the program up with a prefix PATH
+            if not all(p.startswith("/") for p in prefix["PATH"].split(":")):
+                raise NotInGrammar(f"PATH={prefix['PATH']} (every folder must be absolute)")
+            search = prefix["PATH"]
         self.launches.append(Launch(f"{self.name}:{s.line}", tuple(argv), env, state.cwd, search))
         if replaced:
             state.stopped = True  # exec: the shell is gone; nothing after it runs

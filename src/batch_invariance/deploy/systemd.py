@@ -72,7 +72,8 @@ class _Unit:
     """What the files of one service say, as systemd merges them."""
 
     environment: dict[str, str] = field(default_factory=dict)
-    env_files: list[tuple[str, bool, str]] = field(default_factory=list)
+    #: (path, optional, as written, ``file:line``) of each ``EnvironmentFile=``.
+    env_files: list[tuple[str, bool, str, str]] = field(default_factory=list)
     unset: set[str] = field(default_factory=set)
     workdir: str = "/"
     user: str | None = None
@@ -175,7 +176,7 @@ def _environment_file(unit: _Unit, value: str) -> None:
     path = value[1:] if optional else value
     if not path.startswith("/") or not _VALUE.fullmatch(path) or " " in path:
         raise _Refused(f"EnvironmentFile={value} (an absolute path)")
-    unit.env_files.append((path, optional, value))
+    unit.env_files.append((path, optional, value, unit.where))
 
 
 def _unset(unit: _Unit, value: str) -> None:
@@ -298,14 +299,18 @@ def unit_commands(path: Path, text: str) -> DeployRead:
     unit.bad.extend(_manager_environment())
     env = dict(unit.environment)
     notes: list[str] = []
-    for file, optional, written in unit.env_files:
+    for file, optional, written, where in unit.env_files:
         loaded = read_env_file(Path(file), file)
         if loaded is None:
             if optional and not os.path.lexists(file):
                 notes.append(f"EnvironmentFile={written} is absent here: nothing set from it")
                 continue
-            unit.bad.append(NotUnderstood(path.name, 0, f"EnvironmentFile={written}, which "
-                                          "cannot be read here"))  # fmt: skip
+            shown, _, line = where.rpartition(":")
+            unit.bad.append(
+                NotUnderstood(shown, int(line), f"EnvironmentFile={written}, which cannot be "
+                              "read here", "put the file on this host, or write -PATH if it "
+                              "is optional")
+            )  # fmt: skip
             continue
         unit.bad.extend(loaded.not_understood)
         env.update(loaded.values)
