@@ -126,22 +126,24 @@ def test_a_config_file_the_server_would_read_is_not_covered(
         # export reaches the server; env -i drops it and the flag-less default is 4 unified.
         ("export LLAMA_ARG_KV_UNIFIED=1\nllama-server -m {m} {ok}\n", "kv=unified"),
         (
-            "export LLAMA_ARG_CTX_SIZE=4096\nenv -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
+            "export LLAMA_ARG_CTX_SIZE=4096\n/usr/bin/env -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
             "ctx=?",
         ),
         # cd before a relative model path: another folder's file.
-        ("cd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
+        ("set -e\ncd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
+        # Without set -e a failed cd leaves the caller's folder: the folder is not known.
+        ("cd /nowhere\nllama-server -m {name} {ok}\n", "relative to a folder"),
         # '#' inside a word is not a comment: -c 65536 -np 16 are read.
         ("llama-server -m {m} --api-key team#42 -c 65536 -np 16 -ub 1 -cram 0\n", "N=16"),
         # A comment ending in \ does not swallow the next line.
         ("# old: \\\nllama-server -m {m} -c 8192 -np 8 -ub 1 -cram 0\n", "N=8"),
         # Constructs the reader does not model.
-        ("for n in 4 8; do llama-server -m {m} -np $n; done\n", "inside for"),
-        ("if true; then\n  llama-server -m {m} {ok}\nfi\n", "inside if"),
-        ("( llama-server -m {m} {ok} )\n", "inside ("),
-        ("bash -c 'llama-server -m {m} -np 8'\n", "bash runs something"),
-        ("$SERVER -m {m} {ok}\n", "a variable as the command word"),
-        ("docker run ghcr.io/ggml-org/llama.cpp:server -m {m} -np 8\n", "docker runs"),
+        ("for n in 4 8; do llama-server -m {m} -np $n; done\n", ":3: not understood: running for"),
+        ("if true; then\n  llama-server -m {m} {ok}\nfi\n", ":3: not understood: running if"),
+        ("( llama-server -m {m} {ok} )\n", ":3: not understood: operator ("),
+        ("bash -c 'llama-server -m {m} -np 8'\n", ":3: not understood: running bash"),
+        ("$SERVER -m {m} {ok}\n", ":3: not understood: $SERVER, which this file does not set"),
+        ("docker run ghcr.io/ggml-org/llama.cpp:server -m {m} -np 8\n", "running docker"),
     ],
 )
 def test_shell_scripts_are_read_the_way_bash_runs_them(

@@ -297,6 +297,8 @@ class ShellReader:
                 state.assign(name, value, s.line)
             return
         head = words[0].literal or ""
+        if words[0].literal is None:
+            expand(words[0], state)  # a variable command word: named when the file lacks it
         if s.or_exit is not None and head not in ("test", "[", "cd"):
             raise NotInGrammar(
                 f"{words[0].source} ... || exit", "only test, [ ] and cd take || exit"
@@ -476,8 +478,12 @@ class ShellReader:
             replaced, argv = True, argv[1:]
         if argv and self._external(argv[0]) == "nohup":
             argv = argv[1:]
+        lookup: str | None = None
         if argv and self._external(argv[0]) == "env":
             argv, env = _env(argv[1:], env)
+            # env execvp()s the program with its new environment: glibc searches that PATH,
+            # or its default /bin:/usr/bin when the new environment has none.
+            lookup = env.get("PATH", "/bin:/usr/bin")
         if not starts_server(argv):
             raise NotInGrammar(
                 f"running {argv[0] if argv else 'nothing'} (not in the grammar)",
@@ -491,6 +497,8 @@ class ShellReader:
             if not all(p.startswith("/") for p in prefix["PATH"].split(":")):
                 raise NotInGrammar(f"PATH={prefix['PATH']} (every folder must be absolute)")
             search = prefix["PATH"]
+        if lookup is not None:
+            search = lookup
         self.launches.append(Launch(f"{self.name}:{s.line}", tuple(argv), env, state.cwd, search))
         if replaced:
             state.stopped = True  # exec: the shell is gone; nothing after it runs
