@@ -126,7 +126,8 @@ def test_a_config_file_the_server_would_read_is_not_covered(
         # export reaches the server; env -i drops it and the flag-less default is 4 unified.
         ("export LLAMA_ARG_KV_UNIFIED=1\nllama-server -m {m} {ok}\n", "kv=unified"),
         (
-            "export LLAMA_ARG_CTX_SIZE=4096\n/usr/bin/env -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
+            "export LLAMA_ARG_CTX_SIZE=4096\n"
+            "/usr/bin/env -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
             "ctx=?",
         ),
         # cd before a relative model path: another folder's file.

@@ -170,24 +170,24 @@ def test_check_deploy_reads_a_serve_line_as_that_certs_cell(
     # Identity by content: a program named batch-invariance that is not this tool.
     impostor = tmp_path / "impostor" / "batch-invariance"
     impostor.parent.mkdir()
-    impostor.write_text("#!/bin/sh\nexec /opt/other-llama-server \"$@\"\n")
+    impostor.write_text('#!/bin/sh\nexec /opt/other-llama-server "$@"\n')
     impostor.chmod(0o755)
     unit.write_text(f"[Service]\nExecStart={impostor} serve {served['cert']} --allow-unsigned\n")
     assert main(args) == exitcodes.NOT_PROMOTABLE
     assert f"serve line: {impostor} is not this tool" in capsys.readouterr().out
     # A bare name is looked up with the PATH the file sets.
     script = tmp_path / "run.sh"
-    script.write_text(f"export PATH={impostor.parent}:/usr/bin\n"
-                      f"exec batch-invariance serve {served['cert']} --allow-unsigned\n")  # fmt: skip
+    serve_line = f"exec batch-invariance serve {served['cert']} --allow-unsigned\n"
+    script.write_text(f"export PATH={impostor.parent}:/usr/bin\n" + serve_line)  # fmt: skip
     args[1] = str(script)
     assert main(args) == exitcodes.NOT_PROMOTABLE
     assert "is not this tool" in capsys.readouterr().out
     script.write_text(f"export PATH={tool.parent}:/usr/bin\n"
-                      f"exec batch-invariance serve {served['cert']} --allow-unsigned\n")  # fmt: skip
+                      + serve_line)  # fmt: skip
     assert main(args) == exitcodes.PROMOTABLE
     # Variables that reach the Python running serve: not covered.
     script.write_text(f"export PATH={tool.parent}:/usr/bin PYTHONPATH=/tmp/evil\n"
-                      f"exec batch-invariance serve {served['cert']} --allow-unsigned\n")  # fmt: skip
+                      + serve_line)  # fmt: skip
     assert main(args) == exitcodes.NOT_PROMOTABLE
     assert "PYTHONPATH reaches the Python that runs serve" in capsys.readouterr().out
     script.write_text(f"export PATH={tool.parent}:/usr/bin\n"
