@@ -4,7 +4,8 @@ Go reader (YAML 1.2) provably agree (pure).
 One document; no anchors, aliases, merge keys or tags; every plain (unquoted) scalar is a
 decimal integer without a leading zero, or a word that starts with a letter, ``/``, ``_`` or
 ``-`` followed by a letter, made of :data:`_PLAIN` characters (spaces inside) and not a
-YAML 1.1 boolean or null (``yes``, ``on``, ``null`` ...): such a scalar reads as the same string or integer in both.
+YAML 1.1 boolean or null (``yes``, ``on``, ``null`` ...): such a scalar reads as the same
+string or integer in both.
 Every scalar is returned as text (compose passes them to the container as text).
 """
 
