@@ -55,14 +55,15 @@ class _Refused(Exception):
         self.line, self.construct, self.fix = line, construct, fix
 
 
-def _text(value: Any) -> str:
-    return "\n".join(_text(v) for v in value) if isinstance(value, list) else str(value)
-
-
 def _mentions(value: Any) -> bool:
+    """Any key or value under ``value`` names a server, a model file or this tool."""
+    if isinstance(value, tuple):  # (value, line) as loaded
+        return _mentions(value[0])
     if isinstance(value, dict):
-        return any(TRIGGER.search(k) or _mentions(v) for k, v in plain(value).items())
-    return bool(TRIGGER.search(_text(value))) if not isinstance(value, Mapping) else False
+        return any(TRIGGER.search(k) or _mentions(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_mentions(v) for v in value)
+    return bool(TRIGGER.search(str(value)))
 
 
 def _words(value: Any, line: int, key: str) -> list[str]:

@@ -141,6 +141,8 @@ def word_problem(word: Word) -> str | None:
     """Why a word is outside the grammar (``None``: inside)."""
     if word.problem:
         return word.problem
+    if len(word.parts) == 1 and word.parts[0].text in ("[", "]") and not word.parts[0].variable:
+        return None  # the test command and its last word: no pattern without both brackets
     for part in word.parts:
         if part.variable:
             continue
