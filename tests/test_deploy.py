@@ -305,7 +305,7 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
     # A cert that records neither a measured length nor a budget covers no fixed -n.
     from batch_invariance.core.llama_flags import read_flags
     from batch_invariance.deploy.cells import cell_of
-    from batch_invariance.deploy.config import ServerCommand
+    from batch_invariance.deploy.commands import ServerCommand
     from batch_invariance.deploy.gate import CertFile, config_differences
     from batch_invariance.deploy.identity import identify_model
 

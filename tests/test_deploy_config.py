@@ -306,8 +306,8 @@ def test_systemd_execstart_is_split_as_systemd_splits_it(tmp_path: Path) -> None
     assert "not an absolute path" in found[0]
     found = _unit(tmp_path, "[Service]\nExecStart=/usr/bin/llama-server -m $M\n").unmodelled
     assert "$M, which no Environment= of this unit sets" in found[0]
-    found = _unit(tmp_path, "[Service]\nExecStart=@/usr/bin/llama-server x -m /a.gguf\n")
-    assert "ExecStart= prefix @" in found.unmodelled[0]
+    found = _unit(tmp_path, "[Service]\nExecStart=@/usr/bin/llama-server x -m /a.gguf\n").unmodelled
+    assert "ExecStart= prefix @" in found[0]
 
 
 # --------------------------------------------------------------------------- compose

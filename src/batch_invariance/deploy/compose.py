@@ -14,7 +14,6 @@ services may not mention a server and may not bind a server's host folder writab
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
