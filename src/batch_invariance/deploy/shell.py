@@ -79,6 +79,8 @@ class ShellState:
     allexport: bool = False
     errexit: bool = False
     stopped: bool = False
+    #: The line each variable was last assigned on (named when it is refused later).
+    assigned_at: dict[str, int] = field(default_factory=dict)
 
     def assign(self, name: str, value: str, where: int) -> None:
         if not assignable(name):
@@ -88,6 +90,7 @@ class ShellState:
                 f"PATH={value} (every folder must be absolute)", "write PATH=/abs/bin:/usr/bin"
             )
         self.variables[name] = value
+        self.assigned_at[name] = where
         if self.allexport or name == "PATH":
             self.exported.add(name)  # PATH is in every caller's environment: always exported
 
@@ -270,7 +273,7 @@ class ShellReader:
             try:
                 self._run(item)
             except NotInGrammar as exc:
-                self._refuse(item.line, exc.construct, exc.fix)
+                self._refuse(exc.line or item.line, exc.construct, exc.fix)
                 return  # what follows depends on a state the reader no longer knows
             if self.state.stopped:
                 return
@@ -528,6 +531,7 @@ def _check_unexported(prefix: dict[str, str], state: ShellState) -> None:
                 f"{name} assigned without export (the caller's environment decides whether the "
                 "server gets it)",
                 f"write export {name}=...",
+                line=state.assigned_at.get(name, 0),
             )
 
 
