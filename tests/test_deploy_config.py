@@ -67,7 +67,7 @@ def test_assignments_apply_in_order_and_exports_reach_the_server() -> None:
     # A variable the server reads, assigned without export: the caller decides whether the
     # server gets it (it may have exported that name), so it is not understood.
     found = _refused("LLAMA_ARG_N_PARALLEL=8\nllama-server -m /m/a.gguf -c 8192\n")
-    assert found.startswith("run.sh:2: not understood: LLAMA_ARG_N_PARALLEL assigned without")
+    assert found.startswith("run.sh:1: not understood: LLAMA_ARG_N_PARALLEL assigned without")
 
 
 def test_prefix_assignments_expand_before_they_apply() -> None:

@@ -234,7 +234,7 @@ def test_words_outside_the_grammar_on_the_launch_line_are_refused(
                 "a[0]",
                 "!x",
                 "$UNSET_ONE",
-                "a;b",
+                "a|b",
             ]
         )
     )
