@@ -247,8 +247,9 @@ def _variable(name: str, env: dict[str, str]) -> str:
     return env[name]
 
 
-def drop_in_files(unit_path: Path) -> list[Path]:
-    """The drop-ins systemd merges into ``unit_path``, in the order it applies them."""
+def drop_in_files(unit_path: Path, root: Path = Path("/")) -> list[Path]:
+    """The drop-ins systemd merges into ``unit_path``, in the order it applies them (``root``:
+    the file system root systemd's unit folders are under, as ``systemd-analyze --root``)."""
     name = unit_path.name
     kind = name.rsplit(".", 1)[-1]
     stem = name[: -len(kind) - 1]
@@ -257,8 +258,9 @@ def drop_in_files(unit_path: Path) -> list[Path]:
     names += [f"{'-'.join(parts[:i])}-.{kind}.d" for i in range(1, len(parts))]
     names.append(f"{name}.d")
     folders = [unit_path.parent]
-    if unit_path.parent in UNIT_DIRS:
-        folders = list(UNIT_DIRS)
+    systemd_dirs = [root / d.relative_to("/") for d in UNIT_DIRS]
+    if unit_path.parent in systemd_dirs:
+        folders = systemd_dirs
     chosen: dict[str, Path] = {}
     for folder in folders:
         for sub in names:
