@@ -116,6 +116,6 @@ def test_units_the_grammar_accepts_are_clean_under_systemd(tmp_path: Path, text:
     assert read.not_understood == (), read.unmodelled
     output = _verify(str(unit))
     complaints = [line for line in output.splitlines()
-                  if line.startswith(str(unit)) and "Unknown" in line or "Failed to parse" in line
+                  if (line.startswith(str(unit)) and "Unknown" in line) or "Failed to parse" in line
                   or "Invalid" in line]  # fmt: skip
     assert complaints == [], output
