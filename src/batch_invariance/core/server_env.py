@@ -53,7 +53,7 @@ NO_USER_CONFIG = "/dev/null"
 
 #: Variables that change nothing a server computes (where it listens is in its argv): passed
 #: to every server the tool starts, never recorded. ``LC_*`` too. Every other variable of the
-#: tool's environment is dropped unless it is one the engine reads (recorded in the cert).
+#: tool's variables is dropped unless it is one the engine reads (recorded in the cert).
 NEUTRAL_ENV_NAMES = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR"}
 )
@@ -95,7 +95,7 @@ def config_files(env: Mapping[str, str], home: str | None) -> tuple[str, ...]:
 
 
 def measured_env(parent: Mapping[str, str]) -> dict[str, str]:
-    """The environment a server the tool measures gets from ``parent``: the neutral variables
+    """The variables a server the tool measures gets from ``parent``: the neutral variables
     and the ones the engine reads (recorded in the cert as ``engine_env``), nothing else (no
     ``LLAMA_ARG_*``, no ``LD_AUDIT``, ``GLIBC_TUNABLES``, ``MALLOC_*`` ...), and
     ``XDG_CONFIG_HOME=/dev/null`` so that no user config file is read."""
@@ -106,7 +106,7 @@ def measured_env(parent: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ServedEnv:
-    """The environment ``serve`` execs the measured server in, or why it will not."""
+    """The variables ``serve`` execs the measured server with, or why it will not."""
 
     env: dict[str, str]
     #: Variables the caller sets to another value than the cert recorded (refused).
