@@ -195,3 +195,41 @@ def test_compose_volumes_map_by_the_longest_container_prefix(
     code = main(["check-deploy", str(compose), "--certs", str(world["certs"]), "--allow-unsigned"])
     assert code == exitcodes.NOT_PROMOTABLE
     assert "model sha256" in capsys.readouterr().out
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _golden(name: str, text: str) -> None:
+    import os
+
+    path = GOLDEN / name
+    if os.environ.get("BI_UPDATE_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert path.is_file(), f"{path} missing; run with BI_UPDATE_GOLDEN=1 once"
+    assert text == path.read_text(encoding="utf-8")
+
+
+def test_check_deploy_output_is_golden(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What an operator reads: a deploy outside the grammar (the line, the construct, the fix)
+    and the ordinary correct shape that passes."""
+    m = world["model"]
+    outside = (
+        "set -e\necho starting >> /var/log/llm.log\ncurl -o /tmp/m.gguf https://example.com/m\n"
+        f"exec llama-server -m {m} {OK_FLAGS}\n"
+    )
+    ordinary = (
+        "#!/bin/bash\nset -euo pipefail\n"
+        f"test -x {world['binary']} || exit 1\necho starting >> /var/log/llm.log\n"
+        f"exec llama-server -m {m} {OK_FLAGS} -n 64 --host 0.0.0.0 --port 8080\necho never\n"
+    )
+    out = []
+    for body in (outside, ordinary):
+        _unsigned(world, tmp_path, body)
+        out.append(capsys.readouterr().out)
+    text = "".join(out).replace(str(tmp_path), "<tmp>").replace(str(world["root"]), "<root>")
+    _golden("check_deploy.txt", text)
