@@ -233,3 +233,32 @@ def test_check_deploy_output_is_golden(
         out.append(capsys.readouterr().out)
     text = "".join(out).replace(str(tmp_path), "<tmp>").replace(str(world["root"]), "<root>")
     _golden("check_deploy.txt", text)
+
+
+def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from batch_invariance.cli import main
+
+    unit = tmp_path / "llm.service"
+    unit.write_text(
+        "[Unit]\nDescription=llama-server\n[Service]\nEnvironmentFile=-/etc/nowhere/llm.env\n"
+        f"ExecStart={world['binary']} -m {world['model']} -c 8192 -np 8\n"
+        "Restart=on-failure\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    (tmp_path / "llm.service.d").mkdir()
+    (tmp_path / "llm.service.d" / "10-measured.conf").write_text(
+        f"[Service]\nExecStart=\nExecStart={world['binary']} -m {world['model']} {OK_FLAGS} "
+        f"{NEUTRAL.replace('#', '-')}\n"
+    )
+    args = ["check-deploy", str(unit), "--certs", str(world["certs"]), "--allow-unsigned"]
+    assert main(args) == exitcodes.PROMOTABLE
+    out = capsys.readouterr().out
+    assert "10-measured.conf:3]" in out  # the ExecStart= that runs is named
+    assert "EnvironmentFile=-/etc/nowhere/llm.env is absent here" in out
+    # Without the drop-in the unit's own ExecStart runs: N=8, not measured.
+    (tmp_path / "llm.service.d" / "10-measured.conf").unlink()
+    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert "N=8" in capsys.readouterr().out

@@ -338,10 +338,12 @@ def test_compose_services_and_override_files_merge_as_compose_merges(tmp_path: P
         "services:\n  llm:\n    command: ['-m', '/models/b.gguf', '-c', '8192', '-np', '8']\n"
         "    environment: ['LLAMA_ARG_UBATCH=512']\n"
     )
-    read = _compose(tmp_path, SERVICE, {"compose.override.yaml": override})
+    base = SERVICE + "    environment: {LLAMA_ARG_UBATCH: '1', LLAMA_ARG_THREADS: '4'}\n"
+    read = _compose(tmp_path, base, {"compose.override.yaml": override})
     cell = cell_of(read.commands[0])
     assert (cell.name, cell.parallel) == ("b", 8)
-    assert cell.flags.compared()["--ubatch-size"] == "512"
+    # environment is merged by name: the override's value wins, the base's other names stay.
+    assert read.commands[0].env == {"LLAMA_ARG_UBATCH": "512", "LLAMA_ARG_THREADS": "4"}
 
 
 @pytest.mark.parametrize(

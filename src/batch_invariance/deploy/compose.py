@@ -43,7 +43,6 @@ SERVER_KEYS = frozenset(
      "labels", "stop_signal", "stop_grace_period", "init"}
 )  # fmt: skip
 #: Merged by key across files; the rest are replaced (the specification's merge rules).
-_BY_KEY = frozenset({"environment", "labels"})
 _APPENDED = frozenset({"ports", "expose", "env_file"})
 _FIX = "keep the service to the keys in docs/deploy.md, or entrypoint batch-invariance serve"
 
@@ -133,10 +132,11 @@ def _merge(services: dict[str, _Service], data: dict[str, Any], shown: str) -> N
         service = services.setdefault(name, _Service(name))
         for key, (value, where) in spec.items():
             old = service.spec.get(key)
-            if key in _BY_KEY and old is not None:
-                new = _environment(value, where) if key == "environment" else plain(value)
-                base = _environment(old, where) if key == "environment" else old
-                service.spec[key] = {**base, **new} if isinstance(new, dict) else new
+            if key == "environment":  # merged by name; kept as plain NAME -> value
+                service.spec[key] = {**(old or {}), **_environment(value, where)}
+            elif key == "labels":
+                service.spec[key] = {**(old or {}), **plain(value)} if isinstance(
+                    value, dict) else value  # fmt: skip
             elif key in _APPENDED and isinstance(old, list) and isinstance(value, list):
                 service.spec[key] = [*old, *value]
             elif key == "volumes" and isinstance(old, list) and isinstance(value, list):
@@ -271,8 +271,7 @@ def _server(service: _Service, base: Path) -> ServerCommand | None:
         if read.not_understood:
             raise _Refused(where, f"env_file {path}: {read.not_understood[0]}")
         env.update(read.values)
-    if "environment" in spec:
-        env.update(_environment(spec["environment"], service.lines["environment"][1]))
+    env.update(spec.get("environment", {}))
     mounts: list[BindMount] = []
     for item in spec.get("volumes", []):
         source, target, _ = _volume(item, service.lines["volumes"][1])
