@@ -351,6 +351,8 @@ def test_compose_services_and_override_files_merge_as_compose_merges(tmp_path: P
     [
         ("    extends: {file: base.yml, service: llm}\n", "key extends of a server service"),
         ("    environment: [LLAMA_ARG_UBATCH]\n", "without a value"),
+        ("    environment:\n      LLAMA_ARG_UBATCH:\n", "without a value"),
+        ("    environment:\n      LLAMA_ARG_UBATCH: 0x200\n", "plain YAML value '0x200'"),
         ("    environment:\n      LLAMA_ARG_FLASH_ATTN: on\n", "plain YAML value 'on'"),
         ("    environment:\n      LLAMA_ARG_UBATCH: ${UB}\n", "a $"),
         ("    working_dir: /srv\n    privileged: true\n", "plain YAML value 'true'"),

@@ -79,6 +79,9 @@ def _environment(value: Any, line: int) -> dict[str, str]:
     items = value.items() if isinstance(value, dict) else None
     if items is not None:
         for name, (text, where) in items:
+            if text is None:
+                raise _Refused(where, f"environment {name} without a value (it passes the "
+                               "caller's through)", f"write {name}: VALUE")  # fmt: skip
             if isinstance(text, (list, dict)):
                 raise _Refused(where, f"environment {name}: not a value")
             pairs[name] = str(text)

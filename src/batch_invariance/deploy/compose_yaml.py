@@ -1,12 +1,12 @@
 """Compose YAML inside a closed grammar: the documents on which PyYAML (YAML 1.1) and compose's
 Go reader (YAML 1.2) provably agree (pure).
 
-One document; no anchors, aliases, merge keys or tags; every plain (unquoted) scalar is a
-decimal integer without a leading zero, or a word that starts with a letter, ``/``, ``_`` or
-``-`` followed by a letter, made of :data:`_PLAIN` characters (spaces inside) and not a
-YAML 1.1 boolean or null (``yes``, ``on``, ``null`` ...): such a scalar reads as the same
-string or integer in both.
-Every scalar is returned as text (compose passes them to the container as text).
+One document; no anchors, aliases, merge keys, tags or block scalars. Every scalar is
+returned as the text written (compose passes values to the container as text), so a plain
+(unquoted) scalar must be one compose also reads as that text: a decimal integer without a
+leading zero, or a scalar that YAML 1.2's core schema reads as a string (YAML 1.2 spec,
+10.3.2: not null, a boolean, an integer or a float) and that is not a YAML 1.1 boolean or null
+word (``yes``, ``on``, ``off`` ...: some readers still take them as booleans).
 """
 
 from __future__ import annotations
@@ -18,10 +18,15 @@ import yaml
 
 from batch_invariance.deploy.commands import NotUnderstood
 
-_PLAIN = re.compile(r"(0|[1-9][0-9]*|-?[A-Za-z/_][A-Za-z0-9_./:,@+= -]*|-)")
-_KEYWORDS = frozenset(
-    ["y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"]
-)  # YAML 1.1's booleans and nulls, any case
+_DECIMAL = re.compile(r"0|-?[1-9][0-9]*")
+#: YAML 1.2 core schema (10.3.2): the plain scalars that are not strings.
+_CORE_TYPED = re.compile(
+    r"null|Null|NULL|~|true|True|TRUE|false|False|FALSE|[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+"
+    r"|[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)"
+    r"|\.nan|\.NaN|\.NAN"
+)
+#: YAML 1.1's booleans and nulls (any case).
+_KEYWORDS = frozenset(["y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"])
 
 
 class YamlRefused(Exception):
@@ -54,7 +59,10 @@ def _value(node: yaml.Node) -> Any:
             return text
         if node.style in ("|", ">"):
             raise YamlRefused(line, "a YAML block scalar")
-        if not _PLAIN.fullmatch(text) or text.lower() in _KEYWORDS:
+        if text == "" and node.style is None:
+            return None  # an empty value (``key:``): null in both readers
+        typed = _CORE_TYPED.fullmatch(text) and not _DECIMAL.fullmatch(text)
+        if typed or text.lower() in _KEYWORDS:
             raise YamlRefused(line, f"plain YAML value {text[:40]!r} (quote it)")
         return text
     if isinstance(node, yaml.SequenceNode):
