@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from batch_invariance.engines.llama_server import LlamaServerEngine
+from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.provision.embedded import provision
 from batch_invariance.run.dispatch import run_serial

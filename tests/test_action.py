@@ -29,7 +29,7 @@ from batch_invariance import exitcodes
 from batch_invariance.action import entrypoint as action
 from batch_invariance.action import inputs as action_inputs
 from batch_invariance.action import outputs as action_outputs
-from batch_invariance.cert import render
+from batch_invariance.report import render
 from factories import load_cert
 
 REPO = Path(__file__).resolve().parents[1]

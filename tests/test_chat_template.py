@@ -13,19 +13,19 @@ from batch_invariance.cert.verify import verify_text
 from batch_invariance.cli import main
 from batch_invariance.core.chat_template import (
     FALLBACK_WARNING,
-    LLAMA_CPP_CHATML_FALLBACK,
     ChatTemplateCheck,
     judge_chat_template,
     sends_chat,
 )
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.workitem import WorkItem
+from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.mock import MockKnobs, MockLauncher, MockServer
 from batch_invariance.run.cell import CellPlan, run_cell
-from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.records import ModelTemplate
 from batch_invariance.run.workset import items_to_row
 from batch_invariance.scorer_api import ExactMatchScorer
+from batch_invariance.service.finish import finish_cell
 from factories import cert_for
 
 ITEMS = (WorkItem("fr", "What is the capital of France?", None, expected_answer="Paris"),)
@@ -33,7 +33,12 @@ CHAT_ROW = WorkItem("m", None, (("user", "hi"),))
 
 
 def _judge(**kw: object) -> ChatTemplateCheck:
-    args: dict[str, object] = {"uses_chat": True, "server_argv": (), "server_template": None}
+    args: dict[str, object] = {
+        "uses_chat": True,
+        "server_argv": (),
+        "server_template": None,
+        "fallback_template": LLAMA_CPP_CHATML_FALLBACK,
+    }
     args.update(kw)
     return judge_chat_template(**args)  # type: ignore[arg-type]
 

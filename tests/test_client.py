@@ -15,9 +15,13 @@ import requests
 
 from batch_invariance.core.evidence import TRANSPORT_MODES
 from batch_invariance.core.workitem import WorkItem
+from batch_invariance.engines.llama_server.probes import (
+    busy_from_metrics,
+    busy_from_slots,
+    tasks_from_slots,
+)
 from batch_invariance.errors import InfraError
 from batch_invariance.mock import MockKnobs, MockServer
-from batch_invariance.run.probe import busy_from_metrics, busy_from_slots, tasks_from_slots
 from batch_invariance.run.response import parse_completion, parse_logprobs
 from batch_invariance.run.transport import (
     CHAT_PATH,

@@ -50,7 +50,7 @@ def _provenance(
 ) -> dict[str, Any]:
     """What run-live records for this cell: the model file, the server binary (by default
     ``bin/`` beside the model's folder) and the A / BC servers' argv."""
-    from batch_invariance.engines.llama_server import build_argv
+    from batch_invariance.engines.llama_server.engine import build_argv
 
     def argv(n: int, kv: str) -> list[str]:
         return list(
@@ -94,7 +94,7 @@ def _live_cert(
     from batch_invariance.cert.store import write_cert
     from batch_invariance.core.evidence import CellSpec
     from batch_invariance.core.verdict import decide
-    from batch_invariance.engines.llama_server import kv_label
+    from batch_invariance.engines.llama_server.engine import kv_label
     from factories import green_evidence
 
     chosen = policy or GatePolicy()
@@ -114,9 +114,9 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     from batch_invariance.core.evidence import CellSpec
     from batch_invariance.mock import MockKnobs, MockLauncher
     from batch_invariance.run.cell import CellPlan, run_cell
-    from batch_invariance.run.finish import finish_cell
     from batch_invariance.run.workset import load_workset
     from batch_invariance.scorer_api import load_scorer
+    from batch_invariance.service.finish import finish_cell
 
     ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
     with resources.as_file(ref) as path:
@@ -303,11 +303,11 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n {longest}\n") == 0
     # A cert that records neither a measured length nor a budget covers no fixed -n.
-    from batch_invariance.core.llama_flags import read_flags
     from batch_invariance.deploy.cells import cell_of
     from batch_invariance.deploy.commands import ServerCommand
     from batch_invariance.deploy.gate import CertFile, config_differences
     from batch_invariance.deploy.identity import identify_model
+    from batch_invariance.engines.llama_server.flags import read_flags
 
     argv = data["provenance"]["servers"][1]["argv"]
     bare = CertFile(world["green"], Provenance(), None, True, None, MODEL, 1024, 4,

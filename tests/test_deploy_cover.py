@@ -188,11 +188,11 @@ def test_a_capped_deploy_within_the_measured_length_prints_no_scope(
 
 
 def test_an_uncapped_deploy_needs_a_measured_length(cover: dict[str, Path]) -> None:
-    from batch_invariance.core.llama_flags import read_flags
     from batch_invariance.deploy.cells import cell_of
     from batch_invariance.deploy.commands import ServerCommand
     from batch_invariance.deploy.gate import CertFile, config_differences
     from batch_invariance.deploy.identity import identify_model
+    from batch_invariance.engines.llama_server.flags import read_flags
 
     data = json.loads(cover["green"].read_text())
     argv = data["provenance"]["servers"][1]["argv"]

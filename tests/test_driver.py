@@ -19,10 +19,11 @@ from batch_invariance.core.verdict import Verdict, decide
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.mock import MockKnobs, MockLauncher
-from batch_invariance.run.cell import CellPlan, CellRun, ServerHandle, run_cell
-from batch_invariance.run.finish import finish_cell
+from batch_invariance.run.cell import CellPlan, CellRun, run_cell
 from batch_invariance.run.progress import Progress
+from batch_invariance.run.protocols import ServerHandle
 from batch_invariance.scorer_api import Completion, ExactMatchScorer, Score, Scorer
+from batch_invariance.service.finish import finish_cell
 
 QUESTIONS = (
     ("add", "What is 17 + 25?", "42"),

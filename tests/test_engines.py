@@ -10,7 +10,7 @@ import requests
 from batch_invariance.engines import witness
 from batch_invariance.engines.base import LaunchRequest, flag_conflicts
 from batch_invariance.engines.llama_cpp_python import LlamaCppPythonEngine
-from batch_invariance.engines.llama_server import LlamaServerEngine
+from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_for
 from batch_invariance.engines.sglang import SglangEngine
 from batch_invariance.engines.vllm import VllmEngine

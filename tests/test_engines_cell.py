@@ -18,12 +18,12 @@ from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.cell import run_cell
-from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.records import ArmStats, CellRun
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import ARM_A_NOTE, AttachLauncher, attach_target
 from batch_invariance.servers.launch import EngineLauncher
+from batch_invariance.service.finish import finish_cell
 from engine_fakes import fake_engine
 from test_driver import ITEMS, POLICY, plan
 

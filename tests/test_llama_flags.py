@@ -8,7 +8,8 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.core.llama_flags import (
+from batch_invariance.engines.llama_server.engine import build_argv, kv_label
+from batch_invariance.engines.llama_server.flags import (
     OWNED_FLAGS,
     REFUSED_FLAGS,
     FlagError,
@@ -19,7 +20,6 @@ from batch_invariance.core.llama_flags import (
     read_flags,
     slot_layout,
 )
-from batch_invariance.engines.llama_server import build_argv, kv_label
 
 
 def test_command_line_beats_environment_and_later_beats_earlier() -> None:
@@ -204,7 +204,7 @@ def test_run_live_dry_run_shows_the_unified_bc_server(
 
 
 def test_measured_servers_get_no_llama_arg_variables_and_no_user_config() -> None:
-    from batch_invariance.core.server_env import config_files, engine_env, measured_env
+    from batch_invariance.engines.llama_server.env import config_files, engine_env, measured_env
 
     env = measured_env(
         {"PATH": "/bin", "LLAMA_ARG_UBATCH": "512", "LLAMA_ARG_N_PARALLEL": "8",
@@ -218,3 +218,16 @@ def test_measured_servers_get_no_llama_arg_variables_and_no_user_config() -> Non
     )
     # What ggml reads is passed on and recorded, not hidden.
     assert engine_env(env) == {"GGML_CUDA_NO_PINNED": "1"}
+
+
+def test_the_committed_option_table_is_what_the_generator_writes() -> None:
+    # The table is a generated module (imported, never read as a file at import): the text
+    # the regenerating command would write for the same options is the committed text.
+    from pathlib import Path
+
+    from batch_invariance.engines.llama_server import option_table
+    from batch_invariance.engines.llama_server.options import OPTIONS, TABLE_BUILD, table_module
+
+    committed = Path(option_table.__file__).read_text(encoding="utf-8")
+    assert table_module(OPTIONS, TABLE_BUILD) == committed
+    assert len(OPTIONS) == len(option_table.ROWS) > 200

@@ -10,17 +10,14 @@ import pytest
 
 from batch_invariance.cli import main
 from batch_invariance.errors import UsageError
-from batch_invariance.profiles import (
-    bundled_profiles,
-    load_profile,
-    resolve_profile_run,
-)
+from batch_invariance.profiles.loader import bundled_profiles, load_profile
 from batch_invariance.profiles.models import (
     fill_models_dir,
     load_toml,
     parse_registry,
     read_registry,
 )
+from batch_invariance.profiles.overrides import resolve_profile_run
 from batch_invariance.profiles.spark.scorer import SparkScorer
 from batch_invariance.profiles.tokens import approx_token_count
 from batch_invariance.run.workset import load_workset

@@ -1,4 +1,4 @@
-"""Golden tests for every human view in :mod:`batch_invariance.cert.render`.
+"""Golden tests for every human view in :mod:`batch_invariance.report.render`.
 
 Each view of a fixed GREEN and a fixed RED cert is compared byte for byte with
 ``tests/golden/<name>``. After an intended change to a view, regenerate with
@@ -15,19 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.cert import render
 from batch_invariance.cert.build import evidence_from_cert
 from batch_invariance.cert.certificate import Cert, is_promotable
-from batch_invariance.cert.render import sweep_text
 from batch_invariance.cert.verify import verify_cert
 from batch_invariance.core.chat_template import FALLBACK_WARNING, ChatTemplateCheck
 from batch_invariance.core.evidence import CellEvidence
 from batch_invariance.core.verdict import decide
 from batch_invariance.mock import MockKnobs, MockLauncher
+from batch_invariance.report import render
+from batch_invariance.report.render import sweep_text
 from batch_invariance.run.cell import run_cell
-from batch_invariance.run.finish import FinishedCell
 from batch_invariance.run.progress import Progress
 from batch_invariance.scorer_api import ExactMatchScorer
+from batch_invariance.service.finish import FinishedCell
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from factories import cert_for, changed, green_evidence, replace_pass, replace_trial
 from test_driver import plan as driver_plan

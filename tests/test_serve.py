@@ -18,8 +18,8 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.core.server_env import NEUTRAL_ENV_NAMES, is_engine_variable
 from batch_invariance.deploy.serve_plan import ServeRefused, serve_argv
+from batch_invariance.engines.llama_server.env import NEUTRAL_ENV_NAMES, is_engine_variable
 from test_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
 
 MEASURED = (
@@ -104,7 +104,7 @@ def test_serve_sets_the_recorded_engine_variables_and_refuses_another_value(
     world: dict[str, Path],  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    from batch_invariance.core.server_env import served_env
+    from batch_invariance.engines.llama_server.env import served_env
 
     recorded = {"GGML_SCHED_DEBUG": "1"}
     got = served_env({"PATH": "/usr/bin", "LD_AUDIT": "/x.so"}, recorded)
@@ -116,7 +116,7 @@ def test_serve_sets_the_recorded_engine_variables_and_refuses_another_value(
 
 
 def test_the_measured_server_gets_the_same_rule() -> None:
-    from batch_invariance.core.server_env import engine_env, measured_env
+    from batch_invariance.engines.llama_server.env import engine_env, measured_env
 
     parent = {"PATH": "/usr/bin", "HOME": "/root", "LD_AUDIT": "/x.so", "GGML_X": "1",
               "LLAMA_ARG_UBATCH": "512", "MALLOC_ARENA_MAX": "1", "LC_ALL": "C"}  # fmt: skip

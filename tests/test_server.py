@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from batch_invariance.engines.base import Engine, LaunchRequest
-from batch_invariance.engines.llama_server import LlamaServerEngine, build_argv
+from batch_invariance.engines.llama_server.engine import LlamaServerEngine, build_argv
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host.gguf import parse_info
@@ -293,7 +293,7 @@ _HOLDER = r"""
 import sys, time
 from pathlib import Path
 from batch_invariance.engines.base import LaunchRequest
-from batch_invariance.engines.llama_server import LlamaServerEngine
+from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.servers import ports
 from batch_invariance.servers.process import ServerProcess
 exe, model, log_dir, mode = sys.argv[1:5]

@@ -14,10 +14,11 @@ import pytest
 
 from batch_invariance.core.evidence import OK
 from batch_invariance.mock import MockKnobs, MockLauncher, tokenize
-from batch_invariance.profiles import resolve_profile_run
 from batch_invariance.profiles.calibration import PrelaunchedLauncher
+from batch_invariance.profiles.overrides import resolve_profile_run
 from batch_invariance.profiles.tokens import server_token_counter
-from batch_invariance.run.cell import CellPlan, ServerHandle, run_cell
+from batch_invariance.run.cell import CellPlan, run_cell
+from batch_invariance.run.protocols import ServerHandle
 
 
 def test_profile_cell_calibrates_on_the_a_server_and_launches_it_once() -> None:

@@ -23,12 +23,13 @@ from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.mock import MockKnobs, MockLauncher
-from batch_invariance.run.cell import ServerHandle, run_cells
-from batch_invariance.run.finish import finish_cell
+from batch_invariance.run.cell import run_cells
 from batch_invariance.run.progress import NullProgress
+from batch_invariance.run.protocols import ServerHandle
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.workset import bundled_workset_path, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
+from batch_invariance.service.finish import finish_cell
 from batch_invariance.service.sweep import parse_parallels
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from fakes_live import fake_cell_files

@@ -19,12 +19,12 @@ from batch_invariance.engines.registry import engine_for
 from batch_invariance.provision.embedded import Layout, Provisioned, cache_root
 from batch_invariance.provision.pinned_venv import EngineVenv, ensure_llama_cpp_python
 from batch_invariance.run.cell import run_cell
-from batch_invariance.run.finish import FinishedCell, finish_cell
 from batch_invariance.run.workset import expand_reps, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, attach_target
 from batch_invariance.servers.launch import EngineLauncher
+from batch_invariance.service.finish import FinishedCell, finish_cell
 
 pytestmark = pytest.mark.live
 

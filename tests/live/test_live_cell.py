@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -23,11 +23,12 @@ import pytest
 import requests
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.render import live_banner
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
+from batch_invariance.report.render import live_banner
 from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.target import engine_launcher
 from fakes_live import exiting_server, group_alive, start_decoy
 
 pytestmark = pytest.mark.live
@@ -134,8 +135,9 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
         )
     )
     request = request_from_args(args)
-    # Test hook: the B/C server gets --parallel 1 behind a C arm that dispatches 2 at once.
-    outcome = run_live_cell(replace(request, cap_parallel=1))
+    # The B/C server gets --parallel 1 behind a C arm that dispatches 2 at once: the test's
+    # own launcher factory caps every server's slots.
+    outcome = run_live_cell(request, launcher_for=partial(engine_launcher, cap_parallel=1))
     cert = outcome.finished.cert
     assert cert.status == "green_unverified", (cert.status, cert.decision_reasons)
     assert not cert.overlap.ok

@@ -185,7 +185,7 @@ HOSTILE = {
 def test_serve_starts_the_server_with_none_of_a_hostile_environment(
     green: dict[str, Path], tmp_path: Path, live_pair: Provisioned
 ) -> None:
-    from batch_invariance.core.server_env import is_engine_variable, is_neutral_variable
+    from batch_invariance.engines.llama_server.env import is_engine_variable, is_neutral_variable
 
     port = _free_port()
     clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}

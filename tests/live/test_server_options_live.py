@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from batch_invariance.core import server_options
-from batch_invariance.core.llama_flags import read_flags
-from batch_invariance.engines.server_help import options_of
+from batch_invariance.engines.llama_server import options as server_options
+from batch_invariance.engines.llama_server.flags import read_flags
+from batch_invariance.engines.llama_server.help import options_of
 from batch_invariance.provision.embedded import Provisioned
 
 pytestmark = pytest.mark.live

@@ -44,7 +44,7 @@ def _server_bin(env: Mapping[str, str]) -> Path | None:
 def preflight(env: Mapping[str, str]) -> int | None:
     """None when the run may go ahead, else the exit code after reporting the problem."""
     from batch_invariance.action.preflight import check_binary
-    from batch_invariance.cert.render import annotation
+    from batch_invariance.report.render import annotation
 
     binary = _server_bin(env)
     if binary is None:
@@ -64,7 +64,7 @@ def preflight(env: Mapping[str, str]) -> int | None:
 def give_back(env: Mapping[str, str], since_ns: int) -> None:
     """Hand the workspace's and HOME's new root-owned files to those folders' owners."""
     from batch_invariance.action.ownership import hand_back
-    from batch_invariance.cert.render import annotation
+    from batch_invariance.report.render import annotation
 
     folders = {env.get("GITHUB_WORKSPACE") or os.getcwd(), env.get("HOME") or ""}
     for folder in sorted(f for f in folders if f and Path(f).is_dir()):

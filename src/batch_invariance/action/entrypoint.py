@@ -5,8 +5,8 @@ same typed request the CLI builds and calls the same service (``run_live_cell`` 
 ``run_mock_cell``) with the same driver and core, then:
 
 * writes the outputs to ``$GITHUB_OUTPUT`` (:mod:`batch_invariance.action.outputs`);
-* appends a Markdown job summary to ``$GITHUB_STEP_SUMMARY`` (:mod:`batch_invariance.cert.render`);
-* prints ``::error::`` / ``::notice::`` annotations;
+* appends a Markdown job summary to ``$GITHUB_STEP_SUMMARY``
+(:mod:`batch_invariance.report.render`); * prints ``::error::`` / ``::notice::`` annotations;
 * signs the cert with sigstore when ``sign`` is true;
 * exits 0 only when the ``require`` check holds (``green``: :func:`cert_is_green`,
   ``promotable``: :func:`is_promotable`), so the job status is the verdict. A mock cert
@@ -42,13 +42,6 @@ from batch_invariance.action.outputs import (
     require_holds,
 )
 from batch_invariance.cert.attestation import attest_file
-from batch_invariance.cert.render import (
-    TITLE,
-    annotation,
-    failure_summary,
-    summary_markdown,
-    verdict_annotation,
-)
 from batch_invariance.cert.signing import (
     BundleSigner,
     SigstoreSigner,
@@ -63,8 +56,15 @@ from batch_invariance.errors import (
     Interrupted,
 )
 from batch_invariance.interrupts import sigterm_raises
-from batch_invariance.run.finish import FinishedCell
+from batch_invariance.report.render import (
+    TITLE,
+    annotation,
+    failure_summary,
+    summary_markdown,
+    verdict_annotation,
+)
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.finish import FinishedCell
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.mock_cell import run_mock_cell
 

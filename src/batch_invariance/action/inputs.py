@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from batch_invariance.cert.render import Require
 from batch_invariance.core.plan import number_problems
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.errors import UsageError
+from batch_invariance.report.render import Require
 from batch_invariance.service.mock_cell import MockRequest
-from batch_invariance.service.profile import ProfileRequest
-from batch_invariance.service.request import ACTION_DEFAULTS, LiveRequest
+from batch_invariance.service.request import ACTION_DEFAULTS, LiveRequest, ProfileRequest
 
 Mode = Literal["live", "mock"]
 

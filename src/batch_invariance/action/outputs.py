@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from batch_invariance.cert.certificate import Cert, cert_is_green, display_verdict, is_promotable
-from batch_invariance.cert.render import Require
 from batch_invariance.errors import InfraError
+from batch_invariance.report.render import Require
 
 #: The outputs the Action writes (``action.yml`` declares the same names).
 OUTPUT_NAMES: tuple[str, ...] = (

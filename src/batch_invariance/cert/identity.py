@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from batch_invariance.cert.provenance import DEFAULT_ENGINE_NAME
 from batch_invariance.cert.schema import Cert
-from batch_invariance.core.llama_flags import FlagError, ServerFlags, read_flags
+from batch_invariance.engines.llama_server.flags import FlagError, ServerFlags, read_flags
 
 MOCK_DRIVERS: frozenset[str] = frozenset({"run-mock"})
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.render import live_banner
 from batch_invariance.core.evidence import (
     DEFAULT_LOGIT_EPS,
     DEFAULT_MAX_BOUND,
@@ -17,10 +16,10 @@ from batch_invariance.core.evidence import (
 )
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.host import memory
+from batch_invariance.report.render import live_banner
 from batch_invariance.service.dry_run import dry_run, usable_cpus
 from batch_invariance.service.job import LiveCell, prepare
 from batch_invariance.service.live import LiveOutcome
-from batch_invariance.service.profile import ProfileRequest
 from batch_invariance.service.request import (
     DEFAULT_MIN_HOT_TRIALS,
     DEFAULT_READY_TIMEOUT,
@@ -28,6 +27,7 @@ from batch_invariance.service.request import (
     DEFAULT_SEED,
     CellDefaults,
     LiveRequest,
+    ProfileRequest,
 )
 
 

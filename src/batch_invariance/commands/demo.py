@@ -64,7 +64,7 @@ def handle(args: argparse.Namespace) -> int:
     request = request_from_args(
         args, bundled_workset=DEMO_WORKSET, model_name=DEMO_MODEL_NAME, driver_name="demo"
     )
-    request.check_numbers()  # before provisioning, which may build for minutes
+    request.check()  # before provisioning, which may build for minutes
     got = provision(args.cache_dir or cache_root(), allow_build=not args.no_build)
     print(f"server: {got.server_bin}")
     print(f"model:  {got.model}")

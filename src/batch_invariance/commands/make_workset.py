@@ -15,7 +15,7 @@ from typing import Any
 
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.errors import UsageError
-from batch_invariance.profiles import load_profile
+from batch_invariance.profiles.loader import load_profile
 from batch_invariance.profiles.tokens import TokenCounter, approx_token_count, server_token_counter
 from batch_invariance.run.workset import items_to_row
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.render import mock_prediction, mock_report
 from batch_invariance.commands.cell_options import add_policy_options
 from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.report.render import mock_prediction, mock_report
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.mock_cell import MOCK_MODEL, MockRequest, run_mock_cell
 

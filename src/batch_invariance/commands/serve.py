@@ -4,7 +4,8 @@ Before anything starts it verifies the cert (valid, promotable, signed under the
 policy unless ``--allow-unsigned``), checks the sha256 of the server binary and the model
 file against the cert's provenance and the variables ggml reads against the recorded ones,
 and refuses any extra option that is not neutral
-(:data:`batch_invariance.core.server_options.NEUTRAL`). Then it replaces itself (``execve``)
+(:data:`batch_invariance.engines.llama_server.options.NEUTRAL`). Then it replaces itself
+(``execve``)
 with the measured B/C server argv, neutral options added or replaced, in the environment a
 measured server gets (the neutral variables and exactly the engine variables the cert
 recorded; every other variable dropped, no user config file): the process *is* the server,
@@ -61,8 +62,8 @@ class _MeasuredFile(NamedTuple):
 
 def check_files(argv: Sequence[str], provenance: Provenance) -> None:
     """The binary and model the argv runs must be the bytes the cert measured."""
-    from batch_invariance.core.llama_flags import read_flags
-    from batch_invariance.host.gguf import cached_sha256
+    from batch_invariance.engines.llama_server.flags import read_flags
+    from batch_invariance.host.file_hash import cached_sha256
 
     flags = read_flags(argv, first_is_binary=True)
     unchecked = sorted({o.written for o in flags.options if o.canonical in _UNCHECKED_FILES})
@@ -116,8 +117,8 @@ def _verify(args: argparse.Namespace) -> Provenance:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from batch_invariance.core.server_env import served_env
     from batch_invariance.deploy.serve_plan import measured_argv, recorded_engine_env, serve_argv
+    from batch_invariance.engines.llama_server.env import served_env
     from batch_invariance.servers.spawn import refuse_system_config
 
     if not isinstance(args.cert, Path) or not args.cert.is_file():

@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.render import live_banner, sweep_text
 from batch_invariance.commands.cell_options import (
     add_cell_options,
     add_engine_options,
@@ -22,6 +21,7 @@ from batch_invariance.commands.cell_options import (
     print_dry_run,
     request_from_args,
 )
+from batch_invariance.report.render import live_banner, sweep_text
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.request import SWEEP_DEFAULTS
 from batch_invariance.service.sweep import (

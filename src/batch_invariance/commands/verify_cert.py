@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.render import verify_report_text
 from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.errors import CertInvalid, UsageError
+from batch_invariance.report.render import verify_report_text
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

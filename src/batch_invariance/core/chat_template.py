@@ -21,7 +21,6 @@ from batch_invariance.core.workitem import WorkItem
 __all__ = [
     "FALLBACK_WARNING",
     "FIXES",
-    "LLAMA_CPP_CHATML_FALLBACK",
     "TEMPLATE_FLAGS",
     "ChatTemplateCheck",
     "ChatTemplateSource",
@@ -32,18 +31,6 @@ __all__ = [
 
 
 ChatTemplateSource = Literal["model", "server_flag", "server_fallback", "unknown", "not_used"]
-
-#: llama.cpp's built-in fallback, byte for byte as the real ``/props`` reports it when the
-#: model has no template (checked against llama-server 11434.0.0; the newlines inside the
-#: Jinja string literals are real newline characters, not ``\n`` escapes).
-LLAMA_CPP_CHATML_FALLBACK = (
-    "{%- for message in messages -%}\n"
-    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "  {{- '<|im_start|>assistant\n' -}}\n"
-    "{%- endif -%}"
-)
 
 #: Server flags that pick the template explicitly (the operator's choice: nothing to warn).
 TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file")
@@ -84,6 +71,7 @@ def judge_chat_template(
     uses_chat: bool,
     server_argv: Sequence[str],
     server_template: str | None,
+    fallback_template: str,
     model_read: bool = False,
     model_template: str | None = None,
 ) -> ChatTemplateCheck:
@@ -91,7 +79,8 @@ def judge_chat_template(
 
     ``model_read`` says the model file's header was read (``model_template`` is then what it
     carries, ``None`` for none). Without it, the server's own report decides: its built-in
-    fallback text means the model had none; any other template is taken as the model's.
+    fallback text (``fallback_template``, the engine's own) means the model had none; any other
+    template is taken as the model's.
     """
     if not uses_chat:
         return ChatTemplateCheck("not_used", None)
@@ -103,6 +92,6 @@ def judge_chat_template(
         return ChatTemplateCheck("server_fallback", FALLBACK_WARNING)
     if server_template is None:
         return ChatTemplateCheck("unknown", None)
-    if server_template.strip() == LLAMA_CPP_CHATML_FALLBACK.strip():
+    if server_template.strip() == fallback_template.strip():
         return ChatTemplateCheck("server_fallback", FALLBACK_WARNING)
     return ChatTemplateCheck("model", None)

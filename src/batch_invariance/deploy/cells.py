@@ -1,7 +1,7 @@
 """From a server a deploy starts to the cell it runs: model, ctx per slot, N and KV layout.
 
-llama-server's own rules apply (see :mod:`batch_invariance.core.llama_flags`): no ``-np`` (or
-``-np -1``) is 4 slots sharing one unified KV pool; ``-c 0`` or no ``-c`` is the model's
+llama-server's own rules apply (see :mod:`batch_invariance.engines.llama_server.flags`): no ``-np``
+(or ``-np -1``) is 4 slots sharing one unified KV pool; ``-c 0`` or no ``-c`` is the model's
 training context, read from the GGUF header when the file is here; ``-c`` is padded as
 llama.cpp pads it. A cell's ``ctx`` is the context per slot after padding, which is what a
 cert's ``ctx`` means; for a unified pool the padded pool must also equal the one measured.
@@ -20,7 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from batch_invariance.core.llama_flags import (
+from batch_invariance.deploy.commands import ServerCommand
+from batch_invariance.deploy.identity import is_this_tool
+from batch_invariance.deploy.serve_plan import served_command
+from batch_invariance.deploy.shell import is_serve
+from batch_invariance.engines.llama_server.env import (
+    config_files,
+    engine_env,
+    is_engine_variable,
+    is_neutral_variable,
+    is_option_variable,
+)
+from batch_invariance.engines.llama_server.flags import (
     FlagError,
     ServerFlags,
     SlotLayout,
@@ -28,18 +39,7 @@ from batch_invariance.core.llama_flags import (
     read_flags,
     slot_layout,
 )
-from batch_invariance.core.server_env import (
-    config_files,
-    engine_env,
-    is_engine_variable,
-    is_neutral_variable,
-    is_option_variable,
-)
-from batch_invariance.core.server_options import TABLE_BUILD
-from batch_invariance.deploy.commands import ServerCommand
-from batch_invariance.deploy.identity import is_this_tool
-from batch_invariance.deploy.serve_plan import served_command
-from batch_invariance.deploy.shell import is_serve
+from batch_invariance.engines.llama_server.options import TABLE_BUILD
 from batch_invariance.errors import UsageError
 
 

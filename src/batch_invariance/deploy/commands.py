@@ -64,7 +64,7 @@ class ServerCommand:
     #: the file sets none, so the caller's decides).
     search_path: str | None = None
     #: Why the config files the server would read cannot be looked up here (``None``: they
-    #: are the ones :func:`~batch_invariance.core.server_env.config_files` names).
+    #: are the ones :func:`~batch_invariance.engines.llama_server.env.config_files` names).
     config_unknown: str | None = None
     #: Notes for the pass line (an optional environment file that is absent here).
     notes: tuple[str, ...] = field(default_factory=tuple)

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from batch_invariance.core.server_env import SYSTEM_CONFIG
 from batch_invariance.deploy.commands import (
     BindMount,
     DeployRead,
@@ -27,6 +26,7 @@ from batch_invariance.deploy.commands import (
 )
 from batch_invariance.deploy.compose_yaml import load, plain
 from batch_invariance.deploy.env_file import NAME, PLAIN_VALUE, parse_env_file, read_env_file
+from batch_invariance.engines.llama_server.env import SYSTEM_CONFIG
 
 TRIGGER = re.compile(
     r"llama-server|llama\.cpp|llama_cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I

@@ -11,7 +11,8 @@ under a policy no looser than the defaults, and signed (unless ``--allow-unsigne
   binary that cannot be read here cannot be checked, so the cell is not covered;
 * ctx per slot, N and the KV layout (split or unified; for unified, the same pool ``-c``),
   against the argv of the B/C server the cert records (``provenance.servers``);
-* every option that is not neutral (:func:`batch_invariance.core.llama_flags.numerics_differences`
+* every option that is not neutral
+(:func:`batch_invariance.engines.llama_server.flags.numerics_differences`
   over llama-server's own option table): KV cache types, ``-fa``, ``-b``, ``-ub``, ``-ngl``,
   ``--cache-ram``, MoE placement, speculative/draft, ``-bs``, LoRA ...; and the variables ggml
   reads (:func:`engine_env_differences`);
@@ -45,14 +46,6 @@ from batch_invariance.cert.signing import (
     bundle_path_for,
 )
 from batch_invariance.cert.verify import verify_text
-from batch_invariance.core.llama_flags import (
-    FlagError,
-    ServerFlags,
-    numerics_differences,
-    padded_context,
-    read_flags,
-    slot_layout,
-)
 from batch_invariance.deploy.cells import DeployCell
 from batch_invariance.deploy.identity import (
     BuildIdentity,
@@ -63,6 +56,14 @@ from batch_invariance.deploy.identity import (
     model_differences,
 )
 from batch_invariance.deploy.serve_plan import ServeRefused, measured_argv
+from batch_invariance.engines.llama_server.flags import (
+    FlagError,
+    ServerFlags,
+    numerics_differences,
+    padded_context,
+    read_flags,
+    slot_layout,
+)
 from batch_invariance.errors import CertInvalid, UsageError
 
 CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown", "unsigned"]

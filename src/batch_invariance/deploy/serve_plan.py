@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.core.llama_flags import FlagError, read_flags
-from batch_invariance.core.server_options import NEUTRAL, lookup
 from batch_invariance.deploy.commands import ServerCommand
 from batch_invariance.deploy.policy_options import add_policy_arguments
+from batch_invariance.engines.llama_server.flags import FlagError, read_flags
+from batch_invariance.engines.llama_server.options import NEUTRAL, lookup
 from batch_invariance.errors import UsageError
 
 
@@ -123,7 +123,7 @@ class Served:
 
 def served_command(command: ServerCommand) -> Served:
     """The server a serve line execs, in the environment serve gives it (:func:`served_env`)."""
-    from batch_invariance.core.server_env import (
+    from batch_invariance.engines.llama_server.env import (
         is_neutral_variable,
         is_option_variable,
         served_env,

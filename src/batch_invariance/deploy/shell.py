@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from batch_invariance.core.server_env import is_engine_variable
 from batch_invariance.deploy.commands import NotUnderstood
 from batch_invariance.deploy.shell_grammar import GLOB, assignable, word_problem
 from batch_invariance.deploy.shell_words import REDIRECTS, Op, Token, Word, tokenize
+from batch_invariance.engines.llama_server.env import is_engine_variable
 from batch_invariance.errors import UsageError
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from batch_invariance.core.server_options import canonical_spelling
-from batch_invariance.run.dispatch import BusyProbe, PassCounter
+from batch_invariance.engines.llama_server.options import canonical_spelling
+from batch_invariance.engines.probes import BusyProbe, PassCounter
 
 __all__ = [
     "CacheEvidence",

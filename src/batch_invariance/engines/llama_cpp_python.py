@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
+from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.engines.python_module import PythonModuleEngine
-from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 #: Ready when the OpenAI model list answers (the server has no ``/health``).
 READY_PATH = "/v1/models"

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from batch_invariance.engines.base import Engine
 from batch_invariance.engines.llama_cpp_python import LlamaCppPythonEngine
-from batch_invariance.engines.llama_server import LlamaServerEngine
+from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.engines.sglang import SglangEngine
 from batch_invariance.engines.vllm import VllmEngine
 from batch_invariance.errors import UsageError

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
+from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.engines.python_module import PythonModuleEngine
 from batch_invariance.engines.witness import counters, gauge_probe
-from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 BUSY_GAUGE = "sglang:num_running_reqs"
 CACHE_HIT_RATE = "sglang:cache_hit_rate"

@@ -29,9 +29,9 @@ from batch_invariance.engines.base import (
     LaunchRequest,
     passthrough_env,
 )
+from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.engines.python_module import PythonModuleEngine
 from batch_invariance.engines.witness import counters, gauge_probe, step_totals_reader
-from batch_invariance.run.dispatch import BusyProbe, PassCounter
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 BUSY_GAUGE = "vllm:num_requests_running"

@@ -2,7 +2,7 @@
 
 vLLM and SGLang report how many requests they are running as gauges on ``/metrics``; that is
 the server-side evidence F1 needs that requests were co-batched. The text is read by the one
-Prometheus parser (:mod:`batch_invariance.core.prometheus`). Several series of one metric
+Prometheus parser (:mod:`batch_invariance.engines.prometheus`). Several series of one metric
 (one per engine or model label set) are summed: the server as a whole was running that many.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batch_invariance.core.prometheus import MetricSample, metric_total, parse_prometheus
-from batch_invariance.run.dispatch import BusyProbe
+from batch_invariance.engines.probes import BusyProbe
+from batch_invariance.engines.prometheus import MetricSample, metric_total, parse_prometheus
 
 #: The parser's names stay importable here, where engine code has always read them.
 __all__ = [

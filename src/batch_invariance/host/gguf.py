@@ -2,15 +2,12 @@
 
 Only the metadata block is parsed (never the tensors): the architecture, layer count,
 attention geometry (for the KV-cache estimate) and the expert count (so a mixture-of-experts
-model is detected from the file, not from its name). The file's sha256 is cached by path,
-size and mtime so a multi-GiB model is hashed once.
+model is detected from the file, not from its name). Its sha256 is
+:mod:`batch_invariance.host.file_hash`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,10 +20,8 @@ __all__ = [
     "CACHE_TYPE_BYTES",
     "CHAT_TEMPLATE_KEY",
     "GgufInfo",
-    "cached_sha256",
     "parse_info",
     "read_metadata",
-    "sha256_file",
 ]
 
 _MAGIC = b"GGUF"
@@ -275,51 +270,3 @@ def parse_info(path: str | Path) -> GgufInfo:
         sliding_window=int(swa) if isinstance(swa, int) else None,
         chat_template=template if isinstance(template, str) and template.strip() else None,
     )
-
-
-def sha256_file(path: Path) -> str:
-    """The hex sha256 of a file, read in 1 MiB blocks (the one file-hash helper)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def cached_sha256(path: str | Path, cache_file: Path | None) -> str:
-    """sha256 of ``path``, reusing a cached value while its size and mtime are unchanged.
-
-    ``cache_file`` is a small JSON map; ``None`` disables caching. A corrupt or unwritable
-    cache only costs a re-hash, never an error.
-    """
-    p = Path(path).resolve()
-    st = p.stat()
-    key = str(p)
-    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    table: dict[str, Any] = {}
-    if cache_file is not None:
-        try:
-            loaded = json.loads(cache_file.read_text())
-            if isinstance(loaded, dict):
-                table = loaded
-        except (OSError, ValueError):
-            table = {}
-        entry = table.get(key)
-        if (
-            isinstance(entry, dict)
-            and entry.get("size") == stamp["size"]
-            and entry.get("mtime_ns") == stamp["mtime_ns"]
-            and isinstance(entry.get("sha256"), str)
-        ):
-            return str(entry["sha256"])
-    digest = sha256_file(p)
-    if cache_file is not None:
-        table[key] = {**stamp, "sha256": digest}
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, sort_keys=True))
-            os.replace(tmp, cache_file)
-        except OSError:
-            pass
-    return digest

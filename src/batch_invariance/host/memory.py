@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from batch_invariance.core.llama_flags import read_flags
+from batch_invariance.engines.llama_server.flags import read_flags
 from batch_invariance.errors import GuardRefused
 from batch_invariance.host.gguf import GgufInfo
 

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from batch_invariance.core.chat_template import LLAMA_CPP_CHATML_FALLBACK
+from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.mock.knobs import Busy, Generation
 from batch_invariance.mock.oracle import token_id, tokenize
-
-if TYPE_CHECKING:
-    from batch_invariance.mock.engine import MockServer
+from batch_invariance.mock.protocols import MockState
 
 
 def _render_chat(messages: Any) -> str:
@@ -90,7 +88,7 @@ class MockHandler(BaseHTTPRequestHandler):
     # Headers and body go out in two writes; without TCP_NODELAY, Nagle plus delayed ACKs
     # add ~40 ms to every keep-alive request.
     disable_nagle_algorithm = True
-    mock: MockServer
+    mock: MockState
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read their output
         return

@@ -1,4 +1,4 @@
-"""The mock's launcher: :class:`MockLauncher` implements ``run.cell.ServerLauncher`` over it.
+"""The mock's launcher: :class:`MockLauncher` implements ``run.protocols.ServerLauncher`` over it.
 
 ``parallel=1`` for arm A, N for B/C; certs from it are ``source=mock``.
 """
@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import requests
 
+from batch_invariance.engines.llama_server.probes import llama_server_probes
+from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.errors import InfraError
 from batch_invariance.mock.engine import MockServer
 from batch_invariance.mock.knobs import MockKnobs
@@ -20,7 +22,9 @@ from batch_invariance.mock.knobs import MockKnobs
 
 @dataclass(frozen=True)
 class MockHandle:
-    """A running mock server as the driver sees it (satisfies ``driver.ServerHandle``)."""
+    """A running mock server as the driver sees it (a ``run.protocols.ServerHandle``): the
+    mock serves llama-server's ``/slots`` and ``/metrics``, so it offers llama-server's
+    witnesses."""
 
     server: MockServer
     label: str
@@ -31,6 +35,14 @@ class MockHandle:
     @property
     def base_url(self) -> str:
         return self.server.base_url
+
+    @property
+    def busy_probes(self) -> tuple[BusyProbe, ...]:
+        return llama_server_probes(self.base_url, self.metrics_enabled)
+
+    @property
+    def pass_counters(self) -> tuple[PassCounter, ...]:
+        return ()
 
     def check_alive(self) -> None:
         self.server.check_alive()

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Literal
 
-from batch_invariance.run.cell import ServerHandle, ServerLauncher
+from batch_invariance.run.protocols import ServerHandle, ServerLauncher
 
 __all__ = ["PrelaunchedLauncher"]
 

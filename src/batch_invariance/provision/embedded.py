@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance.errors import InfraError, UsageError
-from batch_invariance.host.gguf import cached_sha256, sha256_file
+from batch_invariance.host.file_hash import cached_sha256, sha256_file
 from batch_invariance.provision.sdist import (
     SDIST_FILE,
     SDIST_NAME,

@@ -4,17 +4,15 @@ ending early once RED is proven with ``stop_on_red``, then arm B where it decide
 :mod:`batch_invariance.run.cell` composes them into one cell, or into a sweep's cells sharing
 one reference.
 
-The launcher Protocols the driver starts servers through live here too; the C passes are
-in :mod:`batch_invariance.run.passes`.
+The servers come through the Protocols of :mod:`batch_invariance.run.protocols`; the C passes
+are in :mod:`batch_invariance.run.passes`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
 
 from batch_invariance.cert.provenance import ScheduleRecord
 from batch_invariance.core.evidence import (
@@ -36,6 +34,7 @@ from batch_invariance.core.schedule import (
 )
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.core.workitem import WorkItem
+from batch_invariance.engines.llama_server.probes import server_chat_template
 from batch_invariance.run.dispatch import run_serial
 from batch_invariance.run.passes import (
     arm_report,
@@ -44,52 +43,12 @@ from batch_invariance.run.passes import (
     stops_the_run,
     ticker,
 )
-from batch_invariance.run.probe import server_chat_template
 from batch_invariance.run.progress import ProgressSink
+from batch_invariance.run.protocols import ServerHandle, ServerLauncher
 from batch_invariance.run.records import ArmStats, ServerRecord
 from batch_invariance.run.response import RawResponse
 from batch_invariance.run.transport import RequestTemplate
 from batch_invariance.run.trials import Notes, trials_for
-
-
-class ServerHandle(Protocol):
-    """A running server as the driver uses it."""
-
-    @property
-    def base_url(self) -> str: ...
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def argv(self) -> tuple[str, ...]: ...
-
-    @property
-    def metrics_enabled(self) -> bool: ...
-
-    @property
-    def kv_label(self) -> str: ...
-
-    def check_alive(self) -> None:
-        """Raise :class:`~batch_invariance.errors.InfraError` (with the log tail) if it died."""
-
-    def info(self) -> Mapping[str, Any]:
-        """Provenance of this server (binary, version, ...), JSON-ready."""
-
-
-class ServerLauncher(Protocol):
-    """Starts servers for the driver. ``arm`` is ``"A"`` or ``"BC"``.
-
-    ``source`` says what kind of server it starts: ``"live"`` only for a launcher that spawns
-    a real server process itself. The cert's ``source`` is taken from here (never from a flag).
-    """
-
-    @property
-    def source(self) -> Literal["live", "mock", "attached"]:
-        """``"live"`` when this launcher spawns real server processes, else ``"mock"``."""
-
-    def launch(self, arm: str, parallel: int, ctx: int) -> AbstractContextManager[ServerHandle]:
-        """A context manager that starts a ready server and tears it down on exit."""
 
 
 def request_template(plan: CellPlan) -> RequestTemplate:

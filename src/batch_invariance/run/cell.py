@@ -13,7 +13,7 @@ Every request becomes a :class:`~batch_invariance.core.evidence.Trial` (transpor
 failure modes), scored through :func:`batch_invariance.core.scoring.evaluate`. The result is a
 :class:`CellRun` whose ``evidence`` the pure core judges.
 
-:func:`~batch_invariance.run.finish.finish_cell` turns a :class:`CellRun` into a written
+:func:`~batch_invariance.service.finish.finish_cell` turns a :class:`CellRun` into a written
 cert. ``run-mock``, ``run-live``, ``demo`` and the Action all go through these two functions.
 """
 
@@ -30,8 +30,6 @@ from batch_invariance.errors import UsageError
 from batch_invariance.run.arms import (
     ParallelRun,
     Reference,
-    ServerHandle,
-    ServerLauncher,
     complete_reference,
     request_template,
     run_parallel,
@@ -40,15 +38,14 @@ from batch_invariance.run.arms import (
 )
 from batch_invariance.run.passes import slot_notes
 from batch_invariance.run.progress import NullProgress, ProgressSink
+from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.trials import Notes
 
-#: Names other modules import from here (the launcher Protocols live in run.arms).
+#: Names other modules import from here (the launcher Protocols live in run.protocols).
 __all__ = [
     "CellPlan",
     "CellRun",
-    "ServerHandle",
-    "ServerLauncher",
     "assemble",
     "request_template",
     "run_cell",

@@ -22,19 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import requests
 
 from batch_invariance.core.workitem import WorkItem
+from batch_invariance.engines.llama_server.probes import llama_server_probes
+from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json, get_text
 from batch_invariance.errors import InfraError
-from batch_invariance.run.probe import (
-    busy_from_metrics,
-    busy_from_slots,
-    get_json,
-    get_text,
-    tasks_from_slots,
-)
 from batch_invariance.run.response import RawResponse
 from batch_invariance.run.transport import RequestTemplate, send
 
@@ -43,15 +38,12 @@ __all__ = [
     "SETTLED_INTERVAL_S",
     "SETTLE_AFTER_S",
     "TRANSIENT_MODES",
-    "BusyProbe",
     "BusySample",
     "CheckAlive",
     "ConcurrentPass",
     "OnDone",
-    "PassCounter",
     "SerialRun",
     "counter_deltas",
-    "llama_server_probes",
     "pass_order",
     "run_concurrent_pass",
     "run_serial",
@@ -132,34 +124,6 @@ def run_serial(
     return SerialRun(out, first_attempts)
 
 
-@dataclass(frozen=True)
-class BusyProbe:
-    """One server-side busy witness the sampler polls: GET ``url``, then ``read`` the body.
-
-    ``kind`` says how the body is decoded (``json`` or Prometheus ``text``); ``read`` returns
-    how many requests the server says it is running, or ``None`` when it cannot tell. An engine
-    offers zero or more probes; with none, F1 has no server signal and fails closed.
-    """
-
-    label: str
-    url: str
-    kind: Literal["json", "text"]
-    read: Callable[[Any], int | None]
-
-
-@dataclass(frozen=True)
-class PassCounter:
-    """A server-side counter read right before and right after each C pass; the delta is
-    recorded next to the pass as corroborating evidence. It never stands in for a busy
-    witness: F1 reads only :class:`BusyProbe` counts (fail closed without one).
-
-    ``read`` turns the body at ``url`` into named totals (``None``: not exported)."""
-
-    label: str
-    url: str
-    read: Callable[[str], Mapping[str, float] | None]
-
-
 def _read_counters(
     session: requests.Session, counters: Sequence[PassCounter]
 ) -> dict[str, Mapping[str, float]]:
@@ -181,18 +145,6 @@ def counter_deltas(
         for label, totals in before.items()
         if label in after
     }
-
-
-def llama_server_probes(
-    base_url: str, metrics_enabled: bool, metrics_url: str | None = None
-) -> tuple[BusyProbe, ...]:
-    """llama-server's witnesses: ``/slots`` always, ``/metrics`` when the server serves it."""
-    base = base_url.rstrip("/")
-    probes = [BusyProbe("slots", base + "/slots", "json", busy_from_slots)]
-    if metrics_enabled:
-        url = metrics_url or base + "/metrics"
-        probes.append(BusyProbe("metrics", url, "text", busy_from_metrics))
-    return tuple(probes)
 
 
 @dataclass(frozen=True)
@@ -245,8 +197,8 @@ class _BusySampler(threading.Thread):
             if busy is None:
                 continue
             self.maxima[probe.label] = max(busy, self.maxima.get(probe.label, busy))
-            if probe.label == "slots":
-                self.tasks.update(tasks_from_slots(payload))
+            if probe.tasks is not None:
+                self.tasks.update(probe.tasks(payload))
         self.samples += 1
 
     def interval_at(self, elapsed_s: float) -> float:

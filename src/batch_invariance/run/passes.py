@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import ARM_C, GatePolicy, PassRecord, Trial
@@ -18,13 +17,11 @@ from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import InfraError
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass
 from batch_invariance.run.progress import ArmReport, ProgressSink
+from batch_invariance.run.protocols import ServerHandle
 from batch_invariance.run.records import ArmStats
 from batch_invariance.run.response import RawResponse
 from batch_invariance.run.transport import RequestTemplate
 from batch_invariance.run.trials import Notes, trials_for
-
-if TYPE_CHECKING:
-    from batch_invariance.run.arms import ServerHandle
 
 __all__ = [
     "CPasses",
@@ -153,12 +150,11 @@ def _c_pass(
         metrics_enabled=server_bc.metrics_enabled,
         check_alive=server_bc.check_alive,
         on_done=ticker(sink),
-        # An engine's handle names its own busy witnesses (possibly none: F1 then
-        # fails closed); without the attribute, llama-server's /slots and /metrics.
-        probes=getattr(server_bc, "busy_probes", None),
+        # The handle names its engine's busy witnesses (possibly none: F1 then fails closed).
+        probes=server_bc.busy_probes,
         # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
         # as corroboration in the arm stats, never read by F1.
-        counters=getattr(server_bc, "pass_counters", ()),
+        counters=server_bc.pass_counters,
     )
 
 

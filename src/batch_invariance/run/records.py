@@ -18,6 +18,7 @@ from batch_invariance.cert.provenance import (
 from batch_invariance.core.chat_template import judge_chat_template, sends_chat
 from batch_invariance.core.evidence import ARM_A, ARM_A_REPEAT, ARM_B, ARM_C, CellEvidence
 from batch_invariance.core.plan import CellPlan
+from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 
 __all__ = [
     "ArmStats",
@@ -154,6 +155,7 @@ class CellRun:
             uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
             server_argv=[a for s in self.servers for a in s.argv],
             server_template=self.server_chat_template,
+            fallback_template=LLAMA_CPP_CHATML_FALLBACK,
             model_read=model_template is not None,
             model_template=None if model_template is None else model_template.template,
         )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_invariance.core.evidence import FINISH_LENGTH, FINISH_STOP
+from batch_invariance.engines.probes import as_int
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,6 @@ class TokenLogprobs:
     #: ``None`` when the server left any position without a finite logprob.
     logprobs: tuple[float, ...] | None
     margins: tuple[float | None, ...]
-
-
-def as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
 
 
 def as_float(value: Any) -> float | None:

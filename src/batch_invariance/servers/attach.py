@@ -20,10 +20,9 @@ from urllib.parse import urlsplit
 import requests
 
 from batch_invariance.engines.base import Engine
+from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.host import memory
-from batch_invariance.run.dispatch import BusyProbe, PassCounter
-from batch_invariance.run.probe import get_json
 from batch_invariance.servers.launch import LaunchRecord
 
 __all__ = ["ARM_A_NOTE", "AttachLauncher", "AttachTarget", "AttachedHandle", "attach_target"]

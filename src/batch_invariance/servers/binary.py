@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_invariance.host.gguf import sha256_file
+from batch_invariance.host.file_hash import sha256_file
 
 __all__ = ["BinaryIdentity", "identify_binary"]
 

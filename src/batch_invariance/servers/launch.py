@@ -21,11 +21,10 @@ from typing import Any, Literal
 import requests
 
 from batch_invariance.engines.base import Engine, KvLayout, LaunchCommand, LaunchRequest
+from batch_invariance.engines.probes import BusyProbe, PassCounter, get_text
 from batch_invariance.errors import InfraError
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import GgufInfo
-from batch_invariance.run.dispatch import BusyProbe, PassCounter
-from batch_invariance.run.probe import get_text
 from batch_invariance.servers import ports
 from batch_invariance.servers.process import ServerProcess
 

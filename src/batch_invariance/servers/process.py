@@ -28,8 +28,8 @@ from typing import IO, Any
 
 import requests
 
-from batch_invariance.core.server_env import engine_env, measured_env
 from batch_invariance.engines.base import Engine, LaunchCommand
+from batch_invariance.engines.llama_server.env import engine_env, measured_env
 from batch_invariance.errors import InfraError
 from batch_invariance.host import memory
 from batch_invariance.interrupts import install_sigterm, restore_sigterm

@@ -1,6 +1,6 @@
 """How a server child is started safely, for any engine (its environment is
-:func:`~batch_invariance.core.server_env.measured_env`): the config file that must not exist,
-the parent-death signal, and the log tail its errors quote."""
+:func:`~batch_invariance.engines.llama_server.env.measured_env`): the config file that must
+not exist, the parent-death signal, and the log tail its errors quote."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.core.server_env import SYSTEM_CONFIG
+from batch_invariance.engines.llama_server.env import SYSTEM_CONFIG
 from batch_invariance.errors import InfraError
 
 __all__ = ["die_with_parent_hook", "log_tail", "refuse_system_config"]

@@ -19,8 +19,6 @@ from batch_invariance.cert.provenance import ProfileRecord
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Endpoint
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.errors import UsageError
-from batch_invariance.run.finish import prepare_out_dir
 from batch_invariance.run.records import ModelTemplate
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import (
@@ -30,7 +28,8 @@ from batch_invariance.run.workset import (
     load_workset,
 )
 from batch_invariance.servers import ports
-from batch_invariance.service.profile import ProfileInputs, resolve_profile
+from batch_invariance.service.finish import prepare_out_dir
+from batch_invariance.service.profile import resolve_profile
 from batch_invariance.service.request import LiveRequest
 from batch_invariance.service.target import (
     LaunchOptions,
@@ -129,31 +128,29 @@ class LiveCell:
 
 def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     """Check ``request`` and resolve it (UsageError naming the first problem): the one place
-    the raw request is read."""
-    prof: ProfileInputs | None = resolve_profile(request.profile, request)
+    the raw request is read. The cheap checks come first (``LiveRequest.check``), then the
+    profile (user code), the server side, the work-set and scorer, the out-dir."""
+    request.check()
+    assert request.ctx is not None and request.parallel is not None
+    assert request.out_dir is not None
+    prof = resolve_profile(request)
     target = resolve_target(request, prof)
-    if request.ctx is None or request.parallel is None:
-        raise UsageError("--ctx and --parallel are required (tokens per slot, and N)")
-    request.check_numbers()
     builder = None
     workset: Workset | None = None
     if request.workset is not None:
         workset = load_workset(request.workset)
-    elif prof is not None and prof.build_workset is not None:
+    elif prof is not None:
         builder = prof.build_workset
-    elif request.bundled_workset is not None:
-        workset = load_workset(bundled_workset_path(request.bundled_workset))
     else:
-        raise UsageError("--workset FILE is required (or --profile NAME --model-alias ALIAS)")
+        assert request.bundled_workset is not None  # request.check: a work-set source
+        workset = load_workset(bundled_workset_path(request.bundled_workset))
     scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
     port_policy = ports.make_policy(request.port, list(request.reserved_ports))
-    if request.out_dir is None:
-        raise UsageError("--out-dir DIR is required (where the cert and server logs go)")
     out_dir = prepare_out_dir(request.out_dir) if create_out_dir else request.out_dir
     model = target.model
     name = (
         request.model_name
-        or (prof.model_name if prof and prof.model_name else None)
+        or (prof.model_alias if prof and prof.model_alias else None)
         or (model.name.removesuffix(".gguf") if model is not None else "attached")
     )
     return LiveCell(
@@ -162,7 +159,6 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
         launch=LaunchOptions(
             ready_timeout=request.ready_timeout,
             max_footprint_gb=request.max_footprint_gb,
-            cap_parallel=request.cap_parallel,
             kv_layout=request.kv_layout,
         ),
         model_name=name,

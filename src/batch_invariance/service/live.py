@@ -15,15 +15,21 @@ from typing import Any, NamedTuple
 
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host import memory
-from batch_invariance.run.cell import ServerLauncher, run_cell
-from batch_invariance.run.finish import FinishedCell, finish_cell
+from batch_invariance.run.cell import run_cell
 from batch_invariance.run.progress import ProgressSink
+from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.workset import Workset
+from batch_invariance.service.finish import FinishedCell, finish_cell
 from batch_invariance.service.job import LiveCell, prepare
 from batch_invariance.service.provenance import provenance_for
 from batch_invariance.service.request import LiveRequest
-from batch_invariance.service.target import LiveServerLauncher, identify
+from batch_invariance.service.target import (
+    LauncherFactory,
+    LiveServerLauncher,
+    identify,
+    make_launcher,
+)
 
 __all__ = [
     "CellRunner",
@@ -112,7 +118,12 @@ def open_runner(
     return CellRunner(workset, pre)
 
 
-def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) -> LiveOutcome:
+def run_live_cell(
+    request: LiveRequest,
+    progress: ProgressSink | None = None,
+    *,
+    launcher_for: LauncherFactory = make_launcher,
+) -> LiveOutcome:
     """Check the request, run one live cell and write its cert.
 
     Raises on bad input (before any launch), infrastructure failure or interrupt. Nothing is
@@ -120,7 +131,7 @@ def run_live_cell(request: LiveRequest, progress: ProgressSink | None = None) ->
     signal raise before :func:`finish_cell`.
     """
     cell = prepare(request)
-    launcher = cell.launcher()
+    launcher = launcher_for(cell.target, cell.launch, cell.out_dir, cell.port_policy)
     preflight_guard(cell, launcher)
     # Identify binary and model before the cell: what ran is what gets recorded.
     identity = identify(cell.target)

@@ -1,7 +1,7 @@
 """The mock-cell service: the full A/B/C gate against the in-process mock server.
 
 The same :func:`~batch_invariance.run.cell.run_cell` and
-:func:`~batch_invariance.run.finish.finish_cell`
+:func:`~batch_invariance.service.finish.finish_cell`
 path as a live cell, with the mock launcher in place of real ``llama-server`` processes. The
 verdict is really computed; the cert says ``source: mock`` and is never promotable.
 ``run-mock`` and the Action's mock mode call :func:`run_mock_cell`.
@@ -19,10 +19,10 @@ from batch_invariance.core.plan import CellPlan, number_problems
 from batch_invariance.errors import UsageError
 from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import run_cell
-from batch_invariance.run.finish import FinishedCell, finish_cell, prepare_out_dir
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import bundled_workset_path, expand_reps, load_workset
+from batch_invariance.service.finish import FinishedCell, finish_cell, prepare_out_dir
 
 __all__ = ["MOCK_MODEL", "MockRequest", "run_mock_cell"]
 

@@ -20,9 +20,8 @@ from batch_invariance.core.evidence import (
 )
 from batch_invariance.core.plan import Endpoint, number_problems
 from batch_invariance.engines.base import KvLayout
-from batch_invariance.engines.registry import DEFAULT_ENGINE
+from batch_invariance.engines.registry import DEFAULT_ENGINE, engine_for
 from batch_invariance.errors import UsageError
-from batch_invariance.service.profile import ProfileRequest
 
 __all__ = [
     "ACTION_DEFAULTS",
@@ -35,6 +34,7 @@ __all__ = [
     "SWEEP_DEFAULTS",
     "CellDefaults",
     "LiveRequest",
+    "ProfileRequest",
 ]
 
 
@@ -62,6 +62,18 @@ DEFAULT_SEED = 0
 DEFAULT_MIN_HOT_TRIALS = GatePolicy().min_hot_trials
 DEFAULT_READY_TIMEOUT = 300.0
 DEFAULT_REQ_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """The profile options of a live request (``--profile`` and the options that need it)."""
+
+    name: str | None = None
+    model_alias: str | None = None
+    models_dir: str | None = None
+    models_file: str | None = None
+    corner: str | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,8 +116,6 @@ class LiveRequest:
     bundled_workset: str | None = None
     model_name: str | None = None
     driver_name: str = "run-live"
-    #: Test hook: launch every server with at most this many slots (cannot co-batch).
-    cap_parallel: int | None = None
     #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
     kv_layout: KvLayout = "split"
     #: Which server (``--engine``); checked against ``engines.registry`` by :func:`prepare`.
@@ -133,10 +143,28 @@ class LiveRequest:
             }
         )
 
-    def check_numbers(self) -> None:
+    def check(self) -> None:
+        """The cheap checks, all in one place and before any file, profile code or server is
+        touched: the engine's name, required values, the numbers, the gate policy, a work-set
+        source, the profile-only options without a profile (so a typo cannot silently do
+        nothing) and the out-dir."""
+        engine_for(self.engine)
+        if self.ctx is None or self.parallel is None:
+            raise UsageError("--ctx and --parallel are required (tokens per slot, and N)")
         problems = self.number_problems() + policy_usage_problems(self.policy())
         if problems:
             raise UsageError(problems[0])
+        profile = self.profile
+        if profile is not None and not profile.name:
+            for opt in ("model_alias", "models_dir", "models_file", "corner"):
+                if getattr(profile, opt):
+                    flag = "--" + opt.replace("_", "-")
+                    raise UsageError(f"{flag} needs --profile; add --profile NAME or drop {flag}")
+        has_profile = profile is not None and bool(profile.name)
+        if self.workset is None and not has_profile and self.bundled_workset is None:
+            raise UsageError("--workset FILE is required (or --profile NAME --model-alias ALIAS)")
+        if self.out_dir is None:
+            raise UsageError("--out-dir DIR is required (where the cert and server logs go)")
 
     def policy(self) -> GatePolicy:
         """The gate policy the request asks for (F4 always armed, at ``logit_eps``)."""

@@ -3,7 +3,7 @@
 Arm A (and A', once some N's B differed from A) runs once on its own ``--parallel 1`` server
 and every N compares against it; each N gets its own ``--parallel N`` server for arm B and its
 C passes, so K values make 1 + K launches (one more if A' runs). Every cell is finished
-exactly as ``run-live`` finishes it (:func:`~batch_invariance.run.finish.finish_cell`) and its
+exactly as ``run-live`` finishes it (:func:`~batch_invariance.service.finish.finish_cell`) and its
 cert re-derives on its own; ``sweep.json`` (:mod:`batch_invariance.service.sweep_summary`) lists
 them with ``max_safe_parallel``. N values the memory guard refuses are named there as not run,
 before anything launches (where a guard applies: a GGUF model). Any launched engine can be
@@ -24,10 +24,10 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host import memory
 from batch_invariance.run.cell import run_cells
-from batch_invariance.run.finish import finish_cell
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
 from batch_invariance.servers.launch import LaunchRecord
+from batch_invariance.service.finish import finish_cell
 from batch_invariance.service.job import LiveCell, prepare
 from batch_invariance.service.live import open_runner
 from batch_invariance.service.provenance import provenance_for
@@ -127,7 +127,7 @@ def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> Sw
     base = replace(request.cell, parallel=ns[0], driver_name="sweep")
     check_sweepable(base)
     for n in ns:
-        replace(base, parallel=n).check_numbers()
+        replace(base, parallel=n).check()
     cell = prepare(base)
     launcher = cell.launcher()
     host = memory.read_host_memory()

@@ -15,7 +15,7 @@ from batch_invariance.cert.certificate import cert_to_json
 from batch_invariance.cert.provenance import ScheduleRecord
 from batch_invariance.cert.verify import Verification
 from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
-from batch_invariance.run.finish import FinishedCell
+from batch_invariance.service.finish import FinishedCell
 
 SWEEP_VERSION = 1
 

@@ -23,14 +23,15 @@ from batch_invariance.engines.base import Engine, KvLayout, flag_conflicts
 from batch_invariance.engines.registry import ENGINES, engine_for
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
-from batch_invariance.host.gguf import GgufInfo, cached_sha256, parse_info
+from batch_invariance.host.file_hash import cached_sha256
+from batch_invariance.host.gguf import GgufInfo, parse_info
+from batch_invariance.profiles.overrides import ProfileRun
 from batch_invariance.provision.embedded import cache_root
-from batch_invariance.run.cell import ServerLauncher
+from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, AttachTarget, attach_target
 from batch_invariance.servers.binary import BinaryIdentity, identify_binary
 from batch_invariance.servers.launch import EngineLauncher, LaunchRecord
-from batch_invariance.service.profile import ProfileInputs
 
 if TYPE_CHECKING:
     from batch_invariance.service.request import LiveRequest
@@ -57,8 +58,6 @@ class LaunchOptions:
 
     ready_timeout: float
     max_footprint_gb: float | None = None
-    #: Test hook: launch every server with at most this many slots (cannot co-batch).
-    cap_parallel: int | None = None
     #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
     kv_layout: KvLayout = "split"
 
@@ -129,7 +128,11 @@ def _check_ctx(ctx: int | None, engine: Engine) -> None:
     )
 
 
-def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTarget:
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def resolve_target(request: LiveRequest, prof: ProfileRun | None) -> ServerTarget:
     """Check the engine-dependent part of ``request`` (UsageError naming the first problem)."""
     engine = engine_for(request.engine)
     attach = _check_attach_options(request)
@@ -148,8 +151,8 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
     if attach is not None:
         return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
     _check_ctx(request.ctx, engine)
-    server_bin = request.server_bin or (prof.server_bin if prof else None)
-    model = request.model or (prof.model if prof else None)
+    server_bin = request.server_bin or (_path(prof.server_bin) if prof else None)
+    model = request.model or (_path(prof.model) if prof else None)
     # Without a profile that could name them, both must be given.
     if not engine.takes_profiles and (server_bin is None or model is None):
         raise UsageError(
@@ -172,6 +175,15 @@ def resolve_target(request: LiveRequest, prof: ProfileInputs | None) -> ServerTa
     return ServerTarget(engine, launcher, model.resolve(), gguf, skipped, None, flags)
 
 
+class LauncherFactory(Protocol):
+    """Builds a live cell's launcher (:func:`make_launcher`; a test passes its own, e.g.
+    :func:`engine_launcher` with ``cap_parallel``)."""
+
+    def __call__(
+        self, target: ServerTarget, options: LaunchOptions, log_dir: Path, policy: ports.PortPolicy
+    ) -> LiveServerLauncher: ...
+
+
 def make_launcher(
     target: ServerTarget, options: LaunchOptions, log_dir: Path, policy: ports.PortPolicy
 ) -> LiveServerLauncher:
@@ -182,16 +194,24 @@ def make_launcher(
 
 
 def engine_launcher(
-    target: ServerTarget, options: LaunchOptions, log_dir: Path, policy: ports.PortPolicy
+    target: ServerTarget,
+    options: LaunchOptions,
+    log_dir: Path,
+    policy: ports.PortPolicy,
+    *,
+    cap_parallel: int | None = None,
 ) -> EngineLauncher:
-    """The launcher that starts ``target``'s engine (a launched target only)."""
+    """The launcher that starts ``target``'s engine (a launched target only).
+
+    ``cap_parallel`` is for tests (see :class:`LauncherFactory`): every server then gets at
+    most that many slots, so it cannot co-batch."""
     if target.server_bin is None or target.model is None:
         raise UsageError("an attached server has no launcher: the tool starts nothing there")
     return EngineLauncher(
         target.engine, target.server_bin, target.model, log_dir, port_policy=policy,
         server_flags=target.server_flags, env=dict(os.environ),
         ready_timeout=options.ready_timeout, gguf=target.gguf,
-        max_footprint_gb=options.max_footprint_gb, cap_parallel=options.cap_parallel,
+        max_footprint_gb=options.max_footprint_gb, cap_parallel=cap_parallel,
         kv_layout=options.kv_layout,
     )  # fmt: skip
 

@@ -3,8 +3,8 @@
 Used by run-live (owned and refused flags, KV cache types), the memory guard and plan-n (cache
 types, GPU offload), check-deploy (the cell a deploy runs, and every option that can change
 outputs, compared with the argv a cert measured) and ``serve``. The options are the server's
-own table (:mod:`batch_invariance.core.server_options`, parsed from its ``--help``); the rules
-are ``common/arg.cpp``'s (build 11434):
+own table (:mod:`batch_invariance.engines.llama_server.options`, parsed from its ``--help``); the
+rules are ``common/arg.cpp``'s (build 11434):
 
 * a word that starts with ``--`` has every ``_`` rewritten to ``-`` before it is looked up
   (``--ctx_size`` is ``--ctx-size``); a word the table does not name is an invalid argument,
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from batch_invariance.core.server_options import (
+from batch_invariance.engines.llama_server.options import (
     ACCUMULATING,
     BY_CANONICAL,
     CELL_OPTIONS,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from batch_invariance.core.server_options import OPTION_VARIABLES
+from batch_invariance.engines.llama_server.options import OPTION_VARIABLES
 
 __all__ = [
     "ENGINE_ENV_NAMES",

@@ -1,7 +1,8 @@
 """The llama-server option table, parsed from the real binary's ``--help``.
 
-``python -m batch_invariance.engines.server_help LLAMA_SERVER`` rewrites the committed table
-(``data/llama_server_options.json``) from a binary of the pinned build;
+``python -m batch_invariance.engines.llama_server.help LLAMA_SERVER`` rewrites the committed
+table (:mod:`~batch_invariance.engines.llama_server.option_table`) from a binary of the pinned
+build;
 ``tests/live/test_server_options_live.py`` checks that the committed table equals what the
 provisioned binary prints.
 """
@@ -12,12 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from batch_invariance.core.server_options import (
+from batch_invariance.engines.llama_server.options import (
     TABLE_BUILD,
-    TABLE_FILE,
     OptionSpec,
     parse_help,
-    table_json,
+    table_module,
 )
 from batch_invariance.errors import InfraError
 
@@ -42,10 +42,13 @@ def options_of(server_bin: Path) -> tuple[OptionSpec, ...]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m batch_invariance.engines.server_help LLAMA_SERVER", file=sys.stderr)
+        print(
+            "usage: python -m batch_invariance.engines.llama_server.help LLAMA_SERVER",
+            file=sys.stderr,
+        )
         return 2
-    target = Path(__file__).resolve().parents[1] / "data" / TABLE_FILE
-    target.write_text(table_json(options_of(Path(argv[0])), TABLE_BUILD), encoding="utf-8")
+    target = Path(__file__).resolve().with_name("option_table.py")
+    target.write_text(table_module(options_of(Path(argv[0])), TABLE_BUILD), encoding="utf-8")
     print(f"wrote {target}")
     return 0
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batch_invariance.cert.certificate import Cert, display_verdict
-from batch_invariance.cert.numerics_view import numerics_lines, numerics_markdown
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 from batch_invariance.core.throughput import Throughput
+from batch_invariance.report.numerics_view import numerics_lines, numerics_markdown
 
 __all__ = [
     "NO_BUNDLE",

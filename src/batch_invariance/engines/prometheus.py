@@ -1,7 +1,7 @@
 """The one Prometheus text parser (pure): a ``/metrics`` body in, typed samples out.
 
-llama-server's busy gauge (:mod:`batch_invariance.run.probe`) and other engines' gauges,
-counters and histograms (:mod:`batch_invariance.engines.witness`) are all read through it.
+llama-server's busy gauge (:mod:`batch_invariance.engines.llama_server.probes`) and other engines'
+gauges, counters and histograms (:mod:`batch_invariance.engines.witness`) are all read through it.
 """
 
 from __future__ import annotations

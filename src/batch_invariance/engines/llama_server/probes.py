@@ -1,8 +1,7 @@
-"""GETs of llama-server's read-only endpoints, and the busy witness read from them.
+"""llama-server's read-only endpoints: its busy witnesses and the chat template it applies.
 
 ``/slots`` and ``/metrics`` say how many requests the server is processing at once (the
-co-batching witness the dispatcher samples); the launchers read ``/v1/models``, ``/props``
-and ``/metrics`` through the same GETs. Every GET returns ``None`` on failure instead of raising.
+co-batching witness the dispatcher samples); ``/props`` names the chat template.
 """
 
 from __future__ import annotations
@@ -11,28 +10,16 @@ from typing import Any
 
 import requests
 
-from batch_invariance.core.prometheus import metric_total, parse_prometheus
-from batch_invariance.run.response import as_int
+from batch_invariance.engines.probes import BusyProbe, as_int, get_json
+from batch_invariance.engines.prometheus import metric_total, parse_prometheus
 
 __all__ = [
     "busy_from_metrics",
     "busy_from_slots",
-    "get_json",
-    "get_text",
+    "llama_server_probes",
     "server_chat_template",
     "tasks_from_slots",
 ]
-
-
-def get_json(session: requests.Session, url: str, timeout_s: float = 2.0) -> Any | None:
-    """GET ``url`` and decode JSON; ``None`` on any failure (used by samplers and probes)."""
-    try:
-        response = session.get(url, timeout=timeout_s)
-        if response.status_code != 200:
-            return None
-        return response.json()
-    except (requests.RequestException, ValueError):
-        return None
 
 
 def server_chat_template(base_url: str) -> str | None:
@@ -41,17 +28,6 @@ def server_chat_template(base_url: str) -> str | None:
         props = get_json(session, base_url.rstrip("/") + "/props")
     template = props.get("chat_template") if isinstance(props, dict) else None
     return template if isinstance(template, str) else None
-
-
-def get_text(session: requests.Session, url: str, timeout_s: float = 2.0) -> str | None:
-    """GET ``url`` as text; ``None`` on any failure or non-200 status."""
-    try:
-        response = session.get(url, timeout=timeout_s)
-        if response.status_code != 200:
-            return None
-        return response.text
-    except requests.RequestException:
-        return None
 
 
 def busy_from_slots(payload: Any) -> int | None:
@@ -79,3 +55,15 @@ def busy_from_metrics(text: str, name: str = "llamacpp:requests_processing") -> 
     when absent."""
     total = metric_total(parse_prometheus(text), name)
     return None if total is None else int(total)
+
+
+def llama_server_probes(
+    base_url: str, metrics_enabled: bool, metrics_url: str | None = None
+) -> tuple[BusyProbe, ...]:
+    """llama-server's witnesses: ``/slots`` always, ``/metrics`` when the server serves it."""
+    base = base_url.rstrip("/")
+    probes = [BusyProbe("slots", base + "/slots", "json", busy_from_slots, tasks_from_slots)]
+    if metrics_enabled:
+        url = metrics_url or base + "/metrics"
+        probes.append(BusyProbe("metrics", url, "text", busy_from_metrics))
+    return tuple(probes)

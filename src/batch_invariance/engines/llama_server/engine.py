@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.core import llama_flags
-from batch_invariance.core.llama_flags import FlagError, read_flags
 from batch_invariance.engines.base import CacheEvidence, KvLayout, LaunchCommand, LaunchRequest
-from batch_invariance.run.dispatch import BusyProbe, PassCounter, llama_server_probes
+from batch_invariance.engines.llama_server import flags as llama_flags
+from batch_invariance.engines.llama_server.flags import FlagError, read_flags
+from batch_invariance.engines.llama_server.probes import llama_server_probes
+from batch_invariance.engines.probes import BusyProbe, PassCounter
 
 __all__ = ["LlamaServerEngine", "build_argv", "kv_label"]
 
@@ -81,7 +82,7 @@ class LlamaServerEngine:
     ctx_multiple = llama_flags.CTX_PAD
     takes_profiles = True
     binary_hint = "path to llama-server"
-    #: The one llama-server flag reader's lists (core.llama_flags).
+    #: The one llama-server flag reader's lists (engines.llama_server.flags).
     owned_flags: frozenset[str] = llama_flags.OWNED_FLAGS
     refused_flags: frozenset[str] = llama_flags.REFUSED_FLAGS
 
