@@ -286,6 +286,11 @@ def _manager_environment() -> list[NotUnderstood]:
     return out
 
 
+def _where(where: str) -> tuple[str, int]:
+    file, _, line = where.rpartition(":")
+    return file, int(line)
+
+
 def unit_commands(path: Path, text: str) -> DeployRead:
     """The server a unit (with its drop-ins) starts, with the environment systemd gives it."""
     unit = _Unit()
@@ -321,10 +326,10 @@ def unit_commands(path: Path, text: str) -> DeployRead:
     if len(unit.exec_start) != 1:
         unit.bad.append(
             NotUnderstood(
-                path.name,
-                0,
-                f"{len(unit.exec_start)} ExecStart= "
-                "command lines after resets (exactly one runs a server)",
+                *_where(unit.exec_start[0][0] if unit.exec_start else f"{path.name}:0"),
+                f"{len(unit.exec_start)} ExecStart= command lines after resets "
+                f"({', '.join(w for w, _ in unit.exec_start)}; exactly one runs a server)",
+                "reset with an empty ExecStart= before the one that runs",
             )
         )
         return DeployRead((), tuple(unit.bad))
