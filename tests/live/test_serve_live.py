@@ -24,12 +24,9 @@ from batch_invariance import exitcodes
 from batch_invariance.cli import main
 from batch_invariance.deploy.serve_plan import serve_argv
 from batch_invariance.provision.embedded import Provisioned
+from tests.support.paths import WORKSETS
 
-pytestmark = pytest.mark.live
-
-COMPLETIONS_WORKSET = (
-    Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets/demo_completions.json"
-)
+COMPLETIONS_WORKSET = WORKSETS / "demo_completions.json"
 #: 32 distinct openings (bound 3/32 under the default 0.10), answers long enough for the
 #: default answer-length gate, two passes, B as the serial repeat: the smallest cell that can
 #: be promotable. A long request timeout: other work on a shared host slows every token.
@@ -62,7 +59,7 @@ def _recorded(live_pair: Provisioned, root: Path, model: Path) -> Path:
     """A promotable cert whose verdict the core decided from factory evidence and whose
     provenance records the real binary and model (their sha256) and the argv run-live would
     start them with (ctx 1024, N 4, split, -ub 1)."""
-    from test_deploy import _live_cert, _provenance
+    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
 
     provenance = _provenance(model, 4, "split", binary=live_pair.server_bin)
     for server in provenance["servers"]:

@@ -3,14 +3,10 @@ option it lists is classified or treated as unknown."""
 
 from __future__ import annotations
 
-import pytest
-
 from batch_invariance.engines.llama_server import options as server_options
 from batch_invariance.engines.llama_server.flags import read_flags
 from batch_invariance.engines.llama_server.help import options_of
 from batch_invariance.provision.embedded import Provisioned
-
-pytestmark = pytest.mark.live
 
 
 def test_the_committed_table_is_the_real_binarys_help(live_pair: Provisioned) -> None:

@@ -24,8 +24,6 @@ from batch_invariance.provision.embedded import Provisioned, provision
 from batch_invariance.servers import ports
 from batch_invariance.servers.launch import EngineLauncher
 
-pytestmark = pytest.mark.live
-
 CTX = 2048
 
 

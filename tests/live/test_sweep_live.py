@@ -12,16 +12,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from batch_invariance import exitcodes
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.service.live import run_live_cell
-
-pytestmark = pytest.mark.live
 
 
 def test_a_sweep_over_two_n_writes_two_certs_and_launches_three_servers(

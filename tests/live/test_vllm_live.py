@@ -36,12 +36,11 @@ from batch_invariance.cli import main
 from batch_invariance.errors import InfraError
 from batch_invariance.provision.embedded import Layout, cache_root
 from batch_invariance.provision.vllm import VllmProvisioned, ensure_vllm
+from tests.support.paths import WORKSETS
 
-pytestmark = pytest.mark.live
+pytestmark = pytest.mark.slow  # about 13.5 min on 2 cores (CONTRIBUTING.md)
 
-WORKSET = (
-    Path(__file__).resolve().parents[2] / "src/batch_invariance/data/worksets/demo_completions.json"
-)
+WORKSET = WORKSETS / "demo_completions.json"
 PROMPTS = 16
 PARALLEL = 4
 TOKENS = 32

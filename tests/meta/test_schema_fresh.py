@@ -1,0 +1,38 @@
+"""docs/cert.schema.json must be exactly what the pydantic model generates."""
+
+from __future__ import annotations
+
+import json
+
+from batch_invariance.cert.schema import cert_to_json, schema_text
+from tests.support.factories import cert_for
+from tests.support.paths import REPO
+
+SCHEMA = REPO / "docs" / "cert.schema.json"
+
+
+def test_schema_file_is_fresh() -> None:
+    assert SCHEMA.exists(), "run: python -m batch_invariance.cert.store --write-schema " + str(
+        SCHEMA
+    )
+    assert SCHEMA.read_text(encoding="utf-8") == schema_text(), (
+        "docs/cert.schema.json is stale; regenerate it with "
+        "`python -m batch_invariance.cert.store --write-schema docs/cert.schema.json`"
+    )
+
+
+def test_schema_names_every_top_level_field_as_required() -> None:
+    schema = json.loads(schema_text())
+    cert = cert_to_json(cert_for()[0])
+    assert set(schema["properties"]) == set(cert)
+    # `throughput` is the one optional block: absent (never null) in a cert written without
+    # per-arm timings, so such certs keep their digest.
+    assert set(schema["required"]) == set(cert) - {"throughput"}
+    assert schema.get("additionalProperties") is False
+
+
+def test_output_contract_doc_mentions_every_field() -> None:
+    doc = (SCHEMA.parent / "output-contract.md").read_text(encoding="utf-8")
+    cert = cert_to_json(cert_for()[0])
+    missing = [k for k in cert if f"`{k}`" not in doc]
+    assert not missing, f"docs/output-contract.md does not document {missing}"

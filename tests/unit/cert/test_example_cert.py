@@ -1,0 +1,63 @@
+"""The example cert in examples/certs/ is a real live cert written by cert_version 3.
+
+It was earned by `batch-invariance demo` on a 2-core CPU host (see examples/certs/README.md):
+RED / co_batching with overlap, floor, coverage and numeric evidence met, and logprobs drifting
+under co-batching. verify-cert re-derives it (exit 1: a valid RED); tampering with it is caught.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.cli import main
+from tests.support.paths import EXAMPLES
+
+CERT = EXAMPLES / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
+
+
+def test_the_example_cert_verifies_as_a_red(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["verify-cert", str(CERT)])
+    out = capsys.readouterr().out
+    assert code == exitcodes.RED, out
+    assert "verdict re-derived from evidence matches" in out
+    data = json.loads(CERT.read_text())
+    assert data["cert_version"] == 3
+    assert data["source"] == "live" and data["status"] == "failed"
+    assert data["divergence_class"] == "co_batching"
+    assert data["overlap"]["ok"] and data["completion_floor"]["ok"]
+    assert data["cobatch_coverage"]["ok"]
+    assert data["provenance"]["driver"] == "demo"
+    numerics = data["numerics"]
+    assert numerics["evidence"]["ok"]
+    assert all(p["rows_with_drift"] > 0 for p in numerics["AC"]["per_pass"])
+
+
+def test_a_tampered_example_cert_is_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(CERT.read_text())
+    data["status"] = "green"
+    data["verdict"] = "GREEN"
+    bad = tmp_path / CERT.name
+    bad.write_text(json.dumps(data, sort_keys=True))
+    assert main(["verify-cert", str(bad)]) == exitcodes.CERT_INVALID
+
+
+def test_example_cert_holds_real_answers_from_the_completions_endpoint() -> None:
+    """The demo asks the base model for raw completions: no chat template, so no ChatML
+    fallback echoes (``<|im_start|>``) in any recorded answer."""
+    data = json.loads(CERT.read_text())
+    assert data["provenance"]["request_template"]["endpoint"] == "completions"
+    assert data["provenance"]["chat_template"]["source"] == "not_used"
+    evidence = data["evidence"]
+    arms = [evidence["a"], evidence["b"], *(p["trials"] for p in evidence["c_passes"])]
+    excerpts = [t["completion_excerpt"] for arm in arms for t in arm.values()]
+    # B ran on the ids that diverged (all 32 when the cert names none).
+    n_b = len(evidence.get("b_ids") or evidence["a"])
+    assert len(evidence["b"]) == n_b
+    assert len(excerpts) == 32 * (1 + len(evidence["c_passes"])) + n_b
+    assert not [e for e in excerpts if "<|im_" in e or not e.strip()]

@@ -1,0 +1,308 @@
+"""A cert cannot be relabelled, cannot smuggle unparseable numbers, and a cert written under
+other rules says so (issue 12, sections 3 and 5). Every case goes through ``cli.main``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batch_invariance import __version__, exitcodes
+from batch_invariance.cert.build import rederive
+from batch_invariance.cert.provenance import Provenance
+from batch_invariance.cert.schema import CERT_VERSION, Cert, compute_digest
+from batch_invariance.cert.store import render, write_cert
+from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_built, verify_path
+from batch_invariance.cli import main
+from batch_invariance.core.evidence import GatePolicy
+from tests.support.factories import (
+    cert_for,
+    green_evidence,
+    live_provenance,
+    load_cert,
+    server_argv,
+    spec,
+)
+
+
+def _mock_cert(tmp_path: Path) -> Cert:
+    # A mock GREEN exits 3 (never promotable), like any GREEN that is not promotable.
+    assert main(["run-mock", "--out-dir", str(tmp_path / "mock")]) == exitcodes.NOT_PROMOTABLE
+    return load_cert(tmp_path / "mock" / "mock__ctx2048__N4.json")
+
+
+def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:
+    """The issue's attack: rebuild an edited cert with the package's own rederive and render
+    (a fresh, correct digest and a verdict consistent with the evidence)."""
+    path = tmp_path / name
+    path.write_text(render(rederive(cert)), encoding="utf-8")
+    return path
+
+
+def _verify(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()  # what ran before (run-mock's progress lines) is not verify-cert's
+    code = main(["verify-cert", str(path)])
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+# ------------------------------------------------------------------ identity (section 3)
+
+
+def test_a_mock_cert_relabelled_live_and_rebuilt_is_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mock = _mock_cert(tmp_path)
+    assert mock.status == "green"
+    forged = replace(mock, source="live")
+    path = _rebuilt(tmp_path, forged)
+    code, err = _verify(path, capsys)
+    assert code == exitcodes.CERT_INVALID
+    assert "source says live but its provenance records a mock run" in err
+    assert "driver run-mock" in err and "mock knobs" in err and err.count("\n") == 1
+    assert not is_promotable(rederive(forged)) and not cert_is_green(rederive(forged))
+
+
+def test_relabelled_mock_with_edited_ctx_and_n_is_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mock = _mock_cert(tmp_path)
+    forged = replace(mock, source="live", ctx=8192, dispatch_n=8)
+    code, err = _verify(_rebuilt(tmp_path, forged), capsys)
+    assert code == exitcodes.CERT_INVALID and "a mock run is never live" in err
+
+
+def test_stripping_the_mock_markers_still_leaves_a_mock_argv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mock = _mock_cert(tmp_path)
+    prov = {k: v for k, v in mock.provenance.record().items() if k != "mock_knobs"}
+    prov["driver"] = "run-live"
+    forged = replace(
+        mock, source="live", provenance=Provenance.from_record(prov), kv_label="split:-c 8192 -np 4"
+    )
+    code, err = _verify(_rebuilt(tmp_path, forged), capsys)
+    assert code == exitcodes.CERT_INVALID and "a mock server argv" in err
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ({"ctx": 4096}, "ctx 4096 per slot but server A ran --ctx-size 2048"),
+        ({"dispatch_n": 8}, "dispatch_n 8 but server BC ran --parallel 4"),
+        ({"model": "other-model"}, "model other-model but the model file recorded is"),
+        (
+            {"kv_label": "unified:-c 8192 -np 4 (kv-unified)"},
+            "KV layout unified (kv_label) but server BC ran split",
+        ),
+    ],
+)
+def test_a_live_cert_whose_cell_was_edited_and_rebuilt_is_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, Any], named: str
+) -> None:
+    cert, _ = cert_for()
+    assert is_promotable(cert)
+    forged = replace(cert, **edit)
+    code, err = _verify(_rebuilt(tmp_path, forged), capsys)
+    assert code == exitcodes.CERT_INVALID and named in err, err
+    assert not is_promotable(rederive(forged))
+
+
+@pytest.mark.parametrize(
+    "provenance_edit",
+    [
+        lambda p: p.pop("model_file"),
+        lambda p: p["model_file"].update(sha256=None),
+        lambda p: p["model_file"].update(path="/elsewhere/tiny-model.gguf"),
+        lambda p: p.pop("servers"),
+        lambda p: p["servers"].pop(1),
+        lambda p: p["servers"][1].update(argv=server_argv("/models/tiny-model.gguf", 2048, 8)),
+        lambda p: p["servers"][1].update(role="C"),
+        lambda p: p["servers"][1]["argv"].remove("--no-kv-unified"),
+    ],
+)
+def test_a_live_cert_whose_provenance_disagrees_is_invalid(provenance_edit: Any) -> None:
+    cert, _ = cert_for()
+    prov = cert.provenance.record()
+    provenance_edit(prov)
+    forged = rederive(replace(cert, provenance=Provenance.from_record(prov)))
+    verification_text = render(forged)
+    assert not is_promotable(forged) and not cert_is_green(forged)
+    assert json.loads(verification_text)["source"] == "live"
+
+
+def test_a_profile_model_alias_is_an_accepted_model_name() -> None:
+    cell = spec(model="gemma-alias")
+    prov = live_provenance(cell)
+    prov["model_file"] = {**prov["model_file"], "name": "gemma-3.gguf"}
+    path = "/models/gemma-3.gguf"
+    prov["model_file"]["path"] = path
+    prov["servers"] = [
+        {"role": "A", "argv": server_argv(path, cell.ctx, 1)},
+        {"role": "BC", "argv": server_argv(path, cell.ctx, cell.dispatch_n)},
+    ]
+    cert, _ = cert_for(cell=cell)
+    without_alias = rederive(replace(cert, provenance=Provenance.from_record(prov)))
+    assert not is_promotable(without_alias)
+    with_alias = rederive(
+        replace(
+            cert,
+            provenance=Provenance.from_record({**prov, "profile": {"model_alias": "gemma-alias"}}),
+        )
+    )
+    assert is_promotable(with_alias)
+
+
+def test_verify_cert_without_bundle_says_authenticity_was_not_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_cert(tmp_path, cert_for()[0]).path
+    assert main(["verify-cert", str(path)]) == exitcodes.PROMOTABLE
+    assert capsys.readouterr().out == (
+        f"cert:       {path}\n"
+        "cell:       model=tiny-model ctx=2048 N=4\n"
+        "status:     GREEN (green)\n"
+        "source:     live   gate: abc_union\n"
+        "promotable: yes\n"
+        "  - status green, source live, gate abc_union, policy no looser than defaults\n"
+        "signature:  not checked (no --bundle): authenticity was not checked; the digest "
+        "catches accidents, not forgery\n"
+        "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, identity "
+        "matches its provenance\n"
+        "reasons:\n"
+        "  - AC clean and every gate met (F1 overlap, F2 floor, F3 coverage, transport, sample "
+        "size 64 >= 30, per-prompt bound 0.09375 <= 0.1 from 32 distinct prompts, median "
+        "answer 80 >= 64 tokens)\n"
+        "  - AB clean, no token-only differences\n"
+        "  - tokens and logprobs bitwise equal at 704 positions over 32 prompts x 2 passes "
+        "(64 co-batched)\n"
+    )
+
+
+# ------------------------------------------------- numbers JSON cannot carry (section 5)
+
+
+@pytest.mark.parametrize(
+    ("token", "replacement"),
+    [
+        ("NaN", '"rate_upper_bound_95": NaN'),
+        ("Infinity", '"rate_upper_bound_95": Infinity'),
+        ("-Infinity", '"rate_upper_bound_95": -Infinity'),
+        ("long int", '"rate_upper_bound_95": 1' + "0" * 5000),
+    ],
+)
+def test_nan_infinity_and_overlong_integers_are_invalid_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], token: str, replacement: str
+) -> None:
+    path = write_cert(tmp_path, cert_for()[0]).path
+    text = path.read_text()
+    assert '"rate_upper_bound_95": 0.09375' in text
+    path.write_text(text.replace('"rate_upper_bound_95": 0.09375', replacement))
+    code, err = _verify(path, capsys)
+    assert code == exitcodes.CERT_INVALID, (token, err)
+    assert err.count("\n") == 1 and "Traceback" not in err and "unexpected error" not in err
+    assert not verify_path(path).promotable
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "1" + "0" * 5000])
+def test_unparseable_numbers_in_free_form_provenance_are_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    path = write_cert(tmp_path, cert_for()[0]).path
+    text = path.read_text()
+    path.write_text(text.replace('"provenance": {', f'"provenance": {{"x": {value}, ', 1))
+    code, err = _verify(path, capsys)
+    assert code == exitcodes.CERT_INVALID and err.count("\n") == 1, err
+    assert "unexpected error" not in err
+
+
+# ------------------------------------------------------ other versions (section 5)
+
+
+def _resealed(tmp_path: Path, **changes: Any) -> Path:
+    data = json.loads(render(cert_for()[0]))
+    data.update(changes)
+    data["digest"] = compute_digest(data)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data, sort_keys=True, indent=2))
+    return path
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"tool_version": "0.0.9"},
+        {"cert_version": CERT_VERSION + 1, "tool_version": "9.0.0"},
+        {"cert_version": CERT_VERSION + 1, "tool_version": "9.0.0", "new_field": [1]},
+        {"cert_version": 0, "tool_version": "0.0.1", "status": "green"},
+    ],
+)
+def test_a_cert_from_another_version_says_so_and_is_never_promotable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any]
+) -> None:
+    path = _resealed(tmp_path, **changes)
+    code, err = _verify(path, capsys)
+    tool = changes["tool_version"]
+    version = changes.get("cert_version", CERT_VERSION)
+    assert code == exitcodes.CERT_INVALID
+    assert (
+        f"written by batch-invariance {tool} (cert_version {version}); its rules are not "
+        "re-derivable here" in err
+    )
+    assert f"this is batch-invariance {__version__}" in err and "pip install" in err
+    assert "fields disagree" not in err and err.count("\n") == 1
+    verification = verify_path(path)
+    assert not verification.promotable and verification.problems
+    assert not is_promotable(json.loads(path.read_text()))
+
+
+# ------------------------------------------------------------ the promotability rule
+
+
+@pytest.mark.parametrize(
+    ("policy", "named"),
+    [
+        (GatePolicy(min_hot_trials=1), "policy min_hot_trials 1 is looser than the default 30"),
+        (GatePolicy(completion_floor=0.5), "policy completion_floor 0.5 is looser"),
+        (GatePolicy(coverage_fraction=0.1), "policy coverage_fraction 0.1 is looser"),
+        (GatePolicy(overlap_margin_s=0.0), "policy overlap_margin_s 0.0 is looser"),
+    ],
+)
+def test_a_green_judged_under_a_looser_policy_is_not_promotable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: GatePolicy, named: str
+) -> None:
+    cert, _ = cert_for(policy=policy)
+    assert cert.status == "green" and not is_promotable(cert) and cert_is_green(cert)
+    path = write_cert(tmp_path, cert).path
+    assert main(["verify-cert", str(path)]) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert "promotable: no" in out and named in out
+
+
+def test_a_stricter_policy_stays_promotable() -> None:
+    cert, _ = cert_for(policy=GatePolicy(min_hot_trials=40, completion_floor=0.9))
+    assert cert.status == "green" and is_promotable(cert)
+
+
+def test_every_unmet_condition_is_listed(tmp_path: Path) -> None:
+    cert, _ = cert_for(green_evidence(n_ids=6), policy=GatePolicy(min_hot_trials=1), source="mock")
+    verification = verify_path(write_cert(tmp_path, cert).path)
+    assert verification.valid and not verification.promotable
+    reasons = " | ".join(verification.promotable_reasons)
+    assert "source is mock" in reasons and "min_hot_trials" in reasons
+
+
+def test_the_exit_code_reads_the_built_cert_as_verify_cert_does() -> None:
+    """A just-built cert's promotability comes without re-deriving it (verify_built), and
+    agrees with the full verification path on promotable, looser-policy and relabelled
+    certs alike."""
+    green, _ = cert_for()
+    loose, _ = cert_for(policy=GatePolicy(coverage_fraction=0.1))
+    relabelled = replace(green, ctx=4096)  # its servers ran ctx 2048: an identity problem
+    for cert, promotable in ((green, True), (loose, False), (relabelled, False)):
+        built = verify_built(cert)
+        assert built.promotable is promotable is is_promotable(cert)
+    assert not verify_built(relabelled).valid

@@ -1,0 +1,167 @@
+"""``sweep --engine`` over a launched work-alike (the vLLM protocol fake as a stand-in
+executable), ``--dry-run`` on another engine, a Hugging Face model folder, and the usage errors
+of engine options that cannot apply (``sweep --base-url``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from batch_invariance.cert.verify import verify_path
+from batch_invariance.cli import main
+from batch_invariance.run.workset import items_to_row
+from tests.unit.engines.test_engine_cells import stand_in
+from tests.unit.run.test_cell import ITEMS
+
+
+@pytest.fixture()
+def vllm_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A vLLM stand-in that records each launch, a model file and a work-set of 8 prompts."""
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(record))
+    monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps({"token_delay_s": 0.005}))
+    ws = tmp_path / "ws.json"
+    ws.write_text(json.dumps([items_to_row(i) for i in ITEMS]))
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(b"weights")
+    return {
+        "bin": stand_in(tmp_path, "vllm"),
+        "model": model,
+        "ws": ws,
+        "out": tmp_path / "out",
+        "record": record,
+    }
+
+
+def _argv(cell: dict[str, Path], command: str, *extra: str) -> list[str]:
+    return [
+        command, "--engine", "vllm", "--server-bin", str(cell["bin"]),
+        "--model", str(cell["model"]), "--workset", str(cell["ws"]), "--ctx", "512",
+        "--gate-passes", "2", "--reps", "1", "--n-predict", "8", "--out-dir", str(cell["out"]),
+        *extra,
+    ]  # fmt: skip
+
+
+def _launched(record: Path) -> list[int]:
+    rows = [json.loads(line)["argv"] for line in record.read_text().splitlines()]
+    return [int(argv[argv.index("--max-num-seqs") + 1]) for argv in rows]
+
+
+def test_sweep_engine_shares_arm_a_and_launches_one_engine_server_per_n(
+    vllm_cell: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(_argv(vllm_cell, "sweep", "--parallel", "2,4", "--no-serial-repeat"))
+    text = capsys.readouterr().out
+    assert code == 3, text  # 8 prompts x 2 passes: too few comparisons for GREEN
+    # 1 + K launches: the shared one-sequence server, then one server per N.
+    assert _launched(vllm_cell["record"]) == [1, 2, 4]
+    summary = json.loads((vllm_cell["out"] / "sweep.json").read_text())
+    assert summary["parallel"] == [2, 4] and summary["server_launches"] == 3
+    for entry in summary["certs"]:
+        path = vllm_cell["out"] / entry["file"]
+        cert = json.loads(path.read_text())
+        prov = cert["provenance"]
+        assert cert["source"] == "live" and prov["engine"] == "vllm"
+        assert prov["driver"] == "sweep" and prov["memory_guard"]["applied"] is False
+        assert "Hugging Face model folder" in prov["model_file"]["gguf_skipped"]
+        assert prov["servers"][1]["argv"][
+            prov["servers"][1]["argv"].index("--max-num-seqs") + 1
+        ] == str(entry["parallel"])
+        assert "shared by the cells N=2, 4" in prov["schedule"]["reference_shared"]
+        assert verify_path(path).problems == ()  # vLLM's own flags read by the identity check
+    assert "sweep vllm cell model.safetensors" in text
+
+
+def test_a_model_folder_runs_without_a_gguf_header_and_never_verifies(
+    vllm_cell: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = tmp_path / "hf-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    argv = _argv(vllm_cell, "run-live", "--parallel", "2", "--no-serial-repeat")
+    argv[argv.index("--model") + 1] = str(folder)
+    main(argv)
+    (path,) = vllm_cell["out"].glob("*.json")
+    prov = json.loads(path.read_text())["provenance"]
+    assert prov["model_file"]["sha256"] is None and prov["model_file"]["gguf"] is None
+    checked = verify_path(path)
+    assert "no sha256 of the model file is recorded" in " ".join(checked.problems)
+    assert not checked.promotable  # a folder has no recorded digest yet: fail closed
+
+
+def test_dry_run_of_another_engine_prints_its_own_argv_and_launches_nothing(
+    vllm_cell: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(_argv(vllm_cell, "run-live", "--parallel", "4", "--dry-run"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.startswith("dry run: engine vllm cell model.safetensors ctx=512 N=4")
+    assert "-m vllm.entrypoints.openai.api_server" in out
+    assert "--max-num-seqs 4 --max-model-len 512" in out
+    assert "--port <free>" in out and "memory guard: not applied" in out
+    assert "ETA: unknown" in out
+    assert not vllm_cell["record"].exists() and not vllm_cell["out"].exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--base-url", "http://127.0.0.1:1"], "sweep cannot take --base-url: an attached"),
+        (["--metrics-url", "http://127.0.0.1:1/metrics"], "goes with --base-url"),
+        (["--kv-layout", "unified"], "--kv-layout unified applies only to llama-server"),
+        (["--server-flag", "--max-num-seqs=8"], "set by the tool for engine vllm"),
+    ],
+)
+def test_sweep_engine_usage_errors_exit_2_with_one_line(
+    vllm_cell: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    needle: str,
+) -> None:
+    code = main(_argv(vllm_cell, "sweep", "--parallel", "2,4", *extra))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert not vllm_cell["record"].exists()
+
+
+def test_a_gguf_engine_gets_the_memory_guard_before_any_launch(
+    vllm_cell: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.support.fakes_live import dense_meta, write_gguf
+
+    model = write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20)
+    python = stand_in(tmp_path, "python")
+    argv = [
+        "run-live", "--engine", "llama-cpp-python", "--server-bin", str(python),
+        "--model", str(model), "--workset", str(vllm_cell["ws"]), "--ctx", "512", "--parallel", "2",
+        "--max-footprint-gb", "0.0001", "--out-dir", str(vllm_cell["out"]),
+    ]  # fmt: skip
+    # Exit 2 before any launch: the stand-in cannot serve llama-cpp-python, so a launch would
+    # have ended in an infrastructure failure (4) instead.
+    assert main(argv) == 2
+    assert "GuardRefused" in capsys.readouterr().err
+
+
+def test_an_unknown_engine_in_a_request_is_a_usage_error(tmp_path: Path) -> None:
+    from batch_invariance.errors import UsageError
+    from batch_invariance.service.job import prepare
+    from batch_invariance.service.request import LiveRequest
+
+    with pytest.raises(UsageError, match="unknown --engine 'ollama'; choose one of"):
+        prepare(LiveRequest(out_dir=tmp_path, engine="ollama", ctx=512, parallel=2))
+
+
+def test_an_engine_launcher_symlink_is_kept_as_given(
+    vllm_cell: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A venv's bin/python is a symlink; resolving it would run the base interpreter instead.
+    link = tmp_path / "venv" / "bin" / "python"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(vllm_cell["bin"])
+    argv = _argv(vllm_cell, "run-live", "--parallel", "2", "--dry-run")
+    argv[argv.index("--server-bin") + 1] = str(link)
+    assert main(argv) == 0
+    assert f"server A: {link} -m vllm.entrypoints.openai.api_server" in capsys.readouterr().out

@@ -1,0 +1,537 @@
+"""`check-deploy` against real cert files: a cert covers exactly the cell it measured.
+
+The promotable certs come from real driver runs against the loopback mock with the verdict
+really decided by the core. Two things are set by this fixture: ``source`` is ``live`` (the
+driver takes it from the launcher; no live GREEN can be earned in a unit test), and the
+provenance records the llama-server argv and model file a live run of that cell records
+(``build_argv``'s argv with ``-ub 1``, a model file in tmp). Every reproducer of issue 12 §4 is
+a test below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.cert.provenance import Provenance
+from batch_invariance.cert.signature import (
+    BundlePolicy,
+    SignerPolicy,
+    TrustRoot,
+    verify_bundle,
+)
+from batch_invariance.cert.signing import (
+    GITHUB_ACTIONS_ISSUER,
+)
+from batch_invariance.cli import build_parser, main
+from batch_invariance.commands.check_deploy import signing_policy
+from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.deploy.cells import load_deploy_cells
+from batch_invariance.deploy.gate import BundleVerifier, check_cells
+from batch_invariance.errors import CertInvalid, UsageError
+from tests.support.paths import SHARED_FIXTURES
+
+MODEL = "gemma-3-270m-q4_k_m"
+SIGSTORE = SHARED_FIXTURES / "sigstore"
+MEASURED_FLAGS = ("-ub", "1")
+OK_FLAGS = "-c 4096 -np 4 -ub 1 --cache-ram 0"
+
+
+def _provenance(
+    model: Path, parallel: int, layout: str, binary: Path | None = None
+) -> dict[str, Any]:
+    """What run-live records for this cell: the model file, the server binary (by default
+    ``bin/`` beside the model's folder) and the A / BC servers' argv."""
+    from batch_invariance.engines.llama_server.engine import build_argv
+
+    def argv(n: int, kv: str) -> list[str]:
+        return list(
+            build_argv(Path("/opt/llama-server"), model, host="127.0.0.1", port=1, parallel=n,
+                       ctx=1024, extra_flags=MEASURED_FLAGS, kv_layout=kv)  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    data = model.read_bytes()
+    binary = binary or model.parent.parent / "bin" / "llama-server"
+    return {
+        "driver": "run-live",
+        "server_binary": {
+            "path": str(binary),
+            "sha256": hashlib.sha256(binary.read_bytes()).hexdigest(),
+        },
+        "servers": [
+            {"role": "A", "argv": argv(1, "split")},
+            {"role": "BC", "argv": argv(parallel, layout)},
+        ],
+        "model_file": {
+            "path": str(model),
+            "name": model.name,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+        },
+        "plan": {"n_predict": 128},
+    }
+
+
+def _live_cert(
+    out_dir: Path,
+    model: Path,
+    *,
+    layout: str = "split",
+    policy: GatePolicy | None = None,
+    provenance: dict[str, Any] | None = None,
+) -> Path:
+    """A GREEN live cert of (MODEL, ctx 1024, N 4) whose provenance agrees with its cell; the
+    verdict is decided by the core from the factories' green evidence."""
+    from batch_invariance.cert.certificate import build_cert
+    from batch_invariance.cert.store import write_cert
+    from batch_invariance.core.evidence import CellSpec
+    from batch_invariance.core.verdict import decide
+    from batch_invariance.engines.llama_server.engine import kv_label
+    from tests.support.factories import green_evidence
+
+    chosen = policy or GatePolicy()
+    evidence = green_evidence()
+    label = kv_label(1024, 4, layout)  # type: ignore[arg-type]
+    cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=label, reps=1, is_moe=False)
+    provenance = provenance or _provenance(model, 4, layout)
+    cert = build_cert(evidence, decide(evidence, chosen), cell, chosen, provenance, "live",
+                      "2025-01-02T03:04:05Z")  # fmt: skip
+    return write_cert(out_dir, cert).path
+
+
+def _mock_cell(out_dir: Path, parallel: int) -> Path:
+    """A real driver run against the loopback mock (source mock: never promotable)."""
+    from importlib import resources
+
+    from batch_invariance.core.evidence import CellSpec
+    from batch_invariance.mock import MockKnobs, MockLauncher
+    from batch_invariance.run.cell import CellPlan, run_cell
+    from batch_invariance.run.workset import load_workset
+    from batch_invariance.scorer_api import load_scorer
+    from batch_invariance.service.finish import finish_cell
+
+    ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
+    with resources.as_file(ref) as path:
+        workset = load_workset(path)
+    plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=128)
+    run = run_cell(plan, MockLauncher(MockKnobs()), load_scorer(None))
+    spec = CellSpec(model=MODEL, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
+    return finish_cell(run, spec, GatePolicy(), Provenance(driver="deploy-test"), out_dir).path
+
+
+def deploy_files(root: Path) -> tuple[Path, Path]:
+    """The model file and the server binary a cell is measured on: ``root/models`` and
+    ``root/bin`` (where :func:`_provenance` looks for the binary)."""
+    model = root / "models" / f"{MODEL}.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF" + b"\x01" * 4096)
+    binary = root / "bin" / "llama-server"
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x7fELF measured build")
+    binary.chmod(0o755)
+    return model, binary
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """A model file, a server binary on PATH, a promotable split cert (ctx 1024, N 4, -ub 1),
+    a mock cert (N 2) and, in its own folder, a promotable unified-KV cert of the same cell."""
+    root = tmp_path_factory.mktemp("deploy")
+    model, binary = deploy_files(root)
+    certs = root / "certs"
+    green = _live_cert(certs, model)
+    assert json.loads(green.read_text())["status"] == "green"
+    _mock_cell(certs / "mock", 2)
+    unified = root / "unified"
+    _live_cert(unified, model, layout="unified")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{binary.parent}:{os.environ.get('PATH', '')}")
+        yield {"root": root, "model": model, "certs": certs, "unified": unified,
+               "green": green, "binary": binary}  # fmt: skip
+
+
+def path_line(binary: Path) -> str:
+    """The line a deploy script sets its ``PATH`` with, so that a bare ``llama-server`` is
+    the measured binary (a script that sets none leaves it to the caller's ``PATH``)."""
+    return f"export PATH={binary.parent}:/usr/bin:/bin\n"
+
+
+def _check(
+    world: dict[str, Path], tmp_path: Path, body: str, *extra: str, certs: Path | None = None
+) -> int:
+    config = tmp_path / "llama-server.sh"
+    config.write_text(body if body.startswith("[") else path_line(world["binary"]) + body)
+    folder = certs or world["certs"]
+    return main(["check-deploy", str(config), "--certs", str(folder), *extra])
+
+
+def _unsigned(world: dict[str, Path], tmp_path: Path, body: str, **kw: Any) -> int:
+    return _check(world, tmp_path, body, "--allow-unsigned", **kw)
+
+
+def test_passes_when_every_batched_cell_is_covered(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = world["model"]
+    body = f"llama-server -m {m} {OK_FLAGS}\nllama-server -m {m} -c 1024 -np 1\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"pass  {MODEL} ctx=1024 N=4 kv=split" in out
+    assert "model by sha256" in out and "parallel 1: no batching" in out
+    longest = json.loads(world["green"].read_text())["promotion_scope"]["answer_tokens_max"]
+    assert out.strip().splitlines()[-1] == (
+        f"check-deploy: PASS: 1 batched cell(s) certified; covers answers up to {longest} "
+        "tokens (no -n cap in 1 cell(s): longer answers were never measured) "
+        "(UNSIGNED: --allow-unsigned, signatures not checked)"
+    )
+
+
+def test_n_from_the_environment_elsewhere_in_the_file(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = (
+        f"export LLAMA_ARG_N_PARALLEL=8\nllama-server -m {world['model']} -c 8192 -ub 1 -cram 0\n"
+    )
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    assert f"FAIL  {MODEL} ctx=1024 N=8 kv=split" in capsys.readouterr().out
+
+
+def test_systemd_unit_environment(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unit = (
+        "[Unit]\nDescription=llama-server\n[Service]\nEnvironment=LLAMA_ARG_N_PARALLEL=16\n"
+        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 16384 -ub 1 --cache-ram 0\n"
+    )
+    assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"FAIL  {MODEL} ctx=1024 N=16 kv=split" in out and "1 of 1 batched" in out
+    # Variables from a file that is not here could set anything: the cell is not covered.
+    covered = f"ExecStart={world['binary']} -m {world['model']} {OK_FLAGS}\n"
+    unit = "[Service]\nEnvironmentFile=/etc/nowhere/llm.env\n" + covered
+    assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
+    assert (
+        "llama-server.sh:2: not understood: EnvironmentFile=/etc/nowhere/llm.env, which cannot "
+        "be read here" in capsys.readouterr().out
+    )
+    assert _unsigned(world, tmp_path, "[Service]\n" + covered) == exitcodes.PROMOTABLE
+
+
+@pytest.mark.parametrize(
+    "flags",
+    ["-c 4096 -np 4 -kvu -ub 1 --cache-ram 0", "-c 4096 -ub 1 --cache-ram 0"],
+    ids=["kvu", "no-np"],
+)
+def test_unified_kv_is_not_covered_by_a_split_cert_but_by_a_unified_one(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: str
+) -> None:
+    body = f"llama-server -m {world['model']} {flags}\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"FAIL  {MODEL} ctx=1024 N=4 kv=unified" in out
+    assert "KV layout unified (measured split)" in out
+    assert _unsigned(world, tmp_path, body, certs=world["unified"]) == exitcodes.PROMOTABLE
+    # ... and the unified cert does not cover the split deploy, nor another pool size.
+    split = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, split, certs=world["unified"]) == exitcodes.NOT_PROMOTABLE
+    assert "KV layout split (measured unified)" in capsys.readouterr().out
+
+
+def test_same_file_name_but_another_model_is_not_covered(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other-vendor" / f"{MODEL}.gguf"
+    other.parent.mkdir()
+    other.write_bytes(b"GGUF" + b"\x02" * 4096)
+    assert _unsigned(world, tmp_path, f"llama-server -m {other} {OK_FLAGS}\n") == 3
+    assert "model sha256" in capsys.readouterr().out
+    # A model file that is not here cannot be identified: not covered, never matched by name.
+    missing = f"llama-server -m /srv/nowhere/{MODEL}.gguf {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, missing) == exitcodes.NOT_PROMOTABLE
+    assert "not found here: its identity (sha256, or size and name)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        ("-fa on", "--flash-attn on (measured auto)"),
+        ("-ub 512", "--ubatch-size 512 (measured 1)"),
+        ("-ngl 99", "--gpu-layers 99 (measured auto)"),
+        ("-ctk q8_0", "--cache-type-k q8_0 (measured f16)"),
+        (
+            "-md /srv/draft.gguf --spec-draft-n-max 8",
+            "--spec-draft-model /srv/draft.gguf (measured unset)",
+        ),
+        ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)"),
+        ("-bs", "--backend-sampling on (measured off)"),
+        ("--cache-ram 8192", "--cache-ram 8192 (measured 0)"),
+    ],
+)
+def test_numerics_flags_must_match_the_measured_argv(
+    world: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    named: str,
+) -> None:
+    body = f"llama-server -m {world['model']} {OK_FLAGS} {flag}\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert "no cert measured this cell" in out and named in out
+
+
+def test_a_generation_limit_longer_than_measured_is_not_covered(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = world["model"]
+    data = json.loads(world["green"].read_text())
+    scope = data.get("promotion_scope") or {}
+    longest = scope.get("answer_tokens_max") or data["provenance"]["plan"]["n_predict"]
+    over = f"llama-server -m {m} {OK_FLAGS} -n {longest + 1}\n"
+    assert _unsigned(world, tmp_path, over) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"-n {longest + 1}: the cert measured answers up to {longest} tokens only" in out
+    body = f"LLAMA_ARG_N_PREDICT={longest + 1} llama-server -m {m} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n {longest}\n") == 0
+    # A cert that records neither a measured length nor a budget covers no fixed -n.
+    from batch_invariance.deploy.cells import cell_of
+    from batch_invariance.deploy.commands import ServerCommand
+    from batch_invariance.deploy.gate import CertFile, config_differences
+    from batch_invariance.deploy.identity import identify_model
+    from batch_invariance.engines.llama_server.flags import read_flags
+
+    argv = data["provenance"]["servers"][1]["argv"]
+    bare = CertFile(world["green"], Provenance(), None, True, None, MODEL, 1024, 4,
+                    read_flags(argv))  # fmt: skip
+    cell = cell_of(
+        ServerCommand("x", ("llama-server", "-m", str(m), *OK_FLAGS.split(), "-n", "8"), {})
+    )
+    diffs = config_differences(cell, bare, identify_model(cell.model_path, cell.model))
+    assert "-n 8: the cert records no measured answer length" in diffs
+
+
+def test_mock_and_tampered_certs_do_not_cover(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = f"llama-server -m {world['model']} -c 2048 -np 2 -ub 1 --cache-ram 0\n"
+    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    # A mock run records no model file and a mock server argv: it measured no deploy cell.
+    assert f"FAIL  {MODEL} ctx=1024 N=2 kv=split" in out and "no cert measured this cell" in out
+    folder = tmp_path / "certs"
+    shutil.copytree(world["certs"], folder)
+    cert = folder / world["green"].name
+    data = json.loads(cert.read_text())
+    data["sensitivity"]["n_hot_trials"] += 1000
+    cert.write_text(json.dumps(data, sort_keys=True, indent=2))
+    ok = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, ok, certs=folder) == exitcodes.CERT_INVALID
+    assert "is invalid" in capsys.readouterr().out
+
+
+def test_a_cert_recorded_under_a_looser_policy_does_not_cover(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "loose"
+    _live_cert(folder, world["model"], policy=GatePolicy(min_hot_trials=1))
+    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, body, certs=folder) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert "is not promotable (" in out and "min_hot_trials 1" in out
+
+
+def test_files_that_are_not_certs_are_named_and_skipped(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "certs"
+    shutil.copytree(world["certs"], folder)
+    (folder / "broken.json").write_text("{")
+    nan = json.loads(world["green"].read_text())
+    nan["sensitivity"]["rate_upper_bound_95"] = float("nan")
+    (folder / "nan.json").write_text(json.dumps(nan))
+    (folder / "huge.json").write_text('{"model": "m", "ctx": ' + "9" * 5000 + "}")
+    m = world["model"]
+    body = f"llama-server -m {m} {OK_FLAGS}\nllama-server -m {m} -c 8192 -np 8\n"
+    assert _unsigned(world, tmp_path, body, certs=folder) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"pass  {MODEL} ctx=1024 N=4" in out
+    assert "broken.json (not a readable cert" in out and "nan.json (not a readable cert" in out
+    assert "huge.json (not a readable cert" in out
+
+
+def test_signatures_are_required_by_default(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    # No identity policy and no --allow-unsigned: a usage error that says what to add.
+    assert _check(world, tmp_path, body) == exitcodes.USAGE
+    identity = [
+        "--cert-identity",
+        "https://github.com/o/r/.github/workflows/c.yml@refs/tags/v1",
+        "--cert-oidc-issuer",
+        "https://token.actions.githubusercontent.com",
+        "--repository",
+        "o/deploy",
+        "--offline",
+    ]
+    assert _check(world, tmp_path, body, *identity) == exitcodes.NOT_PROMOTABLE
+    assert "is not signed (no " in capsys.readouterr().out
+    assert _check(world, tmp_path, body, "--allow-unsigned", *identity[:2]) == exitcodes.USAGE
+
+
+def test_a_bundle_for_another_file_is_rejected(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = SIGSTORE / "rfc8785-0.1.2-py3-none-any.whl.sigstore.json"
+    if not bundle.is_file():
+        pytest.skip("the public sigstore fixture is not here")
+    folder = tmp_path / "certs"
+    shutil.copytree(world["certs"], folder)
+    shutil.copy(bundle, folder / (world["green"].name + ".sigstore.json"))
+    policy = tmp_path / "signing.toml"
+    policy.write_text(
+        'identity = "https://github.com/trailofbits/rfc8785.py/.github/workflows/release.yml'
+        '@refs/tags/v0.1.2"\nissuer = "https://token.actions.githubusercontent.com"\n'
+        'repository = "trailofbits/rfc8785.py"\n'
+    )
+    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    args = ("--signing-policy", str(policy), "--offline")
+    assert _check(world, tmp_path, body, *args, certs=folder) == exitcodes.CERT_INVALID
+    assert "digest mismatch" in capsys.readouterr().out
+
+
+def test_models_toml_and_usage_errors(world: dict[str, Path], tmp_path: Path) -> None:
+    config = tmp_path / "models.toml"
+    config.write_text(
+        '[defaults]\nserver_flags = ["-c", "4096", "-ub", "1", "--cache-ram", "0"]\n\n'
+        f'[[models]]\nalias = "g"\ngguf = "{{MODELS_DIR}}/{MODEL}.gguf"\nkv = "f16"\n'
+        'server_flags = ["-np", "4"]\n'
+    )
+    models_dir = str(world["model"].parent)
+    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned",
+            "--server-binary", str(world["binary"])]  # fmt: skip
+    assert main([*args, "--models-dir", models_dir]) == exitcodes.PROMOTABLE
+    config.write_text(config.read_text().replace('kv = "f16"', 'kv = "q8_0"'))
+    assert main([*args, "--models-dir", models_dir]) == exitcodes.NOT_PROMOTABLE
+    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    assert _unsigned(world, tmp_path, body, certs=tmp_path / "nope") == exitcodes.USAGE
+    assert main([*args[:1], str(tmp_path / "missing.sh"), *args[2:]]) == exitcodes.USAGE
+
+
+TAG_SAN = "https://github.com/addiplus/batch-invariance/.github/workflows/cell.yml@refs/tags/v0.3.1"
+TAG_OR_SHA = (
+    r"^https://github\.com/addiplus/batch-invariance/\.github/workflows/cell\.yml"
+    r"@(refs/tags/v[0-9]+(\.[0-9]+)*|[0-9a-f]{40})$"
+)
+
+
+def _policy_from(*flags: str) -> BundlePolicy | None:
+    args = build_parser().parse_args(["check-deploy", "deploy.sh", "--certs", ".", *flags])
+    policy: BundlePolicy | None = signing_policy(args)
+    return policy
+
+
+def _signed_by(san: str) -> BundleVerifier:
+    """A bundle check that applies the signer policy to a bundle signed by ``san``."""
+
+    def verify(artifact: Path, bundle: Path, wanted: SignerPolicy, trust: TrustRoot) -> None:
+        assert bundle.is_file() and trust.offline
+        match = (
+            re.fullmatch(wanted.identity, san) is not None
+            if wanted.identity_is_regexp
+            else wanted.identity == san
+        )
+        if not match:
+            raise CertInvalid(f"signature identity mismatch: signed by {san}")
+
+    return verify
+
+
+@pytest.mark.parametrize(
+    ("san", "covered"),
+    [
+        (TAG_SAN, True),
+        (TAG_SAN.replace("refs/tags/v0.3.1", "0123456789abcdef0123456789abcdef01234567"), True),
+        (TAG_SAN.replace("refs/tags/v0.3.1", "refs/heads/main"), False),
+        (TAG_SAN.replace("addiplus/batch-invariance", "someone/else"), False),
+    ],
+)
+def test_identity_regexp_decides_coverage(
+    world: dict[str, Path], tmp_path: Path, san: str, covered: bool
+) -> None:
+    folder = tmp_path / "certs"
+    shutil.copytree(world["certs"], folder)
+    (folder / (world["green"].name + ".sigstore.json")).write_text("{}")
+    config = tmp_path / "llama-server.sh"
+    config.write_text(path_line(world["binary"]) + f"llama-server -m {world['model']} {OK_FLAGS}\n")
+    policy = _policy_from(
+        "--cert-identity-regexp", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER,
+        "--repository", "o/deploy", "--offline",
+    )  # fmt: skip
+    assert policy is not None and policy.signer.identity_is_regexp
+    cells = load_deploy_cells(config, None).cells
+    report = check_cells(config, cells, folder, policy, _signed_by(san))
+    assert report.passed is covered
+    if not covered:
+        assert [c.kind for c in report.checks] == ["invalid"]
+        assert "signature identity mismatch" in report.checks[0].reason
+    # The same SAN as an exact --cert-identity is a literal, not a pattern.
+    exact = _policy_from(
+        "--cert-identity", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER,
+        "--repository", "o/deploy", "--offline",
+    )  # fmt: skip
+    assert exact is not None and not exact.signer.identity_is_regexp
+    assert not check_cells(config, cells, folder, exact, _signed_by(san)).passed
+
+
+def test_identity_regexp_reaches_sigstore(tmp_path: Path) -> None:
+    """The flag's policy, verified by sigstore on a real public bundle (offline)."""
+    wheel = SIGSTORE / "rfc8785-0.1.2-py3-none-any.whl"
+    if not wheel.is_file():
+        pytest.skip("the public sigstore fixture is not here")
+    bundle = SIGSTORE / (wheel.name + ".sigstore.json")
+    release = r"https://github\.com/trailofbits/rfc8785\.py/\.github/workflows/release\.yml@"
+    repository = ("--repository", "trailofbits/rfc8785.py")
+    issuer = ("--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, *repository, "--offline")
+    good = _policy_from(
+        "--cert-identity-regexp", release + r"(refs/tags/v[0-9.]+|[0-9a-f]{40})", *issuer
+    )
+    assert good is not None
+    verify_bundle(wheel, bundle, good.signer, good.trust)
+    bad = _policy_from("--cert-identity-regexp", release + r"[0-9a-f]{40}", *issuer)
+    assert bad is not None
+    with pytest.raises(CertInvalid, match="signature identity mismatch"):
+        verify_bundle(wheel, bundle, bad.signer, bad.trust)
+
+
+def test_identity_regexp_usage_errors(tmp_path: Path) -> None:
+    issuer = ("--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--repository", "o/deploy")
+    with pytest.raises(UsageError, match="not a valid regex"):
+        _policy_from("--cert-identity-regexp", "(unclosed", *issuer)
+    with pytest.raises(UsageError, match="not allowed with"):  # one identity flag or the other
+        _policy_from("--cert-identity", TAG_SAN, "--cert-identity-regexp", TAG_OR_SHA, *issuer)
+    both = tmp_path / "signing.toml"
+    both.write_text(
+        f'identity = "{TAG_SAN}"\nidentity_regexp = "x"\nissuer = "{GITHUB_ACTIONS_ISSUER}"\n'
+    )
+    with pytest.raises(UsageError, match="not both"):
+        _policy_from("--signing-policy", str(both))
+    from_file = tmp_path / "regexp.toml"
+    from_file.write_text(
+        f"identity_regexp = '{TAG_OR_SHA}'\nissuer = \"{GITHUB_ACTIONS_ISSUER}\"\n"
+        'repository = "o/deploy"\n'
+    )
+    policy = _policy_from("--signing-policy", str(from_file))
+    assert policy is not None and policy.signer == SignerPolicy(
+        TAG_OR_SHA, GITHUB_ACTIONS_ISSUER, "o/deploy", identity_is_regexp=True
+    )

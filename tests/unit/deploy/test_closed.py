@@ -1,0 +1,262 @@
+"""check-deploy fails closed on every way a deploy could run what the cert never measured.
+
+One reproducer per class, through the CLI, against a promotable GREEN of (ctx 1024, N 4,
+split, ``-ub 1``): each fails closed naming the cause; the measured deploy passes, plain and
+with neutral options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import exitcodes
+from tests.support.paths import GOLDEN
+from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
+
+NEUTRAL = "--host 0.0.0.0 --port 8080 --api-key team#42 --metrics --timeout 30"
+
+
+def _fails(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str,
+    *named: str, code: int = exitcodes.NOT_PROMOTABLE,
+) -> None:  # fmt: skip
+    assert _unsigned(world, tmp_path, body) == code
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "check-deploy: PASS" not in text
+    for name in named:
+        assert name in text, f"{name!r} not in {text!r}"
+
+
+def test_the_measured_deploy_passes_plain_and_with_neutral_options(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    m = world["model"]
+    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS}\n") == 0
+    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} {NEUTRAL}\n") == 0
+    snake = f"llama-server --model {m} --ctx_size 4096 --parallel 4 --ubatch_size 1 --cache_ram 0\n"
+    assert _unsigned(world, tmp_path, snake) == 0
+    # -c 4000 pads to the same 1024 per slot the cert measured.
+    padded = f"llama-server -m {m} -c 4000 -np 4 -ub 1 --cache-ram 0\n"
+    assert _unsigned(world, tmp_path, padded) == 0
+    assert "check-deploy: PASS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ("--kv_unified", "KV layout unified (measured split)"),
+        ("--ubatch_size 512", "--ubatch-size 512 (measured 1)"),
+        ("--cache_ram 8192", "--cache-ram 8192 (measured 0)"),
+        ("--cache_type_k q4_0", "--cache-type-k q4_0 (measured f16)"),
+        ("--no_cont_batching", "--cont-batching off (measured on)"),
+        ("--n_cpu_moe 2", "--n-cpu-moe 2 (measured unset)"),
+        ("--ubatch-size=512", "llama-server rejects --ubatch-size=512"),
+        ("--tags chat", "option --tags is in no class"),
+    ],
+)
+def test_flags_are_read_as_llama_server_reads_them(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: str,
+    named: str,
+) -> None:  # fmt: skip
+    _fails(world, tmp_path, capsys, f"llama-server -m {world['model']} {OK_FLAGS} {flags}\n", named)
+
+
+def test_ctx_is_padded_as_llama_cpp_pads_it(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    body = f"llama-server -m {world['model']} -c 4097 -np 4 -ub 1 --cache-ram 0\n"
+    _fails(world, tmp_path, capsys, body, f"{MODEL} ctx=1280 N=4")
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ("export LLAMA_ARG_NO_KV_OFFLOAD=0", "--kv-offload off (measured on)"),
+        ("export GGML_CUDA_DISABLE_FUSION=1", "environment GGML_CUDA_DISABLE_FUSION=1"),
+        ("export LD_PRELOAD=/opt/x.so", "environment LD_PRELOAD=/opt/x.so"),
+    ],
+)
+def test_environment_the_server_reads_is_compared(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str,
+    named: str,
+) -> None:  # fmt: skip
+    body = f"{env}\nllama-server -m {world['model']} {OK_FLAGS}\n"
+    _fails(world, tmp_path, capsys, body, named)
+
+
+def test_switch_values_are_case_sensitive(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    body = f"export LLAMA_ARG_KV_UNIFIED=True\nllama-server -m {world['model']} {OK_FLAGS}\n"
+    _fails(world, tmp_path, capsys, body, "LLAMA_ARG_KV_UNIFIED needs on/off", code=exitcodes.USAGE)
+
+
+def test_a_config_file_the_server_would_read_is_not_covered(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = tmp_path / "cfg" / "llama.cpp" / "config.ini"
+    config.parent.mkdir(parents=True)
+    config.write_text("[*]\nubatch-size = 512\n")
+    body = (
+        f"export XDG_CONFIG_HOME={tmp_path / 'cfg'}\nllama-server -m {world['model']} {OK_FLAGS}\n"
+    )
+    _fails(world, tmp_path, capsys, body, f"would read config file {config}")
+
+
+@pytest.mark.parametrize(
+    ("script", "named"),
+    [
+        # Assignments in order: the N of the second server is 8, not the file's last 4.
+        ("NP=8\nllama-server -m {m} -c 8192 -np $NP -ub 1 --cache-ram 0\nNP=4\n", "N=8"),
+        # A prefix assignment does not reach the expansion on its own line.
+        ("N=8\nN=4 llama-server -m {m} -c 8192 -np $N -ub 1 --cache-ram 0\n", "N=8"),
+        # export reaches the server; env -i drops it and the flag-less default is 4 unified.
+        ("export LLAMA_ARG_KV_UNIFIED=1\nllama-server -m {m} {ok}\n", "kv=unified"),
+        (
+            "export LLAMA_ARG_CTX_SIZE=4096\n"
+            "/usr/bin/env -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
+            "ctx=?",
+        ),
+        # cd before a relative model path: another folder's file.
+        ("set -e\ncd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
+        # Without set -e a failed cd leaves the caller's folder: the folder is not known.
+        ("cd /nowhere\nllama-server -m {name} {ok}\n", "relative to a folder"),
+        # '#' inside a word is not a comment: -c 65536 -np 16 are read.
+        ("llama-server -m {m} --api-key team#42 -c 65536 -np 16 -ub 1 -cram 0\n", "N=16"),
+        # A comment ending in \ does not swallow the next line.
+        ("# old: \\\nllama-server -m {m} -c 8192 -np 8 -ub 1 -cram 0\n", "N=8"),
+        # Constructs the reader does not model.
+        ("for n in 4 8; do llama-server -m {m} -np $n; done\n", ":3: not understood: running for"),
+        ("if true; then\n  llama-server -m {m} {ok}\nfi\n", ":3: not understood: running if"),
+        ("( llama-server -m {m} {ok} )\n", ":3: not understood: operator ("),
+        ("bash -c 'llama-server -m {m} -np 8'\n", ":3: not understood: running bash"),
+        ("$SERVER -m {m} {ok}\n", ":3: not understood: $SERVER, which this file does not set"),
+        ("docker run ghcr.io/ggml-org/llama.cpp:server -m {m} -np 8\n", "running docker"),
+    ],
+)
+def test_shell_scripts_are_read_the_way_bash_runs_them(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str,
+    named: str,
+) -> None:  # fmt: skip
+    m = world["model"]
+    body = f"llama-server -m {m} {OK_FLAGS}\n" + script.format(m=m, ok=OK_FLAGS, name=m.name)
+    _fails(world, tmp_path, capsys, body, named)
+
+
+def test_systemd_environment_file_overrides_environment(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = tmp_path / "llm.env"
+    env.write_text("LLAMA_ARG_UBATCH=512\n")
+    unit = tmp_path / "llm.service"
+    unit.write_text(
+        f"[Service]\nEnvironmentFile={env}\nEnvironment=LLAMA_ARG_UBATCH=1\n"
+        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 4096 -np 4 --cache-ram 0\n"
+    )
+    from batch_invariance.cli import main
+
+    code = main(["check-deploy", str(unit), "--certs", str(world["certs"]), "--allow-unsigned"])
+    assert code == exitcodes.NOT_PROMOTABLE
+    assert "--ubatch-size 512 (measured 1)" in capsys.readouterr().out
+
+
+def test_compose_volumes_map_by_the_longest_container_prefix(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / world["model"].name).write_bytes(b"GGUF another model")
+    compose = tmp_path / "compose.yml"
+    compose.write_text(
+        "services:\n  llm:\n    image: ghcr.io/ggml-org/llama.cpp:server\n"
+        f"    volumes: ['{world['model'].parent}:/models', '{other}:/models/v2']\n"
+        f"    command: -m /models/v2/{world['model'].name} {OK_FLAGS}\n"
+    )
+    from batch_invariance.cli import main
+
+    code = main(["check-deploy", str(compose), "--certs", str(world["certs"]), "--allow-unsigned"])
+    assert code == exitcodes.NOT_PROMOTABLE
+    assert "model sha256" in capsys.readouterr().out
+
+
+def _golden(name: str, text: str) -> None:
+    import os
+
+    path = GOLDEN / name
+    if os.environ.get("BI_UPDATE_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert path.is_file(), f"{path} missing; run with BI_UPDATE_GOLDEN=1 once"
+    assert text == path.read_text(encoding="utf-8")
+
+
+def test_check_deploy_output_is_golden(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What an operator reads: a deploy outside the grammar (the line, the construct, the fix)
+    and the ordinary correct shape that passes."""
+    m = world["model"]
+    outside = (
+        "set -e\necho starting >> /var/log/llm.log\ncurl -o /tmp/m.gguf https://example.com/m\n"
+        f"exec llama-server -m {m} {OK_FLAGS}\n"
+    )
+    ordinary = (
+        "#!/bin/bash\nset -euo pipefail\n"
+        f"test -x {world['binary']} || exit 1\necho starting >> /var/log/llm.log\n"
+        f"exec llama-server -m {m} {OK_FLAGS} -n 64 --host 0.0.0.0 --port 8080\necho never\n"
+    )
+    out = []
+    for body in (outside, ordinary):
+        _unsigned(world, tmp_path, body)
+        out.append(capsys.readouterr().out)
+    text = "".join(out).replace(str(tmp_path), "<tmp>").replace(str(world["root"]), "<root>")
+    _golden("check_deploy.txt", text)
+
+
+def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from batch_invariance.cli import main
+
+    unit = tmp_path / "llm.service"
+    unit.write_text(
+        "[Unit]\nDescription=llama-server\n[Service]\nEnvironmentFile=-/etc/nowhere/llm.env\n"
+        f"ExecStart={world['binary']} -m {world['model']} -c 8192 -np 8\n"
+        "Restart=on-failure\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    (tmp_path / "llm.service.d").mkdir()
+    (tmp_path / "llm.service.d" / "10-measured.conf").write_text(
+        f"[Service]\nExecStart=\nExecStart={world['binary']} -m {world['model']} {OK_FLAGS} "
+        f"{NEUTRAL.replace('#', '-')}\n"
+    )
+    args = ["check-deploy", str(unit), "--certs", str(world["certs"]), "--allow-unsigned"]
+    assert main(args) == exitcodes.PROMOTABLE
+    out = capsys.readouterr().out
+    assert "10-measured.conf:3]" in out  # the ExecStart= that runs is named
+    assert "EnvironmentFile=-/etc/nowhere/llm.env is absent here" in out
+    # Without the drop-in the unit's own ExecStart runs: N=8, not measured.
+    (tmp_path / "llm.service.d" / "10-measured.conf").unlink()
+    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert "N=8" in capsys.readouterr().out

@@ -1,0 +1,64 @@
+"""``--dry-run`` prints what the one launcher would run: each server's argv from the engine's own
+builder (llama-server's KV layout included) and the engine's own KV label."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from batch_invariance.engines.base import KvLayout
+from batch_invariance.host.memory import GIB, HostMemory
+from batch_invariance.service.dry_run import dry_run
+from batch_invariance.service.live import LiveRequest, prepare
+from tests.support.fakes_live import dense_meta, fake_server, write_gguf
+
+HOST = HostMemory(mem_available_bytes=8 * GIB, mem_total_bytes=16 * GIB, vram_free_bytes=None)
+
+
+def _plan(tmp_path: Path, engine: str, kv_layout: KvLayout = "split") -> list[str]:
+    ws = tmp_path / "ws.json"
+    ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(4)]))
+    request = LiveRequest(
+        out_dir=tmp_path / "out",
+        engine=engine,
+        server_bin=fake_server(tmp_path / "bin"),
+        model=write_gguf(tmp_path / "tiny.gguf", dense_meta()),
+        workset=ws,
+        ctx=512,
+        parallel=4,
+        kv_layout=kv_layout,
+    )
+    return dry_run(prepare(request, create_out_dir=False), HOST, cpus=2).text.splitlines()
+
+
+def _server_line(lines: list[str], arm: str) -> list[str]:
+    (line,) = [ln for ln in lines if ln.startswith(f"server {arm}: ")]
+    return line.split()[2:]
+
+
+def test_a_unified_layout_reaches_the_bc_argv_and_kv_line_but_not_the_serial_server(
+    tmp_path: Path,
+) -> None:
+    lines = _plan(tmp_path, "llama-server", "unified")
+    assert lines[0].startswith("dry run: cell tiny ctx=512 N=4")
+    serial, bc = _server_line(lines, "A"), _server_line(lines, "BC")
+    assert "--no-kv-unified" in serial and "--kv-unified" not in serial
+    assert "--kv-unified" in bc and "--no-kv-unified" not in bc
+    assert bc[bc.index("--ctx-size") + 1] == "2048" and bc[bc.index("--parallel") + 1] == "4"
+    kv = [ln for ln in lines if ln.startswith("  kv: ")]
+    assert kv[0].startswith("  kv: split:-c 512 -np 1 ")
+    assert kv[1].startswith("  kv: unified:-c 2048 -np 4 -kvu ")
+
+
+def test_an_engine_that_serves_one_request_is_planned_with_its_own_label_and_one_context(
+    tmp_path: Path,
+) -> None:
+    lines = _plan(tmp_path, "llama-cpp-python")
+    assert lines[0].startswith("dry run: engine llama-cpp-python cell tiny ctx=512 N=4")
+    bc = _server_line(lines, "BC")
+    assert bc[1:4] == ["-m", "llama_cpp.server", "--model"] and "--parallel" not in bc
+    kv = [ln for ln in lines if ln.startswith("  kv: ")]
+    label = "llama-cpp-python:one-context:512 (serves one request at a time)"
+    assert [ln.split(";")[0] for ln in kv] == [f"  kv: {label}"] * 2
+    # One context whatever N is: the projection of B/C equals that of A.
+    assert kv[0].split(";")[1] == kv[1].split(";")[1]
