@@ -180,10 +180,13 @@ HOSTILE = {
 
 
 def test_serve_starts_the_server_with_none_of_a_hostile_environment(
-    green: dict[str, Path], tmp_path: Path, live_pair: Provisioned
+    tmp_path: Path, live_pair: Provisioned
 ) -> None:
     from batch_invariance.engines.llama_server.env import is_engine_variable, is_neutral_variable
 
+    model = tmp_path / live_pair.model.name  # its own copy: another test changes the shared one
+    shutil.copyfile(live_pair.model, model)
+    green = {"cert": _recorded(live_pair, tmp_path, model)}
     port = _free_port()
     clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
     started = time.monotonic()
