@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
-from tests.support.paths import GOLDEN
+from tests.support.golden import check_golden
 from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
 
 NEUTRAL = "--host 0.0.0.0 --port 8080 --api-key team#42 --metrics --timeout 30"
@@ -198,16 +198,6 @@ def test_compose_volumes_map_by_the_longest_container_prefix(
     assert "model sha256" in capsys.readouterr().out
 
 
-def _golden(name: str, text: str) -> None:
-    import os
-
-    path = GOLDEN / name
-    if os.environ.get("BI_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.is_file(), f"{path} missing; run with BI_UPDATE_GOLDEN=1 once"
-    assert text == path.read_text(encoding="utf-8")
-
-
 def test_check_deploy_output_is_golden(
     world: dict[str, Path],  # noqa: F811
     tmp_path: Path,
@@ -230,7 +220,7 @@ def test_check_deploy_output_is_golden(
         _unsigned(world, tmp_path, body)
         out.append(capsys.readouterr().out)
     text = "".join(out).replace(str(tmp_path), "<tmp>").replace(str(world["root"]), "<root>")
-    _golden("check_deploy.txt", text)
+    check_golden("check_deploy.txt", text)
 
 
 def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
