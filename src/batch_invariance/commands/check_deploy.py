@@ -140,15 +140,16 @@ def handle(args: argparse.Namespace) -> int:
         print(f"skip  {cell.label}  [{cell.origin}]  parallel 1: no batching, no cert needed")
     for check in report.checks:
         mark = "pass" if check.ok else "FAIL"
-        print(f"{mark}  {check.cell.label}  [{check.cell.origin}]  {check.reason}")
+        notes = "".join(f"; {note}" for note in check.cell.notes)
+        print(f"{mark}  {check.cell.label}  [{check.cell.origin}]  {check.reason}{notes}")
     for line in report.unmodelled:
         print(f"FAIL  not covered: {line}")
     note = " (UNSIGNED: --allow-unsigned, signatures not checked)" if signing is None else ""
     if report.unmodelled:
         print(
-            f"check-deploy: FAIL: {len(report.unmodelled)} construct(s) in {args.config} start "
-            "or configure a server the reader does not model (write them as plain commands, "
-            f"or launch with batch-invariance serve){note}"
+            f"check-deploy: FAIL: {len(report.unmodelled)} construct(s) in {args.config} outside "
+            "the closed grammar of its format: not understood (write the closed form of "
+            f"docs/deploy.md, or launch with batch-invariance serve){note}"
         )
         return exitcodes.NOT_PROMOTABLE
     if not report.checks:
