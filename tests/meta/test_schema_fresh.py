@@ -24,9 +24,11 @@ def test_schema_file_is_fresh() -> None:
 def test_schema_names_every_top_level_field_as_required() -> None:
     schema = json.loads(schema_text())
     cert = cert_to_json(cert_for()[0])
-    assert set(schema["properties"]) == set(cert)
-    # `throughput` is the one optional block: absent (never null) in a cert written without
-    # per-arm timings, so such certs keep their digest.
+    # `prompt_cache` is absent from a cert that did not measure the prompt cache (this one).
+    assert "prompt_cache" not in cert
+    assert set(schema["properties"]) == set(cert) | {"prompt_cache"}
+    # `throughput` and `prompt_cache` are the optional blocks: absent (never null) in a cert
+    # written without per-arm timings or without the cache arm, so such certs keep their digest.
     assert set(schema["required"]) == set(cert) - {"throughput"}
     assert schema.get("additionalProperties") is False
 

@@ -85,24 +85,43 @@ def _unembed(records: Mapping[str, TrialRecord]) -> dict[str, Trial]:
     return {k: trial_from_record(k, v) for k, v in records.items()}
 
 
+def _pass_evidence(passes: tuple[PassRecord, ...]) -> tuple[PassEvidence, ...]:
+    return tuple(
+        PassEvidence(
+            index=p.index,
+            server_busy_max=p.server_busy_max,
+            busy_source=p.busy_source,
+            order=tuple(p.order),
+            trials=_embed(p.trials),
+        )
+        for p in sorted(passes, key=lambda q: q.index)
+    )
+
+
+def _pass_records(passes: tuple[PassEvidence, ...]) -> tuple[PassRecord, ...]:
+    return tuple(
+        PassRecord(
+            index=p.index,
+            trials=_unembed(p.trials),
+            server_busy_max=p.server_busy_max,
+            busy_source=p.busy_source,
+            order=p.order,
+        )
+        for p in passes
+    )
+
+
 def _evidence_record(evidence: CellEvidence, policy: GatePolicy) -> EvidenceRecord:
+    cache = evidence.cache_passes
     return EvidenceRecord(
         items=tuple(sorted(evidence.items, key=lambda m: m.test_id)),
         a=_embed(evidence.a),
         a_repeat=None if evidence.a_repeat is None else _embed(evidence.a_repeat),
         b=_embed(evidence.b),
-        c_passes=tuple(
-            PassEvidence(
-                index=p.index,
-                server_busy_max=p.server_busy_max,
-                busy_source=p.busy_source,
-                order=tuple(p.order),
-                trials=_embed(p.trials),
-            )
-            for p in sorted(evidence.c_passes, key=lambda q: q.index)
-        ),
+        c_passes=_pass_evidence(evidence.c_passes),
         policy=policy,
         b_ids=None if evidence.b_ids is None else tuple(sorted(evidence.b_ids)),
+        cache_passes=None if cache is None else _pass_evidence(cache),
     )
 
 
@@ -114,17 +133,9 @@ def evidence_from_cert(cert: Cert) -> CellEvidence:
         a=_unembed(e.a),
         a_repeat=None if e.a_repeat is None else _unembed(e.a_repeat),
         b=_unembed(e.b),
-        c_passes=tuple(
-            PassRecord(
-                index=p.index,
-                trials=_unembed(p.trials),
-                server_busy_max=p.server_busy_max,
-                busy_source=p.busy_source,
-                order=p.order,
-            )
-            for p in e.c_passes
-        ),
+        c_passes=_pass_records(e.c_passes),
         b_ids=e.b_ids,
+        cache_passes=None if e.cache_passes is None else _pass_records(e.cache_passes),
     )
 
 
@@ -201,6 +212,7 @@ def build_cert(
         evidence=_evidence_record(evidence, policy),
         digest="",
         throughput=throughput_of_arms(recorded.arms) if with_throughput else None,
+        prompt_cache=verdict.prompt_cache,
     )
     # Through the JSON edge once: types checked, keys closed, numbers in their JSON form
     # (an int score becomes 1.0), so the digest is over exactly what a reader gets back.

@@ -94,6 +94,8 @@ def gates_block(
         else f"F0 exact match failed: {ac.n_divergent} id(s) diverged"
     )
     scope = {"arm_b_scope": GateOutcome(g.b_scope.ok, g.b_scope.reason)} if g.b_scope.scoped else {}
+    if g.cache_arm.measured:  # only in a cert that measured the prompt cache
+        scope["prompt_cache_arm"] = GateOutcome(g.cache_arm.ok, g.cache_arm.reason)
     return {
         "F0": GateOutcome(ac.clean, f0_reason),
         "F1": GateOutcome(g.overlap.ok, g.overlap.reason),

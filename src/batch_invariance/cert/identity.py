@@ -32,6 +32,8 @@ MOCK_DRIVERS: frozenset[str] = frozenset({"run-mock"})
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ROLE_PARALLEL_IS_ONE = "A"
 _ROLE_UNDER_TEST = "BC"
+#: The prompt-cache arm's server: --parallel N like BC, with the prompt cache on.
+_ROLE_CACHE = "cache"
 
 
 def _flags(argv: Sequence[str]) -> ServerFlags:
@@ -193,7 +195,7 @@ def _server_problems(cert: Cert) -> list[str]:
             return [f"engine {cert.provenance.engine!r} is not one this tool launches"]
         parallel = launched.parallel
         want = 1 if role == _ROLE_PARALLEL_IS_ONE or launched.serves_one else cert.dispatch_n
-        if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST):
+        if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST, _ROLE_CACHE):
             problems.append(f"a server with unknown role {role!r} is recorded")
             continue
         if parallel != want:
@@ -207,13 +209,21 @@ def _server_problems(cert: Cert) -> list[str]:
                 f"{parallel} slot(s)"
             )
         layout = launched.layout
-        if launched.checks_layout and role == _ROLE_UNDER_TEST and layout != claimed_layout:
+        under_test = role in (_ROLE_UNDER_TEST, _ROLE_CACHE)
+        if launched.checks_layout and under_test and layout != claimed_layout:
             problems.append(
                 f"KV layout {claimed_layout} (kv_label) but server {role} ran "
                 f"{layout or 'the server default'}"
             )
     if _ROLE_UNDER_TEST not in roles:
         problems.append(f"no server under test ({_ROLE_UNDER_TEST}) is recorded")
+    measured_cache = cert.prompt_cache is not None
+    if measured_cache != (_ROLE_CACHE in roles):
+        problems.append(
+            "a prompt_cache block but no prompt-cache server (role cache) is recorded"
+            if measured_cache
+            else "a prompt-cache server (role cache) is recorded but no prompt_cache block"
+        )
     return problems
 
 

@@ -103,7 +103,8 @@ class ServerInfo(_Record):
 class ServerEntry(_Record):
     """``provenance.servers[]``: one server the cell started."""
 
-    #: ``A`` (``--parallel 1``) or ``BC`` (``--parallel N``).
+    #: ``A`` (``--parallel 1``), ``BC`` (``--parallel N``) or ``cache`` (``--parallel N``
+    #: with the prompt cache on: the prompt-cache arm).
     role: str | None = None
     label: str | None = None
     argv: tuple[str, ...] | None = None
@@ -210,6 +211,11 @@ class Provenance(_Record):
     def bc_server(self) -> ServerEntry | None:
         """The B/C server (role ``BC``) the cell measured; ``None`` when none is recorded."""
         return next((s for s in self.server_entries if s.role == "BC"), None)
+
+    def cache_server(self) -> ServerEntry | None:
+        """The prompt-cache arm's server (role ``cache``); ``None`` when the cell did not
+        measure the prompt cache."""
+        return next((s for s in self.server_entries if s.role == "cache"), None)
 
     def merged_over(self, base: Provenance) -> Provenance:
         """This block and ``base`` (the caller's block and the run's own) as one. Each key

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BeforeValidator, ConfigDict, TypeAdapter
 
 from batch_invariance.cert.provenance import Provenance
+from batch_invariance.core.cache_arm import PromptCacheOutcome
 from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
 from batch_invariance.core.numerics import Numerics
@@ -159,6 +160,8 @@ class EvidenceRecord:
     policy: GatePolicy
     #: The ids arm B ran on when a RED cell limited it to its divergent ids; absent: every id.
     b_ids: tuple[str, ...] | None = None
+    #: The prompt-cache arm's passes; absent when the prompt cache was not measured.
+    cache_passes: tuple[PassEvidence, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,10 @@ class Cert:
     #: Serial (arm A) against concurrent (C passes) throughput, from ``provenance.arms``;
     #: absent (never ``null``) in certs written before it was measured.
     throughput: Throughput | None = None
+    #: The prompt-cache arm against A (reuse the server reported, the comparison, its
+    #: status); absent (never ``null``) when the cell did not measure the prompt cache, as in
+    #: every cert written before it could: such a cert covers cache-off traffic only.
+    prompt_cache: PromptCacheOutcome | None = None
 
 
 @dataclass(frozen=True)
@@ -270,6 +277,11 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
     if out.get("throughput") is None:
         # Absent, not null: a cert written without the block keeps its digest.
         out.pop("throughput", None)
+    if out.get("prompt_cache") is None:
+        # Absent: the cache was not measured, as in every cert before the cache arm.
+        out.pop("prompt_cache", None)
+    if out["evidence"].get("cache_passes") is None:
+        out["evidence"].pop("cache_passes", None)
     if out["evidence"].get("b_ids") is None:
         # Likewise: B on every id, as every cert written before B could run on a subset.
         out["evidence"].pop("b_ids", None)
@@ -286,9 +298,11 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
 
 
 def _trial_maps(evidence: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every map of embedded trials in the evidence block (A, A', B and each C pass)."""
+    """Every map of embedded trials in the evidence block (A, A', B, each C pass and each
+    prompt-cache pass)."""
     maps = [evidence.get("a"), evidence.get("a_repeat"), evidence.get("b")]
     maps += [p.get("trials") for p in evidence.get("c_passes") or ()]
+    maps += [p.get("trials") for p in evidence.get("cache_passes") or ()]
     return [m for m in maps if isinstance(m, dict)]
 
 

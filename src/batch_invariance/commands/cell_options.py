@@ -159,6 +159,29 @@ def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> N
         help="end the cell at the first C pass that proves RED "
         f"(default: {'on' if defaults.stop_on_red else 'off'})",
     )
+    cache = p.add_argument_group("prompt cache (see docs/output-contract.md, prompt_cache)")
+    cache.add_argument(
+        "--cache-arm",
+        action="store_true",
+        help="also measure with the prompt cache on, as deployed clients use it: requests "
+        "without cache_prompt, N at once, on a server with its default --cache-ram",
+    )
+    cache.add_argument(
+        "--cache-ram",
+        type=int,
+        default=None,
+        help="MiB: the --cache-ram under test (with --cache-arm)",
+    )
+    cache.add_argument(
+        "--cache-shape",
+        type=int,
+        nargs="?",
+        const=3,
+        default=None,
+        metavar="TURNS",
+        help="turn the work-set into conversations of TURNS (3) behind one shared preamble, "
+        "so the cache arm really reuses cached prompts",
+    )
     p.add_argument("--scorer", default=None, help="pkg.mod:NAME or file.py:NAME")
     p.add_argument("--dry-run", action="store_true", help="print the plan; launch nothing")
 
@@ -212,6 +235,9 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "base_url": getattr(args, "base_url", None),
         "metrics_url": getattr(args, "metrics_url", None),
         "allow_remote": bool(getattr(args, "allow_remote", False)),
+        "cache_passes": 1 if getattr(args, "cache_arm", False) else 0,
+        "cache_ram": getattr(args, "cache_ram", None),
+        "cache_shape": getattr(args, "cache_shape", None),
     }
     values.update(fixed)
     return LiveRequest(**values)

@@ -16,6 +16,7 @@ __all__ = [
     "ARM_A_REPEAT",
     "ARM_B",
     "ARM_C",
+    "ARM_CACHE",
     "DEFAULT_COMPLETION_FLOOR",
     "DEFAULT_COVERAGE_FRACTION",
     "DEFAULT_LOGIT_EPS",
@@ -71,6 +72,7 @@ ARM_A = "A"
 ARM_A_REPEAT = "A_repeat"
 ARM_B = "B"
 ARM_C = "C"
+ARM_CACHE = "cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +193,10 @@ class CellEvidence:
     b: Mapping[str, Trial]
     c_passes: tuple[PassRecord, ...]
     b_ids: tuple[str, ...] | None = None
+    #: The prompt-cache arm's passes (:mod:`batch_invariance.core.cache_arm`): the same ids
+    #: sent as a deployed client sends them, with the server's prompt cache on, concurrently
+    #: at N. ``None``: the cache was not measured (every cert written before it could be).
+    cache_passes: tuple[PassRecord, ...] | None = None
 
 
 #: The gate policy defaults. A recorded policy looser than these is never promotable

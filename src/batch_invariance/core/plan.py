@@ -46,6 +46,9 @@ NUMBER_RULES: Mapping[str, NumberRule] = {
     "ctx": NumberRule(1),
     "parallel": NumberRule(2, why="for the C arm to co-batch anything"),
     "gate_passes": NumberRule(1),
+    "cache_passes": NumberRule(0),
+    "cache_ram": NumberRule(0),
+    "cache_shape": NumberRule(1, why="turns per conversation"),
     "reps": NumberRule(1),
     "n_predict": NumberRule(1),
     "min_hot_trials": NumberRule(1),
@@ -99,13 +102,17 @@ class CellPlan:
     req_timeout: float = 120.0
     #: End the C passes at the first that proves RED (``core.schedule.red_proof``).
     stop_on_red: bool = False
+    #: Passes of the prompt-cache arm (``core.cache_arm``): 0 leaves the cache unmeasured.
+    cache_passes: int = 0
+    #: Run B on a seeded sample when every C pass equals A bitwise (``core.b_sample``).
+    b_sample: bool = False
 
     @property
     def n_requests(self) -> int:
         """Requests this plan sends at most, A' aside: A, B and every C pass. A' adds one
         more round when it runs (only when B differs from A); an early stop on RED, and B on
         a RED cell's divergent ids only, send fewer."""
-        return len(self.items) * (2 + self.gate_passes)
+        return len(self.items) * (2 + self.gate_passes + self.cache_passes)
 
     def problems(self) -> tuple[str, ...]:
         """Why this plan cannot run (empty = it can)."""
@@ -120,6 +127,7 @@ class CellPlan:
                 "ctx": self.ctx,
                 "parallel": self.parallel,
                 "gate_passes": self.gate_passes,
+                "cache_passes": self.cache_passes,
                 "n_predict": self.n_predict,
                 "n_probs": self.n_probs,
                 "req_timeout": self.req_timeout,

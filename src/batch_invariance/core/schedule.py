@@ -12,8 +12,10 @@ evidence measured so far.
 * :func:`b_first_ids`, :func:`b_scope_after` and :func:`arm_b_scope_gate`: B runs after the
   passes. When AC diverged (RED whatever B shows), B runs on the divergent ids alone, since
   it decides only their divergence class; when B reproduces A on all of them the cell ends
-  there, else B runs on the rest too. A clean AC gets B on every id. A cell whose B covers
-  fewer ids than the work-set can be RED and nothing else: the B-scope gate is then unmet.
+  there, else B runs on the rest too. A clean AC gets B on every id, or, where the plan asks
+  and every C pass equals A bitwise, on a seeded sample (:mod:`batch_invariance.core.b_sample`).
+  A cell whose B covers fewer ids than the work-set can be RED and nothing else, unless it is
+  such a sample: the B-scope gate is then unmet.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from batch_invariance.core import gates as g
+from batch_invariance.core.b_sample import bitwise_equal_everywhere, sample_size
 from batch_invariance.core.diff import PairReport, compare, diff_pair
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
 from batch_invariance.core.numerics import compare_pair
@@ -194,6 +197,16 @@ def arm_b_scope_gate(evidence: CellEvidence) -> ArmBScopeGate:
     n = len(evidence.b_ids)
     if {m.test_id for m in evidence.items}.issubset(evidence.b_ids):
         return ArmBScopeGate(True, True, n, n_items, f"arm B ran on all {n_items} id(s)")
+    if n >= sample_size(n_items) and bitwise_equal_everywhere(evidence.a, evidence.c_passes):
+        return ArmBScopeGate(
+            True,
+            True,
+            n,
+            n_items,
+            f"arm B ran on a sample of {n} of {n_items} id(s): every C pass equals A bitwise "
+            f"at every compared position (a sample of at least {sample_size(n_items)} is "
+            "enough to show slot allocation; any B difference on it still makes the cell AMBER)",
+        )
     return ArmBScopeGate(
         False,
         True,

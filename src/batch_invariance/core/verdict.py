@@ -10,11 +10,18 @@
    per-prompt bound, answer length, serial repeat (A' equal to A in tokens and numerics),
    prompt cache, arm B on every id, numeric evidence: logprobs at every token of every arm)
    -> ``green_unverified`` (UNVERIFIED).
+   With the prompt-cache arm measured and AC clean: a scored field that changed only with
+   the cache (:mod:`batch_invariance.core.cache_arm`) -> ``failed``, class ``prompt_cache``.
+2. (continued) the prompt-cache arm, when measured: too little reuse proven by the server,
+   transport failures or missing logprobs in it -> ``green_unverified``.
 3. AB divergent, AB token-only differences, or AB numeric drift beyond ``logit_eps`` ->
    ``green_with_caveat`` (AMBER), anomaly ``AC_agree_B_disagrees``.
 4. AC token-only differences, or AC numeric drift beyond ``logit_eps`` (F4, armed at exact
    equality by default; anomaly ``latent_numeric_drift``) -> ``green_with_caveat``.
-5. Otherwise ``green``: tokens and logprobs bitwise equal (within ``logit_eps``) everywhere.
+4b. AC bitwise clean but the prompt-cache arm's tokens or logprobs differ from A where no C
+   pass did -> ``green_with_caveat``, class and anomaly ``prompt_cache_drift``.
+5. Otherwise ``green``: tokens and logprobs bitwise equal (within ``logit_eps``) everywhere,
+   the prompt-cache arm included when it ran.
 
 Transport failures never reach row 1 on their own: :mod:`batch_invariance.core.diff` skips any
 comparison with a transport failure on either side.
@@ -29,6 +36,7 @@ from typing import Literal
 from batch_invariance.core import gates as g
 from batch_invariance.core import sample as sg
 from batch_invariance.core import stats
+from batch_invariance.core.cache_arm import PromptCacheOutcome, cache_outcome
 from batch_invariance.core.columns import (
     EvidenceColumns,
     arm_columns,
@@ -52,7 +60,10 @@ from batch_invariance.core.schedule import ArmBScopeGate, arm_b_scope_gate, rest
 
 __all__ = [
     "ANOMALY_B",
+    "ANOMALY_CACHE",
     "ANOMALY_DRIFT",
+    "CLASS_CACHE",
+    "CLASS_CACHE_DRIFT",
     "CLASS_CO_BATCHING",
     "CLASS_DRIFT",
     "CLASS_LOGIT",
@@ -80,6 +91,10 @@ CLASS_RUN_TO_RUN = "run_to_run"
 CLASS_TOKEN_ONLY = "token_only"
 CLASS_LOGIT = "token_and_logit_drift"
 CLASS_DRIFT = "logit_drift"
+#: Differences that appear only with the prompt cache on (the fix is the cache switch).
+CLASS_CACHE = "prompt_cache"
+CLASS_CACHE_DRIFT = "prompt_cache_drift"
+ANOMALY_CACHE = "prompt_cache_drift"
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,16 @@ class Sensitivity:
 
 
 @dataclass(frozen=True)
+class CacheArmGate:
+    """Whether the prompt-cache arm, when it ran, can back its claim (reuse proven by the
+    server, every request answered with logprobs). Met when it did not run."""
+
+    ok: bool
+    measured: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class Gates:
     """Every gate outcome the verdict looked at."""
 
@@ -126,6 +151,7 @@ class Gates:
     prompt_cache: g.PromptCacheGate
     b_scope: ArmBScopeGate
     numeric_evidence: NumericEvidenceGate
+    cache_arm: CacheArmGate = CacheArmGate(True, False, "prompt cache not measured")
 
     def unmet(self) -> tuple[str, ...]:
         """Reasons of the gates not met, in the verdict's order."""
@@ -143,6 +169,7 @@ class Gates:
                 self.prompt_cache,
                 self.b_scope,
                 self.numeric_evidence,
+                self.cache_arm,
             )
             if not gate.ok
         )
@@ -167,6 +194,27 @@ class Verdict:
     gates: Gates
     sensitivity: Sensitivity
     numerics: Numerics
+    #: The prompt-cache arm against A; ``None`` when the cache was not measured.
+    prompt_cache: PromptCacheOutcome | None = None
+
+
+def _cache_arm(
+    evidence: CellEvidence, reports: Reports, numerics: Numerics, eps: float
+) -> PromptCacheOutcome | None:
+    """The prompt-cache arm against A, attributing to the cache only what no C pass showed."""
+    if evidence.cache_passes is None:
+        return None
+    ac = reports.ac
+    c_differs = {*ac.divergent_ids, *ac.token_divergence_ids, *numerics.ac.drift_ids_beyond(eps)}
+    return cache_outcome(evidence.a, evidence.cache_passes, evidence.items, c_differs, eps)
+
+
+def _cache_gate(cache: PromptCacheOutcome | None) -> CacheArmGate:
+    if cache is None:
+        return CacheArmGate(True, False, "prompt cache not measured")
+    if cache.status == "unverified":
+        return CacheArmGate(False, True, f"prompt-cache arm: {cache.reason}")
+    return CacheArmGate(True, True, f"prompt-cache arm: {cache.reuse.reason}")
 
 
 def build_reports(evidence: CellEvidence, columns: EvidenceColumns | None = None) -> Reports:
@@ -261,6 +309,8 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         b_scope=arm_b_scope_gate(evidence),
         numeric_evidence=numerics.evidence,
     )
+    cache = _cache_arm(evidence, reports, numerics, eps)
+    gates = replace(gates, cache_arm=_cache_gate(cache))
     run_to_run = not gates.serial_repeat.ok
     ac, ab = reports.ac, reports.ab
 
@@ -271,9 +321,12 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
             numerics, status == "green", sens.n_distinct_prompts, sens.n_hot_trials,
             len(evidence.c_passes),
         )  # fmt: skip
+        said_cache = any(r.startswith("prompt-cache arm:") for r in reasons)
+        if cache is not None and cache.status not in ("clean", "unverified") and not said_cache:
+            reasons = [*reasons, f"prompt-cache arm: {cache.reason}"]
         return Verdict(
             status, cls, anomaly, tuple(reasons), reports, gates, sens,
-            replace(numerics, statement=said),
+            replace(numerics, statement=said), cache,
         )  # fmt: skip
 
     # 1. RED: a score-bearing difference between ground truth and the arm under test.
@@ -298,6 +351,19 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
             )
         if run_to_run:
             cls = f"{CLASS_RUN_TO_RUN}(+{cls})"
+            reasons.append(gates.serial_repeat.reason)
+        return verdict("failed", cls, None, reasons)
+
+    # 1b. RED: only the prompt cache changed a scored field (AC was clean).
+    if cache is not None and cache.status == "changed":
+        reasons = [
+            f"AC clean on {ac.n_compared} id(s): co-batching with the cache off changed no "
+            "scored field",
+            f"prompt-cache arm: {cache.reason}; the switch that fixes it is the prompt cache "
+            "(--no-cache-prompt --cache-ram 0 in the deploy)",
+        ]
+        cls = f"{CLASS_RUN_TO_RUN}(+{CLASS_CACHE})" if run_to_run else CLASS_CACHE
+        if run_to_run:
             reasons.append(gates.serial_repeat.reason)
         return verdict("failed", cls, None, reasons)
 
@@ -363,6 +429,16 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         cls = (CLASS_LOGIT if ac.n_token_only else CLASS_DRIFT) if ac_drift else CLASS_TOKEN_ONLY
         return verdict("green_with_caveat", cls, ANOMALY_DRIFT if ac_drift else None, reasons)
 
+    # 4b. AMBER: tokens or numerics moved only with the prompt cache on.
+    if cache is not None and cache.status == "drift":
+        reasons = [
+            met,
+            f"prompt-cache arm: {cache.reason}; no answer changed in this sample; the switch "
+            "that fixes it is the prompt cache (--no-cache-prompt --cache-ram 0 in the deploy)",
+        ]
+        return verdict("green_with_caveat", CLASS_CACHE_DRIFT, ANOMALY_CACHE, reasons)
+
     # 5. GREEN.
     green = verdict("green", None, None, [met, "AB clean, no token-only differences"])
-    return replace(green, decision_reasons=(*green.decision_reasons, green.numerics.statement))
+    tail = (green.numerics.statement, *(() if cache is None else (cache.reason,)))
+    return replace(green, decision_reasons=(*green.decision_reasons, *tail))

@@ -24,6 +24,7 @@ __all__ = [
     "KvLayout",
     "LaunchCommand",
     "LaunchRequest",
+    "PromptCache",
     "flag_conflicts",
     "passthrough_env",
 ]
@@ -32,6 +33,14 @@ __all__ = [
 #: How the KV cache of a server with several sequences is laid out. Split: every sequence owns
 #: ``ctx`` tokens. Unified: one pool of ``ctx * parallel`` tokens that every sequence draws from.
 KvLayout = Literal["split", "unified"]
+
+
+@dataclass(frozen=True)
+class PromptCache:
+    """The prompt cache of the server the prompt-cache arm runs on: on, as a deploy runs it.
+    ``cache_ram_mib`` is llama-server's ``--cache-ram`` under test (``None``: its default)."""
+
+    cache_ram_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,9 @@ class LaunchRequest:
     #: The environment the numerics switches are read from (never the process's own here).
     env: Mapping[str, str] = field(default_factory=dict)
     kv_layout: KvLayout = "split"
+    #: Set only for the prompt-cache arm's server: the cache on, as the deploy runs it.
+    #: ``None``: every request computed from scratch (the engine turns its cache off).
+    prompt_cache: PromptCache | None = None
 
 
 @dataclass(frozen=True)

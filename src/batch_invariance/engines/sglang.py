@@ -38,10 +38,12 @@ class SglangEngine(PythonModuleEngine):
     refused_flags: frozenset[str] = frozenset({"--enable-hierarchical-cache"})
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
+        # The prompt-cache arm runs SGLang as a deploy does: its radix (prefix) cache on.
+        radix = () if r.prompt_cache else ("--disable-radix-cache",)
         argv = (
             str(r.server_bin), "-m", "sglang.launch_server", "--model-path", str(r.model),
             "--max-running-requests", str(r.parallel), "--context-length", str(r.ctx),
-            "--disable-radix-cache", "--enable-metrics", "--host", r.host, "--port", str(r.port),
+            *radix, "--enable-metrics", "--host", r.host, "--port", str(r.port),
             *r.extra_flags,
         )  # fmt: skip
         return LaunchCommand(argv, {}, "/health")

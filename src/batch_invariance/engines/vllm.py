@@ -77,10 +77,12 @@ class VllmEngine(PythonModuleEngine):
     refused_flags: frozenset[str] = frozenset({"--enable-prefix-caching"})
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
+        # The prompt-cache arm runs vLLM as a deploy does: automatic prefix caching on.
+        caching = "--enable-prefix-caching" if r.prompt_cache else "--no-enable-prefix-caching"
         argv = (
             str(r.server_bin), "-m", SERVER_MODULE, "--model", str(r.model),
             "--max-num-seqs", str(r.parallel), "--max-model-len", str(r.ctx),
-            "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+            caching, "--enable-prompt-tokens-details",
             "--host", r.host, "--port", str(r.port), *r.extra_flags,
         )  # fmt: skip
         env = {

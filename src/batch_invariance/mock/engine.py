@@ -43,10 +43,13 @@ class MockServer:
         port: int = 0,
         handler: type[MockHandler] = MockHandler,
         instance: int = 0,
+        prompt_cache: bool = False,
     ) -> None:
         """``port`` 0 picks a free one; ``handler`` gives another engine's HTTP surface over the
         same slots (the protocol fakes for vLLM and SGLang); ``instance`` numbers the launch
-        (each instance draws its own run-to-run noise)."""
+        (each instance draws its own run-to-run noise); ``prompt_cache`` plays a server with its
+        prompt cache on: a request that does not say ``cache_prompt: false`` reuses the longest
+        token prefix it shares with a prompt seen before, and reports it as ``cache_n``."""
         if parallel < 1:
             raise ValueError("parallel must be >= 1")
         self.parallel = parallel
@@ -69,6 +72,8 @@ class MockServer:
         self._failed_once: set[str] = set()
         self._port = port
         self._handler = handler
+        self.prompt_cache = prompt_cache
+        self._cached_prompts: list[list[str]] = []
 
     # ----- lifecycle -------------------------------------------------------------------------
 
@@ -218,15 +223,35 @@ class MockServer:
             slot.processing = False
             self._cond.notify_all()
 
-    def generate(self, prompt_text: str, n_predict: int) -> Generation:
+    def _reuse(self, prompt_text: str, cache_prompt: bool) -> int:
+        """Prompt tokens reused from the cache (the longest prefix shared with a prompt seen
+        before, BOS included), remembering this prompt; 0 with the cache off."""
+        if not (self.prompt_cache and cache_prompt):
+            return 0
+        tokens = ["<bos>", *tokenize(prompt_text)]
+        with self._cond:
+            best = 0
+            for seen in self._cached_prompts:
+                n = 0
+                for x, y in zip(seen, tokens, strict=False):
+                    if x != y:
+                        break
+                    n += 1
+                best = max(best, n)
+            self._cached_prompts.append(tokens)
+        # As llama-server: at least the last prompt token is always evaluated.
+        return min(best, len(tokens) - 1)
+
+    def generate(self, prompt_text: str, n_predict: int, cache_prompt: bool = False) -> Generation:
         """Run one request on a free slot (waiting for one); raises :class:`Busy` on refusal."""
         knobs = self.knobs
         slot = self._acquire()
         try:
             task_id = slot.id_task if slot.id_task is not None else -1
             prompt_tokens = len(tokenize(prompt_text)) + 1  # + BOS
+            cache_n = self._reuse(prompt_text, cache_prompt)
             t0 = time.monotonic()
-            self._stop.wait(prompt_tokens * knobs.prompt_token_delay_s)
+            self._stop.wait((prompt_tokens - cache_n) * knobs.prompt_token_delay_s)
             t1 = time.monotonic()
             if any(s in prompt_text for s in knobs.hang_if_contains):
                 self._stop.wait(knobs.hang_s)
@@ -251,6 +276,8 @@ class MockServer:
             by_slot = knobs.slot_divergence_if_contains
             if self.parallel > 1 and any(s in prompt_text for s in by_slot):
                 text = diverged_answer(text)
+            if cache_n and any(s in prompt_text for s in knobs.cache_divergence_if_contains):
+                text = diverged_answer(text)
             if knobs.divergence_probability > 0:
                 with self._cond:
                     draw = self._rng.random()
@@ -270,6 +297,8 @@ class MockServer:
             drift = 0.05 if token_only else 0.0
             if cobatched and not token_only:
                 drift = knobs.numeric_drift
+            if cache_n:
+                drift += knobs.cache_numeric_drift
             # An odd divisor: the values carry full float precision, as a real engine's do.
             logprobs = tuple(
                 -((zlib.crc32(f"{i}:{p}".encode()) % 500) / 9973.0) - drift
@@ -291,6 +320,7 @@ class MockServer:
                 prompt_ms=(t1 - t0) * 1000.0,
                 predicted_ms=(t2 - t1) * 1000.0,
                 cobatched=cobatched,
+                cache_n=cache_n,
             )
         finally:
             self._release(slot)

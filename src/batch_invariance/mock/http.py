@@ -56,8 +56,8 @@ def _probs_json(gen: Generation, k: int, post_sampling: bool = False) -> list[di
 def _timings(gen: Generation) -> dict[str, float]:
     n_gen = len(gen.pieces)
     return {
-        "cache_n": 0,
-        "prompt_n": gen.prompt_tokens,
+        "cache_n": gen.cache_n,
+        "prompt_n": gen.prompt_tokens - gen.cache_n,
         "prompt_ms": gen.prompt_ms,
         "prompt_per_token_ms": gen.prompt_ms / max(gen.prompt_tokens, 1),
         "prompt_per_second": gen.prompt_tokens / max(gen.prompt_ms / 1000.0, 1e-9),
@@ -73,7 +73,7 @@ def _usage(gen: Generation) -> dict[str, Any]:
         "completion_tokens": len(gen.pieces),
         "prompt_tokens": gen.prompt_tokens,
         "total_tokens": len(gen.pieces) + gen.prompt_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": gen.cache_n},
     }
 
 
@@ -211,7 +211,9 @@ class MockHandler(BaseHTTPRequestHandler):
             self._send(500, _error(500, "transient failure (mock knob)", "server_error"))
             return
         try:
-            gen = mock.generate(prompt_text, n_predict)
+            # llama-server caches prompts unless the request says cache_prompt: false.
+            cache_prompt = body.get("cache_prompt", True) is not False
+            gen = mock.generate(prompt_text, n_predict, cache_prompt)
             mock.count_answer()
         except Busy:
             status = mock.knobs.http_error_status

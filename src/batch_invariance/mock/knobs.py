@@ -25,6 +25,12 @@ class MockKnobs:
     #: Same tokens and answer, but the logprobs move by ``numeric_drift`` when co-batched:
     #: the latent numeric drift a batch-variant server shows before any token flips.
     numeric_drift: float = 0.0
+    #: On a server with its prompt cache on (the prompt-cache arm's), a request that reused
+    #: cached prompt tokens gets logprobs moved by this (same tokens and answer): the drift
+    #: the prompt cache alone causes.
+    cache_numeric_drift: float = 0.0
+    #: Prompts containing one of these change their answer when served from the cache.
+    cache_divergence_if_contains: tuple[str, ...] = ()
     #: Probability that any request's answer changes (seeded by ``seed``), in every arm.
     divergence_probability: float = 0.0
     #: Prompts containing any of these substrings get an empty completion.
@@ -73,6 +79,8 @@ class Generation:
     prompt_ms: float
     predicted_ms: float
     cobatched: bool
+    #: Prompt tokens reused from the cache (``timings.cache_n``).
+    cache_n: int = 0
 
 
 @dataclass

@@ -90,9 +90,11 @@ class MockLauncher:
     def kv_label_for(self, parallel: int, ctx: int) -> str:
         return f"mock:per-slot-kv:{parallel}x{ctx}"
 
-    def argv_for(self, parallel: int, ctx: int) -> tuple[str, ...]:
+    def argv_for(self, parallel: int, ctx: int, prompt_cache: bool = False) -> tuple[str, ...]:
         argv = ["mock-llama-server", "--host", "127.0.0.1", "--port", "0",
                 "--parallel", str(parallel), "-c", str(ctx * parallel)]  # fmt: skip
+        if prompt_cache:
+            argv.append("--cache-prompt")
         if self.knobs.metrics:
             argv.append("--metrics")
         return tuple(argv)
@@ -102,7 +104,10 @@ class MockLauncher:
         served = parallel
         if arm != "A" and self.knobs.bc_parallel_override is not None:
             served = self.knobs.bc_parallel_override
-        server = MockServer(parallel=served, ctx=ctx, knobs=self.knobs, instance=self.launches)
+        server = MockServer(
+            parallel=served, ctx=ctx, knobs=self.knobs, instance=self.launches,
+            prompt_cache=arm == "cache",
+        )  # fmt: skip
         self.launches += 1
         self.servers.append(server)
         with server:
@@ -111,7 +116,7 @@ class MockLauncher:
             yield MockHandle(
                 server=server,
                 label=f"mock-{arm}",
-                argv=self.argv_for(served, ctx),
+                argv=self.argv_for(served, ctx, prompt_cache=arm == "cache"),
                 metrics_enabled=self.knobs.metrics,
                 kv_label=self.kv_label_for(served, ctx),
             )

@@ -38,7 +38,8 @@ __all__ = [
     "verify_report_text",
 ]
 
-Require = Literal["green", "promotable"]
+#: ``none`` only with a baseline: the job checks the comparison with it, not the verdict.
+Require = Literal["green", "promotable", "none"]
 
 TITLE = "batch-invariance"
 _BAR = "=" * 72
@@ -73,6 +74,22 @@ def _cert_throughput(cert: Cert) -> str:
     return throughput_text(cert.throughput, cert.dispatch_n, red=cert.status == "failed")
 
 
+def prompt_cache_text(cert: Cert) -> str:
+    """What the cert says about the prompt cache: which traffic it covers."""
+    block = cert.prompt_cache
+    if block is None:
+        return (
+            "prompt cache: not measured (every arm sent cache_prompt false to a --cache-ram 0 "
+            "server): covers traffic with the prompt cache off only"
+        )
+    reuse = block.reuse
+    return (
+        f"prompt cache: measured, {block.status}: {reuse.n_reused}/{reuse.n_answered} "
+        f"requests reused {reuse.tokens_reused} cached prompt tokens over {block.n_passes} "
+        "pass(es)"
+    )
+
+
 def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> str:
     """The verdict banner, gates and reasons of a live cell (``run-live``, ``demo``)."""
     klass = f" / {cert.divergence_class}" if cert.divergence_class else ""
@@ -91,6 +108,7 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
         *(f"  {line}" for line in numerics_lines(cert.numerics)),
         f"  {_cert_throughput(cert)}",
+        f"  {prompt_cache_text(cert)}",
     ]
     lines += _warning_lines(cert)
     lines += [f"  - {reason}" for reason in cert.decision_reasons]
@@ -167,6 +185,7 @@ def verify_report_text(report: Verification, signature: str | None) -> str:
         f"promotable: {'yes' if report.promotable else 'no'}",
     ]
     lines += [f"  - {reason}" for reason in report.promotable_reasons]
+    lines.append(f"{prompt_cache_text(cert)}")
     lines += [
         f"signature:  {signature or NO_BUNDLE}",
         "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, "

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from batch_invariance.cert.provenance import ScheduleRecord
+from batch_invariance.core.b_sample import bitwise_equal_everywhere, sample_ids
 from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
@@ -62,7 +63,7 @@ def request_template(plan: CellPlan) -> RequestTemplate:
     )
 
 
-def _server_record(role: str, handle: ServerHandle, wall_s: float) -> ServerRecord:
+def server_record(role: str, handle: ServerHandle, wall_s: float) -> ServerRecord:
     return ServerRecord(
         role=role,
         label=handle.label,
@@ -172,7 +173,7 @@ def run_reference(
         template = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink)
         arm_a = _serial_arm(ARM_A, server_a, template, plan.items, scoring)
-        record = _server_record("A", server_a, time.monotonic() - started)
+        record = server_record("A", server_a, time.monotonic() - started)
     return Reference(
         arm_a.responses,
         arm_a.trials,
@@ -199,7 +200,7 @@ def run_repeat(
         control = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink, ref.a_trials)
         repeat = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, scoring)
-        record = _server_record("A", server_a, time.monotonic() - started)
+        record = server_record("A", server_a, time.monotonic() - started)
     return replace(
         ref,
         notes=(*ref.notes, *notes.items),
@@ -241,7 +242,13 @@ def run_parallel(
             return arm_b.trials
 
         first_ids = b_first_ids(a_trials, c.passes)
-        if first_ids is None:
+        sample = _b_sample(plan, a_trials, c.passes) if first_ids is None else None
+        if sample is not None:
+            wanted = set(sample.b_ids or ())
+            b_trials = serial_b([i for i in plan.items if i.test_id in wanted])
+            sink.extend(-(len(plan.items) - len(wanted)))
+            scope = sample
+        elif first_ids is None:
             b_trials = serial_b(plan.items)
         else:
             wanted = set(first_ids)
@@ -254,7 +261,7 @@ def run_parallel(
                 b_trials = {i.test_id: both[i.test_id] for i in plan.items}
             else:
                 sink.extend(-len(rest))
-        record = _server_record("BC", server_bc, time.monotonic() - started)
+        record = server_record("BC", server_bc, time.monotonic() - started)
     b_ids = None if scope is None else scope.b_ids
     return ParallelRun(
         b_resp,
@@ -266,6 +273,23 @@ def run_parallel(
         c.red_proof,
         b_ids=b_ids,
         b_reason="B ran on every id: AC was clean" if scope is None else scope.reason,
+    )
+
+
+def _b_sample(
+    plan: CellPlan, a_trials: Mapping[str, Trial], passes: Sequence[PassRecord]
+) -> BScope | None:
+    """B's seeded sample when the plan asks for one and every C pass equals A bitwise."""
+    if not plan.b_sample or not bitwise_equal_everywhere(a_trials, passes):
+        return None
+    ids = sample_ids([i.test_id for i in plan.items], plan.seed)
+    if len(ids) == len(plan.items):
+        return None
+    return BScope(
+        ids,
+        False,
+        f"B ran on a seeded sample of {len(ids)} of {len(plan.items)} id(s): every C pass "
+        "equals A bitwise at every compared position",
     )
 
 

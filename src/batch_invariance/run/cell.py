@@ -36,6 +36,7 @@ from batch_invariance.run.arms import (
     run_reference,
     schedule_record,
 )
+from batch_invariance.run.cache_pass import CacheRun, run_cache_arm
 from batch_invariance.run.passes import slot_notes
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.protocols import ServerLauncher
@@ -64,10 +65,12 @@ def assemble(
     launches: int,
     wall_s: float,
     shared_reference: str | None = None,
+    cache: CacheRun | None = None,
 ) -> CellRun:
-    """The :class:`CellRun` of one cell from its reference and its parallel server's run."""
+    """The :class:`CellRun` of one cell from its reference and its parallel server's run
+    (and the prompt-cache arm's, when it ran)."""
     notes = Notes()
-    for note in (*ref.notes, *parallel.notes):
+    for note in (*ref.notes, *parallel.notes, *(cache.notes if cache else ())):
         notes.add(note)
     template = request_template(plan)
     evidence = CellEvidence(
@@ -79,9 +82,12 @@ def assemble(
         b=parallel.b_trials,
         c_passes=parallel.c_passes,
         b_ids=parallel.b_ids,
+        cache_passes=None if cache is None else cache.passes,
     )
-    stats = (ref.a_stats, *((ref.repeat_stats,) if ref.repeat_stats else ()), *parallel.stats)
-    servers = (ref.server, parallel.server, *((ref.repeat_server,) if ref.repeat_server else ()))
+    stats = (ref.a_stats, *((ref.repeat_stats,) if ref.repeat_stats else ()), *parallel.stats,
+             *(cache.stats if cache else ()))  # fmt: skip
+    servers = (ref.server, parallel.server, *((ref.repeat_server,) if ref.repeat_server else ()),
+               *((cache.server,) if cache else ()))  # fmt: skip
     return CellRun(
         plan=plan,
         evidence=evidence,
@@ -110,7 +116,7 @@ def run_cells(
     every :class:`CellRun` to ``finish`` as soon as it is measured. With more than one plan
     (a sweep) each cell's provenance says the reference is shared."""
     first = plans[0]
-    sink.begin(len(first.items) * (1 + sum(1 + p.gate_passes for p in plans)))
+    sink.begin(len(first.items) * (1 + sum(1 + p.gate_passes + p.cache_passes for p in plans)))
     if len(plans) > 1:
         sink.scope(f"reference (ctx {first.ctx})")
     t0 = time.monotonic()
@@ -123,6 +129,9 @@ def run_cells(
             sink.scope(f"cell {k} of {len(plans)} (N={plan.parallel})")
         par = run_parallel(plan, runner, scorer, sink, ref.a_trials, policy)
         ref = complete_reference(plan, runner, scorer, sink, ref, par)
+        cache = (
+            run_cache_arm(plan, runner, scorer, sink, ref.a_trials) if plan.cache_passes else None
+        )
         shared = _shared_text(plan.ctx, ref.repeat_trials is not None, parallels)
         finish(
             assemble(
@@ -131,9 +140,10 @@ def run_cells(
                 par,
                 scorer=scorer,
                 source=runner.source,
-                launches=ref.launches + 1,
+                launches=ref.launches + 1 + (cache is not None),
                 wall_s=time.monotonic() - started + reference_wall_s,
                 shared_reference=shared if len(plans) > 1 else None,
+                cache=cache,
             )
         )
 

@@ -249,10 +249,12 @@ def run_concurrent_pass(
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     probes: Sequence[BusyProbe] | None = None,
     counters: Sequence[PassCounter] = (),
+    in_order: bool = False,
 ) -> ConcurrentPass:
     """One C pass: ``workers`` closed-loop threads released together by a barrier.
 
-    The queue holds the items in :func:`pass_order`; each worker has its own
+    The queue holds the items in :func:`pass_order` (``in_order``: in work-set order, as the
+    prompt-cache arm sends a conversation's turns one after another); each worker has its own
     ``requests.Session`` and takes the next item as soon as its previous request completes.
     All threads (workers and sampler) are joined before this returns or re-raises.
     ``probes`` are the server's busy witnesses (default: llama-server's, see
@@ -263,7 +265,8 @@ def run_concurrent_pass(
     if workers < 1:
         raise ValueError("workers must be >= 1")
     by_id = {item.test_id: item for item in items}
-    order = pass_order([item.test_id for item in items], seed, pass_index)
+    ids = [item.test_id for item in items]
+    order = tuple(ids) if in_order else pass_order(ids, seed, pass_index)
     work: queue.Queue[WorkItem] = queue.Queue()
     for test_id in order:
         work.put(by_id[test_id])

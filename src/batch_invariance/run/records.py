@@ -16,7 +16,14 @@ from batch_invariance.cert.provenance import (
     ServerInfo,
 )
 from batch_invariance.core.chat_template import judge_chat_template, sends_chat
-from batch_invariance.core.evidence import ARM_A, ARM_A_REPEAT, ARM_B, ARM_C, CellEvidence
+from batch_invariance.core.evidence import (
+    ARM_A,
+    ARM_A_REPEAT,
+    ARM_B,
+    ARM_C,
+    ARM_CACHE,
+    CellEvidence,
+)
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 
@@ -170,6 +177,7 @@ class CellRun:
                 "arm_wall_s": {
                     arm: round(self.arm_wall_s(arm), 6)
                     for arm in (ARM_A, ARM_A_REPEAT, ARM_B, ARM_C)
+                    + ((ARM_CACHE,) if self.evidence.cache_passes is not None else ())
                 },
                 "server_prompt_ms": round(server_ms.prompt_ms, 3),
                 "server_predicted_ms": round(server_ms.predicted_ms, 3),

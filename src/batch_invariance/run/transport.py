@@ -71,6 +71,10 @@ class RequestTemplate:
     n_probs: int | None = None
     timeout_s: float = 120.0
     logprobs: LogprobMode = "margins"
+    #: ``False`` in every arm but one: each request computed from scratch. ``None`` leaves
+    #: the field out, as a deployed client sends it (the prompt-cache arm): the server then
+    #: reuses what its cache holds.
+    cache_prompt: bool | None = False
 
     @property
     def alternatives(self) -> int | None:
@@ -82,6 +86,10 @@ class RequestTemplate:
     def with_logprobs(self, mode: LogprobMode) -> RequestTemplate:
         """The same requests asking for ``mode`` of the distribution."""
         return replace(self, logprobs=mode)
+
+    def as_deployed(self) -> RequestTemplate:
+        """The same requests as a deployed client sends them: no ``cache_prompt`` field."""
+        return replace(self, cache_prompt=None)
 
     def _logprob_fields(self, chat: bool) -> dict[str, Any]:
         k = self.alternatives
@@ -100,11 +108,13 @@ class RequestTemplate:
         common: dict[str, Any] = {
             "temperature": 0,
             "seed": seed_for(self.seed, item.test_id),
-            "cache_prompt": False,
+            "cache_prompt": self.cache_prompt,
             "max_tokens": self.n_predict,
             "stream": False,
             "top_k": 1,
         }
+        if self.cache_prompt is None:
+            del common["cache_prompt"]
         if self.uses_chat(item):
             messages: list[dict[str, str]] = []
             if item.system is not None:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from batch_invariance.core.cache_shape import cache_shaped
 from batch_invariance.core.workitem import WorkItem, duplicate_prompts, rep_id
 from batch_invariance.errors import UsageError
 
@@ -33,6 +34,7 @@ __all__ = [
     "items_to_row",
     "load_workset",
     "parse_workset",
+    "shaped_for_cache",
     "workset_from_items",
 ]
 
@@ -183,6 +185,13 @@ def workset_from_items(items: Sequence[WorkItem], source: str) -> Workset:
     )
 
 
+def shaped_for_cache(workset: Workset, turns: int) -> Workset:
+    """``workset`` in the prompt-cache shape (``--cache-shape``): its rows as conversations
+    of ``turns`` behind one shared preamble (:func:`core.cache_shape.cache_shaped`)."""
+    items = cache_shaped(workset.items, turns)
+    return workset_from_items(items, f"{workset.source} (prompt-cache shape, {turns} turns)")
+
+
 def items_to_row(item: WorkItem) -> dict[str, Any]:
     """The on-disk row for an item (inverse of parsing, for ``make-workset``)."""
     row: dict[str, Any] = {"id": item.test_id}
@@ -211,14 +220,16 @@ def expand_reps(items: Sequence[WorkItem], reps: int) -> tuple[WorkItem, ...]:
 
 
 #: The work-sets shipped in the package (``data/worksets/<name>.json``).
-BUNDLED_WORKSETS: tuple[str, ...] = ("demo", "demo_completions", "mock")
+BUNDLED_WORKSETS: tuple[str, ...] = ("demo", "demo_completions", "mock", "cache_conversations")
 
 
 def bundled_workset_path(name: str) -> Path:
     """The path of a bundled work-set: ``demo`` (16 open-ended chat prompts, the Action's
     default), ``demo_completions`` (32 completion-style openings a base model continues, run
-    by ``demo`` on ``/v1/completions``) or ``mock`` (the ``run-mock`` default, a copy of
-    ``examples/workset.json``)."""
+    by ``demo`` on ``/v1/completions``), ``mock`` (the ``run-mock`` default, a copy of
+    ``examples/workset.json``) or ``cache_conversations`` (16 of the completion openings in
+    the prompt-cache shape, :func:`~batch_invariance.core.cache_shape.cache_shaped`: four
+    conversations of four turns behind one shared preamble, for ``--cache-arm``)."""
     from importlib import resources
 
     if name not in BUNDLED_WORKSETS:

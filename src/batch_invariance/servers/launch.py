@@ -20,7 +20,13 @@ from typing import Any, Literal
 
 import requests
 
-from batch_invariance.engines.base import Engine, KvLayout, LaunchCommand, LaunchRequest
+from batch_invariance.engines.base import (
+    Engine,
+    KvLayout,
+    LaunchCommand,
+    LaunchRequest,
+    PromptCache,
+)
 from batch_invariance.engines.probes import BusyProbe, PassCounter, get_text
 from batch_invariance.errors import InfraError
 from batch_invariance.host import memory
@@ -132,8 +138,11 @@ class EngineLauncher:
         max_footprint_gb: float | None = None,
         cap_parallel: int | None = None,
         kv_layout: KvLayout = "split",
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.engine = engine
+        #: How the prompt-cache arm's server (``arm="cache"``) runs its cache.
+        self.prompt_cache = prompt_cache or PromptCache()
         self.server_bin = server_bin
         self.model = model
         self.log_dir = log_dir
@@ -174,13 +183,15 @@ class EngineLauncher:
             projection, host, self.max_footprint_gb, memory.offloads_to_gpu(flags)
         )
 
-    def planned(self, parallel: int, ctx: int, port: int) -> PlannedServer:
-        """The command and KV label of the server :meth:`launch` starts for ``parallel``."""
+    def planned(self, parallel: int, ctx: int, port: int, arm: str = "BC") -> PlannedServer:
+        """The command and KV label of the server :meth:`launch` starts for ``parallel``
+        (``arm="cache"``: the prompt-cache arm's server, with the cache on)."""
         served = self.effective_parallel(parallel)
         layout: KvLayout = self.kv_layout if served > 1 else "split"
+        cache = self.prompt_cache if arm == "cache" else None
         request = LaunchRequest(
             self.server_bin, self.model, served, ctx, ports.LOOPBACK, port, self.server_flags,
-            self.env, layout,
+            self.env, layout, cache,
         )  # fmt: skip
         command = self.engine.launch_command(request)
         return PlannedServer(served, command, self.engine.kv_label(ctx, served, layout))
@@ -191,7 +202,7 @@ class EngineLauncher:
         decision = self.guard_decision(parallel, ctx, memory.read_host_memory())
         guard = None if decision is None else memory.launch_guard(decision)
         port = ports.choose(self.port_policy)
-        planned = self.planned(parallel, ctx, port)
+        planned = self.planned(parallel, ctx, port, arm)
         process = ServerProcess(
             self.engine, planned.command, arm=arm, parallel=planned.parallel, ctx=ctx,
             port=port, log_dir=self.log_dir, ready_timeout=self.ready_timeout,

@@ -19,6 +19,8 @@ from batch_invariance.cert.provenance import ProfileRecord
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Endpoint
 from batch_invariance.core.scoring import Scorer
+from batch_invariance.engines.base import PromptCache
+from batch_invariance.errors import UsageError
 from batch_invariance.run.records import ModelTemplate
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import (
@@ -26,6 +28,7 @@ from batch_invariance.run.workset import (
     bundled_workset_path,
     expand_reps,
     load_workset,
+    shaped_for_cache,
 )
 from batch_invariance.servers import ports
 from batch_invariance.service.finish import prepare_out_dir
@@ -55,6 +58,8 @@ class Measurement:
     serial_repeat: bool
     stop_on_red: bool
     req_timeout: float
+    #: Passes of the prompt-cache arm (0: the cache is not measured).
+    cache_passes: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,9 @@ class LiveCell:
             serial_repeat=m.serial_repeat,
             stop_on_red=m.stop_on_red,
             req_timeout=m.req_timeout,
+            cache_passes=m.cache_passes,
+            # What pays for the prompt-cache arm (core.b_sample).
+            b_sample=m.cache_passes > 0,
         )
 
     @property
@@ -144,6 +152,17 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     else:
         assert request.bundled_workset is not None  # request.check: a work-set source
         workset = load_workset(bundled_workset_path(request.bundled_workset))
+    if request.cache_shape is not None:
+        if workset is None:
+            raise UsageError("--cache-shape needs a --workset FILE (a profile builds its own)")
+        workset = shaped_for_cache(workset, request.cache_shape)
+    if request.cache_passes and target.attach is not None:
+        raise UsageError(
+            "--cache-arm needs a server the tool launches: the prompt-cache arm runs on its own "
+            "server with the cache on (drop --base-url)"
+        )
+    if request.cache_ram is not None and not request.cache_passes:
+        raise UsageError("--cache-ram sets the prompt-cache arm's server: give --cache-arm too")
     scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
     port_policy = ports.make_policy(request.port, list(request.reserved_ports))
     out_dir = prepare_out_dir(request.out_dir) if create_out_dir else request.out_dir
@@ -160,6 +179,7 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
             ready_timeout=request.ready_timeout,
             max_footprint_gb=request.max_footprint_gb,
             kv_layout=request.kv_layout,
+            prompt_cache=PromptCache(request.cache_ram),
         ),
         model_name=name,
         ctx=request.ctx,
@@ -174,6 +194,7 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
             serial_repeat=request.serial_repeat,
             stop_on_red=request.stop_on_red,
             req_timeout=request.req_timeout,
+            cache_passes=request.cache_passes,
         ),
         workset=workset,
         build_workset=builder,

@@ -125,6 +125,13 @@ class LiveRequest:
     metrics_url: str | None = None
     #: Allow a non-loopback ``base_url`` (recorded in the cert).
     allow_remote: bool = False
+    #: Passes of the prompt-cache arm (``--cache-arm``: 1); 0 leaves the cache unmeasured.
+    cache_passes: int = 0
+    #: llama-server's ``--cache-ram`` (MiB) under test on the prompt-cache arm's server;
+    #: ``None``: the server's own default.
+    cache_ram: int | None = None
+    #: Turn the work-set into the prompt-cache shape, this many turns per conversation.
+    cache_shape: int | None = None
 
     def number_problems(self) -> tuple[str, ...]:
         """What is wrong with the numbers (the one table in :mod:`batch_invariance.core.plan`)."""
@@ -140,6 +147,9 @@ class LiveRequest:
                 "req_timeout": self.req_timeout,
                 "ready_timeout": self.ready_timeout,
                 "max_footprint_gb": self.max_footprint_gb,
+                "cache_passes": self.cache_passes,
+                "cache_ram": self.cache_ram,
+                "cache_shape": self.cache_shape,
             }
         )
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from batch_invariance.engines.base import Engine, KvLayout, flag_conflicts
+from batch_invariance.engines.base import Engine, KvLayout, PromptCache, flag_conflicts
 from batch_invariance.engines.registry import ENGINES, engine_for
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
@@ -60,6 +60,8 @@ class LaunchOptions:
     max_footprint_gb: float | None = None
     #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
     kv_layout: KvLayout = "split"
+    #: How the prompt-cache arm's server runs its cache (when the arm runs).
+    prompt_cache: PromptCache = field(default_factory=PromptCache)
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ def engine_launcher(
         server_flags=target.server_flags, env=dict(os.environ),
         ready_timeout=options.ready_timeout, gguf=target.gguf,
         max_footprint_gb=options.max_footprint_gb, cap_parallel=cap_parallel,
-        kv_layout=options.kv_layout,
+        kv_layout=options.kv_layout, prompt_cache=options.prompt_cache,
     )  # fmt: skip
 
 

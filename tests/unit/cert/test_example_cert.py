@@ -24,7 +24,10 @@ def test_the_example_cert_verifies_as_a_red(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert code == exitcodes.RED, out
     assert "verdict re-derived from evidence matches" in out
+    # Written before the prompt-cache arm: it still verifies and says what it covers.
+    assert "prompt cache: not measured" in out
     data = json.loads(CERT.read_text())
+    assert "prompt_cache" not in data
     assert data["cert_version"] == 3
     assert data["source"] == "live" and data["status"] == "failed"
     assert data["divergence_class"] == "co_batching"

@@ -168,6 +168,8 @@ def test_verify_cert_without_bundle_says_authenticity_was_not_checked(
         "source:     live   gate: abc_union\n"
         "promotable: yes\n"
         "  - status green, source live, gate abc_union, policy no looser than defaults\n"
+        "prompt cache: not measured (every arm sent cache_prompt false to a --cache-ram 0 "
+        "server): covers traffic with the prompt cache off only\n"
         "signature:  not checked (no --bundle): authenticity was not checked; the digest "
         "catches accidents, not forgery\n"
         "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, identity "

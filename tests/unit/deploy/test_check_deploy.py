@@ -43,7 +43,9 @@ from tests.support.paths import SHARED_FIXTURES
 MODEL = "gemma-3-270m-q4_k_m"
 SIGSTORE = SHARED_FIXTURES / "sigstore"
 MEASURED_FLAGS = ("-ub", "1")
-OK_FLAGS = "-c 4096 -np 4 -ub 1 --cache-ram 0"
+#: The prompt cache off, as the cold arms measured it (deploy/prompt_cache.py).
+CACHE_OFF = "--no-cache-prompt --cache-ram 0"
+OK_FLAGS = f"-c 4096 -np 4 -ub 1 {CACHE_OFF}"
 
 
 def _provenance(
@@ -159,11 +161,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
                "green": green, "binary": binary}  # fmt: skip
 
 
+def path_line(binary: Path) -> str:
+    """The line a deploy script sets its ``PATH`` with, so that a bare ``llama-server`` is
+    the measured binary (a script that sets none leaves it to the caller's ``PATH``)."""
+    return f"export PATH={binary.parent}:/usr/bin:/bin\n"
+
+
 def _check(
     world: dict[str, Path], tmp_path: Path, body: str, *extra: str, certs: Path | None = None
 ) -> int:
     config = tmp_path / "llama-server.sh"
-    config.write_text(body)
+    config.write_text(body if body.startswith("[") else path_line(world["binary"]) + body)
     folder = certs or world["certs"]
     return main(["check-deploy", str(config), "--certs", str(folder), *extra])
 
@@ -204,7 +212,7 @@ def test_systemd_unit_environment(
 ) -> None:
     unit = (
         "[Unit]\nDescription=llama-server\n[Service]\nEnvironment=LLAMA_ARG_N_PARALLEL=16\n"
-        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 16384 -ub 1 --cache-ram 0\n"
+        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 16384 -ub 1 {CACHE_OFF}\n"
     )
     assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
@@ -213,13 +221,19 @@ def test_systemd_unit_environment(
     covered = f"ExecStart={world['binary']} -m {world['model']} {OK_FLAGS}\n"
     unit = "[Service]\nEnvironmentFile=/etc/nowhere/llm.env\n" + covered
     assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
-    assert "environment file(s) /etc/nowhere/llm.env not readable here" in capsys.readouterr().out
+    assert (
+        "llama-server.sh:2: not understood: EnvironmentFile=/etc/nowhere/llm.env, which cannot "
+        "be read here" in capsys.readouterr().out
+    )
     assert _unsigned(world, tmp_path, "[Service]\n" + covered) == exitcodes.PROMOTABLE
 
 
 @pytest.mark.parametrize(
     "flags",
-    ["-c 4096 -np 4 -kvu -ub 1 --cache-ram 0", "-c 4096 -ub 1 --cache-ram 0"],
+    [
+        "-c 4096 -np 4 -kvu -ub 1 --no-cache-prompt --cache-ram 0",
+        "-c 4096 -ub 1 --no-cache-prompt --cache-ram 0",
+    ],
     ids=["kvu", "no-np"],
 )
 def test_unified_kv_is_not_covered_by_a_split_cert_but_by_a_unified_one(
@@ -264,7 +278,7 @@ def test_same_file_name_but_another_model_is_not_covered(
         ),
         ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)"),
         ("-bs", "--backend-sampling on (measured off)"),
-        ("--cache-ram 8192", "--cache-ram 8192 (measured 0)"),
+        ("--cache-ram 8192", "caches prompts (--cache-ram 8192) but the cert measured"),
     ],
 )
 def test_numerics_flags_must_match_the_measured_argv(
@@ -296,7 +310,7 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n {longest}\n") == 0
     # A cert that records neither a measured length nor a budget covers no fixed -n.
     from batch_invariance.deploy.cells import cell_of
-    from batch_invariance.deploy.config import ServerCommand
+    from batch_invariance.deploy.commands import ServerCommand
     from batch_invariance.deploy.gate import CertFile, config_differences
     from batch_invariance.deploy.identity import identify_model
     from batch_invariance.engines.llama_server.flags import read_flags
@@ -314,7 +328,7 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
 def test_mock_and_tampered_certs_do_not_cover(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = f"llama-server -m {world['model']} -c 2048 -np 2 -ub 1 --cache-ram 0\n"
+    body = f"llama-server -m {world['model']} -c 2048 -np 2 -ub 1 --no-cache-prompt --cache-ram 0\n"
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     # A mock run records no model file and a mock server argv: it measured no deploy cell.
@@ -404,7 +418,8 @@ def test_a_bundle_for_another_file_is_rejected(
 def test_models_toml_and_usage_errors(world: dict[str, Path], tmp_path: Path) -> None:
     config = tmp_path / "models.toml"
     config.write_text(
-        '[defaults]\nserver_flags = ["-c", "4096", "-ub", "1", "--cache-ram", "0"]\n\n'
+        '[defaults]\nserver_flags = ["-c", "4096", "-ub", "1", "--cache-ram", "0", '
+        '"--no-cache-prompt"]\n\n'
         f'[[models]]\nalias = "g"\ngguf = "{{MODELS_DIR}}/{MODEL}.gguf"\nkv = "f16"\n'
         'server_flags = ["-np", "4"]\n'
     )
@@ -464,7 +479,7 @@ def test_identity_regexp_decides_coverage(
     shutil.copytree(world["certs"], folder)
     (folder / (world["green"].name + ".sigstore.json")).write_text("{}")
     config = tmp_path / "llama-server.sh"
-    config.write_text(f"llama-server -m {world['model']} {OK_FLAGS}\n")
+    config.write_text(path_line(world["binary"]) + f"llama-server -m {world['model']} {OK_FLAGS}\n")
     policy = _policy_from(
         "--cert-identity-regexp", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER,
         "--repository", "o/deploy", "--offline",

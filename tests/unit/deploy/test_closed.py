@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
+from tests.support.golden import check_golden
+from tests.unit.deploy.test_check_deploy import CACHE_OFF as COLD
 from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
 
 NEUTRAL = "--host 0.0.0.0 --port 8080 --api-key team#42 --metrics --timeout 30"
@@ -38,10 +40,13 @@ def test_the_measured_deploy_passes_plain_and_with_neutral_options(
     m = world["model"]
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS}\n") == 0
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} {NEUTRAL}\n") == 0
-    snake = f"llama-server --model {m} --ctx_size 4096 --parallel 4 --ubatch_size 1 --cache_ram 0\n"
+    snake = (
+        f"llama-server --model {m} --ctx_size 4096 --parallel 4 --ubatch_size 1 "
+        "--no-cache-prompt --cache_ram 0\n"
+    )
     assert _unsigned(world, tmp_path, snake) == 0
     # -c 4000 pads to the same 1024 per slot the cert measured.
-    padded = f"llama-server -m {m} -c 4000 -np 4 -ub 1 --cache-ram 0\n"
+    padded = f"llama-server -m {m} -c 4000 -np 4 -ub 1 --no-cache-prompt --cache-ram 0\n"
     assert _unsigned(world, tmp_path, padded) == 0
     assert "check-deploy: PASS" in capsys.readouterr().out
 
@@ -51,7 +56,7 @@ def test_the_measured_deploy_passes_plain_and_with_neutral_options(
     [
         ("--kv_unified", "KV layout unified (measured split)"),
         ("--ubatch_size 512", "--ubatch-size 512 (measured 1)"),
-        ("--cache_ram 8192", "--cache-ram 8192 (measured 0)"),
+        ("--cache_ram 8192", "caches prompts (--cache-ram 8192) but the cert measured"),
         ("--cache_type_k q4_0", "--cache-type-k q4_0 (measured f16)"),
         ("--no_cont_batching", "--cont-batching off (measured on)"),
         ("--n_cpu_moe 2", "--n-cpu-moe 2 (measured unset)"),
@@ -72,7 +77,7 @@ def test_ctx_is_padded_as_llama_cpp_pads_it(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    body = f"llama-server -m {world['model']} -c 4097 -np 4 -ub 1 --cache-ram 0\n"
+    body = f"llama-server -m {world['model']} -c 4097 -np 4 -ub 1 --no-cache-prompt --cache-ram 0\n"
     _fails(world, tmp_path, capsys, body, f"{MODEL} ctx=1280 N=4")
 
 
@@ -120,28 +125,37 @@ def test_a_config_file_the_server_would_read_is_not_covered(
     ("script", "named"),
     [
         # Assignments in order: the N of the second server is 8, not the file's last 4.
-        ("NP=8\nllama-server -m {m} -c 8192 -np $NP -ub 1 --cache-ram 0\nNP=4\n", "N=8"),
+        (
+            "NP=8\nllama-server -m {m} -c 8192 -np $NP -ub 1 " + COLD + "\nNP=4\n",
+            "N=8",
+        ),
         # A prefix assignment does not reach the expansion on its own line.
-        ("N=8\nN=4 llama-server -m {m} -c 8192 -np $N -ub 1 --cache-ram 0\n", "N=8"),
+        (
+            "N=8\nN=4 llama-server -m {m} -c 8192 -np $N -ub 1 --no-cache-prompt --cache-ram 0\n",
+            "N=8",
+        ),
         # export reaches the server; env -i drops it and the flag-less default is 4 unified.
         ("export LLAMA_ARG_KV_UNIFIED=1\nllama-server -m {m} {ok}\n", "kv=unified"),
         (
-            "export LLAMA_ARG_CTX_SIZE=4096\nenv -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
+            "export LLAMA_ARG_CTX_SIZE=4096\n"
+            "/usr/bin/env -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
             "ctx=?",
         ),
         # cd before a relative model path: another folder's file.
-        ("cd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
+        ("set -e\ncd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
+        # Without set -e a failed cd leaves the caller's folder: the folder is not known.
+        ("cd /nowhere\nllama-server -m {name} {ok}\n", "relative to a folder"),
         # '#' inside a word is not a comment: -c 65536 -np 16 are read.
         ("llama-server -m {m} --api-key team#42 -c 65536 -np 16 -ub 1 -cram 0\n", "N=16"),
         # A comment ending in \ does not swallow the next line.
         ("# old: \\\nllama-server -m {m} -c 8192 -np 8 -ub 1 -cram 0\n", "N=8"),
         # Constructs the reader does not model.
-        ("for n in 4 8; do llama-server -m {m} -np $n; done\n", "inside for"),
-        ("if true; then\n  llama-server -m {m} {ok}\nfi\n", "inside if"),
-        ("( llama-server -m {m} {ok} )\n", "inside ("),
-        ("bash -c 'llama-server -m {m} -np 8'\n", "bash runs something"),
-        ("$SERVER -m {m} {ok}\n", "a variable as the command word"),
-        ("docker run ghcr.io/ggml-org/llama.cpp:server -m {m} -np 8\n", "docker runs"),
+        ("for n in 4 8; do llama-server -m {m} -np $n; done\n", ":3: not understood: running for"),
+        ("if true; then\n  llama-server -m {m} {ok}\nfi\n", ":3: not understood: running if"),
+        ("( llama-server -m {m} {ok} )\n", ":3: not understood: operator ("),
+        ("bash -c 'llama-server -m {m} -np 8'\n", ":3: not understood: running bash"),
+        ("$SERVER -m {m} {ok}\n", ":3: not understood: $SERVER, which this file does not set"),
+        ("docker run ghcr.io/ggml-org/llama.cpp:server -m {m} -np 8\n", "running docker"),
     ],
 )
 def test_shell_scripts_are_read_the_way_bash_runs_them(
@@ -164,7 +178,7 @@ def test_systemd_environment_file_overrides_environment(
     unit = tmp_path / "llm.service"
     unit.write_text(
         f"[Service]\nEnvironmentFile={env}\nEnvironment=LLAMA_ARG_UBATCH=1\n"
-        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 4096 -np 4 --cache-ram 0\n"
+        f"ExecStart=/usr/bin/llama-server -m {world['model']} -c 4096 -np 4 {COLD}\n"
     )
     from batch_invariance.cli import main
 
@@ -192,3 +206,57 @@ def test_compose_volumes_map_by_the_longest_container_prefix(
     code = main(["check-deploy", str(compose), "--certs", str(world["certs"]), "--allow-unsigned"])
     assert code == exitcodes.NOT_PROMOTABLE
     assert "model sha256" in capsys.readouterr().out
+
+
+def test_check_deploy_output_is_golden(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What an operator reads: a deploy outside the grammar (the line, the construct, the fix)
+    and the ordinary correct shape that passes."""
+    m = world["model"]
+    outside = (
+        "set -e\necho starting >> /var/log/llm.log\ncurl -o /tmp/m.gguf https://example.com/m\n"
+        f"exec llama-server -m {m} {OK_FLAGS}\n"
+    )
+    ordinary = (
+        "#!/bin/bash\nset -euo pipefail\n"
+        f"test -x {world['binary']} || exit 1\necho starting >> /var/log/llm.log\n"
+        f"exec llama-server -m {m} {OK_FLAGS} -n 64 --host 0.0.0.0 --port 8080\necho never\n"
+    )
+    out = []
+    for body in (outside, ordinary):
+        _unsigned(world, tmp_path, body)
+        out.append(capsys.readouterr().out)
+    text = "".join(out).replace(str(tmp_path), "<tmp>").replace(str(world["root"]), "<root>")
+    check_golden("check_deploy.txt", text)
+
+
+def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from batch_invariance.cli import main
+
+    unit = tmp_path / "llm.service"
+    unit.write_text(
+        "[Unit]\nDescription=llama-server\n[Service]\nEnvironmentFile=-/etc/nowhere/llm.env\n"
+        f"ExecStart={world['binary']} -m {world['model']} -c 8192 -np 8\n"
+        "Restart=on-failure\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    (tmp_path / "llm.service.d").mkdir()
+    (tmp_path / "llm.service.d" / "10-measured.conf").write_text(
+        f"[Service]\nExecStart=\nExecStart={world['binary']} -m {world['model']} {OK_FLAGS} "
+        f"{NEUTRAL.replace('#', '-')}\n"
+    )
+    args = ["check-deploy", str(unit), "--certs", str(world["certs"]), "--allow-unsigned"]
+    assert main(args) == exitcodes.PROMOTABLE
+    out = capsys.readouterr().out
+    assert "10-measured.conf:3]" in out  # the ExecStart= that runs is named
+    assert "EnvironmentFile=-/etc/nowhere/llm.env is absent here" in out
+    # Without the drop-in the unit's own ExecStart runs: N=8, not measured.
+    (tmp_path / "llm.service.d" / "10-measured.conf").unlink()
+    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert "N=8" in capsys.readouterr().out

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.engines.base import CacheEvidence, KvLayout, LaunchCommand, LaunchRequest
+from batch_invariance.engines.base import (
+    CacheEvidence,
+    KvLayout,
+    LaunchCommand,
+    LaunchRequest,
+    PromptCache,
+)
 from batch_invariance.engines.llama_server import flags as llama_flags
 from batch_invariance.engines.llama_server.flags import FlagError, read_flags
 from batch_invariance.engines.llama_server.probes import llama_server_probes
@@ -40,9 +46,21 @@ def build_argv(
     ctx: int,
     extra_flags: Sequence[str] = (),
     kv_layout: KvLayout = "split",
+    prompt_cache: PromptCache | None = None,
 ) -> tuple[str, ...]:
     """The server command line: ``-c ctx*parallel`` and ``-np parallel`` with a split KV cache
-    (every slot gets ``ctx``) or, with ``kv_layout="unified"``, one pool of that size."""
+    (every slot gets ``ctx``) or, with ``kv_layout="unified"``, one pool of that size.
+
+    ``--cache-ram 0`` unless ``prompt_cache`` is given (the prompt-cache arm's server): then
+    the server's own default ``--cache-ram``, or the value under test."""
+    if prompt_cache is None:
+        # Owned: no host-side prompt cache, so every request is computed from scratch and the
+        # memory projection stays honest. A deploy must run --cache-ram 0 to be covered.
+        cache_ram: tuple[str, ...] = ("--cache-ram", "0")
+    elif prompt_cache.cache_ram_mib is None:
+        cache_ram = ()  # as a deploy with no --cache-ram runs it
+    else:
+        cache_ram = ("--cache-ram", str(prompt_cache.cache_ram_mib))
     argv = [
         str(server_bin),
         "--model",
@@ -57,10 +75,7 @@ def build_argv(
         str(ctx * parallel),
         "--kv-unified" if kv_layout == "unified" else "--no-kv-unified",
         "--slots",
-        # Owned: no host-side prompt cache, so every request is computed from scratch and the
-        # memory projection stays honest. A deploy must run --cache-ram 0 to be covered.
-        "--cache-ram",
-        "0",
+        *cache_ram,
         "--no-webui",
         "--metrics",
     ]
@@ -107,7 +122,7 @@ class LlamaServerEngine:
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         argv = build_argv(
             r.server_bin, r.model, host=r.host, port=r.port, parallel=r.parallel, ctx=r.ctx,
-            extra_flags=r.extra_flags, kv_layout=r.kv_layout,
+            extra_flags=r.extra_flags, kv_layout=r.kv_layout, prompt_cache=r.prompt_cache,
         )  # fmt: skip
         return LaunchCommand(argv, {}, "/health")
 
