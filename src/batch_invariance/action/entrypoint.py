@@ -1,8 +1,8 @@
 """The GitHub Action's entrypoint: ``python -m batch_invariance.action``.
 
 It reads the step's inputs from ``INPUT_*`` (:mod:`batch_invariance.action.inputs`), builds the
-same typed request the CLI builds and calls the same service (``run_live_cell`` /
-``run_mock_cell``) with the same driver and core, then:
+same typed request the CLI builds, checks it once into the job (``prepare``) and calls the same
+service (``run_live_cell`` / ``run_mock_cell``) with the same driver and core, then:
 
 * writes the outputs to ``$GITHUB_OUTPUT`` (:mod:`batch_invariance.action.outputs`);
 * appends a Markdown job summary to ``$GITHUB_STEP_SUMMARY``
@@ -71,6 +71,7 @@ from batch_invariance.report.render import (
 )
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.finish import FinishedCell
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.mock_cell import run_mock_cell
 
@@ -91,7 +92,8 @@ def run_cell_for(inputs: ActionInputs, provisioner: Provisioner) -> FinishedCell
         return run_mock_cell(mock_request(inputs), progress=Progress())
     check_server_pair(inputs)
     embedded = provisioner() if not inputs.profile and not inputs.server_bin else None
-    return run_live_cell(live_request(inputs, embedded), progress=Progress()).finished
+    job = prepare(live_request(inputs, embedded))
+    return run_live_cell(job, progress=Progress()).finished
 
 
 def _failure_title(exc: BatchInvarianceError) -> str:

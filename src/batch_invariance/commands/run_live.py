@@ -1,7 +1,8 @@
 """`batch-invariance run-live`: one real cell against the user's own ``llama-server`` (or
 another engine, ``--engine``, or a server already running, ``--base-url``).
 
-request (argparse -> :class:`~batch_invariance.service.live.LiveRequest`) -> service
+request (argparse -> :class:`~batch_invariance.service.request.LiveRequest`) -> job (checked
+once, :func:`~batch_invariance.service.job.prepare`) -> service
 (:func:`~batch_invariance.service.live.run_live_cell`) -> render (the banner) -> exit code.
 ``--dry-run`` prints the plan and launches nothing. ``--baseline CERT`` verifies that cert
 (and its signature, under the identity policy check-deploy takes) before anything launches,
@@ -29,6 +30,7 @@ from batch_invariance.core.compare import FAIL_ON
 from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.errors import UsageError
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import LiveOutcome, run_live_cell
 from batch_invariance.service.request import RUN_LIVE_DEFAULTS
 
@@ -107,9 +109,10 @@ def _compare(args: argparse.Namespace, baseline: Any, outcome: LiveOutcome) -> N
 def handle(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     baseline = _baseline(args)
+    job = prepare(request, create_out_dir=not args.dry_run)
     if args.dry_run:
-        return print_dry_run(request)
-    outcome = run_live_cell(request, progress=Progress())
+        return print_dry_run(job)
+    outcome = run_live_cell(job, progress=Progress())
     code = report(outcome, cell_label(outcome.job))
     if baseline is not None:
         _compare(args, baseline, outcome)
