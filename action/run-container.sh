@@ -70,6 +70,7 @@ args=(run --rm --name "$name"
   -e "GITHUB_OUTPUT=/github/file_commands/$(basename "$GITHUB_OUTPUT")"
   -e GITHUB_ACTIONS=true -e CI=true
   -e GITHUB_REPOSITORY -e GITHUB_RUN_ID -e GITHUB_RUN_ATTEMPT -e GITHUB_SHA -e GITHUB_REF
+  -e GITHUB_API_URL -e GITHUB_TOKEN
   -e ACTIONS_ID_TOKEN_REQUEST_URL -e ACTIONS_ID_TOKEN_REQUEST_TOKEN)
 if [ -n "$summary" ]; then
   if [ "$(dirname "$summary")" = "$file_commands" ]; then

@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "make_workset",
     "sign",
     "check_deploy",
+    "compare",
     "serve",
     "report",
 )

@@ -63,3 +63,23 @@ def for_status(status: str, promotable: bool) -> int:
     if promotable:
         return PROMOTABLE
     return NOT_PROMOTABLE
+
+
+def for_comparison(comparable: bool, worst: str | None) -> int:
+    """Exit code of ``compare`` by the worst class: 1 a scored field changed, 2 not comparable
+    (nothing compared), 0 every prompt identical, 3 anything between (drift, tokens changed,
+    logprobs missing, a prompt with no answer to judge)."""
+    if worst == "scored":
+        return RED
+    if not comparable:
+        return USAGE
+    if worst == "identical":
+        return PROMOTABLE
+    return NOT_PROMOTABLE
+
+
+def for_policy(comparable: bool, failed: bool) -> int:
+    """Exit code of ``compare --fail-on``: 2 not comparable, 1 the policy failed, else 0."""
+    if not comparable:
+        return USAGE
+    return RED if failed else PROMOTABLE

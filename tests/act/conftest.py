@@ -25,7 +25,14 @@ from types import FrameType
 import pytest
 
 from batch_invariance.provision.embedded import Layout, cache_root, provision
-from tests.act.act_run import CHECKOUT, UPLOAD_ARTIFACT, ActSetup, remove_containers_under
+from tests.act.act_run import (
+    CHECKOUT,
+    UPLOAD_ARTIFACT,
+    ActRun,
+    ActSetup,
+    remove_containers_under,
+    run_act,
+)
 from tests.act.scratch import Scratch, make_scratch
 from tests.support.paths import SHARED_FIXTURES
 
@@ -85,3 +92,18 @@ def embedded_seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         shutil.copy2(src, dst)
     yield seed.root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def composite(
+    act_setup: ActSetup, embedded_seed: Path, tmp_path_factory: pytest.TempPathFactory
+) -> ActRun:
+    """One act run of composite.yml, shared by its tests and by the baseline tests (which
+    take its live cert as their baseline)."""
+    from tests.act.test_composite_action import TIMEOUT_S
+
+    out = tmp_path_factory.mktemp("composite")
+    env = {"BI_ACT_SEED": str(embedded_seed)}
+    run = run_act(act_setup, "act-composite.yml", out, TIMEOUT_S, env)
+    print(f"\nact: composite.yml in {run.seconds:.1f} s, exit {run.returncode}")
+    return run

@@ -11,29 +11,16 @@ import hashlib
 import json
 from pathlib import Path
 
-import pytest
-
 from batch_invariance import exitcodes
 from batch_invariance.cert.schema import Cert
 from batch_invariance.cert.verify import cert_is_green, verify_cert_file
-from tests.act.act_run import ActRun, ActSetup, run_act
+from tests.act.act_run import ActRun
 from tests.support.factories import load_cert as read_cert
 
 #: The live cell takes about a minute on 2 idle cores; on a host shared with other work it took
 #: 19 minutes once (0.39 serial tokens/s against 24 on idle cores). The image is cached by the
 #: Docker stage.
 TIMEOUT_S = 2400
-
-
-@pytest.fixture(scope="module")
-def composite(
-    act_setup: ActSetup, embedded_seed: Path, tmp_path_factory: pytest.TempPathFactory
-) -> ActRun:
-    out = tmp_path_factory.mktemp("composite")
-    env = {"BI_ACT_SEED": str(embedded_seed)}
-    run = run_act(act_setup, "act-composite.yml", out, TIMEOUT_S, env)
-    print(f"\nact: composite.yml in {run.seconds:.1f} s, exit {run.returncode}")
-    return run
 
 
 def _outputs(run: ActRun, job: str) -> dict[str, str]:

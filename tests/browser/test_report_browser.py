@@ -188,3 +188,24 @@ def test_every_plot_label_lies_inside_its_svg(sweep: Path, tmp_path: Path) -> No
     assert any("tokens/s (C)" in e.text for e in built if e.tag == "text")
     outside = [(e.text, e.attrs["data-outside"]) for e in built if "data-outside" in e.attrs]
     assert outside == []
+
+
+def test_history_over_builds_renders_in_chromium(tmp_path: Path) -> None:
+    """Four builds of one cell: the history table, one row per build, as Chromium built it."""
+    from tests.unit.report.test_history import history_certs
+
+    paths = history_certs(tmp_path / "builds")
+    out = tmp_path / "history.html"
+    text = _render(paths, out)
+    assert_no_external_reference(text)
+    built = dom(chromium(["--dump-dom", out.as_uri()], tmp_path / "profile"))
+    (section,) = [e for e in built if e.tag == "section" and "history" in e.attrs.get("class", "")]
+    assert (section.attrs["data-model"], section.attrs["data-n"]) == ("tiny-model", "4")
+    rows = [e for e in built if e.tag == "tr" and "history-row" in e.attrs.get("class", "")]
+    assert [r.attrs["data-build"] for r in rows] == [
+        "llama-server@" + c * 6 for c in ("a1", "b2", "c3", "d4")
+    ]
+    assert "first build" in rows[0].text
+    assert "0 of 32" in rows[1].text and "1 of 32" in rows[1].text  # no answer changed, 1 drift
+    assert "1 of 32 (+1 tokens only)" in rows[2].text
+    assert "not comparable: another work-set" in rows[3].text

@@ -14,6 +14,7 @@ from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.run.workset import bundled_workset_path
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell
 
 pytestmark = pytest.mark.live
@@ -35,7 +36,7 @@ def test_cache_arm_on_the_real_server_proves_reuse_and_names_the_cache(
         "run-live", "--server-bin", str(live_pair.server_bin), "--model", str(live_pair.model),
         "--workset", str(workset), "--out-dir", str(tmp_path / "out"), *CELL.split(),
     ])  # fmt: skip
-    finished = run_live_cell(request_from_args(args)).finished
+    finished = run_live_cell(prepare(request_from_args(args))).finished
     cert = finished.cert
     block = cert.prompt_cache
     assert block is not None

@@ -26,6 +26,7 @@ from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.report.render import live_banner
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.target import engine_launcher
 from tests.support.fakes_live import exiting_server, group_alive
@@ -79,7 +80,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
             "completions",
         )
     )
-    outcome = run_live_cell(request_from_args(args))
+    outcome = run_live_cell(prepare(request_from_args(args)))
     cert = outcome.finished.cert
     assert cert.source == "live"
     assert cert.status == "failed", cert.decision_reasons
@@ -134,7 +135,7 @@ def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(
     request = request_from_args(args)
     # The B/C server gets --parallel 1 behind a C arm that dispatches 2 at once: the test's
     # own launcher factory caps every server's slots.
-    outcome = run_live_cell(request, launcher_for=partial(engine_launcher, cap_parallel=1))
+    outcome = run_live_cell(prepare(request), launcher_for=partial(engine_launcher, cap_parallel=1))
     cert = outcome.finished.cert
     assert cert.status == "green_unverified", (cert.status, cert.decision_reasons)
     assert not cert.overlap.ok

@@ -166,3 +166,55 @@ def test_serve_refuses_before_anything_starts(
     )  # fmt: skip
     assert done.returncode == exitcodes.NOT_PROMOTABLE
     assert "not the measured cell" in done.stderr and "model" in done.stderr
+
+
+#: What an attacker (or a careless shell profile) could put in serve's environment: loader and
+#: libc variables, and options the cert never measured.
+HOSTILE = {
+    "LD_AUDIT": "/nonexistent/audit.so", "LD_PRELOAD": "/nonexistent/preload.so",
+    "LD_LIBRARY_PATH": "/nonexistent/lib", "LD_BIND_NOW": "1", "LD_DEBUG_OUTPUT": "/tmp/x",
+    "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0", "MALLOC_ARENA_MAX": "2",
+    "MALLOC_PERTURB_": "0", "LLAMA_ARG_CACHE_TYPE_K": "q8_0", "LLAMA_ARG_UBATCH": "512",
+    "GGML_SCHED_DEBUG": "1", "XDG_CONFIG_HOME": "/tmp",
+}  # fmt: skip
+
+
+def test_serve_starts_the_server_with_none_of_a_hostile_environment(
+    tmp_path: Path, live_pair: Provisioned
+) -> None:
+    from batch_invariance.engines.llama_server.env import is_engine_variable, is_neutral_variable
+
+    model = tmp_path / live_pair.model.name  # its own copy: another test changes the shared one
+    shutil.copyfile(live_pair.model, model)
+    green = {"cert": _recorded(live_pair, tmp_path, model)}
+    port = _free_port()
+    clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batch_invariance", "serve", str(green["cert"]),
+         "--allow-unsigned", "--", "--host", "127.0.0.1", "--port", str(port)],
+        env={**clean, **HOSTILE}, stdout=(tmp_path / "serve.log").open("wb"),
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_health(proc, f"http://127.0.0.1:{port}")
+        ready_s = time.monotonic() - started
+        # The process serve became is the real server: read what the kernel gave it.
+        assert psutil.Process(proc.pid).exe() == os.path.realpath(live_pair.server_bin)
+        raw = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        environ = dict(e.decode().split("=", 1) for e in raw if e)
+        leaked = sorted(set(environ) & set(HOSTILE) - {"XDG_CONFIG_HOME"})
+        assert leaked == [], leaked
+        assert not [k for k in environ if k.startswith(("LD_", "MALLOC_", "GLIBC_", "LLAMA_"))]
+        assert environ["XDG_CONFIG_HOME"] == "/dev/null"
+        assert all(is_neutral_variable(k) for k in environ if k != "XDG_CONFIG_HOME"), environ
+        print(
+            f"\nserve hostile-environment check: caller had {len(clean) + len(HOSTILE)} "
+            f"variables ({len(HOSTILE)} hostile); the started llama-server (pid {proc.pid}) has "
+            f"{len(environ)}: {', '.join(sorted(environ))}; 0 hostile; healthy after "
+            f"{ready_s:.1f} s"
+        )
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

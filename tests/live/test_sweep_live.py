@@ -17,6 +17,7 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell
 
 
@@ -60,7 +61,7 @@ def test_stop_on_red_reaches_red_in_fewer_passes_than_a_full_run(
          "--parallel", "4", "--gate-passes", str(passes), "--reps", "1", "--n-predict", "64",
          "--stop-on-red", "--out-dir", str(tmp_path)]
     )  # fmt: skip
-    outcome = run_live_cell(request_from_args(args))
+    outcome = run_live_cell(prepare(request_from_args(args)))
     cert = outcome.finished.cert
     assert cert.verdict == "RED", cert.decision_reasons
     schedule = cert.provenance.schedule

@@ -289,3 +289,70 @@ def cert_for(
     provenance = {**provenance, **(extra_provenance or {})}
     cert = build_cert(ev, verdict, cell, policy, provenance, "live" if live else "mock", TS)
     return cert, verdict
+
+
+#: What makes two certs comparable (docs/compare.md): the work-set, the request template and
+#: the scorer, as run-live records them.
+WORKSET_SHA = "cd" * 32
+REQUEST_TEMPLATE: dict[str, Any] = {
+    "endpoint": "completions",
+    "temperature": 0,
+    "top_k": 1,
+    "run_seed": 0,
+    "seed_rule": "sha256(f'{run_seed}:{test_id}')[:4] & 0x7fffffff",
+    "cache_prompt": False,
+    "max_tokens": 96,
+    "stream": False,
+    "logprobs": {"logprobs": 2},
+    "logprobs_by_arm": {"A": "margins", "A_repeat": "margins", "B": "margins", "C": "margins"},
+    "pre_sampling": True,
+    "timeout_s": 120.0,
+}
+
+
+def keyed(evidence: CellEvidence) -> CellEvidence:
+    """``evidence`` whose items carry request keys (one distinct request per id)."""
+    items = tuple(
+        replace(m, request_key="sha256:" + hashlib.sha256(m.test_id.encode()).hexdigest())
+        for m in evidence.items
+    )
+    return replace(evidence, items=items)
+
+
+def comparable_cert(
+    evidence: CellEvidence | None = None,
+    *,
+    binary_sha: str = "11" * 32,
+    engine: str = "llama-server",
+    cell: CellSpec | None = None,
+    ts_utc: str = TS,
+    **provenance: Any,
+) -> Cert:
+    """A live cert as run-live writes it for ``compare``: model file, work-set, request
+    template, scorer and server build recorded (``provenance`` overrides any of them)."""
+    ev = keyed(green_evidence() if evidence is None else evidence)
+    extra = {
+        "workset": {"sha256": WORKSET_SHA, "n_items": len(ev.items)},
+        "request_template": REQUEST_TEMPLATE,
+        "scorer_id": "exact_match",
+        "engine": engine,
+        "server_binary": {"path": "/opt/llama/bin/llama-server", "sha256": binary_sha},
+        **provenance,
+    }
+    cell = cell or spec()
+    provenance_block = {**live_provenance(cell), **extra}
+    return build_cert(ev, decide(ev, DEFAULT_POLICY), cell, DEFAULT_POLICY, provenance_block,
+                      "live", ts_utc)  # fmt: skip
+
+
+def changed_answer(trial: Trial) -> Trial:
+    """``trial`` answering something else: another text, tokens and logprobs, so every scored
+    field that reads the answer changes (what a build that changed this answer records)."""
+    return changed(
+        trial,
+        completion="something else",
+        extracted_answer="something else",
+        tokens=("something", " else"),
+        token_logprobs=(-0.5, -0.25),
+        top_margins=(0.125, 0.0625),
+    )

@@ -126,11 +126,22 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
+def fake_settings() -> str:
+    """Python lines that give a fake the test's ``FAKE_*`` settings as they are now: a server
+    the tool starts gets only neutral and engine variables, so they cannot come through its
+    environment."""
+    import os
+
+    settings = {k: v for k, v in os.environ.items() if k.startswith("FAKE_")}
+    return f"import os\nos.environ.update({settings!r})\n"
+
+
 def fake_server(tmp: Path, name: str = "llama-server") -> Path:
-    """An executable fake ``llama-server`` script in ``tmp``."""
+    """An executable fake ``llama-server`` script in ``tmp`` (with the ``FAKE_*`` settings of
+    the moment it is written)."""
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / name
-    path.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+    path.write_text(f"#!{sys.executable}\n{fake_settings()}{FAKE_SERVER}")
     path.chmod(0o755)
     return path
 

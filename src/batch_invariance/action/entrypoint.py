@@ -1,15 +1,19 @@
 """The GitHub Action's entrypoint: ``python -m batch_invariance.action``.
 
 It reads the step's inputs from ``INPUT_*`` (:mod:`batch_invariance.action.inputs`), builds the
-same typed request the CLI builds and calls the same service (``run_live_cell`` /
-``run_mock_cell``) with the same driver and core, then:
+same typed request the CLI builds, checks it once into the job (``prepare``) and calls the same
+service (``run_live_cell`` / ``run_mock_cell``) with the same driver and core, then:
 
 * writes the outputs to ``$GITHUB_OUTPUT`` (:mod:`batch_invariance.action.outputs`);
 * appends a Markdown job summary to ``$GITHUB_STEP_SUMMARY``
 (:mod:`batch_invariance.report.render`); * prints ``::error::`` / ``::notice::`` annotations;
 * signs the cert with sigstore when ``sign`` is true;
+* with a ``baseline``, verifies it before the run, compares the new cert with it after, writes
+  the comparison beside the cert and adds its table to the summary
+  (:mod:`batch_invariance.action.baseline`);
 * exits 0 only when the ``require`` check holds (``green``: :func:`cert_is_green`,
-  ``promotable``: :func:`is_promotable`), so the job status is the verdict. A mock cert
+  ``promotable``: :func:`is_promotable`) and, with a baseline, ``fail-on`` passes, so the job
+  status is the verdict. A mock cert
   (``source=mock``) can never pass.
 
 Infrastructure and configuration failures end with their own annotation and exit code and
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import TextIO
 
 from batch_invariance import exitcodes
+from batch_invariance.action.baseline import BaselineResult, compare_run, load_baseline
 from batch_invariance.action.inputs import (
     ActionInputs,
     check_server_pair,
@@ -56,6 +61,7 @@ from batch_invariance.errors import (
     Interrupted,
 )
 from batch_invariance.interrupts import sigterm_raises
+from batch_invariance.report.compare_render import comparison_markdown, worst_words
 from batch_invariance.report.render import (
     TITLE,
     annotation,
@@ -65,6 +71,7 @@ from batch_invariance.report.render import (
 )
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.finish import FinishedCell
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.mock_cell import run_mock_cell
 
@@ -85,7 +92,8 @@ def run_cell_for(inputs: ActionInputs, provisioner: Provisioner) -> FinishedCell
         return run_mock_cell(mock_request(inputs), progress=Progress())
     check_server_pair(inputs)
     embedded = provisioner() if not inputs.profile and not inputs.server_bin else None
-    return run_live_cell(live_request(inputs, embedded), progress=Progress()).finished
+    job = prepare(live_request(inputs, embedded))
+    return run_live_cell(job, progress=Progress()).finished
 
 
 def _failure_title(exc: BatchInvarianceError) -> str:
@@ -128,6 +136,8 @@ def run_action(
                 detect_token(None)
             except BatchInvarianceError as exc:
                 return _fail(exc, env, stream, title=f"{TITLE} signing impossible (no run)")
+        # Verified (signature included) before the cell runs: a bad baseline costs no run.
+        baseline = load_baseline(inputs.baseline, inputs.workspace, inputs.out_dir, env)
         for name in inputs.ignored():
             print(annotation("notice", TITLE, f"input {name} is ignored in mock mode"), file=stream)
         print(
@@ -154,13 +164,30 @@ def run_action(
             sign_error = exc
 
     passed = require_holds(cert, inputs.require)
-    outputs = outputs_for(cert, finished.path, bundle, inputs.workspace)
+    against: BaselineResult | None = None
+    summary = ""
+    try:
+        if baseline is not None:
+            against = compare_run(baseline, cert, finished.path)
+            summary = "\n" + comparison_markdown(against.comparison, against.fail_on)
+    except BatchInvarianceError as exc:
+        return _fail(exc, env, stream, title=f"{TITLE} comparison with the baseline failed")
+    outputs = outputs_for(
+        cert,
+        finished.path,
+        bundle,
+        inputs.workspace,
+        None if against is None else against.path,
+        None if against is None else against.comparison.worst() or "none",
+    )
     print(verdict_annotation(cert, inputs.require, passed, outputs["cell"]), file=stream)
+    if against is not None:
+        print(baseline_annotation(against), file=stream)
     try:
         append_runner_file(env.get("GITHUB_OUTPUT"), format_outputs(outputs))
         append_runner_file(
             env.get("GITHUB_STEP_SUMMARY"),
-            summary_markdown(cert, inputs.require, passed, outputs),
+            summary_markdown(cert, inputs.require, passed, outputs) + summary,
         )
     except BatchInvarianceError as exc:
         # The cert is written (and signed); only the report to the runner failed.
@@ -171,9 +198,23 @@ def run_action(
         return _fail(
             sign_error, env, stream, title=f"{TITLE} signing failed (cert kept, not signed)"
         )
-    if passed:
-        return exitcodes.PROMOTABLE
-    return exitcodes.for_status(str(cert.status), promotable=False)
+    if not passed:
+        return exitcodes.for_status(str(cert.status), promotable=False)
+    if against is not None and against.failures:
+        return exitcodes.for_policy(against.comparison.comparable, failed=True)
+    return exitcodes.PROMOTABLE
+
+
+def baseline_annotation(result: BaselineResult) -> str:
+    """The ``::error::`` / ``::notice::`` line for the comparison with the baseline."""
+    title = f"{TITLE} against the baseline"
+    worst = worst_words(result.comparison.worst())
+    if result.failures:
+        more = f" (and {len(result.failures) - 1} more)" if len(result.failures) > 1 else ""
+        return annotation(
+            "error", title, f"fail-on {result.fail_on}: {result.failures[0]}{more}; worst: {worst}"
+        )
+    return annotation("notice", title, f"fail-on {result.fail_on} passes; worst: {worst}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

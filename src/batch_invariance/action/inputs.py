@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from batch_invariance.action.baseline import BaselineInputs, read_baseline_inputs
 from batch_invariance.core.plan import number_problems
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.errors import UsageError
@@ -44,6 +45,12 @@ INPUT_DEFAULTS: Mapping[str, str] = {
     "out-dir": "batch-invariance-certs",
     "sign": "true",
     "require": "green",
+    "baseline": "",
+    "fail-on": "scored",
+    "baseline-identity": "",
+    "baseline-oidc-issuer": "https://token.actions.githubusercontent.com",
+    "baseline-repository": "",
+    "baseline-allow-unsigned": "false",
 }
 
 #: Inputs only a live cell takes (mock mode reports them as ignored).
@@ -77,6 +84,8 @@ class ActionInputs:
     sign: bool
     require: Require
     workspace: Path
+    #: ``baseline``, ``fail-on`` and the baseline's signature policy (docs/compare.md).
+    baseline: BaselineInputs = field(default_factory=lambda: BaselineInputs("", "scored", None))
     #: Inputs set to something other than their default (for "ignored in mock mode").
     explicit: frozenset[str] = field(default_factory=frozenset)
 
@@ -134,14 +143,20 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         choices = ", ".join(sorted(ENGINES))
         raise UsageError(f"input engine must be one of {choices}, got {raw['engine'].strip()!r}")
     require = raw["require"].strip().lower()
-    if require not in ("green", "promotable"):
+    if require not in ("green", "promotable", "none"):
         raise UsageError(
-            f"input require must be green or promotable, got {raw['require'].strip()!r}"
+            f"input require must be green, promotable or none, got {raw['require'].strip()!r}"
         )
     numbers = {name.replace("-", "_"): _int_input(name, raw[name]) for name in _NUMBER_INPUTS}
     problems = number_problems(dict(numbers), spell=_spell_input)
     if problems:
         raise UsageError(problems[0])
+    baseline = read_baseline_inputs(raw, env)
+    if require == "none" and not baseline.source:
+        raise UsageError(
+            "input require none leaves the job to the comparison with a baseline; set baseline, "
+            "or require green or promotable"
+        )
     workspace = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
     out_dir = Path(raw["out-dir"].strip())
     if not out_dir.is_absolute():
@@ -160,8 +175,9 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         scorer=raw["scorer"].strip(),
         out_dir=out_dir,
         sign=_bool_input("sign", raw["sign"]),
-        require="green" if require == "green" else "promotable",
+        require=next(r for r in ("green", "promotable", "none") if r == require),
         workspace=workspace,
+        baseline=baseline,
         explicit=frozenset(explicit),
         **numbers,
     )

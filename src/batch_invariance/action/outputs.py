@@ -21,6 +21,8 @@ OUTPUT_NAMES: tuple[str, ...] = (
     "divergent-ids",
     "cell",
     "cell-id",
+    "comparison-path",
+    "baseline-worst",
 )
 
 
@@ -57,8 +59,14 @@ def relative_to_workspace(path: Path, workspace: Path) -> str:
 
 
 def outputs_for(
-    cert: Cert, cert_path: Path, bundle: Path | None, workspace: Path
+    cert: Cert,
+    cert_path: Path,
+    bundle: Path | None,
+    workspace: Path,
+    comparison: Path | None = None,
+    worst: str | None = None,
 ) -> dict[str, str]:
+    """The step's outputs; ``comparison`` and ``worst`` only with a baseline."""
     return {
         "status": str(cert.status),
         "verdict": display_verdict(str(cert.status)),
@@ -68,9 +76,14 @@ def outputs_for(
         "divergent-ids": str(len(cert.divergence_report.ac.divergent_ids)),
         "cell": f"{cert.model}/{cert.ctx}/{cert.dispatch_n}",
         "cell-id": cert_path.stem,
+        "comparison-path": relative_to_workspace(comparison, workspace) if comparison else "",
+        "baseline-worst": worst or "",
     }
 
 
 def require_holds(cert: Cert, require: Require) -> bool:
-    """The job's check: ``green`` (a live GREEN) or ``promotable``."""
+    """The job's check: ``green`` (a live GREEN), ``promotable``, or ``none`` (only with a
+    baseline, which then decides the job; a mock cert never passes even so)."""
+    if require == "none":
+        return cert.source != "mock"
     return bool(cert_is_green(cert) if require == "green" else is_promotable(cert))

@@ -18,7 +18,7 @@ from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.host import memory
 from batch_invariance.report.render import live_banner
 from batch_invariance.service.dry_run import dry_run, usable_cpus
-from batch_invariance.service.job import LiveCell, prepare
+from batch_invariance.service.job import LiveCell
 from batch_invariance.service.live import LiveOutcome
 from batch_invariance.service.request import (
     DEFAULT_MIN_HOT_TRIALS,
@@ -243,9 +243,9 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
     return LiveRequest(**values)
 
 
-def print_dry_run(request: LiveRequest) -> int:
-    """Print the plan of ``request`` (launch nothing); exit 2 when the guard would refuse."""
-    plan = dry_run(prepare(request, create_out_dir=False), memory.read_host_memory(), usable_cpus())
+def print_dry_run(job: LiveCell) -> int:
+    """Print the plan of ``job`` (launch nothing); exit 2 when the guard would refuse."""
+    plan = dry_run(job, memory.read_host_memory(), usable_cpus())
     sys.stdout.write(plan.text)
     if plan.refusal is not None:
         print(f"batch-invariance: the memory guard would refuse: {plan.refusal}", file=sys.stderr)

@@ -58,8 +58,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=handle)
 
 
-def signing_policy(args: argparse.Namespace) -> Any:
-    """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned."""
+def signing_policy(args: argparse.Namespace, command: str = "check-deploy") -> Any:
+    """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned.
+    ``command`` names the caller in the usage errors."""
     from batch_invariance.cert.signature import (
         BundlePolicy,
         SignerPolicy,
@@ -96,7 +97,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
         return None
     if not (isinstance(identity, str) and identity and isinstance(issuer, str) and issuer):
         raise UsageError(
-            "check-deploy verifies every covering cert's signature: pass --cert-identity (or "
+            f"{command} verifies every cert's signature: pass --cert-identity (or "
             "--cert-identity-regexp) and --cert-oidc-issuer (or --signing-policy FILE), or "
             "--allow-unsigned for a local check"
         )
@@ -104,7 +105,7 @@ def signing_policy(args: argparse.Namespace) -> Any:
         raise UsageError("give --repository or --any-repository, not both")
     if not (isinstance(repository, str) and repository) and not any_repository:
         raise UsageError(
-            "check-deploy needs --repository OWNER/REPO (or `repository` in --signing-policy): "
+            f"{command} needs --repository OWNER/REPO (or `repository` in --signing-policy): "
             "every repository that calls the reusable cell workflow signs with the same "
             "workflow identity, so the identity alone accepts a cert signed for any of them "
             "(--any-repository accepts that explicitly)"
@@ -139,15 +140,16 @@ def handle(args: argparse.Namespace) -> int:
         print(f"skip  {cell.label}  [{cell.origin}]  parallel 1: no batching, no cert needed")
     for check in report.checks:
         mark = "pass" if check.ok else "FAIL"
-        print(f"{mark}  {check.cell.label}  [{check.cell.origin}]  {check.reason}")
+        notes = "".join(f"; {note}" for note in check.cell.notes)
+        print(f"{mark}  {check.cell.label}  [{check.cell.origin}]  {check.reason}{notes}")
     for line in report.unmodelled:
         print(f"FAIL  not covered: {line}")
     note = " (UNSIGNED: --allow-unsigned, signatures not checked)" if signing is None else ""
     if report.unmodelled:
         print(
-            f"check-deploy: FAIL: {len(report.unmodelled)} construct(s) in {args.config} start "
-            "or configure a server the reader does not model (write them as plain commands, "
-            f"or launch with batch-invariance serve){note}"
+            f"check-deploy: FAIL: {len(report.unmodelled)} construct(s) in {args.config} outside "
+            "the closed grammar of its format: not understood (write the closed form of "
+            f"docs/deploy.md, or launch with batch-invariance serve){note}"
         )
         return exitcodes.NOT_PROMOTABLE
     if not report.checks:

@@ -27,6 +27,7 @@ from batch_invariance.commands.cell_options import (
 )
 from batch_invariance.provision.embedded import cache_root, provision
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.request import CellDefaults
 
@@ -69,7 +70,8 @@ def handle(args: argparse.Namespace) -> int:
     print(f"server: {got.server_bin}")
     print(f"model:  {got.model}")
     request = replace(request, server_bin=got.server_bin, model=got.model)
+    job = prepare(request, create_out_dir=not args.dry_run)
     if args.dry_run:
-        return print_dry_run(request)
-    outcome = run_live_cell(request, progress=Progress())
+        return print_dry_run(job)
+    outcome = run_live_cell(job, progress=Progress())
     return report(outcome, f"demo cell {DEMO_MODEL_NAME}")

@@ -1,14 +1,20 @@
 """`batch-invariance run-live`: one real cell against the user's own ``llama-server`` (or
 another engine, ``--engine``, or a server already running, ``--base-url``).
 
-request (argparse -> :class:`~batch_invariance.service.live.LiveRequest`) -> service
+request (argparse -> :class:`~batch_invariance.service.request.LiveRequest`) -> job (checked
+once, :func:`~batch_invariance.service.job.prepare`) -> service
 (:func:`~batch_invariance.service.live.run_live_cell`) -> render (the banner) -> exit code.
-``--dry-run`` prints the plan and launches nothing.
+``--dry-run`` prints the plan and launches nothing. ``--baseline CERT`` verifies that cert
+(and its signature, under the identity policy check-deploy takes) before anything launches,
+then compares the new cert's arm A with it and writes ``{cert stem}.compare.json`` beside the
+cert (docs/compare.md); the exit code stays the new cert's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from batch_invariance.commands.cell_options import (
@@ -20,9 +26,17 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
+from batch_invariance.core.compare import FAIL_ON
+from batch_invariance.deploy.policy_options import add_policy_arguments
+from batch_invariance.errors import UsageError
 from batch_invariance.run.progress import Progress
-from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.job import prepare
+from batch_invariance.service.live import LiveOutcome, run_live_cell
 from batch_invariance.service.request import RUN_LIVE_DEFAULTS
+
+#: The policy flags, which only mean something with ``--baseline``.
+_POLICY_FLAGS = ("cert_identity", "cert_identity_regexp", "cert_oidc_issuer", "repository",
+                 "any_repository", "signing_policy", "allow_unsigned", "offline")  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -40,12 +54,66 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_target_options(p)
     add_cell_options(p, defaults=RUN_LIVE_DEFAULTS)
     add_engine_options(p)
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="CERT",
+        help=(
+            "a cert (or folder) of an earlier build or another engine: verified before the "
+            "run, then compared with the new cert (docs/compare.md); the identity policy "
+            "flags below, or --allow-unsigned, say how its signature is checked"
+        ),
+    )
+    p.add_argument(
+        "--baseline-fail-on",
+        choices=FAIL_ON,
+        default="scored",
+        help="the class recorded as failing in the comparison JSON (default: scored)",
+    )
+    add_policy_arguments(p)
     p.set_defaults(func=handle)
+
+
+def _baseline(args: argparse.Namespace) -> Any:
+    """The verified baseline sides, or ``None`` without ``--baseline``."""
+    if args.baseline is None:
+        given = [f for f in _POLICY_FLAGS if getattr(args, f)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise UsageError(f"{flag} checks the --baseline cert's signature; give --baseline")
+        return None
+    from batch_invariance.commands.check_deploy import signing_policy
+    from batch_invariance.report.compare_load import load_side, signature_words
+
+    signing = signing_policy(args, "run-live --baseline")
+    return load_side(args.baseline, signing), signature_words(signing)
+
+
+def _compare(args: argparse.Namespace, baseline: Any, outcome: LiveOutcome) -> None:
+    from batch_invariance.cert.compare_view import comparison_json
+    from batch_invariance.cert.store import atomic_write_text
+    from batch_invariance.report.compare_load import compare_with_run, comparison_path
+    from batch_invariance.report.compare_render import comparison_text
+
+    sides, words = baseline
+    finished = outcome.finished
+    comparison = compare_with_run(sides, args.baseline, finished.cert, finished.path, words)
+    target = comparison_path(finished.path)
+    data = comparison_json(comparison, args.baseline_fail_on)
+    atomic_write_text(target, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    print(comparison_text(comparison, args.baseline_fail_on), end="")
+    print(f"comparison: {target}")
 
 
 def handle(args: argparse.Namespace) -> int:
     request = request_from_args(args)
+    baseline = _baseline(args)
+    job = prepare(request, create_out_dir=not args.dry_run)
     if args.dry_run:
-        return print_dry_run(request)
-    outcome = run_live_cell(request, progress=Progress())
-    return report(outcome, cell_label(outcome.job))
+        return print_dry_run(job)
+    outcome = run_live_cell(job, progress=Progress())
+    code = report(outcome, cell_label(outcome.job))
+    if baseline is not None:
+        _compare(args, baseline, outcome)
+    return code

@@ -7,7 +7,8 @@ and refuses any extra option that is not neutral
 (:data:`batch_invariance.engines.llama_server.options.NEUTRAL`). Then it replaces itself
 (``execve``)
 with the measured B/C server argv, neutral options added or replaced, in the environment a
-measured server gets (no ``LLAMA_ARG_*``, no user config file): the process *is* the server,
+measured server gets (the neutral variables and exactly the engine variables the cert
+recorded; every other variable dropped, no user config file): the process *is* the server,
 so signals and the exit status are the server's own. Refusals: exit 2 (an option or the
 command line), 3 (not promotable, or a file differs from what was measured), 5 (the cert or
 its signature is invalid). The rules: docs/deploy.md.
@@ -116,10 +117,9 @@ def _verify(args: argparse.Namespace) -> Provenance:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from batch_invariance.deploy.gate import engine_env_differences
     from batch_invariance.deploy.prompt_cache import serving_argv
-    from batch_invariance.deploy.serve_plan import measured_argv, serve_argv
-    from batch_invariance.engines.llama_server.env import engine_env, measured_env
+    from batch_invariance.deploy.serve_plan import measured_argv, recorded_engine_env, serve_argv
+    from batch_invariance.engines.llama_server.env import served_env
     from batch_invariance.servers.spawn import refuse_system_config
 
     if not isinstance(args.cert, Path) or not args.cert.is_file():
@@ -129,10 +129,13 @@ def handle(args: argparse.Namespace) -> int:
     argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), args.neutral)
     check_files(argv, provenance)
     refuse_system_config()
-    env = measured_env(os.environ)
-    differ = engine_env_differences(engine_env(env), provenance)
-    if differ:
-        raise NotCovered(f"{differ[0]}: ggml reads it, so the server would not be the measured one")
+    served = served_env(os.environ, recorded_engine_env(provenance))
+    if served.refused:
+        raise NotCovered(
+            f"environment {served.refused[0]}: the engine reads it, so the server would not be "
+            "the measured one"
+        )
+    env = served.env
     # Not the argv itself: it may hold an --api-key.
     cache = (
         "prompt cache on, as measured"

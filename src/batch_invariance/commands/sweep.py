@@ -1,6 +1,7 @@
 """`batch-invariance sweep`: one live cell per ``--parallel`` N, sharing arm A.
 
-request (argparse -> :class:`~batch_invariance.service.sweep.SweepRequest`) -> service
+request (argparse -> :class:`~batch_invariance.service.sweep.SweepRequest`) -> job (checked
+once, :func:`~batch_invariance.service.sweep.prepare_sweep`) -> service
 (:func:`~batch_invariance.service.sweep.run_sweep`) -> render (a banner per cell and the sweep
 table) -> exit code.
 """
@@ -27,8 +28,8 @@ from batch_invariance.service.request import SWEEP_DEFAULTS
 from batch_invariance.service.sweep import (
     SweepOutcome,
     SweepRequest,
-    check_sweepable,
     parse_parallels,
+    prepare_sweep,
     run_sweep,
 )
 
@@ -67,12 +68,12 @@ def exit_code(outcome: SweepOutcome) -> int:
 def handle(args: argparse.Namespace) -> int:
     parallels = parse_parallels(args.parallel)
     request = SweepRequest(request_from_args(args, parallel=None), parallels)
-    if request.cell.base_url is not None:
-        check_sweepable(request.cell)
+    job = prepare_sweep(request, create_out_dir=not args.dry_run)
     if args.dry_run:
-        # The plan of every cell, as run-live --dry-run prints it (launches nothing).
-        return max(print_dry_run(replace(request.cell, parallel=n)) for n in parallels)
-    outcome = run_sweep(request, progress=Progress())
+        # The plan of every cell, as run-live --dry-run prints it (launches nothing); each N
+        # was checked by prepare_sweep.
+        return max(print_dry_run(replace(job.cell, parallel=n)) for n in job.parallels)
+    outcome = run_sweep(job, progress=Progress())
     for cell in outcome.cells:
         if cell.finished is not None:
             f = cell.finished

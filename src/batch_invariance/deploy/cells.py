@@ -20,10 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from batch_invariance.deploy.config import ServerCommand
+from batch_invariance.deploy.commands import ServerCommand
+from batch_invariance.deploy.identity import is_this_tool
 from batch_invariance.deploy.serve_plan import served_command
 from batch_invariance.deploy.shell import is_serve
-from batch_invariance.engines.llama_server.env import config_files, engine_env, is_engine_variable
+from batch_invariance.engines.llama_server.env import (
+    config_files,
+    engine_env,
+    is_engine_variable,
+    is_neutral_variable,
+    is_option_variable,
+)
 from batch_invariance.engines.llama_server.flags import (
     FlagError,
     ServerFlags,
@@ -66,6 +73,8 @@ class DeployCell:
     binary_path: Path | None = None
     #: Why it cannot be located here (for the message); ``None`` when it was.
     binary_missing: str | None = None
+    #: Said on its pass line (an optional environment file absent here).
+    notes: tuple[str, ...] = ()
 
     @property
     def parallel(self) -> int:
@@ -123,12 +132,14 @@ def _binary_path(command: ServerCommand) -> Located:
     if command.binary_elsewhere is not None:
         return Located(None, f"server binary {word} {command.binary_elsewhere}")
     if "/" not in word:
-        search = command.env.get("PATH") or os.environ.get("PATH", "")
-        found = shutil.which(word, path=search)
+        if command.search_path is None:
+            return Located(None, f"program {word} is a bare name and the file sets no PATH (the "
+                           "caller's PATH decides)")  # fmt: skip
+        found = shutil.which(word, path=command.search_path)
         if found is None:
-            return Located(None, f"server binary {word} is not on PATH here")
+            return Located(None, f"program {word} is not on the file's PATH here")
         return Located(Path(found), None)
-    return _as_written(word, "server binary", command)
+    return _as_written(word, "program", command)
 
 
 def _as_written(word: str, what: str, command: ServerCommand) -> Located:
@@ -156,11 +167,18 @@ def _trained_ctx(path: Path | None) -> int | None:
 def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
     """Why a server's cell cannot be covered whatever the certs say."""
     out: list[str] = []
-    if command.unread_env_files:
-        out.append(f"environment file(s) {', '.join(command.unread_env_files)} not readable here")
-    lost = [v for v in command.unknown_env if v.startswith("LLAMA_ARG_") or is_engine_variable(v)]
-    if lost:
-        out.append(f"{', '.join(lost)}: value unknown (set where the reader cannot follow)")
+    other = sorted(
+        name for name in command.env
+        if not (is_neutral_variable(name) or is_option_variable(name) or is_engine_variable(name))
+        and name != "XDG_CONFIG_HOME"
+    )  # fmt: skip
+    if other:
+        out.append(
+            f"environment {', '.join(other)}: a measured server runs without it (only neutral "
+            "variables, LLAMA_ARG_* and the ones the engine reads are passed); do not export it"
+        )
+    if command.config_unknown is not None:
+        out.append(command.config_unknown)
     for word in flags.rejected:
         hint = (
             f" (write {word.replace('=', ' ', 1)})" if word.startswith("-") and "=" in word else ""
@@ -168,7 +186,7 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
         out.append(f"llama-server rejects {word}: no such option in build {TABLE_BUILD}{hint}")
     for option in flags.unclassified():
         out.append(f"option {option} is in no class (neutral, compared, owned): not covered")
-    if not command.in_container:
+    if not command.in_container and command.config_unknown is None:
         home = os.path.expanduser("~")
         for config in config_files(command.env, home):
             if Path(config).exists():
@@ -178,8 +196,14 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
 
 def cell_of(command: ServerCommand) -> DeployCell:
     """The cell one server runs; a value llama-server would refuse is a usage error."""
+    refused: list[str] = []
     if is_serve(command.argv):
-        command = served_command(command)
+        program = _binary_path(command)
+        if program.path is None or not is_this_tool(program.path):
+            why = program.missing or f"{program.path} is not this tool (its bytes differ)"
+            refused.append(f"serve line: {why}; write the path of this tool's launcher")
+        served = served_command(command)
+        command, refused = served.command, [*refused, *served.problems]
     try:
         flags = read_flags(command.argv, command.env, first_is_binary=True)
         layout = slot_layout(flags)
@@ -188,7 +212,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
         raise UsageError(f"{command.origin}: {exc}") from None
     if ctx_size < 0:
         raise UsageError(f"{command.origin}: invalid --ctx-size {ctx_size}")
-    not_covered = _not_covered(command, flags)
+    not_covered = [*refused, *_not_covered(command, flags)]
     model = command.model_override or flags.model
     path: Path | None = None
     if model:
@@ -220,6 +244,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
         binary=command.argv[0] if command.argv else "llama-server",
         binary_path=binary.path,
         binary_missing=binary.missing,
+        notes=command.notes,
     )
 
 
@@ -235,4 +260,6 @@ def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
     from batch_invariance.deploy.config import read_deploy_file
 
     read = read_deploy_file(path, models_dir)
+    if read.not_understood:  # the file is not covered; its servers are not worth reading
+        return DeployCells((), read.unmodelled)
     return DeployCells(tuple(cell_of(command) for command in read.commands), read.unmodelled)

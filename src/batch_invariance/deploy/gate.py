@@ -237,16 +237,31 @@ def engine_env_differences(deploy: Mapping[str, str], provenance: Provenance) ->
     )
 
 
-def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
-    """Everything the cert measured differently from what the cell runs (empty = same)."""
-    out = list(model_differences(model, cert.provenance))
+class CoverageRule(Protocol):
+    """One thing a cert must have measured as the cell runs it: the differences (empty =
+    the same). Rules are separate and composable: a new check is one more function in
+    :data:`COVERAGE_RULES`, over the parsed deploy (``cell.flags``, ``cell.engine_env``)."""
+
+    def __call__(
+        self, cell: DeployCell, cert: CertFile, model: ModelIdentity
+    ) -> tuple[str, ...]: ...
+
+
+def model_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
+    """The model file is the one measured (by the strongest identity available)."""
+    return model_differences(model, cert.provenance)
+
+
+def layout_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
+    """N and the KV layout (and a unified pool's size) are the measured ones."""
     measured = cert.measured
     if measured is None:
-        return (*out, "the cert records no B/C server argv (layout and flags unknown)")
+        return ("the cert records no B/C server argv (layout and flags unknown)",)
     try:
         layout = slot_layout(measured)
     except FlagError as exc:
-        return (*out, f"the recorded B/C argv is not readable ({exc})")
+        return (f"the recorded B/C argv is not readable ({exc})",)
+    out: list[str] = []
     if layout.parallel != cell.parallel:
         out.append(f"N {cell.parallel} (measured {layout.parallel})")
     if layout.kv_unified != cell.layout.kv_unified:
@@ -256,21 +271,57 @@ def config_differences(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
         pool = padded_context(measured.ctx_size or 0, layout).pool
         if pool != cell.pool:
             out.append(f"unified KV pool of {cell.pool} tokens (measured {pool})")
+    return tuple(out)
+
+
+def options_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
+    """Every option that is not neutral has the measured value."""
+    if cert.measured is None:
+        return ()
     # The prompt-cache options are the prompt-cache rule's (deploy/prompt_cache.py).
-    compared = numerics_differences(cell.flags, measured)
-    out.extend(d for d in compared if not is_cache_difference(d))
-    out.extend(cache_differences(cell.flags, cert.cache_measured))
-    out.extend(engine_env_differences(cell.engine_env, cert.provenance))
+    compared = numerics_differences(cell.flags, cert.measured)
+    return tuple(d for d in compared if not is_cache_difference(d))
+
+
+def prompt_cache_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
+    """A server that caches prompts is covered only by a cert that measured that caching."""
+    return cache_differences(cell.flags, cert.cache_measured)
+
+
+def environment_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
+    """The variables the engine reads are the recorded ones."""
+    return engine_env_differences(cell.engine_env, cert.provenance)
+
+
+def answer_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
+    """A fixed ``-n`` cap was measured; an uncapped deploy needs a measured length."""
     limit = cell.flags.n_predict
     longest = _measured_length(cert)
     if limit is not None and limit > 0:
         if longest is None:
-            out.append(f"-n {limit}: the cert records no measured answer length")
-        elif longest < limit:
-            out.append(f"-n {limit}: the cert measured answers up to {longest} tokens only")
+            return (f"-n {limit}: the cert records no measured answer length",)
+        if longest < limit:
+            return (f"-n {limit}: the cert measured answers up to {longest} tokens only",)
     elif _uncapped(cell) and longest is None:
-        out.append("no -n cap: the cert records no measured answer length to scope a pass to")
-    return tuple(out)
+        return ("no -n cap: the cert records no measured answer length to scope a pass to",)
+    return ()
+
+
+#: The coverage checks, in the order their differences are printed.
+COVERAGE_RULES: tuple[CoverageRule, ...] = (
+    model_rule, layout_rule, options_rule, prompt_cache_rule, environment_rule,
+    answer_length_rule,
+)  # fmt: skip
+
+
+def config_differences(
+    cell: DeployCell,
+    cert: CertFile,
+    model: ModelIdentity,
+    rules: Sequence[CoverageRule] = COVERAGE_RULES,
+) -> tuple[str, ...]:
+    """Everything the cert measured differently from what the cell runs (empty = same)."""
+    return tuple(difference for rule in rules for difference in rule(cell, cert, model))
 
 
 def _uncapped(cell: DeployCell) -> bool:

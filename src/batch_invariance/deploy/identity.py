@@ -14,6 +14,7 @@ deploy file does not name a readable one.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -109,3 +110,32 @@ def build_differences(build: BuildIdentity, provenance: Provenance) -> tuple[str
     if sha != build.sha256:
         return (f"server build sha256 {str(build.sha256)[:12]}... (measured {sha[:12]}...)",)
     return ()
+
+
+def own_launchers() -> tuple[Path, ...]:
+    """The files that start this tool: the ``batch-invariance`` script beside the running
+    interpreter (where pip puts it) and the script this process was started as."""
+    found = [Path(sys.executable).with_name("batch-invariance")]
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if started is not None and started.name == "batch-invariance":
+        found.append(started)
+    return tuple(p for p in found if p.is_file())
+
+
+def is_this_tool(path: Path, launchers: tuple[Path, ...] | None = None) -> bool:
+    """``path`` has the bytes of this tool's launcher: the same script, whose first line names
+    the same interpreter, which imports this same package. Checked by content, as the server
+    binary is: a file named ``batch-invariance`` proves nothing."""
+    from batch_invariance.host.file_hash import cached_sha256
+
+    try:
+        wanted = cached_sha256(path, None)
+    except OSError:
+        return False
+    for launcher in launchers if launchers is not None else own_launchers():
+        try:
+            if cached_sha256(launcher, None) == wanted:
+                return True
+        except OSError:
+            continue
+    return False

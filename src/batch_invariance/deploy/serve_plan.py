@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.deploy.config import ServerCommand
+from batch_invariance.deploy.commands import ServerCommand
 from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.engines.llama_server.flags import FlagError, read_flags
 from batch_invariance.engines.llama_server.options import NEUTRAL, lookup
@@ -54,6 +54,13 @@ def measured_argv(provenance: Provenance) -> tuple[str, ...]:
     if server is not None and server.argv:
         return server.argv
     raise ServeRefused("the cert records no B/C server argv: nothing measured to serve")
+
+
+def recorded_engine_env(provenance: Provenance) -> dict[str, str]:
+    """The engine variables the cert's B/C server ran with (none recorded = none set)."""
+    server = provenance.bc_server()
+    info = server.info if server is not None else None
+    return dict((info.engine_env if info is not None else None) or {})
 
 
 def _canonicals(words: Sequence[str]) -> set[str]:
@@ -105,11 +112,23 @@ def parse_serve_line(argv: Sequence[str], base_dir: Path | None, origin: str) ->
     return ServeLine(cert, (*args.neutral, *(neutral or ())))
 
 
-def served_command(command: ServerCommand) -> ServerCommand:
-    """The llama-server a ``batch-invariance serve CERT`` line execs, as a server command
-    (environment as serve gives it: no ``LLAMA_ARG_*``, no user config file)."""
+@dataclass(frozen=True)
+class Served:
+    """The llama-server a ``batch-invariance serve CERT`` line execs, and what in the line's
+    environment serve would refuse or what reaches the Python that runs it."""
+
+    command: ServerCommand
+    problems: tuple[str, ...]
+
+
+def served_command(command: ServerCommand) -> Served:
+    """The server a serve line execs, in the environment serve gives it (:func:`served_env`)."""
     from batch_invariance.deploy.prompt_cache import serving_argv
-    from batch_invariance.engines.llama_server.env import measured_env
+    from batch_invariance.engines.llama_server.env import (
+        is_neutral_variable,
+        is_option_variable,
+        served_env,
+    )
 
     line = parse_serve_line(command.argv, command.base_dir, command.origin)
     try:
@@ -127,11 +146,17 @@ def served_command(command: ServerCommand) -> ServerCommand:
         argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), line.neutral)
     except ServeRefused as exc:
         raise ServeRefused(f"{command.origin}: {exc}") from None
-    return ServerCommand(
-        origin=command.origin,
-        argv=argv,
-        env=measured_env(command.env),
-        base_dir=command.base_dir,
-        unread_env_files=command.unread_env_files,
-        unknown_env=command.unknown_env,
-    )
+    recorded = recorded_engine_env(provenance)
+    served = served_env(command.env, recorded)
+    problems = [f"serve would refuse environment {r}" for r in served.refused]
+    problems += [
+        f"environment {name} reaches the Python that runs serve (only neutral variables, "
+        "LLAMA_ARG_* and the ones the cert recorded may be set; remove it)"
+        for name in sorted(command.env)
+        if not (is_neutral_variable(name) or is_option_variable(name) or name in recorded)
+    ]
+    served_command = ServerCommand(
+        origin=command.origin, argv=argv, env=served.env, base_dir=command.base_dir,
+        search_path=command.search_path,
+    )  # fmt: skip
+    return Served(served_command, tuple(problems))

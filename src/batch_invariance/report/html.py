@@ -11,12 +11,16 @@ from collections.abc import Iterable
 from html import escape
 
 from batch_invariance.report.divergence import DivergentId, TextSide
+from batch_invariance.report.history import CellHistory
 from batch_invariance.report.model import Cell, CellGroup, GateRow, Report
 from batch_invariance.report.numerics import grid_svg, pass_table_rows, risk_svg
 from batch_invariance.report.plot import VERDICT_COLOURS, rate_plot
 from batch_invariance.report.views import (
     answer_length_text,
     cell_anchor,
+    history_changed_text,
+    history_drift_text,
+    history_title,
     promotable_text,
     signature_text,
     speedup_text,
@@ -174,6 +178,27 @@ def _group(group: CellGroup) -> str:
     )
 
 
+def _history(history: CellHistory) -> str:
+    head = (
+        "<tr><th>date</th><th>build</th><th>verdict</th><th>answers changed vs previous</th>"
+        "<th>drift vs previous</th><th>cert</th><th>note</th></tr>"
+    )
+    rows = "".join(
+        f'<tr class="history-row" data-build="{escape(r.build)}">'
+        f"<td>{escape(r.ts_utc)}</td><td><code>{escape(r.build)}</code></td>"
+        f"<td>{_verdict_badge(r.verdict)}</td><td>{escape(history_changed_text(r))}</td>"
+        f"<td>{escape(history_drift_text(r))}</td><td><code>{escape(r.origin)}</code></td>"
+        f'<td class="muted">{escape(r.note)}</td></tr>'
+        for r in history.rows
+    )
+    return (
+        f'<section class="history" data-model="{escape(history.model)}" '
+        f'data-ctx="{history.ctx}" data-n="{history.n}"><h2>History over builds: '
+        f"{escape(history_title(history))}</h2>"
+        f'<table class="history">{head}{rows}</table></section>'
+    )
+
+
 def _invalid(report: Report) -> Iterable[str]:
     if not report.invalid:
         return
@@ -202,5 +227,6 @@ def render_html(report: Report) -> str:
         f'<h1>batch-invariance report</h1><p class="summary">{escape(summary)}</p>'
         + "".join(_invalid(report))
         + "".join(_group(g) for g in report.groups)
+        + "".join(_history(h) for h in report.histories)
         + "</body></html>\n"
     )

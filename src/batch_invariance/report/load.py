@@ -14,13 +14,12 @@ policy; without one the report says "bundle present, not verified".
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from batch_invariance.cert.compare_view import side_from_cert
 from batch_invariance.cert.schema import cert_to_json
-from batch_invariance.cert.signature import (
-    BundlePolicy,
-)
+from batch_invariance.cert.signature import BundlePolicy, SignerPolicy, TrustRoot
 from batch_invariance.cert.signing import (
     bundle_path_for,
 )
@@ -28,7 +27,7 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.errors import BatchInvarianceError, CertInvalid, UsageError
 from batch_invariance.report.model import LoadedCert, Signature
 
-__all__ = ["check_signature", "collect", "is_cert_name", "load_all", "load_cert"]
+__all__ = ["BundleCheck", "check_signature", "collect", "is_cert_name", "load_all", "load_cert"]
 
 _CERT_NAME = re.compile(r".+__ctx\d+__N\d+\.json")
 
@@ -60,19 +59,26 @@ def collect(paths: Sequence[Path]) -> list[Path]:
     return list(unique)
 
 
-def check_signature(cert: Path, policy: BundlePolicy | None) -> Signature:
+#: Checks that a bundle signs an artifact for a signer; raises CertInvalid if not (sigstore's
+#: ``verify_bundle``; tests pass a fake).
+BundleCheck = Callable[[Path, Path, SignerPolicy, TrustRoot], None]
+
+
+def check_signature(
+    cert: Path, policy: BundlePolicy | None, verify: BundleCheck | None = None
+) -> Signature:
     bundle = bundle_path_for(cert)
     if not bundle.is_file():
         return Signature("unsigned", "no bundle")
     if policy is None:
         return Signature("present", f"{bundle.name}; pass --cert-identity to check it")
-    # Imported here so that sigstore is only loaded when a signature is checked.
-    from batch_invariance.cert.signature import (
-        verify_bundle,
-    )
+    if verify is None:
+        # Imported here so that sigstore is only loaded when a signature is checked.
+        from batch_invariance.cert.signature import verify_bundle
 
+        verify = verify_bundle
     try:
-        verify_bundle(cert, bundle, policy.signer, policy.trust)
+        verify(cert, bundle, policy.signer, policy.trust)
     except CertInvalid as exc:
         return Signature("failed", str(exc))
     except BatchInvarianceError as exc:  # trust root unavailable: no answer either way
@@ -88,7 +94,9 @@ def load_cert(path: Path, policy: BundlePolicy | None) -> LoadedCert:
         problem = checked.problems[0] if checked.problems else f"{origin}: not a cert"
         return LoadedCert(origin, None, problem, False, Signature("unsigned", "not checked"))
     data = cert_to_json(checked.cert)
-    return LoadedCert(origin, data, None, checked.promotable, check_signature(path, policy))
+    signature = check_signature(path, policy)
+    side = side_from_cert(checked.cert, origin)
+    return LoadedCert(origin, data, None, checked.promotable, signature, side)
 
 
 def load_all(paths: Sequence[Path], policy: BundlePolicy | None) -> list[LoadedCert]:

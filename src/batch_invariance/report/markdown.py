@@ -6,9 +6,13 @@ are in the HTML report.
 
 from __future__ import annotations
 
+from batch_invariance.report.history import CellHistory
 from batch_invariance.report.model import Cell, CellGroup, Report
 from batch_invariance.report.views import (
     answer_length_text,
+    history_changed_text,
+    history_drift_text,
+    history_title,
     promotable_text,
     signature_text,
     speedup_text,
@@ -81,6 +85,28 @@ def _group(group: CellGroup) -> list[str]:
     return lines
 
 
+def _history(history: CellHistory) -> list[str]:
+    lines = [
+        f"### History over builds: {_cell_text(history_title(history))}",
+        "",
+        "| date | build | verdict | answers changed vs previous | drift vs previous | cert "
+        "| note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in history.rows:
+        values = (
+            row.ts_utc,
+            f"`{row.build}`",
+            f"{_MARK.get(row.verdict, '⚪')} **{row.verdict}**",
+            history_changed_text(row),
+            history_drift_text(row),
+            f"`{row.origin}`",
+            row.note,
+        )
+        lines.append("| " + " | ".join(_cell_text(v) for v in values) + " |")
+    return [*lines, ""]
+
+
 def render_markdown(report: Report) -> str:
     counts = ", ".join(f"{count} {verdict}" for count, verdict in verdict_counts(report))
     lines = [
@@ -95,4 +121,6 @@ def render_markdown(report: Report) -> str:
         lines.append("")
     for group in report.groups:
         lines += _group(group)
+    for history in report.histories:
+        lines += _history(history)
     return "\n".join(lines).rstrip("\n") + "\n"

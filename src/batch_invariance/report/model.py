@@ -13,8 +13,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from batch_invariance.cert.certificate import display_verdict
+from batch_invariance.core.compare import CellSide
 from batch_invariance.report.divergence import DivergentId, divergent_ids
 from batch_invariance.report.fields import dig, integer, num
+from batch_invariance.report.history import CellHistory, histories
 from batch_invariance.report.numerics import NumericsView, numerics_view
 
 __all__ = [
@@ -56,6 +58,8 @@ class LoadedCert:
     problem: str | None
     promotable: bool
     signature: Signature
+    #: Its arm A and what makes it comparable, for the history over builds (``None``: invalid).
+    side: CellSide | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,8 @@ class InvalidCert:
 class Report:
     groups: tuple[CellGroup, ...]
     invalid: tuple[InvalidCert, ...]
+    #: Cells measured more than once (several builds), each build against the one before.
+    histories: tuple[CellHistory, ...] = ()
 
     @property
     def cells(self) -> tuple[Cell, ...]:
@@ -299,4 +305,5 @@ def build_report(items: Sequence[LoadedCert]) -> Report:
         CellGroup(model, ctx, tuple(sorted(group, key=lambda c: (c.n, c.origin))))
         for (model, ctx), group in sorted(grouped.items())
     )
-    return Report(groups=groups, invalid=tuple(invalid))
+    sides = [item.side for item in items if item.data is not None and item.side is not None]
+    return Report(groups=groups, invalid=tuple(invalid), histories=histories(sides))

@@ -38,7 +38,8 @@ __all__ = [
     "verify_report_text",
 ]
 
-Require = Literal["green", "promotable"]
+#: ``none`` only with a baseline: the job checks the comparison with it, not the verdict.
+Require = Literal["green", "promotable", "none"]
 
 TITLE = "batch-invariance"
 _BAR = "=" * 72

@@ -1,7 +1,8 @@
 """The report as JSON for machines (``report --format json``). Pure.
 
 ``report_version`` names this layout. One entry per cert; ``invalid`` names every input that
-was not a valid cert; ``all_valid`` and ``all_promotable`` summarise.
+was not a valid cert; ``all_valid`` and ``all_promotable`` summarise; ``histories`` holds each
+cell measured by more than one build, oldest first, each build against the one before.
 """
 
 from __future__ import annotations
@@ -56,5 +57,14 @@ def render_json(report: Report) -> str:
         "all_promotable": bool(cells) and not report.invalid and all(c.promotable for c in cells),
         "cells": [_cell(c) for c in cells],
         "invalid": [{"cert": bad.origin, "problem": bad.problem} for bad in report.invalid],
+        "histories": [
+            {
+                "model": h.model,
+                "ctx": h.ctx,
+                "dispatch_n": h.n,
+                "builds": [asdict(r) for r in h.rows],
+            }
+            for h in report.histories
+        ],
     }
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from batch_invariance.report.history import CellHistory, HistoryRow
 from batch_invariance.report.model import Cell, Report
 
 #: Verdicts in the order the summaries count them.
@@ -65,3 +66,23 @@ def promotable_text(cell: Cell) -> str:
     if cell.promotable:
         return "yes"
     return "no" if cell.source == "live" else f"no (source {cell.source})"
+
+
+def history_changed_text(row: HistoryRow) -> str:
+    """Against the previous build: answers changed (a scored field), and tokens changed with
+    equal answers."""
+    if row.answers_changed is None:
+        return "n/a" if row.note == "first build" else "not comparable"
+    text = f"{row.answers_changed} of {row.compared}"
+    return text + (f" (+{row.tokens_changed} tokens only)" if row.tokens_changed else "")
+
+
+def history_drift_text(row: HistoryRow) -> str:
+    """Against the previous build: prompts whose logprobs drifted with equal tokens."""
+    if row.drift is None:
+        return "n/a" if row.note == "first build" else "not comparable"
+    return f"{row.drift} of {row.compared}"
+
+
+def history_title(history: CellHistory) -> str:
+    return f"{history.model} ctx {history.ctx} N {history.n}: {len(history.rows)} builds"

@@ -1,10 +1,10 @@
-"""The live-cell service: a :class:`~batch_invariance.service.request.LiveRequest` in, a
-written cert out.
+"""The live-cell service: a checked job (:class:`~batch_invariance.service.job.LiveCell`) in,
+a written cert out.
 
-:func:`run_live_cell` checks the request once into the job
-(:func:`~batch_invariance.service.job.prepare`), guards memory for both servers, runs the cell
-over the job's launcher and finishes it. ``source`` is ``live`` when this code path spawns the
-servers itself (any engine) and ``attached`` for ``--base-url``.
+The caller checks its request once (:func:`~batch_invariance.service.job.prepare`) and hands
+the job here: :func:`run_live_cell` guards memory for both servers, runs the cell over the
+job's launcher and finishes it; it never sees the raw request. ``source`` is ``live`` when
+this code path spawns the servers itself (any engine) and ``attached`` for ``--base-url``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.run.records import CellRun
 from batch_invariance.run.workset import Workset
 from batch_invariance.service.finish import FinishedCell, finish_cell
-from batch_invariance.service.job import LiveCell, prepare
+from batch_invariance.service.job import LiveCell
 from batch_invariance.service.provenance import provenance_for
-from batch_invariance.service.request import LiveRequest
 from batch_invariance.service.target import (
     LauncherFactory,
     LiveServerLauncher,
@@ -119,18 +118,17 @@ def open_runner(
 
 
 def run_live_cell(
-    request: LiveRequest,
+    cell: LiveCell,
     progress: ProgressSink | None = None,
     *,
     launcher_for: LauncherFactory = make_launcher,
 ) -> LiveOutcome:
-    """Check the request, run one live cell and write its cert.
+    """Run one checked live cell and write its cert.
 
-    Raises on bad input (before any launch), infrastructure failure or interrupt. Nothing is
-    written unless the whole cell ran: an aborted server (memory cap), a failed launch or a
-    signal raise before :func:`finish_cell`.
+    Raises on a guard refusal (before any launch), infrastructure failure or interrupt.
+    Nothing is written unless the whole cell ran: an aborted server (memory cap), a failed
+    launch or a signal raise before :func:`finish_cell`.
     """
-    cell = prepare(request)
     launcher = launcher_for(cell.target, cell.launch, cell.out_dir, cell.port_policy)
     preflight_guard(cell, launcher)
     # Identify binary and model before the cell: what ran is what gets recorded.

@@ -37,12 +37,14 @@ from batch_invariance.service.target import LiveServerLauncher, identify
 
 __all__ = [
     "SWEEP_FILE",
+    "SweepJob",
     "SweepOutcome",
     "SweepRequest",
     "cell_launches",
     "check_sweepable",
     "guard_refusal",
     "parse_parallels",
+    "prepare_sweep",
     "run_sweep",
 ]
 
@@ -54,6 +56,14 @@ class SweepRequest:
     """A live cell's options (its ``parallel`` is ignored) and the N values to sweep."""
 
     cell: LiveRequest
+    parallels: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """A sweep checked once by :func:`prepare_sweep`: the job of its first N and every N."""
+
+    cell: LiveCell
     parallels: tuple[int, ...]
 
 
@@ -121,14 +131,21 @@ def _write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
     return path
 
 
-def run_sweep(request: SweepRequest, progress: ProgressSink | None = None) -> SweepOutcome:
-    """Check everything, refuse what cannot fit, then measure every N that can."""
+def prepare_sweep(request: SweepRequest, *, create_out_dir: bool = True) -> SweepJob:
+    """Check the sweep's request once (UsageError naming the first problem): sweepable, every
+    N's cheap checks, then the job of the first N (:func:`prepare`)."""
     ns = request.parallels
     base = replace(request.cell, parallel=ns[0], driver_name="sweep")
     check_sweepable(base)
     for n in ns:
         replace(base, parallel=n).check()
-    cell = prepare(base)
+    return SweepJob(prepare(base, create_out_dir=create_out_dir), ns)
+
+
+def run_sweep(job: SweepJob, progress: ProgressSink | None = None) -> SweepOutcome:
+    """Refuse every N that cannot fit, then measure every N that can."""
+    ns = job.parallels
+    cell = job.cell
     launcher = cell.launcher()
     host = memory.read_host_memory()
     # The shared A server must fit, or nothing can run.

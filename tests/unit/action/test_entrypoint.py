@@ -323,7 +323,7 @@ def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> Non
         ({"ctx": "lots"}, "input ctx must be an integer"),
         ({"parallel": "1"}, "input parallel must be at least 2"),
         ({"reps": "0"}, "input reps must be at least 1"),
-        ({"require": "amber"}, "input require must be green or promotable"),
+        ({"require": "amber"}, "input require must be green, promotable or none"),
         ({"sign": "maybe"}, "input sign must be true or false"),
         ({"server-bin": "bin/llama-server"}, "set both server-bin and model"),
         ({"engine": "ollama"}, "input engine must be one of llama-cpp-python, llama-server,"),

@@ -19,7 +19,7 @@ import pytest
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
 from batch_invariance.deploy.serve_plan import ServeRefused, serve_argv
-from batch_invariance.engines.llama_server.env import is_engine_variable
+from batch_invariance.engines.llama_server.env import NEUTRAL_ENV_NAMES, is_engine_variable
 from tests.unit.deploy.test_check_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
 
 MEASURED = (
@@ -71,16 +71,19 @@ def served(world: dict[str, Path], tmp_path: Path) -> dict[str, Path]:  # noqa: 
     return {"binary": binary, "model": model, "cert": cert, "record": record}
 
 
-def test_serve_execs_the_measured_argv_in_a_clean_environment(served: dict[str, Path]) -> None:
+def test_serve_execs_the_measured_argv_in_an_allowlisted_environment(
+    served: dict[str, Path],
+) -> None:
     clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
     command = [sys.executable, "-m", "batch_invariance", "serve", str(served["cert"]),
                "--allow-unsigned", "--", "--port", "8080", "--api-key", "k"]  # fmt: skip
-    # A variable ggml reads that the measured server did not have: refused.
-    ggml = {**clean, "GGML_SCHED_DEBUG": "1"}
-    proc = subprocess.run(command, env=ggml, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == exitcodes.NOT_PROMOTABLE and "GGML_SCHED_DEBUG=1" in proc.stderr
-    env = {**clean, "LLAMA_ARG_UBATCH": "512", "XDG_CONFIG_HOME": "/home/u/.config"}
-    child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    hostile = {
+        "LLAMA_ARG_UBATCH": "512", "XDG_CONFIG_HOME": "/home/u/.config", "LD_AUDIT": "/x.so",
+        "LD_PRELOAD": "/y.so", "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0",
+        "MALLOC_ARENA_MAX": "1", "GGML_SCHED_DEBUG": "1", "MY_APP_SETTING": "1",
+        "LC_ALL": "C.UTF-8", "TZ": "UTC",
+    }  # fmt: skip
+    child = subprocess.Popen(command, env={**clean, **hostile}, stderr=subprocess.PIPE, text=True)
     _, stderr = child.communicate(timeout=120)
     assert child.returncode == 0, stderr
     seen = json.loads(served["record"].read_text())
@@ -91,8 +94,41 @@ def test_serve_execs_the_measured_argv_in_a_clean_environment(served: dict[str, 
     cold = [*measured, "--no-cache-prompt"]
     assert seen["argv"] == list(serve_argv(cold, ["--port", "8080", "--api-key", "k"]))
     assert "prompt cache off (--no-cache-prompt)" in stderr
-    assert "LLAMA_ARG_UBATCH" not in seen["env"] and seen["env"]["XDG_CONFIG_HOME"] == "/dev/null"
+    # Only neutral variables reach the server (the cert recorded no engine variable).
+    for name in ("LLAMA_ARG_UBATCH", "LD_AUDIT", "LD_PRELOAD", "GLIBC_TUNABLES",
+                 "MALLOC_ARENA_MAX", "GGML_SCHED_DEBUG", "MY_APP_SETTING"):  # fmt: skip
+        assert name not in seen["env"], name
+    assert seen["env"]["XDG_CONFIG_HOME"] == "/dev/null"
+    assert (seen["env"]["LC_ALL"], seen["env"]["TZ"]) == ("C.UTF-8", "UTC")
+    assert set(seen["env"]) <= {*NEUTRAL_ENV_NAMES, "LC_ALL", "LC_CTYPE", "XDG_CONFIG_HOME"}
     assert "k" not in stderr.split()  # the api key is not echoed
+
+
+def test_serve_sets_the_recorded_engine_variables_and_refuses_another_value(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from batch_invariance.engines.llama_server.env import served_env
+
+    recorded = {"GGML_SCHED_DEBUG": "1"}
+    got = served_env({"PATH": "/usr/bin", "LD_AUDIT": "/x.so"}, recorded)
+    assert got.env == {"PATH": "/usr/bin", "GGML_SCHED_DEBUG": "1",
+                       "XDG_CONFIG_HOME": "/dev/null"}  # fmt: skip
+    assert got.refused == () and got.dropped == ("LD_AUDIT",)
+    refused = served_env({"GGML_SCHED_DEBUG": "0"}, recorded).refused
+    assert refused == ("GGML_SCHED_DEBUG=0 (the cert recorded GGML_SCHED_DEBUG=1)",)
+
+
+def test_the_measured_server_gets_the_same_rule() -> None:
+    from batch_invariance.engines.llama_server.env import engine_env, measured_env
+
+    parent = {"PATH": "/usr/bin", "HOME": "/root", "LD_AUDIT": "/x.so", "GGML_X": "1",
+              "LLAMA_ARG_UBATCH": "512", "MALLOC_ARENA_MAX": "1", "LC_ALL": "C"}  # fmt: skip
+    child = measured_env(parent)
+    assert child == {"PATH": "/usr/bin", "HOME": "/root", "GGML_X": "1", "LC_ALL": "C",
+                     "XDG_CONFIG_HOME": "/dev/null"}  # fmt: skip
+    # What the cert records (engine_env) is every variable the child has beyond the neutral.
+    assert engine_env(child) == {"GGML_X": "1"}
 
 
 def test_serve_refuses_before_anything_starts(
@@ -125,17 +161,40 @@ def test_check_deploy_reads_a_serve_line_as_that_certs_cell(
     served: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     certs = served["cert"].parent
+    tool = Path(sys.executable).with_name("batch-invariance")
+    assert tool.is_file(), "the package's launcher (pip install -e .)"
     unit = tmp_path / "llm.service"
     unit.write_text(
-        f"[Service]\nExecStart=/usr/bin/batch-invariance serve {served['cert']} --allow-unsigned"
+        f"[Service]\nExecStart={tool} serve {served['cert']} --allow-unsigned"
         " -- --host 0.0.0.0 --port 8080 --api-key k --metrics --timeout 30\n"
     )
     args = ["check-deploy", str(unit), "--certs", str(certs), "--allow-unsigned"]
     assert main(args) == exitcodes.PROMOTABLE
     assert "pass  " in capsys.readouterr().out
+    # Identity by content: a program named batch-invariance that is not this tool.
+    impostor = tmp_path / "impostor" / "batch-invariance"
+    impostor.parent.mkdir()
+    impostor.write_text('#!/bin/sh\nexec /opt/other-llama-server "$@"\n')
+    impostor.chmod(0o755)
+    unit.write_text(f"[Service]\nExecStart={impostor} serve {served['cert']} --allow-unsigned\n")
+    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert f"serve line: {impostor} is not this tool" in capsys.readouterr().out
+    # A bare name is looked up with the PATH the file sets.
     script = tmp_path / "run.sh"
-    script.write_text(f"exec batch-invariance serve {served['cert']} -- -ub 512\n")
-    assert main(["check-deploy", str(script), "--certs", str(certs), "--allow-unsigned"]) == (
-        exitcodes.USAGE
-    )
+    serve_line = f"exec batch-invariance serve {served['cert']} --allow-unsigned\n"
+    script.write_text(f"export PATH={impostor.parent}:/usr/bin\n" + serve_line)  # fmt: skip
+    args[1] = str(script)
+    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert "is not this tool" in capsys.readouterr().out
+    script.write_text(f"export PATH={tool.parent}:/usr/bin\n"
+                      + serve_line)  # fmt: skip
+    assert main(args) == exitcodes.PROMOTABLE
+    # Variables that reach the Python running serve: not covered.
+    script.write_text(f"export PATH={tool.parent}:/usr/bin PYTHONPATH=/tmp/evil\n"
+                      + serve_line)  # fmt: skip
+    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert "PYTHONPATH reaches the Python that runs serve" in capsys.readouterr().out
+    script.write_text(f"export PATH={tool.parent}:/usr/bin\n"
+                      f"exec batch-invariance serve {served['cert']} -- -ub 512\n")  # fmt: skip
+    assert main(args) == exitcodes.USAGE
     assert "-ub is not neutral" in capsys.readouterr().err

@@ -161,11 +161,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
                "green": green, "binary": binary}  # fmt: skip
 
 
+def path_line(binary: Path) -> str:
+    """The line a deploy script sets its ``PATH`` with, so that a bare ``llama-server`` is
+    the measured binary (a script that sets none leaves it to the caller's ``PATH``)."""
+    return f"export PATH={binary.parent}:/usr/bin:/bin\n"
+
+
 def _check(
     world: dict[str, Path], tmp_path: Path, body: str, *extra: str, certs: Path | None = None
 ) -> int:
     config = tmp_path / "llama-server.sh"
-    config.write_text(body)
+    config.write_text(body if body.startswith("[") else path_line(world["binary"]) + body)
     folder = certs or world["certs"]
     return main(["check-deploy", str(config), "--certs", str(folder), *extra])
 
@@ -215,7 +221,10 @@ def test_systemd_unit_environment(
     covered = f"ExecStart={world['binary']} -m {world['model']} {OK_FLAGS}\n"
     unit = "[Service]\nEnvironmentFile=/etc/nowhere/llm.env\n" + covered
     assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
-    assert "environment file(s) /etc/nowhere/llm.env not readable here" in capsys.readouterr().out
+    assert (
+        "llama-server.sh:2: not understood: EnvironmentFile=/etc/nowhere/llm.env, which cannot "
+        "be read here" in capsys.readouterr().out
+    )
     assert _unsigned(world, tmp_path, "[Service]\n" + covered) == exitcodes.PROMOTABLE
 
 
@@ -301,7 +310,7 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n {longest}\n") == 0
     # A cert that records neither a measured length nor a budget covers no fixed -n.
     from batch_invariance.deploy.cells import cell_of
-    from batch_invariance.deploy.config import ServerCommand
+    from batch_invariance.deploy.commands import ServerCommand
     from batch_invariance.deploy.gate import CertFile, config_differences
     from batch_invariance.deploy.identity import identify_model
     from batch_invariance.engines.llama_server.flags import read_flags
@@ -470,7 +479,7 @@ def test_identity_regexp_decides_coverage(
     shutil.copytree(world["certs"], folder)
     (folder / (world["green"].name + ".sigstore.json")).write_text("{}")
     config = tmp_path / "llama-server.sh"
-    config.write_text(f"llama-server -m {world['model']} {OK_FLAGS}\n")
+    config.write_text(path_line(world["binary"]) + f"llama-server -m {world['model']} {OK_FLAGS}\n")
     policy = _policy_from(
         "--cert-identity-regexp", TAG_OR_SHA, "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER,
         "--repository", "o/deploy", "--offline",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
+from tests.support.golden import check_golden
 from tests.unit.deploy.test_check_deploy import CACHE_OFF as COLD
 from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
 
@@ -136,22 +137,25 @@ def test_a_config_file_the_server_would_read_is_not_covered(
         # export reaches the server; env -i drops it and the flag-less default is 4 unified.
         ("export LLAMA_ARG_KV_UNIFIED=1\nllama-server -m {m} {ok}\n", "kv=unified"),
         (
-            "export LLAMA_ARG_CTX_SIZE=4096\nenv -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
+            "export LLAMA_ARG_CTX_SIZE=4096\n"
+            "/usr/bin/env -i llama-server -m {m} -np 4 -ub 1 -cram 0\n",
             "ctx=?",
         ),
         # cd before a relative model path: another folder's file.
-        ("cd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
+        ("set -e\ncd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
+        # Without set -e a failed cd leaves the caller's folder: the folder is not known.
+        ("cd /nowhere\nllama-server -m {name} {ok}\n", "relative to a folder"),
         # '#' inside a word is not a comment: -c 65536 -np 16 are read.
         ("llama-server -m {m} --api-key team#42 -c 65536 -np 16 -ub 1 -cram 0\n", "N=16"),
         # A comment ending in \ does not swallow the next line.
         ("# old: \\\nllama-server -m {m} -c 8192 -np 8 -ub 1 -cram 0\n", "N=8"),
         # Constructs the reader does not model.
-        ("for n in 4 8; do llama-server -m {m} -np $n; done\n", "inside for"),
-        ("if true; then\n  llama-server -m {m} {ok}\nfi\n", "inside if"),
-        ("( llama-server -m {m} {ok} )\n", "inside ("),
-        ("bash -c 'llama-server -m {m} -np 8'\n", "bash runs something"),
-        ("$SERVER -m {m} {ok}\n", "a variable as the command word"),
-        ("docker run ghcr.io/ggml-org/llama.cpp:server -m {m} -np 8\n", "docker runs"),
+        ("for n in 4 8; do llama-server -m {m} -np $n; done\n", ":3: not understood: running for"),
+        ("if true; then\n  llama-server -m {m} {ok}\nfi\n", ":3: not understood: running if"),
+        ("( llama-server -m {m} {ok} )\n", ":3: not understood: operator ("),
+        ("bash -c 'llama-server -m {m} -np 8'\n", ":3: not understood: running bash"),
+        ("$SERVER -m {m} {ok}\n", ":3: not understood: $SERVER, which this file does not set"),
+        ("docker run ghcr.io/ggml-org/llama.cpp:server -m {m} -np 8\n", "running docker"),
     ],
 )
 def test_shell_scripts_are_read_the_way_bash_runs_them(
@@ -202,3 +206,57 @@ def test_compose_volumes_map_by_the_longest_container_prefix(
     code = main(["check-deploy", str(compose), "--certs", str(world["certs"]), "--allow-unsigned"])
     assert code == exitcodes.NOT_PROMOTABLE
     assert "model sha256" in capsys.readouterr().out
+
+
+def test_check_deploy_output_is_golden(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What an operator reads: a deploy outside the grammar (the line, the construct, the fix)
+    and the ordinary correct shape that passes."""
+    m = world["model"]
+    outside = (
+        "set -e\necho starting >> /var/log/llm.log\ncurl -o /tmp/m.gguf https://example.com/m\n"
+        f"exec llama-server -m {m} {OK_FLAGS}\n"
+    )
+    ordinary = (
+        "#!/bin/bash\nset -euo pipefail\n"
+        f"test -x {world['binary']} || exit 1\necho starting >> /var/log/llm.log\n"
+        f"exec llama-server -m {m} {OK_FLAGS} -n 64 --host 0.0.0.0 --port 8080\necho never\n"
+    )
+    out = []
+    for body in (outside, ordinary):
+        _unsigned(world, tmp_path, body)
+        out.append(capsys.readouterr().out)
+    text = "".join(out).replace(str(tmp_path), "<tmp>").replace(str(world["root"]), "<root>")
+    check_golden("check_deploy.txt", text)
+
+
+def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from batch_invariance.cli import main
+
+    unit = tmp_path / "llm.service"
+    unit.write_text(
+        "[Unit]\nDescription=llama-server\n[Service]\nEnvironmentFile=-/etc/nowhere/llm.env\n"
+        f"ExecStart={world['binary']} -m {world['model']} -c 8192 -np 8\n"
+        "Restart=on-failure\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    (tmp_path / "llm.service.d").mkdir()
+    (tmp_path / "llm.service.d" / "10-measured.conf").write_text(
+        f"[Service]\nExecStart=\nExecStart={world['binary']} -m {world['model']} {OK_FLAGS} "
+        f"{NEUTRAL.replace('#', '-')}\n"
+    )
+    args = ["check-deploy", str(unit), "--certs", str(world["certs"]), "--allow-unsigned"]
+    assert main(args) == exitcodes.PROMOTABLE
+    out = capsys.readouterr().out
+    assert "10-measured.conf:3]" in out  # the ExecStart= that runs is named
+    assert "EnvironmentFile=-/etc/nowhere/llm.env is absent here" in out
+    # Without the drop-in the unit's own ExecStart runs: N=8, not measured.
+    (tmp_path / "llm.service.d" / "10-measured.conf").unlink()
+    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert "N=8" in capsys.readouterr().out

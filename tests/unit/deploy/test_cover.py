@@ -102,7 +102,7 @@ def test_another_build_is_not_covered(
          "server binary /srv/nowhere/llama-server not found here: its build (sha256) cannot be "
          "checked"),
         ("PATH=/srv/nowhere llama-server -m {model} {flags}\n",
-         "server binary llama-server is not on PATH here"),
+         "program llama-server is not on the file's PATH here"),
     ],
     ids=["absent-path", "not-on-path"],
 )  # fmt: skip
@@ -189,7 +189,7 @@ def test_a_capped_deploy_within_the_measured_length_prints_no_scope(
 
 def test_an_uncapped_deploy_needs_a_measured_length(cover: dict[str, Path]) -> None:
     from batch_invariance.deploy.cells import cell_of
-    from batch_invariance.deploy.config import ServerCommand
+    from batch_invariance.deploy.commands import ServerCommand
     from batch_invariance.deploy.gate import CertFile, config_differences
     from batch_invariance.deploy.identity import identify_model
     from batch_invariance.engines.llama_server.flags import read_flags

@@ -26,14 +26,16 @@ from batch_invariance.servers.launch import EngineLauncher
 from batch_invariance.service.finish import finish_cell
 from tests.support import engine_fakes
 from tests.support.engine_fakes import fake_engine
+from tests.support.fakes_live import fake_settings
 from tests.unit.run.test_cell import ITEMS, POLICY, plan
 
 
 def stand_in(tmp_path: Path, name: str) -> Path:
-    """An executable named like the engine's command that runs the protocol fake."""
+    """An executable named like the engine's command that runs the protocol fake (with the
+    test's ``FAKE_*`` settings of the moment it is written)."""
     exe = tmp_path / name
     exe.write_text(
-        f"#!{sys.executable}\nimport runpy\n"
+        f"#!{sys.executable}\n{fake_settings()}import runpy\n"
         f"runpy.run_path({engine_fakes.__file__!r}, run_name='__main__')\n"
     )
     exe.chmod(0o755)

@@ -7,23 +7,14 @@ Regenerate after an intended change with
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from batch_invariance.report.markdown import render_markdown
 from batch_invariance.report.model import build_report
 from batch_invariance.report.summary import render_json
-from tests.support.paths import GOLDEN
+from tests.support.golden import check_golden
 from tests.support.report_fixtures import sweep_inputs
-
-
-def _check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("BI_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert path.is_file(), f"{path} missing; run with BI_UPDATE_GOLDEN=1 once"
-    assert text == path.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(
@@ -31,7 +22,7 @@ def _check(name: str, text: str) -> None:
 )
 def test_golden(name: str, render: object) -> None:
     assert callable(render)
-    _check(name, render(build_report(sweep_inputs())))
+    check_golden(name, render(build_report(sweep_inputs())))
 
 
 def test_json_summary_flags() -> None:

@@ -21,6 +21,7 @@ import requests
 
 from batch_invariance.engines.base import Engine, LaunchRequest
 from batch_invariance.engines.llama_server.engine import LlamaServerEngine, build_argv
+from batch_invariance.engines.llama_server.env import is_engine_variable, is_neutral_variable
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host.gguf import parse_info
@@ -342,3 +343,28 @@ def test_host_summary_names_os_cpus_and_memory() -> None:
     assert facts["os"] and facts["cpu_count"] >= facts["cpu_usable"] >= 1
     assert isinstance(facts["mem_total_bytes"], int) and facts["mem_total_bytes"] > 0
     assert isinstance(facts["gpus"], list)
+
+
+def test_a_measured_server_gets_only_neutral_and_engine_variables(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule serve applies is the rule run-live's servers ran under: read from the real
+    child's /proc/PID/environ, and what the cert records (``engine_env``) is all of the rest."""
+    hostile = {"LD_AUDIT": "/nonexistent/audit.so", "GLIBC_TUNABLES": "glibc.malloc.tcache_count=0",
+               "MALLOC_ARENA_MAX": "2", "LLAMA_ARG_UBATCH": "512", "MY_SETTING": "1"}  # fmt: skip
+    for name, value in {**hostile, "GGML_TEST_SWITCH": "1", "LC_ALL": "C"}.items():
+        monkeypatch.setenv(name, value)
+    exe = fake_server(tmp_path / "bin")
+    with _server(tmp_path, model, exe) as srv:
+        assert srv.pid is not None
+        raw = Path(f"/proc/{srv.pid}/environ").read_bytes().split(b"\0")
+        environ = dict(e.decode().split("=", 1) for e in raw if e)
+        recorded = srv.info()["engine_env"]
+    assert not set(environ) & set(hostile)
+    assert environ["GGML_TEST_SWITCH"] == "1" and environ["LC_ALL"] == "C"
+    assert environ["XDG_CONFIG_HOME"] == "/dev/null"
+    assert recorded == {k: v for k, v in environ.items() if is_engine_variable(k)}
+    assert recorded["GGML_TEST_SWITCH"] == "1"
+    assert all(
+        is_neutral_variable(k) or is_engine_variable(k) for k in environ if k != "XDG_CONFIG_HOME"
+    ), environ

@@ -9,7 +9,8 @@ from pathlib import Path
 from batch_invariance.engines.base import KvLayout
 from batch_invariance.host.memory import GIB, HostMemory
 from batch_invariance.service.dry_run import dry_run
-from batch_invariance.service.live import LiveRequest, prepare
+from batch_invariance.service.job import prepare
+from batch_invariance.service.request import LiveRequest
 from tests.support.fakes_live import dense_meta, fake_server, write_gguf
 
 HOST = HostMemory(mem_available_bytes=8 * GIB, mem_total_bytes=16 * GIB, vram_free_bytes=None)

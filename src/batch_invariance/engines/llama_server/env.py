@@ -16,18 +16,24 @@ system-wide file exists.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from batch_invariance.engines.llama_server.options import OPTION_VARIABLES
 
 __all__ = [
     "ENGINE_ENV_NAMES",
     "ENGINE_ENV_PREFIXES",
+    "NEUTRAL_ENV_NAMES",
     "NO_USER_CONFIG",
     "SYSTEM_CONFIG",
+    "ServedEnv",
     "config_files",
     "engine_env",
     "is_engine_variable",
+    "is_neutral_variable",
+    "is_option_variable",
     "measured_env",
+    "served_env",
 ]
 
 
@@ -43,6 +49,24 @@ ENGINE_ENV_NAMES = frozenset({"LD_PRELOAD", "LD_LIBRARY_PATH"})
 SYSTEM_CONFIG = "/etc/llama.cpp/config.ini"
 #: What the tool sets ``XDG_CONFIG_HOME`` to: nothing can exist under ``/dev/null``.
 NO_USER_CONFIG = "/dev/null"
+
+
+#: Variables that change nothing a server computes (where it listens is in its argv): passed
+#: to every server the tool starts, never recorded. ``LC_*`` too. Every other variable of the
+#: tool's variables is dropped unless it is one the engine reads (recorded in the cert).
+NEUTRAL_ENV_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR"}
+)
+
+
+def is_neutral_variable(name: str) -> bool:
+    """A variable that changes nothing the server computes (:data:`NEUTRAL_ENV_NAMES`, ``LC_*``)."""
+    return name in NEUTRAL_ENV_NAMES or name.startswith("LC_")
+
+
+def is_option_variable(name: str) -> bool:
+    """A variable llama-server reads as one of its options (compared as that option)."""
+    return name.startswith("LLAMA_ARG_") or name in OPTION_VARIABLES
 
 
 def is_engine_variable(name: str) -> bool:
@@ -71,11 +95,37 @@ def config_files(env: Mapping[str, str], home: str | None) -> tuple[str, ...]:
 
 
 def measured_env(parent: Mapping[str, str]) -> dict[str, str]:
-    """The variables a server the tool starts (run-live, ``serve``) gets from ``parent``: none
-    an option is read from (``LLAMA_ARG_*``, ``LLAMA_API_KEY`` ...), and
+    """The variables a server the tool measures gets from ``parent``: the neutral variables
+    and the ones the engine reads (recorded in the cert as ``engine_env``), nothing else (no
+    ``LLAMA_ARG_*``, no ``LD_AUDIT``, ``GLIBC_TUNABLES``, ``MALLOC_*`` ...), and
     ``XDG_CONFIG_HOME=/dev/null`` so that no user config file is read."""
-    out = {
-        k: v for k, v in parent.items() if not (k.startswith("LLAMA_ARG_") or k in OPTION_VARIABLES)
-    }
+    out = {k: v for k, v in parent.items() if is_neutral_variable(k) or is_engine_variable(k)}
     out["XDG_CONFIG_HOME"] = NO_USER_CONFIG
     return out
+
+
+@dataclass(frozen=True)
+class ServedEnv:
+    """The variables ``serve`` execs the measured server with, or why it will not."""
+
+    env: dict[str, str]
+    #: Variables the caller sets to another value than the cert recorded (refused).
+    refused: tuple[str, ...]
+    #: Variables of the caller that are dropped (named, not an error).
+    dropped: tuple[str, ...]
+
+
+def served_env(parent: Mapping[str, str], recorded: Mapping[str, str]) -> ServedEnv:
+    """The same rule as :func:`measured_env`, for a server started from a cert: the caller's
+    neutral variables plus exactly the engine variables the cert recorded; a caller's value
+    that differs from a recorded one is refused; every other variable is dropped."""
+    refused = tuple(
+        f"{k}={parent[k]} (the cert recorded {k}={recorded[k]})"
+        for k in sorted(recorded)
+        if k in parent and parent[k] != recorded[k]
+    )
+    env = {k: v for k, v in parent.items() if is_neutral_variable(k)}
+    env.update(recorded)
+    env["XDG_CONFIG_HOME"] = NO_USER_CONFIG
+    dropped = tuple(sorted(k for k in parent if k not in env))
+    return ServedEnv(env, refused, dropped)

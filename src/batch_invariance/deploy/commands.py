@@ -1,0 +1,83 @@
+"""What a deploy file starts, as the readers report it (value types shared by every reader).
+
+A reader reports each server the file starts (:class:`ServerCommand`) and each construct
+outside its closed grammar (:class:`NotUnderstood`); any one of the latter makes the whole
+deploy not covered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+#: How to deploy instead, said with every construct a reader does not understand.
+HOW_INSTEAD = "launch with `batch-invariance serve CERT`, or write the closed form (docs/deploy.md)"
+
+
+class BindMount(NamedTuple):
+    """A compose bind mount: the path inside the container and the host path it shows."""
+
+    container: str
+    host: str
+
+
+@dataclass(frozen=True)
+class NotUnderstood:
+    """A line of a deploy file outside the closed grammar of its format."""
+
+    file: str
+    line: int
+    #: The construct, named (``declare -x``, ``a drop-in's PassEnvironment=``).
+    construct: str
+    #: What to write instead (empty: :data:`HOW_INSTEAD`).
+    fix: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: not understood: {self.construct}; {self.fix or HOW_INSTEAD}"
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """One llama-server (or ``batch-invariance serve``) a deploy file starts."""
+
+    #: Where it came from, for messages (``deploy.sh:3``, ``compose.yml [llm]``).
+    origin: str
+    argv: tuple[str, ...]
+    #: The environment it runs with, as the shell / systemd / compose would give it.
+    env: Mapping[str, str]
+    #: A models.toml ``gguf`` (placeholder filled) that replaces ``-m``.
+    model_override: str | None = None
+    alias: str | None = None
+    #: Folder relative paths are resolved against; ``None``: the file does not fix it.
+    base_dir: Path | None = None
+    #: Container-path -> host-path prefixes from compose ``volumes:`` (bind mounts only).
+    mounts: tuple[BindMount, ...] = ()
+    #: The server runs in a container: a model path outside every bind mount is not here.
+    in_container: bool = False
+    #: Why ``argv[0]`` names no file on this host (inside a container image; a registry that
+    #: names no binary); ``None`` when it does. The build then cannot be checked here.
+    binary_elsewhere: str | None = None
+    #: The ``PATH`` a bare program name is looked up with, as the file sets it (``None``:
+    #: the file sets none, so the caller's decides).
+    search_path: str | None = None
+    #: Why the config files the server would read cannot be looked up here (``None``: they
+    #: are the ones :func:`~batch_invariance.engines.llama_server.env.config_files` names).
+    config_unknown: str | None = None
+    #: Notes for the pass line (an optional environment file that is absent here).
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class DeployRead:
+    """What a deploy file starts, and what in it is outside the closed grammar."""
+
+    commands: tuple[ServerCommand, ...]
+    not_understood: tuple[NotUnderstood, ...] = ()
+
+    @property
+    def unmodelled(self) -> tuple[str, ...]:
+        """Each construct outside the grammar, as one message line."""
+        return tuple(str(n) for n in self.not_understood)

@@ -1,0 +1,106 @@
+"""Compose YAML inside a closed grammar: the documents on which PyYAML (YAML 1.1) and compose's
+Go reader (YAML 1.2) provably agree (pure).
+
+One document; no anchors, aliases, merge keys, tags or block scalars. Every scalar is
+returned as the text written (compose passes values to the container as text), so a plain
+(unquoted) scalar must be one compose also reads as that text: a decimal integer without a
+leading zero, or a scalar that YAML 1.2's core schema reads as a string (YAML 1.2 spec,
+10.3.2: not null, a boolean, an integer or a float) and that is not a YAML 1.1 boolean or null
+word (``yes``, ``on``, ``off`` ...: some readers still take them as booleans).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from batch_invariance.deploy.commands import NotUnderstood
+
+_DECIMAL = re.compile(r"0|-?[1-9][0-9]*")
+#: YAML 1.2 core schema (10.3.2): the plain scalars that are not strings.
+_CORE_TYPED = re.compile(
+    r"null|Null|NULL|~|true|True|TRUE|false|False|FALSE|[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+"
+    r"|[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)"
+    r"|\.nan|\.NaN|\.NAN"
+)
+#: YAML 1.1's booleans and nulls (any case).
+_KEYWORDS = frozenset(["y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"])
+
+
+class YamlRefused(Exception):
+    def __init__(self, line: int, construct: str) -> None:
+        super().__init__(construct)
+        self.line, self.construct = line, construct
+
+
+def _scan(text: str) -> None:
+    documents = 0
+    for token in yaml.scan(text):
+        line = token.start_mark.line + 1
+        if isinstance(token, (yaml.AnchorToken, yaml.AliasToken)):
+            raise YamlRefused(line, "a YAML anchor or alias")
+        if isinstance(token, yaml.TagToken):
+            raise YamlRefused(line, "a YAML tag")
+        if isinstance(token, yaml.DocumentStartToken):
+            documents += 1
+            if documents > 1:
+                raise YamlRefused(line, "a second YAML document")
+        if isinstance(token, yaml.DirectiveToken):
+            raise YamlRefused(line, "a YAML directive")
+
+
+def _value(node: yaml.Node) -> Any:
+    line = node.start_mark.line + 1
+    if isinstance(node, yaml.ScalarNode):
+        text = str(node.value)
+        if node.style in ("'", '"'):
+            return text
+        if node.style in ("|", ">"):
+            raise YamlRefused(line, "a YAML block scalar")
+        if text == "" and node.style is None:
+            return None  # an empty value (``key:``): null in both readers
+        typed = _CORE_TYPED.fullmatch(text) and not _DECIMAL.fullmatch(text)
+        if typed or text.lower() in _KEYWORDS:
+            raise YamlRefused(line, f"plain YAML value {text[:40]!r} (quote it)")
+        return text
+    if isinstance(node, yaml.SequenceNode):
+        return [_value(item) for item in node.value]
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = _value(key_node)
+            if not isinstance(key, str) or key == "<<":
+                raise YamlRefused(line, "a YAML merge key or a non-text key")
+            if key in out:
+                raise YamlRefused(key_node.start_mark.line + 1, f"key {key} given twice")
+            out[key] = (_value(value_node), value_node.start_mark.line + 1)
+        return out
+    raise YamlRefused(line, "a YAML node")  # pragma: no cover - PyYAML has no other kind
+
+
+def load(text: str, shown: str) -> dict[str, Any] | NotUnderstood:
+    """The document as nested dicts (values as ``(value, line)``), lists and text."""
+    try:
+        _scan(text)
+        node = yaml.compose(text)
+        value = {} if node is None else _value(node)
+    except YamlRefused as exc:
+        return NotUnderstood(shown, exc.line, exc.construct, "write plain compose YAML")
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 0
+        return NotUnderstood(shown, line, f"not valid YAML ({getattr(exc, 'problem', exc)})")
+    if not isinstance(value, dict):
+        return NotUnderstood(shown, 1, "a YAML document that is not a mapping")
+    return value
+
+
+def plain(value: Any) -> Any:
+    """A loaded value without its line numbers."""
+    if isinstance(value, dict):
+        return {k: plain(v[0]) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
