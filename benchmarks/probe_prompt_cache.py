@@ -6,7 +6,15 @@ otherwise). For every prompt it sends
 
 * **cold**: ``cache_prompt: false`` (the whole prompt evaluated), one request at a time;
 * **warm**: the same body without ``cache_prompt`` (the server's default: reuse what its slot
-  or its host-memory cache holds), after every prompt was sent once, N at a time in order;
+  or its host-memory cache holds), after every prompt was sent cold, N clients at a time:
+  a lone prompt is sent twice back to back and the second answer is the warm one; with
+  ``--turns K`` each client sends one conversation's turns in order (turn k+1 only once turn
+  k was answered), and every turn is a warm answer.
+
+Why not "every prompt once, in order": on a sliding-window model (Gemma 3) llama-server with
+its defaults reuses a slot's cache only up to a context checkpoint, made at the end of each
+prompt; a prompt that shares only the preamble with the slot's last prompt ("forcing full
+prompt re-processing due to lack of cache data") reuses nothing.
 
 and counts the rows whose generated tokens, or whose pre-sampling logprobs at any position
 up to the first token difference, differ bitwise, and the prompt tokens the server says it
@@ -95,6 +103,25 @@ def body(prompt: str, n_predict: int, cold: bool) -> dict[str, Any]:
     return b
 
 
+def chains(texts: list[str], turns: int) -> list[list[str]]:
+    """One client's requests, sent one after another: a conversation's turns in order, or
+    (``turns`` 1) a prompt on its own."""
+    return [texts[i : i + max(turns, 1)] for i in range(0, len(texts), max(turns, 1))]
+
+
+def warm_chain(url: str, chain: list[str], n_predict: int, turns: int) -> list[tuple[str, Any]]:
+    """The warm answers of one chain. A lone prompt is sent twice back to back and the second
+    answer is the warm one (a repeat served from the cache); a conversation's turns are sent
+    in order, each after the one before was answered, and each turn is the warm answer (it
+    reuses the earlier turn its prompt extends)."""
+    out = []
+    for text in chain:
+        if turns <= 1:
+            post(url, body(text, n_predict, False))  # primes the slot with this very prompt
+        out.append((text, post(url, body(text, n_predict, False))))
+    return out
+
+
 def post(url: str, b: dict[str, Any]) -> dict[str, Any]:
     r = requests.post(url + "/v1/completions", json=b, timeout=600)
     r.raise_for_status()
@@ -146,8 +173,11 @@ def main() -> int:
         texts = prompts(args.prompts, args.turns)
         t0 = time.monotonic()
         cold = [post(url, body(p, args.n_predict, True)) for p in texts]
-        with ThreadPoolExecutor(args.parallel) as pool:  # in order, N at a time
-            warm = list(pool.map(lambda p: post(url, body(p, args.n_predict, False)), texts))
+        with ThreadPoolExecutor(args.parallel) as pool:  # N chains at a time
+            sent = pool.map(lambda chain: warm_chain(url, chain, args.n_predict, args.turns),
+                            chains(texts, args.turns))  # fmt: skip
+            by_text = {t: r for chain in sent for t, r in chain}
+        warm = [by_text[t] for t in texts]
         wall = time.monotonic() - t0
         rows = []
         for k, (c, w) in enumerate(zip(cold, warm, strict=True)):

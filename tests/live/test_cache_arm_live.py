@@ -40,7 +40,8 @@ def test_cache_arm_on_the_real_server_proves_reuse_and_names_the_cache(
     cert = finished.cert
     block = cert.prompt_cache
     assert block is not None
-    # The server's own counts: every later turn and every preamble after the first reuse.
+    # The server's own counts: later turns reuse the turn they extend (a first turn, sharing
+    # only the preamble, reuses nothing on a sliding-window model with the defaults).
     assert block.reuse.ok, block.reuse.reason
     assert block.reuse.n_unreported == 0 and block.reuse.tokens_reused > 0
     # The cold arms stayed cold (cache_prompt false on a --cache-ram 0 server).

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.workitem import WorkItem, row_id
 
-__all__ = ["ASSISTANT_TURN", "DEFAULT_TURNS", "PREAMBLE", "cache_shaped"]
+__all__ = ["ASSISTANT_TURN", "DEFAULT_TURNS", "PREAMBLE", "cache_shaped", "conversation_chains"]
 
 DEFAULT_TURNS = 3
 
@@ -78,3 +78,25 @@ def cache_shaped(items: Sequence[WorkItem], turns: int = DEFAULT_TURNS) -> tuple
                 chat = any(i.messages is not None for i in conversation)
                 shaped.append(_turn(conversation, k, index, chat))
     return tuple(shaped)
+
+
+def conversation_chains(items: Sequence[WorkItem]) -> tuple[tuple[str, ...], ...]:
+    """The test ids of ``items`` grouped into the chains one client sends one after another:
+    each conversation (per repetition) in turn order; a row outside any conversation is a
+    chain of its own. Chains keep the order of their first row.
+
+    Why: a later turn can only reuse its earlier turn once that turn has been answered, and
+    only where the slot that answered it is idle. On a sliding-window model (Gemma 3) with
+    llama-server's defaults a request that shares only the preamble with a slot's cache
+    reuses nothing (no context checkpoint inside the shared part), so a turn sent while its
+    earlier turn is still in flight is evaluated cold."""
+    chains: dict[object, list[tuple[int, int, str]]] = {}
+    for position, item in enumerate(items):
+        conversation = item.meta.get("conversation")
+        rep = item.test_id[len(row_id(item.test_id)) :]
+        key: object = ("row", item.test_id) if conversation is None else (conversation, rep)
+        turn = item.meta.get("turn", 0)
+        chains.setdefault(key, []).append(
+            (turn if isinstance(turn, int) else 0, position, item.test_id)
+        )
+    return tuple(tuple(test_id for _, _, test_id in sorted(chain)) for chain in chains.values())

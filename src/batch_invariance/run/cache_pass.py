@@ -3,8 +3,9 @@
 default ``--cache-ram``, or the value under test; vLLM with prefix caching), N at once.
 
 It runs on its own server (``launcher.launch("cache", N, ctx)``), after the C passes and B,
-so the cold arms never share a process with a warm cache. Requests go in work-set order, so
-a conversation's later turns follow its earlier ones, as a client sends them; the server's
+so the cold arms never share a process with a warm cache. Each worker sends one
+conversation's turns one after another (:func:`core.cache_shape.conversation_chains`), as a
+client does, so a later turn goes out only once its earlier turn was answered; the server's
 own per-response reuse count (``timings.cache_n``, or ``cached_tokens``) goes into each
 trial and :mod:`batch_invariance.core.cache_arm` judges it.
 """
@@ -15,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from batch_invariance.core.cache_shape import conversation_chains
 from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import ARM_CACHE, PassRecord, Trial
 from batch_invariance.core.plan import CellPlan
@@ -52,6 +54,7 @@ def run_cache_arm(
 ) -> CacheRun:
     """The prompt-cache arm's passes on a fresh ``--parallel N`` server with the cache on."""
     template = request_template(plan).as_deployed()
+    chains = conversation_chains(plan.items)
     notes = Notes()
     passes: list[PassRecord] = []
     stats: list[ArmStats] = []
@@ -64,7 +67,7 @@ def run_cache_arm(
                     server.base_url, template, plan.items, workers=plan.parallel,
                     pass_index=index, seed=plan.seed, metrics_enabled=server.metrics_enabled,
                     check_alive=server.check_alive, on_done=ticker(sink),
-                    probes=getattr(server, "busy_probes", None), in_order=True,
+                    probes=getattr(server, "busy_probes", None), chains=chains,
                 )  # fmt: skip
             stats.append(
                 replace(

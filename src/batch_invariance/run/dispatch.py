@@ -249,13 +249,15 @@ def run_concurrent_pass(
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     probes: Sequence[BusyProbe] | None = None,
     counters: Sequence[PassCounter] = (),
-    in_order: bool = False,
+    chains: Sequence[Sequence[str]] | None = None,
 ) -> ConcurrentPass:
     """One C pass: ``workers`` closed-loop threads released together by a barrier.
 
-    The queue holds the items in :func:`pass_order` (``in_order``: in work-set order, as the
-    prompt-cache arm sends a conversation's turns one after another); each worker has its own
-    ``requests.Session`` and takes the next item as soon as its previous request completes.
+    The queue holds the items in :func:`pass_order`, each a chain of one; with ``chains`` (the
+    prompt-cache arm's conversations) it holds those chains in their order instead, and a
+    worker sends a chain's items one after another, so a later turn goes out only once its
+    earlier turn was answered. Each worker has its own ``requests.Session`` and takes the
+    next chain as soon as its previous request completes.
     All threads (workers and sampler) are joined before this returns or re-raises.
     ``probes`` are the server's busy witnesses (default: llama-server's, see
     :func:`llama_server_probes`); ``counters`` are read before the workers start and after
@@ -266,10 +268,14 @@ def run_concurrent_pass(
         raise ValueError("workers must be >= 1")
     by_id = {item.test_id: item for item in items}
     ids = [item.test_id for item in items]
-    order = tuple(ids) if in_order else pass_order(ids, seed, pass_index)
-    work: queue.Queue[WorkItem] = queue.Queue()
-    for test_id in order:
-        work.put(by_id[test_id])
+    if chains is None:
+        chains = [(test_id,) for test_id in pass_order(ids, seed, pass_index)]
+    elif sorted(t for chain in chains for t in chain) != sorted(ids):
+        raise ValueError("chains must hold every item's id exactly once")
+    order = tuple(t for chain in chains for t in chain)
+    work: queue.Queue[tuple[WorkItem, ...]] = queue.Queue()
+    for chain in chains:
+        work.put(tuple(by_id[test_id] for test_id in chain))
     results: dict[str, RawResponse] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -286,17 +292,20 @@ def run_concurrent_pass(
         with requests.Session() as session:
             while not stop.is_set():
                 try:
-                    item = work.get_nowait()
+                    chain = work.get_nowait()
                 except queue.Empty:
                     return
-                resp = send(session, base_url, template, item, check_alive)
-                with lock:
-                    results[item.test_id] = resp
-                if resp.failure_mode == "server_gone":
-                    stop.set()  # the pass cannot finish: send nothing more to a dead port
-                    return
-                if on_done is not None:
-                    on_done(resp)
+                for item in chain:
+                    if stop.is_set():
+                        return
+                    resp = send(session, base_url, template, item, check_alive)
+                    with lock:
+                        results[item.test_id] = resp
+                    if resp.failure_mode == "server_gone":
+                        stop.set()  # the pass cannot finish: send nothing more to a dead port
+                        return
+                    if on_done is not None:
+                        on_done(resp)
 
     threads = [
         threading.Thread(target=worker, name=f"bi-worker-{pass_index}-{k}", daemon=True)

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.core.b_sample import sample_size
-from batch_invariance.core.cache_shape import PREAMBLE, cache_shaped
+from batch_invariance.core.cache_shape import PREAMBLE, cache_shaped, conversation_chains
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.scoring import ExactMatchScorer
 from batch_invariance.core.verdict import CLASS_CACHE, CLASS_CACHE_DRIFT, decide
+from batch_invariance.core.workitem import rep_id
 from batch_invariance.engines.base import LaunchRequest, PromptCache
 from batch_invariance.engines.llama_server.engine import build_argv
 from batch_invariance.engines.vllm import VllmEngine
@@ -53,6 +54,19 @@ def test_shape_shares_a_preamble_and_later_turns_extend_earlier_ones() -> None:
     assert [i.expected_answer for i in shaped if i.test_id == MOCK_ITEMS[1].test_id] == [
         MOCK_ITEMS[1].expected_answer
     ]
+
+
+def test_chains_are_conversations_per_repetition_in_turn_order() -> None:
+    shaped = cache_shaped(MOCK_ITEMS[:6], 3)  # turn-major: c0t1 c1t1 c0t2 c1t2 c0t3 c1t3
+    ids = [i.test_id for i in shaped]
+    assert conversation_chains(shaped) == ((ids[0], ids[2], ids[4]), (ids[1], ids[3], ids[5]))
+    # Repetitions of a conversation are conversations of their own; plain rows chains of one.
+    reps = tuple(i.with_id(rep_id(i.test_id, k)) for i in shaped[:4] for k in range(2))
+    assert conversation_chains(reps) == (
+        (rep_id(ids[0], 0), rep_id(ids[2], 0)), (rep_id(ids[0], 1), rep_id(ids[2], 1)),
+        (rep_id(ids[1], 0), rep_id(ids[3], 0)), (rep_id(ids[1], 1), rep_id(ids[3], 1)),
+    )  # fmt: skip
+    assert conversation_chains(MOCK_ITEMS[:3]) == tuple((i.test_id,) for i in MOCK_ITEMS[:3])
 
 
 def test_bundled_cache_workset_is_the_shape_of_the_demo_openings() -> None:

@@ -137,3 +137,25 @@ def test_the_sampler_settles_at_the_spec_bound_after_the_first_second() -> None:
     assert sampler.interval_at(0.0) == sampler.interval_at(0.99) == SAMPLE_INTERVAL_S == 0.025
     assert sampler.interval_at(1.0) == sampler.interval_at(60.0) == SETTLED_INTERVAL_S == 0.05
     assert _BusySampler((), 0.2).interval_at(5.0) == 0.2  # a slower interval asked stays
+
+
+def test_chains_send_a_conversations_turns_one_after_another_and_still_overlap() -> None:
+    # Three two-turn conversations on four workers: turn 2 of each only once its turn 1 was
+    # answered (the prompt cache can reuse it only then), yet the conversations overlap.
+    chains = [("q00", "q01"), ("q02", "q03"), ("q04", "q05")]
+    with MockServer(parallel=4, knobs=SLOW) as server:
+        result = run_concurrent_pass(
+            server.base_url, TEMPLATE, ITEMS[:6], workers=4, pass_index=0, seed=0,
+            chains=chains,
+        )  # fmt: skip
+    out = dict(result.responses)
+    assert result.order == ("q00", "q01", "q02", "q03", "q04", "q05")
+    for first, later in chains:
+        done, sent = out[first].complete_ts, out[later].dispatch_ts
+        assert done is not None and sent is not None and sent >= done
+    assert _max_depth(out) >= 2
+
+
+def test_chains_must_cover_every_item_once() -> None:
+    with MockServer(parallel=2) as server, pytest.raises(ValueError, match="exactly once"):
+        run_concurrent_pass(server.base_url, TEMPLATE, ITEMS[:3], 2, 0, 0, chains=[("q00",)])
