@@ -121,8 +121,10 @@ def test_serve_execs_the_measured_server_and_sigterm_stops_it(
         _wait_health(proc, url)
         data = json.loads(green["cert"].read_text())
         measured = next(s["argv"] for s in data["provenance"]["servers"] if s["role"] == "BC")
-        # exec: the process serve started is the server, with exactly this argv.
-        assert psutil.Process(proc.pid).cmdline() == list(serve_argv(measured, neutral[1:]))
+        # exec: the process serve started is the server, with exactly this argv; the cert
+        # measured cache-off traffic only, so serve turns the prompt cache off.
+        cold = [*measured, "--no-cache-prompt"]
+        assert psutil.Process(proc.pid).cmdline() == list(serve_argv(cold, neutral[1:]))
         props = requests.get(url + "/props", headers={"Authorization": "Bearer k"}, timeout=10)
         props.raise_for_status()
         body = props.json()
