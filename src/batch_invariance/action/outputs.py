@@ -77,7 +77,7 @@ def outputs_for(
         "cell": f"{cert.model}/{cert.ctx}/{cert.dispatch_n}",
         "cell-id": cert_path.stem,
         "comparison-path": relative_to_workspace(comparison, workspace) if comparison else "",
-        "baseline-worst": worst or "",
+        "baseline-worst": worst or "no-baseline",
     }
 
 
