@@ -204,3 +204,19 @@ def fake_cell_files(tmp_path: Path, monkeypatch: Any, rows: int) -> dict[str, Pa
         "out": tmp_path / "out",
         "marker": marker,
     }
+
+
+def hf_model_files(folder: Path) -> Path:
+    """A model folder as vLLM loads it: ``config.json`` with Gemma-3-270M's geometry (what the
+    memory guard reads to size vLLM's reservation) and a few bytes of weights, whose file is
+    returned."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 18,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+        "hidden_size": 640, "torch_dtype": "float32",
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"weights")
+    return weights

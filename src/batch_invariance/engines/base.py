@@ -24,6 +24,7 @@ __all__ = [
     "KvLayout",
     "LaunchCommand",
     "LaunchRequest",
+    "MemoryReservation",
     "PromptCache",
     "flag_conflicts",
     "passthrough_env",
@@ -44,6 +45,25 @@ class PromptCache:
 
 
 @dataclass(frozen=True)
+class MemoryReservation:
+    """How an engine that reserves a share of its memory node at start is sized (vLLM's CPU
+    backend: ``--gpu-memory-utilization``); the memory guard sizes or checks the value."""
+
+    #: The flag that carries the fraction.
+    flag: str
+    #: Resident bytes besides weights and KV (runtime, activations), as measured.
+    runtime_bytes: int
+    #: The user's own value (``--server-flag``): it wins, and is checked.
+    given: float | None = None
+    #: The dtype the flags ask for (the KV size is taken at the larger of it and the model's).
+    dtype: str | None = None
+    #: KV bytes set explicitly (then the engine ignores the fraction and reserves this).
+    explicit_kv_bytes: int | None = None
+    #: Where :attr:`explicit_kv_bytes` came from, for messages.
+    explicit_kv_source: str = ""
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     """What the driver asks of a launch: ``parallel`` sequences of ``ctx`` tokens each, with
     the KV cache laid out as ``kv_layout`` (one of the engine's :attr:`Engine.kv_layouts`)."""
@@ -61,6 +81,9 @@ class LaunchRequest:
     #: Set only for the prompt-cache arm's server: the cache on, as the deploy runs it.
     #: ``None``: every request computed from scratch (the engine turns its cache off).
     prompt_cache: PromptCache | None = None
+    #: The sized share of the memory node (:class:`MemoryReservation`); ``None``: the engine
+    #: reserves none, or the user's own flag carries it.
+    memory_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +168,17 @@ class Engine(Protocol):
 
     def unknown_flags(self, flags: Sequence[str]) -> tuple[str, ...]:
         """Flags it would refuse to start with, each with the reason (empty: none known)."""
+
+    def memory_reservation(
+        self, flags: Sequence[str], env: Mapping[str, str]
+    ) -> MemoryReservation | None:
+        """How it reserves memory at start, read from the user's flags and environment
+        (:class:`~batch_invariance.errors.UsageError` on a malformed value); ``None`` where it
+        reserves nothing up front."""
+
+    def prompt_cache_bytes(self, cache: PromptCache) -> int | None:
+        """Host memory its prompt cache may hold on the prompt-cache arm's server, beyond the
+        KV cache (0: none); ``None``: no limit."""
 
     def launch_command(self, request: LaunchRequest) -> LaunchCommand:
         """The command that starts it as ``request`` asks (the one argv builder: the launch

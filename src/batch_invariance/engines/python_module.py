@@ -8,10 +8,10 @@ flags are not llama.cpp's, so the memory projection assumes the default KV cache
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from batch_invariance.engines.base import KvLayout
+from batch_invariance.engines.base import KvLayout, MemoryReservation, PromptCache
 
 __all__ = ["PythonModuleEngine"]
 
@@ -43,3 +43,12 @@ class PythonModuleEngine:
 
     def unknown_flags(self, flags: Sequence[str]) -> tuple[str, ...]:
         return ()
+
+    def memory_reservation(
+        self, flags: Sequence[str], env: Mapping[str, str]
+    ) -> MemoryReservation | None:
+        return None
+
+    def prompt_cache_bytes(self, cache: PromptCache) -> int | None:
+        # Their prompt caches (prefix caching, radix cache) live in the KV cache itself.
+        return 0

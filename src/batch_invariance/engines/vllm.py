@@ -12,6 +12,16 @@ vLLM leaves the field null and the prompt-cache gate could never be met). The bu
 the ``vllm:num_requests_running`` gauge on ``/metrics``; cache evidence is the prefix-cache
 hit/query counters (older releases prefix them ``gpu_``).
 
+Memory: the CPU backend reserves ``ceil(total x --gpu-memory-utilization)`` bytes of the memory
+node of its first CPU (default 0.92) and exits at start when the node has less available
+(``vllm/v1/worker/cpu_worker.py``, ``CPUWorker.__init__``: "On the CPU backend, the
+``--gpu-memory-utilization`` flag controls the fraction of CPU memory reserved"); its KV cache is
+that reservation less the worker's resident set after loading and warming the model
+(``determine_available_memory``). ``VLLM_CPU_KVCACHE_SPACE`` (GiB) or ``--kv-cache-memory-bytes``
+sets the KV size instead, and then the fraction is not read at all. The tool passes a fraction
+sized for the cell on every launch (:meth:`VllmEngine.memory_reservation`, the memory guard);
+a value the user gives wins, and is checked.
+
 Environment: ``VLLM_BATCH_INVARIANT`` and the CPU build's ``VLLM_CPU_*`` switches are passed
 through from the tool's environment and recorded. Where the interpreter's venv ships Intel's
 OpenMP runtime (``lib/libiomp5.so``, the CPU build), it is preloaded (``LD_PRELOAD``): the CPU
@@ -20,6 +30,8 @@ build expects it ahead of the GNU one.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +39,13 @@ from batch_invariance.engines.base import (
     CacheEvidence,
     LaunchCommand,
     LaunchRequest,
+    MemoryReservation,
     passthrough_env,
 )
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.engines.python_module import PythonModuleEngine
 from batch_invariance.engines.witness import counters, gauge_probe, step_totals_reader
+from batch_invariance.errors import UsageError
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 BUSY_GAUGE = "vllm:num_requests_running"
@@ -49,6 +63,54 @@ NUMERICS_ENV = (
 )
 #: Intel's OpenMP runtime, as the CPU build's venv ships it.
 IOMP_LIBRARY = Path("lib") / "libiomp5.so"
+#: The share of the memory node the CPU backend reserves (its name is the GPU one's).
+FRACTION_FLAG = "--gpu-memory-utilization"
+_FRACTION_SPELLINGS = (FRACTION_FLAG, "--device-memory-utilization")
+_KV_BYTES_FLAG = "--kv-cache-memory-bytes"
+KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+#: The worker's resident set besides weights and KV: torch, vLLM and the warm-up's buffers.
+#: Measured on the embedded default (gemma-3-270m f32, --enforce-eager): vLLM logs "N GiB
+#: memory was consumed by non-kv usages", weights included; the allowance is that less the
+#: weights, rounded up (see the memory guard's margin on top).
+RUNTIME_BYTES = 2 * 1024**3
+_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)")
+_MULTIPLIER = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+               "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # fmt: skip
+
+
+def flag_value(flags: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value of the last of ``names`` in ``flags`` (``--x v`` or ``--x=v``; vLLM reads
+    ``--x_y`` as ``--x-y``)."""
+    found: str | None = None
+    for i, word in enumerate(flags):
+        name, eq, value = word.partition("=")
+        if name.replace("_", "-") not in names:
+            continue
+        if eq:
+            found = value
+        elif i + 1 < len(flags):
+            found = flags[i + 1]
+    return found
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise UsageError(
+            f"--server-flag {FRACTION_FLAG} {text}: vLLM takes a fraction in (0, 1]; drop the "
+            "flag and the tool sizes it for the cell"
+        )
+    return value
+
+
+def _kv_bytes(text: str, source: str) -> int:
+    match = _HUMAN.fullmatch(text.strip())
+    if match is None:
+        raise UsageError(f"{source} {text}: not a byte count vLLM reads (e.g. 2G or 2147483648)")
+    return int(float(match.group(1)) * _MULTIPLIER[match.group(2)])
 
 
 def preload_env(server_bin: Path, inherited: str | None) -> dict[str, str]:
@@ -76,6 +138,24 @@ class VllmEngine(PythonModuleEngine):
     )  # fmt: skip
     refused_flags: frozenset[str] = frozenset({"--enable-prefix-caching"})
 
+    def memory_reservation(self, flags: Sequence[str], env: Mapping[str, str]) -> MemoryReservation:
+        given = flag_value(flags, _FRACTION_SPELLINGS)
+        kv_flag = flag_value(flags, (_KV_BYTES_FLAG,))
+        kv_env = env.get(KV_SPACE_ENV) or None  # vLLM ignores it when empty
+        explicit, source = None, ""
+        if kv_flag is not None:
+            explicit, source = _kv_bytes(kv_flag, _KV_BYTES_FLAG), _KV_BYTES_FLAG
+        elif kv_env is not None:
+            explicit, source = _kv_bytes(kv_env + "G", KV_SPACE_ENV), f"{KV_SPACE_ENV}={kv_env}"
+        return MemoryReservation(
+            flag=FRACTION_FLAG,
+            runtime_bytes=RUNTIME_BYTES,
+            given=None if given is None else _fraction(given),
+            dtype=flag_value(flags, ("--dtype",)),
+            explicit_kv_bytes=explicit,
+            explicit_kv_source=source,
+        )
+
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         # The prompt-cache arm runs vLLM as a deploy does: automatic prefix caching on.
         caching = "--enable-prefix-caching" if r.prompt_cache else "--no-enable-prefix-caching"
@@ -83,7 +163,11 @@ class VllmEngine(PythonModuleEngine):
             str(r.server_bin), "-m", SERVER_MODULE, "--model", str(r.model),
             "--max-num-seqs", str(r.parallel), "--max-model-len", str(r.ctx),
             caching, "--enable-prompt-tokens-details",
-            "--host", r.host, "--port", str(r.port), *r.extra_flags,
+            "--host", r.host, "--port", str(r.port),
+            # Sized for the cell by the memory guard (vLLM's 0.92 of the node fails on a
+            # host whose page cache is large); absent where the user's flag carries it.
+            *((FRACTION_FLAG, f"{r.memory_fraction:g}") if r.memory_fraction else ()),
+            *r.extra_flags,
         )  # fmt: skip
         env = {
             **passthrough_env(NUMERICS_ENV, r.env),

@@ -1,12 +1,12 @@
 """The memory guard: project a server's footprint and refuse launches that would not fit.
 
 The projection is weights (the GGUF file size) plus the KV cache (from the GGUF header, for
-``ctx x N`` tokens at the cache type the server flags choose) plus a fixed allowance for
-compute buffers. It is deliberately conservative (sliding-window layers are sized for the full
-context). Available memory is re-read from ``/proc/meminfo`` before every launch, and free VRAM
-from ``nvidia-smi`` when that tool exists. While arms run, :class:`RssWatch` samples the
-server's resident set and trips once it passes the cap.
-"""
+``ctx x N`` tokens at the cache type the server flags choose) plus a fixed allowance for compute
+buffers, plus, on the prompt-cache arm's server, the host-memory prompt cache it may fill
+(llama-server's ``--cache-ram``). It is deliberately conservative (sliding-window layers are
+sized for the full context). Available memory is re-read from ``/proc/meminfo`` before every
+launch, and free VRAM from ``nvidia-smi`` when that tool exists. While arms run,
+:class:`RssWatch` samples the server's resident set and trips once it passes the cap."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from pathlib import Path
 
 import psutil
 
+from batch_invariance.core.memory_fraction import FractionDecision
 from batch_invariance.engines.llama_server.flags import read_flags
 from batch_invariance.errors import GuardRefused
 from batch_invariance.host.gguf import GgufInfo
+from batch_invariance.host.node_memory import NodeMemory, read_node_memory
 
 __all__ = [
     "GIB",
@@ -63,10 +65,22 @@ class Projection:
     overhead_bytes: int
     cache_type_k: str
     cache_type_v: str
+    #: Host memory the server's prompt cache may fill (the prompt-cache arm's server).
+    cache_bytes: int = 0
+    #: Its prompt cache has no limit (``--cache-ram -1``): not in the total; the RSS watch
+    #: is what bounds it.
+    cache_unbounded: bool = False
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.overhead_bytes
+        return self.weights_bytes + self.kv_bytes + self.overhead_bytes + self.cache_bytes
+
+    def breakdown(self) -> str:
+        """``weights W + KV K + overhead O`` (and the prompt cache where there is one), GiB."""
+        parts = [("weights", self.weights_bytes), ("KV", self.kv_bytes),
+                 ("overhead", self.overhead_bytes), ("prompt cache", self.cache_bytes)]  # fmt: skip
+        text = " + ".join(f"{k} {v / GIB:.2f}" for k, v in parts if v or k != "prompt cache")
+        return text + (" + prompt cache unbounded" if self.cache_unbounded else "")
 
     @property
     def total_gib(self) -> float:
@@ -81,6 +95,8 @@ class HostMemory:
     mem_total_bytes: int | None
     #: Sum of free VRAM over visible GPUs, when ``nvidia-smi`` answered.
     vram_free_bytes: int | None
+    #: The memory node an engine that reserves memory up front reserves from (vLLM's view).
+    node: NodeMemory | None = None
 
 
 def cache_types(server_flags: Sequence[str]) -> tuple[str, str]:
@@ -89,9 +105,14 @@ def cache_types(server_flags: Sequence[str]) -> tuple[str, str]:
 
 
 def project(
-    info: GgufInfo, ctx: int, parallel: int, server_flags: Sequence[str] = ()
+    info: GgufInfo,
+    ctx: int,
+    parallel: int,
+    server_flags: Sequence[str] = (),
+    cache_bytes: int | None = 0,
 ) -> Projection:
-    """Projected footprint of a server with ``parallel`` slots, each given ``ctx`` tokens."""
+    """Projected footprint of a server with ``parallel`` slots, each given ``ctx`` tokens,
+    and a host-memory prompt cache of ``cache_bytes`` (``None``: no limit)."""
     k, v = cache_types(server_flags)
     kv = int(info.kv_bytes_per_token(k, v) * ctx * parallel)
     return Projection(
@@ -102,6 +123,8 @@ def project(
         overhead_bytes=OVERHEAD_BYTES,
         cache_type_k=k,
         cache_type_v=v,
+        cache_bytes=cache_bytes or 0,
+        cache_unbounded=cache_bytes is None,
     )
 
 
@@ -155,7 +178,10 @@ def read_host_memory() -> HostMemory:
     """Fresh numbers (called before every launch, never cached)."""
     avail, total = read_meminfo()
     return HostMemory(
-        mem_available_bytes=avail, mem_total_bytes=total, vram_free_bytes=read_vram_free()
+        mem_available_bytes=avail,
+        mem_total_bytes=total,
+        vram_free_bytes=read_vram_free(),
+        node=read_node_memory(),
     )
 
 
@@ -169,6 +195,8 @@ class GuardDecision:
     refusal: str | None
     #: Whether the projection was held against free VRAM rather than host memory.
     gpu_offload: bool = False
+    #: The share of its memory node the server reserves at start (vLLM), sized or checked.
+    reservation: FractionDecision | None = None
 
 
 def offloads_to_gpu(server_flags: Sequence[str]) -> bool:
@@ -187,18 +215,18 @@ def evaluate(
     need = projection.total_bytes
     refusal: str | None = None
     label = f"--parallel {projection.parallel} x ctx {projection.ctx}"
+    # The prompt-cache arm's server: its --cache-ram is the other way down.
+    lower = "lower --parallel/--ctx" + (" or --cache-ram" if projection.cache_bytes else "")
     if cap is not None and need > cap:
         refusal = (
-            f"memory guard: {label} projects {need / GIB:.2f} GiB (weights "
-            f"{projection.weights_bytes / GIB:.2f} + KV {projection.kv_bytes / GIB:.2f} + "
-            f"overhead {projection.overhead_bytes / GIB:.2f}) over --max-footprint-gb "
-            f"{cap_gb:g}; lower --parallel/--ctx or raise the cap"
+            f"memory guard: {label} projects {need / GIB:.2f} GiB ({projection.breakdown()}) "
+            f"over --max-footprint-gb {cap_gb:g}; {lower} or raise the cap"
         )
     elif gpu_offload and host.vram_free_bytes is not None and need > host.vram_free_bytes:
         refusal = (
             f"memory guard: {label} projects {need / GIB:.2f} GiB but only "
             f"{host.vram_free_bytes / GIB:.2f} GiB VRAM is free (nvidia-smi); "
-            "free the GPU or lower --parallel/--ctx"
+            f"free the GPU or {lower}"
         )
     elif (
         not gpu_offload
@@ -208,7 +236,7 @@ def evaluate(
         refusal = (
             f"memory guard: {label} projects {need / GIB:.2f} GiB but only "
             f"{host.mem_available_bytes / GIB:.2f} GiB is available (/proc/meminfo); "
-            "free memory or lower --parallel/--ctx"
+            f"free memory or {lower}"
         )
     return GuardDecision(
         projection=projection, host=host, cap_bytes=cap, refusal=refusal, gpu_offload=gpu_offload

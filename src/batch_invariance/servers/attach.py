@@ -155,7 +155,7 @@ class AttachLauncher:
         return "attached"
 
     def guard_decision(
-        self, parallel: int, ctx: int, host: memory.HostMemory
+        self, parallel: int, ctx: int, host: memory.HostMemory, arm: str = "BC"
     ) -> memory.GuardDecision | None:
         """``None``: the attached server's memory is not the tool's to guard."""
         return None

@@ -2,12 +2,12 @@
 driver (``run.arms.ServerLauncher``).
 
 Before every launch :class:`EngineLauncher` re-reads host memory (the guard, where the engine
-loads a GGUF file), picks or re-checks the port, asks the engine for its command
-(:meth:`EngineLauncher.planned`, which the dry run prints too) and runs it as a
-:class:`~batch_invariance.servers.process.ServerProcess`. The serial A server has one sequence,
-so its KV layout cannot matter: it gets ``split``; B/C get the asked one. The handle records the
-process's facts, the engine's provenance and, at the end, its cache counters.
-"""
+loads a GGUF file or reserves a share of its memory node, sized here), picks or re-checks the
+port, asks the engine for its command (:meth:`EngineLauncher.planned`, which the dry run prints
+too) and runs it as a :class:`~batch_invariance.servers.process.ServerProcess`. The serial A
+server has one sequence, so its KV layout cannot matter: it gets ``split``; B/C get the asked
+one. The handle records the process's facts, the engine's provenance and, at the end, its cache
+counters."""
 
 from __future__ import annotations
 
@@ -25,12 +25,19 @@ from batch_invariance.engines.base import (
     KvLayout,
     LaunchCommand,
     LaunchRequest,
+    MemoryReservation,
     PromptCache,
 )
 from batch_invariance.engines.probes import BusyProbe, PassCounter, get_text
 from batch_invariance.errors import InfraError
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import GgufInfo
+from batch_invariance.host.hf_model import HfModelInfo
+from batch_invariance.host.reservation import (
+    evaluate_reservation,
+    passed_fraction,
+    project_reserved,
+)
 from batch_invariance.servers import ports
 from batch_invariance.servers.process import ServerProcess
 
@@ -57,6 +64,8 @@ class LaunchRecord:
     argv: tuple[str, ...]
     #: The memory guard's projection (``None`` where the guard does not apply).
     projected_bytes: int | None
+    #: The share of its memory node the server was given (vLLM), sized or the user's.
+    memory_fraction: float | None = None
     ready_s: float | None = None
     alive_s: float | None = None
     rss_peak_bytes: int | None = None
@@ -139,8 +148,13 @@ class EngineLauncher:
         cap_parallel: int | None = None,
         kv_layout: KvLayout = "split",
         prompt_cache: PromptCache | None = None,
+        hf_model: HfModelInfo | None = None,
+        reservation: MemoryReservation | None = None,
     ) -> None:
         self.engine = engine
+        #: A model folder's sizes and how the engine reserves memory (both or neither).
+        self.hf_model = hf_model
+        self.reservation = reservation
         #: How the prompt-cache arm's server (``arm="cache"``) runs its cache.
         self.prompt_cache = prompt_cache or PromptCache()
         self.server_bin = server_bin
@@ -167,31 +181,46 @@ class EngineLauncher:
         return min(parallel, self.cap_parallel) if self.cap_parallel else parallel
 
     def guard_decision(
-        self, parallel: int, ctx: int, host: memory.HostMemory
+        self, parallel: int, ctx: int, host: memory.HostMemory, arm: str = "BC"
     ) -> memory.GuardDecision | None:
-        """The memory guard on the server it would start (``None``: no GGUF file to project).
+        """The memory guard on the server it would start (``None``: no model to project).
 
         One context for an engine that cannot co-batch; the projection reads the flags the
-        engine says are llama.cpp's (KV cache types, GPU offload)."""
-        if self.gguf is None:
-            return None
+        engine says are llama.cpp's (KV cache types, GPU offload) and, on the prompt-cache
+        arm's server (``arm="cache"``), counts the host memory its prompt cache may fill. An
+        engine that reserves a share of its memory node gets that share sized (or the user's
+        checked) here."""
         served = self.effective_parallel(parallel)
         slots = served if self.engine.cobatches else 1
+        if self.reservation is not None and self.hf_model is not None:
+            reserved = project_reserved(self.hf_model, ctx, slots, self.reservation)
+            return evaluate_reservation(reserved, host, self.max_footprint_gb, self.reservation)
+        if self.gguf is None:
+            return None
         flags = self.engine.guard_flags(self.server_flags)
-        projection = memory.project(self.gguf, ctx, slots, flags)
+        cache = self.engine.prompt_cache_bytes(self.prompt_cache) if arm == "cache" else 0
+        projection = memory.project(self.gguf, ctx, slots, flags, cache)
         return memory.evaluate(
             projection, host, self.max_footprint_gb, memory.offloads_to_gpu(flags)
         )
 
-    def planned(self, parallel: int, ctx: int, port: int, arm: str = "BC") -> PlannedServer:
+    def planned(
+        self,
+        parallel: int,
+        ctx: int,
+        port: int,
+        arm: str = "BC",
+        decision: memory.GuardDecision | None = None,
+    ) -> PlannedServer:
         """The command and KV label of the server :meth:`launch` starts for ``parallel``
-        (``arm="cache"``: the prompt-cache arm's server, with the cache on)."""
+        (``arm="cache"``: the prompt-cache arm's server, with the cache on), with the share
+        of its memory node the guard's ``decision`` sized, where it sized one."""
         served = self.effective_parallel(parallel)
         layout: KvLayout = self.kv_layout if served > 1 else "split"
         cache = self.prompt_cache if arm == "cache" else None
         request = LaunchRequest(
             self.server_bin, self.model, served, ctx, ports.LOOPBACK, port, self.server_flags,
-            self.env, layout, cache,
+            self.env, layout, cache, passed_fraction(decision),
         )  # fmt: skip
         command = self.engine.launch_command(request)
         return PlannedServer(served, command, self.engine.kv_label(ctx, served, layout))
@@ -199,17 +228,23 @@ class EngineLauncher:
     @contextlib.contextmanager
     def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[EngineHandle]:
         """Guard memory, pick/re-check the port, start the server and yield it once ready."""
-        decision = self.guard_decision(parallel, ctx, memory.read_host_memory())
+        decision = self.guard_decision(parallel, ctx, memory.read_host_memory(), arm)
         guard = None if decision is None else memory.launch_guard(decision)
         port = ports.choose(self.port_policy)
-        planned = self.planned(parallel, ctx, port, arm)
+        planned = self.planned(parallel, ctx, port, arm, decision)
         process = ServerProcess(
             self.engine, planned.command, arm=arm, parallel=planned.parallel, ctx=ctx,
             port=port, log_dir=self.log_dir, ready_timeout=self.ready_timeout,
             rss_cap_bytes=None if guard is None else guard.rss_cap_bytes,
         )  # fmt: skip
         projected = None if guard is None else guard.projected_bytes
-        record = LaunchRecord(arm, planned.parallel, ctx, port, planned.command.argv, projected)
+        reserved = (
+            None if decision is None or decision.reservation is None else decision.reservation
+        )
+        record = LaunchRecord(
+            arm, planned.parallel, ctx, port, planned.command.argv, projected,
+            None if reserved is None else reserved.fraction,
+        )  # fmt: skip
         self.launches.append(record)
         with recorded(process, record):
             try:

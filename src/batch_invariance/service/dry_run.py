@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from batch_invariance.core.memory_fraction import FractionDecision
 from batch_invariance.core.plan import eta_seconds, serial_arm_count
 from batch_invariance.engines.registry import shown_name
 from batch_invariance.errors import UsageError
@@ -15,7 +16,7 @@ from batch_invariance.host import memory
 from batch_invariance.service.job import LiveCell
 from batch_invariance.service.target import engine_launcher
 
-__all__ = ["DryRun", "dry_run", "usable_cpus"]
+__all__ = ["DryRun", "dry_run", "reservation_line", "usable_cpus"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,18 @@ def _gib(n: int) -> str:
     return f"{n / memory.GIB:.2f} GiB"
 
 
+def reservation_line(fraction: FractionDecision, host: memory.HostMemory) -> str:
+    """What the server reserves of its memory node: the fraction, whose it is, and the room."""
+    node = host.node
+    where = "the memory node" if node is None or node.node is None else f"node {node.node}"
+    whose = "given by --server-flag" if fraction.given else "sized by the tool"
+    return (
+        f"reserves: {fraction.fraction:g} of {where} ({whose}; sized {fraction.sized:g}) = "
+        f"{_gib(fraction.reserved_bytes)} of {_gib(fraction.total_bytes)}, "
+        f"{_gib(fraction.available_bytes)} available"
+    )
+
+
 def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     """The plan of ``cell`` on a host with ``host`` memory and ``cpus`` CPUs."""
     m = cell.measurement
@@ -54,23 +67,28 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         f"dry run:{engine} cell {cell.model_name} ctx={cell.ctx} N={cell.parallel} "
         "(nothing launched)"
     ]
-    for arm, n in (("A", 1), ("BC", cell.parallel)):
-        planned = launcher.planned(n, cell.ctx, port=0)
+    for arm, n in cell.servers:
+        decision = launcher.guard_decision(n, cell.ctx, host, arm)
+        planned = launcher.planned(n, cell.ctx, 0, arm, decision)
         argv = planned.command.argv
         shown = [port if a == "0" and i > 0 and argv[i - 1] == "--port" else a
                  for i, a in enumerate(argv)]  # fmt: skip
         lines.append(f"server {arm}: {' '.join(shown)}")
-        decision = launcher.guard_decision(n, cell.ctx, host)
         if decision is None:
             lines.append(f"  memory guard: not applied ({target.gguf_skipped})")
             continue
         proj = decision.projection
         refused = refused or decision.refusal
+        cache = f" + prompt cache {_gib(proj.cache_bytes)}" if proj.cache_bytes else ""
+        if proj.cache_unbounded:
+            cache = " + prompt cache unbounded (--cache-ram -1: the RSS watch bounds it)"
         lines.append(
             f"  kv: {planned.kv_label}; projected {_gib(proj.total_bytes)} "
             f"(weights {_gib(proj.weights_bytes)} + KV {_gib(proj.kv_bytes)} + overhead "
-            f"{_gib(proj.overhead_bytes)}); guard: {decision.refusal or 'ok'}"
+            f"{_gib(proj.overhead_bytes)}{cache}); guard: {decision.refusal or 'ok'}"
         )
+        if decision.reservation is not None:
+            lines.append(f"  {reservation_line(decision.reservation, host)}")
     avail = host.mem_available_bytes
     cap_gb = cell.launch.max_footprint_gb
     cap = "none" if cap_gb is None else f"{cap_gb:g} GiB"
@@ -83,10 +101,11 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         # An upper bound: A' runs only when B differs from A, B only on the divergent ids of
         # a RED cell, and --stop-on-red may end the C passes early.
         arms = "A, B, A' if B differs" if m.serial_repeat else "A, B"
-        total = n_items * (serial_arm_count(m.serial_repeat) + m.gate_passes)
+        total = n_items * (serial_arm_count(m.serial_repeat) + m.gate_passes + m.cache_passes)
+        cache = f" + {m.cache_passes} prompt-cache passes" if m.cache_passes else ""
         lines.append(
             f"requests: up to {total} = {n_items} items x ({arms} + {m.gate_passes} C passes "
-            f"of {cell.parallel} workers); endpoint {m.endpoint}; n_predict {m.n_predict}"
+            f"of {cell.parallel} workers{cache}); endpoint {m.endpoint}; n_predict {m.n_predict}"
         )
         if target.gguf is None:
             lines.append("ETA: unknown (no GGUF model size to estimate from)")

@@ -90,6 +90,13 @@ class LiveCell:
     def server_flags(self) -> tuple[str, ...]:
         return self.target.server_flags
 
+    @property
+    def servers(self) -> tuple[tuple[str, int], ...]:
+        """``(arm, parallel)`` of every server the cell starts: the serial A server, the
+        B/C server and, when the cache is measured, the prompt-cache arm's server."""
+        cache = (("cache", self.parallel),) if self.measurement.cache_passes else ()
+        return (("A", 1), ("BC", self.parallel), *cache)
+
     def plan(self, workset: Workset, parallel: int | None = None) -> CellPlan:
         """The plan of this cell over ``workset`` (a sweep asks once per ``parallel`` N)."""
         m = self.measurement

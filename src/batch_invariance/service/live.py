@@ -79,15 +79,16 @@ def check_room_to_answer(workset: Workset, ctx: int, n_predict: int) -> None:
 
 
 def preflight_guard(cell: LiveCell, launcher: LiveServerLauncher) -> None:
-    """Run the memory guard for BOTH servers before the first launch (GuardRefused).
+    """Run the memory guard for every server of the cell before the first launch
+    (GuardRefused).
 
     The launcher guards again right before each launch (memory may have changed); this only
-    spares a run whose B/C server could never fit from spending arm A first. No guard applies
-    to an attached server or a model that is no GGUF file.
+    spares a run whose B/C or prompt-cache server could never fit from spending arm A first.
+    No guard applies to an attached server or a model the guard cannot project.
     """
     host = memory.read_host_memory()
-    for n in (1, cell.parallel):
-        decision = launcher.guard_decision(n, cell.ctx, host)
+    for arm, n in cell.servers:
+        decision = launcher.guard_decision(n, cell.ctx, host, arm)
         if decision is not None and decision.refusal is not None:
             raise GuardRefused(decision.refusal)
 

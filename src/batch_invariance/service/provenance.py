@@ -36,7 +36,7 @@ def _model_file(target: ServerTarget, sha256: str | None) -> ModelFileRecord | N
 
 def _memory_guard(cell: LiveCell, launches: Sequence[LaunchRecord]) -> dict[str, Any]:
     target = cell.target
-    if target.gguf is None:
+    if target.gguf is None and target.hf_model is None:
         return {"max_footprint_gb": cell.launch.max_footprint_gb, "applied": False,
                 "reason": target.gguf_skipped}  # fmt: skip
     return {
@@ -47,6 +47,8 @@ def _memory_guard(cell: LiveCell, launches: Sequence[LaunchRecord]) -> dict[str,
                 "parallel": r.parallel,
                 "ctx_per_slot": r.ctx,
                 "projected_bytes": r.projected_bytes,
+                # The share of its memory node the server reserved (vLLM), where it did.
+                **({} if r.memory_fraction is None else {"memory_fraction": r.memory_fraction}),
                 "rss_peak_bytes": r.rss_peak_bytes,
                 "ready_s": _round(r.ready_s),
                 "alive_s": _round(r.alive_s),

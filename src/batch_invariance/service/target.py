@@ -1,15 +1,15 @@
 """Which server a live cell measures, checked once: the engine (``--engine``), and either the
 binary and model the tool launches or the URL of a server it attaches to (``--base-url``).
 
-:func:`resolve_target` is the one place the engine-dependent inputs are validated (usage
-errors, one line each): attach URLs, server flags against the engine's own owned and refused
-flags, the binary and the model. The GGUF header is read where the engine loads a GGUF file
-(llama-server, llama-cpp-python); an engine that loads a Hugging Face model folder (vLLM,
-SGLang) gets no header, no memory guard, and the reason recorded. What differs between engines
-(KV layouts, profiles, how the binary is resolved, which flags it refuses) is asked of the
-engine. :func:`make_launcher` picks the launcher: :class:`EngineLauncher` for a launched engine,
-``AttachLauncher`` for an attached server. :func:`identify` records what ran.
-"""
+:func:`resolve_target` is the one place the engine-dependent inputs are validated (usage errors,
+one line each): attach URLs, server flags against the engine's own owned and refused flags, the
+binary and the model. The GGUF header is read where the engine loads a GGUF file (llama-server,
+llama-cpp-python); an engine that loads a Hugging Face model folder (vLLM, SGLang) gets no
+header and the reason recorded; where it reserves a share of its memory node at start (vLLM),
+the folder's config and weight files are read so the guard can size it. What differs between
+engines (KV layouts, profiles, how the binary is resolved, which flags it refuses) is asked of
+the engine. :func:`make_launcher` picks the launcher: :class:`EngineLauncher` for a launched
+engine, ``AttachLauncher`` for an attached server. :func:`identify` records what ran."""
 
 from __future__ import annotations
 
@@ -19,12 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from batch_invariance.engines.base import Engine, KvLayout, PromptCache, flag_conflicts
+from batch_invariance.engines.base import (
+    Engine,
+    KvLayout,
+    MemoryReservation,
+    PromptCache,
+    flag_conflicts,
+)
 from batch_invariance.engines.registry import ENGINES, engine_for
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.host.file_hash import cached_sha256
 from batch_invariance.host.gguf import GgufInfo, parse_info
+from batch_invariance.host.hf_model import HfModelInfo, read_hf_model
 from batch_invariance.profiles.overrides import ProfileRun
 from batch_invariance.provision.embedded import cache_root
 from batch_invariance.run.protocols import ServerLauncher
@@ -47,9 +54,9 @@ class LiveServerLauncher(ServerLauncher, Protocol):
     aborted: str | None
 
     def guard_decision(
-        self, parallel: int, ctx: int, host: memory.HostMemory
+        self, parallel: int, ctx: int, host: memory.HostMemory, arm: str = "BC"
     ) -> memory.GuardDecision | None:
-        """``None`` where no guard applies (no GGUF file, or an attached server)."""
+        """``None`` where no guard applies (no model to project, or an attached server)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,10 @@ class ServerTarget:
     gguf_skipped: str | None
     attach: AttachTarget | None
     server_flags: tuple[str, ...]
+    #: A model folder's sizes, where the engine reserves a share of its memory node at start.
+    hf_model: HfModelInfo | None = None
+    #: How that engine reserves it (the user's own value, if any, checked by the guard).
+    reservation: MemoryReservation | None = None
 
 
 def _check_file(path: Path | None, flag: str, what: str, executable: bool = False) -> Path:
@@ -162,19 +173,21 @@ def resolve_target(request: LiveRequest, prof: ProfileRun | None) -> ServerTarge
             "(its executable or Python interpreter, and its model)"
         )
     server_bin = _check_file(server_bin, "--server-bin", engine.binary_hint, executable=True)
+    launcher = engine.resolve_binary(server_bin)
     if engine.loads_gguf:
         model = _check_file(model, "--model", "path to a GGUF model")
-        gguf, skipped = parse_info(model), None
-    else:
-        if model is None or not model.exists():
-            raise UsageError(f"--model {model}: no such file or folder")
-        gguf = None
-        skipped = (
-            f"engine {engine.name} loads a Hugging Face model folder: no GGUF header read and "
-            "no memory guard"
-        )
-    launcher = engine.resolve_binary(server_bin)
-    return ServerTarget(engine, launcher, model.resolve(), gguf, skipped, None, flags)
+        return ServerTarget(engine, launcher, model.resolve(), parse_info(model), None, None, flags)
+    if model is None or not model.exists():
+        raise UsageError(f"--model {model}: no such file or folder")
+    reservation = engine.memory_reservation(flags, os.environ)
+    hf = None if reservation is None else read_hf_model(model)
+    guard = "the memory guard reads its config.json" if hf else "no memory guard"
+    skipped = (
+        f"engine {engine.name} loads a Hugging Face model folder: no GGUF header read; {guard}"
+    )
+    return ServerTarget(
+        engine, launcher, model.resolve(), None, skipped, None, flags, hf, reservation
+    )
 
 
 class LauncherFactory(Protocol):
@@ -215,6 +228,7 @@ def engine_launcher(
         ready_timeout=options.ready_timeout, gguf=target.gguf,
         max_footprint_gb=options.max_footprint_gb, cap_parallel=cap_parallel,
         kv_layout=options.kv_layout, prompt_cache=options.prompt_cache,
+        hf_model=target.hf_model, reservation=target.reservation,
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from batch_invariance.cert.store import render
 from batch_invariance.core.verdict import decide
 from batch_invariance.errors import UsageError
 from tests.support.factories import changed_answer
+from tests.support.fakes_live import hf_model_files
 from tests.unit.engines.test_engine_cells import stand_in
 
 TOKEN = "ghs_fake_token"
@@ -180,7 +181,7 @@ def cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
             for k in range(32)]  # fmt: skip
     (ws / "open.json").write_text(json.dumps(rows))
     stand_in(ws, "vllm")
-    (ws / "model.safetensors").write_bytes(b"weights")
+    hf_model_files(ws)
     return {
         "GITHUB_WORKSPACE": str(ws), "INPUT_MODE": "live", "INPUT_ENGINE": "vllm",
         "INPUT_SERVER-BIN": "vllm", "INPUT_MODEL": "model.safetensors",

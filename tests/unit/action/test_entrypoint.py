@@ -31,6 +31,7 @@ from batch_invariance.action import inputs as action_inputs
 from batch_invariance.action import outputs as action_outputs
 from batch_invariance.report import render
 from tests.support.factories import load_cert
+from tests.support.fakes_live import hf_model_files
 from tests.support.paths import REPO
 
 ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
@@ -588,7 +589,7 @@ def test_the_engine_input_runs_that_engine_through_the_same_request(
     env = actions_env(tmp_path, sign="false", engine="vllm", **small, **files)
     workspace = Path(env["GITHUB_WORKSPACE"])
     stand_in(workspace, "vllm")
-    (workspace / "model.safetensors").write_bytes(b"weights")
+    hf_model_files(workspace)
     inputs = action_inputs.read_inputs(env)
     assert inputs.engine == "vllm"
     args = build_parser().parse_args(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cli import main
+from tests.support.fakes_live import hf_model_files
 from tests.unit.engines.test_engine_cells import stand_in
 
 
@@ -40,8 +41,7 @@ def _run(
     tmp_path: Path, workset: Path, out: str, *extra: str, exe: Path | None = None
 ) -> list[str]:
     exe = exe or stand_in(tmp_path, "vllm")
-    model = tmp_path / "model.safetensors"
-    model.write_bytes(b"weights")
+    model = hf_model_files(tmp_path)
     return [
         "run-live", "--engine", "vllm", "--server-bin", str(exe), "--model", str(model),
         "--workset", str(workset), "--ctx", "512", "--parallel", "2", "--gate-passes", "1",

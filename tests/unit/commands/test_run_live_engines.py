@@ -14,6 +14,7 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.workset import items_to_row
+from tests.support.fakes_live import hf_model_files
 from tests.unit.engines.test_engine_cells import stand_in
 from tests.unit.run.test_cell import ITEMS
 
@@ -72,8 +73,7 @@ def test_launched_vllm_fake_through_the_cli(
 ) -> None:
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     exe = stand_in(tmp_path, "vllm")
-    model = tmp_path / "model.safetensors"
-    model.write_bytes(b"weights")
+    model = hf_model_files(tmp_path)
     argv = _cell(open_workset, tmp_path / "out", "--engine", "vllm", "--server-bin", str(exe),
                  "--model", str(model), "--n-predict", "128")  # fmt: skip
     code = main(argv)

@@ -12,6 +12,7 @@ import pytest
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.run.workset import items_to_row
+from tests.support.fakes_live import hf_model_files
 from tests.unit.engines.test_engine_cells import stand_in
 from tests.unit.run.test_cell import ITEMS
 
@@ -24,8 +25,7 @@ def vllm_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path
     monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps({"token_delay_s": 0.005}))
     ws = tmp_path / "ws.json"
     ws.write_text(json.dumps([items_to_row(i) for i in ITEMS]))
-    model = tmp_path / "model.safetensors"
-    model.write_bytes(b"weights")
+    model = hf_model_files(tmp_path)
     return {
         "bin": stand_in(tmp_path, "vllm"),
         "model": model,
@@ -64,7 +64,14 @@ def test_sweep_engine_shares_arm_a_and_launches_one_engine_server_per_n(
         cert = json.loads(path.read_text())
         prov = cert["provenance"]
         assert cert["source"] == "live" and prov["engine"] == "vllm"
-        assert prov["driver"] == "sweep" and prov["memory_guard"]["applied"] is False
+        assert prov["driver"] == "sweep"
+        # The guard sizes vLLM's reservation from the folder's config and records it.
+        launches = prov["memory_guard"]["launches"]
+        assert all(0 < launch["memory_fraction"] <= 1 for launch in launches)
+        for server, launch in zip(prov["servers"], launches, strict=False):
+            argv = server["argv"]
+            flag = argv.index("--gpu-memory-utilization")
+            assert argv[flag + 1] == f"{launch['memory_fraction']:g}"
         assert "Hugging Face model folder" in prov["model_file"]["gguf_skipped"]
         assert prov["servers"][1]["argv"][
             prov["servers"][1]["argv"].index("--max-num-seqs") + 1
@@ -77,9 +84,7 @@ def test_sweep_engine_shares_arm_a_and_launches_one_engine_server_per_n(
 def test_a_model_folder_runs_without_a_gguf_header_and_never_verifies(
     vllm_cell: dict[str, Path], tmp_path: Path
 ) -> None:
-    folder = tmp_path / "hf-model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
+    folder = hf_model_files(tmp_path / "hf-model").parent
     argv = _argv(vllm_cell, "run-live", "--parallel", "2", "--no-serial-repeat")
     argv[argv.index("--model") + 1] = str(folder)
     main(argv)
@@ -100,7 +105,8 @@ def test_dry_run_of_another_engine_prints_its_own_argv_and_launches_nothing(
     assert out.startswith("dry run: engine vllm cell model.safetensors ctx=512 N=4")
     assert "-m vllm.entrypoints.openai.api_server" in out
     assert "--max-num-seqs 4 --max-model-len 512" in out
-    assert "--port <free>" in out and "memory guard: not applied" in out
+    assert "--port <free>" in out and "--gpu-memory-utilization 0." in out
+    assert out.count("  reserves: 0.") == 2 and "sized by the tool" in out
     assert "ETA: unknown" in out
     assert not vllm_cell["record"].exists() and not vllm_cell["out"].exists()
 

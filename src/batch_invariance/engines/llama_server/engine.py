@@ -9,7 +9,7 @@ Its argv (:func:`build_argv`: every slot gets ``ctx`` tokens, a split or unified
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,12 @@ from batch_invariance.engines.base import (
     KvLayout,
     LaunchCommand,
     LaunchRequest,
+    MemoryReservation,
     PromptCache,
 )
 from batch_invariance.engines.llama_server import flags as llama_flags
 from batch_invariance.engines.llama_server.flags import FlagError, read_flags
+from batch_invariance.engines.llama_server.options import DEFAULTS
 from batch_invariance.engines.llama_server.probes import llama_server_probes
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 
@@ -118,6 +120,18 @@ class LlamaServerEngine:
         except FlagError as exc:
             return (f"{' '.join(flags)}: {exc}",)
         return tuple(f"{w}: llama-server has no such option (write --name value)" for w in rejected)
+
+    def memory_reservation(
+        self, flags: Sequence[str], env: Mapping[str, str]
+    ) -> MemoryReservation | None:
+        return None  # it allocates what it needs; the guard projects that
+
+    def prompt_cache_bytes(self, cache: PromptCache) -> int | None:
+        """``--cache-ram`` MiB (its default where the arm leaves it out); -1 is no limit."""
+        mib = cache.cache_ram_mib
+        if mib is None:
+            mib = int(DEFAULTS["--cache-ram"])
+        return None if mib < 0 else mib * 1024**2
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         argv = build_argv(
