@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.provision.embedded import Provisioned, provision
+from batch_invariance.errors import InfraError
+from batch_invariance.provision.embedded import Layout, Provisioned, cache_root, provision
+from batch_invariance.provision.vllm import VllmProvisioned, ensure_vllm
 from tests.support.paths import WORKSETS
 
 DEMO_WORKSET = WORKSETS / "demo.json"
@@ -24,6 +26,16 @@ DEMO_WORKSET = WORKSETS / "demo.json"
 def live_pair() -> Provisioned:
     """The provisioned embedded default (built when missing)."""
     return provision()
+
+
+@pytest.fixture(scope="session")
+def vllm() -> VllmProvisioned:
+    """The provisioned vLLM CPU build and its model folder (skipped where not provisioned:
+    ``batch-invariance provision --engine vllm``)."""
+    try:
+        return ensure_vllm(Layout(cache_root()), allow_build=False, say=lambda _: None)
+    except InfraError as exc:
+        pytest.skip(f"the vllm engine is not provisioned ({exc})")
 
 
 @pytest.fixture()

@@ -33,9 +33,7 @@ import requests
 from batch_invariance.cert.parse import parse_cert
 from batch_invariance.cert.schema import Cert
 from batch_invariance.cli import main
-from batch_invariance.errors import InfraError
-from batch_invariance.provision.embedded import Layout, cache_root
-from batch_invariance.provision.vllm import VllmProvisioned, ensure_vllm
+from batch_invariance.provision.vllm import VllmProvisioned
 from tests.support.paths import WORKSETS
 
 pytestmark = pytest.mark.slow  # about 13.5 min on 2 cores (CONTRIBUTING.md)
@@ -63,14 +61,6 @@ REQUEST_TIMEOUT_S = 600.0
 SMALL_CELL_GATES = (
     "--min-hot-trials", "8", "--min-answer-tokens", str(TOKENS), "--max-bound", "0.2",
 )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def vllm() -> VllmProvisioned:
-    try:
-        return ensure_vllm(Layout(cache_root()), allow_build=False, say=lambda _: None)
-    except InfraError as exc:
-        pytest.skip(f"the vllm engine is not provisioned ({exc})")
 
 
 @pytest.fixture(scope="module")

@@ -42,11 +42,15 @@ def reservation_line(fraction: FractionDecision, host: memory.HostMemory) -> str
     """What the server reserves of its memory node: the fraction, whose it is, and the room."""
     node = host.node
     where = "the memory node" if node is None or node.node is None else f"node {node.node}"
-    whose = "given by --server-flag" if fraction.given else "sized by the tool"
+    whose = (
+        f"given by --server-flag; the tool would size {fraction.sized:g}"
+        if fraction.given
+        else "sized by the tool"
+    )
     return (
-        f"reserves: {fraction.fraction:g} of {where} ({whose}; sized {fraction.sized:g}) = "
-        f"{_gib(fraction.reserved_bytes)} of {_gib(fraction.total_bytes)}, "
-        f"{_gib(fraction.available_bytes)} available"
+        f"reserves: {fraction.fraction:g} of {where} ({whose}) = "
+        f"{_gib(fraction.reserved_bytes)} of {_gib(fraction.total_bytes)}; "
+        f"{_gib(fraction.available_bytes)} available there"
     )
 
 
@@ -102,7 +106,8 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         # a RED cell, and --stop-on-red may end the C passes early.
         arms = "A, B, A' if B differs" if m.serial_repeat else "A, B"
         total = n_items * (serial_arm_count(m.serial_repeat) + m.gate_passes + m.cache_passes)
-        cache = f" + {m.cache_passes} prompt-cache passes" if m.cache_passes else ""
+        plural = "es" if m.cache_passes > 1 else ""
+        cache = f" + {m.cache_passes} prompt-cache pass{plural}" if m.cache_passes else ""
         lines.append(
             f"requests: up to {total} = {n_items} items x ({arms} + {m.gate_passes} C passes "
             f"of {cell.parallel} workers{cache}); endpoint {m.endpoint}; n_predict {m.n_predict}"

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from batch_invariance.engines.base import KvLayout
 from batch_invariance.host.memory import GIB, HostMemory
+from batch_invariance.host.node_memory import NodeMemory
 from batch_invariance.service.dry_run import dry_run
 from batch_invariance.service.job import prepare
 from batch_invariance.service.request import LiveRequest
-from tests.support.fakes_live import dense_meta, fake_server, write_gguf
+from tests.support.fakes_live import dense_meta, fake_server, hf_model_files, write_gguf
+from tests.support.golden import check_golden
 
 HOST = HostMemory(mem_available_bytes=8 * GIB, mem_total_bytes=16 * GIB, vram_free_bytes=None)
 
@@ -63,3 +67,47 @@ def test_an_engine_that_serves_one_request_is_planned_with_its_own_label_and_one
     assert [ln.split(";")[0] for ln in kv] == [f"  kv: {label}"] * 2
     # One context whatever N is: the projection of B/C equals that of A.
     assert kv[0].split(";")[1] == kv[1].split(";")[1]
+
+
+def _golden_plan(tmp_path: Path, request: LiveRequest, host: HostMemory) -> str:
+    text = dry_run(prepare(request, create_out_dir=False), host, cpus=2).text
+    return text.replace(str(tmp_path.resolve()), "<tmp>").replace(str(tmp_path), "<tmp>")
+
+
+def _workset(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws.json"
+    ws.write_text(json.dumps([{"id": f"p{i}", "prompt": f"say {i}"} for i in range(4)]))
+    return ws
+
+
+def test_the_cache_arm_server_is_planned_with_its_cache_ram_in_the_projection(
+    tmp_path: Path,
+) -> None:
+    request = LiveRequest(
+        out_dir=tmp_path / "out", server_bin=fake_server(tmp_path / "bin"),
+        model=write_gguf(tmp_path / "tiny.gguf", dense_meta()), workset=_workset(tmp_path),
+        ctx=512, parallel=4, cache_passes=1, cache_ram=2048,
+    )  # fmt: skip
+    text = _golden_plan(tmp_path, request, HOST)
+    check_golden("dry_run_cache_arm.txt", text)
+    lines = text.splitlines()
+    cache = _server_line(lines, "cache")
+    assert cache[cache.index("--cache-ram") + 1] == "2048"
+    assert "+ prompt cache 2.00 GiB); guard: ok" in text
+
+
+def test_vllm_is_planned_with_the_sized_reservation_on_every_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    request = LiveRequest(
+        out_dir=tmp_path / "out", engine="vllm",
+        server_bin=fake_server(tmp_path / "bin", "python"),
+        model=hf_model_files(tmp_path / "gemma").parent, workset=_workset(tmp_path),
+        ctx=1024, parallel=2, cache_passes=1,
+    )  # fmt: skip
+    host = HostMemory(8 * GIB, 16 * GIB, None, NodeMemory(0, 16 * GIB, 6 * GIB))
+    text = _golden_plan(tmp_path, request, host)
+    check_golden("dry_run_vllm.txt", text)
+    assert text.count("--gpu-memory-utilization 0.") == 3
+    assert text.count("  reserves: ") == 3
