@@ -116,6 +116,10 @@ def guard_refusal(
     if decision is None or decision.refusal is None:
         return None
     proj = decision.projection
+    fraction = decision.reservation
+    if fraction is not None and fraction.refusal == decision.refusal:
+        # The share of its memory node the server would reserve (vLLM), not a cap.
+        return f"not run: {decision.refusal.removeprefix('memory guard: ')}"
     if decision.cap_bytes is not None and proj.total_bytes > decision.cap_bytes:
         cap = decision.cap_bytes
     elif host.vram_free_bytes is not None and decision.gpu_offload:

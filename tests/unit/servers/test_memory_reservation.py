@@ -24,11 +24,11 @@ VLLM = VllmEngine()
 ROOMY = NodeMemory(0, 16 * GIB, 12 * GIB)
 
 
-def _host(node: NodeMemory | None = ROOMY) -> HostMemory:
+def host_with(node: NodeMemory | None = ROOMY) -> HostMemory:
     return HostMemory(20 * GIB, 32 * GIB, None, node)
 
 
-def _vllm(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> EngineLauncher:
+def vllm_launcher(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> EngineLauncher:
     model = hf_model_files(tmp_path / "model").parent
     return EngineLauncher(
         VLLM, tmp_path / "python", model, tmp_path / "out",
@@ -44,9 +44,9 @@ def _argv_fraction(argv: tuple[str, ...]) -> str:
 def test_the_sized_fraction_reaches_every_vllm_argv_and_holds_weights_kv_and_runtime(
     tmp_path: Path,
 ) -> None:
-    launcher = _vllm(tmp_path)
+    launcher = vllm_launcher(tmp_path)
     for arm, n in (("A", 1), ("BC", 4), ("cache", 4)):
-        decision = launcher.guard_decision(n, 2048, _host(), arm)
+        decision = launcher.guard_decision(n, 2048, host_with(), arm)
         assert decision is not None and decision.refusal is None
         fraction = decision.reservation
         assert fraction is not None and not fraction.given
@@ -60,35 +60,35 @@ def test_the_sized_fraction_reaches_every_vllm_argv_and_holds_weights_kv_and_run
 def test_the_guard_goes_red_when_the_node_has_too_little_free_and_green_with_enough(
     tmp_path: Path,
 ) -> None:
-    launcher = _vllm(tmp_path)
-    tight = launcher.guard_decision(4, 2048, _host(NodeMemory(0, 16 * GIB, 2 * GIB)))
+    launcher = vllm_launcher(tmp_path)
+    tight = launcher.guard_decision(4, 2048, host_with(NodeMemory(0, 16 * GIB, 2 * GIB)))
     assert tight is not None and tight.refusal is not None
     assert "exit at start" in tight.refusal and "free memory" in tight.refusal
-    roomy = launcher.guard_decision(4, 2048, _host())
+    roomy = launcher.guard_decision(4, 2048, host_with())
     assert roomy is not None and roomy.refusal is None
 
 
 def test_a_users_fraction_wins_is_not_added_again_and_is_checked(tmp_path: Path) -> None:
-    ok = _vllm(tmp_path / "ok", "--gpu-memory-utilization", "0.5")
-    decision = ok.guard_decision(4, 2048, _host())
+    ok = vllm_launcher(tmp_path / "ok", "--gpu-memory-utilization", "0.5")
+    decision = ok.guard_decision(4, 2048, host_with())
     assert decision is not None and decision.refusal is None
     argv = ok.planned(4, 2048, 0, "BC", decision).command.argv
     assert argv.count("--gpu-memory-utilization") == 1 and _argv_fraction(argv) == "0.5"
 
-    small = _vllm(tmp_path / "small", "--gpu-memory-utilization=0.05")
-    refused = small.guard_decision(4, 2048, _host())
+    small = vllm_launcher(tmp_path / "small", "--gpu-memory-utilization=0.05")
+    refused = small.guard_decision(4, 2048, host_with())
     assert refused is not None and refused.refusal is not None
     assert "less than the cell needs" in refused.refusal and "drop the flag" in refused.refusal
 
-    large = _vllm(tmp_path / "large", "--gpu_memory_utilization", "0.92")
-    refused = large.guard_decision(4, 2048, _host())
+    large = vllm_launcher(tmp_path / "large", "--gpu_memory_utilization", "0.92")
+    refused = large.guard_decision(4, 2048, host_with())
     assert refused is not None and refused.refusal is not None
     assert "lower --gpu-memory-utilization to at most 0.75" in refused.refusal
 
 
 def test_a_launch_the_guard_refuses_starts_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "never"
-    launcher = _vllm(tmp_path, "--gpu-memory-utilization", "0.01")
+    launcher = vllm_launcher(tmp_path, "--gpu-memory-utilization", "0.01")
     launcher.server_bin = marker
     with (
         pytest.raises(GuardRefused, match="less than the cell needs"),
@@ -99,20 +99,20 @@ def test_a_launch_the_guard_refuses_starts_nothing(tmp_path: Path) -> None:
 
 
 def test_an_explicit_kv_size_is_checked_and_no_fraction_is_passed(tmp_path: Path) -> None:
-    launcher = _vllm(tmp_path / "env", env={"VLLM_CPU_KVCACHE_SPACE": "1"})
-    decision = launcher.guard_decision(4, 2048, _host())
+    launcher = vllm_launcher(tmp_path / "env", env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    decision = launcher.guard_decision(4, 2048, host_with())
     assert decision is not None and decision.refusal is None and decision.reservation is None
     assert (
         "--gpu-memory-utilization" not in launcher.planned(4, 2048, 0, "BC", decision).command.argv
     )
-    small = _vllm(tmp_path / "flag", "--kv-cache-memory-bytes", "64M")
-    refused = small.guard_decision(4, 2048, _host())
+    small = vllm_launcher(tmp_path / "flag", "--kv-cache-memory-bytes", "64M")
+    refused = small.guard_decision(4, 2048, host_with())
     assert refused is not None and refused.refusal is not None
     assert "--kv-cache-memory-bytes gives the KV cache 0.06 GiB" in refused.refusal
 
 
 def test_an_unreadable_node_fails_closed(tmp_path: Path) -> None:
-    decision = _vllm(tmp_path).guard_decision(1, 512, _host(node=None))
+    decision = vllm_launcher(tmp_path).guard_decision(1, 512, host_with(node=None))
     assert decision is not None and decision.refusal is not None
     assert "cannot be sized or checked" in decision.refusal
 
@@ -134,14 +134,14 @@ def test_the_prompt_cache_server_counts_llama_servers_cache_ram(tmp_path: Path) 
         )  # fmt: skip
 
     default = launcher(PromptCache())
-    bc = default.guard_decision(4, 512, _host(), "BC")
-    cache = default.guard_decision(4, 512, _host(), "cache")
+    bc = default.guard_decision(4, 512, host_with(), "BC")
+    cache = default.guard_decision(4, 512, host_with(), "cache")
     assert bc is not None and cache is not None
     # llama-server's own default --cache-ram is 8192 MiB (its --help).
     assert cache.projection.total_bytes - bc.projection.total_bytes == 8192 * 1024**2
-    small = launcher(PromptCache(256)).guard_decision(4, 512, _host(), "cache")
+    small = launcher(PromptCache(256)).guard_decision(4, 512, host_with(), "cache")
     assert small is not None and small.projection.cache_bytes == 256 * 1024**2
-    unbounded = launcher(PromptCache(-1)).guard_decision(4, 512, _host(), "cache")
+    unbounded = launcher(PromptCache(-1)).guard_decision(4, 512, host_with(), "cache")
     assert unbounded is not None and unbounded.projection.cache_unbounded
     tight = HostMemory(4 * GIB, 32 * GIB, None, ROOMY)
     refused = default.guard_decision(4, 512, tight, "cache")

@@ -196,3 +196,16 @@ def test_a_sweep_whose_reference_cannot_fit_launches_nothing(
     assert code == 2
     assert "GuardRefused" in capsys.readouterr().err
     assert not fake_cell["marker"].exists()
+
+
+def test_an_n_whose_vllm_reservation_cannot_be_made_is_named_as_not_run(tmp_path: Path) -> None:
+    from batch_invariance.host.node_memory import NodeMemory
+    from batch_invariance.service.sweep import guard_refusal
+    from tests.unit.servers.test_memory_reservation import host_with, vllm_launcher
+
+    launcher = vllm_launcher(tmp_path)
+    tight = host_with(NodeMemory(0, 16 * memory.GIB, 2 * memory.GIB))
+    note = guard_refusal(launcher, 2048, 4, tight)
+    assert note is not None and note.startswith("not run: --gpu-memory-utilization 0.")
+    assert "exit at start" in note
+    assert guard_refusal(launcher, 2048, 4, host_with()) is None
