@@ -13,7 +13,7 @@ Nothing here reads files or clocks: the timestamp comes from the caller.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from typing import Any
 
@@ -152,7 +152,7 @@ def spec_from_cert(cert: Cert) -> CellSpec:
     )
 
 
-def build_cert(
+def draft_cert(
     evidence: CellEvidence,
     verdict: Verdict,
     spec: CellSpec,
@@ -163,10 +163,8 @@ def build_cert(
     *,
     with_throughput: bool = True,
 ) -> Cert:
-    """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
-    what the caller really ran against (``run-mock`` always passes ``"mock"``). The
-    ``throughput`` block is computed from ``provenance.arms`` (``with_throughput=False``
-    leaves it out, as certs written before it existed have it)."""
+    """:func:`build_cert` before the JSON edge: the values as the core gave them, the
+    ``digest`` empty."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     r = verdict.reports
@@ -174,7 +172,7 @@ def build_cert(
     recorded = (
         provenance if isinstance(provenance, Provenance) else Provenance.from_record(provenance)
     )
-    draft = Cert(
+    return Cert(
         cert_version=CERT_VERSION,
         tool_version=__version__,
         model=spec.model,
@@ -214,18 +212,37 @@ def build_cert(
         throughput=throughput_of_arms(recorded.arms) if with_throughput else None,
         prompt_cache=verdict.prompt_cache,
     )
+
+
+def build_cert(
+    evidence: CellEvidence,
+    verdict: Verdict,
+    spec: CellSpec,
+    policy: GatePolicy,
+    provenance: Provenance | Mapping[str, Any],
+    source: Source,
+    ts_utc: str,
+    *,
+    with_throughput: bool = True,
+) -> Cert:
+    """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
+    what the caller really ran against (``run-mock`` always passes ``"mock"``). The
+    ``throughput`` block is computed from ``provenance.arms`` (``with_throughput=False``
+    leaves it out, as certs written before it existed have it)."""
+    draft = draft_cert(
+        evidence, verdict, spec, policy, provenance, source, ts_utc,
+        with_throughput=with_throughput,
+    )  # fmt: skip
     # Through the JSON edge once: types checked, keys closed, numbers in their JSON form
     # (an int score becomes 1.0), so the digest is over exactly what a reader gets back.
     cert = cert_from_json(canonical_json(cert_to_json(draft)))
     return replace(cert, digest=compute_digest(cert_to_json(cert)))
 
 
-def rederive(cert: Cert) -> Cert:
-    """Rebuild the whole cert from its own evidence, policy, spec, provenance and timestamp
-    with the same pure :func:`~batch_invariance.core.verdict.decide`."""
+def _rebuild(cert: Cert, build: Callable[..., Cert]) -> Cert:
     evidence = evidence_from_cert(cert)
     policy = cert.evidence.policy
-    return build_cert(
+    return build(
         evidence,
         decide(evidence, policy),
         spec_from_cert(cert),
@@ -235,6 +252,20 @@ def rederive(cert: Cert) -> Cert:
         cert.ts_utc,
         with_throughput=cert.throughput is not None,
     )
+
+
+def rederive(cert: Cert) -> Cert:
+    """Rebuild the whole cert from its own evidence, policy, spec, provenance and timestamp
+    with the same pure :func:`~batch_invariance.core.verdict.decide`."""
+    return _rebuild(cert, build_cert)
+
+
+def rederive_draft(cert: Cert) -> Cert:
+    """:func:`rederive` before the JSON edge (:func:`draft_cert`): the same values, not yet
+    serialised, validated and digested. When it is type-strictly identical to a cert that
+    came through the JSON edge (:mod:`~batch_invariance.cert.identical`), the full
+    :func:`rederive` would give the same JSON in every field."""
+    return _rebuild(cert, draft_cert)
 
 
 def differing_fields(stored: Cert, rebuilt: Cert) -> list[str]:

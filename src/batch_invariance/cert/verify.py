@@ -14,11 +14,12 @@ evidence or with its provenance is not promotable, and :func:`verify_text` never
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from batch_invariance.cert.build import differing_fields, rederive
+from batch_invariance.cert.build import differing_fields, rederive, rederive_draft
+from batch_invariance.cert.identical import identical
 from batch_invariance.cert.identity import identity_problems
 from batch_invariance.cert.parse import parse_cert, version_problem
 from batch_invariance.cert.schema import (
@@ -103,8 +104,14 @@ def promotability(cert: Cert) -> Promotability:
     )
 
 
-def _rederivation_problems(cert: Cert, origin: str) -> list[str]:
+def _rederivation_problems(cert: Cert, origin: str, json_checked: bool) -> list[str]:
+    """``json_checked``: ``cert`` came through the JSON edge (schema, digest), so every value
+    it holds serialises; then a rebuild type-strictly identical to it is consistent without
+    serialising either (see :func:`~batch_invariance.cert.build.rederive_draft`). Anything
+    else is judged on the JSON forms, field by field."""
     try:
+        if json_checked and identical(replace(rederive_draft(cert), digest=cert.digest), cert):
+            return []
         rebuilt = rederive(cert)
         fields = differing_fields(cert, rebuilt)
     except Exception as exc:  # evidence that cannot be judged is not a valid cert
@@ -136,11 +143,15 @@ def _invalid(path: Path | None, cert: Cert | None, problems: list[str]) -> Verif
 
 def verify_cert(cert: Cert, origin: str = "cert", path: Path | None = None) -> Verification:
     """Verify an already parsed cert: version, re-derivation, identity, promotability."""
+    return _verified(cert, origin, path, json_checked=False)
+
+
+def _verified(cert: Cert, origin: str, path: Path | None, json_checked: bool) -> Verification:
     version = version_problem(origin, CertHeader(cert.cert_version, cert.tool_version))
     if version is not None:
         return _invalid(path, cert, [version])
     problems = [f"{origin}: {p}" for p in structure_problems(cert)]
-    problems += _rederivation_problems(cert, origin)
+    problems += _rederivation_problems(cert, origin, json_checked)
     return _judged(cert, origin, path, problems)
 
 
@@ -174,7 +185,7 @@ def verify_text(text: str | bytes, origin: str = "cert", path: Path | None = Non
         cert = parse_cert(text, origin)
     except CertInvalid as exc:
         return _invalid(path, None, [str(exc)])
-    return verify_cert(cert, origin, path)
+    return _verified(cert, origin, path, json_checked=True)
 
 
 def verify_path(path: Path) -> Verification:
