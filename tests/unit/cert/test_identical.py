@@ -8,6 +8,7 @@ promotability, for valid certs and for certs edited and re-digested."""
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -185,3 +186,16 @@ def test_an_edited_and_redigested_cert_is_refused_exactly_as_before(name: str) -
     from_text, in_memory = _both(EDITED[name]())
     assert not from_text.valid
     _same_answer(from_text, in_memory)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("text", ["{not json", "green"])
+def test_verification_leaves_the_cyclic_collector_as_it_found_it(enabled: bool, text: str) -> None:
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        verification = verify_text(VALID[text]() if text in VALID else text)
+        assert verification.valid is (text in VALID)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
