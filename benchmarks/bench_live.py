@@ -128,6 +128,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batch_invariance.provision.embedded import provision
+from batch_invariance.service.job import prepare
 from batch_invariance.service.live import LiveOutcome, run_live_cell
 from batch_invariance.service.request import LiveRequest
 
@@ -149,7 +150,7 @@ class Timed:
 
 def _ours(request: LiveRequest) -> tuple[Timed, LiveOutcome]:
     t0 = time.monotonic()
-    outcome = run_live_cell(request)
+    outcome = run_live_cell(prepare(request))
     cert = outcome.finished.cert
     return Timed(time.monotonic() - t0, cert.verdict, cert.n_passes), outcome
 

@@ -20,7 +20,6 @@ from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Endpoint
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines.base import PromptCache
-from batch_invariance.errors import UsageError
 from batch_invariance.run.records import ModelTemplate
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import (
@@ -138,11 +137,12 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     """Check ``request`` and resolve it (UsageError naming the first problem): the one place
     the raw request is read. The cheap checks come first (``LiveRequest.check``), then the
     profile (user code), the server side, the work-set and scorer, the out-dir."""
-    request.check()
+    engine = request.check()
     assert request.ctx is not None and request.parallel is not None
     assert request.out_dir is not None
-    prof = resolve_profile(request)
-    target = resolve_target(request, prof)
+    prof = resolve_profile(request, engine)
+    target = resolve_target(request, engine, prof)
+    port_policy = ports.make_policy(request.port, list(request.reserved_ports))
     builder = None
     workset: Workset | None = None
     if request.workset is not None:
@@ -153,18 +153,9 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
         assert request.bundled_workset is not None  # request.check: a work-set source
         workset = load_workset(bundled_workset_path(request.bundled_workset))
     if request.cache_shape is not None:
-        if workset is None:
-            raise UsageError("--cache-shape needs a --workset FILE (a profile builds its own)")
+        assert workset is not None  # request.check: a profile's work-set cannot be shaped
         workset = shaped_for_cache(workset, request.cache_shape)
-    if request.cache_passes and target.attach is not None:
-        raise UsageError(
-            "--cache-arm needs a server the tool launches: the prompt-cache arm runs on its own "
-            "server with the cache on (drop --base-url)"
-        )
-    if request.cache_ram is not None and not request.cache_passes:
-        raise UsageError("--cache-ram sets the prompt-cache arm's server: give --cache-arm too")
     scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
-    port_policy = ports.make_policy(request.port, list(request.reserved_ports))
     out_dir = prepare_out_dir(request.out_dir) if create_out_dir else request.out_dir
     model = target.model
     name = (

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from batch_invariance.engines.base import Engine
 from batch_invariance.profiles.overrides import ProfileRun, resolve_profile_run
-from batch_invariance.service.request import LiveRequest
+from batch_invariance.service.request import LiveRequest, check_server_flags
 
 __all__ = ["resolve_profile"]
 
 
-def resolve_profile(request: LiveRequest) -> ProfileRun | None:
-    """The profile's contribution; ``None`` without a profile name."""
+def resolve_profile(request: LiveRequest, engine: Engine) -> ProfileRun | None:
+    """The profile's contribution; ``None`` without a profile name. The server flags it
+    adds are checked against ``engine`` as the command line's were."""
     profile = request.profile
     if profile is None or not profile.name:
         return None
@@ -27,4 +29,6 @@ def resolve_profile(request: LiveRequest) -> ProfileRun | None:
         "corner": profile.corner,
         "seed": profile.seed,
     }
-    return resolve_profile_run(profile.name, profile.model_alias, profile.models_dir, overrides)
+    run = resolve_profile_run(profile.name, profile.model_alias, profile.models_dir, overrides)
+    check_server_flags(engine, tuple(run.server_flags), request.driver_name)
+    return run

@@ -8,6 +8,7 @@ reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,8 +20,8 @@ from batch_invariance.core.evidence import (
     policy_usage_problems,
 )
 from batch_invariance.core.plan import Endpoint, number_problems
-from batch_invariance.engines.base import KvLayout
-from batch_invariance.engines.registry import DEFAULT_ENGINE, engine_for
+from batch_invariance.engines.base import Engine, KvLayout, flag_conflicts
+from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_for
 from batch_invariance.errors import UsageError
 
 __all__ = [
@@ -153,14 +154,17 @@ class LiveRequest:
             }
         )
 
-    def check(self) -> None:
+    def check(self) -> Engine:
         """The cheap checks, all in one place and before any file, profile code or server is
-        touched: the engine's name, required values, the numbers, the gate policy, a work-set
-        source, the profile-only options without a profile (so a typo cannot silently do
-        nothing) and the out-dir."""
-        engine_for(self.engine)
+        touched: the engine's name and what it takes (attach options, KV layout, the context
+        multiple, the command line's server flags), required values, the numbers, the gate
+        policy, a work-set source, the profile-only options without a profile (so a typo
+        cannot silently do nothing), the prompt-cache options and the out-dir. Returns the
+        engine, looked up once."""
+        engine = engine_for(self.engine)
         if self.ctx is None or self.parallel is None:
             raise UsageError("--ctx and --parallel are required (tokens per slot, and N)")
+        self._check_engine_options(engine)
         problems = self.number_problems() + policy_usage_problems(self.policy())
         if problems:
             raise UsageError(problems[0])
@@ -173,8 +177,47 @@ class LiveRequest:
         has_profile = profile is not None and bool(profile.name)
         if self.workset is None and not has_profile and self.bundled_workset is None:
             raise UsageError("--workset FILE is required (or --profile NAME --model-alias ALIAS)")
+        self._check_cache_options(has_profile)
         if self.out_dir is None:
             raise UsageError("--out-dir DIR is required (where the cert and server logs go)")
+        return engine
+
+    def _check_engine_options(self, engine: Engine) -> None:
+        """What the engine takes, before anything of it is resolved: attach-only and
+        launch-only options, a profile, the KV layout, the context multiple, the flags."""
+        attached = self.base_url is not None
+        if not attached:
+            if self.metrics_url is not None:
+                raise UsageError("--metrics-url goes with --base-url (attach mode)")
+            if self.allow_remote:
+                raise UsageError("--allow-remote goes with --base-url (attach mode)")
+        else:
+            if self.server_flags:
+                raise UsageError("--server-flag has no effect on an attached server; drop it")
+            if self.server_bin is not None:
+                raise UsageError("--server-bin has no effect on an attached server; drop it")
+        has_profile = self.profile is not None and bool(self.profile.name)
+        if has_profile and (attached or not engine.takes_profiles):
+            takers = engines_that(lambda e: e.takes_profiles)
+            raise UsageError(f"--profile works only with the default engine ({takers}, launched)")
+        layout = self.kv_layout
+        if layout not in engine.kv_layouts or (layout != "split" and attached):
+            takers = engines_that(lambda e: layout in e.kv_layouts)
+            raise UsageError(f"--kv-layout {layout} applies only to {takers} launched by the tool")
+        if not attached:
+            _check_ctx(self.ctx, engine)
+        check_server_flags(engine, self.server_flags, self.driver_name)
+
+    def _check_cache_options(self, has_profile: bool) -> None:
+        if self.cache_shape is not None and self.workset is None and has_profile:
+            raise UsageError("--cache-shape needs a --workset FILE (a profile builds its own)")
+        if self.cache_passes and self.base_url is not None:
+            raise UsageError(
+                "--cache-arm needs a server the tool launches: the prompt-cache arm runs on its "
+                "own server with the cache on (drop --base-url)"
+            )
+        if self.cache_ram is not None and not self.cache_passes:
+            raise UsageError("--cache-ram sets the prompt-cache arm's server: give --cache-arm too")
 
     def policy(self) -> GatePolicy:
         """The gate policy the request asks for (F4 always armed, at ``logit_eps``)."""
@@ -184,3 +227,32 @@ class LiveRequest:
             min_answer_tokens=self.min_answer_tokens,
             max_bound=self.max_bound,
         )
+
+
+def engines_that(can: Callable[[Engine], bool]) -> str:
+    """The names of the engines that ``can``, for a usage error."""
+    return ", ".join(sorted(e.name for e in ENGINES.values() if can(e)))
+
+
+def check_server_flags(engine: Engine, flags: tuple[str, ...], driver: str) -> None:
+    """Refuse a server flag that conflicts with what the tool sets or measures (the command
+    line's here; a profile's, once the profile is loaded)."""
+    problems = flag_conflicts(engine, flags)
+    if problems:
+        raise UsageError(
+            f"--server-flag {problems[0]} (it conflicts with what {driver} sets or measures: "
+            f"drop it, or use the {driver} option)"
+        )
+
+
+def _check_ctx(ctx: int | None, engine: Engine) -> None:
+    step = engine.ctx_multiple
+    if ctx is None or ctx <= 0 or ctx % step == 0:
+        return
+    up = -(-ctx // step) * step
+    down = up - step
+    fix = f"--ctx {down} or {up}" if down > 0 else f"--ctx {up}"
+    raise UsageError(
+        f"--ctx {ctx}: {engine.name} rounds the context per slot up to a multiple of {step}, "
+        f"so it would run {up} and the cert would not name what ran; use {fix}"
+    )

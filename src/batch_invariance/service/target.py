@@ -1,12 +1,11 @@
 """Which server a live cell measures, checked once: the engine (``--engine``), and either the
 binary and model the tool launches or the URL of a server it attaches to (``--base-url``).
 
-:func:`resolve_target` is the one place the engine-dependent inputs are validated (usage
-errors, one line each): attach URLs, server flags against the engine's own owned and refused
-flags, the binary and the model. The GGUF header is read where the engine loads a GGUF file
-(llama-server, llama-cpp-python); an engine that loads a Hugging Face model folder (vLLM,
-SGLang) gets no header, no memory guard, and the reason recorded. What differs between engines
-(KV layouts, profiles, how the binary is resolved, which flags it refuses) is asked of the
+:func:`resolve_target` resolves what ``LiveRequest.check`` could not check cheaply (usage
+errors, one line each): the attach URL, the binary and the model. The GGUF header is read
+where the engine loads a GGUF file (llama-server, llama-cpp-python); an engine that loads a
+Hugging Face model folder (vLLM, SGLang) gets no header, no memory guard, and the reason
+recorded. What differs between engines (how the binary is resolved) is asked of the
 engine. :func:`make_launcher` picks the launcher: :class:`EngineLauncher` for a launched engine,
 ``AttachLauncher`` for an attached server. :func:`identify` records what ran.
 """
@@ -14,13 +13,11 @@ engine. :func:`make_launcher` picks the launcher: :class:`EngineLauncher` for a 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from batch_invariance.engines.base import Engine, KvLayout, PromptCache, flag_conflicts
-from batch_invariance.engines.registry import ENGINES, engine_for
+from batch_invariance.engines.base import Engine, KvLayout, PromptCache
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.host.file_hash import cached_sha256
@@ -91,68 +88,24 @@ def _check_file(path: Path | None, flag: str, what: str, executable: bool = Fals
     return path
 
 
-def _check_attach_options(request: LiveRequest) -> AttachTarget | None:
-    if request.base_url is None:
-        if request.metrics_url is not None:
-            raise UsageError("--metrics-url goes with --base-url (attach mode)")
-        if request.allow_remote:
-            raise UsageError("--allow-remote goes with --base-url (attach mode)")
-        return None
-    if request.server_flags:
-        raise UsageError("--server-flag has no effect on an attached server; drop it")
-    if request.server_bin is not None:
-        raise UsageError("--server-bin has no effect on an attached server; drop it")
-    return attach_target(request.base_url, request.metrics_url, request.allow_remote)
-
-
-def _engines_that(can: Callable[[Engine], bool]) -> str:
-    """The names of the engines that ``can``, for a usage error."""
-    return ", ".join(sorted(e.name for e in ENGINES.values() if can(e)))
-
-
-def _check_layout(layout: KvLayout, engine: Engine, attached: bool) -> None:
-    if layout in engine.kv_layouts and (layout == "split" or not attached):
-        return
-    takers = _engines_that(lambda e: layout in e.kv_layouts)
-    raise UsageError(f"--kv-layout {layout} applies only to {takers} launched by the tool")
-
-
-def _check_ctx(ctx: int | None, engine: Engine) -> None:
-    step = engine.ctx_multiple
-    if ctx is None or ctx <= 0 or ctx % step == 0:
-        return
-    up = -(-ctx // step) * step
-    down = up - step
-    fix = f"--ctx {down} or {up}" if down > 0 else f"--ctx {up}"
-    raise UsageError(
-        f"--ctx {ctx}: {engine.name} rounds the context per slot up to a multiple of {step}, "
-        f"so it would run {up} and the cert would not name what ran; use {fix}"
-    )
-
-
 def _path(value: str | None) -> Path | None:
     return None if value is None else Path(value)
 
 
-def resolve_target(request: LiveRequest, prof: ProfileRun | None) -> ServerTarget:
-    """Check the engine-dependent part of ``request`` (UsageError naming the first problem)."""
-    engine = engine_for(request.engine)
-    attach = _check_attach_options(request)
-    if prof is not None and (attach is not None or not engine.takes_profiles):
-        takers = _engines_that(lambda e: e.takes_profiles)
-        raise UsageError(f"--profile works only with the default engine ({takers}, launched)")
-    _check_layout(request.kv_layout, engine, attach is not None)
+def resolve_target(request: LiveRequest, engine: Engine, prof: ProfileRun | None) -> ServerTarget:
+    """Resolve the server side of a request ``LiveRequest.check`` passed, for ``engine``
+    (UsageError naming the first problem): the attach URL, or the binary, the model and its
+    GGUF header."""
     flags = tuple(prof.server_flags if prof else request.server_flags)
-    problems = flag_conflicts(engine, flags)
-    if problems:
-        driver = request.driver_name
-        raise UsageError(
-            f"--server-flag {problems[0]} (it conflicts with what {driver} sets or measures: "
-            f"drop it, or use the {driver} option)"
-        )
-    if attach is not None:
-        return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
-    _check_ctx(request.ctx, engine)
+    if request.base_url is None:
+        return _launched_target(request, engine, prof, flags)
+    attach = attach_target(request.base_url, request.metrics_url, request.allow_remote)
+    return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
+
+
+def _launched_target(
+    request: LiveRequest, engine: Engine, prof: ProfileRun | None, flags: tuple[str, ...]
+) -> ServerTarget:
     server_bin = request.server_bin or (_path(prof.server_bin) if prof else None)
     model = request.model or (_path(prof.model) if prof else None)
     # Without a profile that could name them, both must be given.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -30,22 +29,11 @@ from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.finish import FinishedCell
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from tests.support.factories import cert_for, changed, green_evidence, replace_pass, replace_trial
-from tests.support.paths import GOLDEN
+from tests.support.paths import check_golden
 from tests.unit.run.test_cell import plan as driver_plan
 
-REGEN_ENV = "BATCH_INVARIANCE_REGEN_GOLDEN"
 CERT_PATH = Path("/certs/tiny-model__ctx2048__N4.json")
 OLD_PATH = Path("/certs/tiny-model__ctx2048__N4.superseded-1.json")
-
-
-def _check(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get(REGEN_ENV):
-        path.write_text(text, encoding="utf-8")
-    assert path.is_file(), f"no golden file {path}; run with {REGEN_ENV}=1 to create it"
-    assert text == path.read_text(encoding="utf-8"), (
-        f"{name} changed; if intended, regenerate with {REGEN_ENV}=1 and review the diff"
-    )
 
 
 def _green() -> Cert:
@@ -100,7 +88,9 @@ def test_the_fixtures_are_what_they_say() -> None:
 def test_live_banner(kind: str) -> None:
     cert = {"green": _green, "red": _red, "unverified": _unverified}[kind]()
     superseded = OLD_PATH if kind == "red" else None
-    _check(f"banner_{kind}.txt", render.live_banner(cert, CERT_PATH, superseded, "live cell x"))
+    check_golden(
+        f"banner_{kind}.txt", render.live_banner(cert, CERT_PATH, superseded, "live cell x")
+    )
 
 
 def test_live_banner_warns_about_a_fallback_chat_template() -> None:
@@ -109,7 +99,9 @@ def test_live_banner_warns_about_a_fallback_chat_template() -> None:
     cert = cert_for(_red_evidence(), extra_provenance={"chat_template": block})[0]
     assert render.chat_template_warning(cert) == FALLBACK_WARNING
     assert render.chat_template_warning(_red()) is None
-    _check("banner_chat_fallback.txt", render.live_banner(cert, CERT_PATH, None, "live cell x"))
+    check_golden(
+        "banner_chat_fallback.txt", render.live_banner(cert, CERT_PATH, None, "live cell x")
+    )
 
 
 def test_mock_report_and_its_footer() -> None:
@@ -118,7 +110,7 @@ def test_mock_report_and_its_footer() -> None:
     ok, line = render.mock_prediction(cert.status, divergence_mode=False)
     missed, wrong = render.mock_prediction(cert.status, divergence_mode=True)
     assert ok and not missed
-    _check("mock_report.txt", text + line + "\n" + wrong + "\n")
+    check_golden("mock_report.txt", text + line + "\n" + wrong + "\n")
 
 
 @pytest.mark.parametrize("signature", [None, "verified (me@example.com, https://issuer)"])
@@ -127,7 +119,7 @@ def test_verify_text(signature: str | None) -> None:
     name = "verify_signed.txt" if signature else "verify_unsigned.txt"
     report = verify_cert(cert, str(CERT_PATH), CERT_PATH)
     assert not report.problems, report.problems
-    _check(name, render.verify_report_text(report, signature))
+    check_golden(name, render.verify_report_text(report, signature))
 
 
 @pytest.mark.parametrize("kind", ["green", "red", "unverified", "mock"])
@@ -135,7 +127,7 @@ def test_job_summary(kind: str) -> None:
     cert = {"green": _green, "red": _red, "unverified": _unverified, "mock": _mock}[kind]()
     passed = kind == "green"
     bundle = "certs/tiny-model__ctx2048__N4.sigstore.json" if passed else ""
-    _check(
+    check_golden(
         f"summary_{kind}.md", render.summary_markdown(cert, "green", passed, _outputs(cert, bundle))
     )
 
@@ -150,7 +142,7 @@ def test_annotations() -> None:
         render.verdict_annotation(green, "promotable", False, "tiny-model/2048/4"),
         render.annotation("error", "t: a, b", "50% done\nnext"),
     ]
-    _check("annotations.txt", "\n".join(lines) + "\n" + render.failure_summary("h", "x | y"))
+    check_golden("annotations.txt", "\n".join(lines) + "\n" + render.failure_summary("h", "x | y"))
 
 
 def test_dry_run_plan(tmp_path: Path) -> None:
@@ -178,7 +170,7 @@ def test_dry_run_plan(tmp_path: Path) -> None:
     host = HostMemory(mem_available_bytes=8 * GIB, mem_total_bytes=16 * GIB, vram_free_bytes=None)
     plan = dry_run(prepare(request, create_out_dir=False), host, cpus=2)
     assert plan.refusal is not None and "max-footprint-gb" in plan.refusal
-    _check(
+    check_golden(
         "dry_run.txt",
         plan.text.replace(str(tmp_path.resolve()), "<tmp>").replace(str(tmp_path), "<tmp>"),
     )
@@ -194,7 +186,7 @@ def test_sweep_table_golden() -> None:
         cells.append(SweepCell(n, finished, verify_cert(cert, path=CERT_PATH), None))
     cells.append(SweepCell(8, None, None, "not run: projected 9.50 GiB > cap 8.00 GiB"))
     summary = sweep_summary("tiny-model", 2048, cells, launches=3)
-    _check("sweep.txt", sweep_text(summary, Path("/certs/sweep.json")))
+    check_golden("sweep.txt", sweep_text(summary, Path("/certs/sweep.json")))
 
 
 class _StepClock:
@@ -221,13 +213,13 @@ def _progress_log(env: dict[str, str]) -> str:
 
 def test_progress_log_lines_golden() -> None:
     """Without a TTY: one line per arm and per C pass (what ran, how long, what it found)."""
-    _check("progress_log.txt", _progress_log({}))
+    check_golden("progress_log.txt", _progress_log({}))
 
 
 def test_progress_github_groups_golden() -> None:
     """Inside GitHub Actions each arm's lines sit in a ::group:: ... ::endgroup::."""
     text = _progress_log({"GITHUB_ACTIONS": "true"})
-    _check("progress_github.txt", text)
+    check_golden("progress_github.txt", text)
     assert text.count("::group::") == text.count("::endgroup::") == 4  # A, C, B, A'
 
 

@@ -1,0 +1,124 @@
+"""What the prompt-cache arm costs: one cell with ``--cache-arm`` against the same cell without.
+
+Issue target: a cell with the cache arm costs at most 1.15x today's cell on the embedded
+default. The cell is the bundled ``cache_conversations`` work-set (16 prompts, four
+conversations of four turns behind one shared preamble), raw completions, ctx 1024, N 4,
+``--gate-passes`` P (default 4), one rep, 64 tokens, A' on. Both cells run on the same
+embedded llama-server and Gemma 3 270M, in rounds whose order rotates (``plain, cache`` then
+``cache, plain``), so a drift of the host's speed is not charged to one side.
+
+What pays for the arm: when every C pass equals A bitwise, B (serial on the N-slot server)
+runs on a seeded sample of ids instead of all of them (``core.b_sample``); when C already
+differs, B runs on the divergent ids in both cells, so the arm's own pass and its server's
+launch are the whole difference there.
+
+Usage: python benchmarks/bench_cache_cost.py [--rounds R] [--gate-passes P]
+       [--server-flag=F ...] [--server-bin S --model M] [--smoke]
+
+``--server-flag=-ub --server-flag=1`` gives the clean cell (C equals A on this pair), the one
+where B runs on the sample. It prints each run, the ratio per round and its median, and the
+arms' wall times of the last run of each side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from batch_invariance.provision.embedded import provision
+from batch_invariance.run.workset import bundled_workset_path
+from batch_invariance.service.job import prepare
+from batch_invariance.service.live import LiveOutcome, run_live_cell
+from batch_invariance.service.request import LiveRequest
+
+TARGET = 1.15
+
+
+@dataclass(frozen=True)
+class Run:
+    side: str
+    wall_s: float
+    outcome: LiveOutcome
+
+    def line(self) -> str:
+        cert = self.outcome.finished.cert
+        arms = ", ".join(
+            f"{s.arm if s.pass_index is None else f'{s.arm}[{s.pass_index}]'} {s.wall_s:.1f}"
+            for s in self.outcome.run.arm_stats
+        )
+        cache = cert.prompt_cache
+        reuse = (
+            f"; reused {cache.reuse.n_reused}/{cache.reuse.n_answered} requests"
+            if cache is not None
+            else ""
+        )
+        return (
+            f"{self.side:<6} {self.wall_s:7.1f} s  {cert.verdict:<10} "
+            f"{cert.divergence_class or '-'}{reuse}  [{arms}]"
+        )
+
+
+def _run(side: str, request: LiveRequest) -> Run:
+    t0 = time.monotonic()
+    outcome = run_live_cell(prepare(request))
+    return Run(side, time.monotonic() - t0, outcome)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server-bin", type=Path, default=None)
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--gate-passes", type=int, default=4)
+    ap.add_argument("--server-flag", action="append", default=[], dest="server_flags")
+    ap.add_argument("--smoke", action="store_true", help="4 prompts x 8 tokens: the script only")
+    ap.add_argument("--out-dir", type=Path, default=None)
+    opts = ap.parse_args(argv)
+    if opts.server_bin is None or opts.model is None:
+        pair = provision()
+        server, model = pair.server_bin, pair.model
+    else:
+        server, model = opts.server_bin, opts.model
+    root = opts.out_dir or Path(tempfile.mkdtemp(prefix="bench-cache-cost-"))
+    root.mkdir(parents=True, exist_ok=True)
+    rows = json.loads(bundled_workset_path("cache_conversations").read_text())
+    workset = root / "workset.json"
+    workset.write_text(json.dumps(rows[:4] if opts.smoke else rows, indent=1))
+    plain = LiveRequest(
+        out_dir=None, server_bin=server, model=model, workset=workset, ctx=1024, parallel=4,
+        gate_passes=opts.gate_passes, reps=1, n_predict=8 if opts.smoke else 64,
+        endpoint="completions", min_hot_trials=1 if opts.smoke else LiveRequest.min_hot_trials,
+        driver_name="bench", server_flags=tuple(opts.server_flags),
+    )  # fmt: skip
+    cached = replace(plain, cache_passes=1)
+    ratios: list[float] = []
+    last: dict[str, Run] = {}
+    for k in range(opts.rounds):
+        order = (("plain", plain), ("cache", cached))
+        order = order if k % 2 == 0 else order[::-1]
+        walls: dict[str, float] = {}
+        for side, request in order:
+            run = _run(side, replace(request, out_dir=root / f"{side}-{k}"))
+            print(f"round {k + 1} {run.line()}", file=sys.stderr, flush=True)
+            walls[side] = run.wall_s
+            last[side] = run
+        ratios.append(walls["cache"] / walls["plain"])
+        print(f"round {k + 1}: cache / plain {ratios[-1]:.2f}x", file=sys.stderr, flush=True)
+    flags = " ".join(opts.server_flags) or "default flags"
+    print(f"cell: {len(json.loads(workset.read_text()))} prompts x {plain.n_predict} tokens, "
+          f"ctx 1024, N 4, {opts.gate_passes} passes, {flags}, {opts.rounds} round(s)")  # fmt: skip
+    for run in last.values():
+        print("  last " + run.line())
+    print(f"cache / plain per round: {', '.join(f'{r:.2f}x' for r in ratios)}")
+    print(f"median: {statistics.median(ratios):.2f}x (target <= {TARGET})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
