@@ -13,10 +13,10 @@ Nothing here reads files or clocks: the timestamp comes from the caller.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from batch_invariance import __version__
 from batch_invariance.cert.derived import gates_block, promotion_scope
@@ -155,19 +155,23 @@ def spec_from_cert(cert: Cert) -> CellSpec:
     )
 
 
-def draft_cert(
-    evidence: CellEvidence,
-    verdict: Verdict,
-    spec: CellSpec,
-    policy: GatePolicy,
-    provenance: Provenance | Mapping[str, Any],
-    source: Source,
-    ts_utc: str,
-    *,
-    with_throughput: bool = True,
-) -> Cert:
+class CertInputs(NamedTuple):
+    """Everything a cert is built from (see :func:`build_cert`)."""
+
+    evidence: CellEvidence
+    verdict: Verdict
+    spec: CellSpec
+    policy: GatePolicy
+    provenance: Provenance | Mapping[str, Any]
+    source: Source
+    ts_utc: str
+    with_throughput: bool = True
+
+
+def draft_cert(inputs: CertInputs) -> Cert:
     """:func:`build_cert` before the JSON edge: the values as the core gave them, the
     ``digest`` empty."""
+    evidence, verdict, spec, policy, provenance, source, ts_utc, with_throughput = inputs
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     r = verdict.reports
@@ -217,6 +221,13 @@ def draft_cert(
     )
 
 
+def _sealed(draft: Cert) -> Cert:
+    # Through the JSON edge once: types checked, keys closed, numbers in their JSON form
+    # (an int score becomes 1.0), so the digest is over exactly what a reader gets back.
+    cert = cert_from_json(canonical_json(cert_to_json(draft)))
+    return replace(cert, digest=compute_digest(cert_to_json(cert)))
+
+
 def build_cert(
     evidence: CellEvidence,
     verdict: Verdict,
@@ -232,20 +243,18 @@ def build_cert(
     what the caller really ran against (``run-mock`` always passes ``"mock"``). The
     ``throughput`` block is computed from ``provenance.arms`` (``with_throughput=False``
     leaves it out, as certs written before it existed have it)."""
-    draft = draft_cert(
-        evidence, verdict, spec, policy, provenance, source, ts_utc,
-        with_throughput=with_throughput,
+    inputs = CertInputs(
+        evidence, verdict, spec, policy, provenance, source, ts_utc, with_throughput
     )  # fmt: skip
-    # Through the JSON edge once: types checked, keys closed, numbers in their JSON form
-    # (an int score becomes 1.0), so the digest is over exactly what a reader gets back.
-    cert = cert_from_json(canonical_json(cert_to_json(draft)))
-    return replace(cert, digest=compute_digest(cert_to_json(cert)))
+    return _sealed(draft_cert(inputs))
 
 
-def _rebuild(cert: Cert, build: Callable[..., Cert]) -> Cert:
+def _inputs_of(cert: Cert) -> CertInputs:
+    """A cert's own evidence, policy, spec, provenance and timestamp, with the verdict the
+    same pure :func:`~batch_invariance.core.verdict.decide` gives on that evidence."""
     evidence = evidence_from_cert(cert)
     policy = cert.evidence.policy
-    return build(
+    return CertInputs(
         evidence,
         decide(evidence, policy),
         spec_from_cert(cert),
@@ -260,7 +269,7 @@ def _rebuild(cert: Cert, build: Callable[..., Cert]) -> Cert:
 def rederive(cert: Cert) -> Cert:
     """Rebuild the whole cert from its own evidence, policy, spec, provenance and timestamp
     with the same pure :func:`~batch_invariance.core.verdict.decide`."""
-    return _rebuild(cert, build_cert)
+    return _sealed(draft_cert(_inputs_of(cert)))
 
 
 def rederive_draft(cert: Cert) -> Cert:
@@ -268,7 +277,7 @@ def rederive_draft(cert: Cert) -> Cert:
     serialised, validated and digested. When it is type-strictly identical to a cert that
     came through the JSON edge (:mod:`~batch_invariance.cert.identical`), the full
     :func:`rederive` would give the same JSON in every field."""
-    return _rebuild(cert, draft_cert)
+    return draft_cert(_inputs_of(cert))
 
 
 def differing_fields(stored: Cert, rebuilt: Cert) -> list[str]:
