@@ -6,7 +6,9 @@
   gets back.
 * :func:`rederive` rebuilds the whole cert from its embedded evidence with the same pure
   :func:`~batch_invariance.core.verdict.decide`; :func:`differing_fields` names every
-  top-level field where a stored cert and its rebuild disagree.
+  top-level field where a stored cert and its rebuild disagree. :func:`rederive_draft` is
+  the same rebuild before the JSON edge, for the verification path to compare value by value
+  (:mod:`~batch_invariance.cert.identical`) before it serialises anything.
 
 Nothing here reads files or clocks: the timestamp comes from the caller.
 """

@@ -4,7 +4,9 @@
 refuses one written under other rules, checks that its evidence is one consistent record
 (:mod:`~batch_invariance.cert.structure`), re-derives it once from its own evidence, checks its
 identity against its own provenance (:mod:`~batch_invariance.cert.identity`) and then says
-whether it is promotable. Everything that reads a cert asks it: ``verify-cert``,
+whether it is promotable. The re-derivation is compared with the stored cert value by value,
+types included, and only when the two are not identical on their JSON forms field by field
+(which names the fields); both say the same, the first without serialising 20 MB twice. Everything that reads a cert asks it: ``verify-cert``,
 :func:`is_promotable`, :func:`cert_is_green`, check-deploy and the Action.
 
 Fail closed: anything absent, malformed, re-digested after an edit, inconsistent with its
