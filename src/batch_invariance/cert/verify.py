@@ -4,10 +4,13 @@
 refuses one written under other rules, checks that its evidence is one consistent record
 (:mod:`~batch_invariance.cert.structure`), re-derives it once from its own evidence, checks its
 identity against its own provenance (:mod:`~batch_invariance.cert.identity`) and then says
-whether it is promotable. The re-derivation is compared with the stored cert value by value,
-types included, and only when the two are not identical on their JSON forms field by field
-(which names the fields); both say the same, the first without serialising 20 MB twice. Everything that reads a cert asks it: ``verify-cert``,
+whether it is promotable. Everything that reads a cert asks it: ``verify-cert``,
 :func:`is_promotable`, :func:`cert_is_green`, check-deploy and the Action.
+
+The re-derivation is compared with the stored cert value by value, types included
+(:mod:`~batch_invariance.cert.identical`); only when the two are not identical are their JSON
+forms compared field by field, to name the fields. Both say the same; the first serialises
+nothing (a cert of 1,000 prompts x 64 tokens is 20 MB of JSON).
 
 Fail closed: anything absent, malformed, re-digested after an edit, inconsistent with its
 evidence or with its provenance is not promotable, and :func:`verify_text` never raises.
