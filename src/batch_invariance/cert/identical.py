@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
+from math import copysign
 from operator import attrgetter, is_
 from typing import Any
 
@@ -61,7 +62,10 @@ def identical(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(identical(v, b[k]) for k, v in a.items())
     if kind in _FIELD_GETTERS or is_dataclass(a):
         return _all_identical(_field_values(a), _field_values(b))
-    if kind in (str, int, float, bool) or a is None:
+    if kind is float:
+        # 0.0 and -0.0 are equal numbers but two JSON texts: the sign must agree too.
+        return bool(a == b) and copysign(1.0, a) == copysign(1.0, b)
+    if kind in (str, int, bool) or a is None:
         return bool(a == b)
     # Anything else (a NamedTuple, a set, an object of another kind): equal only if the
     # same object, which was checked above. Unknown is not identical.

@@ -40,6 +40,8 @@ class _Pair:
         (0, False, False),
         (1.5, 1.5, True),
         (float("nan"), float("nan"), False),
+        (0.0, -0.0, False),  # equal numbers, two JSON texts
+        (-0.0, -0.0, True),
         ("a", "a", True),
         (None, None, True),
         (None, 0, False),
