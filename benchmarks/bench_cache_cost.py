@@ -18,6 +18,27 @@ Usage: python benchmarks/bench_cache_cost.py [--rounds R] [--gate-passes P]
 ``--server-flag=-ub --server-flag=1`` gives the clean cell (C equals A on this pair), the one
 where B runs on the sample. It prints each run, the ratio per round and its median, and the
 arms' wall times of the last run of each side.
+
+Measured on 2026-12-03 on the 2-core dev VM, nothing else running, default flags,
+``--rounds 2 --gate-passes 4`` (14.5 min in all):
+
+=====  ===========  ===========  ========  ==============================================
+round  plain        cache        ratio     order, and what differed
+=====  ===========  ===========  ========  ==============================================
+1        228.2 s      219.4 s     0.96x    plain, cache (plain's A took 63.9 s, cache's 38.0)
+2        196.7 s      221.0 s     1.12x    cache, plain
+median                            1.04x    target <= 1.15
+=====  ===========  ===========  ========  ==============================================
+
+Every run RED ``co_batching`` (co-batching changes answers on this pair with default flags),
+so B ran on the divergent ids in both cells (27.7-33.6 s) and the arm's whole cost was its one
+pass (21.6 and 25.0 s, 12 of 16 requests reusing the cache: every later turn, no first turn)
+and a 2 s launch. The host's speed moved by more than that within the hour (plain's arm A took
+63.9 s in round 1 and 39.4 s in round 2), which is why the rounds rotate and the median is
+quoted. A clean cell (every C pass equal to A) pays the arm with B on a sample of
+max(8, n/4) ids instead of all n; on this cache-shaped work-set even ``-ub 1`` is not clean
+(the live ``-ub 1`` cell drifted on 27 of 96 rows under co-batching), so that branch was not
+measured here.
 """
 
 from __future__ import annotations

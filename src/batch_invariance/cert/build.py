@@ -6,7 +6,9 @@
   gets back.
 * :func:`rederive` rebuilds the whole cert from its embedded evidence with the same pure
   :func:`~batch_invariance.core.verdict.decide`; :func:`differing_fields` names every
-  top-level field where a stored cert and its rebuild disagree.
+  top-level field where a stored cert and its rebuild disagree. :func:`rederive_draft` is
+  the same rebuild before the JSON edge, for the verification path to compare value by value
+  (:mod:`~batch_invariance.cert.identical`) before it serialises anything.
 
 Nothing here reads files or clocks: the timestamp comes from the caller.
 """
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields, replace
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from batch_invariance import __version__
 from batch_invariance.cert.derived import gates_block, promotion_scope
@@ -51,13 +54,15 @@ from batch_invariance.core.verdict import Verdict, decide
 _SHARED_TRIAL_FIELDS: tuple[str, ...] = tuple(
     f.name for f in fields(TrialRecord) if f.name in {g.name for g in fields(Trial)}
 )
+#: Those attributes read in one C call (a cert embeds thousands of trials).
+_shared_values = attrgetter(*_SHARED_TRIAL_FIELDS)
 
 
 def embed_trial(trial: Trial) -> TrialRecord:
     """The trial as the cert carries it: an excerpt and the content sha stand in for the
     completion, and of the timings only ``cache_n`` is kept."""
     cache_n = trial.timings.get("cache_n")
-    shared = {name: getattr(trial, name) for name in _SHARED_TRIAL_FIELDS}
+    shared = dict(zip(_SHARED_TRIAL_FIELDS, _shared_values(trial), strict=True))
     shared["content_sha256"] = content_key(trial)
     return TrialRecord(
         **shared,
@@ -68,7 +73,7 @@ def embed_trial(trial: Trial) -> TrialRecord:
 
 def trial_from_record(test_id: str, record: TrialRecord) -> Trial:
     """The :class:`Trial` an embedded record stands for (the excerpt in place of the text)."""
-    shared = {name: getattr(record, name) for name in _SHARED_TRIAL_FIELDS}
+    shared = dict(zip(_SHARED_TRIAL_FIELDS, _shared_values(record), strict=True))
     return Trial(
         test_id=test_id,
         completion=record.completion_excerpt,
@@ -152,21 +157,23 @@ def spec_from_cert(cert: Cert) -> CellSpec:
     )
 
 
-def build_cert(
-    evidence: CellEvidence,
-    verdict: Verdict,
-    spec: CellSpec,
-    policy: GatePolicy,
-    provenance: Provenance | Mapping[str, Any],
-    source: Source,
-    ts_utc: str,
-    *,
-    with_throughput: bool = True,
-) -> Cert:
-    """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
-    what the caller really ran against (``run-mock`` always passes ``"mock"``). The
-    ``throughput`` block is computed from ``provenance.arms`` (``with_throughput=False``
-    leaves it out, as certs written before it existed have it)."""
+class CertInputs(NamedTuple):
+    """Everything a cert is built from (see :func:`build_cert`)."""
+
+    evidence: CellEvidence
+    verdict: Verdict
+    spec: CellSpec
+    policy: GatePolicy
+    provenance: Provenance | Mapping[str, Any]
+    source: Source
+    ts_utc: str
+    with_throughput: bool = True
+
+
+def draft_cert(inputs: CertInputs) -> Cert:
+    """:func:`build_cert` before the JSON edge: the values as the core gave them, the
+    ``digest`` empty."""
+    evidence, verdict, spec, policy, provenance, source, ts_utc, with_throughput = inputs
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     r = verdict.reports
@@ -174,7 +181,7 @@ def build_cert(
     recorded = (
         provenance if isinstance(provenance, Provenance) else Provenance.from_record(provenance)
     )
-    draft = Cert(
+    return Cert(
         cert_version=CERT_VERSION,
         tool_version=__version__,
         model=spec.model,
@@ -214,18 +221,42 @@ def build_cert(
         throughput=throughput_of_arms(recorded.arms) if with_throughput else None,
         prompt_cache=verdict.prompt_cache,
     )
+
+
+def _sealed(draft: Cert) -> Cert:
     # Through the JSON edge once: types checked, keys closed, numbers in their JSON form
     # (an int score becomes 1.0), so the digest is over exactly what a reader gets back.
     cert = cert_from_json(canonical_json(cert_to_json(draft)))
     return replace(cert, digest=compute_digest(cert_to_json(cert)))
 
 
-def rederive(cert: Cert) -> Cert:
-    """Rebuild the whole cert from its own evidence, policy, spec, provenance and timestamp
-    with the same pure :func:`~batch_invariance.core.verdict.decide`."""
+def build_cert(
+    evidence: CellEvidence,
+    verdict: Verdict,
+    spec: CellSpec,
+    policy: GatePolicy,
+    provenance: Provenance | Mapping[str, Any],
+    source: Source,
+    ts_utc: str,
+    *,
+    with_throughput: bool = True,
+) -> Cert:
+    """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
+    what the caller really ran against (``run-mock`` always passes ``"mock"``). The
+    ``throughput`` block is computed from ``provenance.arms`` (``with_throughput=False``
+    leaves it out, as certs written before it existed have it)."""
+    inputs = CertInputs(
+        evidence, verdict, spec, policy, provenance, source, ts_utc, with_throughput
+    )  # fmt: skip
+    return _sealed(draft_cert(inputs))
+
+
+def _inputs_of(cert: Cert) -> CertInputs:
+    """A cert's own evidence, policy, spec, provenance and timestamp, with the verdict the
+    same pure :func:`~batch_invariance.core.verdict.decide` gives on that evidence."""
     evidence = evidence_from_cert(cert)
     policy = cert.evidence.policy
-    return build_cert(
+    return CertInputs(
         evidence,
         decide(evidence, policy),
         spec_from_cert(cert),
@@ -235,6 +266,20 @@ def rederive(cert: Cert) -> Cert:
         cert.ts_utc,
         with_throughput=cert.throughput is not None,
     )
+
+
+def rederive(cert: Cert) -> Cert:
+    """Rebuild the whole cert from its own evidence, policy, spec, provenance and timestamp
+    with the same pure :func:`~batch_invariance.core.verdict.decide`."""
+    return _sealed(draft_cert(_inputs_of(cert)))
+
+
+def rederive_draft(cert: Cert) -> Cert:
+    """:func:`rederive` before the JSON edge (:func:`draft_cert`): the same values, not yet
+    serialised, validated and digested. When it is type-strictly identical to a cert that
+    came through the JSON edge (:mod:`~batch_invariance.cert.identical`), the full
+    :func:`rederive` would give the same JSON in every field."""
+    return draft_cert(_inputs_of(cert))
 
 
 def differing_fields(stored: Cert, rebuilt: Cert) -> list[str]:

@@ -269,16 +269,19 @@ def compare_pair(
 
 
 def _rounded(trials: Iterable[Trial]) -> bool:
-    values = [
-        v
-        for t in trials
-        if t.token_logprobs is not None
-        for v in (*t.token_logprobs, *(m for m in t.top_margins or () if m is not None))
-        if v
-    ]
-    if len(values) < ROUNDED_MIN_VALUES:
-        return False
-    return all(round(v, ROUNDED_DECIMALS) == v for v in values)
+    """At least :data:`ROUNDED_MIN_VALUES` non-zero values, each with at most
+    :data:`ROUNDED_DECIMALS` decimals. Stops at the first value that is not rounded (the
+    first one, for an engine giving exact logprobs) instead of listing every value."""
+    n = 0
+    for t in trials:
+        if t.token_logprobs is None:
+            continue
+        for v in (*t.token_logprobs, *(m for m in t.top_margins or () if m is not None)):
+            if v:
+                if round(v, ROUNDED_DECIMALS) != v:
+                    return False
+                n += 1
+    return n >= ROUNDED_MIN_VALUES
 
 
 def evidence_gate(arms: Mapping[str, Iterable[Trial]]) -> NumericEvidenceGate:

@@ -61,7 +61,10 @@ class MockServer:
         self._stop = threading.Event()
         # Each server instance draws its own noise (``instance``): run-to-run nondeterminism
         # differs between two launches, as it would between two real server processes.
-        self._rng = random.Random(f"mock:{self.knobs.seed}:{instance}")
+        # A draw is keyed by the prompt and how often this instance has seen it, not by
+        # arrival order, so concurrent requests draw the same noise however threads interleave.
+        self._noise_key = f"mock:{self.knobs.seed}:{instance}"
+        self._seen: dict[str, int] = {}
         self._next_task = 0
         self._started_at = 0.0
         self._httpd: ThreadingHTTPServer | None = None
@@ -280,7 +283,8 @@ class MockServer:
                 text = diverged_answer(text)
             if knobs.divergence_probability > 0:
                 with self._cond:
-                    draw = self._rng.random()
+                    k = self._seen[prompt_text] = self._seen.get(prompt_text, 0) + 1
+                draw = random.Random(f"{self._noise_key}:{k}:{prompt_text}").random()
                 if draw < knobs.divergence_probability:
                     text = diverged_answer(text)
             token_only = cobatched and knobs.token_divergence and bool(text)

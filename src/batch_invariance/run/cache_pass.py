@@ -65,9 +65,8 @@ def run_cache_arm(
             with stops_the_run(f"the prompt-cache arm, pass {index + 1}/{plan.cache_passes}"):
                 result = run_concurrent_pass(
                     server.base_url, template, plan.items, workers=plan.parallel,
-                    pass_index=index, seed=plan.seed, metrics_enabled=server.metrics_enabled,
-                    check_alive=server.check_alive, on_done=ticker(sink),
-                    probes=getattr(server, "busy_probes", None), chains=chains,
+                    pass_index=index, seed=plan.seed, probes=server.busy_probes,
+                    check_alive=server.check_alive, on_done=ticker(sink), chains=chains,
                 )  # fmt: skip
             stats.append(
                 replace(

@@ -27,7 +27,6 @@ from typing import Any
 import requests
 
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines.llama_server.probes import llama_server_probes
 from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json, get_text
 from batch_invariance.errors import InfraError
 from batch_invariance.run.response import RawResponse
@@ -243,11 +242,10 @@ def run_concurrent_pass(
     workers: int,
     pass_index: int,
     seed: int,
-    metrics_enabled: bool = False,
+    probes: Sequence[BusyProbe],
     check_alive: CheckAlive | None = None,
     on_done: OnDone | None = None,
     sample_interval_s: float = SAMPLE_INTERVAL_S,
-    probes: Sequence[BusyProbe] | None = None,
     counters: Sequence[PassCounter] = (),
     chains: Sequence[Sequence[str]] | None = None,
 ) -> ConcurrentPass:
@@ -259,10 +257,11 @@ def run_concurrent_pass(
     earlier turn was answered. Each worker has its own ``requests.Session`` and takes the
     next chain as soon as its previous request completes.
     All threads (workers and sampler) are joined before this returns or re-raises.
-    ``probes`` are the server's busy witnesses (default: llama-server's, see
-    :func:`llama_server_probes`); ``counters`` are read before the workers start and after
-    they are joined. A request that finds the server gone stops every worker; once they are
-    joined, ``check_alive`` raises :class:`InfraError` (nothing is retried).
+    ``probes`` are the server's busy witnesses, as its engine names them (none: the pass
+    then has no server-side overlap evidence, and F1 fails closed); ``counters`` are read
+    before the workers start and after they are joined. A request that finds the server gone
+    stops every worker; once they are joined, ``check_alive`` raises :class:`InfraError`
+    (nothing is retried).
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
@@ -280,8 +279,6 @@ def run_concurrent_pass(
     lock = threading.Lock()
     stop = threading.Event()
     barrier = threading.Barrier(workers + 1)
-    if probes is None:
-        probes = llama_server_probes(base_url, metrics_enabled)
     sampler = _BusySampler(probes, sample_interval_s)
 
     def worker() -> None:

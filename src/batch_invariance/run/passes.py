@@ -147,7 +147,6 @@ def _c_pass(
         workers=plan.parallel,
         pass_index=index,
         seed=plan.seed,
-        metrics_enabled=server_bc.metrics_enabled,
         check_alive=server_bc.check_alive,
         on_done=ticker(sink),
         # The handle names its engine's busy witnesses (possibly none: F1 then fails closed).

@@ -12,6 +12,7 @@ from batch_invariance.cert.verify import verify_cert
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, Trial
 from batch_invariance.core.numerics import (
     RISK_LENGTHS,
+    ROUNDED_MIN_VALUES,
     cell_numerics,
     compare_pair,
     evidence_gate,
@@ -218,3 +219,34 @@ def test_no_comparison_made_states_so() -> None:
     v = decide(ev, POLICY)
     assert v.status == "green_unverified"
     assert v.numerics.statement.startswith("no AC logprobs compared")
+
+
+def _rounded_by_listing(trials: list[Trial]) -> bool:
+    """The rounding rule as first written: list every non-zero value, then check them."""
+    values = [
+        v
+        for t in trials
+        if t.token_logprobs is not None
+        for v in (*t.token_logprobs, *(m for m in t.top_margins or () if m is not None))
+        if v
+    ]
+    return len(values) >= ROUNDED_MIN_VALUES and all(round(v, 4) == v for v in values)
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "margins", "rounded"),
+    [
+        ((-0.1234,) * 8, (0.5,) * 8, True),  # 16 rounded non-zero values
+        ((-0.1234,) * 8, (0.5,) * 7 + (0.0,), False),  # 15: a zero does not count
+        ((-0.1234,) * 8, (0.5,) * 7 + (None,), False),  # 15: a missing margin does not count
+        ((-0.1234,) * 40, (0.5,) * 39 + (0.123456789,), False),  # one exact value, last
+        ((-0.123456789,) + (-0.1234,) * 39, (0.5,) * 40, False),  # the first value exact
+        ((0.0,) * 40, (0.0,) * 40, False),  # nothing but zeros
+    ],
+)
+def test_the_rounding_check_stops_early_but_judges_as_before(
+    logprobs: tuple[float, ...], margins: tuple[float | None, ...], rounded: bool
+) -> None:
+    trials = [make_trial("x", token_logprobs=logprobs, top_margins=margins)]
+    assert _rounded_by_listing(trials) is rounded
+    assert (evidence_gate({"A": trials}).rounded == ("A",)) is rounded
