@@ -52,7 +52,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batch_invariance.provision.embedded import provision
+from embedded_pair import add_pair_arguments, pair_from
+
 from batch_invariance.run.workset import bundled_workset_path
 from batch_invariance.service.job import prepare
 from batch_invariance.service.live import LiveOutcome, run_live_cell
@@ -93,19 +94,14 @@ def _run(side: str, request: LiveRequest) -> Run:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server-bin", type=Path, default=None)
-    ap.add_argument("--model", type=Path, default=None)
+    add_pair_arguments(ap)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--gate-passes", type=int, default=4)
     ap.add_argument("--server-flag", action="append", default=[], dest="server_flags")
     ap.add_argument("--smoke", action="store_true", help="4 prompts x 8 tokens: the script only")
     ap.add_argument("--out-dir", type=Path, default=None)
     opts = ap.parse_args(argv)
-    if opts.server_bin is None or opts.model is None:
-        pair = provision()
-        server, model = pair.server_bin, pair.model
-    else:
-        server, model = opts.server_bin, opts.model
+    server, model = pair_from(opts)
     root = opts.out_dir or Path(tempfile.mkdtemp(prefix="bench-cache-cost-"))
     root.mkdir(parents=True, exist_ok=True)
     rows = json.loads(bundled_workset_path("cache_conversations").read_text())

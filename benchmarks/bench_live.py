@@ -127,7 +127,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batch_invariance.provision.embedded import provision
+from embedded_pair import add_pair_arguments, pair_from
+
 from batch_invariance.service.job import prepare
 from batch_invariance.service.live import LiveOutcome, run_live_cell
 from batch_invariance.service.request import LiveRequest
@@ -226,8 +227,7 @@ def _median(runs: list[Timed]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server-bin", type=Path, default=None)
-    ap.add_argument("--model", type=Path, default=None)
+    add_pair_arguments(ap)
     ap.add_argument("--reference-src", type=Path, default=None,
                     help="the reference's source tree (git archive of v0.1.0)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=1)
@@ -243,11 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [n for n in opts.runs.split(",") if n]
     if not set(wanted) <= set(RUN_NAMES):
         ap.error(f"--runs takes {', '.join(RUN_NAMES)}")
-    if opts.server_bin is None or opts.model is None:
-        pair = provision()
-        server, model = pair.server_bin, pair.model
-    else:
-        server, model = opts.server_bin, opts.model
+    server, model = pair_from(opts)
     root = opts.out_dir or Path(tempfile.mkdtemp(prefix="bench-live-"))
     rows = json.loads(DEMO.read_text())
     if opts.smoke:

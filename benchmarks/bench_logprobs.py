@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from embedded_pair import add_pair_arguments, pair_from
 
 from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.host.gguf import parse_info
-from batch_invariance.provision.embedded import provision
 from batch_invariance.run.dispatch import run_serial
 from batch_invariance.run.transport import MARGIN_TOP_LOGPROBS, RequestTemplate
 from batch_invariance.run.workset import bundled_workset_path, load_workset
@@ -64,18 +64,13 @@ def settings(n_predict: int, n_probs: int) -> list[Setting]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server-bin", type=Path, default=None)
-    ap.add_argument("--model", type=Path, default=None)
+    add_pair_arguments(ap)
     ap.add_argument("--items", type=int, default=8)
     ap.add_argument("--n-predict", type=int, default=96)
     ap.add_argument("--n-probs", type=int, default=20)
     ap.add_argument("--ctx", type=int, default=1024)
     opts = ap.parse_args(argv)
-    if opts.server_bin is None or opts.model is None:
-        pair = provision()
-        server_bin, model = opts.server_bin or pair.server_bin, opts.model or pair.model
-    else:
-        server_bin, model = opts.server_bin, opts.model
+    server_bin, model = pair_from(opts)
     items = load_workset(bundled_workset_path("demo_completions")).items[: opts.items]
     runs = settings(opts.n_predict, opts.n_probs)
     launcher = EngineLauncher(
