@@ -25,7 +25,7 @@ from tests.support.factories import (
     spec,
     transport_failure,
 )
-from tests.support.paths import check_golden
+from tests.support.golden import check_golden
 
 
 def _write(path: Path, cert: Cert) -> Path:

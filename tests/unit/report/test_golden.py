@@ -1,7 +1,8 @@
 """Golden outputs of ``report --format md`` and ``--format json`` (human- and machine-facing).
 
 Regenerate after an intended change with
-``BI_UPDATE_GOLDEN=1 pytest tests/unit/report/test_golden.py`` and review the diff.
+``BATCH_INVARIANCE_REGEN_GOLDEN=1 python -m pytest tests/unit/report/test_golden.py``
+and review the diff.
 """
 
 from __future__ import annotations

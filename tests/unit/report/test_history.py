@@ -24,7 +24,7 @@ from tests.support.factories import (
     make_trial,
     replace_trial,
 )
-from tests.support.paths import check_golden
+from tests.support.golden import check_golden
 
 
 def history_certs(root: Path) -> list[Path]:

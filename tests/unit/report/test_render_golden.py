@@ -29,7 +29,7 @@ from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.finish import FinishedCell
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from tests.support.factories import cert_for, changed, green_evidence, replace_pass, replace_trial
-from tests.support.paths import check_golden
+from tests.support.golden import check_golden
 from tests.unit.run.test_cell import plan as driver_plan
 
 CERT_PATH = Path("/certs/tiny-model__ctx2048__N4.json")
