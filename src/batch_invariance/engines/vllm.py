@@ -42,6 +42,7 @@ from batch_invariance.engines.base import (
     MemoryReservation,
     passthrough_env,
 )
+from batch_invariance.engines.llama_server.options import canonical_spelling
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.engines.python_module import PythonModuleEngine
 from batch_invariance.engines.witness import counters, gauge_probe, step_totals_reader
@@ -81,11 +82,11 @@ _MULTIPLIER = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
 
 def flag_value(flags: Sequence[str], names: Sequence[str]) -> str | None:
     """The value of the last of ``names`` in ``flags`` (``--x v`` or ``--x=v``; vLLM reads
-    ``--x_y`` as ``--x-y``)."""
+    ``--x_y`` as ``--x-y``, as llama-server does)."""
     found: str | None = None
     for i, word in enumerate(flags):
         name, eq, value = word.partition("=")
-        if name.replace("_", "-") not in names:
+        if canonical_spelling(name) not in names:
             continue
         if eq:
             found = value

@@ -65,8 +65,9 @@ def _node_meminfo(path: Path) -> dict[str, int]:
 
 
 def _cgroup_limit_usage(root: Path) -> tuple[int | None, int | None]:
-    if _read_int(root / "memory.max") is not None:  # cgroup v2
-        return _read_int(root / "memory.max"), _read_int(root / "memory.current")
+    v2_limit = _read_int(root / "memory.max")
+    if v2_limit is not None:  # cgroup v2
+        return v2_limit, _read_int(root / "memory.current")
     limit = _read_int(root / "memory" / "memory.limit_in_bytes")
     if limit is None or limit >= _V1_UNLIMITED:
         return None, None

@@ -238,9 +238,7 @@ class EngineLauncher:
             rss_cap_bytes=None if guard is None else guard.rss_cap_bytes,
         )  # fmt: skip
         projected = None if guard is None else guard.projected_bytes
-        reserved = (
-            None if decision is None or decision.reservation is None else decision.reservation
-        )
+        reserved = None if decision is None else decision.reservation
         record = LaunchRecord(
             arm, planned.parallel, ctx, port, planned.command.argv, projected,
             None if reserved is None else reserved.fraction,
