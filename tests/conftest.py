@@ -14,6 +14,7 @@ Kinds (registered in pyproject.toml; CONTRIBUTING.md says how long each takes):
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -21,8 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from batch_invariance.cert.memo import MEMO_ENV
 from tests.support.fakes_live import start_decoy
 from tests.support.paths import TESTS
+
+# Every test verifies certs in full, as verify-cert does, and leaves nothing in the user's
+# cache; tests/unit/cert/test_memo.py turns the memo on in a folder of its own.
+os.environ[MEMO_ENV] = "off"
 
 #: The folder under tests/ that decides a test's marker.
 FOLDER_MARKERS = {"live": "live", "docker": "docker", "act": "act"}

@@ -24,7 +24,8 @@ from types import FrameType
 
 import pytest
 
-from batch_invariance.provision.embedded import Layout, cache_root, provision
+from batch_invariance.cache_dir import cache_root
+from batch_invariance.provision.embedded import Layout, provision
 from tests.act.act_run import (
     CHECKOUT,
     UPLOAD_ARTIFACT,

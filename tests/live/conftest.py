@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from batch_invariance.cache_dir import cache_root
 from batch_invariance.errors import InfraError
-from batch_invariance.provision.embedded import Layout, Provisioned, cache_root, provision
+from batch_invariance.provision.embedded import Layout, Provisioned, provision
 from batch_invariance.provision.vllm import VllmProvisioned, ensure_vllm
 from tests.support.paths import WORKSETS
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
-from batch_invariance.provision.embedded import cache_root, provision
+from batch_invariance.cache_dir import cache_root
+from batch_invariance.provision.embedded import provision
 
 PROMPTS = [
     "Name the capital of France in one word.",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
+from batch_invariance.cache_dir import cache_root
 from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
@@ -16,7 +17,7 @@ from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.engines.registry import engine_for
-from batch_invariance.provision.embedded import Layout, Provisioned, cache_root
+from batch_invariance.provision.embedded import Layout, Provisioned
 from batch_invariance.provision.pinned_venv import EngineVenv, ensure_llama_cpp_python
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.workset import expand_reps, load_workset

@@ -70,14 +70,20 @@ def _schema_message(origin: str, exc: ValidationError) -> str:
     return f"{origin}: does not match the cert schema: {where}: {msg}{more}"
 
 
-def parse_cert(text: str | bytes, origin: str = "cert") -> Cert:
-    """Parse and validate cert JSON text and check its digest; raises :class:`CertInvalid`."""
+def parse_cert(text: str | bytes, origin: str = "cert", *, content_known: bool = False) -> Cert:
+    """Parse and validate cert JSON text and check its digest; raises :class:`CertInvalid`.
+
+    ``content_known``: these exact bytes already passed the duplicate-key scan and the digest
+    under this code (:mod:`~batch_invariance.cert.memo`), so both are not recomputed; the
+    schema is checked all the same."""
     try:
         cert = cert_from_json(text)
     except ValidationError as exc:
         header = _header(text)
         problem = None if header is None else version_problem(origin, header)
         raise CertInvalid(problem or _schema_message(origin, exc)) from None
+    if content_known:
+        return cert
     twice = duplicate_key(text)
     if twice is not None:
         raise CertInvalid(

@@ -12,6 +12,11 @@ The re-derivation is compared with the stored cert value by value, types include
 forms compared field by field, to name the fields. Both say the same; the first serialises
 nothing (a cert of 1,000 prompts x 64 tokens is 20 MB of JSON).
 
+Readers of many or large certs (``compare``, ``report``, ``serve``) pass a
+:class:`~batch_invariance.cert.memo.VerifiedMemo`: bytes that already passed under this code
+skip the duplicate-key scan, the digest and the re-derivation, and nothing else.
+``verify-cert`` and check-deploy verify every cert in full on every read.
+
 Fail closed: anything absent, malformed, re-digested after an edit, inconsistent with its
 evidence or with its provenance is not promotable, and :func:`verify_text` never raises.
 """
@@ -28,6 +33,7 @@ from typing import NamedTuple
 from batch_invariance.cert.build import differing_fields, rederive, rederive_draft
 from batch_invariance.cert.identical import identical
 from batch_invariance.cert.identity import identity_problems
+from batch_invariance.cert.memo import VerifiedMemo, memo_key
 from batch_invariance.cert.parse import parse_cert, version_problem
 from batch_invariance.cert.schema import (
     GATE_ABC_UNION,
@@ -150,15 +156,18 @@ def _invalid(path: Path | None, cert: Cert | None, problems: list[str]) -> Verif
 
 def verify_cert(cert: Cert, origin: str = "cert", path: Path | None = None) -> Verification:
     """Verify an already parsed cert: version, re-derivation, identity, promotability."""
-    return _verified(cert, origin, path, json_checked=False)
+    return _verified(cert, origin, path, json_checked=False, rederive=True)
 
 
-def _verified(cert: Cert, origin: str, path: Path | None, json_checked: bool) -> Verification:
+def _verified(
+    cert: Cert, origin: str, path: Path | None, json_checked: bool, rederive: bool
+) -> Verification:
     version = version_problem(origin, CertHeader(cert.cert_version, cert.tool_version))
     if version is not None:
         return _invalid(path, cert, [version])
     problems = [f"{origin}: {p}" for p in structure_problems(cert)]
-    problems += _rederivation_problems(cert, origin, json_checked)
+    if rederive:
+        problems += _rederivation_problems(cert, origin, json_checked)
     return _judged(cert, origin, path, problems)
 
 
@@ -201,18 +210,31 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def verify_text(text: str | bytes, origin: str = "cert", path: Path | None = None) -> Verification:
-    """The one verification path, from cert JSON text. Never raises."""
+def verify_text(
+    text: str | bytes,
+    origin: str = "cert",
+    path: Path | None = None,
+    memo: VerifiedMemo | None = None,
+) -> Verification:
+    """The one verification path, from cert JSON text. Never raises.
+
+    With ``memo``, bytes it knows skip the three checks it vouches for; bytes that pass in
+    full are remembered."""
     with _cyclic_gc_paused():
+        key = None if memo is None else memo_key(text)
+        known = memo is not None and key is not None and memo.knows(key)
         try:
-            cert = parse_cert(text, origin)
+            cert = parse_cert(text, origin, content_known=known)
         except CertInvalid as exc:
             return _invalid(path, None, [str(exc)])
-        return _verified(cert, origin, path, json_checked=True)
+        verification = _verified(cert, origin, path, json_checked=True, rederive=not known)
+        if memo is not None and key is not None and not known and verification.valid:
+            memo.remember(key)
+        return verification
 
 
-def verify_path(path: Path) -> Verification:
-    """Read the cert at ``path`` once and verify it. Never raises."""
+def verify_path(path: Path, memo: VerifiedMemo | None = None) -> Verification:
+    """Read the cert at ``path`` once and verify it (see :func:`verify_text`). Never raises."""
     from batch_invariance.cert.store import read_cert_text
 
     p = Path(path)
@@ -220,7 +242,7 @@ def verify_path(path: Path) -> Verification:
         text = read_cert_text(p)
     except CertInvalid as exc:
         return _invalid(p, None, [str(exc)])
-    return verify_text(text, str(p), p)
+    return verify_text(text, str(p), p, memo)
 
 
 def verify_cert_file(path: Path) -> Verification:

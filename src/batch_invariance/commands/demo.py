@@ -19,13 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from batch_invariance.cache_dir import cache_root
 from batch_invariance.commands.cell_options import (
     add_cell_options,
     print_dry_run,
     report,
     request_from_args,
 )
-from batch_invariance.provision.embedded import cache_root, provision
+from batch_invariance.provision.embedded import provision
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell

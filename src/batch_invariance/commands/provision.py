@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.cache_dir import cache_root
 from batch_invariance.provision.embedded import (
     Layout,
-    cache_root,
     ensure_model,
     locked,
     provision,

