@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,12 @@ from batch_invariance.run.workset import bundled_workset_path, load_workset
 MOCK_ITEMS = load_workset(bundled_workset_path("mock")).items
 #: The mock's 40 rows in the prompt-cache shape: 14 conversations of up to 3 turns.
 SHAPED = cache_shaped(MOCK_ITEMS, 3)
+
+
+def fast(**knobs: Any) -> MockKnobs:
+    """The mock at a fifth of its default per-token times: these cells send 40 long,
+    preamble-sharing prompts through four arms, and nothing here reads how long they took."""
+    return MockKnobs(token_delay_s=0.0001, prompt_token_delay_s=0.0002, **knobs)
 
 
 def run(knobs: MockKnobs, items: tuple = SHAPED, cache_passes: int = 1):  # type: ignore[type-arg]
@@ -96,7 +103,7 @@ def test_the_cache_arms_server_runs_the_cache_as_deployed() -> None:
 
 
 def test_clean_cache_on_the_mock_is_measured_with_proven_reuse() -> None:
-    cell, verdict, launcher = run(MockKnobs())
+    cell, verdict, launcher = run(fast())
     assert launcher.launches == 3  # A, B/C and the cache arm's own server
     assert launcher.servers[-1].prompt_cache and not launcher.servers[1].prompt_cache
     assert verdict.prompt_cache is not None
@@ -110,13 +117,13 @@ def test_clean_cache_on_the_mock_is_measured_with_proven_reuse() -> None:
 
 
 def test_cache_drift_knob_gives_amber_prompt_cache_drift() -> None:
-    _, verdict, _ = run(MockKnobs(cache_numeric_drift=1e-3))
+    _, verdict, _ = run(fast(cache_numeric_drift=1e-3))
     assert verdict.status == "green_with_caveat"
     assert verdict.divergence_class == CLASS_CACHE_DRIFT
 
 
 def test_cache_changing_an_answer_gives_red_prompt_cache() -> None:
-    _, verdict, _ = run(MockKnobs(cache_divergence_if_contains=("17 + 25",)))
+    _, verdict, _ = run(fast(cache_divergence_if_contains=("17 + 25",)))
     assert verdict.status == "failed"
     assert verdict.divergence_class == CLASS_CACHE
     assert verdict.prompt_cache is not None
@@ -127,7 +134,7 @@ def test_cache_changing_an_answer_gives_red_prompt_cache() -> None:
 
 
 def test_a_work_set_without_shared_prompts_is_unverified_for_the_cache() -> None:
-    _, verdict, _ = run(MockKnobs(), items=MOCK_ITEMS)
+    _, verdict, _ = run(fast(), items=MOCK_ITEMS)
     assert verdict.prompt_cache is not None and verdict.prompt_cache.status == "unverified"
     assert verdict.status == "green_unverified"
     assert any("--cache-shape" in r for r in verdict.decision_reasons)
@@ -135,7 +142,7 @@ def test_a_work_set_without_shared_prompts_is_unverified_for_the_cache() -> None
 
 @pytest.mark.parametrize("passes", [0])
 def test_without_the_arm_nothing_changes(passes: int) -> None:
-    cell, verdict, launcher = run(MockKnobs(), cache_passes=passes)
+    cell, verdict, launcher = run(fast(), cache_passes=passes)
     assert launcher.launches == 2 and cell.evidence.cache_passes is None
     assert verdict.prompt_cache is None
 
@@ -145,7 +152,7 @@ def test_b_on_a_seeded_sample_pays_for_the_cache_arm_when_c_equals_a_bitwise() -
         items=SHAPED, ctx=2048, parallel=4, gate_passes=2, n_predict=128, endpoint="chat",
         req_timeout=30.0, cache_passes=1, b_sample=True,
     )  # fmt: skip
-    cell = run_cell(plan, MockLauncher(MockKnobs()), ExactMatchScorer())
+    cell = run_cell(plan, MockLauncher(fast()), ExactMatchScorer())
     verdict = decide(cell.evidence, GatePolicy())
     assert cell.evidence.b_ids is not None and len(cell.evidence.b_ids) == sample_size(40) == 10
     assert len(cell.evidence.b) == 10
@@ -159,5 +166,5 @@ def test_b_sample_is_never_taken_when_co_batching_moved_the_numerics() -> None:
         items=SHAPED, ctx=2048, parallel=4, gate_passes=1, n_predict=128, endpoint="chat",
         req_timeout=30.0, cache_passes=1, b_sample=True,
     )  # fmt: skip
-    cell = run_cell(plan, MockLauncher(MockKnobs(numeric_drift=1e-4)), ExactMatchScorer())
+    cell = run_cell(plan, MockLauncher(fast(numeric_drift=1e-4)), ExactMatchScorer())
     assert cell.evidence.b_ids is None and len(cell.evidence.b) == 40
