@@ -21,7 +21,8 @@ three answers already known are not recomputed.
 
 Where: ``$BATCH_INVARIANCE_VERIFIED_MEMO`` (a folder, or ``off``), else
 ``<cache>/verified`` (:func:`~batch_invariance.cache_dir.cache_root`). Deleting the folder
-forgets everything; ``verify-cert`` never reads it.
+forgets everything. ``verify-cert``, check-deploy and ``serve`` never read it: the gate in front
+of a deploy verifies every cert in full on every read.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class FolderMemo:
 
 
 def verified_memo(env: Mapping[str, str] | None = None) -> VerifiedMemo | None:
-    """The memo the readers of certs use (``compare``, ``report``, ``serve``), or ``None``."""
+    """The memo ``compare`` (with ``run-live --baseline`` and the Action's baseline) and
+    ``report`` read through, or ``None``."""
     e = os.environ if env is None else env
     where = e.get(MEMO_ENV, "").strip()
     if where.lower() == "off":

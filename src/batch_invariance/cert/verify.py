@@ -12,10 +12,10 @@ The re-derivation is compared with the stored cert value by value, types include
 forms compared field by field, to name the fields. Both say the same; the first serialises
 nothing (a cert of 1,000 prompts x 64 tokens is 20 MB of JSON).
 
-Readers of many or large certs (``compare``, ``report``, ``serve``) pass a
+The readers of many or large certs (``compare``, ``report``) pass a
 :class:`~batch_invariance.cert.memo.VerifiedMemo`: bytes that already passed under this code
 skip the duplicate-key scan, the digest and the re-derivation, and nothing else.
-``verify-cert`` and check-deploy verify every cert in full on every read.
+``verify-cert``, check-deploy and ``serve`` verify every cert in full on every read.
 
 Fail closed: anything absent, malformed, re-digested after an edit, inconsistent with its
 evidence or with its provenance is not promotable, and :func:`verify_text` never raises.

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.cache_dir import cache_root
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.host.file_hash import sha256_file
 from batch_invariance.provision import embedded as prov
@@ -25,15 +24,6 @@ from batch_invariance.provision import sdist
 from tests.support.fakes_live import fake_server
 
 REAL_MODEL = Path.home() / ".cache" / "batch-invariance" / "models" / prov.MODEL_FILE
-
-
-def test_cache_root_precedence(tmp_path: Path) -> None:
-    env = {"BATCH_INVARIANCE_CACHE": str(tmp_path / "a"), "XDG_CACHE_HOME": str(tmp_path / "x")}
-    assert cache_root(env) == tmp_path / "a"
-    assert cache_root({"XDG_CACHE_HOME": str(tmp_path / "x")}) == (
-        tmp_path / "x" / "batch-invariance"
-    )
-    assert cache_root({}) == Path.home() / ".cache" / "batch-invariance"
 
 
 def test_layout_is_versioned_and_outside_the_repo(tmp_path: Path) -> None:
