@@ -45,7 +45,7 @@ from batch_invariance.core.verdict import CLASS_CACHE, CLASS_CACHE_DRIFT
 from batch_invariance.provision.vllm import VllmProvisioned
 from tests.support.paths import WORKSETS
 
-pytestmark = pytest.mark.slow  # about 15 min on 2 cores (CONTRIBUTING.md)
+pytestmark = pytest.mark.slow  # about 14 min on 2 cores (CONTRIBUTING.md)
 
 WORKSET = WORKSETS / "demo_completions.json"
 #: Four conversations of four turns, turn-major: what makes a prompt cache reuse.
