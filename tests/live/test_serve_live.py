@@ -24,12 +24,12 @@ from batch_invariance import exitcodes
 from batch_invariance.cli import main
 from batch_invariance.deploy.serve_plan import serve_argv
 from batch_invariance.provision.embedded import Provisioned
-from tests.support.paths import WORKSETS
 
-COMPLETIONS_WORKSET = WORKSETS / "demo_completions.json"
-#: 32 distinct openings (bound 3/32 under the default 0.10), answers long enough for the
-#: default answer-length gate, two passes, B as the serial repeat: the smallest cell that can
-#: be promotable. A long request timeout: other work on a shared host slows every token.
+#: The length ladder of a 256-token slot (32 distinct documents, bound 3/32 under the default
+#: 0.10, sequences filling the slot: -ub 1 is bitwise invariant up to position 256 on this
+#: build), answers long enough for the default answer-length gate, two passes, B as the serial
+#: repeat: the smallest cell that can be promotable. A long request timeout: other work on a
+#: shared host slows every token.
 GREEN_CELL = (
     "--ctx 256 --parallel 4 --gate-passes 2 --n-predict 80 --no-serial-repeat "
     "--endpoint completions --req-timeout 900"
@@ -46,7 +46,7 @@ def _earned(live_pair: Provisioned, root: Path, model: Path) -> Path:
     out = root / "out"
     code = main(
         ["run-live", "--server-bin", str(live_pair.server_bin), "--model", str(model),
-         "--workset", str(COMPLETIONS_WORKSET), "--out-dir", str(out), *GREEN_CELL.split(),
+         "--out-dir", str(out), *GREEN_CELL.split(),
          "--server-flag=-ub", "--server-flag=1"]
     )  # fmt: skip
     certs = list(out.rglob("*__ctx256__N4.json"))

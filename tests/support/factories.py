@@ -116,20 +116,46 @@ def ids(n: int) -> list[str]:
     return [f"t{i:03d}" for i in range(n)]
 
 
-def serial_map(test_ids: list[str]) -> dict[str, Trial]:
+#: Prompt tokens of a factory trial by id (ids not named: 12).
+PromptTokens = Mapping[str, int]
+
+
+def ladder_prompts(test_ids: list[str], slot_ctx: int) -> dict[str, int]:
+    """Prompt lengths that climb with the ids until prompt + answer is 9/10 of the slot, as
+    the length ladder's do (no shorter than 12 tokens)."""
+    n = len(test_ids)
+    return {
+        t: max(12, round((k + 1) / n * 0.9 * slot_ctx) - ANSWER_TOKENS)
+        for k, t in enumerate(test_ids)
+    }
+
+
+def serial_map(test_ids: list[str], prompts: PromptTokens | None = None) -> dict[str, Trial]:
     """A serial arm: intervals one after another (never overlapping)."""
-    return {t: make_trial(t, interval=(float(k), float(k) + 0.5)) for k, t in enumerate(test_ids)}
+    lengths = prompts or {}
+    return {
+        t: make_trial(
+            t, interval=(float(k), float(k) + 0.5), prompt_tokens_measured=lengths.get(t, 12)
+        )
+        for k, t in enumerate(test_ids)
+    }
 
 
 def concurrent_pass(
-    test_ids: list[str], index: int, busy: int | None = 4, spread: float = 0.001
+    test_ids: list[str],
+    index: int,
+    busy: int | None = 4,
+    spread: float = 0.001,
+    prompts: PromptTokens | None = None,
 ) -> PassRecord:
     """A C pass whose intervals all overlap one another by about a second."""
+    lengths = prompts or {}
     trials = {
         t: make_trial(
             t,
             interval=(100.0 * (index + 1) + k * spread, 100.0 * (index + 1) + 1.0 + k * spread),
             slot_id=k % 4,
+            prompt_tokens_measured=lengths.get(t, 12),
         )
         for k, t in enumerate(test_ids)
     }
@@ -142,17 +168,25 @@ def concurrent_pass(
     )
 
 
-def green_evidence(n_ids: int = 32, n_passes: int = 2, serial_repeat: bool = True) -> CellEvidence:
-    """Evidence that decides GREEN under :data:`DEFAULT_POLICY` (>= 30 distinct prompts)."""
+def green_evidence(
+    n_ids: int = 32, n_passes: int = 2, serial_repeat: bool = True, slot_ctx: int | None = None
+) -> CellEvidence:
+    """Evidence that decides GREEN under :data:`DEFAULT_POLICY` (>= 30 distinct prompts).
+
+    ``slot_ctx`` records the slot (the sequence-scope rule then applies) and gives the
+    prompts lengths that climb to fill 9/10 of it; without it the slot is not recorded, as
+    in a cert written before the rule, and every prompt is 12 tokens."""
     test_ids = ids(n_ids)
+    prompts = None if slot_ctx is None else ladder_prompts(test_ids, slot_ctx)
     return CellEvidence(
         items=tuple(
             ItemMeta(t, family="fam" + str(k % 2), fill=0.5) for k, t in enumerate(test_ids)
         ),
-        a=serial_map(test_ids),
-        a_repeat=serial_map(test_ids) if serial_repeat else None,
-        b=serial_map(test_ids),
-        c_passes=tuple(concurrent_pass(test_ids, i) for i in range(n_passes)),
+        a=serial_map(test_ids, prompts),
+        a_repeat=serial_map(test_ids, prompts) if serial_repeat else None,
+        b=serial_map(test_ids, prompts),
+        c_passes=tuple(concurrent_pass(test_ids, i, prompts=prompts) for i in range(n_passes)),
+        slot_ctx=slot_ctx,
     )
 
 

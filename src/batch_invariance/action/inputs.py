@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Literal
 
 from batch_invariance.action.baseline import BaselineInputs, read_baseline_inputs
-from batch_invariance.core.plan import number_problems
+from batch_invariance.core.plan import Endpoint, number_problems
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.errors import UsageError
+from batch_invariance.host.gguf import parse_info
+from batch_invariance.profiles.ladder import LADDER
 from batch_invariance.report.render import Require
 from batch_invariance.service.mock_cell import MockRequest
 from batch_invariance.service.request import ACTION_DEFAULTS, LiveRequest, ProfileRequest
@@ -40,6 +42,7 @@ INPUT_DEFAULTS: Mapping[str, str] = {
     "gate-passes": str(ACTION_DEFAULTS.gate_passes),
     "reps": str(ACTION_DEFAULTS.reps),
     "n-predict": str(ACTION_DEFAULTS.n_predict),
+    "endpoint": "auto",
     "server-flags": "",
     "scorer": "",
     "out-dir": "batch-invariance-certs",
@@ -78,6 +81,8 @@ class ActionInputs:
     gate_passes: int
     reps: int
     n_predict: int
+    #: ``auto``, ``chat`` or ``completions`` (``auto``: :func:`resolve_endpoint`).
+    endpoint: str
     server_flags: tuple[str, ...]
     scorer: str
     out_dir: Path
@@ -162,6 +167,11 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
     if not out_dir.is_absolute():
         out_dir = workspace / out_dir
     flags = tuple(line.strip() for line in raw["server-flags"].splitlines() if line.strip())
+    endpoint = raw["endpoint"].strip().lower()
+    if endpoint not in ENDPOINTS:
+        raise UsageError(
+            f"input endpoint must be auto, chat or completions, got {raw['endpoint'].strip()!r}"
+        )
     return ActionInputs(
         mode="live" if mode == "live" else "mock",
         engine=engine,
@@ -171,6 +181,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         profile=raw["profile"].strip(),
         model_alias=raw["model-alias"].strip(),
         models_dir=raw["models-dir"].strip(),
+        endpoint=endpoint,
         server_flags=flags,
         scorer=raw["scorer"].strip(),
         out_dir=out_dir,
@@ -181,6 +192,27 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         explicit=frozenset(explicit),
         **numbers,
     )
+
+
+#: The ``endpoint`` input's values.
+ENDPOINTS: tuple[str, ...] = ("auto", "chat", "completions")
+
+
+def resolve_endpoint(endpoint: str, engine: str, model: Path | None) -> Endpoint:
+    """``auto``: raw completions for a GGUF model without a chat template of its own (a base
+    model, which llama-server would wrap in its ChatML fallback on the chat endpoint), the
+    chat endpoint for every other model."""
+    if endpoint == "chat":
+        return "chat"
+    if endpoint == "completions":
+        return "completions"
+    if engine == DEFAULT_ENGINE and model is not None and model.suffix == ".gguf":
+        try:
+            template = parse_info(model).chat_template
+        except (OSError, ValueError):
+            return "chat"  # unreadable here: the launch names the problem
+        return "chat" if template else "completions"
+    return "chat"
 
 
 def _abs(workspace: Path, value: str) -> Path | None:
@@ -232,10 +264,12 @@ def live_request(inputs: ActionInputs, embedded: tuple[Path, Path] | None) -> Li
         gate_passes=inputs.gate_passes,
         reps=inputs.reps,
         n_predict=inputs.n_predict,
+        endpoint=resolve_endpoint(inputs.endpoint, inputs.engine, model),
         server_flags=inputs.server_flags,
         scorer=inputs.scorer or None,
         profile=profile,
-        bundled_workset=None if inputs.profile else "demo",
+        # Without a work-set or profile: the length ladder built for the cell's slot.
+        bundled_workset=None if inputs.profile else LADDER,
         stop_on_red=ACTION_DEFAULTS.stop_on_red,
         engine=inputs.engine,
     )

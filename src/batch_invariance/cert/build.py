@@ -127,6 +127,7 @@ def _evidence_record(evidence: CellEvidence, policy: GatePolicy) -> EvidenceReco
         policy=policy,
         b_ids=None if evidence.b_ids is None else tuple(sorted(evidence.b_ids)),
         cache_passes=None if cache is None else _pass_evidence(cache),
+        slot_ctx=evidence.slot_ctx,
     )
 
 
@@ -141,6 +142,7 @@ def evidence_from_cert(cert: Cert) -> CellEvidence:
         c_passes=_pass_records(e.c_passes),
         b_ids=e.b_ids,
         cache_passes=None if e.cache_passes is None else _pass_records(e.cache_passes),
+        slot_ctx=e.slot_ctx,
     )
 
 
@@ -220,6 +222,7 @@ def draft_cert(inputs: CertInputs) -> Cert:
         digest="",
         throughput=throughput_of_arms(recorded.arms) if with_throughput else None,
         prompt_cache=verdict.prompt_cache,
+        sequence_scope=verdict.scope,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from batch_invariance.cert.schema import GATE_ABC_UNION, GateOutcome, PromotionScope
 from batch_invariance.core.evidence import CellSpec, GatePolicy, policy_problems
 from batch_invariance.core.numerics import Numerics
+from batch_invariance.core.scope import scope_words
 from batch_invariance.core.verdict import Verdict
 
 
@@ -37,9 +38,12 @@ def _valid_for(spec: CellSpec, verdict: Verdict) -> str:
         if longest is not None
         else "; answer length unknown, so it holds for no answer length"
     )
+    # Only a cert that records its slot says the sequence scope (older ones re-derive as
+    # they were written; readers say "not recorded" for them).
+    sequences = "" if verdict.scope is None else f"; {scope_words(verdict.scope)}"
     return (
         f"only model {spec.model} at ctx {spec.ctx} with --parallel {spec.dispatch_n} "
-        f"(KV {spec.kv_label}) on this server build and host{length}"
+        f"(KV {spec.kv_label}) on this server build and host{length}{sequences}"
     )
 
 
@@ -96,6 +100,8 @@ def gates_block(
     scope = {"arm_b_scope": GateOutcome(g.b_scope.ok, g.b_scope.reason)} if g.b_scope.scoped else {}
     if g.cache_arm.measured:  # only in a cert that measured the prompt cache
         scope["prompt_cache_arm"] = GateOutcome(g.cache_arm.ok, g.cache_arm.reason)
+    if g.scope.recorded:  # only in a cert that records its slot
+        scope["sequence_length"] = GateOutcome(g.scope.ok, g.scope.reason)
     return {
         "F0": GateOutcome(ac.clean, f0_reason),
         "F1": GateOutcome(g.overlap.ok, g.overlap.reason),

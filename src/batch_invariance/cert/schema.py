@@ -32,6 +32,7 @@ from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
 from batch_invariance.core.numerics import Numerics
 from batch_invariance.core.repeat import SerialRepeatGate
+from batch_invariance.core.scope import SequenceScope
 from batch_invariance.core.throughput import Throughput
 from batch_invariance.core.verdict import Reports, Sensitivity, Status
 
@@ -162,6 +163,9 @@ class EvidenceRecord:
     b_ids: tuple[str, ...] | None = None
     #: The prompt-cache arm's passes; absent when the prompt cache was not measured.
     cache_passes: tuple[PassEvidence, ...] | None = None
+    #: Tokens per slot the sequence-scope rule held the measured lengths against (always the
+    #: cert's ``ctx``); absent in certs written before the rule, which it then does not judge.
+    slot_ctx: int | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,10 @@ class Cert:
     #: status); absent (never ``null``) when the cell did not measure the prompt cache, as in
     #: every cert written before it could: such a cert covers cache-off traffic only.
     prompt_cache: PromptCacheOutcome | None = None
+    #: The sequence lengths measured against the slot (the longest, the bands, where drift
+    #: began); absent (never ``null``) in certs written before it was recorded: readers then
+    #: say "sequence length: not recorded" and the deploy gate covers no slot with them.
+    sequence_scope: SequenceScope | None = None
 
 
 @dataclass(frozen=True)
@@ -280,6 +288,14 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
     if out.get("prompt_cache") is None:
         # Absent: the cache was not measured, as in every cert before the cache arm.
         out.pop("prompt_cache", None)
+    if out.get("sequence_scope") is None:
+        # Absent: the slot was not recorded, as in every cert before the scope rule.
+        out.pop("sequence_scope", None)
+    if out["evidence"].get("slot_ctx") is None:
+        out["evidence"].pop("slot_ctx", None)
+    if out["evidence"]["policy"].get("min_slot_fill") is None:
+        # Absent: the default share, as in every cert written before it could be set.
+        out["evidence"]["policy"].pop("min_slot_fill", None)
     if out["evidence"].get("cache_passes") is None:
         out["evidence"].pop("cache_passes", None)
     if out["evidence"].get("b_ids") is None:

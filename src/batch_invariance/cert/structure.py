@@ -70,6 +70,11 @@ def structure_problems(cert: Cert) -> tuple[str, ...]:
             )
         if p.order and set(p.order) != set(p.trials):
             problems.append(f"C pass {p.index}: its dispatch order is not the ids it recorded")
+    if e.slot_ctx is not None and e.slot_ctx != cert.ctx:
+        problems.append(
+            f"evidence.slot_ctx {e.slot_ctx} is not the cert's ctx {cert.ctx}: the sequence "
+            "scope was judged against another slot"
+        )
     if e.b_ids is not None:
         again = _repeated(e.b_ids)
         if again:

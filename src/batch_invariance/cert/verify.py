@@ -105,6 +105,9 @@ def promotability(cert: Cert) -> Promotability:
     unmet: list[str] = []
     if cert.status != "green":
         unmet.append(f"status is {cert.status} ({display_verdict(cert.status)}), not green")
+        scope = cert.gates.get("sequence_length")
+        if scope is not None and not scope.ok:  # name both lengths where the scope decided
+            unmet.append(scope.reason)
     if cert.source != "live":
         unmet.append(f"source is {cert.source}: only a live run can be promoted")
     if cert.gate != GATE_ABC_UNION:

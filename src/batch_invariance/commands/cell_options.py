@@ -103,6 +103,13 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
         f"this (default {DEFAULT_MAX_BOUND:g}, i.e. >= 30 distinct prompts; higher is never "
         "promotable)",
     )
+    p.add_argument(
+        "--min-slot-fill",
+        type=float,
+        default=None,
+        help="GREEN needs the longest co-batched sequence (prompt + answer) at this share of "
+        "the slot or more (default 0.75; lower is never promotable)",
+    )
 
 
 def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> None:
@@ -220,6 +227,7 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "min_hot_trials": args.min_hot_trials,
         "min_answer_tokens": args.min_answer_tokens,
         "max_bound": args.max_bound,
+        "min_slot_fill": args.min_slot_fill,
         "serial_repeat": not args.no_serial_repeat,
         "stop_on_red": args.stop_on_red,
         "req_timeout": args.req_timeout,

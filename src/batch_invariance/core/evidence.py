@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_MAX_BOUND",
     "DEFAULT_MIN_ANSWER_TOKENS",
     "DEFAULT_MIN_HOT_TRIALS",
+    "DEFAULT_MIN_SLOT_FILL",
     "DEFAULT_OVERLAP_MARGIN_S",
     "FINISH_LENGTH",
     "FINISH_STOP",
@@ -197,6 +198,10 @@ class CellEvidence:
     #: sent as a deployed client sends them, with the server's prompt cache on, concurrently
     #: at N. ``None``: the cache was not measured (every cert written before it could be).
     cache_passes: tuple[PassRecord, ...] | None = None
+    #: Tokens per slot of the cell measured (``CellSpec.ctx``): the sequence-scope rule
+    #: (:mod:`batch_invariance.core.scope`) holds the measured lengths against it. ``None``:
+    #: not recorded (every cert written before the rule), and the rule is not applied.
+    slot_ctx: int | None = None
 
 
 #: The gate policy defaults. A recorded policy looser than these is never promotable
@@ -212,6 +217,8 @@ DEFAULT_MIN_ANSWER_TOKENS = 64
 DEFAULT_MAX_BOUND = 0.10
 #: F4 is armed at exact (bitwise) equality of the logprobs.
 DEFAULT_LOGIT_EPS = 0.0
+#: A GREEN needs its longest co-batched sequence (prompt + answer) at 3/4 of the slot or more.
+DEFAULT_MIN_SLOT_FILL = 0.75
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,10 @@ class GatePolicy:
     logit_eps: float = DEFAULT_LOGIT_EPS
     min_answer_tokens: int = DEFAULT_MIN_ANSWER_TOKENS
     max_bound: float = DEFAULT_MAX_BOUND
+    #: The share of its slot a cell's longest co-batched sequence must reach
+    #: (:mod:`batch_invariance.core.scope`); ``None`` is the default, 3/4. Absent from
+    #: certs that keep the default, so certs written before it verify as written.
+    min_slot_fill: float | None = None
 
 
 def policy_usage_problems(policy: GatePolicy) -> tuple[str, ...]:
@@ -241,6 +252,9 @@ def policy_usage_problems(policy: GatePolicy) -> tuple[str, ...]:
         problems.append(f"--logit-eps must be 0 or more (got {policy.logit_eps:g})")
     if not 0.0 < policy.max_bound <= 1.0:
         problems.append(f"--max-bound must be a rate in (0, 1] (got {policy.max_bound:g})")
+    fill = policy.min_slot_fill
+    if fill is not None and not 0.0 <= fill <= 1.0:
+        problems.append(f"--min-slot-fill must be a share in [0, 1] (got {fill:g})")
     return tuple(problems)
 
 
@@ -268,6 +282,8 @@ def policy_problems(policy: GatePolicy) -> tuple[str, ...]:
     looser("min_answer_tokens", policy.min_answer_tokens, DEFAULT_MIN_ANSWER_TOKENS, True)
     looser("max_bound", policy.max_bound, DEFAULT_MAX_BOUND, False)
     looser("logit_eps", policy.logit_eps, DEFAULT_LOGIT_EPS, False)
+    if policy.min_slot_fill is not None:
+        looser("min_slot_fill", policy.min_slot_fill, DEFAULT_MIN_SLOT_FILL, True)
     return tuple(problems)
 
 

@@ -57,6 +57,13 @@ from batch_invariance.core.numerics import (
 from batch_invariance.core.pair_report import ac_summary
 from batch_invariance.core.repeat import SerialRepeatGate, serial_repeat_gate
 from batch_invariance.core.schedule import ArmBScopeGate, arm_b_scope_gate, restrict
+from batch_invariance.core.scope import (
+    UNRECORDED_GATE,
+    ScopeGate,
+    SequenceScope,
+    scope_gate,
+    sequence_scope,
+)
 
 __all__ = [
     "ANOMALY_B",
@@ -152,6 +159,8 @@ class Gates:
     b_scope: ArmBScopeGate
     numeric_evidence: NumericEvidenceGate
     cache_arm: CacheArmGate = CacheArmGate(True, False, "prompt cache not measured")
+    #: The measured sequences against the slot (met, "not recorded", when no slot is).
+    scope: ScopeGate = UNRECORDED_GATE
 
     def unmet(self) -> tuple[str, ...]:
         """Reasons of the gates not met, in the verdict's order."""
@@ -170,6 +179,7 @@ class Gates:
                 self.b_scope,
                 self.numeric_evidence,
                 self.cache_arm,
+                self.scope,
             )
             if not gate.ok
         )
@@ -196,6 +206,8 @@ class Verdict:
     numerics: Numerics
     #: The prompt-cache arm against A; ``None`` when the cache was not measured.
     prompt_cache: PromptCacheOutcome | None = None
+    #: The sequence lengths measured against the slot; ``None`` when no slot was recorded.
+    scope: SequenceScope | None = None
 
 
 def _cache_arm(
@@ -310,7 +322,16 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         numeric_evidence=numerics.evidence,
     )
     cache = _cache_arm(evidence, reports, numerics, eps)
-    gates = replace(gates, cache_arm=_cache_gate(cache))
+    scope = None
+    if evidence.slot_ctx is not None:
+        scope = sequence_scope(
+            evidence, evidence.slot_ctx, hot, reports.ac, numerics.ac, policy.min_slot_fill
+        )
+    gates = replace(
+        gates,
+        cache_arm=_cache_gate(cache),
+        scope=UNRECORDED_GATE if scope is None else scope_gate(scope),
+    )
     run_to_run = not gates.serial_repeat.ok
     ac, ab = reports.ac, reports.ab
 
@@ -321,12 +342,14 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
             numerics, status == "green", sens.n_distinct_prompts, sens.n_hot_trials,
             len(evidence.c_passes),
         )  # fmt: skip
+        if scope is not None:
+            said = f"{said}; {scope.statement}"
         said_cache = any(r.startswith("prompt-cache arm:") for r in reasons)
         if cache is not None and cache.status not in ("clean", "unverified") and not said_cache:
             reasons = [*reasons, f"prompt-cache arm: {cache.reason}"]
         return Verdict(
             status, cls, anomaly, tuple(reasons), reports, gates, sens,
-            replace(numerics, statement=said), cache,
+            replace(numerics, statement=said), cache, scope,
         )  # fmt: skip
 
     # 1. RED: a score-bearing difference between ground truth and the arm under test.
@@ -383,7 +406,14 @@ def decide(evidence: CellEvidence, policy: GatePolicy) -> Verdict:
         f"sample size {sens.n_hot_trials} >= {policy.min_hot_trials}, per-prompt bound "
         f"{sens.rate_upper_bound_95:.4g} <= {policy.max_bound:g} from "
         f"{sens.n_distinct_prompts} distinct prompts, median answer "
-        f"{length.answer_tokens_median} >= {policy.min_answer_tokens} tokens)"
+        f"{length.answer_tokens_median} >= {policy.min_answer_tokens} tokens"
+        + (
+            ""
+            if scope is None
+            else f", sequences up to {scope.longest} >= {scope.required} "
+            f"of the slot's {scope.slot_ctx} tokens"
+        )
+        + ")"
     )
 
     # 3. AMBER: the serial control on the parallel server disagrees (in an invariant field

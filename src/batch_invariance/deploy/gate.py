@@ -46,6 +46,7 @@ from batch_invariance.cert.signing import (
     bundle_path_for,
 )
 from batch_invariance.cert.verify import verify_text
+from batch_invariance.core.scope import NOT_RECORDED, SequenceScope, required_length
 from batch_invariance.deploy.cells import DeployCell
 from batch_invariance.deploy.identity import (
     BuildIdentity,
@@ -104,6 +105,9 @@ class CertFile:
     answer_tokens_max: int | None = None
     #: Flags of the prompt-cache arm's server; ``None`` when it did not measure the cache.
     cache_measured: ServerFlags | None = None
+    #: The sequence lengths it measured against its slot; ``None``: not recorded (a cert
+    #: written before the scope rule), which covers no slot.
+    sequence_scope: SequenceScope | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ def read_cert_file(path: Path) -> CertFile | str:
         cache_measured=None
         if found.cert is None or found.cert.prompt_cache is None
         else measured_cache_flags(provenance),
+        sequence_scope=None if found.cert is None else found.cert.sequence_scope,
     )
 
 
@@ -307,10 +312,38 @@ def answer_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
     return ()
 
 
+def sequence_problem(scope: SequenceScope | None, slot: int, cert_name: str) -> str | None:
+    """Why a cert's measured sequences do not cover a ``slot``-token slot (``None``: they
+    reach 3/4 of it, :mod:`batch_invariance.core.scope`). The deploy serves prompts of any
+    length up to its slot and a cert speaks only for the lengths it compared; one that
+    records no sequence scope covers no slot. check-deploy and ``serve`` both ask this."""
+    need = required_length(slot)
+    if scope is None:
+        return (
+            f"{NOT_RECORDED} in {cert_name} (written before the sequence scope was recorded): "
+            f"it covers no {slot}-token slot; re-run the cell with this version"
+        )
+    if scope.longest is None or scope.longest < need:
+        measured = "of unknown length" if scope.longest is None else f"up to {scope.longest}"
+        return (
+            f"{cert_name} measured sequences {measured} tokens, but the slot is {slot} tokens "
+            f"(need >= {need}, 3/4 of it); measure a work-set that fills the slot"
+        )
+    return None
+
+
+def sequence_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
+    """The measured sequences reach 3/4 of the deploy's slot (:func:`sequence_problem`)."""
+    if cell.ctx is None:  # check_cell refuses such a cell before any rule runs
+        return ("context per slot unknown",)
+    problem = sequence_problem(cert.sequence_scope, cell.ctx, cert.path.name)
+    return () if problem is None else (problem,)
+
+
 #: The coverage checks, in the order their differences are printed.
 COVERAGE_RULES: tuple[CoverageRule, ...] = (
     model_rule, layout_rule, options_rule, prompt_cache_rule, environment_rule,
-    answer_length_rule,
+    answer_length_rule, sequence_length_rule,
 )  # fmt: skip
 
 

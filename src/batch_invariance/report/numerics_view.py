@@ -6,6 +6,7 @@ Shared by the banner, the job summary and the report, so every view says the sam
 from __future__ import annotations
 
 from batch_invariance.core.numerics import Numerics, PairNumerics, PassNumerics
+from batch_invariance.core.scope import NOT_RECORDED, LengthBand, SequenceScope
 
 
 def _delta(value: float | None) -> str:
@@ -80,4 +81,43 @@ def numerics_markdown(numerics: Numerics) -> list[str]:
                 f"{p.rows_with_token_flip} | {first} | {_delta(p.max_abs_delta)} |"
             )
     lines += ["", risk_text(numerics)]
+    return lines
+
+
+def _band_label(band: LengthBand) -> str:
+    return f"{band.low}-{band.high}"
+
+
+def scope_lines(scope: SequenceScope | None) -> list[str]:
+    """The banner's sequence lines: what lengths the cell covers, and drift per length band."""
+    if scope is None:
+        return [f"sequences: {NOT_RECORDED}"]
+    lines = [f"sequences: {scope.statement}"]
+    bands = "; ".join(
+        f"{_band_label(b)}: {b.rows_compared} rows, drift {b.rows_with_drift}, changed "
+        f"{b.rows_with_changed_answer}"
+        + ("" if b.first_drift_position is None else f" (from position {b.first_drift_position})")
+        for b in scope.bands
+    )
+    lines.append(f"sequences by length band (AC rows x passes): {bands}")
+    return lines
+
+
+def scope_markdown(scope: SequenceScope | None) -> list[str]:
+    """The job summary's and report's ``Sequence lengths`` section."""
+    lines = ["### Sequence lengths (prompt + compared answer)", ""]
+    if scope is None:
+        return [*lines, f"{NOT_RECORDED}: this cert covers no slot at the deploy gate."]
+    lines += [
+        f"{scope.statement} (the slot is covered from {scope.required} tokens, 3/4 of it).",
+        "",
+        "| band (tokens) | AC rows | ids | rows with drift | changed answers | first drift at |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in scope.bands:
+        first = "-" if b.first_drift_position is None else str(b.first_drift_position)
+        lines.append(
+            f"| {_band_label(b)} | {b.rows_compared} | {b.n_ids} | {b.rows_with_drift} | "
+            f"{b.rows_with_changed_answer} | {first} |"
+        )
     return lines

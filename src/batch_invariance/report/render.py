@@ -14,8 +14,14 @@ from typing import Any, Literal
 
 from batch_invariance.cert.certificate import Cert, display_verdict
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
+from batch_invariance.core.scope import scope_words
 from batch_invariance.core.throughput import Throughput
-from batch_invariance.report.numerics_view import numerics_lines, numerics_markdown
+from batch_invariance.report.numerics_view import (
+    numerics_lines,
+    numerics_markdown,
+    scope_lines,
+    scope_markdown,
+)
 
 __all__ = [
     "NO_BUNDLE",
@@ -107,6 +113,7 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         f"  gates: {gates}",
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
         *(f"  {line}" for line in numerics_lines(cert.numerics)),
+        *(f"  {line}" for line in scope_lines(cert.sequence_scope)),
         f"  {_cert_throughput(cert)}",
         f"  {prompt_cache_text(cert)}",
     ]
@@ -186,6 +193,7 @@ def verify_report_text(report: Verification, signature: str | None) -> str:
     ]
     lines += [f"  - {reason}" for reason in report.promotable_reasons]
     lines.append(f"{prompt_cache_text(cert)}")
+    lines.append(f"sequences:  {scope_words(cert.sequence_scope)}")
     lines += [
         f"signature:  {signature or NO_BUNDLE}",
         "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, "
@@ -306,6 +314,7 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
         )
     scope = cert.promotion_scope
     lines += ["", *numerics_markdown(cert.numerics)]
+    lines += ["", *scope_markdown(cert.sequence_scope)]
     lines += [
         "",
         "### Sensitivity",

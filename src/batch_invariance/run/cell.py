@@ -83,6 +83,7 @@ def assemble(
         c_passes=parallel.c_passes,
         b_ids=parallel.b_ids,
         cache_passes=None if cache is None else cache.passes,
+        slot_ctx=plan.ctx,
     )
     stats = (ref.a_stats, *((ref.repeat_stats,) if ref.repeat_stats else ()), *parallel.stats,
              *(cache.stats if cache else ()))  # fmt: skip

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 
 from batch_invariance.core.memory_fraction import FractionDecision
 from batch_invariance.core.plan import eta_seconds, serial_arm_count
+from batch_invariance.core.scope import required_length
 from batch_invariance.engines.registry import shown_name
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
+from batch_invariance.profiles.tokens import approx_token_count
+from batch_invariance.run.workset import Workset
 from batch_invariance.service.job import LiveCell
 from batch_invariance.service.target import engine_launcher
 
@@ -51,6 +54,21 @@ def reservation_line(fraction: FractionDecision, host: memory.HostMemory) -> str
         f"reserves: {fraction.fraction:g} of {where} ({whose}) = "
         f"{_gib(fraction.reserved_bytes)} of {_gib(fraction.total_bytes)}; "
         f"{_gib(fraction.available_bytes)} available there"
+    )
+
+
+def ladder_line(workset: Workset, ctx: int) -> str:
+    """What the length ladder covers: prompts, and sequence targets per quarter band."""
+    per_band: dict[str, int] = {}
+    for item in workset.items:
+        per_band[item.family or "?"] = per_band.get(item.family or "?", 0) + 1
+    targets = [int(i.meta["sequence_target"]) for i in workset.items if "sequence_target" in i.meta]
+    bands = ", ".join(f"{name} {count}" for name, count in sorted(per_band.items()))
+    return (
+        f"work-set: length ladder, {len(workset.items)} distinct prompts; sequences (prompt + "
+        f"answer budget) targeted at {min(targets)}-{max(targets)} of the slot's {ctx} tokens "
+        f"(quarter bands: {bands}); a GREEN needs measured sequences >= "
+        f"{required_length(ctx)} (3/4 of the slot)"
     )
 
 
@@ -100,8 +118,15 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         f"memory: cap {cap}; available now {_gib(avail) if avail is not None else 'unknown'}"
         + (f"; VRAM free {_gib(host.vram_free_bytes)}" if host.vram_free_bytes else "")
     )
-    if cell.workset is not None:
-        n_items = len(cell.workset.items) * m.reps
+    workset = cell.workset
+    if workset is None and cell.profile is None and cell.build_workset is not None:
+        # The length ladder: planned here with the offline estimate (the run fits it again
+        # with the A server's tokenizer, which moves each prompt by a few tokens).
+        workset = cell.build_workset(cell.ctx, approx_token_count)
+    if workset is not None:
+        if workset.source.startswith("length ladder"):
+            lines.append(ladder_line(workset, cell.ctx))
+        n_items = len(workset.items) * m.reps
         # An upper bound: A' runs only when B differs from A, B only on the divergent ids of
         # a RED cell, and --stop-on-red may end the C passes early.
         arms = "A, B, A' if B differs" if m.serial_repeat else "A, B"

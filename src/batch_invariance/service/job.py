@@ -19,7 +19,9 @@ from batch_invariance.cert.provenance import ProfileRecord
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Endpoint
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.engines.base import PromptCache
+from batch_invariance.engines.base import Engine, PromptCache
+from batch_invariance.profiles.ladder import LADDER, ladder_builder
+from batch_invariance.profiles.tokens import TokenCounter, approx_token_count
 from batch_invariance.run.records import ModelTemplate
 from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import (
@@ -140,6 +142,25 @@ class LiveCell:
         )
 
 
+#: The bundled rows ``--cache-shape`` shapes when no ``--workset`` is given.
+CACHE_SHAPE_SOURCE = "demo_completions"
+
+
+def _ladder(
+    request: LiveRequest, engine: Engine
+) -> tuple[Callable[[int, TokenCounter], Workset] | None, Workset | None]:
+    """The length ladder for the cell: built on the A server's own ``/tokenize`` where the
+    tool launches a llama-server (as a profile's work-set is), else now, with the offline
+    estimate. Either way it is first planned offline, so a slot too small for it is refused
+    here, before anything launches."""
+    assert request.ctx is not None  # request.check
+    offline = ladder_builder(request.n_predict, request.seed, "the offline estimate")
+    preview = offline(request.ctx, approx_token_count)
+    if engine.takes_profiles and request.base_url is None:
+        return ladder_builder(request.n_predict, request.seed, "the A server's /tokenize"), None
+    return None, preview
+
+
 def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     """Check ``request`` and resolve it (UsageError naming the first problem): the one place
     the raw request is read. The cheap checks come first (``LiveRequest.check``), then the
@@ -150,15 +171,20 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     prof = resolve_profile(request, engine)
     target = resolve_target(request, engine, prof)
     port_policy = ports.make_policy(request.port, list(request.reserved_ports))
-    builder = None
+    builder: Callable[[int, TokenCounter], Workset] | None = None
     workset: Workset | None = None
     if request.workset is not None:
         workset = load_workset(request.workset)
     elif prof is not None:
         builder = prof.build_workset
+    elif request.bundled_workset == LADDER and request.cache_shape is None:
+        builder, workset = _ladder(request, engine)
     else:
-        assert request.bundled_workset is not None  # request.check: a work-set source
-        workset = load_workset(bundled_workset_path(request.bundled_workset))
+        # The prompt-cache shape turns rows into growing conversations: it starts from the
+        # short completion openings, not from prompts that already fill the slot.
+        name = request.bundled_workset
+        assert name is not None  # request.check: a work-set source
+        workset = load_workset(bundled_workset_path(CACHE_SHAPE_SOURCE if name == LADDER else name))
     if request.cache_shape is not None:
         assert workset is not None  # request.check: a profile's work-set cannot be shaped
         workset = shaped_for_cache(workset, request.cache_shape)

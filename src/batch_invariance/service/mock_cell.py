@@ -21,7 +21,9 @@ from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.scorer_loader import load_scorer
-from batch_invariance.run.workset import bundled_workset_path, expand_reps, load_workset
+from batch_invariance.mock.oracle import tokenize
+from batch_invariance.profiles.ladder import ladder_builder
+from batch_invariance.run.workset import Workset, expand_reps, load_workset
 from batch_invariance.service.finish import FinishedCell, finish_cell, prepare_out_dir
 
 __all__ = ["MOCK_MODEL", "MockRequest", "run_mock_cell"]
@@ -32,13 +34,13 @@ MOCK_MODEL = "mock"
 
 @dataclass(frozen=True)
 class MockRequest:
-    """A mock cell. Defaults are sized so the default run earns GREEN (40 distinct prompts,
-    notes of about 80 tokens, 4 passes) in a few seconds."""
+    """A mock cell. Defaults are sized so the default run earns GREEN (the length ladder of
+    a 512-token slot: 32 distinct documents, notes of about 80 tokens, 4 passes) in seconds."""
 
     out_dir: Path
     batch_divergence: bool = False
     stop_on_red: bool = False
-    ctx: int = 2048
+    ctx: int = 512
     parallel: int = 4
     gate_passes: int = 4
     reps: int = 1
@@ -48,6 +50,18 @@ class MockRequest:
     workset: Path | None = None
     scorer: str | None = None
     policy: GatePolicy = field(default_factory=GatePolicy)
+
+
+def mock_token_count(text: str) -> int:
+    """The mock's own token count of a text (what its ``/tokenize`` answers)."""
+    return len(tokenize(text))
+
+
+def mock_ladder(request: MockRequest) -> Workset:
+    """The length ladder for the mock's slot, fitted with the mock's own tokenizer: the
+    mock, like every default, measures the whole slot."""
+    build = ladder_builder(request.n_predict, request.seed, "the mock's tokenizer")
+    return build(request.ctx, mock_token_count)
 
 
 def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) -> FinishedCell:
@@ -64,7 +78,9 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
     problems += policy_usage_problems(request.policy)
     if problems:
         raise UsageError(problems[0])
-    workset = load_workset(request.workset or bundled_workset_path("mock"))
+    workset = (
+        load_workset(request.workset) if request.workset is not None else mock_ladder(request)
+    )
     scorer = load_scorer(request.scorer)
     out_dir = prepare_out_dir(request.out_dir)
     items = expand_reps(workset.items, request.reps)

@@ -23,6 +23,7 @@ from batch_invariance.core.plan import Endpoint, number_problems
 from batch_invariance.engines.base import Engine, KvLayout, flag_conflicts
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_for
 from batch_invariance.errors import UsageError
+from batch_invariance.profiles.ladder import LADDER
 
 __all__ = [
     "ACTION_DEFAULTS",
@@ -104,6 +105,7 @@ class LiveRequest:
     min_hot_trials: int = DEFAULT_MIN_HOT_TRIALS
     min_answer_tokens: int = DEFAULT_MIN_ANSWER_TOKENS
     max_bound: float = DEFAULT_MAX_BOUND
+    min_slot_fill: float | None = None
     serial_repeat: bool = True
     stop_on_red: bool = False
     req_timeout: float = DEFAULT_REQ_TIMEOUT
@@ -114,7 +116,9 @@ class LiveRequest:
     port: int | None = None
     reserved_ports: tuple[int, ...] = ()
     profile: ProfileRequest | None = None
-    bundled_workset: str | None = None
+    #: What runs without ``--workset`` or a profile: the length ladder built for the cell
+    #: (:mod:`batch_invariance.profiles.ladder`), or a bundled work-set by name.
+    bundled_workset: str | None = LADDER
     model_name: str | None = None
     driver_name: str = "run-live"
     #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
@@ -226,6 +230,7 @@ class LiveRequest:
             logit_eps=self.logit_eps,
             min_answer_tokens=self.min_answer_tokens,
             max_bound=self.max_bound,
+            min_slot_fill=self.min_slot_fill,
         )
 
 

@@ -90,9 +90,11 @@ def _live_cert(
     layout: str = "split",
     policy: GatePolicy | None = None,
     provenance: dict[str, Any] | None = None,
+    slot_ctx: int | None = 1024,
 ) -> Path:
     """A GREEN live cert of (MODEL, ctx 1024, N 4) whose provenance agrees with its cell; the
-    verdict is decided by the core from the factories' green evidence."""
+    verdict is decided by the core from the factories' green evidence, whose sequences fill
+    the slot (``slot_ctx=None``: a cert written before the slot was recorded)."""
     from batch_invariance.cert.certificate import build_cert
     from batch_invariance.cert.store import write_cert
     from batch_invariance.core.evidence import CellSpec
@@ -101,7 +103,7 @@ def _live_cert(
     from tests.support.factories import green_evidence
 
     chosen = policy or GatePolicy()
-    evidence = green_evidence()
+    evidence = green_evidence(slot_ctx=slot_ctx)
     label = kv_label(1024, 4, layout)  # type: ignore[arg-type]
     cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=label, reps=1, is_moe=False)
     provenance = provenance or _provenance(model, 4, layout)

@@ -78,9 +78,11 @@ def _cache_cert(folder: Path, model: Path, cache_ram: int | None = None) -> Path
     from batch_invariance.core.evidence import CellSpec
     from batch_invariance.engines.llama_server.engine import kv_label
 
-    base = concurrent_pass(list(green_evidence().a), 0)
+    green = green_evidence(slot_ctx=1024)
+    prompts = {t: x.prompt_tokens_measured or 0 for t, x in green.a.items()}
+    base = concurrent_pass(list(green.a), 0, prompts=prompts)
     trials = {t: replace(x, timings={"cache_n": 40.0}) for t, x in base.trials.items()}
-    evidence = replace(green_evidence(), cache_passes=(replace(base, trials=trials),))
+    evidence = replace(green, cache_passes=(replace(base, trials=trials),))
     provenance = _provenance(model, 4, "split")
     provenance["servers"].append({"role": "cache", "argv": _cache_argv(model, cache_ram)})
     cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=kv_label(1024, 4, "split"),

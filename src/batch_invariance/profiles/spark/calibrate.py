@@ -134,7 +134,8 @@ def fit_prompt(
         if c == target:
             break
         rate = max((c - bare) / k, 0.05)
-        k = max(0, round((target - bare) / rate))
+        # Never 0: a step that lands on the bare prompt would divide by zero next time.
+        k = max(1, round((target - bare) / rate))
     lo, hi, step = k, k, 8
     while lo > 0 and count(lo) >= target:
         lo = max(0, lo - step)

@@ -1,0 +1,176 @@
+"""The length ladder: the default work-set of a cell, filling its whole slot.
+
+A cert speaks for the sequence lengths it measured (:mod:`batch_invariance.core.scope`), so
+the work-set every default runs (``run-live`` and ``sweep`` without ``--workset``, ``demo``,
+the Action) is built for the cell: :data:`LADDER_PROMPTS` distinct prompts whose sequences
+(prompt + answer budget) climb through every quarter band of the slot, the top band reaching
+past 3/4 of it. The text is real: documents of prose, news items and code from the spark
+profile's hermetic corpus, each prompt its own seeded stream, so no two prompts are one.
+
+The prompts are fitted with a token counter: the A server's own ``/tokenize`` where the tool
+launches a llama-server (the calibration path profiles use), else the offline estimate. The
+cert records the lengths the server really counted, so a fit that misses only moves where a
+prompt lands; the scope rule judges what was measured.
+
+Deterministic: the same ctx, answer budget, seed and counter give byte-identical items.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from batch_invariance.core.scope import N_BANDS, band_edges, required_length
+from batch_invariance.core.workitem import WorkItem
+from batch_invariance.errors import UsageError
+from batch_invariance.profiles.spark.calibrate import (
+    Fitted,
+    PromptParts,
+    TokenCounter,
+    assemble,
+    fit_prompt,
+)
+from batch_invariance.profiles.spark.haystack import haystack_blocks
+from batch_invariance.run.workset import Workset, workset_from_items
+
+__all__ = [
+    "LADDER",
+    "LADDER_PROMPTS",
+    "LadderPlan",
+    "build_ladder",
+    "ladder_builder",
+    "ladder_plan",
+    "smallest_ladder_ctx",
+]
+
+#: The name the defaults use for the ladder where a work-set name is asked for.
+LADDER = "ladder"
+#: Distinct prompts: above the 30 the per-prompt bound needs, eight per quarter band.
+LADDER_PROMPTS = 32
+#: Haystack tokens every prompt carries at least (two prompts are never the bare frame).
+MIN_HAYSTACK = 16
+#: Tokens kept free at the top of the slot for BOS and a chat template's frame.
+FRAME_ALLOWANCE = 8
+#: The top sequence target, as a share of the slot (the fit may land 3% above a target).
+TOP_FILL = 0.95
+
+INTRO = (
+    "Read the document below. It mixes stories, news items and code. Then write a short "
+    "summary of what it says."
+)
+QUESTION = "Summary of the document, in plain sentences:"
+
+
+def _parts() -> PromptParts:
+    return PromptParts(intro=INTRO, needles=(), depths=(), question=QUESTION)
+
+
+@dataclass(frozen=True)
+class LadderPlan:
+    """The prompt-token targets of one ladder: where each sequence is meant to land."""
+
+    ctx: int
+    n_predict: int
+    #: Tokens of the bare prompt frame (intro and question, no document), as counted.
+    frame_tokens: int
+    #: Per prompt: the target sequence length (prompt + answer budget) and prompt length.
+    sequence_targets: tuple[int, ...]
+    prompt_targets: tuple[int, ...]
+
+
+def _top_sequence(ctx: int) -> int:
+    return math.floor(TOP_FILL * ctx) - FRAME_ALLOWANCE
+
+
+def smallest_ladder_ctx(frame_tokens: int, n_predict: int) -> int:
+    """The smallest slot whose top sequence holds the bare frame, some document and the
+    whole answer budget, and still reaches 3/4 of the slot."""
+    ctx = 1
+    while _top_sequence(ctx) - n_predict < frame_tokens + MIN_HAYSTACK or _top_sequence(
+        ctx
+    ) < required_length(ctx):
+        ctx += 1
+    return ctx
+
+
+def ladder_plan(ctx: int, n_predict: int, frame_tokens: int) -> LadderPlan:
+    """Eight sequence targets in each quarter band of the slot, evenly spaced inside it;
+    a target below the shortest possible prompt plus the answer budget is raised to it
+    (with a small answer budget every band is reached). UsageError when the slot cannot
+    hold the ladder, naming the smallest ctx that can."""
+    top = _top_sequence(ctx)
+    floor = frame_tokens + MIN_HAYSTACK
+    if top - n_predict < floor or top < required_length(ctx):
+        smallest = smallest_ladder_ctx(frame_tokens, n_predict)
+        raise UsageError(
+            f"--ctx {ctx}: too small for the length ladder with --n-predict {n_predict} (a "
+            f"prompt takes at least {floor} tokens and its sequence must reach 3/4 of the "
+            f"slot); the smallest ctx it can fill is {smallest}: use --ctx {smallest} or "
+            "more, lower --n-predict, or give a --workset"
+        )
+    per_band = LADDER_PROMPTS // N_BANDS
+    sequences: list[int] = []
+    for low, high in band_edges(ctx):
+        for j in range(per_band):
+            at = low + (high - low) * (j + 0.5) / per_band
+            sequences.append(min(top, max(floor + n_predict, round(at))))
+    prompts = tuple(s - n_predict for s in sequences)
+    return LadderPlan(ctx, n_predict, frame_tokens, tuple(sequences), prompts)
+
+
+def _item_id(index: int, sequence: int) -> str:
+    return f"ladder-{index:02d}-seq{sequence}"
+
+
+def build_ladder(ctx: int, n_predict: int, seed: int, counter: TokenCounter) -> list[WorkItem]:
+    """The ladder's items for one slot (see the module docstring)."""
+    parts = _parts()
+    frame = counter(assemble(parts, [], [0]))
+    plan = ladder_plan(ctx, n_predict, frame)
+    edges = band_edges(ctx)
+    items: list[WorkItem] = []
+    for index, (sequence, target) in enumerate(
+        zip(plan.sequence_targets, plan.prompt_targets, strict=True)
+    ):
+        fit = fit_prompt(parts, haystack_blocks(f"ladder|{seed}|{index}"), target, counter)
+        if not isinstance(fit, Fitted):
+            raise UsageError(
+                f"the length ladder could not fit prompt {index} to {target} tokens at --ctx "
+                f"{ctx} ({fit.reason}); give a --workset"
+            )
+        band = next(k for k, (_, high) in enumerate(edges) if sequence <= high)
+        items.append(
+            WorkItem(
+                test_id=_item_id(index, sequence),
+                prompt=fit.prompt,
+                messages=None,
+                family=f"band{band + 1}",
+                fill=round(sequence / ctx, 4),
+                meta={
+                    "ladder": True,
+                    "ctx": ctx,
+                    "seed": seed,
+                    "n_predict": n_predict,
+                    "sequence_target": sequence,
+                    "target_tokens": target,
+                    "calibrated_tokens": fit.tokens,
+                },
+            )
+        )
+    return items
+
+
+def ladder_builder(
+    n_predict: int, seed: int, counted_by: str
+) -> Callable[[int, TokenCounter], Workset]:
+    """The work-set builder a job holds: ``(ctx, counter) -> Workset``, as a profile's."""
+
+    def build(ctx: int, counter: TokenCounter) -> Workset:
+        items = build_ladder(ctx, n_predict, seed, counter)
+        return workset_from_items(
+            items, f"length ladder (ctx {ctx}, --n-predict {n_predict}, seed {seed}, "
+            f"{len(items)} prompts, tokens counted by {counted_by})",
+        )  # fmt: skip
+
+    return build
