@@ -46,7 +46,7 @@ def test_each_cell_checks_out_its_commit_runs_and_uploads_its_cert(
     run = matrix.outputs(job, "run")
     assert run["verdict"] == "GREEN" and run["promotable"] == "false"
     assert run["cell"] == f"mock/2048/{parallel}"
-    assert run["cell-id"] == f"mock__ctx2048__N{parallel}" and run["bundle-path"] == ""
+    assert run["cell-id"] == f"mock__ctx512__N{parallel}" and run["bundle-path"] == ""
     assert matrix.exit_statuses(job, "run") == [f"exit status {exitcodes.NOT_PROMOTABLE}"]
     named = matrix.outputs(job, "name")
     assert named == {"artifact": f"bi-cert-{run['cell-id']}-a1", "attestation-path": ""}
@@ -62,7 +62,7 @@ def test_each_cell_checks_out_its_commit_runs_and_uploads_its_cert(
 
 
 def test_the_matrix_uploaded_one_artifact_per_cell(matrix: ActRun) -> None:
-    assert matrix.artifact_names() == {f"bi-cert-mock__ctx2048__N{p}-a1" for p in PARALLELS}
+    assert matrix.artifact_names() == {f"bi-cert-mock__ctx512__N{p}-a1" for p in PARALLELS}
     assert matrix.returncode != 0
 
 

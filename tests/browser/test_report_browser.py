@@ -141,7 +141,7 @@ def test_sweep_report_renders_in_chromium(sweep: Path, tmp_path: Path) -> None:
 
 def test_red_cert_report_highlights_the_first_divergent_token(sweep: Path, tmp_path: Path) -> None:
     out = tmp_path / "red.html"
-    text = _render([sweep / "mock__ctx2048__N8.json"], out)
+    text = _render([sweep / "mock__ctx512__N8.json"], out)
     assert_no_external_reference(text)
     built = dom(chromium(["--dump-dom", out.as_uri()], tmp_path / "profile"))
     assert next(b.text for b in having(built, "verdict")) == "RED"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from batch_invariance.cert.schema import cert_to_json, schema_text
-from tests.support.factories import cert_for
+from tests.support.factories import cert_for, green_evidence
 from tests.support.paths import REPO
 
 SCHEMA = REPO / "docs" / "cert.schema.json"
@@ -24,17 +24,22 @@ def test_schema_file_is_fresh() -> None:
 def test_schema_names_every_top_level_field_as_required() -> None:
     schema = json.loads(schema_text())
     cert = cert_to_json(cert_for()[0])
-    # `prompt_cache` is absent from a cert that did not measure the prompt cache (this one).
-    assert "prompt_cache" not in cert
-    assert set(schema["properties"]) == set(cert) | {"prompt_cache"}
-    # `throughput` and `prompt_cache` are the optional blocks: absent (never null) in a cert
-    # written without per-arm timings or without the cache arm, so such certs keep their digest.
+    # `prompt_cache` is absent from a cert that did not measure the prompt cache (this one),
+    # `sequence_scope` from one that records no slot (as before the scope rule).
+    assert "prompt_cache" not in cert and "sequence_scope" not in cert
+    assert set(schema["properties"]) == set(cert) | {"prompt_cache", "sequence_scope"}
+    scoped = cert_to_json(cert_for(green_evidence(slot_ctx=2048))[0])
+    assert set(scoped) == set(cert) | {"sequence_scope"}
+    assert scoped["evidence"]["slot_ctx"] == 2048
+    # `throughput`, `prompt_cache` and `sequence_scope` are the optional blocks: absent (never
+    # null) in a cert written without per-arm timings, without the cache arm or before the
+    # scope rule, so such certs keep their digest.
     assert set(schema["required"]) == set(cert) - {"throughput"}
     assert schema.get("additionalProperties") is False
 
 
 def test_output_contract_doc_mentions_every_field() -> None:
     doc = (SCHEMA.parent / "output-contract.md").read_text(encoding="utf-8")
-    cert = cert_to_json(cert_for()[0])
+    cert = cert_to_json(cert_for(green_evidence(slot_ctx=2048))[0])
     missing = [k for k in cert if f"`{k}`" not in doc]
     assert not missing, f"docs/output-contract.md does not document {missing}"

@@ -212,4 +212,4 @@ def mock_cert(folder: Path, parallel: int, *, red: bool = False) -> Path:
         argv.append("--batch-divergence")
     # run-mock exits as the README table says: 1 for a RED, 3 for a (never promotable) GREEN.
     assert main(argv) == (1 if red else 3)
-    return folder / f"mock__ctx2048__N{parallel}.json"
+    return folder / f"mock__ctx512__N{parallel}.json"

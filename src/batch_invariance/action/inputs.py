@@ -209,7 +209,7 @@ def resolve_endpoint(endpoint: str, engine: str, model: Path | None) -> Endpoint
     if engine == DEFAULT_ENGINE and model is not None and model.suffix == ".gguf":
         try:
             template = parse_info(model).chat_template
-        except (OSError, ValueError):
+        except (OSError, ValueError, UsageError):
             return "chat"  # unreadable here: the launch names the problem
         return "chat" if template else "completions"
     return "chat"

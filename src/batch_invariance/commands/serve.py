@@ -106,9 +106,11 @@ def _verify(args: argparse.Namespace) -> Provenance:
         raise CertInvalid(f"cannot serve {cert}")
     if cert.problem is not None:
         raise CertInvalid(f"cert {args.cert} is invalid: {cert.problem}")
-    if not cert.promotable:
-        raise NotCovered(f"cert {args.cert} is not promotable ({cert.not_promotable})")
     short = sequence_problem(cert.sequence_scope, cert.ctx, args.cert.name)
+    if not cert.promotable:
+        # Name the lengths too where they fall short: the reason a user can act on.
+        also = "" if short is None else f"; nor does it cover its slot: {short}"
+        raise NotCovered(f"cert {args.cert} is not promotable ({cert.not_promotable}){also}")
     if short is not None:
         raise NotCovered(f"cert {args.cert} does not cover its slot: {short}")
     if policy is not None:

@@ -44,10 +44,9 @@ class MockKnobs:
     http_error_status: int = 503
     #: ``/health`` answers 503 (and other endpoints refuse) for this long after start.
     loading_delay_s: float = 0.0
-    #: Simulated time per generated token and per prompt token (a prompt is evaluated in
-    #: batches, several times faster per token than decoding, as on a real server).
+    #: Simulated time per generated token and per prompt token.
     token_delay_s: float = 0.0005
-    prompt_token_delay_s: float = 0.0001
+    prompt_token_delay_s: float = 0.001
     #: Serve ``/metrics`` (as ``llama-server --metrics``) and ``/slots``.
     metrics: bool = True
     slots_endpoint: bool = True

@@ -22,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from batch_invariance.core.scope import N_BANDS, band_edges, required_length
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.workitem import WorkItem, normalise_whitespace
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.spark.calibrate import (
     Fitted,
+    NoFit,
     PromptParts,
     TokenCounter,
     assemble,
@@ -111,16 +112,45 @@ def ladder_plan(ctx: int, n_predict: int, frame_tokens: int) -> LadderPlan:
         )
     per_band = LADDER_PROMPTS // N_BANDS
     sequences: list[int] = []
-    for low, high in band_edges(ctx):
-        for j in range(per_band):
-            at = low + (high - low) * (j + 0.5) / per_band
-            sequences.append(min(top, max(floor + n_predict, round(at))))
+    edges = band_edges(ctx)
+    for band, (low, high) in enumerate(edges):
+        if band == len(edges) - 1:
+            # The top band climbs from just past 3/4 of the slot to the top: an answer that
+            # stops before its budget still leaves most of these sequences past 3/4.
+            low, high = required_length(ctx), top
+            spots = [low + (high - low) * (j + 1) / per_band for j in range(per_band)]
+        else:
+            spots = [low + (high - low) * (j + 0.5) / per_band for j in range(per_band)]
+        sequences += [min(top, max(floor + n_predict, round(at))) for at in spots]
     prompts = tuple(s - n_predict for s in sequences)
     return LadderPlan(ctx, n_predict, frame_tokens, tuple(sequences), prompts)
 
 
 def _item_id(index: int, sequence: int) -> str:
     return f"ladder-{index:02d}-seq{sequence}"
+
+
+#: Streams tried for one prompt before giving up on a distinct one.
+_ATTEMPTS = 16
+
+
+def _distinct_fit(
+    parts: PromptParts, key: str, target: int, counter: TokenCounter, seen: set[str]
+) -> Fitted | NoFit:
+    """The fit of the first haystack stream for ``key`` whose prompt no earlier prompt of the
+    ladder carries (whitespace aside): two short prompts can open with the same template, and
+    a repeated prompt is no new sample."""
+    fit: Fitted | NoFit = NoFit("no stream tried", 0)
+    for attempt in range(_ATTEMPTS):
+        stream = key if attempt == 0 else f"{key}|{attempt}"
+        fit = fit_prompt(parts, haystack_blocks(stream), target, counter)
+        if not isinstance(fit, Fitted):
+            return fit
+        text = normalise_whitespace(fit.prompt)
+        if text not in seen:
+            seen.add(text)
+            return fit
+    return NoFit(f"no distinct prompt in {_ATTEMPTS} haystack streams", 0)
 
 
 def build_ladder(ctx: int, n_predict: int, seed: int, counter: TokenCounter) -> list[WorkItem]:
@@ -130,10 +160,11 @@ def build_ladder(ctx: int, n_predict: int, seed: int, counter: TokenCounter) -> 
     plan = ladder_plan(ctx, n_predict, frame)
     edges = band_edges(ctx)
     items: list[WorkItem] = []
+    seen: set[str] = set()
     for index, (sequence, target) in enumerate(
         zip(plan.sequence_targets, plan.prompt_targets, strict=True)
     ):
-        fit = fit_prompt(parts, haystack_blocks(f"ladder|{seed}|{index}"), target, counter)
+        fit = _distinct_fit(parts, f"ladder|{seed}|{index}", target, counter, seen)
         if not isinstance(fit, Fitted):
             raise UsageError(
                 f"the length ladder could not fit prompt {index} to {target} tokens at --ctx "

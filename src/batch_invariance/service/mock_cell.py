@@ -18,11 +18,11 @@ from batch_invariance.core.evidence import CellSpec, GatePolicy, policy_usage_pr
 from batch_invariance.core.plan import CellPlan, number_problems
 from batch_invariance.errors import UsageError
 from batch_invariance.mock import MockKnobs, MockLauncher
+from batch_invariance.mock.oracle import tokenize
+from batch_invariance.profiles.ladder import ladder_builder
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.scorer_loader import load_scorer
-from batch_invariance.mock.oracle import tokenize
-from batch_invariance.profiles.ladder import ladder_builder
 from batch_invariance.run.workset import Workset, expand_reps, load_workset
 from batch_invariance.service.finish import FinishedCell, finish_cell, prepare_out_dir
 
@@ -78,9 +78,7 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
     problems += policy_usage_problems(request.policy)
     if problems:
         raise UsageError(problems[0])
-    workset = (
-        load_workset(request.workset) if request.workset is not None else mock_ladder(request)
-    )
+    workset = load_workset(request.workset) if request.workset is not None else mock_ladder(request)
     scorer = load_scorer(request.scorer)
     out_dir = prepare_out_dir(request.out_dir)
     items = expand_reps(workset.items, request.reps)
@@ -95,7 +93,11 @@ def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) ->
         req_timeout=30.0,
         stop_on_red=request.stop_on_red,
     )
-    knobs = MockKnobs(cobatch_divergence=request.batch_divergence, seed=request.seed)
+    # Prompts are evaluated in batches, several times faster per token than decoding, as on
+    # a real server: the ladder's long prompts then cost seconds, not a minute.
+    knobs = MockKnobs(
+        cobatch_divergence=request.batch_divergence, seed=request.seed, prompt_token_delay_s=1e-4
+    )
     run = run_cell(plan, MockLauncher(knobs), scorer, progress=progress, policy=request.policy)
     spec = CellSpec(
         model=MOCK_MODEL, ctx=request.ctx, dispatch_n=request.parallel, kv_label=run.kv_label,

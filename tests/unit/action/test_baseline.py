@@ -177,16 +177,14 @@ def cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     ws = tmp_path / "ws"
     ws.mkdir()
-    rows = [{"id": f"n{k}", "prompt": f"Write a short note about batch number {k}."}
-            for k in range(32)]  # fmt: skip
-    (ws / "open.json").write_text(json.dumps(rows))
+    # No work-set: the Action measures the length ladder of the 512-token slot.
     stand_in(ws, "vllm")
     hf_model_files(ws)
     return {
         "GITHUB_WORKSPACE": str(ws), "INPUT_MODE": "live", "INPUT_ENGINE": "vllm",
         "INPUT_SERVER-BIN": "vllm", "INPUT_MODEL": "model.safetensors",
-        "INPUT_WORKSET": "open.json", "INPUT_CTX": "512", "INPUT_PARALLEL": "4",
-        "INPUT_GATE-PASSES": "4", "INPUT_REPS": "1", "INPUT_N-PREDICT": "128",
+        "INPUT_CTX": "512", "INPUT_PARALLEL": "4",
+        "INPUT_GATE-PASSES": "4", "INPUT_REPS": "1", "INPUT_N-PREDICT": "96",
         "INPUT_SIGN": "false",
     }  # fmt: skip
 

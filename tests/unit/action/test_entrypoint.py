@@ -208,7 +208,7 @@ def test_mock_mode_entrypoint_writes_outputs_summary_and_fails_require(tmp_path:
     assert out["verdict"] == "GREEN" and out["status"] == "green"
     assert out["promotable"] == "false"
     assert out["divergent-ids"] == "0"
-    assert out["cell"] == "mock/2048/4"
+    assert out["cell"] == "mock/512/4"
     assert out["bundle-path"] == ""
     # Relative to the workspace, so a later host-side step (upload-artifact) can use it.
     assert not Path(out["cert-path"]).is_absolute()
@@ -550,9 +550,9 @@ def test_live_inputs_become_the_same_request_the_cli_builds(tmp_path: Path) -> N
          "--scorer", "p.m:S"]
     )  # fmt: skip
     from_cli = request_from_args(args)
-    # The Action runs the bundled demo work-set when it names none; the CLI asks for one.
-    # ... and ends a cell once RED is proven (--stop-on-red is the Action's default).
-    assert from_action == replace(from_cli, bundled_workset="demo", stop_on_red=True)
+    # Both measure the length ladder when no work-set is named; the Action also ends a cell
+    # once RED is proven (--stop-on-red is its default).
+    assert from_action == replace(from_cli, stop_on_red=True)
 
 
 def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> None:
@@ -598,9 +598,7 @@ def test_the_engine_input_runs_that_engine_through_the_same_request(
          "1", "--reps", "1", "--n-predict", "8", "--out-dir",
          str(workspace / "batch-invariance-certs")]
     )  # fmt: skip
-    assert live_request(inputs, None) == replace(
-        request_from_args(args), bundled_workset="demo", stop_on_red=True
-    )
+    assert live_request(inputs, None) == replace(request_from_args(args), stop_on_red=True)
     buf = io.StringIO()
     code = action.run_action(env, out=buf, provisioner=_no_provision)
     outputs = outputs_of(env)

@@ -31,7 +31,7 @@ from tests.support.factories import (
 def _mock_cert(tmp_path: Path) -> Cert:
     # A mock GREEN exits 3 (never promotable), like any GREEN that is not promotable.
     assert main(["run-mock", "--out-dir", str(tmp_path / "mock")]) == exitcodes.NOT_PROMOTABLE
-    return load_cert(tmp_path / "mock" / "mock__ctx2048__N4.json")
+    return load_cert(tmp_path / "mock" / "mock__ctx512__N4.json")
 
 
 def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:
@@ -70,9 +70,14 @@ def test_relabelled_mock_with_edited_ctx_and_n_is_invalid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mock = _mock_cert(tmp_path)
-    forged = replace(mock, source="live", ctx=8192, dispatch_n=8)
+    # A thorough forger moves the slot the sequence scope was judged against too.
+    evidence = replace(mock.evidence, slot_ctx=8192)
+    forged = replace(mock, source="live", ctx=8192, dispatch_n=8, evidence=evidence)
     code, err = _verify(_rebuilt(tmp_path, forged), capsys)
     assert code == exitcodes.CERT_INVALID and "a mock run is never live" in err
+    # One who does not is caught by that alone.
+    code, err = _verify(_rebuilt(tmp_path, replace(forged, evidence=mock.evidence)), capsys)
+    assert code == exitcodes.CERT_INVALID and "evidence.slot_ctx 512 is not the cert's ctx" in err
 
 
 def test_stripping_the_mock_markers_still_leaves_a_mock_argv(

@@ -7,23 +7,30 @@ import math
 
 from batch_invariance.commands.demo import DEMO_DEFAULTS, DEMO_WORKSET
 from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
-from batch_invariance.run.workset import bundled_workset_path, load_workset
+from batch_invariance.core.scope import required_length
+from batch_invariance.core.workitem import duplicate_prompts
+from batch_invariance.profiles.ladder import LADDER, build_ladder
+from batch_invariance.profiles.tokens import approx_token_count
 
 #: The distinct prompts a GREEN needs: the rule-of-three bound 3/n must reach the max bound.
 MIN_DISTINCT_PROMPTS = math.ceil(3 / DEFAULT_MAX_BOUND)
 MIN_ANSWER_TOKENS = DEFAULT_MIN_ANSWER_TOKENS
 
 
-def test_demo_runs_completion_openings_on_the_completions_endpoint() -> None:
-    assert DEMO_DEFAULTS.endpoint == "completions"
-    items = load_workset(bundled_workset_path(DEMO_WORKSET)).items
+def test_demo_measures_the_length_ladder_of_its_slot_on_the_completions_endpoint() -> None:
+    assert DEMO_DEFAULTS.endpoint == "completions" and DEMO_WORKSET == LADDER
+    assert DEMO_DEFAULTS.ctx is not None
+    ctx, n_predict = DEMO_DEFAULTS.ctx, DEMO_DEFAULTS.n_predict
+    items = build_ladder(ctx, n_predict, 0, approx_token_count)
     # A messages row would be sent to the chat endpoint, i.e. through a fallback template.
     assert all(i.messages is None and i.system is None and i.prompt for i in items)
-    assert len(items) >= 32
-    assert len({i.test_id for i in items}) == len(items)
-    assert len({i.prompt for i in items}) >= MIN_DISTINCT_PROMPTS
-    # An opening that ends a sentence invites the base model to stop; these stop mid-way.
-    assert not [i.test_id for i in items if (i.prompt or "").rstrip().endswith((".", "!", "?"))]
+    assert len({i.test_id for i in items}) == len(items) >= MIN_DISTINCT_PROMPTS
+    assert not duplicate_prompts(items)
+    # Sequences (prompt + answer budget) reach every quarter of the slot, the top past 3/4,
+    # and none overflows it.
+    sequences = [int(i.meta["calibrated_tokens"]) + n_predict for i in items]
+    assert {min(4 * s // (ctx + 1), 3) for s in sequences} == {0, 1, 2, 3}
+    assert max(sequences) >= required_length(ctx) and max(sequences) < ctx
 
 
 def test_demo_answers_are_long_enough_for_the_floor() -> None:

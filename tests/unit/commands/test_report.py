@@ -30,7 +30,7 @@ def test_html_of_a_folder_exit_0_and_other_json_is_skipped(
 ) -> None:
     folder = _folder_with(tmp_path, green_cert)
     (folder / "sweep.json").write_text("{}", encoding="utf-8")
-    shutil.copy(green_cert, folder / "mock__ctx2048__N2.superseded-20250101T000000Z.json")
+    shutil.copy(green_cert, folder / "mock__ctx512__N2.superseded-20250101T000000Z.json")
     out = tmp_path / "report.html"
     assert main(["report", str(folder), "--out", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
@@ -43,7 +43,7 @@ def test_invalid_cert_is_named_in_the_report_and_exits_5(
     tmp_path: Path, green_cert: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = _folder_with(tmp_path, green_cert)
-    tampered = folder / "mock__ctx2048__N3.json"
+    tampered = folder / "mock__ctx512__N3.json"
     data = json.loads(green_cert.read_text(encoding="utf-8"))
     data["status"] = "failed"
     tampered.write_text(json.dumps(data), encoding="utf-8")
@@ -53,7 +53,7 @@ def test_invalid_cert_is_named_in_the_report_and_exits_5(
     code = main(["report", str(folder), str(not_json), "--out", str(out), "--format", "md"])
     assert code == 5
     md = out.read_text(encoding="utf-8")
-    assert "**Invalid certs**" in md and "mock__ctx2048__N3.json" in md and "digest" in md
+    assert "**Invalid certs**" in md and "mock__ctx512__N3.json" in md and "digest" in md
     assert "garbage__ctx1__N2.json" in md and "not valid JSON" in md
     printed = capsys.readouterr().out
     assert printed.count("invalid: ") == 2

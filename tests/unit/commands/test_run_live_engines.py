@@ -74,8 +74,9 @@ def test_launched_vllm_fake_through_the_cli(
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     exe = stand_in(tmp_path, "vllm")
     model = hf_model_files(tmp_path)
+    # The 32 short notes fill a 128-token slot (the sequence scope of a GREEN).
     argv = _cell(open_workset, tmp_path / "out", "--engine", "vllm", "--server-bin", str(exe),
-                 "--model", str(model), "--n-predict", "128")  # fmt: skip
+                 "--model", str(model), "--n-predict", "128", "--ctx", "128")  # fmt: skip
     code = main(argv)
     (cert_path,) = (tmp_path / "out").glob("*.json")
     cert = json.loads(cert_path.read_text())

@@ -20,7 +20,7 @@ def test_default_mode_earns_green_with_source_mock(
     # A mock GREEN exits 3 like any GREEN that is not promotable (README exit-code table).
     assert main(["run-mock", "--out-dir", str(tmp_path)]) == 3
     out = capsys.readouterr().out
-    path = tmp_path / "mock__ctx2048__N4.json"
+    path = tmp_path / "mock__ctx512__N4.json"
     assert "GREEN" in out and str(path) in out
     cert = load_cert(path)
     assert cert.status == "green" and cert.source == "mock"
@@ -56,7 +56,7 @@ def test_example_workset_with_function_scorer(tmp_path: Path) -> None:
         "--scorer", f"{EXAMPLES / 'scorer.py'}:score_short_answer",
     ])  # fmt: skip
     assert code == 3
-    data = json.loads((tmp_path / "mock__ctx2048__N4.json").read_text())
+    data = json.loads((tmp_path / "mock__ctx512__N4.json").read_text())
     assert data["provenance"]["scorer_id"].endswith("scorer.py:score_short_answer")
     assert all(t["passed"] is True for t in data["evidence"]["a"].values())
 
@@ -99,10 +99,10 @@ def _notes(path: Path, n_rows: int) -> Path:
     return path
 
 
-def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
+def _run(tmp_path: Path, *args: str, ctx: int = 512) -> tuple[int, dict[str, Any]]:
     out = tmp_path / "out"
-    code = main(["run-mock", "--out-dir", str(out), *args])
-    data: dict[str, Any] = json.loads((out / "mock__ctx2048__N4.json").read_text())
+    code = main(["run-mock", "--out-dir", str(out), "--ctx", str(ctx), *args])
+    data: dict[str, Any] = json.loads((out / f"mock__ctx{ctx}__N4.json").read_text())
     return code, data
 
 
@@ -110,18 +110,28 @@ def test_issue_reproducer_40_notes_green_divergence_red_short_budget_unverified(
     tmp_path: Path,
 ) -> None:
     notes = str(_notes(tmp_path / "w40.json", 40))
+    # Notes of about 100 tokens (prompt + answer) do not fill a 512-token slot: not GREEN
+    # for it, the reason naming both lengths; they do fill a 128-token one.
     code, data = _run(tmp_path, "--workset", notes)
+    assert (code, data["status"]) == (3, "green_unverified")
+    longest = data["sequence_scope"]["longest"]
+    assert longest < 384 and any(
+        f"longest co-batched sequence measured is {longest} of the slot's 512 tokens" in r
+        for r in data["decision_reasons"]
+    )
+    code, data = _run(tmp_path, "--workset", notes, ctx=128)
     assert (code, data["status"]) == (3, "green"), data["decision_reasons"]
     scope = data["promotion_scope"]
     assert scope["answer_tokens_min"] >= 64 and scope["share_cut_by_budget"] == 0.0
     assert f"holds for answers up to {scope['answer_tokens_max']} tokens" in scope["valid_for"]
     trial = data["evidence"]["a"]["n0"]
     assert trial["finish_reason"] == "stop" and trial["completion_tokens"] >= 64
-    code, data = _run(tmp_path, "--workset", notes, "--batch-divergence")
+    code, data = _run(tmp_path, "--workset", notes, "--batch-divergence", ctx=128)
     assert (code, data["status"]) == (1, "failed")
     # The budget cuts every answer before the (late) divergence: never GREEN, and the reason
     # names the length.
-    code, data = _run(tmp_path, "--workset", notes, "--batch-divergence", "--n-predict", "3")
+    code, data = _run(tmp_path, "--workset", notes, "--batch-divergence", "--n-predict", "3",
+                      ctx=128)  # fmt: skip
     assert (code, data["status"]) == (3, "green_unverified")
     assert any("median 3 generated tokens" in r for r in data["decision_reasons"])
     assert data["promotion_scope"]["share_cut_by_budget"] == 1.0

@@ -23,7 +23,7 @@ from tests.support.factories import cert_for, green_evidence
 from tests.unit.service.test_sweep import _sweep
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens.
-POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)
+POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0, min_slot_fill=0.0)
 
 
 def _scoped(ev: CellEvidence, ids: tuple[str, ...]) -> CellEvidence:

@@ -21,7 +21,7 @@ from batch_invariance.core.workitem import WorkItem, duplicate_prompts
 from batch_invariance.run.transport import RequestTemplate
 
 PROMPT = "Write a short note about the sea."
-CERT_NAME = "mock__ctx2048__N4.json"
+CERT_NAME = "mock__ctx512__N4.json"
 
 
 def _workset(path: Path, prompts: list[str]) -> Path:
@@ -83,7 +83,8 @@ def test_the_default_work_set_still_earns_green_with_its_distinct_count(
 ) -> None:
     assert main(["run-mock", "--out-dir", str(tmp_path)]) == exitcodes.NOT_PROMOTABLE
     captured = capsys.readouterr()
-    assert "from 40 distinct prompts" in captured.out and "warning:" not in captured.err
+    # The default is the length ladder of the slot: 32 distinct documents.
+    assert "from 32 distinct prompts" in captured.out and "warning:" not in captured.err
     data = json.loads((tmp_path / CERT_NAME).read_text())
     assert data["status"] == "green"
     assert data["provenance"]["workset"]["duplicate_prompts"] == []

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +92,12 @@ def _live_cert(
     policy: GatePolicy | None = None,
     provenance: dict[str, Any] | None = None,
     slot_ctx: int | None = 1024,
+    short: bool = False,
 ) -> Path:
     """A GREEN live cert of (MODEL, ctx 1024, N 4) whose provenance agrees with its cell; the
     verdict is decided by the core from the factories' green evidence, whose sequences fill
-    the slot (``slot_ctx=None``: a cert written before the slot was recorded)."""
+    the slot (``slot_ctx=None``: a cert written before the slot was recorded; ``short``:
+    12-token prompts that do not)."""
     from batch_invariance.cert.certificate import build_cert
     from batch_invariance.cert.store import write_cert
     from batch_invariance.core.evidence import CellSpec
@@ -103,7 +106,9 @@ def _live_cert(
     from tests.support.factories import green_evidence
 
     chosen = policy or GatePolicy()
-    evidence = green_evidence(slot_ctx=slot_ctx)
+    evidence = green_evidence(slot_ctx=None if short else slot_ctx)
+    if short:  # the factory's 12-token prompts, in a recorded slot
+        evidence = replace(evidence, slot_ctx=slot_ctx)
     label = kv_label(1024, 4, layout)  # type: ignore[arg-type]
     cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=label, reps=1, is_moe=False)
     provenance = provenance or _provenance(model, 4, layout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -36,12 +37,21 @@ CERT_PATH = Path("/certs/tiny-model__ctx2048__N4.json")
 OLD_PATH = Path("/certs/tiny-model__ctx2048__N4.superseded-1.json")
 
 
+#: The spec's slot: the factory's sequences climb to 9/10 of it (the sequence scope).
+SLOT = 2048
+
+
 def _green() -> Cert:
-    return cert_for()[0]
+    return cert_for(green_evidence(slot_ctx=SLOT))[0]
+
+
+def _short() -> Cert:
+    """Every gate met but the sequence length: 92-token sequences in a 2048-token slot."""
+    return cert_for(replace(green_evidence(), slot_ctx=SLOT))[0]
 
 
 def _red_evidence() -> CellEvidence:
-    ev = green_evidence()
+    ev = green_evidence(slot_ctx=SLOT)
     trial = ev.c_passes[1].trials["t003"]
     return replace_trial(
         ev,
@@ -58,7 +68,7 @@ def _red() -> Cert:
 
 def _unverified() -> Cert:
     """Overlap NOT met in pass 0 (the server saw one busy slot), so GREEN is not earned."""
-    return cert_for(replace_pass(green_evidence(), 0, server_busy_max=1))[0]
+    return cert_for(replace_pass(green_evidence(slot_ctx=SLOT), 0, server_busy_max=1))[0]
 
 
 def _mock() -> Cert:
@@ -82,11 +92,12 @@ def test_the_fixtures_are_what_they_say() -> None:
     assert _green().status == "green" and is_promotable(_green())
     assert _red().status == "failed"
     assert _unverified().status == "green_unverified" and not _unverified().overlap.ok
+    assert _short().status == "green_unverified" and not _short().gates["sequence_length"].ok
 
 
-@pytest.mark.parametrize("kind", ["green", "red", "unverified"])
+@pytest.mark.parametrize("kind", ["green", "red", "unverified", "short"])
 def test_live_banner(kind: str) -> None:
-    cert = {"green": _green, "red": _red, "unverified": _unverified}[kind]()
+    cert = {"green": _green, "red": _red, "unverified": _unverified, "short": _short}[kind]()
     superseded = OLD_PATH if kind == "red" else None
     check_golden(
         f"banner_{kind}.txt", render.live_banner(cert, CERT_PATH, superseded, "live cell x")
@@ -111,6 +122,14 @@ def test_mock_report_and_its_footer() -> None:
     missed, wrong = render.mock_prediction(cert.status, divergence_mode=True)
     assert ok and not missed
     check_golden("mock_report.txt", text + line + "\n" + wrong + "\n")
+
+
+def test_verify_text_of_a_cert_that_records_no_slot() -> None:
+    """A cert written before the sequence scope: it verifies as written and says so."""
+    cert = cert_for()[0]
+    report = verify_cert(cert, str(CERT_PATH), CERT_PATH)
+    assert not report.problems and report.promotable
+    check_golden("verify_not_recorded.txt", render.verify_report_text(report, None))
 
 
 @pytest.mark.parametrize("signature", [None, "verified (me@example.com, https://issuer)"])

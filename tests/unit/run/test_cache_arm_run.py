@@ -28,6 +28,9 @@ from batch_invariance.run.workset import bundled_workset_path, load_workset
 MOCK_ITEMS = load_workset(bundled_workset_path("mock")).items
 #: The mock's 40 rows in the prompt-cache shape: 14 conversations of up to 3 turns.
 SHAPED = cache_shaped(MOCK_ITEMS, 3)
+#: The slot these conversations fill: their longest turn (about 210 tokens with its
+#: preamble) plus the mock's answer reaches 3/4 of it, as the sequence-scope rule asks.
+SLOT = 320
 
 
 def fast(**knobs: Any) -> MockKnobs:
@@ -38,7 +41,7 @@ def fast(**knobs: Any) -> MockKnobs:
 
 def run(knobs: MockKnobs, items: tuple = SHAPED, cache_passes: int = 1):  # type: ignore[type-arg]
     plan = CellPlan(
-        items=items, ctx=2048, parallel=4, gate_passes=2, n_predict=128, endpoint="chat",
+        items=items, ctx=SLOT, parallel=4, gate_passes=2, n_predict=128, endpoint="chat",
         req_timeout=30.0, cache_passes=cache_passes,
     )  # fmt: skip
     launcher = MockLauncher(knobs)
@@ -149,7 +152,7 @@ def test_without_the_arm_nothing_changes(passes: int) -> None:
 
 def test_b_on_a_seeded_sample_pays_for_the_cache_arm_when_c_equals_a_bitwise() -> None:
     plan = CellPlan(
-        items=SHAPED, ctx=2048, parallel=4, gate_passes=2, n_predict=128, endpoint="chat",
+        items=SHAPED, ctx=SLOT, parallel=4, gate_passes=2, n_predict=128, endpoint="chat",
         req_timeout=30.0, cache_passes=1, b_sample=True,
     )  # fmt: skip
     cell = run_cell(plan, MockLauncher(fast()), ExactMatchScorer())
@@ -163,7 +166,7 @@ def test_b_on_a_seeded_sample_pays_for_the_cache_arm_when_c_equals_a_bitwise() -
 
 def test_b_sample_is_never_taken_when_co_batching_moved_the_numerics() -> None:
     plan = CellPlan(
-        items=SHAPED, ctx=2048, parallel=4, gate_passes=1, n_predict=128, endpoint="chat",
+        items=SHAPED, ctx=SLOT, parallel=4, gate_passes=1, n_predict=128, endpoint="chat",
         req_timeout=30.0, cache_passes=1, b_sample=True,
     )  # fmt: skip
     cell = run_cell(plan, MockLauncher(fast(numeric_drift=1e-4)), ExactMatchScorer())

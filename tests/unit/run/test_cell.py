@@ -43,7 +43,7 @@ ITEMS = tuple(
 #: These cells test what the driver records, on 8 short answers: the per-prompt bound and the
 #: answer-length floor (tested in test_verdict.py and test_run_mock.py) are opened wide here.
 #: Such a policy is looser than the defaults, so a cert under it is never promotable.
-POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)
+POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0, min_slot_fill=0.0)
 
 
 def plan(**kw: object) -> CellPlan:

@@ -35,7 +35,7 @@ from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from tests.support.fakes_live import fake_cell_files
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.
-POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)
+POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0, min_slot_fill=0.0)
 
 
 @dataclass
