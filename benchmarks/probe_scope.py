@@ -123,7 +123,8 @@ def main() -> int:
     p.add_argument("--log-dir", default="/tmp")
     p.add_argument("flags", nargs="*", help="after --: extra llama-server flags")
     args = p.parse_args()
-    rows = json.load(open(args.workset, encoding="utf-8"))
+    with open(args.workset, encoding="utf-8") as handle:
+        rows = json.load(handle)
     prompts = [str(r["prompt"]) for r in rows]
     base_argv = [args.server_bin, "-m", args.model, "--no-webui", "--cache-ram", "0", *args.flags]
     n = args.parallel

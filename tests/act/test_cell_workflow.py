@@ -45,7 +45,7 @@ def test_each_cell_checks_out_its_commit_runs_and_uploads_its_cert(
     assert checkout.get("commit") == act_setup.scratch.source_commit
     run = matrix.outputs(job, "run")
     assert run["verdict"] == "GREEN" and run["promotable"] == "false"
-    assert run["cell"] == f"mock/2048/{parallel}"
+    assert run["cell"] == f"mock/512/{parallel}"
     assert run["cell-id"] == f"mock__ctx512__N{parallel}" and run["bundle-path"] == ""
     assert matrix.exit_statuses(job, "run") == [f"exit status {exitcodes.NOT_PROMOTABLE}"]
     named = matrix.outputs(job, "name")

@@ -87,7 +87,7 @@ def test_live_embedded_default_red_fails_the_job_and_uploads_the_cert(
 def test_mock_run_is_never_a_pass(composite: ActRun, tmp_path: Path) -> None:
     outputs = _outputs(composite, "mock")
     cert = _cert_from_artifact(composite, outputs, tmp_path)
-    assert cert.source == "mock" and outputs["cell"] == "mock/2048/4"
+    assert cert.source == "mock" and outputs["cell"] == "mock/512/4"
     assert (outputs["verdict"], outputs["promotable"]) == ("GREEN", "false")
     assert composite.job_results("/mock") == [_conclusion(cert)] == ["failure"]
     assert _container_exit(composite, "/mock") == [f"exit status {exitcodes.NOT_PROMOTABLE}"]

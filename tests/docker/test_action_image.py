@@ -43,7 +43,7 @@ def test_mock_mode_fails_the_job_and_writes_outputs_and_summary(job: Job) -> Non
     assert proc.returncode == exitcodes.NOT_PROMOTABLE, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = _outputs(job)
     assert out["verdict"] == "GREEN" and out["promotable"] == "false"
-    assert out["cell"] == "mock/2048/4" and out["bundle-path"] == ""
+    assert out["cell"] == "mock/512/4" and out["bundle-path"] == ""
     cert = job.workspace / out["cert-path"]
     assert cert.is_file() and not Path(out["cert-path"]).is_absolute()
     assert load_cert(cert).source == "mock"

@@ -72,6 +72,9 @@ REQUEST_TIMEOUT_S = 600.0
 #: so a GREEN here is never promotable.
 SMALL_CELL_GATES = (
     "--min-hot-trials", "8", "--min-answer-tokens", str(TOKENS), "--max-bound", "0.2",
+    # Short prompts in a 1024-token slot: the sequence scope is opened wide too (this cell
+    # compares the tool with the probe, not the slot's coverage).
+    "--min-slot-fill", "0",
 )  # fmt: skip
 
 

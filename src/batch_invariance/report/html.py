@@ -12,6 +12,7 @@ from html import escape
 
 from batch_invariance.report.divergence import DivergentId, TextSide
 from batch_invariance.report.history import CellHistory
+from batch_invariance.report.lengths import lengths_html
 from batch_invariance.report.model import Cell, CellGroup, GateRow, Report
 from batch_invariance.report.numerics import grid_svg, pass_table_rows, risk_svg
 from batch_invariance.report.plot import VERDICT_COLOURS, rate_plot
@@ -163,7 +164,8 @@ def _cell_details(cell: Cell) -> str:
         f"{_verdict_badge(cell.verdict)} <code>{escape(cell.origin)}</code></summary>"
         f"<h4>Why</h4><ol>{reasons}</ol>"
         f'<h4>Gates</h4><table class="gates"><tr><th>gate</th><th>state</th><th>reason</th>'
-        f"</tr>{gates}</table>{_numerics(cell)}<h4>Divergent ids</h4>{divergent}</details>"
+        f"</tr>{gates}</table>{_numerics(cell)}{lengths_html(cell.lengths, cell.verdict)}"
+        f"<h4>Divergent ids</h4>{divergent}</details>"
     )
 
 

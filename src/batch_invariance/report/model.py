@@ -17,6 +17,7 @@ from batch_invariance.core.compare import CellSide
 from batch_invariance.report.divergence import DivergentId, divergent_ids
 from batch_invariance.report.fields import dig, integer, num
 from batch_invariance.report.history import CellHistory, histories
+from batch_invariance.report.lengths import LengthView, length_view
 from batch_invariance.report.numerics import NumericsView, numerics_view
 
 __all__ = [
@@ -125,6 +126,8 @@ class Cell:
     duplicate: bool
     #: The cert's ``numerics`` block as drawn (``None`` when it has none).
     numerics: NumericsView | None = None
+    #: The cert's ``sequence_scope`` block as drawn (``None``: not recorded).
+    lengths: LengthView | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,7 @@ def _cell(item: LoadedCert, data: Mapping[str, Any]) -> Cell:
         divergent=divergent_ids(data),
         duplicate=False,
         numerics=numerics_view(data),
+        lengths=length_view(data),
     )
 
 

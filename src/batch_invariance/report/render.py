@@ -214,6 +214,16 @@ def _sweep_rate(rate: Mapping[str, Any]) -> str:
     return "bound -" if bound is None else f"bound <= {bound:.3g}"
 
 
+def _sweep_sequences(block: Any) -> str:
+    """``  seq <= L/C, drift from P``: verdict against sequence length, per N."""
+    if not isinstance(block, Mapping):
+        return "  sequence length: not recorded"
+    longest = block.get("longest")
+    text = f"  seq <= {'?' if longest is None else longest}/{block.get('slot_ctx')}"
+    first = block.get("first_drift_position")
+    return text + ("" if first is None else f", drift from position {first}")
+
+
 def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
     """The table ``sweep`` prints after the cells' banners."""
     lines = [
@@ -236,6 +246,7 @@ def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
             f"  speedup {'-' if speed is None else f'{speed:.2f}x'}"
             f"  passes {entry['passes_run']}{' (stopped on RED)' if entry['stopped_early'] else ''}"
             + ("" if first is None else f"  first divergent token ~{first:g}")
+            + _sweep_sequences(entry.get("sequences"))
         )
     lines.append(f"sweep: {path}")
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from typing import Any
 from batch_invariance.cert.certificate import cert_to_json
 from batch_invariance.cert.provenance import ScheduleRecord
 from batch_invariance.cert.verify import Verification
+from batch_invariance.core.scope import SequenceScope
 from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
 from batch_invariance.service.finish import FinishedCell
 
@@ -53,6 +54,21 @@ def _rate(sensitivity: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _sequences(scope: SequenceScope | None) -> dict[str, Any] | None:
+    """Verdict against length, per N: how far the cell measured and where drift began."""
+    if scope is None:
+        return None
+    return {
+        "longest": scope.longest,
+        "slot_ctx": scope.slot_ctx,
+        "required": scope.required,
+        "first_drift_position": scope.first_drift_position,
+        "bitwise_equal_up_to": scope.bitwise_equal_up_to,
+        "drift_rows_by_band": [b.rows_with_drift for b in scope.bands],
+        "changed_rows_by_band": [b.rows_with_changed_answer for b in scope.bands],
+    }
+
+
 def _entry(cell: SweepCell) -> dict[str, Any]:
     if cell.finished is None or cell.verification is None:
         return {"parallel": cell.parallel, "ran": False, "not_run": cell.not_run}
@@ -77,6 +93,7 @@ def _entry(cell: SweepCell) -> dict[str, Any]:
         "rate": _rate(data["sensitivity"]),
         "first_divergent_token_median": median_first_divergence(rows),
         "throughput": None if cert.throughput is None else asdict(cert.throughput),
+        "sequences": _sequences(cert.sequence_scope),
         "passes_run": cert.n_passes,
         "stopped_early": bool(schedule.stopped_early),
         "arms_run": None if schedule.arms_run is None else list(schedule.arms_run),

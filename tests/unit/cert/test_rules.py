@@ -175,6 +175,7 @@ def test_verify_cert_without_bundle_says_authenticity_was_not_checked(
         "  - status green, source live, gate abc_union, policy no looser than defaults\n"
         "prompt cache: not measured (every arm sent cache_prompt false to a --cache-ram 0 "
         "server): covers traffic with the prompt cache off only\n"
+        "sequences:  sequence length: not recorded\n"
         "signature:  not checked (no --bundle): authenticity was not checked; the digest "
         "catches accidents, not forgery\n"
         "integrity:  schema ok, digest ok, verdict re-derived from evidence matches, identity "
