@@ -5,8 +5,9 @@ Starts two llama-servers itself (its own process groups, stopped on exit): a ser
 extra flags given (``-ub 1`` ...). Sends every work-set prompt to the serial server one at a
 time, then to the parallel server N at a time (one wave after another, all N released
 together), and prints per prompt: its prompt tokens (the server's count), the sequence
-length compared, whether the answer changed, and the 1-based sequence position of the first
-token whose logprob differs (prompt tokens + index of that token + 1).
+length compared, whether the answer changed, and the sequence position where drift began:
+the length of the sequence the model had read when it gave the first differing logprob
+(prompt tokens + index of that generated token).
 
     python benchmarks/probe_scope.py --server-bin S --model M --workset W.json \\
         --ctx 1024 --parallel 4 --n-predict 96 -- -ub 1
@@ -153,7 +154,7 @@ def main() -> int:
         flip = next((i for i in range(same) if x["tokens"][i] != y["tokens"][i]), None)
         upto = flip if flip is not None else same
         first = next((i for i in range(upto) if x["logprobs"][i] != y["logprobs"][i]), None)
-        at = None if first is None else x["prompt_tokens"] + first + 1
+        at = None if first is None else x["prompt_tokens"] + first
         moved = x["text"] != y["text"]
         drifted += at is not None
         changed += moved

@@ -12,8 +12,9 @@ GREEN measured on 100-token sequences says nothing about a 1024-token slot.
   and the pass) must reach :data:`SLOT_FILL_REQUIRED` (3/4) of the slot; an unknown length
   counts as not measured. Otherwise the cell cannot be GREEN for that slot.
 * The **bands** (quarters of the slot) say, per length, how many rows were compared, how
-  many drifted and how many changed their answer, and where drift began: the 1-based position
-  in the sequence of the first token whose logprob or margin differed.
+  many drifted and how many changed their answer, and where drift began: the length of the
+  sequence the model had read when it gave the first logprob or margin that differed
+  (prompt tokens + the index of that generated token; the last position it attended to).
 
 The rule applies to cells that record their slot (``CellEvidence.slot_ctx``); a cert written
 before it was recorded keeps its verdict and says "sequence length: not recorded".
@@ -88,7 +89,7 @@ class LengthBand:
     rows_with_drift: int
     #: Rows whose answer changed (a scored field, or the tokens alone).
     rows_with_changed_answer: int
-    #: Smallest 1-based sequence position of a first drift in this band.
+    #: Smallest sequence position (see the module docstring) of a first drift in this band.
     first_drift_position: int | None
 
 
@@ -107,7 +108,8 @@ class SequenceScope:
     n_measured: int
     n_unknown: int
     bands: tuple[LengthBand, ...]
-    #: Smallest 1-based sequence position of a first drift over every AC row.
+    #: Smallest sequence position of a first drift over every AC row: the sequence length
+    #: the model had read when it gave the first differing logprob.
     first_drift_position: int | None
     #: Rows whose drift began exactly at ``first_drift_position`` with prompts shorter than
     #: it: more than one means drift starts at a fixed position, not with the prompt.
@@ -231,7 +233,7 @@ def sequence_scope(
             continue
         row = by_key.get((r.pass_index, r.test_id))
         if row is not None and row.prompt is not None:
-            drift_at[(row.pass_index, row.test_id)] = row.prompt + r.first_drift + 1
+            drift_at[(row.pass_index, row.test_id)] = row.prompt + r.first_drift
     changed = {(d.pass_index, d.test_id) for d in ac.per_id if d.kind != "missing"}
     edges = band_edges(slot_ctx)
     per_band: list[list[_Row]] = [[] for _ in edges]

@@ -8,8 +8,9 @@
    the serial repeat A' already differed from A.
 2. Any anti-vacuity gate not met (F1 overlap, F2 floor, F3 coverage, transport, sample size,
    per-prompt bound, answer length, serial repeat (A' equal to A in tokens and numerics),
-   prompt cache, arm B on every id, numeric evidence: logprobs at every token of every arm)
-   -> ``green_unverified`` (UNVERIFIED).
+   prompt cache, arm B on every id, numeric evidence: logprobs at every token of every arm,
+   and, where the cell records its slot, sequence length: the longest hot sequence reaches
+   3/4 of the slot, :mod:`batch_invariance.core.scope`) -> ``green_unverified`` (UNVERIFIED).
    With the prompt-cache arm measured and AC clean: a scored field that changed only with
    the cache (:mod:`batch_invariance.core.cache_arm`) -> ``failed``, class ``prompt_cache``.
 2. (continued) the prompt-cache arm, when measured: too little reuse proven by the server,

@@ -53,6 +53,9 @@ LADDER_PROMPTS = 32
 MIN_HAYSTACK = 16
 #: Tokens kept free at the top of the slot for BOS and a chat template's frame.
 FRAME_ALLOWANCE = 8
+#: Tokens a short prompt may land from its target (a real tokenizer moves in steps of
+#: several tokens: 3% of a 60-token target is less than one step).
+FIT_TOLERANCE = 6.0
 #: The top sequence target, as a share of the slot (the fit may land 3% above a target).
 TOP_FILL = 0.95
 
@@ -143,7 +146,9 @@ def _distinct_fit(
     fit: Fitted | NoFit = NoFit("no stream tried", 0)
     for attempt in range(_ATTEMPTS):
         stream = key if attempt == 0 else f"{key}|{attempt}"
-        fit = fit_prompt(parts, haystack_blocks(stream), target, counter)
+        fit = fit_prompt(
+            parts, haystack_blocks(stream), target, counter, min_tolerance=FIT_TOLERANCE
+        )
         if not isinstance(fit, Fitted):
             return fit
         text = normalise_whitespace(fit.prompt)

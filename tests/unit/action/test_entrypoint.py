@@ -583,7 +583,10 @@ def test_the_engine_input_runs_that_engine_through_the_same_request(
     from batch_invariance.commands.cell_options import request_from_args
     from tests.unit.engines.test_engine_cells import stand_in
 
-    monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps({"token_delay_s": 0.005}))
+    # Prompts evaluated at a tenth of the mock's default per-token time: the ladder of a
+    # 2048-token slot sends prompts of up to 1,800 tokens through three arms.
+    knobs = {"token_delay_s": 0.005, "prompt_token_delay_s": 0.0001}
+    monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps(knobs))
     small = {"gate-passes": "1", "reps": "1", "n-predict": "8"}
     files = {"server-bin": "vllm", "model": "model.safetensors"}
     env = actions_env(tmp_path, sign="false", engine="vllm", **small, **files)
@@ -606,3 +609,12 @@ def test_the_engine_input_runs_that_engine_through_the_same_request(
     cert = json.loads((workspace / outputs["cert-path"]).read_text())
     assert cert["source"] == "live" and cert["provenance"]["engine"] == "vllm"
     assert "--max-num-seqs" in cert["provenance"]["servers"][1]["argv"]
+    # No workset input: the Action measured the length ladder of the cell's slot, 32 distinct
+    # documents whose sequences reach past 3/4 of it (vLLM has no /tokenize the tool reads:
+    # fitted with the offline estimate, measured with the server's own counts).
+    workset = cert["provenance"]["workset"]
+    assert workset["source"].startswith("length ladder (ctx 2048") and workset["n_rows"] == 32
+    assert workset["duplicate_prompts"] == []
+    scope = cert["sequence_scope"]
+    assert scope["slot_ctx"] == 2048 and scope["longest"] >= scope["required"] == 1536
+    assert all(band["rows_compared"] for band in scope["bands"])

@@ -64,3 +64,31 @@ def test_example_cert_holds_real_answers_from_the_completions_endpoint() -> None
     assert len(evidence["b"]) == n_b
     assert len(excerpts) == 32 * (1 + len(evidence["c_passes"])) + n_b
     assert not [e for e in excerpts if "<|im_" in e or not e.strip()]
+
+
+SCOPE = EXAMPLES / "certs" / "scope"
+
+
+def test_the_old_example_says_its_sequence_length_was_not_recorded(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    main(["verify-cert", str(CERT)])
+    assert "sequences:  sequence length: not recorded" in capsys.readouterr().out
+    assert "sequence_scope" not in json.loads(CERT.read_text())
+
+
+def test_the_ladder_certs_hold_the_measured_scope(capsys: pytest.CaptureFixture[str]) -> None:
+    """-ub 1 on the embedded pair: GREEN over a 256-token slot, RED over a 1024-token slot
+    with drift from position 257 on (examples/certs/README.md)."""
+    green = SCOPE / "gemma-3-270m-q4_k_m__ctx256__N4.json"
+    assert main(["verify-cert", str(green)]) == exitcodes.PROMOTABLE
+    assert "sequences:  over sequences up to 236 of the slot's 256 tokens" in (
+        capsys.readouterr().out
+    )
+    red = SCOPE / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
+    assert main(["verify-cert", str(red)]) == exitcodes.RED
+    capsys.readouterr()
+    scope = json.loads(red.read_text())["sequence_scope"]
+    assert (scope["first_drift_position"], scope["bitwise_equal_up_to"]) == (257, 256)
+    assert [b["rows_with_drift"] for b in scope["bands"]] == [0, 16, 16, 16]
+    assert scope["longest"] >= scope["required"] == 768

@@ -121,9 +121,10 @@ def test_a_looser_slot_fill_can_be_green_but_is_never_promotable() -> None:
 
 
 def _drifting(c: Trial, prompt: int, from_position: int) -> Trial:
-    """``c`` with its logprobs moved from 1-based sequence position ``from_position`` on."""
+    """``c`` with its logprobs moved from sequence position ``from_position`` on: from the
+    token the model gave after reading that many tokens."""
     assert c.token_logprobs is not None
-    start = max(0, from_position - prompt - 1)
+    start = max(0, from_position - prompt)
     values = tuple(v - 0.001 if i >= start else v for i, v in enumerate(c.token_logprobs))
     return replace(c, token_logprobs=values)
 

@@ -101,12 +101,18 @@ def assemble(parts: PromptParts, pieces: Sequence[str], starts: Sequence[int]) -
 
 
 def fit_prompt(
-    parts: PromptParts, blocks: Iterator[str], target: int, counter: TokenCounter
+    parts: PromptParts,
+    blocks: Iterator[str],
+    target: int,
+    counter: TokenCounter,
+    *,
+    min_tolerance: float = 0.0,
 ) -> Fitted | NoFit:
     """Choose the haystack length whose prompt lands closest to ``target`` tokens.
 
     Returns :class:`NoFit` when even the bare prompt (no haystack) exceeds the target by more
-    than :data:`TOLERANCE`, or when no length lands within it.
+    than :data:`TOLERANCE` (or ``min_tolerance`` tokens, if more), or when no length lands
+    within it.
     """
     source = _Pieces(blocks)
     memo: dict[int, int] = {}
@@ -117,7 +123,7 @@ def fit_prompt(
             memo[k] = counter(assemble(parts, source.pieces[:k], source.starts))
         return memo[k]
 
-    tol = TOLERANCE * target
+    tol = max(TOLERANCE * target, min_tolerance)
     bare = count(0)
     if bare > target + tol:
         return NoFit(
