@@ -60,7 +60,8 @@ def test_the_plan_climbs_through_the_bands() -> None:
     plan = ladder_plan(1024, 96, 60)
     assert list(plan.sequence_targets) == sorted(plan.sequence_targets)
     assert plan.sequence_targets[-1] == int(0.95 * 1024) - 8
-    assert all(s - p == 96 for s, p in zip(plan.sequence_targets, plan.prompt_targets))
+    pairs = zip(plan.sequence_targets, plan.prompt_targets, strict=True)
+    assert all(s - p == 96 for s, p in pairs)
 
 
 def test_make_workset_writes_the_ladder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
