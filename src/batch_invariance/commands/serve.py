@@ -106,7 +106,7 @@ def _verify(args: argparse.Namespace) -> Provenance:
         raise CertInvalid(f"cannot serve {cert}")
     if cert.problem is not None:
         raise CertInvalid(f"cert {args.cert} is invalid: {cert.problem}")
-    short = sequence_problem(cert.sequence_scope, cert.ctx, args.cert.name)
+    short = sequence_problem(cert.sequence_scope, cert.ctx)
     if not cert.promotable:
         # Name the lengths too where they fall short: the reason a user can act on.
         also = "" if short is None else f"; nor does it cover its slot: {short}"

@@ -312,7 +312,7 @@ def answer_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
     return ()
 
 
-def sequence_problem(scope: SequenceScope | None, slot: int, cert_name: str) -> str | None:
+def sequence_problem(scope: SequenceScope | None, slot: int) -> str | None:
     """Why a cert's measured sequences do not cover a ``slot``-token slot (``None``: they
     reach 3/4 of it, :mod:`batch_invariance.core.scope`). The deploy serves prompts of any
     length up to its slot and a cert speaks only for the lengths it compared; one that
@@ -320,14 +320,14 @@ def sequence_problem(scope: SequenceScope | None, slot: int, cert_name: str) -> 
     need = required_length(slot)
     if scope is None:
         return (
-            f"{NOT_RECORDED} in {cert_name} (written before the sequence scope was recorded): "
+            f"{NOT_RECORDED} (the cert was written before the sequence scope was recorded): "
             f"it covers no {slot}-token slot; re-run the cell with this version"
         )
     if scope.longest is None or scope.longest < need:
         measured = "of unknown length" if scope.longest is None else f"up to {scope.longest}"
         return (
-            f"{cert_name} measured sequences {measured} tokens, but the slot is {slot} tokens "
-            f"(need >= {need}, 3/4 of it); measure a work-set that fills the slot"
+            f"sequences measured {measured} tokens, but the slot is {slot} tokens (need >= "
+            f"{need}, 3/4 of it); measure a work-set that fills the slot"
         )
     return None
 
@@ -336,7 +336,7 @@ def sequence_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity)
     """The measured sequences reach 3/4 of the deploy's slot (:func:`sequence_problem`)."""
     if cell.ctx is None:  # check_cell refuses such a cell before any rule runs
         return ("context per slot unknown",)
-    problem = sequence_problem(cert.sequence_scope, cell.ctx, cert.path.name)
+    problem = sequence_problem(cert.sequence_scope, cell.ctx)
     return () if problem is None else (problem,)
 
 

@@ -175,6 +175,8 @@ def test_no_release_or_no_cert_is_a_usage_error(
 @pytest.fixture()
 def cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    # The ladder's prompts evaluated at a tenth of the mock's default per-token time.
+    monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps({"prompt_token_delay_s": 0.0001}))
     ws = tmp_path / "ws"
     ws.mkdir()
     # No work-set: the Action measures the length ladder of the 512-token slot.

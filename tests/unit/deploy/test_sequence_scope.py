@@ -40,7 +40,7 @@ def test_a_cert_written_before_the_scope_was_recorded_covers_no_slot(
     # ... but covers no deploy, and serve refuses it.
     assert _check(tmp_path, tmp_path / "certs", binary, model) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
-    assert f"sequence length: not recorded in {old.name}" in out
+    assert f"{old.name}: sequence length: not recorded (the cert was written before" in out
     assert "it covers no 1024-token slot" in out
     assert main(["serve", str(old), "--allow-unsigned"]) == exitcodes.NOT_PROMOTABLE
     assert "does not cover its slot: sequence length: not recorded" in capsys.readouterr().err
@@ -56,7 +56,7 @@ def test_a_cert_whose_sequences_stayed_short_is_refused_naming_both_lengths(
     short = _live_cert(tmp_path / "certs", model, policy=policy, slot_ctx=1024, short=True)
     assert _check(tmp_path, tmp_path / "certs", binary, model) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
-    assert f"{short.name} measured sequences up to 92 tokens, but the slot is 1024 tokens" in out
+    assert f"{short.name}: sequences measured up to 92 tokens, but the slot is 1024 tokens" in out
     assert "(need >= 768, 3/4 of it)" in out
     assert main(["serve", str(short), "--allow-unsigned"]) == exitcodes.NOT_PROMOTABLE
     err = capsys.readouterr().err

@@ -209,3 +209,22 @@ def test_an_n_whose_vllm_reservation_cannot_be_made_is_named_as_not_run(tmp_path
     assert note is not None and note.startswith("not run: --gpu-memory-utilization 0.")
     assert "exit at start" in note
     assert guard_refusal(launcher, 2048, 4, host_with()) is None
+
+
+@pytest.mark.parametrize("command", ["sweep", "run-live"])
+def test_without_a_workset_the_plan_is_the_length_ladder_of_the_slot(
+    fake_cell: dict[str, Path], capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    argv = [command, "--server-bin", str(fake_cell["bin"]), "--model", str(fake_cell["model"]),
+            "--out-dir", str(fake_cell["out"]), "--ctx", "1024", "--parallel", "2",
+            "--n-predict", "96", "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    plan = capsys.readouterr().out
+    assert "work-set: length ladder, 32 distinct prompts" in plan
+    assert "(quarter bands: band1 8, band2 8, band3 8, band4 8)" in plan
+    assert "a GREEN needs measured sequences >= 768 (3/4 of the slot)" in plan
+    assert not fake_cell["marker"].exists()  # nothing launched
+    # A slot the ladder cannot fill is refused before anything starts, naming the smallest.
+    small = [*argv[:7], "--ctx", "256", "--parallel", "2", "--n-predict", "200", "--dry-run"]
+    assert main(small) == 2
+    assert "the smallest ctx it can fill is" in capsys.readouterr().err
