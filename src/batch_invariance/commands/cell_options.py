@@ -36,7 +36,12 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     its own ``--parallel``)."""
     p.add_argument("--server-bin", type=Path, default=None, help="path to llama-server")
     p.add_argument("--model", type=Path, default=None, help="GGUF model file")
-    p.add_argument("--workset", type=Path, default=None, help="work-set JSON")
+    p.add_argument(
+        "--workset",
+        type=Path,
+        default=None,
+        help="work-set JSON (default: the length ladder, 32 prompts filling the slot)",
+    )
     p.add_argument("--ctx", type=int, default=None, help="context tokens per slot (C)")
     p.add_argument("--out-dir", type=Path, default=None, help="folder for the certs and logs")
     p.add_argument(

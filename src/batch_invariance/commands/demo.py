@@ -64,7 +64,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--out-dir", type=Path, required=True, help="folder for the cert and logs")
     p.add_argument("--ctx", type=int, default=ctx, help=f"tokens per slot ({ctx})")
     p.add_argument("--parallel", type=int, default=parallel, help=f"N slots ({parallel})")
-    p.add_argument("--workset", type=Path, default=None, help="work-set (default: bundled)")
+    p.add_argument(
+        "--workset",
+        type=Path,
+        default=None,
+        help="work-set (default: the length ladder of the slot)",
+    )
     p.add_argument("--cache-dir", type=Path, default=None, help="provision cache folder")
     p.add_argument("--no-build", action="store_true", help="fail instead of building llama-server")
     add_cell_options(p, defaults=DEMO_DEFAULTS)

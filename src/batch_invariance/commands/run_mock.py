@@ -47,7 +47,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--parallel", type=int, default=d.parallel, help="N slots of the B/C server")
     p.add_argument("--gate-passes", type=int, default=d.gate_passes, help="concurrent C passes")
     p.add_argument(
-        "--workset", type=Path, default=None, help="work-set JSON (default: the bundled one)"
+        "--workset",
+        type=Path,
+        default=None,
+        help="work-set JSON (default: the length ladder of the slot)",
     )
     p.add_argument("--scorer", default=None, help="pkg.mod:NAME or file.py:NAME")
     p.add_argument("--reps", type=int, default=d.reps, help="repeat each row R times")
