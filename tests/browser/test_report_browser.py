@@ -6,19 +6,18 @@ file references no external URL. Skips, saying so, only when Chromium is not ins
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from batch_invariance.cli import main
+from batch_invariance.service.mock_cell import MockRequest, mock_ladder
 from tests.support.report_fixtures import mock_cert
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -130,8 +129,10 @@ def test_sweep_report_renders_in_chromium(sweep: Path, tmp_path: Path) -> None:
     assert [p.attrs["data-verdict"] for p in points] == ["GREEN", "GREEN", "RED"]
     assert len(having(built, "interval-bar")) == 3
     ids = {e.attrs["data-test-id"] for e in having(built, "divergent")}
-    bundled = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
-    assert ids and ids <= {row["id"] for row in json.loads(bundled.read_text())}
+    # run-mock measures the length ladder of its slot: the divergent ids are its rows.
+    ladder = mock_ladder(MockRequest(out_dir=tmp_path)).items
+    assert ids and ids <= {item.test_id for item in ladder}
+    assert having(built, "lengths")  # verdict and drift against sequence length, per cell
     gates = {e.attrs["data-gate"] for e in built if e.tag == "tr" and "data-gate" in e.attrs}
     assert {"F0", "F1", "F2", "F3", "transport", "serial_repeat"} <= gates
     shot = tmp_path / "sweep.png"
