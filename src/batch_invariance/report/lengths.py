@@ -80,6 +80,17 @@ def _x(tokens: int, slot: int) -> float:
     return _PAD + (_W - 2 * _PAD) * min(tokens, slot) / max(slot, 1)
 
 
+def _line(
+    cls: str, x1: float, y1: float, x2: float | None, y2: float, style: str, title: str
+) -> str:
+    """One marked line with its tooltip (``x2`` ``None``: vertical at ``x1``)."""
+    end = x1 if x2 is None else x2
+    return (
+        f'<line class="{cls}" x1="{x1:.1f}" y1="{y1}" x2="{end:.1f}" y2="{y2}" {style}>'
+        f"<title>{title}</title></line>"
+    )
+
+
 def _svg(view: LengthView, verdict: str) -> str:
     top = max((b.rows for b in view.bands), default=0) or 1
     span = _H - 2 * _PAD
@@ -103,26 +114,23 @@ def _svg(view: LengthView, verdict: str) -> str:
             width -= width / 3
         parts.append(f'<text x="{left:.1f}" y="{_H - 8}" font-size="9">{band.low}</text>')
     parts.append(f'<text x="{_W - _PAD:.1f}" y="{_H - 8}" font-size="9">{view.slot}</text>')
-    mark = _x(view.required, view.slot)
+    top_y, base_y = _PAD - 10, _H - _PAD
     parts.append(
-        f'<line class="required" x1="{mark:.1f}" y1="{_PAD - 10}" x2="{mark:.1f}" '
-        f'y2="{_H - _PAD}" stroke="#1b7f3b" stroke-dasharray="3,2"><title>3/4 of the slot: '
-        f"{view.required} tokens</title></line>"
-    )
+        _line("required", _x(view.required, view.slot), top_y, None, base_y,
+              'stroke="#1b7f3b" stroke-dasharray="3,2"',
+              f"3/4 of the slot: {view.required} tokens")
+    )  # fmt: skip
     if view.longest is not None:
-        reach = _x(view.longest, view.slot)
         parts.append(
-            f'<line class="longest" x1="{_PAD}" y1="{_PAD - 14}" x2="{reach:.1f}" '
-            f'y2="{_PAD - 14}" stroke="#333" stroke-width="2"><title>measured up to '
-            f"{view.longest} tokens</title></line>"
-        )
+            _line("longest", _PAD, _PAD - 14, _x(view.longest, view.slot), _PAD - 14,
+                  'stroke="#333" stroke-width="2"', f"measured up to {view.longest} tokens")
+        )  # fmt: skip
     if view.first_drift is not None:
-        at = _x(view.first_drift, view.slot)
         parts.append(
-            f'<line class="first-drift" x1="{at:.1f}" y1="{_PAD - 10}" x2="{at:.1f}" '
-            f'y2="{_H - _PAD}" stroke="{_COLOURS["drift"]}" stroke-width="2"><title>first drift '
-            f"at position {view.first_drift}</title></line>"
-        )
+            _line("first-drift", _x(view.first_drift, view.slot), top_y, None, base_y,
+                  f'stroke="{_COLOURS["drift"]}" stroke-width="2"',
+                  f"first drift at position {view.first_drift}")
+        )  # fmt: skip
     parts.append("</svg>")
     return "".join(parts)
 
