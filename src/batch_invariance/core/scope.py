@@ -112,7 +112,7 @@ class SequenceScope:
     #: the model had read when it gave the first differing logprob.
     first_drift_position: int | None
     #: Rows whose drift began exactly at ``first_drift_position`` with prompts shorter than
-    #: it: more than one means drift starts at a fixed position, not with the prompt.
+    #: it: two prompts or more there mean drift starts at a fixed position, not with a prompt.
     rows_drifting_at_first: int
     #: The longest sequence compared without any drift in the cell when drift started at a
     #: fixed position (every drift at or after it); ``None`` otherwise.
@@ -260,13 +260,15 @@ def sequence_scope(
     equal_up_to: int | None = None
     if first is not None:
         # Rows whose prompt ended before the first drift and that drifted exactly there.
-        at_first = sum(
-            1
+        there = [
+            key
             for key, pos in drift_at.items()
             if pos == first and (p := by_key[key].prompt) is not None and p < first
-        )
+        ]
+        at_first = len(there)
         shorter = [r.length for r in rows if r.length is not None and r.length < first]
-        if at_first > 1 and shorter:
+        # Two prompts, not one prompt in two passes: a position, not a prompt's quirk.
+        if len({test_id for _, test_id in there}) > 1 and shorter:
             equal_up_to = first - 1
     scope = SequenceScope(
         slot_ctx=slot_ctx,

@@ -163,3 +163,24 @@ def test_drift_that_starts_at_a_fixed_position_is_found_and_the_next_cell_named(
     low, high = scope.bands[1], scope.bands[2]  # 129-256 and 257-384
     assert (low.rows_with_drift, high.rows_with_drift) == (0, 32)
     assert high.first_drift_position == 257
+
+
+def test_one_prompt_drifting_in_every_pass_is_no_fixed_position() -> None:
+    test_ids = ids(32)
+    prompts = {t: (250 if k == 0 else 40 + k) for k, t in enumerate(test_ids)}
+    evidence = replace(
+        green_evidence(),
+        a=serial_map(test_ids, prompts),
+        b=serial_map(test_ids, prompts),
+        a_repeat=None,
+        c_passes=tuple(concurrent_pass(test_ids, i, prompts=prompts) for i in range(2)),
+        slot_ctx=512,
+    )
+    moved = tuple(
+        replace(p, trials={**p.trials, "t000": _drifting(p.trials["t000"], 250, 257)})
+        for p in evidence.c_passes
+    )
+    scope = decide(replace(evidence, c_passes=moved), DEFAULT_POLICY).scope
+    assert scope is not None and scope.first_drift_position == 257
+    assert scope.rows_drifting_at_first == 2 and scope.bitwise_equal_up_to is None
+    assert "fixed position" not in scope.statement
