@@ -38,19 +38,3 @@ def test_the_report_draws_rows_x_passes_drift_vs_flip_and_the_risk_curve() -> No
     bare = red_data(4)
     del bare["numerics"]
     assert "not recorded in this cert" in render_html(build_report([loaded(bare, "old.json")]))
-
-
-def test_the_report_draws_verdict_and_drift_against_sequence_length() -> None:
-    import json
-
-    from tests.support.paths import EXAMPLES
-
-    red = EXAMPLES / "certs" / "scope" / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
-    html = render_html(build_report([loaded(json.loads(red.read_text()), "red.json")]))
-    assert '<svg class="lengths"' in html and 'aria-label="RED: drift against sequence' in html
-    # Four quarter bands, three series each; the 3/4 mark, the reach and the first drift.
-    assert html.count('class="band-drift"') == 4 and html.count('class="band-changed"') == 4
-    assert "first drift at position 257" in html and "3/4 of the slot: 768 tokens" in html
-    assert "<tr><td>257-512</td><td>16</td><td>16</td><td>4</td><td>257</td></tr>" in html
-    old = red_data(4)
-    assert "sequence length: not recorded" in render_html(build_report([loaded(old, "o.json")]))
