@@ -98,7 +98,8 @@ def _verify(args: argparse.Namespace) -> Provenance:
         bundle_path_for,
     )
     from batch_invariance.commands.check_deploy import signing_policy
-    from batch_invariance.deploy.gate import read_cert_file, sequence_problem
+    from batch_invariance.deploy.gate import read_cert_file
+    from batch_invariance.deploy.sequence_scope import sequence_problem
 
     policy = signing_policy(args)
     cert = read_cert_file(args.cert)

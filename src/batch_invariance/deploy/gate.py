@@ -46,7 +46,7 @@ from batch_invariance.cert.signing import (
     bundle_path_for,
 )
 from batch_invariance.cert.verify import verify_text
-from batch_invariance.core.scope import NOT_RECORDED, SequenceScope, required_length
+from batch_invariance.core.scope import SequenceScope
 from batch_invariance.deploy.cells import DeployCell
 from batch_invariance.deploy.identity import (
     BuildIdentity,
@@ -61,6 +61,7 @@ from batch_invariance.deploy.prompt_cache import (
     is_cache_difference,
     measured_cache_flags,
 )
+from batch_invariance.deploy.sequence_scope import sequence_problem
 from batch_invariance.deploy.serve_plan import ServeRefused, measured_argv
 from batch_invariance.engines.llama_server.flags import (
     FlagError,
@@ -310,26 +311,6 @@ def answer_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
     elif _uncapped(cell) and longest is None:
         return ("no -n cap: the cert records no measured answer length to scope a pass to",)
     return ()
-
-
-def sequence_problem(scope: SequenceScope | None, slot: int) -> str | None:
-    """Why a cert's measured sequences do not cover a ``slot``-token slot (``None``: they
-    reach 3/4 of it, :mod:`batch_invariance.core.scope`). The deploy serves prompts of any
-    length up to its slot and a cert speaks only for the lengths it compared; one that
-    records no sequence scope covers no slot. check-deploy and ``serve`` both ask this."""
-    need = required_length(slot)
-    if scope is None:
-        return (
-            f"{NOT_RECORDED} (the cert was written before the sequence scope was recorded): "
-            f"it covers no {slot}-token slot; re-run the cell with this version"
-        )
-    if scope.longest is None or scope.longest < need:
-        measured = "of unknown length" if scope.longest is None else f"up to {scope.longest}"
-        return (
-            f"sequences measured {measured} tokens, but the slot is {slot} tokens (need >= "
-            f"{need}, 3/4 of it); measure a work-set that fills the slot"
-        )
-    return None
 
 
 def sequence_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:

@@ -62,7 +62,7 @@ def ladder_line(workset: Workset, ctx: int) -> str:
     per_band: dict[str, int] = {}
     for item in workset.items:
         per_band[item.family or "?"] = per_band.get(item.family or "?", 0) + 1
-    targets = [int(i.meta["sequence_target"]) for i in workset.items if "sequence_target" in i.meta]
+    targets = [int(i.meta["sequence_target"]) for i in workset.items]
     bands = ", ".join(f"{name} {count}" for name, count in sorted(per_band.items()))
     return (
         f"work-set: length ladder, {len(workset.items)} distinct prompts; sequences (prompt + "
@@ -124,7 +124,7 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         # with the A server's tokenizer, which moves each prompt by a few tokens).
         workset = cell.build_workset(cell.ctx, approx_token_count)
     if workset is not None:
-        if workset.source.startswith("length ladder"):
+        if workset.items and all(item.meta.get("ladder") is True for item in workset.items):
             lines.append(ladder_line(workset, cell.ctx))
         n_items = len(workset.items) * m.reps
         # An upper bound: A' runs only when B differs from A, B only on the divergent ids of

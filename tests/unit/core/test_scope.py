@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from batch_invariance.core.evidence import GatePolicy, Trial, policy_problems
+from batch_invariance.core.evidence import CellEvidence, GatePolicy, Trial, policy_problems
 from batch_invariance.core.scope import (
     NOT_RECORDED,
     band_edges,
@@ -129,12 +129,10 @@ def _drifting(c: Trial, prompt: int, from_position: int) -> Trial:
     return replace(c, token_logprobs=values)
 
 
-def test_drift_that_starts_at_a_fixed_position_is_found_and_the_next_cell_named() -> None:
-    test_ids = ids(32)
-    # Half the prompts end just before position 257, half are short (their sequences end
-    # before it); the factory's answers are 11 tokens with logprobs.
-    prompts = {t: (250 + k % 6 if k < 16 else 40 + k) for k, t in enumerate(test_ids)}
-    evidence = replace(
+def _with_prompts(test_ids: list[str], prompts: dict[str, int]) -> CellEvidence:
+    """Green evidence of a 512-token slot whose prompts have the given lengths (two passes,
+    B as the serial repeat)."""
+    return replace(
         green_evidence(),
         a=serial_map(test_ids, prompts),
         b=serial_map(test_ids, prompts),
@@ -142,6 +140,14 @@ def test_drift_that_starts_at_a_fixed_position_is_found_and_the_next_cell_named(
         c_passes=tuple(concurrent_pass(test_ids, i, prompts=prompts) for i in range(2)),
         slot_ctx=512,
     )
+
+
+def test_drift_that_starts_at_a_fixed_position_is_found_and_the_next_cell_named() -> None:
+    test_ids = ids(32)
+    # Half the prompts end just before position 257, half are short (their sequences end
+    # before it); the factory's answers are 11 tokens with logprobs.
+    prompts = {t: (250 + k % 6 if k < 16 else 40 + k) for k, t in enumerate(test_ids)}
+    evidence = _with_prompts(test_ids, prompts)
     moved = tuple(
         replace(
             p,
@@ -168,14 +174,7 @@ def test_drift_that_starts_at_a_fixed_position_is_found_and_the_next_cell_named(
 def test_one_prompt_drifting_in_every_pass_is_no_fixed_position() -> None:
     test_ids = ids(32)
     prompts = {t: (250 if k == 0 else 40 + k) for k, t in enumerate(test_ids)}
-    evidence = replace(
-        green_evidence(),
-        a=serial_map(test_ids, prompts),
-        b=serial_map(test_ids, prompts),
-        a_repeat=None,
-        c_passes=tuple(concurrent_pass(test_ids, i, prompts=prompts) for i in range(2)),
-        slot_ctx=512,
-    )
+    evidence = _with_prompts(test_ids, prompts)
     moved = tuple(
         replace(p, trials={**p.trials, "t000": _drifting(p.trials["t000"], 250, 257)})
         for p in evidence.c_passes
