@@ -182,6 +182,9 @@ class Provenance(_Record):
     server_flags: tuple[str, ...] | None = None
     workset: JsonObject | None = None
     host: JsonObject | None = None
+    #: The GPUs the servers were placed on (core/gpu_placement.py): ``{"source":
+    #: "nvidia-smi", "devices": [...]}`` or ``{"unread": why}``; absent in older certs.
+    gpus: JsonObject | None = None
     memory_guard: JsonObject | None = None
     #: The attached server (``run-live --base-url``).
     attach: JsonObject | None = None

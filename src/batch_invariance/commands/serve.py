@@ -123,9 +123,11 @@ def _verify(args: argparse.Namespace) -> Provenance:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from batch_invariance.core.gpu_placement import placement_differences
     from batch_invariance.deploy.prompt_cache import serving_argv
     from batch_invariance.deploy.serve_plan import measured_argv, recorded_engine_env, serve_argv
     from batch_invariance.engines.llama_server.env import served_env
+    from batch_invariance.host.gpus import placement_here
     from batch_invariance.servers.spawn import refuse_system_config
 
     if not isinstance(args.cert, Path) or not args.cert.is_file():
@@ -142,14 +144,18 @@ def handle(args: argparse.Namespace) -> int:
             "the measured one"
         )
     env = served.env
+    placed = placement_differences(provenance.gpus, placement_here(env))
+    if placed.differences:
+        raise NotCovered(f"{placed.differences[0]}: not the hardware the cert measured")
     # Not the argv itself: it may hold an --api-key.
     cache = (
         "prompt cache on, as measured"
         if provenance.cache_server() is not None
         else "prompt cache off (--no-cache-prompt): the cert measured cache-off traffic only"
     )
+    unchecked = f"; {placed.unchecked}" if placed.unchecked else ""
     print(
-        f"batch-invariance serve: {args.cert.name} verified; exec {argv[0]}; {cache}",
+        f"batch-invariance serve: {args.cert.name} verified; exec {argv[0]}; {cache}{unchecked}",
         file=sys.stderr,
     )
     sys.stdout.flush()

@@ -7,7 +7,8 @@ llama.cpp pads it. A cell's ``ctx`` is the context per slot after padding, which
 cert's ``ctx`` means; for a unified pool the padded pool must also equal the one measured.
 A cell also carries why it cannot be covered whatever the certs say (a word the server
 rejects, an option in no class, a config file it would read, a variable whose value the
-reader lost, a model path that is not on this host), and the variables ggml reads.
+reader lost, a model path that is not on this host), the variables ggml reads and the GPUs
+its selection variables pick on this host.
 A ``batch-invariance serve CERT`` line is read as the server it execs.
 """
 
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from batch_invariance.deploy.commands import ServerCommand
+from batch_invariance.core.gpu_placement import GpuPlacement, is_gpu_selection
+from batch_invariance.deploy.commands import NotUnderstood, ServerCommand
 from batch_invariance.deploy.identity import is_this_tool
 from batch_invariance.deploy.serve_plan import served_command
 from batch_invariance.deploy.shell import is_serve
@@ -41,6 +43,7 @@ from batch_invariance.engines.llama_server.flags import (
 )
 from batch_invariance.engines.llama_server.options import TABLE_BUILD
 from batch_invariance.errors import UsageError
+from batch_invariance.host.gpus import placement_here
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class DeployCell:
     binary_missing: str | None = None
     #: Said on its pass line (an optional environment file absent here).
     notes: tuple[str, ...] = ()
+    #: The GPUs its environment selects on this host (compared with a cert's ``gpus``).
+    gpus: GpuPlacement = field(default_factory=GpuPlacement)
 
     @property
     def parallel(self) -> int:
@@ -169,13 +174,15 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
     out: list[str] = []
     other = sorted(
         name for name in command.env
-        if not (is_neutral_variable(name) or is_option_variable(name) or is_engine_variable(name))
+        if not (is_neutral_variable(name) or is_option_variable(name) or is_engine_variable(name)
+                or is_gpu_selection(name))
         and name != "XDG_CONFIG_HOME"
     )  # fmt: skip
     if other:
         out.append(
             f"environment {', '.join(other)}: a measured server runs without it (only neutral "
-            "variables, LLAMA_ARG_* and the ones the engine reads are passed); do not export it"
+            "variables, LLAMA_ARG_*, GPU selection and the ones the engine reads are passed); "
+            "do not export it"
         )
     if command.config_unknown is not None:
         out.append(command.config_unknown)
@@ -245,6 +252,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
         binary_path=binary.path,
         binary_missing=binary.missing,
         notes=command.notes,
+        gpus=placement_here(command.env),
     )
 
 
@@ -253,6 +261,8 @@ class DeployCells:
     cells: tuple[DeployCell, ...]
     #: Constructs that mention a server but were not read (the deploy is not covered).
     unmodelled: tuple[str, ...]
+    #: The same constructs with their file and line (for annotations and ``--json``).
+    not_understood: tuple[NotUnderstood, ...] = ()
 
 
 def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
@@ -261,5 +271,6 @@ def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
 
     read = read_deploy_file(path, models_dir)
     if read.not_understood:  # the file is not covered; its servers are not worth reading
-        return DeployCells((), read.unmodelled)
-    return DeployCells(tuple(cell_of(command) for command in read.commands), read.unmodelled)
+        return DeployCells((), read.unmodelled, read.not_understood)
+    cells = tuple(cell_of(command) for command in read.commands)
+    return DeployCells(cells, read.unmodelled, read.not_understood)

@@ -46,6 +46,7 @@ from batch_invariance.cert.signing import (
     bundle_path_for,
 )
 from batch_invariance.cert.verify import verify_text
+from batch_invariance.core.gpu_placement import placement_differences
 from batch_invariance.core.scope import SequenceScope
 from batch_invariance.deploy.cells import DeployCell
 from batch_invariance.deploy.identity import (
@@ -63,6 +64,7 @@ from batch_invariance.deploy.prompt_cache import (
 )
 from batch_invariance.deploy.sequence_scope import sequence_problem
 from batch_invariance.deploy.serve_plan import ServeRefused, measured_argv
+from batch_invariance.engines.llama_server.env import engine_env
 from batch_invariance.engines.llama_server.flags import (
     FlagError,
     ServerFlags,
@@ -234,7 +236,8 @@ def engine_env_differences(deploy: Mapping[str, str], provenance: Provenance) ->
     server = provenance.bc_server()
     info = server.info if server is not None else None
     recorded = info.engine_env if info is not None else None
-    measured: Mapping[str, str] = recorded or {}
+    # A GPU-selection variable an older cert recorded is placement, not an engine variable.
+    measured: Mapping[str, str] = engine_env(recorded or {})
     return tuple(
         f"environment {name}={deploy.get(name, '(unset)')} (measured "
         f"{measured.get(name, '(unset)')})"
@@ -313,6 +316,11 @@ def answer_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -
     return ()
 
 
+def gpu_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
+    """The GPUs the deploy selects on this host are the ones measured (where both are read)."""
+    return placement_differences(cert.provenance.gpus, cell.gpus).differences
+
+
 def sequence_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
     """The measured sequences reach 3/4 of the deploy's slot (:func:`sequence_problem`)."""
     if cell.ctx is None:  # check_cell refuses such a cell before any rule runs
@@ -324,7 +332,7 @@ def sequence_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity)
 #: The coverage checks, in the order their differences are printed.
 COVERAGE_RULES: tuple[CoverageRule, ...] = (
     model_rule, layout_rule, options_rule, prompt_cache_rule, environment_rule,
-    answer_length_rule, sequence_length_rule,
+    answer_length_rule, sequence_length_rule, gpu_rule,
 )  # fmt: skip
 
 
@@ -420,9 +428,11 @@ def check_cell(
         signed = f"signature verified, signed for {signing.signer.repository}"
     else:
         signed = "signature verified for any repository: --any-repository"
+    unchecked = placement_differences(same[-1].provenance.gpus, cell.gpus).unchecked
+    placed = f"; {unchecked}" if unchecked else ""
     reason = (
         f"promotable cert: {names} (model by {model.method}, build by sha256 of "
-        f"{build.shown}; {signed}){scope_text}"
+        f"{build.shown}; {signed}){placed}{scope_text}"
     )
     return CellCheck(cell, "ok", reason, same[-1].path, scope)
 

@@ -4,12 +4,15 @@ host, memory guard, attach record and profile (merged over the driver's own bloc
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from batch_invariance import __version__
 from batch_invariance.cert.provenance import BinaryRecord, ModelFileRecord, Provenance
+from batch_invariance.core.gpu_placement import GpuPlacement, unread_placement
 from batch_invariance.host import facts as hostinfo
+from batch_invariance.host.gpus import placement_here
 from batch_invariance.run.workset import Workset
 from batch_invariance.servers.launch import LaunchRecord
 
@@ -32,6 +35,13 @@ def _model_file(target: ServerTarget, sha256: str | None) -> ModelFileRecord | N
                                gguf=None, gguf_skipped=target.gguf_skipped)  # fmt: skip
     return ModelFileRecord(path=str(model), name=model.name, sha256=sha256,
                            size=gguf.file_size, gguf=gguf.summary())  # fmt: skip
+
+
+def _gpus(cell: LiveCell) -> GpuPlacement:
+    """The GPUs the launched servers see: they inherit this process's selection variables."""
+    if cell.target.attach is not None:
+        return unread_placement("an attached server: the tool cannot see its GPUs")
+    return placement_here(os.environ)
 
 
 def _memory_guard(cell: LiveCell, launches: Sequence[LaunchRecord]) -> dict[str, Any]:
@@ -87,6 +97,7 @@ def provenance_for(
         workset={**workset.record(), "n_items": n_items},
         server_flags=tuple(cell.server_flags),
         host=hostinfo.summary(),
+        gpus=_gpus(cell).record(),
         memory_guard=_memory_guard(cell, launches),
         profile=cell.profile,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from batch_invariance.core.gpu_placement import is_gpu_selection
 from batch_invariance.engines.llama_server.options import OPTION_VARIABLES
 
 __all__ = [
@@ -70,9 +71,12 @@ def is_option_variable(name: str) -> bool:
 
 
 def is_engine_variable(name: str) -> bool:
-    """True for a variable the server reads other than its ``LLAMA_ARG_*`` flags."""
+    """True for a variable the server reads other than its ``LLAMA_ARG_*`` flags and the
+    GPU-selection variables (placement: what they select is recorded, not their values)."""
     if name.startswith("LLAMA_ARG_") or name in OPTION_VARIABLES:
         return False  # an option's own variable: read (and compared) as that option
+    if is_gpu_selection(name):
+        return False
     return name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)
 
 
@@ -99,9 +103,15 @@ def measured_env(parent: Mapping[str, str]) -> dict[str, str]:
     and the ones the engine reads (recorded in the cert as ``engine_env``), nothing else (no
     ``LLAMA_ARG_*``, no ``LD_AUDIT``, ``GLIBC_TUNABLES``, ``MALLOC_*`` ...), and
     ``XDG_CONFIG_HOME=/dev/null`` so that no user config file is read."""
-    out = {k: v for k, v in parent.items() if is_neutral_variable(k) or is_engine_variable(k)}
+    out = {k: v for k, v in parent.items() if _passed(k)}
     out["XDG_CONFIG_HOME"] = NO_USER_CONFIG
     return out
+
+
+def _passed(name: str) -> bool:
+    """Passed to every server the tool starts: neutral, engine and GPU-selection variables
+    (the selection places the server; what it selected is recorded as ``provenance.gpus``)."""
+    return is_neutral_variable(name) or is_engine_variable(name) or is_gpu_selection(name)
 
 
 @dataclass(frozen=True)
@@ -117,14 +127,17 @@ class ServedEnv:
 
 def served_env(parent: Mapping[str, str], recorded: Mapping[str, str]) -> ServedEnv:
     """The same rule as :func:`measured_env`, for a server started from a cert: the caller's
-    neutral variables plus exactly the engine variables the cert recorded; a caller's value
-    that differs from a recorded one is refused; every other variable is dropped."""
+    neutral and GPU-selection variables (where this server runs is the caller's choice) plus
+    exactly the engine variables the cert recorded; a caller's value that differs from a
+    recorded one is refused; every other variable is dropped. A selection variable an older
+    cert recorded is not re-applied."""
+    recorded = {k: v for k, v in recorded.items() if is_engine_variable(k)}
     refused = tuple(
         f"{k}={parent[k]} (the cert recorded {k}={recorded[k]})"
         for k in sorted(recorded)
         if k in parent and parent[k] != recorded[k]
     )
-    env = {k: v for k, v in parent.items() if is_neutral_variable(k)}
+    env = {k: v for k, v in parent.items() if is_neutral_variable(k) or is_gpu_selection(k)}
     env.update(recorded)
     env["XDG_CONFIG_HOME"] = NO_USER_CONFIG
     dropped = tuple(sorted(k for k in parent if k not in env))
