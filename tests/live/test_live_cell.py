@@ -17,12 +17,14 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
 import requests
 
 from batch_invariance import exitcodes
-from batch_invariance.cli import build_parser
+from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.report.render import live_banner
@@ -30,9 +32,12 @@ from batch_invariance.service.job import prepare
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.target import engine_launcher
 from tests.support.fakes_live import exiting_server, group_alive
+from tests.support.nvidia_smi import TWO_H200, install_nvidia_smi
 from tests.support.paths import WORKSETS
 
 DEMO_WORKSET = WORKSETS / "demo.json"
+#: A GPU runner's selection: GPU 1, every GPU exposed by the container runtime.
+MEASURED_PLACEMENT = {"CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "all"}
 #: Completion openings for the base model on /v1/completions: co-batching changes several of
 #: them in every pass (on the chat endpoint only 1-2 of 16, and not in every pass).
 COMPLETIONS_WORKSET = WORKSETS / "demo_completions.json"
@@ -68,8 +73,14 @@ def _args(pair: Provisioned, workset: Path, out: Path, *extra: str) -> list[str]
 
 
 def test_bundled_workset_reaches_red_with_every_gate_met(
-    live_pair: Provisioned, tmp_path: Path
+    live_pair: Provisioned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Measured the way a GPU runner runs it: a selection in the environment, an nvidia-smi
+    # (a stand-in listing two H200s here) on PATH.
+    smi = install_nvidia_smi(tmp_path / "smi", TWO_H200)
+    monkeypatch.setenv("PATH", f"{smi}:{os.environ['PATH']}")
+    for name, value in MEASURED_PLACEMENT.items():
+        monkeypatch.setenv(name, value)
     args = build_parser().parse_args(
         _args(
             live_pair,
@@ -119,6 +130,41 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     verification = verify_path(outcome.finished.path)
     assert verification.valid, verification.problems
     assert verification.verdict == "RED" and not verification.promotable
+    _placement_recorded_and_held(prov, tmp_path / "deploy")
+
+
+def _placement_recorded_and_held(prov: dict[str, Any], root: Path) -> None:
+    """The selection is no engine variable; GPU 1's facts are the cert's ``gpus``; a deploy
+    on GPU 0 of the same model passes with a promotable cert of that provenance."""
+    from tests.unit.deploy.test_check_deploy import (
+        OK_FLAGS,
+        _live_cert,
+        _provenance,
+        deploy_files,
+    )
+
+    for server in prov["servers"]:
+        assert not set(server["info"]["engine_env"]) & set(MEASURED_PLACEMENT), server
+    assert prov["gpus"] == {
+        "source": "nvidia-smi",
+        "devices": [{"name": "NVIDIA H200", "memory_total_mib": 143771,
+                     "driver_version": "570.86.15", "compute_cap": "9.0"}],
+    }  # fmt: skip
+    root.mkdir()
+    model, binary = deploy_files(root)
+    provenance = _provenance(model, 4, "split")
+    provenance["gpus"] = prov["gpus"]
+    for server in provenance["servers"]:
+        server["info"] = {"engine_env": prov["servers"][1]["info"]["engine_env"]}
+    certs = root / "certs"
+    _live_cert(certs, model, provenance=provenance)
+    deploy = root / "llama-server.sh"
+    deploy.write_text(
+        f"export PATH={binary.parent}:/usr/bin:/bin\nexport CUDA_VISIBLE_DEVICES=0\n"
+        f"llama-server -m {model} {OK_FLAGS}\n"
+    )
+    code = main(["check-deploy", str(deploy), "--certs", str(certs), "--allow-unsigned"])
+    assert code == exitcodes.PROMOTABLE
 
 
 def test_concurrent_dispatch_on_a_server_that_cannot_cobatch_is_never_green(

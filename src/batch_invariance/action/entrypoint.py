@@ -70,10 +70,12 @@ from batch_invariance.report.render import (
     verdict_annotation,
 )
 from batch_invariance.run.progress import Progress
+from batch_invariance.service.dry_run import is_ladder, ladder_line
 from batch_invariance.service.finish import FinishedCell
-from batch_invariance.service.job import prepare
+from batch_invariance.service.job import LiveCell, prepare
 from batch_invariance.service.live import run_live_cell
 from batch_invariance.service.mock_cell import run_mock_cell
+from batch_invariance.service.reach import cannot_be_green, planned_workset
 
 Provisioner = Callable[[], tuple[Path, Path]]
 
@@ -86,14 +88,31 @@ def embedded_default() -> tuple[Path, Path]:
     return got.server_bin, got.model
 
 
-def run_cell_for(inputs: ActionInputs, provisioner: Provisioner) -> FinishedCell:
+def run_cell_for(
+    inputs: ActionInputs, provisioner: Provisioner, out: TextIO | None = None
+) -> FinishedCell:
     """Run the cell the inputs ask for through the same service as the CLI."""
     if inputs.mode == "mock":
         return run_mock_cell(mock_request(inputs), progress=Progress())
     check_server_pair(inputs)
     embedded = provisioner() if not inputs.profile and not inputs.server_bin else None
     job = prepare(live_request(inputs, embedded))
+    refuse_unreachable(job, inputs.require, out or sys.stdout)
     return run_live_cell(job, progress=Progress()).finished
+
+
+def refuse_unreachable(job: LiveCell, require: str, out: TextIO) -> None:
+    """The plan step: say what the cell measures, and refuse before any server starts a plan
+    whose ``require`` can never hold (``none``, with a baseline, asks for no verdict)."""
+    workset = planned_workset(job)
+    if workset is not None and is_ladder(workset):
+        print(f"batch-invariance: plan: {ladder_line(workset, job.ctx)}", file=out, flush=True)
+    causes = cannot_be_green(job) if require != "none" else ()
+    if causes:
+        more = f" (and {len(causes) - 1} more: {'; '.join(causes[1:])})" if causes[1:] else ""
+        raise GuardRefused(
+            f"require: {require} can never hold, this plan cannot reach GREEN: {causes[0]}{more}"
+        )
 
 
 def _failure_title(exc: BatchInvarianceError) -> str:
@@ -145,7 +164,7 @@ def run_action(
             file=stream,
             flush=True,
         )
-        finished = run_cell_for(inputs, provisioner)
+        finished = run_cell_for(inputs, provisioner, stream)
     except BatchInvarianceError as exc:
         return _fail(exc, env, stream)
     except KeyboardInterrupt:

@@ -257,13 +257,20 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
 
 
 def print_dry_run(job: LiveCell) -> int:
-    """Print the plan of ``job`` (launch nothing); exit 2 when the guard would refuse."""
+    """Print the plan of ``job`` (launch nothing); exit 2 when the guard would refuse or the
+    plan cannot reach GREEN whatever the server does (one line per cause, with its fix)."""
+    from batch_invariance.service.reach import cannot_be_green
+
     plan = dry_run(job, memory.read_host_memory(), usable_cpus())
     sys.stdout.write(plan.text)
+    code = exitcodes.PROMOTABLE
     if plan.refusal is not None:
         print(f"batch-invariance: the memory guard would refuse: {plan.refusal}", file=sys.stderr)
-        return exitcodes.USAGE
-    return exitcodes.PROMOTABLE
+        code = exitcodes.USAGE
+    for cause in cannot_be_green(job):
+        print(f"batch-invariance: this plan cannot reach GREEN: {cause}", file=sys.stderr)
+        code = exitcodes.USAGE
+    return code
 
 
 def cell_label(job: LiveCell, kind: str = "live") -> str:

@@ -14,12 +14,12 @@ from batch_invariance.core.scope import required_length
 from batch_invariance.engines.registry import shown_name
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
-from batch_invariance.profiles.tokens import approx_token_count
 from batch_invariance.run.workset import Workset
 from batch_invariance.service.job import LiveCell
+from batch_invariance.service.reach import planned_workset
 from batch_invariance.service.target import engine_launcher
 
-__all__ = ["DryRun", "dry_run", "reservation_line", "usable_cpus"]
+__all__ = ["DryRun", "dry_run", "is_ladder", "ladder_line", "reservation_line", "usable_cpus"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,11 @@ def reservation_line(fraction: FractionDecision, host: memory.HostMemory) -> str
         f"{_gib(fraction.reserved_bytes)} of {_gib(fraction.total_bytes)}; "
         f"{_gib(fraction.available_bytes)} available there"
     )
+
+
+def is_ladder(workset: Workset) -> bool:
+    """The work-set is the length ladder (every item carries its mark)."""
+    return bool(workset.items) and all(item.meta.get("ladder") is True for item in workset.items)
 
 
 def ladder_line(workset: Workset, ctx: int) -> str:
@@ -118,13 +123,11 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         f"memory: cap {cap}; available now {_gib(avail) if avail is not None else 'unknown'}"
         + (f"; VRAM free {_gib(host.vram_free_bytes)}" if host.vram_free_bytes else "")
     )
-    workset = cell.workset
-    if workset is None and cell.profile is None and cell.build_workset is not None:
-        # The length ladder: planned here with the offline estimate (the run fits it again
-        # with the A server's tokenizer, which moves each prompt by a few tokens).
-        workset = cell.build_workset(cell.ctx, approx_token_count)
+    # The length ladder is planned with the offline estimate (the run fits it again with the
+    # A server's tokenizer, which moves each prompt by a few tokens).
+    workset = planned_workset(cell)
     if workset is not None:
-        if workset.items and all(item.meta.get("ladder") is True for item in workset.items):
+        if is_ladder(workset):
             lines.append(ladder_line(workset, cell.ctx))
         n_items = len(workset.items) * m.reps
         # An upper bound: A' runs only when B differs from A, B only on the divergent ids of

@@ -39,8 +39,10 @@ def test_dry_run_prints_the_plan_and_launches_nothing(
 ) -> None:
     code = main(_argv(setup, "--dry-run", "--server-flag", "-ngl", "--server-flag", "0",
                       "--gate-passes", "3", "--reps", "2"))  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0
+    printed = capsys.readouterr()
+    out = printed.out
+    # The plan is printed whole; 5 prompts can never reach GREEN, which it says (exit 2).
+    assert code == 2 and "too few distinct prompts: 5" in printed.err
     assert not setup["marker"].exists()
     assert not setup["out"].exists()  # not even the out-dir is created
     assert "server A:" in out and "server BC:" in out
