@@ -74,7 +74,7 @@ from batch_invariance.service.dry_run import is_ladder, ladder_line
 from batch_invariance.service.finish import FinishedCell
 from batch_invariance.service.job import LiveCell, prepare
 from batch_invariance.service.live import run_live_cell
-from batch_invariance.service.mock_cell import run_mock_cell
+from batch_invariance.service.mock_cell import mock_ladder, run_mock_cell
 from batch_invariance.service.reach import cannot_be_green, planned_workset
 
 Provisioner = Callable[[], tuple[Path, Path]]
@@ -93,7 +93,11 @@ def run_cell_for(
 ) -> FinishedCell:
     """Run the cell the inputs ask for through the same service as the CLI."""
     if inputs.mode == "mock":
-        return run_mock_cell(mock_request(inputs), progress=Progress())
+        request = mock_request(inputs)
+        if request.workset is None:
+            ladder = ladder_line(mock_ladder(request), request.ctx)
+            print(f"batch-invariance: plan: {ladder}", file=out or sys.stdout, flush=True)
+        return run_mock_cell(request, progress=Progress())
     check_server_pair(inputs)
     embedded = provisioner() if not inputs.profile and not inputs.server_bin else None
     job = prepare(live_request(inputs, embedded))

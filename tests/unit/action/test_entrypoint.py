@@ -226,6 +226,9 @@ def test_mock_mode_entrypoint_writes_outputs_summary_and_fails_require(tmp_path:
     assert "::error title=batch-invariance GREEN::" in proc.stdout
     assert "can never pass require green" in proc.stdout
     assert "Traceback" not in proc.stderr
+    # No workset input: the plan names the length ladder of the mock's slot, and it ran.
+    assert "batch-invariance: plan: work-set: length ladder, 32 distinct prompts" in proc.stdout
+    assert cert["provenance"]["workset"]["n_rows"] == 32
 
 
 def test_mock_mode_can_never_pass_require_promotable(tmp_path: Path) -> None:
