@@ -1,5 +1,10 @@
 # The batch-invariance GitHub Action image.
 #
+# Which GPUs the container sees is the job's choice, not the image's: the action's `gpus`
+# input (docker run --gpus) or the runner's CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES,
+# which action/run-container.sh passes through. This image sets no NVIDIA_VISIBLE_DEVICES (a
+# CUDA base image may set its own, as nvidia/cuda's do: `gpus` still narrows it).
+#
 # BASE_IMAGE is a build argument. The default is a CUDA 12 *runtime* image (Ubuntu 22.04,
 # glibc 2.35), so a llama-server built on the runner against CUDA 12 finds libcudart/libcublas.
 # A server linked against a newer glibc (Ubuntu 24.04: 2.39) or CUDA 13 needs another base,
@@ -14,7 +19,6 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 # Distribution packages track the base image's security updates; pinning exact versions

@@ -4,14 +4,24 @@
 #
 #   workspace       -> /github/workspace (also the working directory)
 #   file commands   -> /github/file_commands (GITHUB_OUTPUT, GITHUB_STEP_SUMMARY live there)
-#   $RUNNER_TEMP/_github_home -> /github/home (HOME: sigstore's cache, the embedded default)
+#   $RUNNER_TEMP/_github_home -> /github/home (HOME: sigstore's cache)
 #   INPUT_<NAME>    -> INPUT_<NAME-WITH-HYPHENS> (INPUT_SERVER_BIN -> INPUT_SERVER-BIN)
+#
+# and, beyond what a Docker action gets:
+#
+#   INPUT_MODELS_DIR -> /github/models, read-only (a relative `model` is looked up there)
+#   INPUT_SERVER_DIR -> /github/server, read-only (a relative `server-bin` is looked up there)
+#   $RUNNER_TOOL_CACHE/batch-invariance/<key> -> /github/toolcache (BATCH_INVARIANCE_CACHE:
+#                       the embedded default's build and model, kept between jobs; <key> is a
+#                       hash of the image's base, whose C library the build links against)
+#   CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES of the runner, when set (GPU placement)
 #
 # The image is BI_IMAGE (must be pinned by digest, NAME@sha256:...) or, when empty, built from
 # this action's own source (BI_ACTION_PATH, i.e. github.action_path) and tagged by a hash of
 # that source, so a runner builds each version once. BI_BASE_IMAGE sets the build's
 # BASE_IMAGE; BI_GPUS is passed as --gpus; BI_BUILD_NETWORK as `docker build --network`;
-# BI_BUILD_ONLY=1 only makes sure the image exists and prints its name.
+# BI_BUILD_ONLY=1 only makes sure the image exists and prints its name; BI_PRINT_CACHE=1 only
+# prints the tool-cache folder the container would use (empty without RUNNER_TOOL_CACHE).
 # The exit code is the container's: the verdict (0 pass, 1 RED, 3 not promotable, ...).
 set -euo pipefail
 
@@ -24,6 +34,40 @@ die() {
 : "${GITHUB_OUTPUT:?GITHUB_OUTPUT is not set}"
 action_path=${BI_ACTION_PATH:-$(cd "$(dirname "$0")/.." && pwd)}
 command -v docker >/dev/null 2>&1 || die "docker is not on PATH: this action needs a runner with a Docker engine"
+
+# The build cache's key: the image's base (a prebuilt image: its digest).
+cache_key=$(printf '%s' "${BI_IMAGE:-base=${BI_BASE_IMAGE:-default}}" | sha256sum | cut -c1-16)
+tool_cache=""
+[ -n "${RUNNER_TOOL_CACHE:-}" ] && tool_cache="$RUNNER_TOOL_CACHE/batch-invariance/$cache_key"
+if [ "${BI_PRINT_CACHE:-}" = 1 ]; then
+  echo "$tool_cache"
+  exit 0
+fi
+
+# A host folder for a read-only mount: absolute as given, relative under the workspace.
+host_folder() {
+  local name=$1 value=$2 folder
+  folder=$value
+  [[ "$folder" = /* ]] || folder="$GITHUB_WORKSPACE/$folder"
+  [ -d "$folder" ] || die "input $name $value: no such folder on the runner ($folder)"
+  folder_found=$(cd "$folder" && pwd -P)
+}
+models_dir=""
+server_dir=""
+if [ -n "${INPUT_MODELS_DIR:-}" ]; then
+  host_folder models-dir "$INPUT_MODELS_DIR"
+  models_dir=$folder_found
+fi
+if [ -n "${INPUT_SERVER_DIR:-}" ]; then
+  host_folder server-dir "$INPUT_SERVER_DIR"
+  server_dir=$folder_found
+fi
+
+# One runner per GPU: `gpus: device=N` renumbers the GPUs the container sees from 0, so a
+# runner's CUDA_VISIBLE_DEVICES=N would then select nothing.
+if [[ "${BI_GPUS:-}" == *device=* ]] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  die "input gpus ${BI_GPUS} and the runner's CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES} both pick GPUs; inside the container device= renumbers them from 0: set one of the two"
+fi
 
 image=${BI_IMAGE:-}
 if [ -n "$image" ]; then
@@ -80,10 +124,20 @@ if [ -n "$summary" ]; then
   fi
 fi
 [ -n "${BI_GPUS:-}" ] && args+=(--gpus "$BI_GPUS")
+for name in CUDA_VISIBLE_DEVICES NVIDIA_VISIBLE_DEVICES; do
+  [ -n "${!name+set}" ] && args+=(-e "$name")
+done
+if [ -n "$tool_cache" ]; then
+  mkdir -p "$tool_cache"
+  args+=(-v "$tool_cache:/github/toolcache" -e BATCH_INVARIANCE_CACHE=/github/toolcache)
+fi
+[ -n "$models_dir" ] && args+=(-v "$models_dir:/github/models:ro" -e "INPUT_MODELS-DIR=/github/models")
+[ -n "$server_dir" ] && args+=(-v "$server_dir:/github/server:ro" -e "INPUT_SERVER-DIR=/github/server")
 # Inputs as the runner spells them for a Docker action: hyphens kept.
 while IFS= read -r -d '' entry; do
   key=${entry%%=*}
   case "$key" in
+    INPUT_MODELS_DIR | INPUT_SERVER_DIR) ;; # the mount points above
     INPUT_*) args+=(-e "INPUT_$(printf '%s' "${key#INPUT_}" | tr '_' '-')=${entry#*=}") ;;
   esac
 done < <(env -0)

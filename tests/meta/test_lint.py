@@ -123,7 +123,8 @@ def test_dockerfile_facts() -> None:
     # The base is a build argument whose default is a CUDA runtime image.
     assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:[\w.-]+-runtime-[\w.-]+$", text, flags=re.M)
     assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, flags=re.M)
-    assert "NVIDIA_VISIBLE_DEVICES=all" in text
+    # GPU selection is the job's (gpus, the runner's CUDA_VISIBLE_DEVICES), never the image's.
+    assert not re.search(r"^\s*(ENV\s+)?NVIDIA_VISIBLE_DEVICES=", text, flags=re.M)
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in text
     assert re.search(r"^USER 0$", text, flags=re.M)
     # The entrypoint runs the ldd preflight and hands files back before/after the Action.

@@ -31,10 +31,12 @@ def test_schema_names_every_top_level_field_as_required() -> None:
     scoped = cert_to_json(cert_for(green_evidence(slot_ctx=2048))[0])
     assert set(scoped) == set(cert) | {"sequence_scope"}
     assert scoped["evidence"]["slot_ctx"] == 2048
-    # `throughput`, `prompt_cache` and `sequence_scope` are the optional blocks: absent (never
-    # null) in a cert written without per-arm timings, without the cache arm or before the
-    # scope rule, so such certs keep their digest.
-    assert set(schema["required"]) == set(cert) - {"throughput"}
+    # `throughput`, `prompt_cache`, `sequence_scope` and `rules_version` are optional: absent
+    # (never null) in a cert written without per-arm timings, without the cache arm, before
+    # the scope rule or before the rules were versioned, so such certs keep their digest. A
+    # new cert always records its rules.
+    assert "rules_version" in cert
+    assert set(schema["required"]) == set(cert) - {"throughput", "rules_version"}
     assert schema.get("additionalProperties") is False
 
 

@@ -190,7 +190,7 @@ def load_baseline(
     else:
         path = Path(inputs.source)
         path = path if path.is_absolute() else workspace / path
-    sides = load_side(path, inputs.signing)
+    sides = load_side(path, inputs.signing, baseline=True)
     return LoadedBaseline(path, tuple(sides), signature_words(inputs.signing), inputs.fail_on)
 
 

@@ -30,15 +30,14 @@ _CLOCK_SLACK_NS = 2_000_000_000
 
 
 def _server_bin(env: Mapping[str, str]) -> Path | None:
-    from batch_invariance.action.inputs import input_value
+    """The server binary the inputs name (``None`` when none, or when the inputs are bad:
+    the Action then names the bad input)."""
+    from batch_invariance.action.inputs import read_inputs, server_bin_path
 
-    raw = (input_value(env, "server-bin") or "").strip()
-    if not raw:
+    try:
+        return server_bin_path(read_inputs(env))
+    except BatchInvarianceError:
         return None
-    path = Path(raw)
-    if not path.is_absolute():
-        path = Path(env.get("GITHUB_WORKSPACE") or os.getcwd()) / path
-    return path
 
 
 def preflight(env: Mapping[str, str]) -> int | None:
@@ -62,11 +61,16 @@ def preflight(env: Mapping[str, str]) -> int | None:
 
 
 def give_back(env: Mapping[str, str], since_ns: int) -> None:
-    """Hand the workspace's and HOME's new root-owned files to those folders' owners."""
+    """Hand the new root-owned files in the workspace, HOME and the cache to their owners."""
     from batch_invariance.action.ownership import hand_back
     from batch_invariance.report.render import annotation
 
-    folders = {env.get("GITHUB_WORKSPACE") or os.getcwd(), env.get("HOME") or ""}
+    folders = {
+        env.get("GITHUB_WORKSPACE") or os.getcwd(),
+        env.get("HOME") or "",
+        # The runner's tool cache, where the embedded default's build is kept between jobs.
+        env.get("BATCH_INVARIANCE_CACHE") or "",
+    }
     for folder in sorted(f for f in folders if f and Path(f).is_dir()):
         result = hand_back(Path(folder), since_ns)
         if result.error:

@@ -34,6 +34,7 @@ from batch_invariance import exitcodes
 from batch_invariance.action.baseline import BaselineResult, compare_run, load_baseline
 from batch_invariance.action.inputs import (
     ActionInputs,
+    check_folders,
     check_server_pair,
     live_request,
     mock_request,
@@ -98,6 +99,7 @@ def run_cell_for(
             ladder = ladder_line(mock_ladder(request), request.ctx)
             print(f"batch-invariance: plan: {ladder}", file=out or sys.stdout, flush=True)
         return run_mock_cell(request, progress=Progress())
+    check_folders(inputs)
     check_server_pair(inputs)
     embedded = provisioner() if not inputs.profile and not inputs.server_bin else None
     job = prepare(live_request(inputs, embedded))

@@ -37,6 +37,7 @@ INPUT_DEFAULTS: Mapping[str, str] = {
     "profile": "",
     "model-alias": "",
     "models-dir": "",
+    "server-dir": "",
     "ctx": str(ACTION_DEFAULTS.ctx),
     "parallel": str(ACTION_DEFAULTS.parallel),
     "gate-passes": str(ACTION_DEFAULTS.gate_passes),
@@ -58,7 +59,8 @@ INPUT_DEFAULTS: Mapping[str, str] = {
 
 #: Inputs only a live cell takes (mock mode reports them as ignored).
 LIVE_ONLY_INPUTS: tuple[str, ...] = (
-    "engine", "server-bin", "model", "profile", "model-alias", "models-dir", "server-flags",
+    "engine", "server-bin", "model", "profile", "model-alias", "models-dir", "server-dir",
+    "server-flags",
 )  # fmt: skip
 _NUMBER_INPUTS: tuple[str, ...] = ("ctx", "parallel", "gate-passes", "reps", "n-predict")
 
@@ -75,7 +77,12 @@ class ActionInputs:
     workset: str
     profile: str
     model_alias: str
+    #: A folder of models (the container mounts it read-only at :data:`MODELS_MOUNT`): a
+    #: relative ``model`` is looked up in it, and a profile's ``{MODELS_DIR}`` is it.
     models_dir: str
+    #: A folder holding a server build (mounted at :data:`SERVER_MOUNT`): a relative
+    #: ``server-bin`` is looked up in it.
+    server_dir: str
     ctx: int
     parallel: int
     gate_passes: int
@@ -181,6 +188,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         profile=raw["profile"].strip(),
         model_alias=raw["model-alias"].strip(),
         models_dir=raw["models-dir"].strip(),
+        server_dir=raw["server-dir"].strip(),
         endpoint=endpoint,
         server_flags=flags,
         scorer=raw["scorer"].strip(),
@@ -222,6 +230,37 @@ def _abs(workspace: Path, value: str) -> Path | None:
     return path if path.is_absolute() else workspace / path
 
 
+def _under(workspace: Path, folder: str, value: str) -> Path | None:
+    """``value`` as a path: absolute as given, else under ``folder`` when one is set (itself
+    under the workspace when relative), else under the workspace."""
+    if not value:
+        return None
+    base = _abs(workspace, folder) if folder else workspace
+    assert base is not None
+    return _abs(base, value)
+
+
+def server_bin_path(inputs: ActionInputs) -> Path | None:
+    """The ``server-bin`` file: under ``server-dir`` when set, else under the workspace."""
+    return _under(inputs.workspace, inputs.server_dir, inputs.server_bin)
+
+
+def model_path(inputs: ActionInputs) -> Path | None:
+    """The ``model`` file: under ``models-dir`` when set, else under the workspace."""
+    return _under(inputs.workspace, inputs.models_dir, inputs.model)
+
+
+def check_folders(inputs: ActionInputs) -> None:
+    """``models-dir`` and ``server-dir`` name folders that exist (here: in the container)."""
+    for name, value in (("models-dir", inputs.models_dir), ("server-dir", inputs.server_dir)):
+        folder = _abs(inputs.workspace, value)
+        if folder is not None and not folder.is_dir():
+            raise UsageError(
+                f"input {name} {value}: no such folder here; give a folder on the runner (the "
+                "action mounts it read-only into its container)"
+            )
+
+
 def check_server_pair(inputs: ActionInputs) -> None:
     """Live mode without a profile takes both server-bin and model, or neither (the embedded
     default, which is llama-server: another engine needs both)."""
@@ -244,15 +283,16 @@ def live_request(inputs: ActionInputs, embedded: tuple[Path, Path] | None) -> Li
     pair when the step named neither; without a work-set or profile the bundled demo
     work-set runs."""
     ws = inputs.workspace
-    server_bin, model = _abs(ws, inputs.server_bin), _abs(ws, inputs.model)
+    server_bin, model = server_bin_path(inputs), model_path(inputs)
     if embedded is not None:
         server_bin, model = embedded
     profile = None
-    if inputs.profile or inputs.model_alias or inputs.models_dir:
+    if inputs.profile or inputs.model_alias:
+        models_dir = _abs(ws, inputs.models_dir)
         profile = ProfileRequest(
             name=inputs.profile or None,
             model_alias=inputs.model_alias or None,
-            models_dir=inputs.models_dir or None,
+            models_dir=None if models_dir is None else str(models_dir),
         )
     return LiveRequest(
         out_dir=inputs.out_dir,

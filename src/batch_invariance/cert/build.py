@@ -47,6 +47,7 @@ from batch_invariance.core.evidence import (
     PassRecord,
     Trial,
 )
+from batch_invariance.core.rules import RULES_VERSION
 from batch_invariance.core.throughput import throughput_of_arms
 from batch_invariance.core.verdict import Verdict, decide
 
@@ -170,12 +171,15 @@ class CertInputs(NamedTuple):
     source: Source
     ts_utc: str
     with_throughput: bool = True
+    #: The header: this tool's for a new cert, the stored one when a cert is rebuilt.
+    tool_version: str = __version__
+    rules_version: int | None = RULES_VERSION
 
 
 def draft_cert(inputs: CertInputs) -> Cert:
     """:func:`build_cert` before the JSON edge: the values as the core gave them, the
     ``digest`` empty."""
-    evidence, verdict, spec, policy, provenance, source, ts_utc, with_throughput = inputs
+    evidence, verdict, spec, policy, provenance, source, ts_utc, with_throughput = inputs[:8]
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     r = verdict.reports
@@ -185,7 +189,7 @@ def draft_cert(inputs: CertInputs) -> Cert:
     )
     return Cert(
         cert_version=CERT_VERSION,
-        tool_version=__version__,
+        tool_version=inputs.tool_version,
         model=spec.model,
         ctx=spec.ctx,
         dispatch_n=spec.dispatch_n,
@@ -223,6 +227,7 @@ def draft_cert(inputs: CertInputs) -> Cert:
         throughput=throughput_of_arms(recorded.arms) if with_throughput else None,
         prompt_cache=verdict.prompt_cache,
         sequence_scope=verdict.scope,
+        rules_version=inputs.rules_version,
     )
 
 
@@ -268,6 +273,8 @@ def _inputs_of(cert: Cert) -> CertInputs:
         cert.source,
         cert.ts_utc,
         with_throughput=cert.throughput is not None,
+        tool_version=cert.tool_version,  # who may re-derive it: cert/parse.py decides
+        rules_version=cert.rules_version,
     )
 
 

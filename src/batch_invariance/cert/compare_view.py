@@ -70,9 +70,15 @@ class CertRef:
     engine: str
     build: str
     ts_utc: str
+    tool_version: str
+    #: The rules it was judged under (``None``: written before the rules were versioned).
+    rules_version: int | None
+    #: ``None``: verified in full under this tool's rules; else why its verdict was not
+    #: re-derived and what was compared (:mod:`~batch_invariance.cert.baseline`).
+    rules_note: str | None
 
     @classmethod
-    def of(cls, cert: Cert, path: str) -> CertRef:
+    def of(cls, cert: Cert, path: str, rules_note: str | None = None) -> CertRef:
         return cls(
             path=path,
             digest=cert.digest,
@@ -83,6 +89,9 @@ class CertRef:
             engine=cert.provenance.engine_name,
             build=build_id(cert),
             ts_utc=cert.ts_utc,
+            tool_version=cert.tool_version,
+            rules_version=cert.rules_version,
+            rules_note=rules_note,
         )
 
 

@@ -4,7 +4,8 @@ The text is parsed once, by the schema's ``TypeAdapter``. Every failure is a
 :class:`~batch_invariance.errors.CertInvalid` with a one-line message (exit 5): broken JSON,
 NaN / Infinity, an integer too long to parse, a schema error, a key held twice by one JSON
 object (a reader keeps one value silently), a digest that does not match, or a cert written
-under another ``cert_version`` (its rules are not re-derivable here).
+under another ``cert_version`` or ``rules_version`` (:func:`version_problem`: its rules are
+not re-derivable here).
 Pure: no files, no clocks.
 """
 
@@ -23,25 +24,37 @@ from batch_invariance.cert.schema import (
     compute_digest,
 )
 from batch_invariance.cert.structure import duplicate_key
+from batch_invariance.core.rules import RULES_VERSION, rules_words
 from batch_invariance.errors import CertInvalid
 
 _NON_FINITE = ("finite_number",)
 
 
 def version_problem(origin: str, header: CertHeader) -> str | None:
-    """The one line for a cert this tool version cannot re-derive, or ``None``."""
-    if header.cert_version == CERT_VERSION and header.tool_version == __version__:
-        return None
+    """The one line for a cert this tool cannot re-derive, or ``None``.
+
+    A cert is re-derived here when it has this ``cert_version`` (the layout) and this
+    ``rules_version`` (the decision rules), whichever release wrote it. One written before
+    the rules were versioned holds the rules of exactly its ``tool_version``: only that
+    release re-derives it. Fail closed: anything else is refused, naming the release to
+    install."""
+    if header.cert_version == CERT_VERSION:
+        if header.rules_version is None and header.tool_version == __version__:
+            return None
+        if header.rules_version == RULES_VERSION:
+            return None
     return (
         f"{origin}: written by batch-invariance {header.tool_version} (cert_version "
-        f"{header.cert_version}); its rules are not re-derivable here (this is "
-        f"batch-invariance {__version__}, cert_version {CERT_VERSION}), so it is not "
-        f"promotable; verify it with `pip install batch-invariance=={header.tool_version}` "
-        "or re-run the cell with this version"
+        f"{header.cert_version}, {rules_words(header.rules_version, header.tool_version)}); "
+        f"its rules are not re-derivable here (this is batch-invariance {__version__}, "
+        f"cert_version {CERT_VERSION}, rules {RULES_VERSION}), so it is not promotable; "
+        f"verify it with `pip install batch-invariance=={header.tool_version}` or re-run the "
+        "cell with this version"
     )
 
 
-def _header(text: str | bytes) -> CertHeader | None:
+def read_header(text: str | bytes) -> CertHeader | None:
+    """The versions a cert text names, read leniently (``None``: not even those)."""
     try:
         return HEADER_ADAPTER.validate_json(text)
     except ValidationError:
@@ -70,17 +83,23 @@ def _schema_message(origin: str, exc: ValidationError) -> str:
     return f"{origin}: does not match the cert schema: {where}: {msg}{more}"
 
 
-def parse_cert(text: str | bytes, origin: str = "cert", *, content_known: bool = False) -> Cert:
+def parse_cert(
+    text: str | bytes, origin: str = "cert", *, content_known: bool = False, any_rules: bool = False
+) -> Cert:
     """Parse and validate cert JSON text and check its digest; raises :class:`CertInvalid`.
 
     ``content_known``: these exact bytes already passed the duplicate-key scan and the digest
     under this code (:mod:`~batch_invariance.cert.memo`), so both are not recomputed; the
-    schema is checked all the same."""
+    schema is checked all the same. ``any_rules``: the caller reads a cert of this layout
+    under any rules (a compare baseline), so a schema error is named as one even when the
+    cert's rules are not these."""
     try:
         cert = cert_from_json(text)
     except ValidationError as exc:
-        header = _header(text)
+        header = read_header(text)
         problem = None if header is None else version_problem(origin, header)
+        if any_rules and header is not None and header.cert_version == CERT_VERSION:
+            problem = None
         raise CertInvalid(problem or _schema_message(origin, exc)) from None
     if content_known:
         return cert

@@ -61,7 +61,9 @@ __all__ = [
     "schema_text",
 ]
 
-#: Bump together with the ``Literal`` on :attr:`Cert.cert_version` (a test checks both).
+#: The cert's layout (its keys and types), not its rules: those are ``rules_version``
+#: (:data:`batch_invariance.core.rules.RULES_VERSION`). Bump together with the ``Literal`` on
+#: :attr:`Cert.cert_version` (a test checks both).
 CERT_VERSION: Final = 3
 GATE_ABC_UNION = "abc_union"
 Source = Literal["live", "mock", "attached"]
@@ -256,6 +258,10 @@ class Cert:
     #: began); absent (never ``null``) in certs written before it was recorded: readers then
     #: say "sequence length: not recorded" and the deploy gate covers no slot with them.
     sequence_scope: SequenceScope | None = None
+    #: The decision rules it was judged under (:mod:`batch_invariance.core.rules`); absent
+    #: (never ``null``) in certs written before the rules were versioned: those hold the
+    #: rules of exactly their ``tool_version``.
+    rules_version: Annotated[int, _of_json_type(int)] | None = None
 
 
 @dataclass(frozen=True)
@@ -266,6 +272,8 @@ class CertHeader:
 
     cert_version: int
     tool_version: str
+    #: ``None``: not recorded (a cert written before the rules were versioned).
+    rules_version: int | None = None
 
 
 CERT_ADAPTER: TypeAdapter[Cert] = TypeAdapter(Cert)
@@ -291,6 +299,9 @@ def cert_to_json(cert: Cert) -> dict[str, Any]:
     if out.get("sequence_scope") is None:
         # Absent: the slot was not recorded, as in every cert before the scope rule.
         out.pop("sequence_scope", None)
+    if out.get("rules_version") is None:
+        # Absent: a cert written before the rules were versioned keeps its digest.
+        out.pop("rules_version", None)
     if out["evidence"].get("slot_ctx") is None:
         out["evidence"].pop("slot_ctx", None)
     if out["evidence"]["policy"].get("min_slot_fill") is None:

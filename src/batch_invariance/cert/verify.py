@@ -165,7 +165,8 @@ def verify_cert(cert: Cert, origin: str = "cert", path: Path | None = None) -> V
 def _verified(
     cert: Cert, origin: str, path: Path | None, json_checked: bool, rederive: bool
 ) -> Verification:
-    version = version_problem(origin, CertHeader(cert.cert_version, cert.tool_version))
+    header = CertHeader(cert.cert_version, cert.tool_version, cert.rules_version)
+    version = version_problem(origin, header)
     if version is not None:
         return _invalid(path, cert, [version])
     problems = [f"{origin}: {p}" for p in structure_problems(cert)]

@@ -1,7 +1,9 @@
 """`batch-invariance compare BASELINE NEW`: did the new build or engine change the answers?
 
 Both sides (a cert or a folder of certs) are verified first, signatures included (the identity
-policy check-deploy takes, or ``--allow-unsigned``). Cells pair by model sha256, ctx and N; for
+policy check-deploy takes, or ``--allow-unsigned``); a baseline written under other decision
+rules is read through its schema and digest, its verdict not re-derived, and the output says
+so (:mod:`~batch_invariance.cert.baseline`). Cells pair by model sha256, ctx and N; for
 each pair whose model bytes, work-set, sampling settings, answer budget and scorer are the same,
 arm A (the serial ground truth) is compared prompt by prompt, bitwise. docs/compare.md.
 

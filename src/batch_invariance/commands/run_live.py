@@ -87,7 +87,7 @@ def _baseline(args: argparse.Namespace) -> Any:
     from batch_invariance.report.compare_load import load_side, signature_words
 
     signing = signing_policy(args, "run-live --baseline")
-    return load_side(args.baseline, signing), signature_words(signing)
+    return load_side(args.baseline, signing, baseline=True), signature_words(signing)
 
 
 def _compare(args: argparse.Namespace, baseline: Any, outcome: LiveOutcome) -> None:

@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 #: Version of the comparison's JSON layout (docs/compare.md); bump on any change of keys.
-COMPARE_VERSION = 1
+COMPARE_VERSION = 2
 
 PromptClass = Literal["identical", "unchecked", "drift", "tokens", "scored", "uncompared"]
 PROMPT_CLASSES: tuple[PromptClass, ...] = (

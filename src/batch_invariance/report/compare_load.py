@@ -2,8 +2,10 @@
 
 A comparison is only as good as its inputs, so every cert goes through the one verification
 path (schema, digest, version, re-derived verdict, identity against its provenance; bytes
-that already passed under this code are not re-derived again, :mod:`~batch_invariance.cert.memo`)
-and,
+that already passed under this code are not re-derived again, :mod:`~batch_invariance.cert.memo`),
+except a baseline written under other decision rules: that one is read through its schema and
+digest only, and the comparison says its verdict was not re-derived
+(:mod:`~batch_invariance.cert.baseline`). And,
 unless signatures are waived, its ``CERT.sigstore.json`` must verify for the identity policy
 check-deploy takes (identity, issuer, repository). Any cert that fails is a
 :class:`~batch_invariance.errors.CertInvalid` (exit 5) and nothing is compared.
@@ -18,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from batch_invariance.cert.baseline import read_baseline_path
 from batch_invariance.cert.compare_view import CertRef, Comparison, side_from_cert
-from batch_invariance.cert.memo import verified_memo
+from batch_invariance.cert.memo import VerifiedMemo, verified_memo
 from batch_invariance.cert.schema import Cert
 from batch_invariance.cert.signature import BundlePolicy
 from batch_invariance.cert.verify import verify_path
@@ -39,11 +42,13 @@ __all__ = [
 
 
 class LoadedSide:
-    """One verified (and, when asked, signature-checked) cert and where it came from."""
+    """One verified (and, when asked, signature-checked) cert and where it came from;
+    ``rules_note``: a baseline of other rules, read without re-deriving its verdict."""
 
-    def __init__(self, path: Path, cert: Cert) -> None:
+    def __init__(self, path: Path, cert: Cert, rules_note: str | None = None) -> None:
         self.path = path
         self.cert = cert
+        self.rules_note = rules_note
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -52,7 +57,7 @@ class LoadedSide:
         return (model, self.cert.ctx, self.cert.dispatch_n)
 
     def ref(self) -> CertRef:
-        return CertRef.of(self.cert, str(self.path))
+        return CertRef.of(self.cert, str(self.path), self.rules_note)
 
 
 def _require_signature(path: Path, policy: BundlePolicy, check: BundleCheck | None) -> None:
@@ -69,21 +74,37 @@ def _require_signature(path: Path, policy: BundlePolicy, check: BundleCheck | No
     raise CertInvalid(signature.detail)
 
 
+def _read(file: Path, memo: VerifiedMemo | None, baseline: bool) -> LoadedSide:
+    if baseline:
+        found = read_baseline_path(file, memo)
+        return LoadedSide(file, found.cert, found.rules_note)
+    verification = verify_path(file, memo)
+    verification.raise_if_invalid()
+    assert verification.cert is not None
+    return LoadedSide(file, verification.cert)
+
+
 def load_side(
-    path: Path, signing: BundlePolicy | None, check: BundleCheck | None = None
+    path: Path,
+    signing: BundlePolicy | None,
+    check: BundleCheck | None = None,
+    *,
+    baseline: bool = False,
 ) -> list[LoadedSide]:
-    """Every cert of ``path``, each verified; raises CertInvalid on the first that is not."""
+    """Every cert of ``path``, each verified; raises CertInvalid on the first that is not.
+
+    ``baseline``: a cert written under other decision rules (an earlier release's) is read
+    as far as its fields allow (schema, digest), its verdict not re-derived, and says so
+    (:mod:`~batch_invariance.cert.baseline`); under these rules it is verified in full."""
     if not path.exists():
         raise UsageError(f"not found: {path}; give a cert file or a folder of certs")
     loaded: list[LoadedSide] = []
     memo = verified_memo()
     for file in collect([path]):
-        verification = verify_path(file, memo)
-        verification.raise_if_invalid()
-        assert verification.cert is not None
+        side = _read(file, memo, baseline)
         if signing is not None:
             _require_signature(file, signing, check)
-        loaded.append(LoadedSide(file, verification.cert))
+        loaded.append(side)
     return loaded
 
 
@@ -150,7 +171,7 @@ def compare_inputs(
     check: BundleCheck | None = None,
 ) -> Comparison:
     """Verify both sides (signatures under ``signing``), pair their cells, compare each."""
-    old_certs = load_side(baseline, signing, check)
+    old_certs = load_side(baseline, signing, check, baseline=True)
     new_certs = load_side(new, signing, check)
     return compare_loaded(old_certs, new_certs, str(baseline), str(new), signature_words(signing))
 

@@ -82,6 +82,8 @@ def comparison_text(comparison: Comparison, fail_on: FailOn | None = None) -> st
             f"  baseline {_ref(old)}",
             f"  new      {_ref(new)}",
         ]
+        if old.rules_note is not None:
+            lines.append(f"  {old.rules_note}")
         if cell.not_comparable:
             lines.append("  NOT COMPARABLE, nothing compared:")
             lines += [f"    - {why}" for why in cell.not_comparable]
@@ -132,6 +134,13 @@ def comparison_markdown(comparison: Comparison, fail_on: FailOn) -> str:
             f"| {name} | {verdict} | {k.identical} | {k.drift} | {k.tokens} | {k.scored} | "
             f"{cell.worst} |"
         )
+    notes = [(cell, old.rules_note) for old, _, cell in comparison.cells if old.rules_note]
+    if notes:
+        lines.append("")
+        lines += [
+            f"- `{md_cell(c.model, 60)}` ctx {c.ctx} N {c.dispatch_n}: {md_cell(note, 300)}"
+            for c, note in notes
+        ]
     changed = [(cell, c) for _, _, cell in comparison.cells for c in cell.changes]
     if changed:
         lines += ["", "| prompt | class | what changed |", "| --- | --- | --- |"]

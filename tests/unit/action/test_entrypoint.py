@@ -389,7 +389,7 @@ def test_inputs_keep_hyphens_and_accept_underscores(tmp_path: Path) -> None:
 
 
 #: Inputs and outputs of the composite wrapper itself (not passed to the entrypoint).
-WRAPPER_INPUTS = ("image", "base-image", "gpus", "upload")
+WRAPPER_INPUTS = ("image", "base-image", "gpus", "github-token", "upload")
 WRAPPER_OUTPUTS = ("attestation-path", "artifact")
 
 

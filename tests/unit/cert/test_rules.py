@@ -18,6 +18,7 @@ from batch_invariance.cert.store import render, write_cert
 from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_built, verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.core.rules import RULES_VERSION
 from tests.support.factories import (
     cert_for,
     green_evidence,
@@ -227,12 +228,16 @@ def test_unparseable_numbers_in_free_form_provenance_are_invalid(
     assert "unexpected error" not in err
 
 
-# ------------------------------------------------------ other versions (section 5)
+# ------------------------------------------- other releases and rules (section 5)
 
 
 def _resealed(tmp_path: Path, **changes: Any) -> Path:
+    """The factory's promotable cert with ``changes`` (``None``: the key removed), digested
+    again, as a release that wrote it so would have written it."""
     data = json.loads(render(cert_for()[0]))
     data.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        data.pop(key)
     data["digest"] = compute_digest(data)
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data, sort_keys=True, indent=2))
@@ -240,16 +245,30 @@ def _resealed(tmp_path: Path, **changes: Any) -> Path:
 
 
 @pytest.mark.parametrize(
-    "changes",
+    ("changes", "rules"),
     [
-        {"tool_version": "0.0.9"},
-        {"cert_version": CERT_VERSION + 1, "tool_version": "9.0.0"},
-        {"cert_version": CERT_VERSION + 1, "tool_version": "9.0.0", "new_field": [1]},
-        {"cert_version": 0, "tool_version": "0.0.1", "status": "green"},
+        (
+            {"tool_version": "0.0.9", "rules_version": RULES_VERSION + 1},
+            f"rules {RULES_VERSION + 1}",
+        ),
+        (
+            {"tool_version": "0.0.9", "rules_version": RULES_VERSION - 1},
+            f"rules {RULES_VERSION - 1}",
+        ),
+        ({"tool_version": "0.0.9", "rules_version": None}, "unversioned rules of 0.0.9"),
+        ({"cert_version": CERT_VERSION + 1, "tool_version": "9.0.0"}, f"rules {RULES_VERSION}"),
+        (
+            {"cert_version": CERT_VERSION + 1, "tool_version": "9.0.0", "new_field": [1]},
+            f"rules {RULES_VERSION}",
+        ),
+        (
+            {"cert_version": 0, "tool_version": "0.0.1", "status": "green", "rules_version": None},
+            "unversioned rules of 0.0.1",
+        ),
     ],
 )
-def test_a_cert_from_another_version_says_so_and_is_never_promotable(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any]
+def test_a_cert_from_other_rules_says_so_and_is_never_promotable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], rules: str
 ) -> None:
     path = _resealed(tmp_path, **changes)
     code, err = _verify(path, capsys)
@@ -257,14 +276,57 @@ def test_a_cert_from_another_version_says_so_and_is_never_promotable(
     version = changes.get("cert_version", CERT_VERSION)
     assert code == exitcodes.CERT_INVALID
     assert (
-        f"written by batch-invariance {tool} (cert_version {version}); its rules are not "
-        "re-derivable here" in err
+        f"written by batch-invariance {tool} (cert_version {version}, {rules}); its rules are "
+        "not re-derivable here" in err
     )
-    assert f"this is batch-invariance {__version__}" in err and "pip install" in err
+    assert (
+        f"this is batch-invariance {__version__}, cert_version {CERT_VERSION}, rules "
+        f"{RULES_VERSION}" in err
+    )
+    assert f"pip install batch-invariance=={tool}" in err
     assert "fields disagree" not in err and err.count("\n") == 1
     verification = verify_path(path)
     assert not verification.promotable and verification.problems
     assert not is_promotable(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("tool", ["0.0.9", "0.1.1", "2.0.0rc1"])
+def test_a_cert_of_another_release_under_these_rules_verifies_and_promotes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tool: str
+) -> None:
+    """A release that changed no rule re-derives the certs of every release with its rules
+    (the same rules_version and cert_version), so a patch release keeps them."""
+    assert tool != __version__
+    path = _resealed(tmp_path, tool_version=tool)
+    code, err = _verify(path, capsys)
+    assert code == exitcodes.PROMOTABLE, err
+    verification = verify_path(path)
+    assert verification.promotable and verification.cert is not None
+    assert verification.cert.tool_version == tool
+    assert verification.cert.rules_version == RULES_VERSION
+    assert is_promotable(json.loads(path.read_text()))
+
+
+def test_a_cert_without_rules_version_holds_the_rules_of_its_own_release(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written before rules versions were recorded: re-derived by exactly the release that
+    wrote it (as every cert was before), refused by any other (previous test)."""
+    path = _resealed(tmp_path, rules_version=None)
+    assert "rules_version" not in json.loads(path.read_text())
+    code, err = _verify(path, capsys)
+    assert code == exitcodes.PROMOTABLE, err
+    verification = verify_path(path)
+    assert verification.cert is not None and verification.cert.rules_version is None
+
+
+def test_a_new_cert_records_the_rules_in_its_digest() -> None:
+    cert = cert_for()[0]
+    assert cert.rules_version == RULES_VERSION and cert.tool_version == __version__
+    data = json.loads(render(cert))
+    assert data["rules_version"] == RULES_VERSION
+    data["rules_version"] = RULES_VERSION + 1  # edited after the fact: the digest says so
+    assert compute_digest(data) != data["digest"]
 
 
 # ------------------------------------------------------------ the promotability rule

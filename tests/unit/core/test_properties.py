@@ -249,7 +249,9 @@ GATING_PATHS: tuple[tuple[str, ...], ...] = (
     ("dispatch_n",),
     ("model",),
     ("kv_label",),
-    ("tool_version",),
+    # the rules it was judged under (any release with these rules re-derives it, so
+    # ``tool_version`` alone gates nothing: tests/unit/cert/test_rules.py)
+    ("rules_version",),
     ("cert_version",),
     ("provenance", "model_file", "sha256"),
     ("provenance", "servers"),
