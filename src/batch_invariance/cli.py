@@ -2,14 +2,17 @@
 
 Each subcommand lives in :mod:`batch_invariance.commands` as a module with
 ``register(subparsers)``; the handler it sets returns an exit code from
-:mod:`batch_invariance.exitcodes`. This module is the only place errors become exit codes:
-handlers raise :class:`~batch_invariance.errors.BatchInvarianceError` kinds and ``main``
-prints one line and maps the kind.
+:mod:`batch_invariance.exitcodes`, or a reply that carries one. This module is the only place
+errors become exit codes: handlers raise :class:`~batch_invariance.errors.BatchInvarianceError`
+kinds and ``main`` prints one line and maps the kind. It is also the one place ``--json`` is
+answered (:mod:`batch_invariance.commands.reply`): the handler's reply, or the error's, as one
+JSON object on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -17,7 +20,16 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from batch_invariance import __version__, exitcodes
-from batch_invariance.errors import BatchInvarianceError, Interrupted, UsageError
+from batch_invariance.commands.reply import (
+    CodeReply,
+    ErrorReply,
+    error_line,
+    exit_code_of,
+    json_in_argv,
+    json_requested,
+    reply_text,
+)
+from batch_invariance.errors import BatchInvarianceError, UsageError
 from batch_invariance.interrupts import install_sigterm, restore_sigterm
 
 #: Subcommand modules, in the order ``--help`` lists them.
@@ -104,6 +116,7 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
     """
     args_in = list(sys.argv[1:] if argv is None else argv)
     previous = install_sigterm()
+    as_json = False
     try:
         if parser is None:
             parser = build_parser(only=args_in[0] if args_in else None)
@@ -112,32 +125,43 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
             from batch_invariance.deploy.serve_plan import split_neutral
 
             args_in, tail = split_neutral(args_in)
-        args = parser.parse_args(_glue_dash_values(args_in))
+        words = _glue_dash_values(args_in)
+        as_json = json_in_argv(words)  # a usage error from argparse is answered in JSON too
+        args = parser.parse_args(words)
+        as_json = json_requested(args)
         if tail is not None:
             args.neutral = [*args.neutral, *tail]
-        code: int = args.func(args)
-        return code
+        if not as_json:
+            return exit_code_of(args.func(args))
+        with contextlib.redirect_stdout(sys.stderr):  # stdout holds the one object only
+            result = args.func(args)
+        reply = CodeReply(result) if isinstance(result, int) else result
+        sys.stdout.write(reply_text(reply))
+        return exit_code_of(reply)
     except KeyboardInterrupt:
-        print("batch-invariance: interrupted (SIGINT); no cert written", file=sys.stderr)
-        return exitcodes.SIGINT
+        reply = ErrorReply("interrupted (SIGINT)", "Interrupted", exitcodes.SIGINT)
+        return _failed("batch-invariance: interrupted (SIGINT); no cert written", reply, as_json)
     except BatchInvarianceError as exc:
-        if isinstance(exc, Interrupted):
-            print(f"batch-invariance: {exc}; no cert written", file=sys.stderr)
-        else:
-            kind = type(exc).__name__
-            print(f"batch-invariance: error [{kind}]: {exc}", file=sys.stderr)
-        return exitcodes.for_error(exc)
+        reply = ErrorReply(str(exc), type(exc).__name__, exitcodes.for_error(exc))
+        return _failed(error_line(exc), reply, as_json)
     except Exception as exc:
         # A bug or an unforeseen fault: still one line and the infrastructure code, never a
         # traceback unless asked for. Certs are written atomically, so none is left partial.
         if os.environ.get(TRACEBACK_ENV):
             raise
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())
-        print(
+        line = (
             f"batch-invariance: unexpected error [{detail}]; rerun with {TRACEBACK_ENV}=1 "
-            "for the traceback and report it",
-            file=sys.stderr,
+            "for the traceback and report it"
         )
-        return exitcodes.INFRA
+        return _failed(line, ErrorReply(detail, "unexpected", exitcodes.INFRA), as_json)
     finally:
         restore_sigterm(previous)
+
+
+def _failed(line: str, reply: ErrorReply, as_json: bool) -> int:
+    """Report an error: its one line on stderr and, under ``--json``, its object on stdout."""
+    print(line, file=sys.stderr)
+    if as_json:
+        sys.stdout.write(reply_text(reply))
+    return reply.exit_code

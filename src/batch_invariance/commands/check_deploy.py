@@ -7,19 +7,25 @@ bundle that verifies against the identity policy, source repository included
 (``--allow-unsigned`` skips signatures, and says so). A deploy with no ``-n`` cap passes with
 its scope on the PASS line: answers up to the longest length the cert measured.
 Exit 3 when a cell is not covered, 5 when a covering cert or its signature is invalid.
-The rules: docs/deploy.md.
+In a GitHub job each problem is also an ``::error`` annotation on its file and line;
+``--json`` prints the outcome as one object. The rules and the output: docs/deploy.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from batch_invariance import exitcodes
+from batch_invariance.commands.cert_paths import certs_folder
+from batch_invariance.commands.reply import add_json_option
 from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.errors import UsageError
+
+if TYPE_CHECKING:
+    from batch_invariance.deploy.outcome import DeployOutcome
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -55,6 +61,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     add_policy_arguments(parser)
+    add_json_option(parser, "the decision, each cell and construct with its problems")
     parser.set_defaults(func=handle)
 
 
@@ -120,56 +127,31 @@ def signing_policy(args: argparse.Namespace, command: str = "check-deploy") -> A
     return BundlePolicy(signer, TrustRoot(offline=args.offline))
 
 
-def handle(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> DeployOutcome:
+    from batch_invariance.commands.deploy_output import (
+        deploy_annotations,
+        deploy_text,
+        in_github_job,
+    )
     from batch_invariance.deploy.cells import load_deploy_cells
     from batch_invariance.deploy.gate import check_cells
+    from batch_invariance.deploy.outcome import deploy_outcome
 
     signing = signing_policy(args)
+    certs = certs_folder(args.certs, "--certs")
     models_dir = args.models_dir or os.environ.get("MODELS_DIR")
     read = load_deploy_cells(args.config, models_dir)
     report = check_cells(
         args.config,
         read.cells,
-        args.certs,
+        certs,
         signing,
         unmodelled=read.unmodelled,
         server_binary=args.server_binary,
     )
-
-    for cell in report.serial:
-        print(f"skip  {cell.label}  [{cell.origin}]  parallel 1: no batching, no cert needed")
-    for check in report.checks:
-        mark = "pass" if check.ok else "FAIL"
-        notes = "".join(f"; {note}" for note in check.cell.notes)
-        print(f"{mark}  {check.cell.label}  [{check.cell.origin}]  {check.reason}{notes}")
-    for line in report.unmodelled:
-        print(f"FAIL  not covered: {line}")
-    note = " (UNSIGNED: --allow-unsigned, signatures not checked)" if signing is None else ""
-    if report.unmodelled:
-        print(
-            f"check-deploy: FAIL: {len(report.unmodelled)} construct(s) in {args.config} outside "
-            "the closed grammar of its format: not understood (write the closed form of "
-            f"docs/deploy.md, or launch with batch-invariance serve){note}"
-        )
-        return exitcodes.NOT_PROMOTABLE
-    if not report.checks:
-        print(f"check-deploy: PASS: {args.config} runs no batched cell (parallel > 1){note}")
-        return exitcodes.PROMOTABLE
-    if report.passed:
-        scopes = [c.answers_up_to for c in report.checks if c.answers_up_to is not None]
-        scope = (
-            f"; covers answers up to {min(scopes)} tokens (no -n cap in {len(scopes)} cell(s): "
-            "longer answers were never measured)"
-            if scopes
-            else ""
-        )
-        print(f"check-deploy: PASS: {len(report.checks)} batched cell(s) certified{scope}{note}")
-        return exitcodes.PROMOTABLE
-    failing = report.failing
-    print(
-        f"check-deploy: FAIL: {len(failing)} of {len(report.checks)} batched cell(s) not "
-        f"certified: {', '.join(c.cell.label for c in failing)}{note}"
-    )
-    if any(check.kind == "invalid" for check in failing):
-        return exitcodes.CERT_INVALID
-    return exitcodes.NOT_PROMOTABLE
+    outcome = deploy_outcome(report, read.not_understood, certs)
+    sys.stdout.write(deploy_text(outcome))
+    if in_github_job(os.environ):
+        workspace = os.environ.get("GITHUB_WORKSPACE")
+        sys.stdout.write(deploy_annotations(outcome, workspace, os.getcwd()))
+    return outcome

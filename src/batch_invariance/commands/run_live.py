@@ -26,6 +26,8 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
+from batch_invariance.commands.replies import RunReply, run_cell, run_reply
+from batch_invariance.commands.reply import add_json_option, refuse_json_dry_run
 from batch_invariance.core.compare import FAIL_ON
 from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.errors import UsageError
@@ -72,6 +74,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="the class recorded as failing in the comparison JSON (default: scored)",
     )
     add_policy_arguments(p)
+    add_json_option(p, "the cert written, its verdict, status and promotability")
     p.set_defaults(func=handle)
 
 
@@ -90,7 +93,8 @@ def _baseline(args: argparse.Namespace) -> Any:
     return load_side(args.baseline, signing, baseline=True), signature_words(signing)
 
 
-def _compare(args: argparse.Namespace, baseline: Any, outcome: LiveOutcome) -> None:
+def _compare(args: argparse.Namespace, baseline: Any, outcome: LiveOutcome) -> Path:
+    """Compare with the baseline and write the comparison beside the cert; its path."""
     from batch_invariance.cert.compare_view import comparison_json
     from batch_invariance.cert.store import atomic_write_text
     from batch_invariance.report.compare_load import compare_with_run, comparison_path
@@ -104,9 +108,11 @@ def _compare(args: argparse.Namespace, baseline: Any, outcome: LiveOutcome) -> N
     atomic_write_text(target, json.dumps(data, indent=2, sort_keys=True) + "\n")
     print(comparison_text(comparison, args.baseline_fail_on), end="")
     print(f"comparison: {target}")
+    return target
 
 
-def handle(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int | RunReply:
+    refuse_json_dry_run(args)
     request = request_from_args(args)
     baseline = _baseline(args)
     job = prepare(request, create_out_dir=not args.dry_run)
@@ -114,6 +120,7 @@ def handle(args: argparse.Namespace) -> int:
         return print_dry_run(job)
     outcome = run_live_cell(job, progress=Progress())
     code = report(outcome, cell_label(outcome.job))
-    if baseline is not None:
-        _compare(args, baseline, outcome)
-    return code
+    compared = None if baseline is None else _compare(args, baseline, outcome)
+    f = outcome.finished
+    cell = run_cell(f.cert.dispatch_n, f.cert, f.path, f.superseded, f.promotable)
+    return run_reply("run-live", [cell], code, comparison=compared)

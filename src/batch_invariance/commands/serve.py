@@ -20,11 +20,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.errors import CertInvalid, InfraError, NotCovered, UsageError
+from batch_invariance.commands.cert_paths import cert_file
+from batch_invariance.errors import CertInvalid, InfraError, NotCovered
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -130,8 +130,7 @@ def handle(args: argparse.Namespace) -> int:
     from batch_invariance.host.gpus import placement_here
     from batch_invariance.servers.spawn import refuse_system_config
 
-    if not isinstance(args.cert, Path) or not args.cert.is_file():
-        raise UsageError(f"cert not found: {args.cert}")
+    cert_file(args.cert)
     provenance = _verify(args)
     # The prompt cache as measured: the cache arm's server, else the cold server with it off.
     argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), args.neutral)

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.errors import UsageError
+from batch_invariance.commands.cert_paths import cert_file
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -54,9 +54,7 @@ def handle(args: argparse.Namespace) -> int:
     )
     from batch_invariance.cert.verify import verify_cert_file
 
-    cert: Path = args.cert
-    if not cert.is_file():
-        raise UsageError(f"cert not found: {cert}")
+    cert = cert_file(args.cert)
     token = detect_token(args.identity_token)
     # Never put a signature on a cert that does not verify on its own.
     verify_cert_file(cert)

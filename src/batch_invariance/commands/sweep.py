@@ -22,6 +22,8 @@ from batch_invariance.commands.cell_options import (
     print_dry_run,
     request_from_args,
 )
+from batch_invariance.commands.replies import RunCell, RunReply, refused_cell, run_cell, run_reply
+from batch_invariance.commands.reply import add_json_option, refuse_json_dry_run
 from batch_invariance.report.render import live_banner, sweep_text
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.request import SWEEP_DEFAULTS
@@ -52,6 +54,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_target_options(p)
     add_cell_options(p, defaults=SWEEP_DEFAULTS)
     add_engine_options(p)
+    add_json_option(p, "each cert written, its verdict, status and promotability")
     p.set_defaults(func=handle)
 
 
@@ -65,7 +68,8 @@ def exit_code(outcome: SweepOutcome) -> int:
     return exitcodes.NOT_PROMOTABLE
 
 
-def handle(args: argparse.Namespace) -> int:
+def handle(args: argparse.Namespace) -> int | RunReply:
+    refuse_json_dry_run(args)
     parallels = parse_parallels(args.parallel)
     request = SweepRequest(request_from_args(args, parallel=None), parallels)
     job = prepare_sweep(request, create_out_dir=not args.dry_run)
@@ -74,10 +78,16 @@ def handle(args: argparse.Namespace) -> int:
         # was checked by prepare_sweep.
         return max(print_dry_run(replace(job.cell, parallel=n)) for n in job.parallels)
     outcome = run_sweep(job, progress=Progress())
+    cells: list[RunCell] = []
     for cell in outcome.cells:
-        if cell.finished is not None:
-            f = cell.finished
-            label = cell_label(outcome.job, kind="sweep")
-            sys.stdout.write(live_banner(f.cert, f.path, f.superseded, label))
+        f = cell.finished
+        if f is None:
+            cells.append(refused_cell(cell.parallel, cell.not_run or "not run"))
+            continue
+        label = cell_label(outcome.job, kind="sweep")
+        sys.stdout.write(live_banner(f.cert, f.path, f.superseded, label))
+        cells.append(run_cell(cell.parallel, f.cert, f.path, f.superseded, f.promotable))
     sys.stdout.write(sweep_text(outcome.summary, outcome.path))
-    return exit_code(outcome)
+    safe = outcome.summary.get("max_safe_parallel")
+    return run_reply("sweep", cells, exit_code(outcome), sweep=outcome.path,
+                     max_safe_parallel=safe if isinstance(safe, int) else None)  # fmt: skip

@@ -9,19 +9,27 @@ promotable and the reasons. Without ``--bundle`` it says that authenticity was n
 the digest catches accidents, not forgery.
 
 Exit: 0 promotable, 1 RED, 3 valid but not promotable, 5 invalid or tampered (raised as
-:class:`~batch_invariance.errors.CertInvalid`; ``cli.main`` maps it).
+:class:`~batch_invariance.errors.CertInvalid`; ``cli.main`` maps it), 2 when PATH is not a
+file. ``--json`` prints the answer as one object (an invalid cert's too, with its problems).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.verify import verify_cert_file
+from batch_invariance.cert.verify import verify_path
+from batch_invariance.commands.cert_paths import cert_file
+from batch_invariance.commands.replies import Signature, VerifyReply, verify_reply
+from batch_invariance.commands.reply import add_json_option, error_line, json_requested
 from batch_invariance.errors import CertInvalid, UsageError
-from batch_invariance.report.render import verify_report_text
+from batch_invariance.report.render import NO_BUNDLE, verify_report_text
+
+#: The signature of an invalid cert is not looked at.
+_NOT_CHECKED_INVALID = Signature("not_checked", "the cert is invalid: signature not checked")
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -83,6 +91,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="verify the signature with the embedded trust root, no network",
     )
+    add_json_option(p, "the cert, its verdict, promotability, signature and problems")
     p.set_defaults(func=handle)
 
 
@@ -133,9 +142,25 @@ def _check_signature(args: argparse.Namespace) -> str | None:
     return f"verified {' + '.join(checked)} ({identity}, {signer.issuer}, {instance})"
 
 
-def handle(args: argparse.Namespace) -> int:
-    report = verify_cert_file(Path(args.path))
-    assert report.cert is not None  # a valid verification always carries its cert
-    signature = _check_signature(args)
-    print(verify_report_text(report, signature), end="")
-    return exitcodes.for_status(report.cert.status, report.promotable)
+def handle(args: argparse.Namespace) -> int | VerifyReply:
+    path = cert_file(Path(args.path))
+    verification = verify_path(path)
+    try:
+        verification.raise_if_invalid()
+        assert verification.cert is not None  # a valid verification always carries its cert
+        signature = _check_signature(args)
+    except CertInvalid as exc:
+        if not json_requested(args):
+            raise
+        # The cert (or its signature) is invalid: that is verify-cert's answer, so --json
+        # prints it as its own object (with the one line an error gets on stderr).
+        print(error_line(exc), file=sys.stderr)
+        state = Signature("failed", str(exc)) if verification.valid else _NOT_CHECKED_INVALID
+        return verify_reply(verification, path, state, exitcodes.for_error(exc))
+    print(verify_report_text(verification, signature), end="")
+    code = exitcodes.for_status(verification.cert.status, verification.promotable)
+    if not json_requested(args):
+        return code
+    if signature is None:
+        return verify_reply(verification, path, Signature("not_checked", NO_BUNDLE), code)
+    return verify_reply(verification, path, Signature("verified", signature), code)

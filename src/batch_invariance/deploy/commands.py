@@ -34,9 +34,18 @@ class NotUnderstood:
     #: What to write instead (empty: :data:`HOW_INSTEAD`).
     fix: str = ""
 
+    @property
+    def where(self) -> str:
+        """``FILE:LINE``, or ``FILE`` when no line is known (line 0)."""
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+    @property
+    def message(self) -> str:
+        """What is not understood and what to write instead, without where."""
+        return f"not understood: {self.construct}; {self.fix or HOW_INSTEAD}"
+
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: not understood: {self.construct}; {self.fix or HOW_INSTEAD}"
+        return f"{self.where}: {self.message}"
 
 
 @dataclass(frozen=True)

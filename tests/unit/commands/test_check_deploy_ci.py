@@ -1,0 +1,110 @@
+"""check-deploy in CI through cli.main: ``--json`` prints the outcome as one object (the
+human lines on stderr), and in a GitHub job each problem is an ``::error`` annotation on the
+deploy file's line; outside a job the output is what it always was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.cli import main
+from tests.unit.deploy.test_check_deploy import OK_FLAGS, path_line, world  # noqa: F401 (the fixture)
+
+TITLE = "title=batch-invariance check-deploy"
+
+
+def _deploy(world: dict[str, Path], folder: Path, body: str) -> Path:  # noqa: F811
+    config = folder / "deploy" / "llm.sh"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(path_line(world["binary"]) + body)
+    return config
+
+
+def _argv(world: dict[str, Path], config: Path, *extra: str) -> list[str]:  # noqa: F811
+    return ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned", *extra]
+
+
+def _failing(world: dict[str, Path]) -> str:  # noqa: F811
+    """Line 2 is covered, line 3 runs N=8 (no cert measured it)."""
+    m = world["model"]
+    return f"llama-server -m {m} {OK_FLAGS}\nllama-server -m {m} -c 8192 -np 8\n"
+
+
+def test_json_prints_the_outcome_alone_on_stdout(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    config = _deploy(world, tmp_path, _failing(world))
+    assert main(_argv(world, config)) == exitcodes.NOT_PROMOTABLE
+    plain = capsys.readouterr()
+    assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
+    out, err = capsys.readouterr()
+    data: dict[str, Any] = json.loads(out)
+    assert out == json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    assert err == plain.out  # the human lines, moved to stderr
+    assert (data["command"], data["decision"], data["exit_code"]) == ("check-deploy", "fail", 3)
+    assert [(c["result"], c["parallel"]) for c in data["cells"]] == [("pass", 4), ("fail", 8)]
+    (problem,) = data["cells"][1]["problems"]
+    assert (problem["file"], problem["line"], problem["rule"]) == (str(config), 3, "missing")
+    assert data["summary"] == plain.out.splitlines()[-1]
+
+
+def test_json_of_a_deploy_that_passes(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = _deploy(world, tmp_path, f"llama-server -m {world['model']} {OK_FLAGS}\n")
+    assert main(_argv(world, config, "--json")) == exitcodes.PROMOTABLE
+    data = json.loads(capsys.readouterr().out)
+    assert (data["decision"], data["exit_code"], data["signatures_checked"]) == ("pass", 0, False)
+    assert data["cells"][0]["cert"] == str(world["green"])
+
+
+def test_a_github_job_gets_one_annotation_per_problem_on_its_line(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _deploy(world, tmp_path, _failing(world) + "curl -o /tmp/x https://example.com\n")
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    assert main(_argv(world, config)) == exitcodes.NOT_PROMOTABLE
+    plain = capsys.readouterr().out
+    assert "::error" not in plain  # outside a GitHub job nothing changes
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
+    assert main(_argv(world, config)) == exitcodes.NOT_PROMOTABLE
+    out = capsys.readouterr().out
+    assert out.startswith(plain)  # the same text, then the annotations
+    (annotation,) = out[len(plain) :].splitlines()
+    assert annotation.startswith(f"::error file=deploy/llm.sh,line=4,{TITLE}::not understood: ")
+    assert "running curl" in annotation
+
+
+def test_a_failing_cell_is_annotated_and_json_keeps_stdout_for_the_object(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _deploy(world, tmp_path, _failing(world))
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
+    assert main(_argv(world, config)) == exitcodes.NOT_PROMOTABLE
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith(f"::error file=deploy/llm.sh,line=3,{TITLE}::")
+    assert "N=8 kv=split: no cert" in lines[-1]
+    # Outside the workspace the path stays as given.
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path / "elsewhere"))
+    assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
+    out, err = capsys.readouterr()
+    json.loads(out)
+    assert err.splitlines()[-1].startswith(f"::error file={str(config).replace(':', '%3A')},")

@@ -1,0 +1,82 @@
+"""check-deploy's GitHub annotations: one ``::error`` per problem on its file and line,
+escaped as GitHub reads workflow commands, the file relative to the job's workspace."""
+
+from __future__ import annotations
+
+import pytest
+
+from batch_invariance.commands.deploy_output import (
+    deploy_annotations,
+    deploy_text,
+    error_annotation,
+    in_github_job,
+    workspace_path,
+)
+from tests.support.golden import check_golden
+from tests.unit.deploy.test_outcome import covered, mixed, outcome, outside
+
+
+def test_escaping_of_properties_and_message() -> None:
+    line = error_annotation("50% done\r\nnext: a, b", "dir,a/b:c.sh", 7, 3)
+    assert line == (
+        "::error file=dir%2Ca/b%3Ac.sh,line=7,col=3,title=batch-invariance check-deploy"
+        "::50%25 done%0D%0Anext: a, b"
+    )
+    # No line: the file alone (a column without a line means nothing to GitHub).
+    assert error_annotation("m", "compose.yml", None, 4) == (
+        "::error file=compose.yml,title=batch-invariance check-deploy::m"
+    )
+
+
+@pytest.mark.parametrize(
+    ("file", "expected"),
+    [
+        ("/ws/deploy/llm.sh", "deploy/llm.sh"),  # under the workspace
+        ("deploy/llm.sh", "deploy/llm.sh"),  # relative to a cwd that is the workspace
+        ("/etc/systemd/system/llm.service", "/etc/systemd/system/llm.service"),  # outside
+        ("/ws2/llm.sh", "/ws2/llm.sh"),  # a sibling that only starts like it
+        ("/ws/a/../llm.sh", "llm.sh"),
+    ],
+)
+def test_the_path_is_relative_to_the_workspace_when_under_it(file: str, expected: str) -> None:
+    assert workspace_path(file, "/ws", "/ws") == expected
+
+
+def test_a_relative_path_is_read_from_the_working_folder() -> None:
+    assert workspace_path("llm.sh", "/ws", "/ws/deploy") == "deploy/llm.sh"
+    assert workspace_path("llm.sh", "/ws", "/elsewhere") == "llm.sh"
+    assert workspace_path("llm.sh", None, "/ws") == "llm.sh"
+    assert workspace_path("/ws/llm.sh", "", "/") == "/ws/llm.sh"
+
+
+def test_only_a_github_job_gets_annotations() -> None:
+    assert in_github_job({"GITHUB_ACTIONS": "true"})
+    assert not in_github_job({}) and not in_github_job({"GITHUB_ACTIONS": "false"})
+
+
+def test_a_deploy_that_passes_has_no_annotation() -> None:
+    assert deploy_annotations(outcome(checks=(covered(),)), "/ws", "/ws") == ""
+
+
+def test_annotations_are_golden() -> None:
+    """A cell with no cert (a line), an invalid cert of a compose service (no line), and
+    constructs outside the grammar in the script, in a drop-in outside the workspace and in
+    no line of the file; the config was given relative to the workspace. Last, the escaping:
+    a path with a comma and a colon, a message with a percent sign and a newline."""
+    text = deploy_annotations(mixed(), "/ws", "/ws") + deploy_annotations(outside(), "/ws", "/ws")
+    text += error_annotation("50% of\nthe cells", "/ws/a,b:c/llm.sh", 2, 5) + "\n"
+    check_golden("check_deploy_annotations.txt", text)
+
+
+def test_the_text_names_each_cell_and_construct() -> None:
+    text = deploy_text(mixed())
+    assert text.splitlines()[0] == (
+        "skip  gemma-3-270m-q4_k_m ctx=1024 N=1 kv=split  [llm.sh:2]  parallel 1: no batching, "
+        "no cert needed"
+    )
+    assert "[llm.sh:4]  promotable cert: gemma-3-270m-q4_k_m__ctx1024__N4.json; " \
+        "EnvironmentFile=-/x is absent here\n" in text  # fmt: skip
+    assert deploy_text(outside()).splitlines()[0] == (
+        "FAIL  not covered: llm.sh:3: not understood: running curl (not in the grammar); "
+        "do it elsewhere"
+    )
