@@ -78,33 +78,46 @@ def act_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActSetup]:
 
 
 @pytest.fixture(scope="session")
-def embedded_seed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A cache folder holding only the provisioned llama-server (with its sidecar) and the
-    Gemma model, laid out as ``provision`` expects: what actions/cache would restore."""
-    root = tmp_path_factory.mktemp("seed")
+def finished_build() -> dict[str, str]:
+    """What a first job interrupted right after its build leaves in the runner's tool cache:
+    the cmake build's llama-server (``BI_ACT_FINISHED_BUILD``, the provisioned binary) at its
+    place in the cache layout (``BI_ACT_BUILT``). The Action installs it, assembles the model
+    and keeps both there; the 7-minute compile itself is not repeated in the act stage."""
     pair = provision()  # reuses the cache the suite filled
-    source, seed = Layout(cache_root()), Layout(root / "batch-invariance")
-    for src, dst in (
-        (source.server_bin, seed.server_bin),
-        (source.server_sidecar, seed.server_sidecar),
-        (pair.model, seed.model),
-    ):
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
-    yield seed.root
+    layout = Layout(cache_root())
+    return {
+        "BI_ACT_FINISHED_BUILD": str(pair.server_bin),
+        "BI_ACT_BUILT": str(layout.built_bin.relative_to(layout.root)),
+    }
+
+
+@pytest.fixture(scope="session")
+def outside_workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The provisioned llama-server and Gemma model copied into two folders outside any
+    workspace (a runner's /opt and /srv), for ``server-dir`` and ``models-dir``."""
+    root = tmp_path_factory.mktemp("outside")
+    pair = provision()  # reuses the cache the suite filled
+    server, models = root / "opt" / "llama", root / "srv" / "models"
+    for folder in (server, models):
+        folder.mkdir(parents=True)
+    shutil.copy2(pair.server_bin, server / "llama-server")
+    shutil.copy2(pair.model, models / pair.model.name)
+    yield {"BI_ACT_SERVER": str(server), "BI_ACT_MODELS": str(models),
+           "BI_ACT_MODEL": pair.model.name}  # fmt: skip
     shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def composite(
-    act_setup: ActSetup, embedded_seed: Path, tmp_path_factory: pytest.TempPathFactory
+    act_setup: ActSetup,
+    outside_workspace: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> ActRun:
     """One act run of composite.yml, shared by its tests and by the baseline tests (which
     take its live cert as their baseline)."""
     from tests.act.test_composite_action import TIMEOUT_S
 
     out = tmp_path_factory.mktemp("composite")
-    env = {"BI_ACT_SEED": str(embedded_seed)}
-    run = run_act(act_setup, "act-composite.yml", out, TIMEOUT_S, env)
+    run = run_act(act_setup, "act-composite.yml", out, TIMEOUT_S, outside_workspace)
     print(f"\nact: composite.yml in {run.seconds:.1f} s, exit {run.returncode}")
     return run

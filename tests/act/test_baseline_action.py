@@ -25,7 +25,7 @@ from tests.support.factories import changed_answer
 @pytest.fixture(scope="module")
 def baseline_run(
     act_setup: ActSetup,
-    embedded_seed: Path,
+    finished_build: dict[str, str],
     composite: ActRun,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> ActRun:
@@ -43,7 +43,7 @@ def baseline_run(
     rebuilt = build_cert(ev, decide(ev, policy), spec_from_cert(cert), policy, cert.provenance,
                          cert.source, cert.ts_utc)  # fmt: skip
     (baselines / "changed" / name).write_text(render(rebuilt))
-    env = {"BI_ACT_SEED": str(embedded_seed), "BI_ACT_BASELINES": str(baselines)}
+    env = {**finished_build, "BI_ACT_BASELINES": str(baselines)}
     run = run_act(act_setup, "act-baseline.yml", out / "run", TIMEOUT_S, env)
     print(f"\nact: baseline.yml in {run.seconds:.1f} s, exit {run.returncode}")
     return run
@@ -82,3 +82,21 @@ def test_changed_answer_fails_the_job(baseline_run: ActRun) -> None:
     summary = baseline_run.summary("changed answer")
     assert "### Against the baseline: FAIL (fail on `scored`)" in summary
     assert "| scored |" in summary
+
+
+def _seconds(event: dict[str, object]) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00")).timestamp()
+
+
+def test_the_second_job_on_the_runner_reuses_the_first_ones_build(baseline_run: ActRun) -> None:
+    first, second = baseline_run.lines("identical baseline"), baseline_run.lines("changed answer")
+    assert "embedded default: llama-server adopted, model assembled" in first, first[-3000:]
+    assert "embedded default: llama-server reused, model reused" in second, second[-3000:]
+    # From the container step's start to the plan line: the image is cached, nothing is built.
+    events = list(baseline_run.step_events("changed answer", ("bi", "cell")))
+    plan = next(e for e in events if "batch-invariance: plan:" in str(e.get("msg", "")))
+    waited = _seconds(plan) - _seconds(events[0])
+    print(f"\nsecond job: measuring {waited:.1f} s after its container step started")
+    assert waited < 60

@@ -56,32 +56,53 @@ def _container_exit(run: ActRun, job: str) -> list[str]:
     return run.exit_statuses(job, "bi", "cell")
 
 
-def test_live_embedded_default_red_fails_the_job_and_uploads_the_cert(
-    composite: ActRun, embedded_seed: Path, tmp_path: Path
+def test_live_with_models_outside_the_workspace_measures_the_ladder(
+    composite: ActRun, outside_workspace: dict[str, str], tmp_path: Path
 ) -> None:
+    job = "models outside the workspace, live"
     outputs = _outputs(composite, "live")
-    assert outputs.get("verdict"), composite.lines("live")[-4000:]
+    assert outputs.get("verdict"), composite.lines(job)[-4000:]
     cert = _cert_from_artifact(composite, outputs, tmp_path)
     assert cert.source == "live"
     assert (outputs["verdict"], outputs["status"]) == (cert.verdict, cert.status)
-    assert outputs["promotable"] == "false"
-    assert outputs["cell"].endswith("/512/4") and outputs["divergent-ids"].isdigit()
-    # The embedded default on the action's chat work-set: continuous batching changes the
-    # answers (RED); a sample where no answer flipped is AMBER (the numerics under them) or
-    # UNVERIFIED (16 prompts bound nothing): never GREEN, and the job fails either way.
-    assert cert.verdict in ("RED", "AMBER", "UNVERIFIED"), (cert.verdict, cert.decision_reasons)
-    assert composite.job_results("embedded default, live") == [_conclusion(cert)] == ["failure"]
-    assert _container_exit(composite, "embedded default, live") == [
-        f"exit status {exitcodes.for_status(str(cert.status), promotable=False)}"
-    ]
-    # The container provisioned the embedded default from the cache the workflow restored.
-    served = cert.provenance.server_binary
-    binary = next(embedded_seed.glob("llama-server/*/bin/llama-server"))
-    assert served is not None and served.sha256 == hashlib.sha256(binary.read_bytes()).hexdigest()
-    summary = composite.summary("embedded default, live")
+    assert outputs["cell"].endswith("/256/4") and outputs["divergent-ids"].isdigit()
+    # Only server-bin and model were given: the plan named the ladder and measured it.
+    assert "batch-invariance: plan: work-set: length ladder, 32 distinct prompts" in (
+        composite.lines(job)
+    )
+    workset = cert.provenance.workset or {}
+    assert str(workset.get("source", "")).startswith("length ladder (ctx 256")
+    # The embedded default at this size: continuous batching changes answers (RED), or, in a
+    # sample where none flipped, the numerics under them: the job's conclusion is the cert's.
+    assert composite.job_results(job) == [_conclusion(cert)]
+    assert _container_exit(composite, job) == (
+        []
+        if cert_is_green(cert)
+        else [f"exit status {exitcodes.for_status(str(cert.status), promotable=False)}"]
+    )
+    # The files came through the read-only mounts, after checkout cleaned the workspace, and
+    # the cert records them by sha256.
+    served, model = cert.provenance.server_binary, cert.provenance.model_file
+    assert served is not None and served.path == "/github/server/llama-server"
+    server = Path(outside_workspace["BI_ACT_SERVER"]) / "llama-server"
+    assert served.sha256 == hashlib.sha256(server.read_bytes()).hexdigest()
+    assert model is not None and model.path == f"/github/models/{outside_workspace['BI_ACT_MODEL']}"
+    summary = composite.summary(job)
     assert summary.startswith(f"## batch-invariance: {cert.verdict}"), summary[:500]
     if cert.verdict == "RED":
         assert "### Divergent ids (A vs C)" in summary
+
+
+def test_a_plan_that_cannot_pass_is_refused_before_any_launch(composite: ActRun) -> None:
+    job = "a plan that cannot pass"
+    outputs = _outputs(composite, "refused")
+    assert outputs.get("verdict", "") == "" and outputs.get("cert-path", "") == ""
+    assert composite.job_results(job) == ["failure"]
+    assert _container_exit(composite, job) == [f"exit status {exitcodes.USAGE}"]
+    lines = composite.lines(job)
+    assert "refused to launch (no verdict)" in lines
+    assert "cannot reach GREEN: answer budget under the length gate: --n-predict 16" in lines
+    assert "batch-invariance: arm " not in lines  # nothing was measured
 
 
 def test_mock_run_is_never_a_pass(composite: ActRun, tmp_path: Path) -> None:
@@ -93,6 +114,10 @@ def test_mock_run_is_never_a_pass(composite: ActRun, tmp_path: Path) -> None:
     assert _container_exit(composite, "/mock") == [f"exit status {exitcodes.NOT_PROMOTABLE}"]
     summary = composite.summary("/mock")
     assert summary.startswith("## batch-invariance: GREEN") and "Mock run" in summary
+    # Every default: the plan named the mock's length ladder, and the run ended with a cert.
+    assert "batch-invariance: plan: work-set: length ladder, 32 distinct prompts" in (
+        composite.lines("/mock")
+    )
 
 
 def test_signing_without_oidc_refuses_before_running(composite: ActRun) -> None:

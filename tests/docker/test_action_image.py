@@ -9,7 +9,6 @@ GITHUB_STEP_SUMMARY in the mounted file-commands folder, HOME at /github/home.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -57,32 +56,33 @@ def test_mock_mode_fails_the_job_and_writes_outputs_and_summary(job: Job) -> Non
 def test_live_cell_in_the_container_on_the_provisioned_server_and_model(job: Job) -> None:
     pair = provision()  # reuses the cache the suite filled
     # BI_LIVE_SERVER_BIN: another host build to run instead (e.g. one built without -march=native
-    # where the provisioned one cannot run on this CPU); it is still copied under the workspace.
+    # where the provisioned one cannot run on this CPU).
     source_bin = Path(os.environ.get("BI_LIVE_SERVER_BIN") or pair.server_bin)
-    models = job.workspace / "models"
-    models.mkdir()
-    server = models / "llama-server"
+    # Outside the workspace, as a runner keeps them: mounted read-only by models-dir and
+    # server-dir.
+    models, builds = job.root / "srv" / "models", job.root / "opt" / "llama"
+    models.mkdir(parents=True)
+    builds.mkdir(parents=True)
+    server = builds / "llama-server"
     model = models / pair.model.name
     shutil.copy2(source_bin, server)
     shutil.copy2(pair.model, model)
-    (job.workspace / "tiny.json").write_text(
-        json.dumps([{"id": f"q{i}", "prompt": p} for i, p in enumerate(PROMPTS)])
-    )
-    for path in (models, server, model, job.workspace / "tiny.json"):
-        shutil.chown(path, job.workspace.stat().st_uid, job.workspace.stat().st_gid)
     started = time.monotonic()
+    # No workset: the length ladder of a 256-token slot, 64-token answers, one pass: the
+    # smallest plan that can reach GREEN.
     proc = job.run(
-        timeout=600,
+        timeout=900,
         mode="live",
         **{
-            "server-bin": "models/llama-server",
-            "model": f"models/{model.name}",
-            "workset": "tiny.json",
-            "ctx": "512",
+            "server-dir": str(builds),
+            "server-bin": "llama-server",
+            "models-dir": str(models),
+            "model": model.name,
+            "ctx": "256",
             "parallel": "2",
-            "gate-passes": "2",
+            "gate-passes": "1",
             "reps": "1",
-            "n-predict": "8",
+            "n-predict": "64",
             "sign": "false",
         },
     )
@@ -96,7 +96,8 @@ def test_live_cell_in_the_container_on_the_provisioned_server_and_model(job: Job
     cert = load_cert(cert_path)
     assert cert.source == "live"
     assert out["verdict"] == cert.verdict and out["status"] == cert.status
-    assert out["cell"] == f"{model.stem}/512/2" or out["cell"].endswith("/512/2")
+    assert out["cell"] == f"{model.stem}/256/2" or out["cell"].endswith("/256/2")
+    assert "batch-invariance: plan: work-set: length ladder, 32 distinct prompts" in proc.stdout
     want = (
         exitcodes.PROMOTABLE
         if cert_is_green(cert)
@@ -105,7 +106,9 @@ def test_live_cell_in_the_container_on_the_provisioned_server_and_model(job: Job
     assert proc.returncode == want, (out, proc.stdout[-2000:])
     assert report.status == cert.status
     served = cert.provenance.server_binary
-    assert served is not None and served.path == "/github/workspace/models/llama-server"
+    assert served is not None and served.path == "/github/server/llama-server"
+    model_file = cert.provenance.model_file
+    assert model_file is not None and model_file.path == f"/github/models/{model.name}"
     assert served.sha256 == hashlib.sha256(server.read_bytes()).hexdigest()
     assert f"## batch-invariance: {cert.verdict}" in job.summary.read_text(encoding="utf-8")
     assert job.not_owned_by_runner() == [], "the container left root-owned files"

@@ -86,6 +86,14 @@ def embedded_default() -> tuple[Path, Path]:
     from batch_invariance.provision.embedded import provision
 
     got = provision()
+    # Said in the job log: whether this job paid for the build (built or adopted) or found it
+    # in the cache a runner keeps between jobs (reused).
+    print(
+        f"batch-invariance: embedded default: llama-server {got.server_origin}, model "
+        f"{got.model_origin}, in {got.server_bin.parents[3]}",
+        file=sys.stderr,
+        flush=True,
+    )
     return got.server_bin, got.model
 
 

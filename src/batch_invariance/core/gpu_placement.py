@@ -81,7 +81,7 @@ class GpuDevice:
 
 @dataclass(frozen=True)
 class GpuPlacement:
-    """The GPUs a server with some environment sees, or why they could not be read."""
+    """The GPUs a server with some variables set sees, or why they could not be read."""
 
     devices: tuple[GpuDevice, ...] = ()
     #: Why the placement is not known (``None``: ``devices`` is the whole selection).
