@@ -133,6 +133,9 @@ def test_preflight_names_a_missing_library_in_one_line(job: Job, tmp_path: Path)
         [cc, "-o", str(server), str(build / "main.c"), f"-L{build}", "-lbi_missing"], check=True
     )
     (job.workspace / "model.gguf").write_bytes(b"GGUF")
+    # The runner user's files, as a checkout leaves them (this test runs as root).
+    for path in (server, job.workspace / "model.gguf"):
+        shutil.chown(path, job.workspace.stat().st_uid, job.workspace.stat().st_gid)
     proc = job.run(
         timeout=300,
         mode="live",
