@@ -137,7 +137,8 @@ fi
 while IFS= read -r -d '' entry; do
   key=${entry%%=*}
   case "$key" in
-    INPUT_MODELS_DIR | INPUT_SERVER_DIR) ;; # the mount points above
+    # The mount points above (act also sets the hyphenated spelling for a composite's inputs).
+    INPUT_MODELS_DIR | INPUT_SERVER_DIR | INPUT_MODELS-DIR | INPUT_SERVER-DIR) ;;
     INPUT_*) args+=(-e "INPUT_$(printf '%s' "${key#INPUT_}" | tr '_' '-')=${entry#*=}") ;;
   esac
 done < <(env -0)

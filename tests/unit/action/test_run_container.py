@@ -60,8 +60,9 @@ def test_models_and_server_folders_outside_the_workspace_are_mounted_read_only(
     models, server = tmp_path / "srv" / "models", tmp_path / "opt" / "llama"
     models.mkdir(parents=True)
     server.mkdir(parents=True)
+    # act also sets the hyphenated spelling of a composite action's inputs.
     proc = _run(runner, INPUT_MODELS_DIR=str(models), INPUT_SERVER_DIR=str(server),
-                INPUT_MODEL="gemma.gguf")  # fmt: skip
+                INPUT_MODEL="gemma.gguf", **{"INPUT_MODELS-DIR": str(models)})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     argv = _argv(runner)
     volumes = _pairs(argv, "-v")
@@ -69,7 +70,8 @@ def test_models_and_server_folders_outside_the_workspace_are_mounted_read_only(
     env = _pairs(argv, "-e")
     assert "INPUT_MODELS-DIR=/github/models" in env and "INPUT_SERVER-DIR=/github/server" in env
     assert "INPUT_MODEL=gemma.gguf" in env
-    assert not [e for e in env if e.startswith(("INPUT_MODELS_DIR", "INPUT_MODELS-DIR=/srv"))]
+    dirs = [e for e in env if e.startswith(("INPUT_MODELS_DIR", "INPUT_MODELS-DIR"))]
+    assert dirs == ["INPUT_MODELS-DIR=/github/models"]
 
 
 def test_a_relative_models_dir_is_under_the_workspace_and_a_missing_one_is_refused(
