@@ -6,6 +6,7 @@ with the real files' sha256 and run-live's argv."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ import requests
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.deploy.serve_plan import serve_argv
+from batch_invariance.deploy.serve_plan import descriptor_argv, serve_argv
 from batch_invariance.provision.embedded import Provisioned
 
 #: The length ladder of a 256-token slot (32 distinct documents, bound 3/32 under the default
@@ -123,8 +124,12 @@ def test_serve_execs_the_measured_server_and_sigterm_stops_it(
         measured = next(s["argv"] for s in data["provenance"]["servers"] if s["role"] == "BC")
         # exec: the process serve started is the server, with exactly this argv; the cert
         # measured cache-off traffic only, so serve turns the prompt cache off.
+        # The model is handed over as serve's descriptor of it (its measured path as --alias).
         cold = [*measured, "--no-cache-prompt"]
-        assert psutil.Process(proc.pid).cmdline() == list(serve_argv(cold, neutral[1:]))
+        cmdline = psutil.Process(proc.pid).cmdline()
+        model_arg = cmdline[cmdline.index("--model") + 1]
+        assert model_arg.startswith("/proc/self/fd/")
+        assert cmdline == list(descriptor_argv(serve_argv(cold, neutral[1:]), model_arg))
         props = requests.get(url + "/props", headers={"Authorization": "Bearer k"}, timeout=10)
         props.raise_for_status()
         body = props.json()
@@ -215,6 +220,93 @@ def test_serve_starts_the_server_with_none_of_a_hostile_environment(
             f"variables ({len(HOSTILE)} hostile); the started llama-server (pid {proc.pid}) has "
             f"{len(environ)}: {', '.join(sorted(environ))}; 0 hostile; healthy after "
             f"{ready_s:.1f} s"
+        )
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _completion(url: str) -> list[int]:
+    body = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0,
+            "cache_prompt": False, "return_tokens": True}  # fmt: skip
+    reply = requests.post(url + "/completion", json=body, timeout=120)
+    reply.raise_for_status()
+    return list(reply.json()["tokens"])
+
+
+def _sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def test_the_served_process_keeps_the_hashed_files_when_both_paths_are_swapped(
+    tmp_path: Path, live_pair: Provisioned
+) -> None:
+    """serve verified the files and exec'd; then another file is renamed over the model and
+    over the binary. The running server is still the hashed binary inode (/proc/PID/exe), its
+    mapping of the model is the hashed inode (/proc/PID/maps), it reads the model through
+    serve's descriptor, and it answers as before."""
+    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
+
+    binary = tmp_path / "bin" / "llama-server"  # copies: the swap must not touch the cache
+    binary.parent.mkdir(mode=0o755)
+    shutil.copyfile(live_pair.server_bin, binary)
+    binary.chmod(0o755)
+    model = tmp_path / "m" / live_pair.model.name
+    model.parent.mkdir(mode=0o755)
+    shutil.copyfile(live_pair.model, model)
+    model.chmod(0o644)
+    provenance = _provenance(model, 4, "split", binary=binary)
+    for server in provenance["servers"]:
+        server["argv"][0] = str(binary)
+    cert = _live_cert(tmp_path / "certs", model, provenance=provenance)
+    inodes = {"binary": binary.stat().st_ino, "model": model.stat().st_ino}
+    port = _free_port()
+    proc = _serve(cert, "--", "--host", "127.0.0.1", "--port", str(port),
+                  log=tmp_path / "serve.log")  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_health(proc, url)
+        before = _completion(url)
+        cmdline = psutil.Process(proc.pid).cmdline()
+        model_fd = cmdline[cmdline.index("--model") + 1].rsplit("/", 1)[1]
+        # Swap both paths: other bytes renamed over them, as a deploy script would.
+        swapped_model = model.with_name("swap.gguf")
+        swapped_model.write_bytes(b"GGUF" + os.urandom(4096))
+        os.replace(swapped_model, model)
+        swapped_binary = binary.with_name("swap")
+        swapped_binary.write_bytes(b"#!/bin/sh\nexit 1\n")
+        os.replace(swapped_binary, binary)
+        exe = f"/proc/{proc.pid}/exe"
+        assert os.readlink(exe) == f"{binary} (deleted)"
+        assert os.stat(exe).st_ino == inodes["binary"]
+        assert _sha256(exe) == provenance["server_binary"]["sha256"]
+        mapped = [
+            line.split()
+            for line in Path(f"/proc/{proc.pid}/maps").read_text().splitlines()
+            if str(model) in line
+        ]
+        assert mapped, "the server maps the model"
+        assert {int(m[4]) for m in mapped} == {inodes["model"]}
+        assert all(m[-1] == "(deleted)" for m in mapped)
+        held = f"/proc/{proc.pid}/fd/{model_fd}"
+        assert os.readlink(held) == f"{model} (deleted)"
+        assert _sha256(held) == provenance["model_file"]["sha256"]
+        props = requests.get(url + "/props", timeout=10).json()
+        assert props["model_path"] == f"/proc/self/fd/{model_fd}"
+        assert props["model_alias"] == str(model)  # the measured name, as the API reports it
+        after = _completion(url)
+        assert after == before
+        print(
+            f"\nserve swap check: llama-server pid {proc.pid} after both paths were swapped: "
+            f"exe inode {inodes['binary']} ({os.readlink(exe)}), sha256 as hashed; "
+            f"{len(mapped)} mapping(s) of model inode {inodes['model']} (deleted); "
+            f"--model /proc/self/fd/{model_fd} -> {os.readlink(held)}, sha256 as hashed; "
+            f"same {len(after)} tokens before and after the swap"
         )
     finally:
         if proc.poll() is None:

@@ -1,17 +1,19 @@
 """`batch-invariance serve CERT [-- NEUTRAL...]`: start exactly the server a cert measured.
 
 Before anything starts it verifies the cert (valid, promotable, signed under the identity
-policy unless ``--allow-unsigned``), checks the sha256 of the server binary and the model
-file against the cert's provenance and the variables ggml reads against the recorded ones,
-and refuses any extra option that is not neutral
-(:data:`batch_invariance.engines.llama_server.options.NEUTRAL`). Then it replaces itself
-(``execve``)
-with the measured B/C server argv, neutral options added or replaced, in the environment a
-measured server gets (the neutral variables and exactly the engine variables the cert
-recorded; every other variable dropped, no user config file): the process *is* the server,
-so signals and the exit status are the server's own. Refusals: exit 2 (an option or the
-command line), 3 (not promotable, or a file differs from what was measured), 5 (the cert or
-its signature is invalid). The rules: docs/deploy.md.
+policy unless ``--allow-unsigned``), refuses any extra option that is not neutral
+(:data:`batch_invariance.engines.llama_server.options.NEUTRAL`) and any variable ggml reads
+with another value than the recorded one, opens the server binary and the model file once and
+checks the sha256 read through those descriptors against the cert's provenance
+(:mod:`batch_invariance.deploy.pinned_files`: files others could change are refused). Then it
+replaces itself (``execve`` of ``/proc/self/fd/N``, the binary's descriptor) with the measured
+B/C server argv, the model given as ``/proc/self/fd/M`` (its descriptor, open across the
+exec), neutral options added or replaced, in the environment a measured server gets (the
+neutral variables and exactly the engine variables the cert recorded; every other variable
+dropped, no user config file): the process *is* the server, running the bytes that were
+hashed, so signals and the exit status are the server's own. Refusals: exit 2 (an option, the
+command line, or a file or folder others could write), 3 (not promotable, or a file differs
+from what was measured), 5 (the cert or its signature is invalid). The rules: docs/deploy.md.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.commands.cert_paths import cert_file
 from batch_invariance.errors import CertInvalid, InfraError, NotCovered
+
+if TYPE_CHECKING:
+    from batch_invariance.deploy.pinned_files import PinnedFile
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -52,18 +57,22 @@ _UNCHECKED_FILES = frozenset(
 )  # fmt: skip
 
 
-class _MeasuredFile(NamedTuple):
-    """A file the served argv loads, and the sha256 the cert measured it with."""
+class ServedFiles(NamedTuple):
+    """The binary and the model the argv runs, open and hashed through their descriptors."""
 
-    what: str
-    path: str | None
-    sha256: str | None
+    binary: PinnedFile
+    model: PinnedFile
+
+    def close(self) -> None:
+        for pinned in self:
+            os.close(pinned.fd)
 
 
-def check_files(argv: Sequence[str], provenance: Provenance) -> None:
-    """The binary and model the argv runs must be the bytes the cert measured."""
+def pin_files(argv: Sequence[str], provenance: Provenance) -> ServedFiles:
+    """Open the binary and model the argv runs, once, and require the bytes read through those
+    descriptors to be the ones the cert measured (the descriptors are what later runs)."""
+    from batch_invariance.deploy.pinned_files import pin
     from batch_invariance.engines.llama_server.flags import read_flags
-    from batch_invariance.host.file_hash import cached_sha256
 
     flags = read_flags(argv, first_is_binary=True)
     unchecked = sorted({o.written for o in flags.options if o.canonical in _UNCHECKED_FILES})
@@ -71,22 +80,30 @@ def check_files(argv: Sequence[str], provenance: Provenance) -> None:
         raise NotCovered(f"the measured argv loads {', '.join(unchecked)}, whose files the "
                          "cert does not fingerprint; serve cannot check them")  # fmt: skip
     binary, model = provenance.server_binary, provenance.model_file
-    files = (
-        _MeasuredFile("server binary", argv[0], binary.sha256 if binary is not None else None),
-        _MeasuredFile("model", flags.model, model.sha256 if model is not None else None),
-    )
-    for what, path, wanted in files:
-        if not wanted or path is None:
+    wanted: list[tuple[str, str, str]] = []
+    for what, path, sha256 in (
+        ("server binary", argv[0], binary.sha256 if binary is not None else None),
+        ("model", flags.model, model.sha256 if model is not None else None),
+    ):
+        if not sha256 or path is None:
             raise NotCovered(f"the cert records no {what} sha256: serve cannot check it")
-        try:
-            found = cached_sha256(path, None)  # always the bytes on disk, never a cached hash
-        except OSError as exc:
-            raise NotCovered(f"{what} {path} cannot be read ({exc.strerror or exc})") from None
-        if found != wanted:
-            raise NotCovered(
-                f"{what} {path} has sha256 {found[:12]}..., the cert measured {wanted[:12]}...: "
-                "not the measured cell"
-            )
+        wanted.append((what, path, sha256))
+    pinned: list[PinnedFile] = []
+    try:
+        for what, path, sha256 in wanted:
+            # The binary's folders too: a build that links or loads libraries finds them there.
+            found = pin(what, path, folders=what == "server binary")
+            pinned.append(found)
+            if found.sha256 != sha256:
+                raise NotCovered(
+                    f"{what} {path} has sha256 {found.sha256[:12]}..., the cert measured "
+                    f"{sha256[:12]}...: not the measured cell"
+                )
+    except BaseException:
+        for done in pinned:
+            os.close(done.fd)
+        raise
+    return ServedFiles(*pinned)
 
 
 def _verify(args: argparse.Namespace) -> Provenance:
@@ -134,7 +151,6 @@ def handle(args: argparse.Namespace) -> int:
     provenance = _verify(args)
     # The prompt cache as measured: the cache arm's server, else the cold server with it off.
     argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), args.neutral)
-    check_files(argv, provenance)
     refuse_system_config()
     served = served_env(os.environ, recorded_engine_env(provenance))
     if served.refused:
@@ -146,21 +162,47 @@ def handle(args: argparse.Namespace) -> int:
     placed = placement_differences(provenance.gpus, placement_here(env))
     if placed.differences:
         raise NotCovered(f"{placed.differences[0]}: not the hardware the cert measured")
+    files = pin_files(argv, provenance)
+    try:
+        _exec(args, provenance, argv, files, env, placed.unchecked)
+    finally:
+        files.close()  # reached only when the exec failed (or a test stood in for it)
+    return 0
+
+
+def _exec(
+    args: argparse.Namespace,
+    provenance: Provenance,
+    argv: tuple[str, ...],
+    files: ServedFiles,
+    env: dict[str, str],
+    unchecked: str | None,
+) -> None:
+    """Replace this process with the server: the binary exec'd from its descriptor, the model
+    handed over as its descriptor path, both descriptors open across the exec (the binary's
+    too: a ``#!`` script is read by its interpreter through that path after the exec)."""
+    from batch_invariance.deploy.serve_plan import descriptor_argv
+
+    served_argv = descriptor_argv(argv, files.model.fd_path)
+    for pinned in files:
+        os.set_inheritable(pinned.fd, True)
     # Not the argv itself: it may hold an --api-key.
     cache = (
         "prompt cache on, as measured"
         if provenance.cache_server() is not None
         else "prompt cache off (--no-cache-prompt): the cert measured cache-off traffic only"
     )
-    unchecked = f"; {placed.unchecked}" if placed.unchecked else ""
+    also = f"; {unchecked}" if unchecked else ""
     print(
-        f"batch-invariance serve: {args.cert.name} verified; exec {argv[0]}; {cache}{unchecked}",
+        f"batch-invariance serve: {args.cert.name} verified; exec {argv[0]} from "
+        f"{files.binary.fd_path} (sha256 {files.binary.sha256[:12]}...), model "
+        f"{files.model.path} as {files.model.fd_path} (sha256 {files.model.sha256[:12]}...); "
+        f"{cache}{also}",
         file=sys.stderr,
     )
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execve(argv[0], list(argv), env)
+        os.execve(files.binary.fd_path, list(served_argv), env)
     except OSError as exc:
         raise InfraError(f"cannot exec {argv[0]}: {exc.strerror or exc}") from None
-    return 0  # pragma: no cover - execve does not return

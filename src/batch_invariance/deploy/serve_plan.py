@@ -93,6 +93,34 @@ def serve_argv(measured: Sequence[str], neutral: Sequence[str]) -> tuple[str, ..
     return (*out, *neutral)
 
 
+def descriptor_argv(argv: Sequence[str], model_fd_path: str) -> tuple[str, ...]:
+    """The argv ``serve`` execs once the model is open: every ``--model`` value replaced by
+    the descriptor path (llama-server opens that, the inode that was hashed), and, unless an
+    alias is given, ``--alias`` with the measured model path, so the name the API reports
+    (``/v1/models``, ``model_alias``) stays the measured server's (a path with a comma cannot
+    be one alias: llama-server splits aliases on commas; it then reports the descriptor path).
+    """
+    out = [argv[0]]
+    model: str | None = None
+    aliased = False
+    index = 1
+    while index < len(argv):
+        spec = lookup(argv[index])
+        width = 1 + (spec.nvalues if spec is not None else 0)
+        words = list(argv[index : index + width])
+        if spec is not None and spec.canonical == "--model" and len(words) == 2:
+            model = words[1]
+            words[1] = model_fd_path
+        aliased = aliased or (spec is not None and spec.canonical == "--alias")
+        out.extend(words)
+        index += width
+    if model is None:
+        raise ServeRefused("the served argv names no --model: nothing to hand over")
+    if not aliased and "," not in model:
+        out.extend(("--alias", model))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class ServeLine:
     cert: Path

@@ -1,0 +1,144 @@
+"""The files ``serve`` runs, pinned: each opened once, hashed through its descriptor, and handed
+on as that descriptor, so what runs is the bytes that were hashed, whatever happens to the path.
+
+A path names whatever is there when it is next opened: a file renamed over it, or a symlink
+flipped, between the hash and the server's own open would run bytes nobody measured. A
+descriptor names one inode. ``serve`` hashes the open file, execs the binary from its
+descriptor (``/proc/self/fd/N``: what ``fexecve`` does on Linux) and passes the model as
+``-m /proc/self/fd/M``; llama-server opens (and maps) that, which is the same inode.
+
+A descriptor does not stop a rewrite of the inode itself, so the file must not be writable by
+anyone but its owner, and that owner must be the user running ``serve`` or root. The binary's
+folders must be writable by no one else either: a build that links its libraries or loads
+its backends dynamically finds them by path in that folder after the exec. The model's
+folders are not checked: llama-server never opens the model by its path (docs/deploy.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from batch_invariance.errors import NotCovered, UsageError
+
+__all__ = ["FileLayoutRefused", "PinnedFile", "fd_path", "layout_problem", "pin", "sha256_fd"]
+
+_BLOCK = 1 << 20
+
+
+class FileLayoutRefused(UsageError):
+    """Someone other than the user running ``serve`` (or root) could change a served file."""
+
+
+def fd_path(fd: int) -> str:
+    """The path by which the process holding ``fd`` (and its exec'd image) reopens that file."""
+    return f"/proc/self/fd/{fd}"
+
+
+@dataclass(frozen=True)
+class PinnedFile:
+    """A served file, open: ``path`` as the argv names it, ``resolved`` (symlinks followed
+    when it was opened), the descriptor, and the sha256 read through that descriptor."""
+
+    what: str
+    path: str
+    resolved: str
+    fd: int
+    sha256: str
+
+    @property
+    def fd_path(self) -> str:
+        return fd_path(self.fd)
+
+
+def sha256_fd(fd: int) -> str:
+    """The hex sha256 of the open file ``fd``, read from offset 0 without moving its offset."""
+    digest = hashlib.sha256()
+    offset = 0
+    while True:
+        block = os.pread(fd, _BLOCK, offset)
+        if not block:
+            return digest.hexdigest()
+        digest.update(block)
+        offset += len(block)
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _writable_bits(mode: int) -> str:
+    who = [w for w, bit in (("group", stat.S_IWGRP), ("world", stat.S_IWOTH)) if mode & bit]
+    return "-".join(who) + "-writable"
+
+
+def layout_problem(what: str, path: str, st: os.stat_result, *, folders: bool) -> str | None:
+    """Why someone else could change the served file ``path`` (``st``: its open descriptor's
+    ``fstat``) or, with ``folders``, the folders above it; ``None`` when no one but the user
+    running serve and root can."""
+    me = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, me):
+        return (
+            f"{what} {path} belongs to {_owner(st.st_uid)}, neither you nor root, who could "
+            "rewrite it under the running server; copy it to a file of yours or chown it"
+        )
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (
+            f"{what} {path} is {_writable_bits(mode)} (mode {mode:04o}): others could rewrite it "
+            f"under the running server; chmod go-w {path}"
+        )
+    if not folders:
+        return None
+    for folder in PurePosixPath(path).parents:
+        fst = os.stat(folder)
+        fmode = stat.S_IMODE(fst.st_mode)
+        if fst.st_uid not in (0, me):
+            return (
+                f"{what} {path}: folder {folder} belongs to {_owner(fst.st_uid)}, neither you nor "
+                "root, who could replace what the server loads from it; chown it or move the "
+                "build to a folder only you and root can write"
+            )
+        if fmode & (stat.S_IWGRP | stat.S_IWOTH) and not fmode & stat.S_ISVTX:
+            return (
+                f"{what} {path}: folder {folder} is {_writable_bits(fmode)} without the sticky "
+                f"bit (mode {fmode:04o}): others could replace what the server loads from it; "
+                f"chmod go-w {folder}, or move the build to a folder only you and root can write"
+            )
+    return None
+
+
+def pin(what: str, path: str, *, folders: bool) -> PinnedFile:
+    """Open ``path`` once (symlinks resolved now; a later flip of a link does not matter, the
+    descriptor is what runs), refuse it if others could change it, and hash it through the
+    descriptor. The descriptor is close-on-exec until the caller hands it on."""
+    resolved = os.path.realpath(path)
+    try:
+        # O_NOFOLLOW: a link slipped in after resolving is refused, not followed. O_NONBLOCK:
+        # a FIFO put there does not hang serve (it is refused below as not a regular file).
+        fd = os.open(resolved, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise NotCovered(f"{what} {path} cannot be read ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotCovered(f"{what} {path} is not a regular file")
+        os.set_blocking(fd, True)
+        problem = layout_problem(what, resolved, st, folders=folders)
+        if problem is not None:
+            raise FileLayoutRefused(problem)
+        try:
+            digest = sha256_fd(fd)
+        except OSError as exc:
+            raise NotCovered(f"{what} {path} cannot be read ({exc.strerror or exc})") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return PinnedFile(what, path, resolved, fd, digest)
