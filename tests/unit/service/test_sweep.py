@@ -217,8 +217,8 @@ def test_without_a_workset_the_plan_is_the_length_ladder_of_the_slot(
 ) -> None:
     argv = [command, "--server-bin", str(fake_cell["bin"]), "--model", str(fake_cell["model"]),
             "--out-dir", str(fake_cell["out"]), "--ctx", "1024", "--parallel", "2",
-            "--n-predict", "96", "--dry-run"]  # fmt: skip
-    assert main(argv) == 0
+            "--n-predict", "96", "--endpoint", "completions", "--dry-run"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
     plan = capsys.readouterr().out
     assert "work-set: length ladder, 32 distinct prompts" in plan
     assert "(quarter bands: band1 8, band2 8, band3 8, band4 8)" in plan

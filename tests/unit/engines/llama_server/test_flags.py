@@ -195,8 +195,10 @@ def test_run_live_dry_run_shows_the_unified_bc_server(
          "--workset", str(workset), "--ctx", "256", "--parallel", "4", "--out-dir",
          str(tmp_path / "o"), "--kv-layout", "unified"]
     )  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0, out
+    printed = capsys.readouterr()
+    out = printed.out
+    # One prompt can never reach GREEN: the plan is printed whole, then refused (exit 2).
+    assert code == 2 and "cannot reach GREEN: too few distinct prompts" in printed.err, out
     bc = next(line for line in out.splitlines() if line.startswith("server BC:"))
     assert "--ctx-size 1024 --kv-unified" in bc and "kv: unified:-c 1024 -np 4 -kvu" in out
     a = next(line for line in out.splitlines() if line.startswith("server A:"))
