@@ -1,4 +1,6 @@
-"""Reading a deploy file: which format it is, and the reader of that format.
+"""Reading a deploy file: which format it is (by its name, as the program that runs it
+decides: :func:`deploy_format`), its bytes checked (:mod:`batch_invariance.deploy.source_bytes`),
+and the reader of that format.
 
 * a shell script (:mod:`batch_invariance.deploy.shell`);
 * a systemd unit with its drop-ins (:mod:`batch_invariance.deploy.systemd`);
@@ -12,28 +14,38 @@ the rest is returned as :attr:`DeployRead.not_understood`, and the deploy is not
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from batch_invariance.deploy.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.compose import compose_commands
-from batch_invariance.deploy.shell import ShellReader
+from batch_invariance.deploy.shell import ShellReader, SourceText
+from batch_invariance.deploy.shell_dialect import script_dialect
+from batch_invariance.deploy.source_bytes import decode, read_source
 from batch_invariance.deploy.systemd import unit_commands
 from batch_invariance.errors import UsageError
 
+#: systemd unit types other than a service: not a deploy of a server this reader reads.
+_OTHER_UNITS = frozenset(
+    {".socket", ".timer", ".target", ".path", ".mount", ".automount", ".swap", ".slice",
+     ".scope", ".device", ".conf"}
+)  # fmt: skip
 
-def shell_commands(text: str, name: str, source_dir: Path | None = None) -> DeployRead:
-    """The servers a shell script starts, read in order as bash runs it. ``source_dir``
-    (``None`` in pure tests) is where a sourced file is looked up relative to: nothing, a
-    sourced file's path must be absolute or relative to a known folder."""
 
-    def source(file: str) -> str | None:
-        try:
-            return Path(file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            return None
+def shell_commands(text: str, name: str) -> DeployRead:
+    """The servers a shell script starts, read in order as the shell its ``#!`` line names
+    runs it (no ``#!`` line: the sh grammar, which bash and dash read alike). A sourced file
+    is read from its path (absolute, or relative to a folder the script fixed)."""
 
-    reader = ShellReader(name, source)
+    def source(file: str) -> SourceText:
+        return read_source(Path(file), file)
+
+    choice = script_dialect(text)
+    if choice.dialect is None:
+        return DeployRead((), (NotUnderstood(
+            name, 1, f"the #! line {choice.said[:60]!r} (only bash or sh, with no option)",
+            "start the file with #!/bin/bash or #!/bin/sh",
+        ),))  # fmt: skip
+    reader = ShellReader(name, source, choice.dialect)
     reader.run(text)
     commands = tuple(
         ServerCommand(
@@ -66,10 +78,6 @@ def _reads(command: ServerCommand, written: Path | str) -> bool:
     return False
 
 
-def is_unit(text: str) -> bool:
-    return re.search(r"^\s*\[(Service|Unit|Install)\]\s*$", text, re.MULTILINE) is not None
-
-
 def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[ServerCommand, ...]:
     """The servers of a ``models.toml``, read by the one registry reader."""
     from batch_invariance.profiles.models import (
@@ -98,22 +106,53 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[Server
     return tuple(out)
 
 
+def deploy_format(path: Path) -> str:
+    """The format of a deploy file, decided by its name as the program that runs it decides:
+    ``.service`` is a systemd unit (systemd loads it by name, whatever it holds), ``.yml`` /
+    ``.yaml`` a compose file (``docker compose -f``), ``.toml`` a models registry (run-live's
+    ``--models``); any other systemd unit type or a lone drop-in (``.conf``) is not read;
+    everything else is a shell script, whose ``#!`` line picks the shell
+    (:mod:`batch_invariance.deploy.shell_dialect`). No header line inside the file decides
+    it: a ``[Service]`` line in ``run.sh`` is a shell word, not a unit."""
+    suffix = path.suffix.lower()
+    if suffix == ".service":
+        return "unit"
+    if suffix in (".yml", ".yaml"):
+        return "compose"
+    if suffix == ".toml":
+        return "toml"
+    if suffix in _OTHER_UNITS:
+        return "other"
+    return "shell"
+
+
+def _read_format(path: Path, data: bytes, models_dir: str | None) -> DeployRead:
+    text = decode(data, path.name)
+    if isinstance(text, NotUnderstood):
+        return DeployRead((), (text,))
+    kind = deploy_format(path)
+    if kind == "toml":
+        return DeployRead(toml_commands(path, text, models_dir))
+    if kind == "compose":
+        return compose_commands(path, text)
+    if kind == "unit":
+        return unit_commands(path, text)
+    if kind == "other":
+        return DeployRead((), (NotUnderstood(
+            path.name, 0, f"a {path.suffix} file (not a service unit, compose file, models.toml "
+            "or shell script)", "pass the .service unit (its drop-ins are read with it)",
+        ),))  # fmt: skip
+    return shell_commands(text, path.name)
+
+
 def read_deploy_file(path: Path, models_dir: str | None = None) -> DeployRead:
     """Every llama-server a deploy file starts, and what in it is outside the grammar; a file
     that starts none and has nothing outside the grammar is a usage error."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
         raise UsageError(f"cannot read deploy config {path}: {exc}") from None
-    suffix = path.suffix.lower()
-    if suffix == ".toml":
-        read = DeployRead(toml_commands(path, text, models_dir))
-    elif suffix in (".yml", ".yaml"):
-        read = compose_commands(path, text)
-    elif suffix in (".service",) or is_unit(text):
-        read = unit_commands(path, text)
-    else:
-        read = shell_commands(text, path.name)
+    read = _read_format(path, data, models_dir)
     if not read.commands and not read.not_understood:
         raise UsageError(
             f"{path.name}: no llama-server command line, compose service or [[models]] entry "

@@ -6,7 +6,8 @@ a shell-style name and ``VALUE`` made only of the characters in :data:`PLAIN_VAL
 no backslash, no ``$``, no whitespace). Both parsers read such a line as the same pair
 (systemd.exec(5), "EnvironmentFile="; the compose specification, "env_file" format). Anything
 else (``K = V``, ``export K=V``, quotes, a continuation, ``$X``) is not understood, naming the
-line.
+line. The file's bytes are checked first (:mod:`batch_invariance.deploy.source_bytes`:
+printable ASCII, tab, newline).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.deploy.commands import NotUnderstood
+from batch_invariance.deploy.source_bytes import read_source, text_problem
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Characters a value may hold unquoted in every format this package reads.
@@ -32,6 +34,9 @@ class EnvFile:
 def parse_env_file(text: str, shown: str) -> EnvFile:
     """The assignments of an environment file, or the lines outside its grammar."""
     values: dict[str, str] = {}
+    problem = text_problem(text, shown)
+    if problem is not None:  # bytes the parsers split or strip otherwise than Python
+        return EnvFile({}, (problem,))
     bad: list[NotUnderstood] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if line == "" or line.startswith(("#", ";")):
@@ -47,9 +52,11 @@ def parse_env_file(text: str, shown: str) -> EnvFile:
 
 
 def read_env_file(path: Path, shown: str) -> EnvFile | None:
-    """:func:`parse_env_file` of a file; ``None`` when it cannot be read."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+    """:func:`parse_env_file` of a file (its bytes checked first); ``None`` when it cannot
+    be read."""
+    text = read_source(path, shown)
+    if text is None:
         return None
+    if isinstance(text, NotUnderstood):
+        return EnvFile({}, (text,))
     return parse_env_file(text, shown)

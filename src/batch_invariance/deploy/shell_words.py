@@ -1,10 +1,13 @@
-"""Splitting a shell script into words and operators the way bash does (pure).
+"""Splitting a shell script into words and operators the way bash and dash do (pure).
+
+Blanks are space and tab only (a CR is part of a word, as in both shells; the readers refuse
+it before this, with every byte outside :mod:`batch_invariance.deploy.source_bytes`).
 
 Only what a deploy script needs is modelled: quotes, backslashes, line continuations,
 comments (a ``#`` that starts a word; a ``\\`` at the end of a comment continues nothing),
 ``$NAME`` / ``${NAME}`` expansions, operators, redirections and here-documents (their body is
-skipped). Anything else a word holds (``$(...)``, backticks, ``${X:-y}``, ``$1``, ``$'...'``)
-is kept as a *problem* of that word: the reader fails closed on a command that has one.
+skipped). Anything else a word holds (``$(...)``, backticks, ``${X:-y}``, ``$1``, ``$'...'``,
+``$"..."``) is kept as a *problem* of that word: the reader fails closed on a command that has one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from batch_invariance.deploy.source_bytes import BLANKS, split_blanks
 from batch_invariance.errors import UsageError
 
 _OPERATORS = (
@@ -130,6 +134,10 @@ class _Lexer:
             self._problem("ANSI-C quoting $'...'")
             end = text.find("'", i + 2)
             self.i = len(text) if end < 0 else end + 1
+        elif nxt == '"' and not quoted:
+            # bash translates $"..." with the locale; dash reads a $ and a quoted string.
+            self._problem('locale quoting $"..." (bash and sh read it differently)')
+            self.i += 1
         elif match := _NAME.match(text, i + 1):
             self._append(Part(match.group(0), quoted, variable=True))
             self.i = match.end()
@@ -197,7 +205,7 @@ class _Lexer:
                 self.line += 1
                 if self.heredocs:
                     self._skip_heredoc_bodies()
-            elif char in " \t\r":
+            elif char in BLANKS:
                 self._flush()
                 self.i += 1
             elif char == "#" and self.word is None:
@@ -234,9 +242,9 @@ class _Lexer:
         self.tokens.append(Op(op, self.line, self.i))
         self.i += len(op)
         if op in ("<<", "<<-"):
-            match = re.match(r"[ \t]*(\S+)", self.text[self.i :])
-            if match:
-                self.heredocs.append((match.group(1).strip("'\""), op == "<<-"))
+            words = split_blanks(self.text[self.i :].split("\n", 1)[0])
+            if words:
+                self.heredocs.append((words[0].strip("'\""), op == "<<-"))
 
 
 @dataclass(frozen=True)

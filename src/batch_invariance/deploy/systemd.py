@@ -28,15 +28,12 @@ from pathlib import Path
 
 from batch_invariance.deploy.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.env_file import NAME, read_env_file
+from batch_invariance.deploy.source_bytes import BLANKS, read_source, split_blanks, text_problem
+from batch_invariance.deploy.systemd_files import UNIT_DIRS, drop_in_files, manager_environment
 
-#: systemd's unit folders for system services, highest priority first (systemd.unit(5)).
-UNIT_DIRS = (
-    Path("/etc/systemd/system"), Path("/run/systemd/system"),
-    Path("/usr/local/lib/systemd/system"), Path("/usr/lib/systemd/system"),
-    Path("/lib/systemd/system"),
-)  # fmt: skip
-#: Files whose ``DefaultEnvironment=`` reaches every service (systemd-system.conf(5)).
-MANAGER_CONF = (Path("/etc/systemd/system.conf"), Path("/etc/systemd/system.conf.d"))
+#: systemd's ``WHITESPACE`` (``" \t\n\r"``): what it strips around keys and values and
+#: splits ``$NAME`` at. Its CR is outside the bytes a file may hold, its newline ends a line.
+WHITESPACE = " \t\n\r"
 #: Keys that change nothing the server computes, with the values they may take (``None``:
 #: any plain value).
 _NEUTRAL: dict[str, dict[str, frozenset[str] | None]] = {
@@ -63,7 +60,6 @@ _READ = frozenset(
 )  # fmt: skip
 KEYS = {section: frozenset(keys) for section, keys in _NEUTRAL.items()}
 _VALUE = re.compile(r"[A-Za-z0-9_./:,@+=\- ]*")
-_EXEC_WORD = re.compile(r'"[^"]*"|\'[^\']*\'|\S+')
 _FIX_UNIT = "keep the unit to the keys in docs/deploy.md, or ExecStart= batch-invariance serve"
 
 
@@ -72,63 +68,75 @@ class _Unit:
     """What the files of one service say, as systemd merges them."""
 
     environment: dict[str, str] = field(default_factory=dict)
-    #: (path, optional, as written, ``file:line``) of each ``EnvironmentFile=``.
-    env_files: list[tuple[str, bool, str, str]] = field(default_factory=list)
+    #: (path, optional, as written, (file, line)) of each ``EnvironmentFile=``.
+    env_files: list[tuple[str, bool, str, tuple[str, int]]] = field(default_factory=list)
     unset: set[str] = field(default_factory=set)
     workdir: str = "/"
     user: str | None = None
-    exec_start: list[tuple[str, str]] = field(default_factory=list)
+    exec_start: list[tuple[tuple[str, int], str]] = field(default_factory=list)
     bad: list[NotUnderstood] = field(default_factory=list)
-    #: ``file:line`` of the setting being read.
-    where: str = ""
+    #: (file, line) of the setting being read.
+    where: tuple[str, int] = ("", 0)
+
+
+def _escaped(text: str) -> bool:
+    """The line ends in a backslash that escapes nothing: systemd's continuation (it scans the
+    line, a backslash escaping the next character)."""
+    escaped = False
+    for char in text:
+        escaped = not escaped if char == "\\" else False
+    return escaped
 
 
 def _lines(text: str, shown: str, bad: list[NotUnderstood]) -> list[tuple[int, str]]:
-    """Logical lines (continuations joined with a space), comments and blanks dropped."""
+    """Logical lines as systemd's ``config_parse`` forms them: a line whose first non-blank
+    is ``#``/``;`` is a comment; a line ending in an unescaped ``\\`` has it replaced by a
+    space and the next raw line appended; the result is stripped of whitespace."""
     out: list[tuple[int, str]] = []
-    buffer: list[str] = []
+    continuation: str | None = None
     start = 0
     for number, raw in enumerate(text.split("\n"), start=1):
-        if "\r" in raw or re.search(r"[\x00-\x08\x0b-\x1f]", raw):
-            bad.append(NotUnderstood(shown, number, "a CR byte or control character",
-                                     "convert with dos2unix"))  # fmt: skip
-            return []
-        line = raw.strip()
-        if buffer and line.startswith(("#", ";")):
-            bad.append(NotUnderstood(shown, number, "a comment inside a \\ continuation",
-                                     "move the comment above the setting"))  # fmt: skip
-            return []
-        if not buffer:
-            start = number
-            if not line or line.startswith(("#", ";")):
-                continue
-        if line.endswith("\\"):
-            buffer.append(line[:-1])
+        if raw.lstrip(BLANKS)[:1] in ("#", ";"):
+            if continuation is not None:
+                bad.append(NotUnderstood(shown, number, "a comment inside a \\ continuation",
+                                         "move the comment above the setting"))  # fmt: skip
+                return []
             continue
-        buffer.append(line)
-        out.append((start, " ".join(buffer)))
-        buffer = []
-    if buffer:
+        if continuation is None:
+            start = number
+        joined = raw if continuation is None else continuation + raw
+        if _escaped(joined):
+            continuation = joined[:-1] + " "
+            continue
+        continuation = None
+        line = joined.strip(WHITESPACE)
+        if line:
+            out.append((start, line))
+    if continuation is not None:
         bad.append(NotUnderstood(shown, start, "a \\ continuation at the end of the file"))
     return out
 
 
 def _read_file(unit: _Unit, text: str, shown: str) -> None:
+    problem = text_problem(text, shown)
+    if problem is not None:  # bytes systemd splits or reads otherwise than Python
+        unit.bad.append(problem)
+        return
     section = ""
     for number, line in _lines(text, shown, unit.bad):
         if line.startswith("["):
-            section = line.strip()[1:-1] if line.endswith("]") else ""
+            section = line[1:-1] if line.endswith("]") else ""
             if section not in ("Unit", "Service", "Install"):
                 unit.bad.append(NotUnderstood(shown, number, f"section {line}", _FIX_UNIT))
                 return
             continue
-        key, eq, value = (p.strip() for p in line.partition("="))
+        key, eq, value = (p.strip(WHITESPACE) for p in line.partition("="))
         try:
             if not eq or not section:
                 raise _Refused(f"line {line[:60]!r} (not Key=value in a section)")
             if "%" in value:
                 raise _Refused(f"a % specifier in {key}=", "write the value out")
-            unit.where = f"{shown}:{number}"
+            unit.where = (shown, number)
             _setting(unit, section, key, value)
         except _Refused as exc:
             unit.bad.append(NotUnderstood(shown, number, exc.construct, exc.fix or _FIX_UNIT))
@@ -154,20 +162,53 @@ def _setting(unit: _Unit, section: str, key: str, value: str) -> None:
         raise _Refused(f"{key}={value}", f"{key}= one of {', '.join(sorted(choices))}")
 
 
+def _words(value: str, key: str) -> list[tuple[str, str]]:
+    """(body, quote) of each word of a value split at blanks, as systemd's
+    ``extract_first_word`` splits it, for the words on which it and this reader agree: a word
+    quoted whole (``"A B"``, ``'A B'``) or not at all. A quote inside a word (``A="B C"``,
+    ``"A"B``: systemd joins the pieces into one word) or an unterminated one is refused."""
+    words: list[tuple[str, str]] = []
+    index = 0
+    while index < len(value):
+        char = value[index]
+        if char in BLANKS:
+            index += 1
+            continue
+        if char in "\"'":
+            end = value.find(char, index + 1)
+            if end < 0 or (end + 1 < len(value) and value[end + 1] not in BLANKS):
+                raise _Refused(f"{key}= word {value[index : index + 40]} (a quote that does "
+                               "not enclose a whole word)", "quote whole words only")  # fmt: skip
+            words.append((value[index + 1 : end], char))
+            index = end + 1
+            continue
+        end = index
+        while end < len(value) and value[end] not in BLANKS:
+            end += 1
+        word = value[index:end]
+        if '"' in word or "'" in word:
+            raise _Refused(f"{key}= word {word[:40]} (a quote inside a word)",
+                           "quote whole words only")  # fmt: skip
+        words.append((word, ""))
+        index = end
+    return words
+
+
 def _environment(unit: _Unit, value: str) -> None:
     if not value:
         unit.environment = {}
         return
-    for word in _EXEC_WORD.findall(value):
-        body = word[1:-1] if word[:1] == '"' and word.endswith('"') else word
+    for body, quote in _words(value, "Environment"):
         name, eq, text = body.partition("=")
         if (
             not eq
+            or quote == "'"
             or not NAME.fullmatch(name)
             or not _VALUE.fullmatch(text)
-            or (body is word and " " in text)
+            or (not quote and " " in text)
         ):
-            raise _Refused(f"Environment= word {word[:40]}", 'write NAME=VALUE or "NAME=A B"')
+            shown = f"{quote}{body}{quote}"[:40]
+            raise _Refused(f"Environment= word {shown}", 'write NAME=VALUE or "NAME=A B"')
         unit.environment[name] = text
 
 
@@ -180,7 +221,7 @@ def _environment_file(unit: _Unit, value: str) -> None:
 
 
 def _unset(unit: _Unit, value: str) -> None:
-    for word in value.split():
+    for word in split_blanks(value):
         if not NAME.fullmatch(word):
             raise _Refused(f"UnsetEnvironment={word}", "UnsetEnvironment= NAME ...")
         unit.unset.add(word)
@@ -216,17 +257,19 @@ def exec_argv(value: str, env: dict[str, str]) -> list[str]:
     """An ``ExecStart=`` command line as systemd splits and expands it (the grammar's part)."""
     if value.startswith("-"):
         value = value[1:]
-    if value[:1] in "@:+!|" and value:
+    if value[:1] in "@:+!|-" and value:
         raise _Refused(f"ExecStart= prefix {value[0]}", "no prefix other than -")
+    if value[:1] in tuple(BLANKS):
+        raise _Refused("ExecStart= with a blank after its prefix (systemd reads an empty path)")
     argv: list[str] = []
-    for word in _EXEC_WORD.findall(value):
-        quoted = word[:1] in "\"'" and word.endswith(word[:1]) and len(word) > 1
-        body = word[1:-1] if quoted else word
-        if "\\" in body or word == ";" or ("'" in body or '"' in body):
+    for body, quote in _words(value, "ExecStart"):
+        word = f"{quote}{body}{quote}"
+        if "\\" in body or word == ";":
             raise _Refused(f"ExecStart= word {word[:40]}", "plain words, whole-word quotes")
         whole = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", body)
-        if whole and not quoted:
-            argv.extend(_variable(whole.group(1), env).split())
+        if whole and not quote:
+            # $NAME as a whole word: the value split at systemd's WHITESPACE.
+            argv.extend(split_blanks(_variable(whole.group(1), env), WHITESPACE))
             continue
 
         def braced(match: re.Match[str]) -> str:
@@ -247,48 +290,8 @@ def _variable(name: str, env: dict[str, str]) -> str:
     return env[name]
 
 
-def drop_in_files(unit_path: Path, root: Path = Path("/")) -> list[Path]:
-    """The drop-ins systemd merges into ``unit_path``, in the order it applies them (``root``:
-    the file system root systemd's unit folders are under, as ``systemd-analyze --root``)."""
-    name = unit_path.name
-    kind = name.rsplit(".", 1)[-1]
-    stem = name[: -len(kind) - 1]
-    names = [f"{kind}.d"]
-    parts = stem.split("-")
-    names += [f"{'-'.join(parts[:i])}-.{kind}.d" for i in range(1, len(parts))]
-    names.append(f"{name}.d")
-    folders = [unit_path.parent]
-    systemd_dirs = [root / d.relative_to("/") for d in UNIT_DIRS]
-    if unit_path.parent in systemd_dirs:
-        folders = systemd_dirs
-    chosen: dict[str, Path] = {}
-    for folder in folders:
-        for sub in names:
-            directory = folder / sub
-            if directory.is_dir():
-                for conf in directory.glob("*.conf"):
-                    chosen.setdefault(conf.name, conf)
-    return [chosen[k] for k in sorted(chosen)]
-
-
-def _manager_environment() -> list[NotUnderstood]:
-    out: list[NotUnderstood] = []
-    files = [MANAGER_CONF[0], *sorted(MANAGER_CONF[1].glob("*.conf"))]
-    for path in files:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        for number, line in enumerate(text.split("\n"), start=1):
-            if re.match(r"\s*DefaultEnvironment\s*=\s*\S", line):
-                out.append(NotUnderstood(str(path), number, "DefaultEnvironment= of the "
-                                         "service manager reaches every service"))  # fmt: skip
-    return out
-
-
-def _where(where: str) -> tuple[str, int]:
-    file, _, line = where.rpartition(":")
-    return file, int(line)
+def _exec_lines(unit: _Unit) -> str:
+    return ", ".join(f"{file}:{line}" for (file, line), _ in unit.exec_start)
 
 
 def unit_commands(path: Path, text: str) -> DeployRead:
@@ -299,11 +302,14 @@ def unit_commands(path: Path, text: str) -> DeployRead:
                                       "specifier)", "write a plain unit"))  # fmt: skip
     _read_file(unit, text, path.name)
     for conf in drop_in_files(path):
-        try:
-            _read_file(unit, conf.read_text(encoding="utf-8"), str(conf))
-        except (OSError, UnicodeDecodeError):
+        body = read_source(conf, str(conf))
+        if body is None:
             unit.bad.append(NotUnderstood(str(conf), 0, "a drop-in that cannot be read here"))
-    unit.bad.extend(_manager_environment())
+        elif isinstance(body, NotUnderstood):
+            unit.bad.append(body)
+        else:
+            _read_file(unit, body, str(conf))
+    unit.bad.extend(manager_environment())
     env = dict(unit.environment)
     notes: list[str] = []
     for file, optional, written, where in unit.env_files:
@@ -312,9 +318,8 @@ def unit_commands(path: Path, text: str) -> DeployRead:
             if optional and not os.path.lexists(file):
                 notes.append(f"EnvironmentFile={written} is absent here: nothing set from it")
                 continue
-            shown, _, line = where.rpartition(":")
             unit.bad.append(
-                NotUnderstood(shown, int(line), f"EnvironmentFile={written}, which cannot be "
+                NotUnderstood(*where, f"EnvironmentFile={written}, which cannot be "
                               "read here", "put the file on this host, or write -PATH if it "
                               "is optional")
             )  # fmt: skip
@@ -326,9 +331,9 @@ def unit_commands(path: Path, text: str) -> DeployRead:
     if len(unit.exec_start) != 1:
         unit.bad.append(
             NotUnderstood(
-                *_where(unit.exec_start[0][0] if unit.exec_start else f"{path.name}:0"),
+                *(unit.exec_start[0][0] if unit.exec_start else (path.name, 0)),
                 f"{len(unit.exec_start)} ExecStart= command lines after resets "
-                f"({', '.join(w for w, _ in unit.exec_start)}; exactly one runs a server)",
+                f"({_exec_lines(unit)}; exactly one runs a server)",
                 "reset with an empty ExecStart= before the one that runs",
             )
         )
@@ -337,8 +342,7 @@ def unit_commands(path: Path, text: str) -> DeployRead:
     try:
         argv = exec_argv(value, env)
     except _Refused as exc:
-        file, _, line = where.rpartition(":")
-        unit.bad.append(NotUnderstood(file, int(line), exc.construct, exc.fix))
+        unit.bad.append(NotUnderstood(*where, exc.construct, exc.fix))
         return DeployRead((), tuple(unit.bad))
     config_unknown = None
     if unit.user is not None and "XDG_CONFIG_HOME" not in env and "HOME" not in env:
@@ -355,7 +359,7 @@ def unit_commands(path: Path, text: str) -> DeployRead:
     elif unit.user is None and "HOME" not in env:
         env = {**env, "HOME": "/root"}  # runs as root: its config file is looked up
     command = ServerCommand(
-        origin=where, argv=tuple(argv), env=env,
+        origin=f"{where[0]}:{where[1]}", argv=tuple(argv), env=env,
         base_dir=Path(unit.workdir), search_path=None, config_unknown=config_unknown,
         notes=tuple(notes),
     )  # fmt: skip

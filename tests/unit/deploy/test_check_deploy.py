@@ -177,8 +177,12 @@ def path_line(binary: Path) -> str:
 def _check(
     world: dict[str, Path], tmp_path: Path, body: str, *extra: str, certs: Path | None = None
 ) -> int:
-    config = tmp_path / "llama-server.sh"
-    config.write_text(body if body.startswith("[") else path_line(world["binary"]) + body)
+    unit = body.startswith("[")  # a unit is read as a unit by its name, as systemd reads it
+    config = tmp_path / ("llama-server.service" if unit else "llama-server.sh")
+    if not unit:  # the PATH line goes after a #! line, which the kernel reads on line 1 only
+        head, _, rest = body.partition("\n") if body.startswith("#!") else ("", "", body)
+        body = (f"{head}\n" if head else "") + path_line(world["binary"]) + rest
+    config.write_text(body)
     folder = certs or world["certs"]
     return main(["check-deploy", str(config), "--certs", str(folder), *extra])
 
@@ -229,8 +233,8 @@ def test_systemd_unit_environment(
     unit = "[Service]\nEnvironmentFile=/etc/nowhere/llm.env\n" + covered
     assert _unsigned(world, tmp_path, unit) == exitcodes.NOT_PROMOTABLE
     assert (
-        "llama-server.sh:2: not understood: EnvironmentFile=/etc/nowhere/llm.env, which cannot "
-        "be read here" in capsys.readouterr().out
+        "llama-server.service:2: not understood: EnvironmentFile=/etc/nowhere/llm.env, which "
+        "cannot be read here" in capsys.readouterr().out
     )
     assert _unsigned(world, tmp_path, "[Service]\n" + covered) == exitcodes.PROMOTABLE
 

@@ -145,7 +145,7 @@ OUTSIDE = [
     ("exec -a x llama-server -m /m/a.gguf", "running -a"),
     ("llama-server -m /m/a.gguf | tee x", "operator |"),
     ("llama-server -m /m/a.gguf > /m/a.json", "output written to /m/a.json"),
-    (". env.sh", "bash looks it up on PATH"),
+    (". env.sh", "the shell looks it up on PATH"),
     ("shopt -s expand_aliases", "running shopt"),
     ("llama-server -m /m/a.gguf || exit 1", "take || exit"),
     ("BASH_ENV=/tmp/x", "assigning BASH_ENV"),
@@ -328,7 +328,9 @@ SERVICE = (
 )
 
 
-def test_compose_services_and_override_files_merge_as_compose_merges(tmp_path: Path) -> None:
+def test_compose_services_are_read_and_an_override_file_is_not_understood(
+    tmp_path: Path,
+) -> None:
     read = _compose(tmp_path, SERVICE + "    environment:\n      LLAMA_ARG_UBATCH: '1'\n")
     assert read.not_understood == ()
     cell = cell_of(read.commands[0])
@@ -339,11 +341,10 @@ def test_compose_services_and_override_files_merge_as_compose_merges(tmp_path: P
         "    environment: ['LLAMA_ARG_UBATCH=512']\n"
     )
     base = SERVICE + "    environment: {LLAMA_ARG_UBATCH: '1', LLAMA_ARG_THREADS: '4'}\n"
-    read = _compose(tmp_path, base, {"compose.override.yaml": override})
-    cell = cell_of(read.commands[0])
-    assert (cell.name, cell.parallel) == ("b", 8)
-    # environment is merged by name: the override's value wins, the base's other names stay.
-    assert read.commands[0].env == {"LLAMA_ARG_UBATCH": "512", "LLAMA_ARG_THREADS": "4"}
+    # `docker compose` merges it without -f, not with -f compose.yaml: the checker merges
+    # nothing, so the deploy is not understood (tests/unit/deploy/test_compose.py).
+    found = _compose(tmp_path, base, {"compose.override.yaml": override}).unmodelled
+    assert found[0].startswith("compose.override.yaml: not understood: override file")
 
 
 @pytest.mark.parametrize(
@@ -450,3 +451,69 @@ def test_model_identity_uses_the_strongest_check_available(tmp_path: Path) -> No
     )
     hub = identify_model(None, "org/repo:Q4_K_M")
     assert hub.method == "nothing" and model_differences(hub, recorded)
+
+
+# --------------------------------------------------------------------------- exact readings
+
+
+def test_prefix_assignments_apply_left_to_right_as_the_shells_assign_them() -> None:
+    # bash and dash: B=$A on the same line sees A=1; the arguments still see the old A.
+    (command,) = _read("A=0\nexport A\nA=1 B=$A llama-server -m /m/a.gguf -a $A\n").commands
+    assert command.env["B"] == "1" and command.argv[-1] == "0"
+
+
+def test_words_the_shells_read_differently_are_not_understood() -> None:
+    assert "locale quoting" in _refused('llama-server -m /m/a.gguf --alias $"x"\n')
+    assert "descriptor 10" in _refused("llama-server -m /m/a.gguf 10>/dev/null\n")
+    # A quoted number before > is an argument, not a descriptor.
+    (command,) = _read('llama-server -m /m/a.gguf "2">/dev/null\n').commands
+    assert command.argv[-1] == "2"
+    # An unquoted expansion is split at space, tab and newline only; a backslash in it could
+    # be a pattern (bash 5.0), so it is refused.
+    (command,) = _read("F=' -c\t4096  -np 4'\nllama-server -m /m/a.gguf $F\n").commands
+    assert command.argv[-4:] == ("-c", "4096", "-np", "4")
+    assert "pattern character" in _refused("F='a\\b'\nllama-server -m /m/a.gguf $F\n")
+    assert "env /usr/bin/llama-server=x" in _refused(
+        "/usr/bin/env /usr/bin/llama-server=x /usr/bin/llama-server -m /m/a.gguf\n"
+    )
+
+
+def test_systemd_lines_are_joined_and_split_as_systemd_does(tmp_path: Path) -> None:
+    # A continuation: the backslash becomes a space and the next raw line is appended.
+    read = _unit(
+        tmp_path,
+        '[Service]\nEnvironment="LLAMA_ARG_ALIAS=a \\\n   b" \\\n\tX=1\n'
+        "ExecStart=/usr/bin/llama-server -m /srv/a.gguf\n",
+    )
+    assert read.not_understood == (), read.unmodelled
+    assert read.commands[0].env["LLAMA_ARG_ALIAS"] == "a     b"
+    assert read.commands[0].env["X"] == "1"
+    # A quote inside a word: systemd joins the pieces ("A=1"B=2 is one word A=1B=2).
+    for line in ('Environment="A=1"B=2', 'Environment=A="1 2"', "Environment='A=1'"):
+        found = _unit(tmp_path, f"[Service]\n{line}\nExecStart=/usr/bin/llama-server\n")
+        assert found.unmodelled and found.not_understood[0].line == 2, line
+    found = _unit(tmp_path, '[Service]\nExecStart=/usr/bin/llama-server "-m"/a.gguf\n')
+    assert "a quote that does not enclose a whole word" in found.unmodelled[0]
+    found = _unit(tmp_path, "[Service]\nExecStart=- /usr/bin/llama-server -m /a.gguf\n")
+    assert "a blank after its prefix" in found.unmodelled[0]
+    # $NAME as a whole word is split at systemd's whitespace (space and tab here).
+    read = _unit(
+        tmp_path,
+        '[Service]\nEnvironment="F=-c 4096  -np 4"\nExecStart=/usr/bin/llama-server $F\n',
+    )
+    assert read.commands[0].argv[1:] == ("-c", "4096", "-np", "4")
+
+
+def test_the_format_is_decided_by_the_name_as_the_runner_decides(tmp_path: Path) -> None:
+    from batch_invariance.deploy.config import deploy_format
+
+    assert [deploy_format(Path(n)) for n in ("a.service", "c.yml", "m.toml", "run", "x.sh")] == [
+        "unit", "compose", "toml", "shell", "shell"
+    ]  # fmt: skip
+    # A unit's header in a script is a shell word; a script's #! in a unit is a comment.
+    script = tmp_path / "run.sh"
+    script.write_text("[Service]\nExecStart=/usr/bin/llama-server -m /a.gguf\n")
+    assert read_deploy_file(script).not_understood[0].line == 1
+    timer = tmp_path / "llm.timer"
+    timer.write_text("[Timer]\nOnBootSec=1\n")
+    assert "a .timer file" in read_deploy_file(timer).unmodelled[0]

@@ -1,0 +1,140 @@
+"""The shell state a deploy script builds and how its words expand (pure).
+
+Variables, exports and the few options the grammar models; a word's fields as bash and dash
+produce them: quotes removed, ``$NAME``/``${NAME}`` of a variable the file set, an unquoted
+expansion split at the default ``IFS`` (space, tab, newline: exactly those, never another
+blank). A value that would undergo pathname expansion (``*?[``, or a ``\\`` that bash 5.0
+treats as a pattern) is refused unquoted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batch_invariance.deploy.shell_grammar import assignable, word_problem
+from batch_invariance.deploy.shell_words import Part, Word
+from batch_invariance.deploy.source_bytes import IFS, split_blanks
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
+#: Characters of an unquoted expansion's value that make the shell treat it as a pattern.
+_PATTERN = frozenset("*?[\\")
+
+
+class NotInGrammar(Exception):
+    """A statement outside the grammar (the message names the construct)."""
+
+    def __init__(self, construct: str, fix: str = "", line: int = 0) -> None:
+        super().__init__(construct)
+        self.construct = construct
+        self.fix = fix
+        self.line = line
+
+
+def absolute_path_list(value: str) -> bool:
+    """Every folder of a ``PATH`` value is absolute."""
+    return all(p.startswith("/") for p in value.split(":"))
+
+
+@dataclass
+class ShellState:
+    variables: dict[str, str] = field(default_factory=dict)
+    exported: set[str] = field(default_factory=set)
+    cwd: Path | None = None
+    allexport: bool = False
+    errexit: bool = False
+    stopped: bool = False
+    #: The line each variable was last assigned on (named when it is refused later).
+    assigned_at: dict[str, int] = field(default_factory=dict)
+
+    def assign(self, name: str, value: str, where: int) -> None:
+        if not assignable(name):
+            raise NotInGrammar(f"assigning {name} (the shell itself reads it)")
+        if name == "PATH" and not absolute_path_list(value):
+            raise NotInGrammar(
+                f"PATH={value} (every folder must be absolute)", "write PATH=/abs/bin:/usr/bin"
+            )
+        self.variables[name] = value
+        self.assigned_at[name] = where
+        if self.allexport or name == "PATH":
+            self.exported.add(name)  # PATH is in every caller's environment: always exported
+
+    def environment(self) -> dict[str, str]:
+        return {k: v for k, v in self.variables.items() if k in self.exported}
+
+
+def _value(name: str, variables: dict[str, str]) -> str:
+    if name not in variables:
+        raise NotInGrammar(
+            f"${name}, which this file does not set (the caller's environment decides)",
+            f"set {name} in the file before this line",
+        )
+    return variables[name]
+
+
+def expand(
+    word: Word, state: ShellState, split: bool = True, extra: dict[str, str] | None = None
+) -> list[str]:
+    """The fields a word expands to (the shell's rules for the grammar's words); ``extra``:
+    variables assigned earlier on the same line (a prefix ``A=1 B=$A`` sees ``A=1``)."""
+    problem = word_problem(word)
+    if problem:
+        raise NotInGrammar(problem)
+    variables = {**state.variables, **(extra or {})}
+    fields: list[str] = []
+    current: str | None = None
+    for part in word.parts:
+        if not part.variable:
+            current = (current or "") + part.text
+            continue
+        value = _value(part.text, variables)
+        if part.quoted or not split:
+            current = (current or "") + value
+            continue
+        if any(char in _PATTERN for char in value):
+            raise NotInGrammar(f"unquoted ${part.text} holds a pattern character", "quote it")
+        pieces = split_blanks(value, IFS)
+        if value[:1] in tuple(IFS) and current is not None:
+            fields.append(current)
+            current = None
+        for index, piece in enumerate(pieces):
+            if index:
+                fields.append(current or "")
+                current = None
+            current = (current or "") + piece
+        if value[-1:] in tuple(IFS) and current is not None:
+            fields.append(current)
+            current = None
+    if current is not None or (not fields and any(p.quoted for p in word.parts)):
+        fields.append(current or "")
+    return fields
+
+
+def literal(word: Word, state: ShellState) -> str:
+    fields = expand(word, state, split=False)
+    return fields[0] if fields else ""
+
+
+def assignment(
+    word: Word, state: ShellState, extra: dict[str, str] | None = None
+) -> tuple[str, str] | None:
+    """``NAME=value`` (name and ``=`` unquoted) with the value expanded as the shell assigns."""
+    first = word.parts[0] if word.parts else None
+    if first is None or first.quoted or first.variable:
+        return None
+    match = ASSIGN.match(first.text)
+    if match is None:
+        return None
+    name = match.group(1)
+    rest = Word(parts=list(word.parts), line=word.line)
+    head = first.text[len(name) + 1 :]
+    rest.parts[0] = Part(head, first.quoted, first.variable)
+    if not head:
+        rest.parts.pop(0)
+    return name, "".join(expand(rest, state, split=False, extra=extra))
+
+
+__all__ = ["ASSIGN", "NAME", "NotInGrammar", "ShellState", "absolute_path_list", "assignment",
+           "expand", "literal"]  # fmt: skip

@@ -1,0 +1,100 @@
+"""A deploy file's bytes, checked before anything reads them (pure, except :func:`read_source`).
+
+bash, dash and systemd split words on a few ASCII bytes (bash's and dash's blanks are space
+and tab, a newline ends a command, and the default ``IFS`` is space, tab, newline; systemd's
+``WHITESPACE`` is space, tab, newline, CR). Python's string helpers split on many more
+(U+00A0, U+2000..U+200A, U+3000, U+0085, ``\\v``, ``\\f``, ``\\x1c``..``\\x1f``), so a reader
+that decodes a file as UTF-8 and splits it the Python way sees other words than the program.
+Every reader therefore starts here: a file may hold only :data:`ALLOWED` (printable ASCII,
+tab, newline); any other byte (non-ASCII, CR, NUL, any other control byte) is *not
+understood*, naming its line, column and byte offset, and nothing of the file is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from batch_invariance.deploy.commands import NotUnderstood
+
+#: The bytes a deploy file may hold: printable ASCII (0x20..0x7e), tab and newline.
+ALLOWED = frozenset({0x09, 0x0A, *range(0x20, 0x7F)})
+#: Blanks between words: bash's and dash's (``<blank>``), and systemd's ``WHITESPACE`` within
+#: a line (its CR is outside :data:`ALLOWED`, its newline ends the line).
+BLANKS = " \t"
+#: The default ``IFS`` of bash and dash: what an unquoted expansion is split at.
+IFS = " \t\n"
+DIGITS = "0123456789"
+_FIX = "write the file in plain ASCII with LF line ends (no CR, NUL, control or non-ASCII bytes)"
+_NAMES = {0x00: "NUL", 0x0B: "VT", 0x0C: "FF", 0x0D: "CR", 0x7F: "DEL"}
+
+
+def _name(byte: int) -> str:
+    if byte in _NAMES:
+        return f"a {_NAMES[byte]} byte (0x{byte:02x})"
+    if byte < 0x20:
+        return f"a control byte 0x{byte:02x}"
+    return f"a non-ASCII byte 0x{byte:02x}"
+
+
+def byte_problem(data: bytes, shown: str) -> NotUnderstood | None:
+    """The first byte outside :data:`ALLOWED`, named with its line and byte offset."""
+    for offset, byte in enumerate(data):
+        if byte not in ALLOWED:
+            line = data.count(b"\n", 0, offset) + 1
+            column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+            return NotUnderstood(
+                shown,
+                line,
+                f"{_name(byte)} at byte offset {offset} (column {column}); the reader takes "
+                "only printable ASCII, tab and newline, so it cannot split this line as "
+                "the program does",
+                _FIX,
+            )
+    return None
+
+
+def decode(data: bytes, shown: str) -> str | NotUnderstood:
+    """The file as text when every byte is in :data:`ALLOWED`, else what is not."""
+    problem = byte_problem(data, shown)
+    return data.decode("ascii") if problem is None else problem
+
+
+def text_problem(text: str, shown: str) -> NotUnderstood | None:
+    """:func:`byte_problem` of text already decoded (a pure reader's input)."""
+    return byte_problem(text.encode("utf-8", "surrogateescape"), shown)
+
+
+def read_source(path: Path, shown: str) -> str | NotUnderstood | None:
+    """A file's text through :func:`decode`; ``None`` when it cannot be read."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return decode(data, shown)
+
+
+def split_blanks(text: str, blanks: str = BLANKS) -> list[str]:
+    """Words of ``text`` split at runs of ``blanks`` only (Python's ``split()`` would also
+    split at every Unicode blank)."""
+    words: list[str] = []
+    current = ""
+    for char in text:
+        if char in blanks:
+            if current:
+                words.append(current)
+            current = ""
+        else:
+            current += char
+    if current:
+        words.append(current)
+    return words
+
+
+def strip_blanks(text: str, blanks: str = BLANKS) -> str:
+    """``text`` without leading and trailing ``blanks`` (only those)."""
+    return text.strip(blanks)
+
+
+def is_decimal(text: str) -> bool:
+    """One or more ASCII digits (Python's own digit test also takes ``٤``, ``²``)."""
+    return bool(text) and all(char in DIGITS for char in text)
