@@ -25,8 +25,18 @@
 # The exit code is the container's: the verdict (0 pass, 1 RED, 3 not promotable, ...).
 set -euo pipefail
 
+# A workflow-command message, escaped as the runner unescapes it (%, CR, LF), so that a value
+# in it (an input, a path) can neither end the line nor start a command of its own.
+escape_data() {
+  local text=$1
+  text=${text//%/%25}
+  text=${text//$'\r'/%0D}
+  text=${text//$'\n'/%0A}
+  printf '%s' "$text"
+}
+
 die() {
-  echo "::error title=batch-invariance container step::$1"
+  printf '::error title=batch-invariance container step::%s\n' "$(escape_data "$1")"
   exit "${2:-2}"
 }
 
@@ -47,6 +57,7 @@ fi
 # A host folder for a read-only mount: absolute as given, relative under the workspace.
 host_folder() {
   local name=$1 value=$2 folder
+  [[ "$value" != *[$'\n\r']* ]] || die "input $name holds a line break; it takes one folder"
   folder=$value
   [[ "$folder" = /* ]] || folder="$GITHUB_WORKSPACE/$folder"
   [ -d "$folder" ] || die "input $name $value: no such folder on the runner ($folder)"

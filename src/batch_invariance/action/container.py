@@ -43,7 +43,7 @@ def _server_bin(env: Mapping[str, str]) -> Path | None:
 def preflight(env: Mapping[str, str]) -> int | None:
     """None when the run may go ahead, else the exit code after reporting the problem."""
     from batch_invariance.action.preflight import check_binary
-    from batch_invariance.report.render import annotation
+    from batch_invariance.report.render import annotation, failure_summary
 
     binary = _server_bin(env)
     if binary is None:
@@ -55,7 +55,7 @@ def preflight(env: Mapping[str, str]) -> int | None:
         summary = env.get("GITHUB_STEP_SUMMARY")
         if summary:
             with contextlib.suppress(OSError), open(summary, "a", encoding="utf-8") as handle:
-                handle.write(f"## {_TITLE}\n\n{exc}\n")
+                handle.write(failure_summary(_TITLE, exc))
         return exitcodes.for_error(exc)
     return None
 

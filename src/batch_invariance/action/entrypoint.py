@@ -6,7 +6,10 @@ service (``run_live_cell`` / ``run_mock_cell``) with the same driver and core, t
 
 * writes the outputs to ``$GITHUB_OUTPUT`` (:mod:`batch_invariance.action.outputs`);
 * appends a Markdown job summary to ``$GITHUB_STEP_SUMMARY``
-(:mod:`batch_invariance.report.render`); * prints ``::error::`` / ``::notice::`` annotations;
+  (:mod:`batch_invariance.report.render`), every value from an input or the cert escaped as
+  Markdown text;
+* prints ``::error::`` / ``::notice::`` annotations, their values escaped as the runner
+  unescapes them, and plain log lines on which no value can start a workflow command;
 * signs the cert with sigstore when ``sign`` is true;
 * with a ``baseline``, verifies it before the run, compares the new cert with it after, writes
   the comparison beside the cert and adds its table to the summary
@@ -67,6 +70,7 @@ from batch_invariance.report.render import (
     TITLE,
     annotation,
     failure_summary,
+    log_line,
     summary_markdown,
     verdict_annotation,
 )
@@ -89,8 +93,10 @@ def embedded_default() -> tuple[Path, Path]:
     # Said in the job log: whether this job paid for the build (built or adopted) or found it
     # in the cache a runner keeps between jobs (reused).
     print(
-        f"batch-invariance: embedded default: llama-server {got.server_origin}, model "
-        f"{got.model_origin}, in {got.server_bin.parents[3]}",
+        log_line(
+            f"batch-invariance: embedded default: llama-server {got.server_origin}, model "
+            f"{got.model_origin}, in {got.server_bin.parents[3]}"
+        ),
         file=sys.stderr,
         flush=True,
     )
@@ -105,7 +111,7 @@ def run_cell_for(
         request = mock_request(inputs)
         if request.workset is None:
             ladder = ladder_line(mock_ladder(request), request.ctx)
-            print(f"batch-invariance: plan: {ladder}", file=out or sys.stdout, flush=True)
+            print(log_line(f"batch-invariance: plan: {ladder}"), file=out or sys.stdout, flush=True)
         return run_mock_cell(request, progress=Progress())
     check_folders(inputs)
     check_server_pair(inputs)
@@ -120,7 +126,8 @@ def refuse_unreachable(job: LiveCell, require: str, out: TextIO) -> None:
     whose ``require`` can never hold (``none``, with a baseline, asks for no verdict)."""
     workset = planned_workset(job)
     if workset is not None and is_ladder(workset):
-        print(f"batch-invariance: plan: {ladder_line(workset, job.ctx)}", file=out, flush=True)
+        plan = f"batch-invariance: plan: {ladder_line(workset, job.ctx)}"
+        print(log_line(plan), file=out, flush=True)
     causes = cannot_be_green(job) if require != "none" else ()
     if causes:
         more = f" (and {len(causes) - 1} more: {'; '.join(causes[1:])})" if causes[1:] else ""
@@ -226,7 +233,7 @@ def run_action(
         # The cert is written (and signed); only the report to the runner failed.
         return _fail(exc, env, stream)
     for name in OUTPUT_NAMES:
-        print(f"{name}: {outputs[name]}", file=stream)
+        print(log_line(f"{name}: {outputs[name]}"), file=stream)
     if sign_error is not None:
         return _fail(
             sign_error, env, stream, title=f"{TITLE} signing failed (cert kept, not signed)"

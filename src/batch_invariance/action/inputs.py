@@ -63,6 +63,9 @@ LIVE_ONLY_INPUTS: tuple[str, ...] = (
     "server-flags",
 )  # fmt: skip
 _NUMBER_INPUTS: tuple[str, ...] = ("ctx", "parallel", "gate-passes", "reps", "n-predict")
+#: Inputs that take one value per line; every other input is one line (a line break in it is
+#: refused before it can reach a path, the job log or the summary).
+MULTILINE_INPUTS: frozenset[str] = frozenset({"server-flags"})
 
 
 @dataclass(frozen=True)
@@ -138,12 +141,19 @@ def _spell_input(field_name: str) -> str:
 
 
 def read_inputs(env: Mapping[str, str]) -> ActionInputs:
-    """Validate the step's inputs (pure over ``env``); UsageError names the bad input."""
+    """Validate the step's inputs (pure over ``env``); UsageError names the bad input. An
+    input other than :data:`MULTILINE_INPUTS` holding a line break (after its surrounding
+    whitespace, which is dropped) is refused."""
     raw: dict[str, str] = {}
     explicit: set[str] = set()
     for name, default in INPUT_DEFAULTS.items():
         given = input_value(env, name)
         value = default if given is None or given.strip() == "" else given
+        if name not in MULTILINE_INPUTS and ("\n" in value.strip() or "\r" in value.strip()):
+            raise UsageError(
+                f"input {name} holds a line break; it takes one line (only server-flags takes "
+                "one value per line)"
+            )
         raw[name] = value
         if value.strip() != default:
             explicit.add(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batch_invariance.cert.compare_view import CertRef, Comparison
 from batch_invariance.core.compare import CellComparison, FailOn, PromptChange
-from batch_invariance.report.render import md_cell
+from batch_invariance.report.render import md_cell, md_code, one_line
 
 __all__ = ["MAX_ROWS", "comparison_markdown", "comparison_text", "worst_words"]
 
@@ -33,7 +33,7 @@ def _change_line(change: PromptChange) -> str:
     c = change
     if c.prompt_class == "scored":
         more = f" (+{len(c.fields) - 1} more)" if len(c.fields) > 1 else ""
-        what = f"{c.field}{more}: {md_cell(repr(c.old), 50)} -> {md_cell(repr(c.new), 50)}"
+        what = f"{c.field}{more}: {one_line(repr(c.old), 50)} -> {one_line(repr(c.new), 50)}"
     elif c.prompt_class == "tokens":
         what = "tokens changed, scored fields equal"
     elif c.prompt_class == "drift":
@@ -116,15 +116,15 @@ def comparison_markdown(comparison: Comparison, fail_on: FailOn) -> str:
     lines = [
         f"### Against the baseline: {'FAIL' if failures else 'pass'} (fail on `{fail_on}`)",
         "",
-        f"Baseline `{md_cell(comparison.baseline, 120)}`; signatures: "
+        f"Baseline `{md_code(comparison.baseline, 1000)}`; signatures: "
         f"{md_cell(comparison.signatures, 200)}",
         "",
         "| cell | verdict | identical | drift | tokens changed | scored changed | worst |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for _, _, cell in comparison.cells:
-        name = f"`{md_cell(cell.model, 60)}` ctx {cell.ctx} N {cell.dispatch_n}"
-        verdict = f"{cell.old_verdict} → {cell.new_verdict}"
+        name = f"`{md_code(cell.model, 60, table=True)}` ctx {cell.ctx} N {cell.dispatch_n}"
+        verdict = f"{md_cell(cell.old_verdict)} → {md_cell(cell.new_verdict)}"
         if cell.not_comparable:
             why = md_cell("; ".join(cell.not_comparable), 300)
             lines.append(f"| {name} | {verdict} | not comparable: {why} | | | | |")
@@ -138,7 +138,7 @@ def comparison_markdown(comparison: Comparison, fail_on: FailOn) -> str:
     if notes:
         lines.append("")
         lines += [
-            f"- `{md_cell(c.model, 60)}` ctx {c.ctx} N {c.dispatch_n}: {md_cell(note, 300)}"
+            f"- `{md_code(c.model, 60)}` ctx {c.ctx} N {c.dispatch_n}: {md_cell(note, 300)}"
             for c, note in notes
         ]
     changed = [(cell, c) for _, _, cell in comparison.cells for c in cell.changes]
@@ -147,7 +147,8 @@ def comparison_markdown(comparison: Comparison, fail_on: FailOn) -> str:
         for _, c in changed[:MAX_ROWS]:
             what = _change_line(c).split(": ", 1)[-1]
             lines.append(
-                f"| `{md_cell(c.test_id, 60)}` | {c.prompt_class} | {md_cell(what, 200)} |"
+                f"| `{md_code(c.test_id, 60, table=True)}` | {c.prompt_class} | "
+                f"{md_cell(what, 200)} |"
             )
         if len(changed) > MAX_ROWS:
             lines.append(f"\n…and {len(changed) - MAX_ROWS} more in the comparison JSON.")

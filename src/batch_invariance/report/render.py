@@ -8,6 +8,7 @@ Each function returns a string and prints nothing; the commands print it. Golden
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -33,10 +34,13 @@ __all__ = [
     "escape_property",
     "failure_summary",
     "live_banner",
+    "log_line",
     "md_cell",
+    "md_code",
     "mock_expected_status",
     "mock_prediction",
     "mock_report",
+    "one_line",
     "summary_markdown",
     "sweep_text",
     "throughput_text",
@@ -51,6 +55,8 @@ TITLE = "batch-invariance"
 _BAR = "=" * 72
 _MAX_DIVERGENT_ROWS = 10
 _EXCERPT_CHARS = 80
+#: A path or a cell name in the job summary: long enough never to be cut in practice.
+_PATH_CHARS = 1000
 
 
 # --------------------------------------------------------------------------- console
@@ -256,12 +262,14 @@ def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
 
 
 def escape_data(text: str) -> str:
-    """Escape a workflow-command message (``::error::MESSAGE``)."""
+    """Escape a workflow-command message (``::error::MESSAGE``): ``%``, CR and LF, as the
+    runner unescapes them, so a value can neither end the line nor start a command."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
 def escape_property(text: str) -> str:
-    """Escape a workflow-command property value (``title=...``)."""
+    """Escape a workflow-command property value (``title=...``): the message's escapes, and
+    ``:`` and ``,``, which would end the value."""
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
@@ -269,30 +277,71 @@ def annotation(level: Literal["error", "warning", "notice"], title: str, message
     return f"::{level} title={escape_property(title)}::{escape_data(message)}"
 
 
-def md_cell(value: object, limit: int = _EXCERPT_CHARS) -> str:
-    """``value`` on one line, cut to ``limit`` characters, safe inside a Markdown table."""
+def log_line(text: str) -> str:
+    """A plain job-log line that echoes values from the step's inputs or a cert: on one line
+    (CR and LF written as ``\\r`` and ``\\n``), so no value can start a line the runner reads
+    as a workflow command (``::error::``)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+#: Characters that start Markdown or HTML anywhere in a line: backslash escapes, code spans,
+#: emphasis, strikethrough, links and images, HTML tags and autolinks, entities, table cells
+#: and GitHub's math. Each is written with a backslash (CommonMark: any ASCII punctuation may
+#: be), so it shows as itself.
+_MD_INLINE = re.compile(r"([\\`*_~\[\]<|&$])")
+#: What starts a block when it begins a line: a heading, a quote, a list item, a setext
+#: underline or a thematic break (its first character), an ordered list item (``1.``, ``1)``).
+_MD_BLOCK = re.compile(r"^([#>+=-]|[0-9]{1,9}(?=[.)]))")
+
+
+def one_line(value: object, limit: int = _EXCERPT_CHARS) -> str:
+    """``value`` on one line (whitespace runs as one space), cut to ``limit`` characters."""
     text = " ".join(str(value).split())
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    return text.replace("|", "\\|").replace("`", "'") or "∅"
+    return text
+
+
+def md_cell(value: object, limit: int = _EXCERPT_CHARS) -> str:
+    """``value`` as Markdown text that shows exactly as written: on one line, cut to ``limit``
+    characters, every Markdown and HTML metacharacter escaped (safe in a table cell, a list
+    item or a line of its own). For any value from the step's inputs or a cert."""
+    text = one_line(value, limit)
+    if not text:
+        return "∅"
+    text = _MD_INLINE.sub(r"\\\1", text)
+    block = _MD_BLOCK.match(text)
+    if block is None:
+        return text
+    at = block.end() if block.group(1)[0].isdigit() else 0
+    return text[:at] + "\\" + text[at:]
+
+
+def md_code(value: object, limit: int = _EXCERPT_CHARS, *, table: bool = False) -> str:
+    """``value`` for the inside of a code span (`` `...` ``), where Markdown and HTML are
+    already literal: on one line, cut to ``limit``, a backtick (which would end the span)
+    written as ``'``, and in a table cell ``|`` escaped (GFM splits cells before spans)."""
+    text = one_line(value, limit).replace("`", "'") or "∅"
+    return text.replace("|", "\\|") if table else text
 
 
 def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mapping[str, str]) -> str:
     """The job summary: verdict, gate table, divergent ids, bound, scope (pure)."""
     ac = cert.divergence_report.ac
     lines = [
-        f"## batch-invariance: {outputs['verdict']} — `{outputs['cell']}`",
+        f"## batch-invariance: {outputs['verdict']} — `{md_code(outputs['cell'], _PATH_CHARS)}`",
         "",
-        f"- **Verdict:** {outputs['verdict']} (status `{cert.status}`, source `{cert.source}`, "
-        f"gate `{cert.gate}`, KV `{cert.kv_label}`)",
+        f"- **Verdict:** {outputs['verdict']} (status `{md_code(cert.status)}`, source "
+        f"`{md_code(cert.source)}`, gate `{md_code(cert.gate)}`, KV "
+        f"`{md_code(cert.kv_label, _PATH_CHARS)}`)",
         f"- **Require `{require}`:** {'met' if passed else 'NOT met'}; promotable: "
         f"{outputs['promotable']}",
     ]
     lines.append(f"- **{_cert_throughput(cert).replace(':', ':**', 1)}")
     if cert.divergence_class:
-        lines.append(f"- **Divergence class:** `{cert.divergence_class}`")
+        lines.append(f"- **Divergence class:** `{md_code(cert.divergence_class)}`")
     if cert.anomaly:
-        lines.append(f"- **Anomaly:** `{cert.anomaly}`")
+        lines.append(f"- **Anomaly:** `{md_code(cert.anomaly, 400)}`")
     if cert.source == "mock":
         lines.append(
             "- **Mock run:** this cert comes from the in-process mock server "
@@ -301,7 +350,7 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
     lines += ["", "### Gates", "", "| gate | result | reason |", "| --- | --- | --- |"]
     for name, outcome in cert.gates.items():
         mark = "pass" if outcome.ok else "**fail**"
-        lines.append(f"| {name} | {mark} | {md_cell(outcome.reason, 200)} |")
+        lines.append(f"| {md_cell(name, 60)} | {mark} | {md_cell(outcome.reason, 200)} |")
     lines += ["", f"### Divergent ids (A vs C): {len(ac.divergent_ids)}", ""]
     rows = [row for row in ac.per_id if row.kind != "token_only"]
     if rows:
@@ -310,8 +359,9 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
             a_text = row.x_excerpt if row.x_excerpt is not None else row.x
             c_text = row.y_excerpt if row.y_excerpt is not None else row.y
             where = "" if row.pass_index is None else str(row.pass_index)
+            test_id = md_code(row.test_id, 60, table=True)
             lines.append(
-                f"| `{md_cell(row.test_id, 60)}` | {where} | {row.field} | {md_cell(a_text)} | "
+                f"| `{test_id}` | {where} | {md_cell(row.field, 60)} | {md_cell(a_text)} | "
                 f"{md_cell(c_text)} |"
             )
         if len(rows) > _MAX_DIVERGENT_ROWS:
@@ -342,9 +392,9 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
         "",
     ]
     lines += [f"{i}. {md_cell(reason, 400)}" for i, reason in enumerate(cert.decision_reasons, 1)]
-    lines += ["", f"Cert: `{outputs['cert-path']}`"]
+    lines += ["", f"Cert: `{md_code(outputs['cert-path'], _PATH_CHARS)}`"]
     if outputs["bundle-path"]:
-        lines.append(f"Signature bundle: `{outputs['bundle-path']}`")
+        lines.append(f"Signature bundle: `{md_code(outputs['bundle-path'], _PATH_CHARS)}`")
     return "\n".join(lines) + "\n"
 
 

@@ -89,7 +89,9 @@ class Workset:
 
 
 def duplicates_warning(workset: Workset) -> str | None:
-    """The one warning line naming rows that carry the same prompt, or ``None``."""
+    """The one warning line naming rows that carry the same prompt, or ``None``. A line break
+    in an id or the source is written as ``\\n`` (the line is the job log's in the Action:
+    no value may start a line of its own there)."""
     groups = workset.duplicates
     if not groups:
         return None
@@ -98,11 +100,12 @@ def duplicates_warning(workset: Workset) -> str | None:
         ", ".join(group[:4]) + (" ..." if len(group) > 4 else "") for group in groups[:3]
     )
     more = f" (+{len(groups) - 3} more group(s))" if len(groups) > 3 else ""
-    return (
+    line = (
         f"warning: work-set {workset.source}: {n_rows} rows carry only {len(groups)} distinct "
         f"prompt(s) between them (whitespace aside): {shown}{more}; each group counts as one "
         "distinct prompt for the per-prompt bound"
     )
+    return line.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _named(workset: Workset) -> Workset:

@@ -117,3 +117,44 @@ def test_device_and_a_runner_selection_together_are_refused(runner: dict[str, st
     proc = _run(runner, CUDA_VISIBLE_DEVICES="1", BI_GPUS="device=1")
     assert proc.returncode == 2
     assert "set one of the two" in proc.stdout and not Path(runner["LOG"]).exists()
+
+
+def _commands(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.strip().startswith("::")]
+
+
+def test_a_folder_input_holding_a_line_break_is_refused_on_one_line(
+    runner: dict[str, str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "models\n::error::injected"
+    folder.mkdir()
+    proc = _run(runner, INPUT_MODELS_DIR=str(folder))
+    assert proc.returncode == 2 and not Path(runner["LOG"]).exists()
+    assert _commands(proc.stdout) == [
+        "::error title=batch-invariance container step::input models-dir holds a line break; "
+        "it takes one folder"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "escaped"),
+    [
+        # A missing folder named with the runner's own escapes and a command: %, CR, LF escaped.
+        ({"INPUT_SERVER_DIR": "/nowhere/50% ::warning::w %0A"},
+         "input server-dir /nowhere/50%25 ::warning::w %250A: no such folder on the runner"),
+        ({"BI_IMAGE": "evil\n::error::injected\r"},
+         "input image must be pinned by digest (NAME@sha256:<64 hex>), got "
+         "'evil%0A::error::injected%0D'"),
+        ({"BI_GPUS": "device=1\n::warning::w", "CUDA_VISIBLE_DEVICES": "0"},
+         "input gpus device=1%0A::warning::w and the runner's"),
+    ],
+)  # fmt: skip
+def test_the_die_message_is_escaped_as_the_runner_unescapes_it(
+    runner: dict[str, str], extra: dict[str, str], escaped: str
+) -> None:
+    proc = _run(runner, **extra)
+    assert proc.returncode == 2
+    (error,) = _commands(proc.stdout)
+    assert error.startswith("::error title=batch-invariance container step::")
+    assert escaped in error, error
+    assert len(proc.stdout.splitlines()) == 1, proc.stdout
