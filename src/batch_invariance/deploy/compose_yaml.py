@@ -2,7 +2,8 @@
 Go reader (YAML 1.2) provably agree (pure).
 
 One document; no anchors, aliases, merge keys, tags or block scalars. Every scalar is
-returned as the text written (compose passes values to the container as text), so a plain
+returned as the text written (compose passes values to the container as text), except a plain
+``true`` / ``false`` where compose takes a boolean (:data:`BOOLEAN_KEYS`), so a plain
 (unquoted) scalar must be one compose also reads as that text: a decimal integer without a
 leading zero, or a scalar that YAML 1.2's core schema reads as a string (YAML 1.2 spec,
 10.3.2: not null, a boolean, an integer or a float) and that is not a YAML 1.1 boolean or null
@@ -27,6 +28,15 @@ _CORE_TYPED = re.compile(
 )
 #: YAML 1.1's booleans and nulls (any case).
 _KEYWORDS = frozenset(["y", "n", "yes", "no", "true", "false", "on", "off", "null", "~"])
+#: The plain booleans both readers read alike (YAML 1.2 core schema; YAML 1.1 reads them too).
+_BOOLEANS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False,
+             "FALSE": False}  # fmt: skip
+#: Where compose takes a boolean (``*``: any key or list index), read as a Python ``bool``:
+#: everywhere else a boolean is refused, since compose would pass it on as text.
+BOOLEAN_KEYS: tuple[tuple[str, ...], ...] = (
+    ("services", "*", "env_file", "*", "required"),
+    ("services", "*", "volumes", "*", "read_only"),
+)
 
 
 class YamlRefused(Exception):
@@ -51,7 +61,14 @@ def _scan(text: str) -> None:
             raise YamlRefused(line, "a YAML directive")
 
 
-def _value(node: yaml.Node) -> Any:
+def _takes_boolean(path: tuple[str, ...]) -> bool:
+    return any(
+        len(path) == len(keys) and all(k in ("*", p) for k, p in zip(keys, path, strict=True))
+        for keys in BOOLEAN_KEYS
+    )
+
+
+def _value(node: yaml.Node, path: tuple[str, ...] = ()) -> Any:
     line = node.start_mark.line + 1
     if isinstance(node, yaml.ScalarNode):
         text = str(node.value)
@@ -61,12 +78,14 @@ def _value(node: yaml.Node) -> Any:
             raise YamlRefused(line, "a YAML block scalar")
         if text == "" and node.style is None:
             return None  # an empty value (``key:``): null in both readers
+        if text in _BOOLEANS and _takes_boolean(path):
+            return _BOOLEANS[text]
         typed = _CORE_TYPED.fullmatch(text) and not _DECIMAL.fullmatch(text)
         if typed or text.lower() in _KEYWORDS:
             raise YamlRefused(line, f"plain YAML value {text[:40]!r} (quote it)")
         return text
     if isinstance(node, yaml.SequenceNode):
-        return [_value(item) for item in node.value]
+        return [_value(item, (*path, "*")) for item in node.value]
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -75,7 +94,7 @@ def _value(node: yaml.Node) -> Any:
                 raise YamlRefused(line, "a YAML merge key or a non-text key")
             if key in out:
                 raise YamlRefused(key_node.start_mark.line + 1, f"key {key} given twice")
-            out[key] = (_value(value_node), value_node.start_mark.line + 1)
+            out[key] = (_value(value_node, (*path, key)), value_node.start_mark.line + 1)
         return out
     raise YamlRefused(line, "a YAML node")  # pragma: no cover - PyYAML has no other kind
 

@@ -1,0 +1,250 @@
+"""A compose project as `docker compose` runs it (issue 32): the files it picks in a folder and
+merges, bind mounts over what the image runs, a digest-pinned image and the long ``env_file``
+form.
+
+End to end through the CLI against the promotable GREEN of ``test_check_deploy.py``'s ``world``
+(ctx 1024, N 4, split, ``-ub 1``), with ``--server-binary`` naming the file the image runs: the
+measured compose project passes, and each way compose could run something else fails closed
+naming the file or the mount.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from batch_invariance import exitcodes
+from batch_invariance.cli import main
+from batch_invariance.deploy.compose import (
+    DEFAULT_FILES,
+    OVERRIDES,
+    compose_commands,
+    image_tag,
+    project_problems,
+)
+from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, world  # noqa: F401 (the fixture)
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+TAGGED = "ghcr.io/ggml-org/llama.cpp:server"
+
+
+def _service(image: str = TAGGED, extra: str = "", volumes: str = "'./models:/models:ro'") -> str:
+    return (
+        f"services:\n  llm:\n    image: {image}\n    volumes: [{volumes}]\n"
+        f"    command: -m /models/{MODEL}.gguf {OK_FLAGS}\n{extra}"
+    )
+
+
+def _check(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    body: str,
+    *,
+    name: str = "compose.yaml",
+    files: dict[str, str] | None = None,
+) -> int:
+    folder = tmp_path / "deploy"
+    folder.mkdir(exist_ok=True)
+    if not (folder / "models").exists():
+        (folder / "models").symlink_to(world["model"].parent)
+    for other, text in (files or {}).items():
+        (folder / other).write_text(text)
+    config = folder / name
+    config.write_text(body)
+    return main(["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned",
+                 "--server-binary", str(world["binary"])])  # fmt: skip
+
+
+def _passes(world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+            body: str, **kw: object) -> str:  # fmt: skip
+    code = _check(world, tmp_path, body, **kw)  # type: ignore[arg-type]
+    out = capsys.readouterr()
+    assert code == exitcodes.PROMOTABLE, out.out + out.err
+    assert "check-deploy: PASS" in out.out
+    return out.out
+
+
+def _fails(world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+           body: str, *named: str, **kw: object) -> str:  # fmt: skip
+    code = _check(world, tmp_path, body, **kw)  # type: ignore[arg-type]
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert code == exitcodes.NOT_PROMOTABLE, text
+    assert "check-deploy: PASS" not in text
+    for needle in named:
+        assert needle in text, f"{needle!r} not in {text!r}"
+    return text
+
+
+# --------------------------------------------------------------------------- the image
+
+
+def test_a_digest_pinned_server_image_is_the_server_image(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _passes(world, tmp_path, capsys, _service())
+    out = _passes(world, tmp_path, capsys, _service(f"{TAGGED}@{DIGEST}"))
+    assert "not a llama-server service" not in out
+    # The digest alone says nothing of which image it is: it mentions a server, so it is
+    # not understood (never silently skipped).
+    digest_only = _service(f"ghcr.io/ggml-org/llama.cpp@{DIGEST}")
+    _fails(world, tmp_path, capsys, digest_only, "mentions a server but is not a llama-server")
+    _fails(world, tmp_path, capsys, _service(f"{TAGGED}@sha256:abc"), "image digest sha256:abc")
+
+
+def test_image_references_split_as_docker_splits_them() -> None:
+    assert image_tag(TAGGED) == ("ghcr.io/ggml-org/llama.cpp", "server", "")
+    assert image_tag(f"{TAGGED}-cuda@{DIGEST}") == ("ghcr.io/ggml-org/llama.cpp", "server-cuda",
+                                                   DIGEST)  # fmt: skip
+    assert image_tag(f"localhost:5000/llama.cpp@{DIGEST}") == ("localhost:5000/llama.cpp", "",
+                                                               DIGEST)  # fmt: skip
+    assert image_tag("localhost:5000/llama.cpp") == ("localhost:5000/llama.cpp", "", "")
+
+
+# --------------------------------------------------------------------------- env_file
+
+
+def test_the_long_env_file_form_is_read_as_compose_reads_it(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    optional = "    env_file: [{path: ./llm.env, required: false}]\n"
+    out = _passes(world, tmp_path, capsys, _service(extra=optional))
+    assert "env_file ./llm.env is absent here (required: false): nothing set" in out
+    # Present: read as the short form is; what it sets is compared with the cert.
+    files = {"llm.env": "LLAMA_ARG_CACHE_TYPE_K=q4_0\n"}
+    _fails(world, tmp_path, capsys, _service(extra=optional), "--cache-type-k q4_0 (measured f16)",
+           files=files)  # fmt: skip
+    (tmp_path / "deploy" / "llm.env").write_text("LLAMA_ARG_PORT=8080\n")
+    block = "    env_file:\n      - path: ./llm.env\n        required: true\n"
+    for form in (block, "    env_file: [{path: ./llm.env, required: 'true'}]\n",
+                 "    env_file: [{path: ./llm.env}]\n", "    env_file: ./llm.env\n"):  # fmt: skip
+        _passes(world, tmp_path, capsys, _service(extra=form))
+    (tmp_path / "deploy" / "llm.env").unlink()
+    _fails(world, tmp_path, capsys, _service(extra=block), "env_file ./llm.env, which cannot be "
+           "read here")  # fmt: skip
+    # A key compose reads otherwise (format: raw), or a value no reader agrees on.
+    raw = "    env_file: [{path: ./llm.env, format: raw}]\n"
+    _fails(world, tmp_path, capsys, _service(extra=raw), "env_file entry with keys format, path")
+    yes = "    env_file: [{path: ./llm.env, required: yes}]\n"
+    _fails(world, tmp_path, capsys, _service(extra=yes), "plain YAML value 'yes'")
+
+
+def test_booleans_are_read_only_where_compose_takes_one(tmp_path: Path) -> None:
+    path = tmp_path / "compose.yaml"
+    text = _service(volumes="{type: bind, source: ./models, target: /models, read_only: true}")
+    read = compose_commands(path, text)
+    assert read.not_understood == () and read.commands[0].mounts[0].container == "/models"
+    # Elsewhere compose would pass the word on as text: still refused.
+    text = _service(extra="    environment:\n      LLAMA_ARG_NO_MMAP: true\n")
+    assert "plain YAML value 'true'" in compose_commands(path, text).unmodelled[0]
+
+
+# --------------------------------------------------------------------------- mounts
+
+
+@pytest.mark.parametrize(
+    ("mount", "named"),
+    [
+        ("./mybin:/app/llama-server", "a bind mount at /app/llama-server lands on or above the "
+         "server binary /app/llama-server"),
+        ("./x:/app", "a bind mount at /app lands on or above the server binary"),
+        ("./x:/", "a bind mount at / lands on or above the server binary"),
+        ("./x:/app/libggml-cuda.so", "a bind mount at /app/libggml-cuda.so, a library the "
+         "server loads"),
+        ("./x:/usr/lib/x86_64-linux-gnu", "a bind mount at /usr/lib/x86_64-linux-gnu over "
+         "/usr/lib"),
+        ("./x:/usr", "a bind mount at /usr over /usr/lib"),
+        ("./x:/etc", "a bind mount at /etc lands on or above /etc/llama.cpp/config.ini"),
+        ("./x:/root", "a bind mount at /root lands on or above /root/.config/llama.cpp/"),
+    ],
+)  # fmt: skip
+def test_a_mount_over_what_the_image_runs_is_not_understood(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mount: str,
+    named: str,
+) -> None:
+    body = _service(volumes=f"'./models:/models:ro', '{mount}'")
+    _fails(world, tmp_path, capsys, body, "compose.yaml:4: not understood: [llm] " + named)
+
+
+def test_a_mount_over_the_binary_an_entrypoint_names_is_not_understood(tmp_path: Path) -> None:
+    def found(entrypoint: str, mount: str, extra: str = "") -> tuple[str, ...]:
+        text = _service(image="llm:local", volumes=f"'./models:/models', '{mount}'",
+                        extra=f"    entrypoint: {entrypoint}\n{extra}")  # fmt: skip
+        return compose_commands(tmp_path / "compose.yaml", text).unmodelled
+
+    assert "/opt/llama/bin/llama-server" in found("[/opt/llama/bin/llama-server]", "./b:/opt")[0]
+    assert found("[/opt/llama/bin/llama-server]", "./b:/opt/data") == ()
+    # A bare name is looked up on the service's PATH, else Docker's default one.
+    assert "/usr/local/bin/llama-server" in found("[llama-server]", "./b:/usr/local/bin")[0]
+    path = "    environment: [PATH=/srv/bin]\n"
+    assert "/srv/bin/llama-server" in found("[llama-server]", "./b:/srv/bin", path)[0]
+
+
+def test_the_models_may_live_beside_the_binary(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A folder of models under /app shadows no file the image runs."""
+    body = _service(volumes="'./models:/app/models:ro'").replace("/models/", "/app/models/")
+    _passes(world, tmp_path, capsys, body)
+
+
+# --------------------------------------------------------------------------- the files
+
+
+@pytest.mark.parametrize("override", OVERRIDES)
+def test_an_override_file_compose_would_merge_is_not_understood(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    override: str,
+) -> None:
+    merged = "services:\n  llm:\n    environment: [LLAMA_ARG_UBATCH=512]\n"
+    _fails(world, tmp_path, capsys, _service(), f"{override}: not understood: override file "
+           f"{override}", files={override: merged})  # fmt: skip
+
+
+def test_the_folder_holds_one_compose_file(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # compose.yaml wins over docker-compose.yml: checking the latter checks what never runs.
+    _fails(world, tmp_path, capsys, _service(), "compose.yaml, which `docker compose` in this "
+           "folder reads instead of docker-compose.yml", name="docker-compose.yml",
+           files={"compose.yaml": _service()})  # fmt: skip
+
+
+def test_files_are_picked_in_composes_order(tmp_path: Path) -> None:
+    # compose-go's order: compose.yaml, compose.yml, docker-compose.yml, docker-compose.yaml.
+    assert DEFAULT_FILES == ("compose.yaml", "compose.yml", "docker-compose.yml",
+                             "docker-compose.yaml")  # fmt: skip
+    for name in DEFAULT_FILES:
+        (tmp_path / name).write_text("services: {}\n")
+    for k, name in enumerate(DEFAULT_FILES):
+        found = project_problems(tmp_path / name)
+        assert [p.file for p in found] == [n for n in DEFAULT_FILES if n != name]
+        # The first present name is what `docker compose` reads; any other is a second file.
+        winner = "compose.yaml" if k else "compose.yml"
+        assert ("reads instead of" in found[0].construct) == (k > 0), (name, found[0])
+        assert winner in found[0].construct
+    # Given another name (run with -f), only the default names beside it count; an override
+    # file is merged only into a default-named file.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "compose.override.yml").write_text("services: {}\n")
+    assert project_problems(alone / "llm.yaml") == []
+    assert "is an override file" in project_problems(alone / "compose.override.yml")[0].construct
+    # The same file under two names (a symlink) is one file.
+    (alone / "compose.yaml").write_text("services: {}\n")
+    (alone / "docker-compose.yml").symlink_to(alone / "compose.yaml")
+    assert [p.file for p in project_problems(alone / "compose.yaml")] == ["compose.override.yml"]
