@@ -248,3 +248,43 @@ def test_files_are_picked_in_composes_order(tmp_path: Path) -> None:
     (alone / "compose.yaml").write_text("services: {}\n")
     (alone / "docker-compose.yml").symlink_to(alone / "compose.yaml")
     assert [p.file for p in project_problems(alone / "compose.yaml")] == ["compose.override.yml"]
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (OK_FLAGS.replace("-c 4096", "-c +4096"), "-c needs an integer"),
+        (OK_FLAGS.replace("-np 4", "-np 04"), "-np needs an integer"),
+        (OK_FLAGS.replace("-ub 1", "-ub 0x1"), "-ub needs an integer"),
+        (OK_FLAGS.replace("-c 4096", "-c 4_096"), "-c needs an integer"),
+    ],
+)
+def test_a_number_the_server_could_read_otherwise_never_passes(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flags: str,
+    named: str,
+) -> None:
+    """Compose hands the command's words to llama-server as they are: a form std::stoi reads
+    otherwise than the gate is refused, naming the option (never a PASS)."""
+    body = _service().replace(OK_FLAGS, flags)
+    code = _check(world, tmp_path, body)
+    out = capsys.readouterr()
+    assert code != exitcodes.PROMOTABLE and "check-deploy: PASS" not in out.out
+    assert named in out.out + out.err
+
+
+def test_an_environment_number_in_another_form_never_passes(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    body = _service(extra="    environment:\n      LLAMA_ARG_UBATCH: '01'\n")
+    code = _check(world, tmp_path, body)
+    out = capsys.readouterr()
+    assert code != exitcodes.PROMOTABLE and "check-deploy: PASS" not in out.out
+    assert "LLAMA_ARG_UBATCH needs an integer" in out.out + out.err

@@ -147,7 +147,9 @@ def test_attached_with_an_engine_without_witness_is_unverified(tmp_path: Path) -
 
 
 def test_attach_to_a_vllm_fake_uses_its_gauge(tmp_path: Path) -> None:
-    with fake_engine("vllm", parallel=4, ctx=512) as server:
+    # 20 ms a token, as in ``launcher``: a loaded host must not finish a pass between two
+    # samples of the gauge (CI once saw green_unverified here).
+    with fake_engine("vllm", parallel=4, ctx=512, knobs=MockKnobs(token_delay_s=0.02)) as server:
         lau = AttachLauncher(attach_target(server.base_url), engine_for("vllm"))
         run = run_cell(plan(gate_passes=4), lau, ExactMatchScorer())
     assert {p.busy_source for p in run.evidence.c_passes} == {"vllm-metrics"}

@@ -12,6 +12,10 @@ rules are ``common/arg.cpp``'s (build 11434):
 * ``LLAMA_ARG_*`` variables are read first and the command line overrides them; for a switch
   with an off spelling, ``LLAMA_ARG_NO_*`` set to anything means off; switch values are
   case-sensitive (``on/enabled/true/1``, ``off/disabled/false/0``);
+* a value the server reads as a number is understood only in the forms on which its C++ reading
+  and this reader's agree (:mod:`~batch_invariance.engines.llama_server.option_values`:
+  ``-c 4096``, not ``-c +4096``, ``4_096``, ``04096``, ``0x1000`` or ``4096abc``); any other
+  form raises :class:`FlagError`, naming the option and the value;
 * ``-np`` defaults to -1 ("auto"), which the server turns into 4 slots with a unified KV
   cache, whatever ``-kvu``/``-no-kvu`` says;
 * ``-c`` is padded to a multiple of 256, and a split cache's per-slot share is padded again
@@ -23,6 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from batch_invariance.engines.llama_server.option_values import (
+    FALSE,
+    TRUE,
+    read_int,
+    value_problem,
+)
 from batch_invariance.engines.llama_server.options import (
     ACCUMULATING,
     BY_CANONICAL,
@@ -63,8 +73,8 @@ AUTO_PARALLEL_SLOTS = 4
 DEFAULT_CACHE_TYPE = "f16"
 #: ``GGML_PAD(n_ctx, 256)`` in ``llama_context``'s constructor.
 CTX_PAD = 256
-_TRUE = frozenset({"on", "enabled", "true", "1"})
-_FALSE = frozenset({"off", "disabled", "false", "0"})
+_TRUE = TRUE
+_FALSE = FALSE
 _UNSET = "unset"
 
 
@@ -157,10 +167,7 @@ class ServerFlags:
             return False
         if raw in ("all", "auto"):
             return True
-        try:
-            return int(raw) != 0
-        except ValueError:
-            return False
+        return read_int(raw) not in (None, 0)
 
     def unclassified(self) -> tuple[str, ...]:
         """Options given that are in no class (a deploy giving one is not covered)."""
@@ -198,23 +205,21 @@ def _bool_text(value: str, flag: str) -> str:
 
 
 def _int(value: str, flag: str) -> int:
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise FlagError(f"{flag} needs an integer, got {value!r}") from None
-
-
-_INTEGER_OPTIONS = frozenset({"--ctx-size", "--parallel", "--predict"})
+    number = read_int(value)
+    if number is None:
+        raise FlagError(f"{flag} {value_problem('--ctx-size', value)}, got {value!r}")
+    return number
 
 
 def _normalise(spec: OptionSpec, value: str, written: str) -> str:
     name = spec.canonical
+    problem = value_problem(name, value)
+    if problem is not None:  # a form the server could read otherwise than this reader
+        raise FlagError(f"{written} {problem}, got {value!r}")
     if name == "--flash-attn":
         if value in ("auto", "-1"):
             return "auto"
         return _bool_text(value, written)
-    if name in _INTEGER_OPTIONS:
-        _int(value, written)
     return value
 
 
