@@ -156,6 +156,11 @@ class Engine(Protocol):
     def binary_hint(self) -> str:
         """What ``--server-bin`` names for it, for usage errors."""
 
+    @property
+    def cache_off_advice(self) -> str:
+        """The switches that turn its prompt cache off in a deploy, as a verdict's reason
+        words the fix (e.g. llama-server's ``--no-cache-prompt --cache-ram 0``)."""
+
     def resolve_binary(self, server_bin: Path) -> Path:
         """The absolute path the launch runs and the cert records."""
 

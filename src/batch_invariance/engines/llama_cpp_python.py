@@ -28,6 +28,8 @@ class LlamaCppPythonEngine(PythonModuleEngine):
     loads_gguf = True
     owned_flags: frozenset[str] = frozenset({"--model", "--n_ctx", "--host", "--port"})
     #: ``--cache`` turns on its prompt cache; a config file could set anything.
+    #: What turns its prompt cache off in a deploy (a verdict's reason words the fix).
+    cache_off_advice = "no --cache"
     refused_flags: frozenset[str] = frozenset({"--cache", "--config_file"})
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:

@@ -35,6 +35,8 @@ class SglangEngine(PythonModuleEngine):
         {"--model-path", "--max-running-requests", "--context-length", "--host", "--port",
          "--disable-radix-cache", "--enable-metrics"}
     )  # fmt: skip
+    #: What turns its prompt cache off in a deploy (a verdict's reason words the fix).
+    cache_off_advice = "--disable-radix-cache"
     refused_flags: frozenset[str] = frozenset({"--enable-hierarchical-cache"})
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:

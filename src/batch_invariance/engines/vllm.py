@@ -138,6 +138,8 @@ class VllmEngine(PythonModuleEngine):
         {"--model", "--max-num-seqs", "--max-model-len", "--host", "--port",
          "--no-enable-prefix-caching", "--enable-prompt-tokens-details"}
     )  # fmt: skip
+    #: What turns its prompt cache off in a deploy (a verdict's reason words the fix).
+    cache_off_advice = "--no-enable-prefix-caching"
     refused_flags: frozenset[str] = frozenset({"--enable-prefix-caching"})
 
     def memory_reservation(self, flags: Sequence[str], env: Mapping[str, str]) -> MemoryReservation:

@@ -99,6 +99,8 @@ class LlamaServerEngine:
     ctx_multiple = llama_flags.CTX_PAD
     takes_profiles = True
     binary_hint = "path to llama-server"
+    #: What turns its prompt cache off in a deploy (a verdict's reason words the fix).
+    cache_off_advice = "--no-cache-prompt --cache-ram 0"
     #: The one llama-server flag reader's lists (engines.llama_server.flags).
     owned_flags: frozenset[str] = llama_flags.OWNED_FLAGS
     refused_flags: frozenset[str] = llama_flags.REFUSED_FLAGS
