@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         description=(
             "For each n in 1..N, print the projected footprint of a --parallel n server with "
             "ctx tokens per slot (weights from the file size, KV cache from the GGUF header) "
-            "against --max-footprint-gb and what is available now."
+            "against --max-footprint-gb and what is available now: free VRAM (nvidia-smi) for "
+            "the part -ngl puts on the GPU, host memory otherwise."
         ),
     )
     p.add_argument("--model", type=Path, required=True, help="GGUF model file")
@@ -54,14 +55,21 @@ def handle(args: argparse.Namespace) -> int:
         f"MoE={'yes' if info.is_moe else 'no'}; ctx {args.ctx}/slot; cap {cap}; "
         f"{where} {avail_s}"
     )
-    print(f"{'n':>3}  {'weights':>9}  {'kv':>9}  {'overhead':>9}  {'total':>9}  fits")
+    gpu_col = f"  {'on GPU':>9}" if gpu else ""
+    print(f"{'n':>3}  {'weights':>9}  {'kv':>9}  {'overhead':>9}  {'total':>9}{gpu_col}  fits")
+    refusals: list[str] = []
     for n in range(1, args.parallel + 1):
         proj = memory.project(info, args.ctx, n, args.server_flag)
         decision = memory.evaluate(proj, host, args.max_footprint_gb, gpu)
         g = memory.GIB
+        on_gpu = f"  {proj.vram_bytes / g:>7.2f}Gi" if gpu else ""
         print(
             f"{n:>3}  {proj.weights_bytes / g:>7.2f}Gi  {proj.kv_bytes / g:>7.2f}Gi  "
-            f"{proj.overhead_bytes / g:>7.2f}Gi  {proj.total_gib:>7.2f}Gi  "
+            f"{proj.overhead_bytes / g:>7.2f}Gi  {proj.total_gib:>7.2f}Gi{on_gpu}  "
             f"{'yes' if decision.refusal is None else 'NO'}"
         )
+        if decision.refusal is not None:
+            refusals.append(decision.refusal)
+    if refusals:  # the first n that does not fit, with its fix
+        print(refusals[0].replace("memory guard: ", "first that does not fit: ", 1))
     return exitcodes.PROMOTABLE

