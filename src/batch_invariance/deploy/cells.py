@@ -24,6 +24,7 @@ from typing import NamedTuple
 from batch_invariance.core.gpu_placement import GpuPlacement, is_gpu_selection
 from batch_invariance.deploy.commands import NotUnderstood, ServerCommand
 from batch_invariance.deploy.identity import is_this_tool
+from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.serve_plan import served_command
 from batch_invariance.deploy.shell import is_serve
 from batch_invariance.engines.llama_server.env import (
@@ -80,6 +81,9 @@ class DeployCell:
     notes: tuple[str, ...] = ()
     #: The GPUs its environment selects on this host (compared with a cert's ``gpus``).
     gpus: GpuPlacement = field(default_factory=GpuPlacement)
+    #: Paths it reads that may not hold what the check read (:func:`untrusted_paths`): the
+    #: deploy is not understood.
+    untrusted: tuple[str, ...] = ()
 
     @property
     def parallel(self) -> int:
@@ -114,6 +118,9 @@ class Located(NamedTuple):
 
     path: Path | None
     missing: str | None
+    #: The host folder of the bind mount it is under (a container resolves links below it in
+    #: its own file system); ``None`` outside a container.
+    mount: str | None = None
 
 
 def _host_path(model: str, command: ServerCommand) -> Located:
@@ -121,11 +128,10 @@ def _host_path(model: str, command: ServerCommand) -> Located:
     path outside every bind mount, a relative path after a ``cd`` the reader lost)."""
     for container, host in command.mounts:  # longest container path first
         if model == container or model.startswith(container.rstrip("/") + "/"):
-            model = host + model[len(container) :]
-            break
-    else:
-        if command.in_container:
-            return Located(None, f"model {model} is inside the container (under no bind mount)")
+            found = _as_written(host + model[len(container) :], "model", command)
+            return Located(found.path, found.missing, host)
+    if command.in_container:
+        return Located(None, f"model {model} is inside the container (under no bind mount)")
     return _as_written(model, "model", command)
 
 
@@ -150,7 +156,7 @@ def _binary_path(command: ServerCommand) -> Located:
 def _as_written(word: str, what: str, command: ServerCommand) -> Located:
     """A path as the deploy writes it: absolute, or relative to the folder the command runs
     in; ``None`` and why when that folder is one the reader could not follow."""
-    path = Path(word).expanduser()
+    path = Path(word)  # a ~ the server gets is a folder named ~ (no program expands it)
     if path.is_absolute():
         return Located(path, None)
     if command.base_dir is None:
@@ -194,18 +200,55 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
     for option in flags.unclassified():
         out.append(f"option {option} is in no class (neutral, compared, owned): not covered")
     if not command.in_container and command.config_unknown is None:
-        home = os.path.expanduser("~")
-        for config in config_files(command.env, home):
-            if Path(config).exists():
+        for config in config_files(command.env, os.path.expanduser("~")):
+            if os.path.lexists(config):  # a dangling link too: it can be filled later
                 out.append(f"llama-server would read config file {config} (its settings apply)")
     return out
+
+
+def _links_in_mount(path: Path, mount: str) -> str | None:
+    """A link below a bind mount's host folder: the container resolves it in its own files."""
+    current = Path(mount)
+    for name in path.relative_to(mount).parts:
+        current = current / name
+        if current.is_symlink():
+            return (f"model {path}: {current} is a link inside the bind mount {mount} (the "
+                    "container resolves it in its own file system, not this host's)")  # fmt: skip
+    return None
+
+
+def untrusted_paths(command: ServerCommand, model: Located, binary: Located) -> list[str]:
+    """Why a path the server reads may not hold, when it runs, what the check read: a dangling
+    link, or a link, folder or file others could change (:mod:`.path_trust`)."""
+    found: list[str | None] = []
+    if model.path is not None:
+        in_mount = model.mount is not None and model.path.is_relative_to(model.mount)
+        linked = _links_in_mount(model.path, model.mount or "/") if in_mount else None
+        found.append(linked or trust_problem("model", str(model.path)))
+    if binary.path is not None:
+        found.append(trust_problem("server binary", str(binary.path)))
+        program = command.argv[0] if command.argv else ""
+        if "/" not in program and command.search_path:  # a folder before it could get one
+            for folder in command.search_path.split(":"):
+                if Path(folder, program) == binary.path:
+                    break
+                found.append(trust_problem("PATH folder", folder, may_be_absent=True))
+    if not command.in_container and command.config_unknown is None:
+        for config in config_files(command.env, os.path.expanduser("~")):
+            found.append(trust_problem("config file", config, may_be_absent=True))
+        if command.base_dir is not None:
+            found.append(trust_problem("working folder", str(command.base_dir)))
+    return [problem for problem in found if problem is not None]
 
 
 def cell_of(command: ServerCommand) -> DeployCell:
     """The cell one server runs; a value llama-server would refuse is a usage error."""
     refused: list[str] = []
-    if is_serve(command.argv):
+    untrusted: list[str] = []
+    serving = is_serve(command.argv)
+    if serving:  # serve pins the binary and model itself (pinned_files.py)
         program = _binary_path(command)
+        untrusted = untrusted_paths(command, Located(None, None), program)
         if program.path is None or not is_this_tool(program.path):
             why = program.missing or f"{program.path} is not this tool (its bytes differ)"
             refused.append(f"serve line: {why}; write the path of this tool's launcher")
@@ -222,6 +265,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
     not_covered = [*refused, *_not_covered(command, flags)]
     model = command.model_override or flags.model
     path: Path | None = None
+    located = Located(None, None)
     if model:
         located = _host_path(model, command)
         path = located.path
@@ -236,6 +280,8 @@ def cell_of(command: ServerCommand) -> DeployCell:
     n_ctx = ctx_size if ctx_size > 0 else _trained_ctx(path)
     padded = None if n_ctx is None else padded_context(n_ctx, layout)
     binary = _binary_path(command)
+    if not serving:
+        untrusted = untrusted_paths(command, located, binary)
     return DeployCell(
         origin=command.origin,
         model=model,
@@ -253,6 +299,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
         binary_missing=binary.missing,
         notes=command.notes,
         gpus=placement_here(command.env),
+        untrusted=tuple(untrusted),
     )
 
 
@@ -273,4 +320,19 @@ def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
     if read.not_understood:  # the file is not covered; its servers are not worth reading
         return DeployCells((), read.unmodelled, read.not_understood)
     cells = tuple(cell_of(command) for command in read.commands)
+    untrusted = tuple(
+        NotUnderstood(*_where(cell.origin), problem, TRUST_FIX)
+        for cell in cells
+        for problem in cell.untrusted
+    )
+    if untrusted:  # what runs could differ from what was checked: no cell is worth reporting
+        return DeployCells((), tuple(str(n) for n in untrusted), untrusted)
     return DeployCells(cells, read.unmodelled, read.not_understood)
+
+
+def _where(origin: str) -> tuple[str, int]:
+    """(file, line) of a server's origin (``run.sh:5``, ``compose.yml [llm]``)."""
+    head, _, tail = origin.rpartition(":")
+    if head and tail and all(char in "0123456789" for char in tail):
+        return head, int(tail)
+    return origin.partition(" [")[0], 0

@@ -19,6 +19,7 @@ server's host folder writable.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -33,6 +34,7 @@ from batch_invariance.deploy.commands import (
 )
 from batch_invariance.deploy.compose_yaml import load, plain
 from batch_invariance.deploy.env_file import NAME, PLAIN_VALUE, parse_env_file, read_env_file
+from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.engines.llama_server.env import SYSTEM_CONFIG
 
 TRIGGER = re.compile(
@@ -127,7 +129,7 @@ def _volume(item: Any, line: int) -> tuple[str, str, bool]:
         if spec.get("type") != "bind" or set(spec) - {"type", "source", "target", "read_only"}:
             raise _Refused(line, "a volume that is not a bind mount (its content is unknown)")
         source, target = str(spec.get("source") or ""), str(spec.get("target") or "")
-        if not source or not target.startswith("/"):
+        if not source.startswith(("/", "./", "../")) or not target.startswith("/"):
             raise _Refused(line, f"bind mount {source or '(no source)'} at "
                            f"{target or '(no target)'}", "source: ./x, target: /y")  # fmt: skip
         read_only = spec.get("read_only", False)
@@ -200,8 +202,9 @@ def project_problems(path: Path) -> list[NotUnderstood]:
 
 def _dot_env(folder: Path) -> list[NotUnderstood]:
     env = folder / ".env"
-    if not env.exists():
-        return []
+    if not os.path.lexists(env):  # absent: fine unless others could create it
+        problem = trust_problem(".env", str(env), may_be_absent=True)
+        return [] if problem is None else [NotUnderstood(str(env), 0, problem, TRUST_FIX)]
     read = read_env_file(env, str(env))
     if read is None:
         return [NotUnderstood(str(env), 0, ".env that cannot be read here")]
@@ -305,8 +308,13 @@ def _env_files(value: Any, line: int, base: Path) -> tuple[dict[str, str], list[
             path, required = item, True
         else:
             raise _Refused(line, "env_file that is neither a path nor {path, required}")
+        if path.startswith("~"):
+            raise _Refused(line, f"env_file {path} (compose expands ~ with its caller's HOME)",
+                           "write the path absolute or relative to the compose file")  # fmt: skip
         file = Path(path) if path.startswith("/") else base / path
-        if not required and not file.exists() and not file.is_symlink():
+        if not required and not os.path.lexists(file):
+            if problem := trust_problem("env_file", str(file), may_be_absent=True):
+                raise _Refused(line, problem, TRUST_FIX)
             notes.append(f"env_file {path} is absent here (required: false): nothing set")
             continue
         read = read_env_file(file, str(file))

@@ -14,12 +14,14 @@ the rest is returned as :attr:`DeployRead.not_understood`, and the deploy is not
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from batch_invariance.deploy.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.compose import compose_commands
 from batch_invariance.deploy.shell import ShellReader, SourceText
 from batch_invariance.deploy.shell_dialect import script_dialect
+from batch_invariance.deploy.shell_writes import write_problems
 from batch_invariance.deploy.source_bytes import decode, read_source
 from batch_invariance.deploy.systemd import unit_commands
 from batch_invariance.errors import UsageError
@@ -57,29 +59,17 @@ def shell_commands(text: str, name: str) -> DeployRead:
         )
         for launch in reader.launches
     )
-    bad = list(reader.not_understood)
-    for written in reader.written:
-        for command in commands:
-            if _reads(command, written):
-                bad.append(NotUnderstood(name, 0, f"output written to {written}, which "
-                                         f"{command.origin} reads"))  # fmt: skip
+    home = os.path.expanduser("~")  # the config files a server without HOME reads (cells.py)
+    bad = [
+        *reader.not_understood,
+        *write_problems(reader.written, reader.sourced, commands, home),
+    ]
     return DeployRead(commands, tuple(bad))
 
 
-def _reads(command: ServerCommand, written: Path | str) -> bool:
-    for word in command.argv:
-        path = Path(word)
-        if not path.is_absolute():
-            if command.base_dir is None:
-                continue
-            path = command.base_dir / path
-        if str(path) == str(written):
-            return True
-    return False
-
-
-def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[ServerCommand, ...]:
-    """The servers of a ``models.toml``, read by the one registry reader."""
+def toml_commands(path: Path, text: str, models_dir: str | None) -> DeployRead:
+    """The servers of a ``models.toml``, read by the one registry reader. A ``gguf`` that
+    starts with ``~`` is not understood: run-live expands it with its own user's HOME."""
     from batch_invariance.profiles.models import (
         fill_models_dir,
         kv_flags,
@@ -89,7 +79,14 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[Server
 
     registry = parse_registry(load_toml(text, path.name), path.name)
     out: list[ServerCommand] = []
+    bad: list[NotUnderstood] = []
     for alias, entry in registry.models.items():
+        if entry.gguf.startswith("~"):
+            bad.append(NotUnderstood(
+                path.name, 0, f"[{alias}] gguf {entry.gguf} (~ is the HOME of whoever runs "
+                "run-live, not known here)", "write the path absolute or with {MODELS_DIR}",
+            ))  # fmt: skip
+            continue
         gguf = fill_models_dir(entry, models_dir, registry.source)
         argv = ("llama-server", *entry.server_flags, *kv_flags(entry.kv))
         out.append(
@@ -103,7 +100,7 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> tuple[Server
                 binary_elsewhere=f"{path.name} names no server binary",
             )
         )
-    return tuple(out)
+    return DeployRead(tuple(out), tuple(bad))
 
 
 def deploy_format(path: Path) -> str:
@@ -132,7 +129,7 @@ def _read_format(path: Path, data: bytes, models_dir: str | None) -> DeployRead:
         return DeployRead((), (text,))
     kind = deploy_format(path)
     if kind == "toml":
-        return DeployRead(toml_commands(path, text, models_dir))
+        return toml_commands(path, text, models_dir)
     if kind == "compose":
         return compose_commands(path, text)
     if kind == "unit":

@@ -54,6 +54,7 @@ from batch_invariance.deploy.shell_launch import (
 )
 from batch_invariance.deploy.shell_statements import Statement, statements
 from batch_invariance.deploy.shell_words import REDIRECTS, Word, tokenize
+from batch_invariance.deploy.shell_writes import Access
 from batch_invariance.deploy.source_bytes import is_decimal, text_problem
 from batch_invariance.errors import UsageError
 
@@ -82,8 +83,10 @@ class ShellReader:
     state: ShellState = field(default_factory=ShellState)
     launches: list[Launch] = field(default_factory=list)
     not_understood: list[NotUnderstood] = field(default_factory=list)
-    #: ``.log`` files the script writes (checked against what its servers read).
-    written: list[Path | str] = field(default_factory=list)
+    #: Files and folders the script writes, and files it sources (checked against each other
+    #: and what its servers read: :mod:`batch_invariance.deploy.shell_writes`).
+    written: list[Access] = field(default_factory=list)
+    sourced: list[Access] = field(default_factory=list)
     depth: int = 0
 
     def run(self, text: str) -> None:
@@ -180,7 +183,19 @@ class ShellReader:
                         f"output written to {text} (it could be a file the server reads)",
                         "send output to a .log file, /dev/null or the journal",
                     )
-                self.written.append(self._path(text) or text)
+                self.written.append(Access(self._written(text), self.name, s.line, "output"))
+
+    def _written(self, text: str) -> str:
+        """The absolute path a write lands on; a relative one in a folder the reader could not
+        follow could be any file."""
+        path = self._path(text)
+        if path is None:
+            raise NotInGrammar(
+                f"writing {text}, relative to a folder the reader could not follow (it could "
+                "be a file the server reads)",
+                "write an absolute path, or cd /DIR || exit 1 before it",
+            )
+        return str(path)
 
     def _path(self, text: str) -> Path | None:
         if text.startswith("/"):
@@ -275,6 +290,8 @@ class ShellReader:
         fields = [literal(w, self.state) for w in args]
         if not fields or fields[0] != "-p" or any(f.startswith("-") for f in fields[1:]):
             raise NotInGrammar("mkdir without -p, or with other options", "mkdir -p DIR ...")
+        for folder in fields[1:]:
+            self.written.append(Access(self._written(folder), self.name, s.line, "folder"))
 
     def _plain(self, args: list[Word], s: Statement) -> None:
         if args:
@@ -296,13 +313,15 @@ class ShellReader:
             )
         if len(args) != 1:
             raise NotInGrammar(". with arguments")
-        written = literal(args[0], self.state)
-        if "/" not in written:
+        named = literal(args[0], self.state)
+        if "/" not in named:
             raise NotInGrammar(
-                f". {written} (the shell looks it up on PATH first)",
-                f"write . ./{written} or an absolute path",
+                f". {named} (the shell looks it up on PATH first)",
+                f"write . ./{named} or an absolute path",
             )
-        path = self._path(written)
+        path = self._path(named)
+        if path is not None:
+            self.sourced.append(Access(str(path), self.name, s.line, "source"))
         text = None if path is None else self.source_file(str(path))
         if isinstance(text, NotUnderstood):
             self.not_understood.append(text)
@@ -316,6 +335,7 @@ class ShellReader:
         self.launches.extend(inner.launches)
         self.not_understood.extend(inner.not_understood)
         self.written.extend(inner.written)
+        self.sourced.extend(inner.sourced)
         if inner.not_understood:
             raise NotInGrammar(f"sourced file {path} is not understood")
 

@@ -8,6 +8,7 @@ that decodes a file as UTF-8 and splits it the Python way sees other words than 
 Every reader therefore starts here: a file may hold only :data:`ALLOWED` (printable ASCII,
 tab, newline); any other byte (non-ASCII, CR, NUL, any other control byte) is *not
 understood*, naming its line, column and byte offset, and nothing of the file is read.
+:func:`read_source` (the only impure function) also refuses a file others could change.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from batch_invariance.deploy.commands import NotUnderstood
+from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
 
 #: The bytes a deploy file may hold: printable ASCII (0x20..0x7e), tab and newline.
 ALLOWED = frozenset({0x09, 0x0A, *range(0x20, 0x7F)})
@@ -65,7 +67,12 @@ def text_problem(text: str, shown: str) -> NotUnderstood | None:
 
 
 def read_source(path: Path, shown: str) -> str | NotUnderstood | None:
-    """A file's text through :func:`decode`; ``None`` when it cannot be read."""
+    """A file's text through :func:`decode`; ``None`` when it cannot be read. A file whose
+    path is a dangling link, or that others could change or replace
+    (:func:`~batch_invariance.deploy.path_trust.trust_problem`), is not understood."""
+    problem = trust_problem("file", str(path))
+    if problem is not None:
+        return NotUnderstood(shown, 0, problem, TRUST_FIX)
     try:
         data = path.read_bytes()
     except OSError:

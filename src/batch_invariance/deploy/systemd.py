@@ -28,6 +28,7 @@ from pathlib import Path
 
 from batch_invariance.deploy.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.env_file import NAME, read_env_file
+from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.source_bytes import BLANKS, read_source, split_blanks, text_problem
 from batch_invariance.deploy.systemd_files import UNIT_DIRS, drop_in_files, manager_environment
 
@@ -316,6 +317,10 @@ def unit_commands(path: Path, text: str) -> DeployRead:
         loaded = read_env_file(Path(file), file)
         if loaded is None:
             if optional and not os.path.lexists(file):
+                problem = trust_problem("EnvironmentFile", file, may_be_absent=True)
+                if problem is not None:  # absent, but others could create it
+                    unit.bad.append(NotUnderstood(*where, problem, TRUST_FIX))
+                    continue
                 notes.append(f"EnvironmentFile={written} is absent here: nothing set from it")
                 continue
             unit.bad.append(
