@@ -24,6 +24,7 @@ PURE_OUTSIDE_CORE = (
     "cert/schema.py",
     "cert/provenance.py",
     "cert/build.py",
+    "cert/advice.py",
     "cert/derived.py",
     "cert/parse.py",
     "cert/identity.py",
@@ -37,6 +38,9 @@ PURE_OUTSIDE_CORE = (
     "engines/llama_server/env.py",
     "engines/llama_server/chat_template.py",
     "engines/prometheus.py",
+    # What every engine's rules are written in: its variables, a recorded argv's reading.
+    "engines/variables.py",
+    "engines/recorded.py",
 )
 #: What a pure module may import from this package: the core, the pure cert modules, the
 #: error kinds and the package root (only ``__version__``).
@@ -45,6 +49,7 @@ ALLOWED_PACKAGE_PREFIXES = (
     "cert.schema",
     "cert.provenance",
     "cert.build",
+    "cert.advice",
     "cert.derived",
     "cert.parse",
     "cert.identity",
@@ -56,6 +61,8 @@ ALLOWED_PACKAGE_PREFIXES = (
     "engines.llama_server.env",
     "engines.llama_server.chat_template",
     "engines.prometheus",
+    "engines.variables",
+    "engines.recorded",
     "errors",
 )
 FORBIDDEN_MODULES = {

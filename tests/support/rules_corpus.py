@@ -26,6 +26,7 @@ from batch_invariance.cert.schema import Cert, canonical_json, cert_to_json
 from batch_invariance.cert.structure import structure_problems
 from batch_invariance.cert.verify import promotability
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
+from batch_invariance.engines.registry import recorded_launch
 from tests.support.factories import (
     cert_for,
     changed,
@@ -164,7 +165,7 @@ def judged(cert: Cert) -> dict[str, Any]:
     promoted, the structure and identity problems, and a hash of every re-derived field."""
     row: dict[str, Any] = {
         "structure": list(structure_problems(cert)),
-        "identity": list(identity_problems(cert)),
+        "identity": list(identity_problems(cert, recorded_launch)),
     }
     try:
         rebuilt = rederive(cert)

@@ -20,111 +20,27 @@ This catches relabelling by accident or by a careless hand; it is not proof agai
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
-from batch_invariance.cert.provenance import DEFAULT_ENGINE_NAME
 from batch_invariance.cert.schema import Cert
-from batch_invariance.engines.llama_server.flags import FlagError, ServerFlags, read_flags
+from batch_invariance.core.roles import ServerRole
+from batch_invariance.engines.recorded import RecordedLaunch
+
+__all__ = ["MOCK_DRIVERS", "LaunchReader", "identity_problems", "mock_markers"]
 
 MOCK_DRIVERS: frozenset[str] = frozenset({"run-mock"})
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_ROLE_PARALLEL_IS_ONE = "A"
-_ROLE_UNDER_TEST = "BC"
-#: The prompt-cache arm's server: --parallel N like BC, with the prompt cache on.
-_ROLE_CACHE = "cache"
+_ROLES = {role.value: role for role in ServerRole}
+
+#: What a recorded argv of the named engine says was started; ``None`` for an engine this
+#: tool does not launch (:func:`batch_invariance.engines.registry.recorded_launch`, each
+#: engine reading its own argv).
+LaunchReader = Callable[[str, Sequence[str]], RecordedLaunch | None]
 
 
-def _flags(argv: Sequence[str]) -> ServerFlags:
-    """The recorded argv through the one llama-server flag reader; an argv it cannot read
-    reads as no flags at all (every check below then fails, as it should)."""
-    try:
-        return read_flags(argv)
-    except FlagError:
-        return read_flags(())
-
-
-def _layout(flags: ServerFlags) -> str | None:
-    """``split`` / ``unified`` as the argv says, ``None`` when it leaves it to the server."""
-    return None if flags.kv_unified is None else ("unified" if flags.kv_unified else "split")
-
-
-@dataclass(frozen=True)
-class _Launched:
-    """What a recorded argv says was started, whatever the engine."""
-
-    model: str | None
-    parallel: int | None
-    #: Context tokens per sequence.
-    ctx: int | None
-    #: ``split`` / ``unified`` for llama-server; other engines do not name a KV layout.
-    layout: str | None = None
-    checks_layout: bool = False
-    #: The engine has no parallel flag: it serves one request at a time whatever N was.
-    serves_one: bool = False
-    #: How the argv said the context, for messages (``--ctx-size 2048``).
-    ctx_said: str = ""
-
-
-class _EngineFlags(NamedTuple):
-    """The flags another engine's argv names its model, N and context with."""
-
-    model: str
-    #: ``None``: no parallel flag (it serves one request at a time whatever N is).
-    parallel: str | None
-    ctx: str
-
-
-#: Other engines' flags, as ``engines/`` launches them.
-_OTHER_ENGINES: Mapping[str, _EngineFlags] = {
-    "llama-cpp-python": _EngineFlags("--model", None, "--n_ctx"),
-    "vllm": _EngineFlags("--model", "--max-num-seqs", "--max-model-len"),
-    "sglang": _EngineFlags("--model-path", "--max-running-requests", "--context-length"),
-}
-
-
-def _value_after(argv: Sequence[str], name: str) -> str | None:
-    """The value of the last ``name V`` or ``name=V``."""
-    value: str | None = None
-    for k, arg in enumerate(argv):
-        if arg == name and k + 1 < len(argv):
-            value = argv[k + 1]
-        elif arg.startswith(name + "="):
-            value = arg[len(name) + 1 :]
-    return value
-
-
-def _as_int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
-
-
-def _launched(cert: Cert, argv: Sequence[str]) -> _Launched | None:
+def _launched(cert: Cert, argv: Sequence[str], read: LaunchReader) -> RecordedLaunch | None:
     """``None`` when ``provenance.engine`` names an engine this tool does not launch."""
-    engine = cert.provenance.engine_name
-    if engine == DEFAULT_ENGINE_NAME:
-        flags = _flags(argv)
-        per_slot = (
-            flags.ctx_size // flags.parallel
-            if flags.ctx_size is not None
-            and flags.parallel
-            and flags.ctx_size % flags.parallel == 0
-            else None
-        )
-        said = f"--ctx-size {flags.ctx_size}"
-        return _Launched(flags.model, flags.parallel, per_slot, _layout(flags), True, False, said)
-    if engine not in _OTHER_ENGINES:
-        return None
-    flag = _OTHER_ENGINES[engine]
-    parallel = 1 if flag.parallel is None else _as_int(_value_after(argv, flag.parallel))
-    ctx_text = _value_after(argv, flag.ctx)
-    return _Launched(
-        _value_after(argv, flag.model),
-        parallel,
-        _as_int(ctx_text),
-        serves_one=flag.parallel is None,
-        ctx_said=f"{flag.ctx} {ctx_text}",
-    )
+    return read(cert.provenance.engine_name, argv)
 
 
 def mock_markers(cert: Cert) -> tuple[str, ...]:
@@ -160,7 +76,7 @@ def _source_problems(cert: Cert) -> list[str]:
     return []
 
 
-def _model_problems(cert: Cert) -> list[str]:
+def _model_problems(cert: Cert, read: LaunchReader) -> list[str]:
     model_file = cert.provenance.model_file
     if model_file is None:
         return [f"model {cert.model} but the provenance records no model file"]
@@ -176,26 +92,27 @@ def _model_problems(cert: Cert) -> list[str]:
     if cert.model not in {name.removesuffix(".gguf"), alias}:
         problems.append(f"model {cert.model} but the model file recorded is {name}")
     for server in cert.provenance.server_entries:
-        launched = _launched(cert, server.argv or ())
+        launched = _launched(cert, server.argv or (), read)
         served = launched.model if launched is not None else None
         if served != path:
             problems.append(f"server {server.role} was started on {served}, not {path}")
     return problems
 
 
-def _server_problems(cert: Cert) -> list[str]:
+def _server_problems(cert: Cert, read: LaunchReader) -> list[str]:
     problems: list[str] = []
     claimed_layout = cert.kv_label.split(":", 1)[0]
     roles: list[str] = []
     for server in cert.provenance.server_entries:
         role = str(server.role)
         roles.append(role)
-        launched = _launched(cert, server.argv or ())
+        launched = _launched(cert, server.argv or (), read)
         if launched is None:
             return [f"engine {cert.provenance.engine!r} is not one this tool launches"]
         parallel = launched.parallel
-        want = 1 if role == _ROLE_PARALLEL_IS_ONE or launched.serves_one else cert.dispatch_n
-        if role not in (_ROLE_PARALLEL_IS_ONE, _ROLE_UNDER_TEST, _ROLE_CACHE):
+        known = _ROLES.get(role)
+        want = 1 if known is ServerRole.A or launched.serves_one else cert.dispatch_n
+        if known is None:
             problems.append(f"a server with unknown role {role!r} is recorded")
             continue
         if parallel != want:
@@ -209,16 +126,15 @@ def _server_problems(cert: Cert) -> list[str]:
                 f"{parallel} slot(s)"
             )
         layout = launched.layout
-        under_test = role in (_ROLE_UNDER_TEST, _ROLE_CACHE)
-        if launched.checks_layout and under_test and layout != claimed_layout:
+        if launched.checks_layout and known.under_test and layout != claimed_layout:
             problems.append(
                 f"KV layout {claimed_layout} (kv_label) but server {role} ran "
                 f"{layout or 'the server default'}"
             )
-    if _ROLE_UNDER_TEST not in roles:
-        problems.append(f"no server under test ({_ROLE_UNDER_TEST}) is recorded")
+    if ServerRole.BC.value not in roles:
+        problems.append(f"no server under test ({ServerRole.BC.value}) is recorded")
     measured_cache = cert.prompt_cache is not None
-    if measured_cache != (_ROLE_CACHE in roles):
+    if measured_cache != (ServerRole.CACHE.value in roles):
         problems.append(
             "a prompt_cache block but no prompt-cache server (role cache) is recorded"
             if measured_cache
@@ -227,13 +143,14 @@ def _server_problems(cert: Cert) -> list[str]:
     return problems
 
 
-def identity_problems(cert: Cert) -> tuple[str, ...]:
+def identity_problems(cert: Cert, read: LaunchReader) -> tuple[str, ...]:
     """Every way the cert's ``source``, ``model``, ``ctx``, ``dispatch_n`` and KV layout
-    disagree with its own provenance. Empty = consistent. A mock cert claims nothing that
-    could be promoted, so only a live one is checked."""
+    disagree with its own provenance, each server's argv read by ``read``. Empty =
+    consistent. A mock cert claims nothing that could be promoted, so only a live one is
+    checked."""
     if cert.source != "live":
         return ()
     source = _source_problems(cert)
     if source:
         return tuple(source)
-    return tuple(_model_problems(cert) + _server_problems(cert))
+    return tuple(_model_problems(cert, read) + _server_problems(cert, read))

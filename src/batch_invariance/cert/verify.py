@@ -45,6 +45,7 @@ from batch_invariance.cert.schema import (
 )
 from batch_invariance.cert.structure import structure_problems
 from batch_invariance.core.evidence import policy_problems
+from batch_invariance.engines.registry import recorded_launch
 from batch_invariance.errors import CertInvalid
 
 __all__ = [
@@ -184,7 +185,7 @@ def verify_built(cert: Cert, path: Path | None = None) -> Verification:
 
 
 def _judged(cert: Cert, origin: str, path: Path | None, problems: list[str]) -> Verification:
-    problems = problems + [f"{origin}: {p}" for p in identity_problems(cert)]
+    problems = problems + [f"{origin}: {p}" for p in identity_problems(cert, recorded_launch)]
     if problems:
         return _invalid(path, cert, problems)
     rule = promotability(cert)

@@ -144,6 +144,7 @@ def handle(args: argparse.Namespace) -> int:
     from batch_invariance.deploy.prompt_cache import serving_argv
     from batch_invariance.deploy.serve_plan import measured_argv, recorded_engine_env, serve_argv
     from batch_invariance.engines.llama_server.env import served_env
+    from batch_invariance.engines.registry import default_engine
     from batch_invariance.host.gpus import placement_here
     from batch_invariance.servers.spawn import refuse_system_config
 
@@ -151,7 +152,7 @@ def handle(args: argparse.Namespace) -> int:
     provenance = _verify(args)
     # The prompt cache as measured: the cache arm's server, else the cold server with it off.
     argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), args.neutral)
-    refuse_system_config()
+    refuse_system_config(default_engine())
     served = served_env(os.environ, recorded_engine_env(provenance))
     if served.refused:
         raise NotCovered(

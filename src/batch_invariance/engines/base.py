@@ -1,4 +1,4 @@
-"""The engine layer: what differs between llama-server and its work-alikes, in one Protocol.
+"""The engine layer: what differs between llama-server and its work-alikes, in one base class.
 
 Every OpenAI-compatible engine differs from the others in the same few places: how it is
 started with N concurrent sequences and a context C, which of its flags the tool must own or
@@ -6,17 +6,25 @@ refuse, what server-side evidence shows that requests ran at the same time (the 
 F1 needs), what shows that a prompt was served from cache, and how its version is recorded.
 An :class:`Engine` answers exactly those questions; the request body (OpenAI chat/completions,
 temperature 0, per-id seed) and the verdict core are the same for every engine.
+
+:class:`Engine` is the only door to an engine: the neutral layers (the driver, the server
+process, the memory guard, the cert's identity check) ask it, never one engine's package. An
+adapter sets its :attr:`~Engine.name` and writes :meth:`~Engine.launch_command`; every other
+member has a default (an engine that co-batches, offers no witness, no cache evidence, reads
+no variable and has no chat template of its own) that it overrides where it differs.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from batch_invariance.engines.llama_server.options import canonical_spelling
+from batch_invariance.engines.variables import EnvRules
 from batch_invariance.engines.probes import BusyProbe, PassCounter
+from batch_invariance.engines.recorded import RecordedLaunch
 
 __all__ = [
     "CacheEvidence",
@@ -26,6 +34,7 @@ __all__ = [
     "LaunchRequest",
     "MemoryReservation",
     "PromptCache",
+    "canonical_spelling",
     "flag_conflicts",
     "passthrough_env",
 ]
@@ -110,69 +119,78 @@ class CacheEvidence:
         return {"counters": dict(self.counters), "hits_seen": self.hits_seen}
 
 
-class Engine(Protocol):
-    """One engine's answers to the questions the run path asks."""
+def canonical_spelling(word: str) -> str:
+    """A command-line word as llama-server and vLLM look it up: every ``_`` of a word that
+    starts with ``--`` is ``-`` (``--ctx_size`` is ``--ctx-size``)."""
+    return "--" + word[2:].replace("_", "-") if word.startswith("--") else word
 
-    @property
-    def name(self) -> str:
-        """The ``--engine`` name."""
 
-    @property
-    def owned_flags(self) -> frozenset[str]:
-        """Flags the tool sets itself (a user flag may not override them)."""
+class Engine(ABC):
+    """One engine's answers to the questions the run path asks: :attr:`name` and
+    :meth:`launch_command` are its own; every other member is a default it may override."""
 
-    @property
-    def refused_flags(self) -> frozenset[str]:
-        """Flags that would change what is measured (prompt caching, batching off, ...)."""
+    #: The ``--engine`` name.
+    name: str
+    #: Flags the tool sets itself (a user flag may not override them).
+    owned_flags: frozenset[str] = frozenset()
+    #: Flags that would change what is measured (prompt caching, batching off, ...).
+    refused_flags: frozenset[str] = frozenset()
+    #: Whether the engine can run several sequences at once at all.
+    cobatches: bool = True
+    #: Whether ``--model`` is one GGUF file (its header is read and the memory guard
+    #: applies); ``False`` for engines that load a Hugging Face model folder.
+    loads_gguf: bool = False
+    #: The KV layouts it can be launched with (``--kv-layout``).
+    kv_layouts: frozenset[KvLayout] = frozenset({"split"})
+    #: Whether ``/props`` reports ``total_slots`` (a ready server must report the
+    #: ``parallel`` it was started with).
+    reports_slots: bool = False
+    #: The per-slot context it rounds up to a multiple of (1: taken as given). A ``--ctx``
+    #: it would round is refused, so the cert's ``ctx`` is the context that ran.
+    ctx_multiple: int = 1
+    #: Whether a ``--profile`` (flags, binary and model of a calibrated setup) applies.
+    takes_profiles: bool = False
+    #: The switches that turn its prompt cache off in a deploy, as a verdict's reason words
+    #: the fix (llama-server's ``--no-cache-prompt --cache-ram 0``).
+    cache_off_advice: str = "the prompt cache off"
+    #: Which variables its server child gets and the cert records (default: none it reads).
+    env_rules: EnvRules = EnvRules()
+    #: The template it applies to chat requests when the model carries none, as its
+    #: :meth:`chat_template` reports it ("": it has none the tool knows).
+    fallback_chat_template: str = ""
+    #: The argv words a recorded server's model, N and context are read from
+    #: (:meth:`recorded_launch`); ``None``: a recorded argv of it is not read.
+    argv_names: tuple[str, str | None, str] | None = None
 
-    @property
-    def cobatches(self) -> bool:
-        """Whether the engine can run several sequences at once at all."""
-
-    @property
-    def loads_gguf(self) -> bool:
-        """Whether ``--model`` is one GGUF file (its header is read and the memory guard
-        applies); ``False`` for engines that load a Hugging Face model folder."""
-
-    @property
-    def kv_layouts(self) -> frozenset[KvLayout]:
-        """The KV layouts it can be launched with (``--kv-layout``)."""
-
-    @property
-    def reports_slots(self) -> bool:
-        """Whether ``/props`` reports ``total_slots`` (a ready server must report the
-        ``parallel`` it was started with)."""
-
-    @property
-    def ctx_multiple(self) -> int:
-        """The per-slot context it rounds up to a multiple of (1: taken as given). A ``--ctx``
-        it would round is refused, so the cert's ``ctx`` is the context that ran."""
-
-    @property
-    def takes_profiles(self) -> bool:
-        """Whether a ``--profile`` (flags, binary and model of a calibrated setup) applies."""
+    def __init__(self, *, env_rules: EnvRules | None = None) -> None:
+        """``env_rules``: the variables its child gets, where the registry gives it others
+        than the adapter's own."""
+        if env_rules is not None:
+            self.env_rules = env_rules
 
     @property
     def binary_hint(self) -> str:
         """What ``--server-bin`` names for it, for usage errors."""
-
-    @property
-    def cache_off_advice(self) -> str:
-        """The switches that turn its prompt cache off in a deploy, as a verdict's reason
-        words the fix (e.g. llama-server's ``--no-cache-prompt --cache-ram 0``)."""
+        return f"{self.name} launcher"
 
     def resolve_binary(self, server_bin: Path) -> Path:
         """The absolute path the launch runs and the cert records."""
+        return server_bin.absolute()
 
     def kv_label(self, ctx: int, parallel: int, layout: KvLayout) -> str:
         """How its KV cache is sized, as the cert's ``kv_label`` says it."""
+        if not self.cobatches:
+            return f"{self.name}:one-context:{ctx} (serves one request at a time)"
+        return f"{self.name}:{parallel} seqs x {ctx} tokens"
 
     def guard_flags(self, flags: Sequence[str]) -> tuple[str, ...]:
         """The flags the memory projection reads (KV cache types, GPU offload): empty where
         its flags are not llama.cpp's and the projection assumes the defaults."""
+        return ()
 
     def unknown_flags(self, flags: Sequence[str]) -> tuple[str, ...]:
         """Flags it would refuse to start with, each with the reason (empty: none known)."""
+        return ()
 
     def memory_reservation(
         self, flags: Sequence[str], env: Mapping[str, str]
@@ -180,29 +198,66 @@ class Engine(Protocol):
         """How it reserves memory at start, read from the user's flags and environment
         (:class:`~batch_invariance.errors.UsageError` on a malformed value); ``None`` where it
         reserves nothing up front."""
+        return None
 
     def prompt_cache_bytes(self, cache: PromptCache) -> int | None:
         """Host memory its prompt cache may hold on the prompt-cache arm's server, beyond the
-        KV cache (0: none); ``None``: no limit."""
+        KV cache (0: none, as where the cache lives in the KV cache); ``None``: no limit."""
+        return 0
 
+    @abstractmethod
     def launch_command(self, request: LaunchRequest) -> LaunchCommand:
         """The command that starts it as ``request`` asks (the one argv builder: the launch
         and the dry run both read it)."""
 
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         """Its server-side busy witnesses (empty: it offers none, and F1 fails closed)."""
+        return ()
 
     def pass_counters(
         self, base_url: str, metrics_url: str | None = None
     ) -> tuple[PassCounter, ...]:
         """Counters whose change over each C pass corroborates the busy witness (recorded,
         never read by F1); empty when it has none."""
+        return ()
 
     def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
-        """Its prompt-cache counters read from a ``/metrics`` body."""
+        """Its prompt-cache counters read from a ``/metrics`` body (none by default)."""
+        return CacheEvidence({}, None)
 
     def provenance(self, command: LaunchCommand) -> dict[str, Any]:
         """JSON-ready facts for the cert: engine name, numerics switches, what it cannot do."""
+        return {"engine": self.name}
+
+    def chat_template(self, base_url: str) -> str | None:
+        """The chat template its running server says it applies (``None``: it does not say)."""
+        return None
+
+    def child_env(self, parent: Mapping[str, str]) -> dict[str, str]:
+        """The variables its server child gets from ``parent`` (before the launch's own
+        additions): :meth:`~batch_invariance.engines.variables.EnvRules.measured_env`."""
+        return self.env_rules.measured_env(parent)
+
+    def recorded_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The variables of a child's ``env`` the cert records (``engine_env``)."""
+        return self.env_rules.engine_env(env)
+
+    def kv_cache_types(self, flags: Sequence[str]) -> tuple[str, str]:
+        """The K and V cache types ``flags`` (:meth:`guard_flags`) choose, as the memory
+        projection reads them."""
+        return ("f16", "f16")
+
+    def offloads_to_gpu(self, flags: Sequence[str]) -> bool:
+        """Whether ``flags`` (:meth:`guard_flags`) put layers on a GPU (the memory guard
+        then holds the projection against free VRAM)."""
+        return False
+
+    def recorded_launch(self, argv: Sequence[str]) -> RecordedLaunch | None:
+        """What a recorded server argv says was started (the cert's identity check);
+        ``None`` where this engine's argv is not read."""
+        if self.argv_names is None:
+            return None
+        return RecordedLaunch.read(argv, *self.argv_names)
 
 
 def flag_conflicts(engine: Engine, extra_flags: Sequence[str]) -> tuple[str, ...]:

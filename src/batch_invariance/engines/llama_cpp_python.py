@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
-from batch_invariance.engines.probes import BusyProbe, PassCounter
-from batch_invariance.engines.python_module import PythonModuleEngine
+from batch_invariance.engines.base import Engine, LaunchCommand, LaunchRequest
 
 #: Ready when the OpenAI model list answers (the server has no ``/health``).
 READY_PATH = "/v1/models"
 
 
-class LlamaCppPythonEngine(PythonModuleEngine):
+class LlamaCppPythonEngine(Engine):
     """``python -m llama_cpp.server --model M --n_ctx C --host 127.0.0.1 --port P``."""
 
     name = "llama-cpp-python"
@@ -31,6 +29,8 @@ class LlamaCppPythonEngine(PythonModuleEngine):
     #: What turns its prompt cache off in a deploy (a verdict's reason words the fix).
     cache_off_advice = "no --cache"
     refused_flags: frozenset[str] = frozenset({"--cache", "--config_file"})
+    #: No parallel flag: it serves one request at a time whatever N is.
+    argv_names = ("--model", None, "--n_ctx")
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         # ``parallel`` has no flag here: the server runs one request at a time whatever N is.
@@ -39,17 +39,6 @@ class LlamaCppPythonEngine(PythonModuleEngine):
             "--n_ctx", str(r.ctx), "--host", r.host, "--port", str(r.port), *r.extra_flags,
         )  # fmt: skip
         return LaunchCommand(argv, {}, READY_PATH)
-
-    def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
-        return ()
-
-    def pass_counters(
-        self, base_url: str, metrics_url: str | None = None
-    ) -> tuple[PassCounter, ...]:
-        return ()
-
-    def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
-        return CacheEvidence({}, None)
 
     def provenance(self, command: LaunchCommand) -> dict[str, Any]:
         return {

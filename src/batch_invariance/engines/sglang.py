@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batch_invariance.engines.base import CacheEvidence, LaunchCommand, LaunchRequest
-from batch_invariance.engines.probes import BusyProbe, PassCounter
-from batch_invariance.engines.python_module import PythonModuleEngine
+from batch_invariance.engines.base import CacheEvidence, Engine, LaunchCommand, LaunchRequest
+from batch_invariance.engines.probes import BusyProbe
 from batch_invariance.engines.witness import counters, gauge_probe
 
 BUSY_GAUGE = "sglang:num_running_reqs"
@@ -21,7 +20,7 @@ CACHE_HIT_RATE = "sglang:cache_hit_rate"
 DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 
-class SglangEngine(PythonModuleEngine):
+class SglangEngine(Engine):
     """``python -m sglang.launch_server --model-path M --max-running-requests N ...``.
 
     ``server_bin`` is the Python interpreter that has SGLang installed.
@@ -38,6 +37,7 @@ class SglangEngine(PythonModuleEngine):
     #: What turns its prompt cache off in a deploy (a verdict's reason words the fix).
     cache_off_advice = "--disable-radix-cache"
     refused_flags: frozenset[str] = frozenset({"--enable-hierarchical-cache"})
+    argv_names = ("--model-path", "--max-running-requests", "--context-length")
 
     def launch_command(self, r: LaunchRequest) -> LaunchCommand:
         # The prompt-cache arm runs SGLang as a deploy does: its radix (prefix) cache on.
@@ -53,11 +53,6 @@ class SglangEngine(PythonModuleEngine):
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         url = metrics_url or base_url.rstrip("/") + "/metrics"
         return (gauge_probe("sglang-metrics", url, BUSY_GAUGE),)
-
-    def pass_counters(
-        self, base_url: str, metrics_url: str | None = None
-    ) -> tuple[PassCounter, ...]:
-        return ()
 
     def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
         if metrics_text is None:

@@ -37,14 +37,14 @@ from typing import Any
 
 from batch_invariance.engines.base import (
     CacheEvidence,
+    Engine,
     LaunchCommand,
     LaunchRequest,
     MemoryReservation,
+    canonical_spelling,
     passthrough_env,
 )
-from batch_invariance.engines.llama_server.options import canonical_spelling
 from batch_invariance.engines.probes import BusyProbe, PassCounter
-from batch_invariance.engines.python_module import PythonModuleEngine
 from batch_invariance.engines.witness import counters, gauge_probe, step_totals_reader
 from batch_invariance.errors import UsageError
 
@@ -127,7 +127,7 @@ def preload_env(server_bin: Path, inherited: str | None) -> dict[str, str]:
     return {"LD_PRELOAD": ":".join([str(lib), *rest])}
 
 
-class VllmEngine(PythonModuleEngine):
+class VllmEngine(Engine):
     """``PY -m vllm.entrypoints.openai.api_server --model M --max-num-seqs N ...``."""
 
     name = "vllm"
@@ -141,6 +141,7 @@ class VllmEngine(PythonModuleEngine):
     #: What turns its prompt cache off in a deploy (a verdict's reason words the fix).
     cache_off_advice = "--no-enable-prefix-caching"
     refused_flags: frozenset[str] = frozenset({"--enable-prefix-caching"})
+    argv_names = ("--model", "--max-num-seqs", "--max-model-len")
 
     def memory_reservation(self, flags: Sequence[str], env: Mapping[str, str]) -> MemoryReservation:
         given = flag_value(flags, _FRACTION_SPELLINGS)

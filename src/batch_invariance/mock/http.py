@@ -11,10 +11,13 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
+from batch_invariance.engines.registry import default_engine
 from batch_invariance.mock.knobs import Busy, Generation
 from batch_invariance.mock.oracle import token_id, tokenize
 from batch_invariance.mock.protocols import MockState
+
+#: What the look-alike serves as its template for a model with none: llama-server's fallback.
+_FALLBACK = default_engine().fallback_chat_template
 
 
 def _render_chat(messages: Any) -> str:
@@ -129,7 +132,7 @@ class MockHandler(BaseHTTPRequestHandler):
                 "build_info": "batch-invariance mock",
                 "endpoint_slots": mock.knobs.slots_endpoint,
                 "endpoint_metrics": mock.knobs.metrics,
-                "chat_template": mock.knobs.chat_template or LLAMA_CPP_CHATML_FALLBACK,
+                "chat_template": mock.knobs.chat_template or _FALLBACK,
             })  # fmt: skip
         elif path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": "mock", "object": "model"}]})

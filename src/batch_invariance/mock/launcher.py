@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import requests
 
-from batch_invariance.engines.llama_server.probes import llama_server_probes
+from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
+from batch_invariance.engines.llama_server.probes import llama_server_probes, server_chat_template
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.errors import InfraError
 from batch_invariance.mock.engine import MockServer
@@ -43,6 +44,13 @@ class MockHandle:
     @property
     def pass_counters(self) -> tuple[PassCounter, ...]:
         return ()
+
+    def chat_template(self) -> str | None:
+        return server_chat_template(self.base_url)
+
+    @property
+    def fallback_chat_template(self) -> str:
+        return LLAMA_CPP_CHATML_FALLBACK
 
     def check_alive(self) -> None:
         self.server.check_alive()

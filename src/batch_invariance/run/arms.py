@@ -35,7 +35,6 @@ from batch_invariance.core.schedule import (
 )
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.engines.llama_server.probes import server_chat_template
 from batch_invariance.run.dispatch import run_serial
 from batch_invariance.run.passes import (
     arm_report,
@@ -94,6 +93,8 @@ class Reference:
     repeat_reason: str | None = None
     #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
     chat_template: str | None = None
+    #: The engine's built-in template for a model with none ("": none known).
+    fallback_chat_template: str = ""
 
     @property
     def launches(self) -> int:
@@ -169,7 +170,8 @@ def run_reference(
     notes = Notes()
     with launcher.launch("A", 1, plan.ctx) as server_a:
         started = time.monotonic()
-        chat_template = server_chat_template(server_a.base_url)
+        chat_template = server_a.chat_template()
+        fallback = server_a.fallback_chat_template
         template = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink)
         arm_a = _serial_arm(ARM_A, server_a, template, plan.items, scoring)
@@ -181,6 +183,7 @@ def run_reference(
         record,
         tuple(notes.items),
         chat_template=chat_template,
+        fallback_chat_template=fallback,
     )
 
 

@@ -42,6 +42,13 @@ class ServerHandle(Protocol):
     def pass_counters(self) -> tuple[PassCounter, ...]:
         """Counters read around each C pass (corroboration only, never read by F1)."""
 
+    def chat_template(self) -> str | None:
+        """The chat template the server says it applies (``None``: it does not say)."""
+
+    @property
+    def fallback_chat_template(self) -> str:
+        """The engine's built-in template for a model with none ("": none known)."""
+
     def check_alive(self) -> None:
         """Raise :class:`~batch_invariance.errors.InfraError` (with the log tail) if it died."""
 

@@ -25,7 +25,6 @@ from batch_invariance.core.evidence import (
     CellEvidence,
 )
 from batch_invariance.core.plan import CellPlan
-from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 
 __all__ = [
     "ArmStats",
@@ -133,6 +132,8 @@ class CellRun:
     schedule: ScheduleRecord | None = None
     #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
     server_chat_template: str | None = None
+    #: The engine's built-in template for a model with none ("": none known).
+    fallback_chat_template: str = ""
 
     @property
     def kv_label(self) -> str:
@@ -162,7 +163,7 @@ class CellRun:
             uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
             server_argv=[a for s in self.servers for a in s.argv],
             server_template=self.server_chat_template,
-            fallback_template=LLAMA_CPP_CHATML_FALLBACK,
+            fallback_template=self.fallback_chat_template,
             model_read=model_template is not None,
             model_template=None if model_template is None else model_template.template,
         )

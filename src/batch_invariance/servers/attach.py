@@ -120,6 +120,13 @@ class AttachedHandle:
     def pass_counters(self) -> tuple[PassCounter, ...]:
         return self.engine.pass_counters(self.target.base_url, self.target.metrics_url)
 
+    def chat_template(self) -> str | None:
+        return self.engine.chat_template(self.base_url)
+
+    @property
+    def fallback_chat_template(self) -> str:
+        return self.engine.fallback_chat_template
+
     def check_alive(self) -> None:
         with requests.Session() as session:
             if get_json(session, self.base_url + "/v1/models", timeout_s=2.0) is None:

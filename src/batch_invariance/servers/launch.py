@@ -108,6 +108,13 @@ class EngineHandle:
     def pass_counters(self) -> tuple[PassCounter, ...]:
         return self.engine.pass_counters(self.base_url)
 
+    def chat_template(self) -> str | None:
+        return self.engine.chat_template(self.base_url)
+
+    @property
+    def fallback_chat_template(self) -> str:
+        return self.engine.fallback_chat_template
+
     def check_alive(self) -> None:
         self.process.check_alive()
 

@@ -29,7 +29,6 @@ from typing import IO, Any
 import requests
 
 from batch_invariance.engines.base import Engine, LaunchCommand
-from batch_invariance.engines.llama_server.env import engine_env, measured_env
 from batch_invariance.errors import InfraError
 from batch_invariance.host import memory
 from batch_invariance.interrupts import install_sigterm, restore_sigterm
@@ -82,6 +81,7 @@ class ServerProcess:
         term_grace_s: float = 5.0,
     ) -> None:
         self.engine = engine.name
+        self._engine = engine
         self.arm = arm
         self.label = f"{arm}:np{parallel}"
         self.parallel = parallel
@@ -132,7 +132,7 @@ class ServerProcess:
 
     def start(self) -> None:
         """Spawn the server in a new process group (its own session) with output to the log."""
-        refuse_system_config()
+        refuse_system_config(self._engine)
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._prev_sigterm = install_sigterm(only_if_default=True)
         self._log = self.log_path.open("wb")
@@ -159,7 +159,7 @@ class ServerProcess:
         self._started = time.monotonic()
 
     def _child_env(self) -> dict[str, str]:
-        return {**measured_env(os.environ), **self._env}
+        return {**self._engine.child_env(os.environ), **self._env}
 
     def wait_ready(self) -> None:
         """Poll the ready path until 200; a dead child or the deadline raise
@@ -264,7 +264,7 @@ class ServerProcess:
             "ready_s": None if self.ready_s is None else round(self.ready_s, 3),
             "rss_peak_bytes": self._watch.peak_bytes if self._watch is not None else None,
             "log": str(self.log_path),
-            "engine_env": engine_env(self._child_env()),
+            "engine_env": self._engine.recorded_env(self._child_env()),
         }
 
 

@@ -1,6 +1,6 @@
-"""How a server child is started safely, for any engine (its environment is
-:func:`~batch_invariance.engines.llama_server.env.measured_env`): the config file that must
-not exist, the parent-death signal, and the log tail its errors quote."""
+"""How a server child is started safely, for any engine (its environment is the engine's
+:meth:`~batch_invariance.engines.base.Engine.child_env`): the config files that must not
+exist, the parent-death signal, and the log tail its errors quote."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batch_invariance.engines.llama_server.env import SYSTEM_CONFIG
+from batch_invariance.engines.base import Engine
 from batch_invariance.errors import InfraError
 
 __all__ = ["die_with_parent_hook", "log_tail", "refuse_system_config"]
@@ -58,13 +58,14 @@ def die_with_parent_hook(parent_pid: int) -> Any:
     return hook
 
 
-def refuse_system_config() -> None:
-    """The system-wide config file would be read by every server: refuse to start one."""
-    if Path(SYSTEM_CONFIG).exists():
-        raise InfraError(
-            f"{SYSTEM_CONFIG} exists: llama-server reads it before its flags, so what it "
-            "runs would differ from the recorded argv; move it away"
-        )
+def refuse_system_config(engine: Engine) -> None:
+    """A system-wide config file would be read by every server: refuse to start one."""
+    for config in engine.env_rules.system_configs:
+        if Path(config).exists():
+            raise InfraError(
+                f"{config} exists: llama-server reads it before its flags, so what it "
+                "runs would differ from the recorded argv; move it away"
+            )
 
 
 def log_tail(path: Path, lines: int = _TAIL_LINES) -> str:

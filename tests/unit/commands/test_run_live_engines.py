@@ -12,6 +12,7 @@ from batch_invariance.cert.identity import identity_problems
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
+from batch_invariance.engines.registry import recorded_launch
 from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.workset import items_to_row
 from tests.support.fakes_live import hf_model_files
@@ -93,10 +94,12 @@ def test_launched_vllm_fake_through_the_cli(
     argv = prov["servers"][1]["argv"]
     argv[argv.index("--max-num-seqs") + 1] = "1"
     relabel = replace(checked.cert, provenance=Provenance.from_record(prov))
-    assert any("dispatch_n 4 but server BC" in p for p in identity_problems(relabel))
+    found = identity_problems(relabel, recorded_launch)
+    assert any("dispatch_n 4 but server BC" in p for p in found)
     prov["engine"] = "ollama"
     unknown = replace(checked.cert, provenance=Provenance.from_record(prov))
-    assert "engine 'ollama' is not one this tool launches" in identity_problems(unknown)
+    found = identity_problems(unknown, recorded_launch)
+    assert "engine 'ollama' is not one this tool launches" in found
     cert["provenance"]["engine"] = "ollama"
     relabelled = tmp_path / "relabelled.json"
     relabelled.write_text(json.dumps(cert))

@@ -9,23 +9,25 @@ Its argv (:func:`build_argv`: every slot gets ``ctx`` tokens, a split or unified
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from batch_invariance.engines.base import (
-    CacheEvidence,
+    Engine,
     KvLayout,
     LaunchCommand,
     LaunchRequest,
-    MemoryReservation,
     PromptCache,
 )
 from batch_invariance.engines.llama_server import flags as llama_flags
-from batch_invariance.engines.llama_server.flags import FlagError, read_flags
+from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
+from batch_invariance.engines.llama_server.env import LLAMA_CPP_ENV
+from batch_invariance.engines.llama_server.flags import FlagError, ServerFlags, read_flags
 from batch_invariance.engines.llama_server.options import DEFAULTS
-from batch_invariance.engines.llama_server.probes import llama_server_probes
-from batch_invariance.engines.probes import BusyProbe, PassCounter
+from batch_invariance.engines.llama_server.probes import llama_server_probes, server_chat_template
+from batch_invariance.engines.probes import BusyProbe
+from batch_invariance.engines.recorded import RecordedLaunch
 
 __all__ = ["LlamaServerEngine", "build_argv", "kv_label"]
 
@@ -85,7 +87,7 @@ def build_argv(
     return tuple(argv)
 
 
-class LlamaServerEngine:
+class LlamaServerEngine(Engine):
     """``llama-server --parallel N --ctx-size C*N --no-kv-unified --slots --metrics ...``."""
 
     name = "llama-server"
@@ -98,12 +100,18 @@ class LlamaServerEngine:
     #: llama-context pads the KV pool, and a split cache's per-slot share, to 256 tokens.
     ctx_multiple = llama_flags.CTX_PAD
     takes_profiles = True
-    binary_hint = "path to llama-server"
     #: What turns its prompt cache off in a deploy (a verdict's reason words the fix).
     cache_off_advice = "--no-cache-prompt --cache-ram 0"
     #: The one llama-server flag reader's lists (engines.llama_server.flags).
     owned_flags: frozenset[str] = llama_flags.OWNED_FLAGS
     refused_flags: frozenset[str] = llama_flags.REFUSED_FLAGS
+    #: The variables ggml, its runtimes and llama.cpp read; its config file.
+    env_rules = LLAMA_CPP_ENV
+    fallback_chat_template = LLAMA_CPP_CHATML_FALLBACK
+
+    @property
+    def binary_hint(self) -> str:
+        return "path to llama-server"
 
     def resolve_binary(self, server_bin: Path) -> Path:
         # The cert names the file that ran, not a symlink to it.
@@ -123,11 +131,6 @@ class LlamaServerEngine:
             return (f"{' '.join(flags)}: {exc}",)
         return tuple(f"{w}: llama-server has no such option (write --name value)" for w in rejected)
 
-    def memory_reservation(
-        self, flags: Sequence[str], env: Mapping[str, str]
-    ) -> MemoryReservation | None:
-        return None  # it allocates what it needs; the guard projects that
-
     def prompt_cache_bytes(self, cache: PromptCache) -> int | None:
         """``--cache-ram`` MiB (its default where the arm leaves it out); -1 is no limit."""
         mib = cache.cache_ram_mib
@@ -145,14 +148,44 @@ class LlamaServerEngine:
     def busy_probes(self, base_url: str, metrics_url: str | None = None) -> tuple[BusyProbe, ...]:
         return llama_server_probes(base_url, metrics_enabled=True, metrics_url=metrics_url)
 
-    def pass_counters(
-        self, base_url: str, metrics_url: str | None = None
-    ) -> tuple[PassCounter, ...]:
-        return ()
-
-    def cache_evidence(self, metrics_text: str | None) -> CacheEvidence:
-        # Per-response timings.cache_n is the evidence here (the prompt_cache gate reads it).
-        return CacheEvidence({}, None)
+    # No pass counters, no /metrics cache evidence: per-response timings.cache_n is the
+    # evidence here (the prompt_cache gate reads it).
 
     def provenance(self, command: LaunchCommand) -> dict[str, Any]:
         return {"engine": self.name, "busy_witness": "/slots + llamacpp:requests_processing"}
+
+    def chat_template(self, base_url: str) -> str | None:
+        return server_chat_template(base_url)
+
+    def kv_cache_types(self, flags: Sequence[str]) -> tuple[str, str]:
+        return read_flags(flags).cache_types
+
+    def offloads_to_gpu(self, flags: Sequence[str]) -> bool:
+        return read_flags(flags).gpu_offload
+
+    def recorded_launch(self, argv: Sequence[str]) -> RecordedLaunch:
+        """The recorded argv through the one flag reader; an argv it cannot read reads as
+        no flags at all (every identity check then fails, as it should)."""
+        flags = _recorded_flags(argv)
+        per_slot = (
+            flags.ctx_size // flags.parallel
+            if flags.ctx_size is not None
+            and flags.parallel
+            and flags.ctx_size % flags.parallel == 0
+            else None
+        )
+        return RecordedLaunch(
+            flags.model,
+            flags.parallel,
+            per_slot,
+            None if flags.kv_unified is None else ("unified" if flags.kv_unified else "split"),
+            checks_layout=True,
+            ctx_said=f"--ctx-size {flags.ctx_size}",
+        )
+
+
+def _recorded_flags(argv: Sequence[str]) -> ServerFlags:
+    try:
+        return read_flags(argv)
+    except FlagError:
+        return read_flags(())

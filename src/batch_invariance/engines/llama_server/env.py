@@ -19,11 +19,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from batch_invariance.core.gpu_placement import is_gpu_selection
+from batch_invariance.engines.variables import (
+    NEUTRAL_ENV_NAMES,
+    NO_USER_CONFIG,
+    EnvRules,
+    is_neutral_variable,
+)
 from batch_invariance.engines.llama_server.options import OPTION_VARIABLES
 
 __all__ = [
     "ENGINE_ENV_NAMES",
     "ENGINE_ENV_PREFIXES",
+    "LLAMA_CPP_ENV",
     "NEUTRAL_ENV_NAMES",
     "NO_USER_CONFIG",
     "SYSTEM_CONFIG",
@@ -48,41 +55,32 @@ ENGINE_ENV_PREFIXES = (
 ENGINE_ENV_NAMES = frozenset({"LD_PRELOAD", "LD_LIBRARY_PATH"})
 #: The system-wide config file this build reads.
 SYSTEM_CONFIG = "/etc/llama.cpp/config.ini"
-#: What the tool sets ``XDG_CONFIG_HOME`` to: nothing can exist under ``/dev/null``.
-NO_USER_CONFIG = "/dev/null"
 
-
-#: Variables that change nothing a server computes (where it listens is in its argv): passed
-#: to every server the tool starts, never recorded. ``LC_*`` too. Every other variable of the
-#: tool's variables is dropped unless it is one the engine reads (recorded in the cert).
-NEUTRAL_ENV_NAMES = frozenset(
-    {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR"}
+#: llama.cpp's variables: what ggml, its backends' runtimes and llama.cpp read, its
+#: ``LLAMA_ARG_*`` (and other option) variables, and its system-wide config file.
+LLAMA_CPP_ENV = EnvRules(
+    read_prefixes=ENGINE_ENV_PREFIXES,
+    read_names=ENGINE_ENV_NAMES,
+    option_prefixes=("LLAMA_ARG_",),
+    option_names=OPTION_VARIABLES,
+    system_configs=(SYSTEM_CONFIG,),
 )
-
-
-def is_neutral_variable(name: str) -> bool:
-    """A variable that changes nothing the server computes (:data:`NEUTRAL_ENV_NAMES`, ``LC_*``)."""
-    return name in NEUTRAL_ENV_NAMES or name.startswith("LC_")
 
 
 def is_option_variable(name: str) -> bool:
     """A variable llama-server reads as one of its options (compared as that option)."""
-    return name.startswith("LLAMA_ARG_") or name in OPTION_VARIABLES
+    return LLAMA_CPP_ENV.is_option_variable(name)
 
 
 def is_engine_variable(name: str) -> bool:
     """True for a variable the server reads other than its ``LLAMA_ARG_*`` flags and the
     GPU-selection variables (placement: what they select is recorded, not their values)."""
-    if name.startswith("LLAMA_ARG_") or name in OPTION_VARIABLES:
-        return False  # an option's own variable: read (and compared) as that option
-    if is_gpu_selection(name):
-        return False
-    return name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)
+    return LLAMA_CPP_ENV.is_engine_variable(name)
 
 
 def engine_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` the server or ggml read (not the flags), sorted by name."""
-    return {k: env[k] for k in sorted(env) if is_engine_variable(k)}
+    return LLAMA_CPP_ENV.engine_env(env)
 
 
 def config_files(env: Mapping[str, str], home: str | None) -> tuple[str, ...]:
@@ -99,19 +97,9 @@ def config_files(env: Mapping[str, str], home: str | None) -> tuple[str, ...]:
 
 
 def measured_env(parent: Mapping[str, str]) -> dict[str, str]:
-    """The variables a server the tool measures gets from ``parent``: the neutral variables
-    and the ones the engine reads (recorded in the cert as ``engine_env``), nothing else (no
-    ``LLAMA_ARG_*``, no ``LD_AUDIT``, ``GLIBC_TUNABLES``, ``MALLOC_*`` ...), and
-    ``XDG_CONFIG_HOME=/dev/null`` so that no user config file is read."""
-    out = {k: v for k, v in parent.items() if _passed(k)}
-    out["XDG_CONFIG_HOME"] = NO_USER_CONFIG
-    return out
-
-
-def _passed(name: str) -> bool:
-    """Passed to every server the tool starts: neutral, engine and GPU-selection variables
-    (the selection places the server; what it selected is recorded as ``provenance.gpus``)."""
-    return is_neutral_variable(name) or is_engine_variable(name) or is_gpu_selection(name)
+    """The variables a server the tool measures gets from ``parent``
+    (:meth:`~batch_invariance.engines.variables.EnvRules.measured_env` of llama.cpp's)."""
+    return LLAMA_CPP_ENV.measured_env(parent)
 
 
 @dataclass(frozen=True)
