@@ -19,6 +19,7 @@ from pathlib import Path
 
 from batch_invariance.deploy.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.compose import compose_commands
+from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.shell import ShellReader, SourceText
 from batch_invariance.deploy.shell_dialect import script_dialect
 from batch_invariance.deploy.shell_writes import write_problems
@@ -149,6 +150,9 @@ def read_deploy_file(path: Path, models_dir: str | None = None) -> DeployRead:
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read deploy config {path}: {exc}") from None
+    problem = trust_problem("deploy file", str(path))
+    if problem is not None:  # what runs later could be another file than the one read here
+        return DeployRead((), (NotUnderstood(path.name, 0, problem, TRUST_FIX),))
     read = _read_format(path, data, models_dir)
     if not read.commands and not read.not_understood:
         raise UsageError(

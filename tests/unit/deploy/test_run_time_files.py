@@ -369,3 +369,12 @@ def test_compose_links_inside_a_bind_mount_and_a_shared_dot_env(tmp_path: Path) 
         assert ".env does not exist and folder" in bad
     finally:
         tmp_path.chmod(0o700)
+
+
+def test_a_deploy_file_others_can_change_is_not_understood(tmp_path: Path) -> None:
+    script = _script(tmp_path, "exec llama-server -m /m/a.gguf\n")
+    script.chmod(0o666)
+    (bad,) = read_deploy_file(script).not_understood
+    assert f"deploy file {script}: file {script} is writable by others" in bad.construct
+    script.chmod(0o644)
+    assert read_deploy_file(script).not_understood == ()
