@@ -14,8 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from batch_invariance.cert.advice import engine_advice
 from batch_invariance.cert.certificate import Cert, build_cert
 from batch_invariance.cert.parse import parse_cert
+from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.evidence import (
     CellEvidence,
     CellSpec,
@@ -316,11 +318,11 @@ def cert_for(
 ) -> tuple[Cert, Verdict]:
     """Decide and build a cert in one go (``extra_provenance`` merged over the usual block)."""
     ev = green_evidence() if evidence is None else evidence
-    verdict = decide(ev, policy)
     cell = cell or spec()
     live = source == "live"
     provenance = live_provenance(cell) if live else {**PROVENANCE, "driver": "run-mock"}
     provenance = {**provenance, **(extra_provenance or {})}
+    verdict = decide(ev, policy, engine_advice(Provenance.from_record(provenance).engine_name))
     cert = build_cert(ev, verdict, cell, policy, provenance, "live" if live else "mock", TS)
     return cert, verdict
 
@@ -375,8 +377,9 @@ def comparable_cert(
     }
     cell = cell or spec()
     provenance_block = {**live_provenance(cell), **extra}
-    return build_cert(ev, decide(ev, DEFAULT_POLICY), cell, DEFAULT_POLICY, provenance_block,
-                      "live", ts_utc)  # fmt: skip
+    advice = engine_advice(Provenance.from_record(provenance_block).engine_name)
+    return build_cert(ev, decide(ev, DEFAULT_POLICY, advice), cell, DEFAULT_POLICY,
+                      provenance_block, "live", ts_utc)  # fmt: skip
 
 
 def changed_answer(trial: Trial) -> Trial:

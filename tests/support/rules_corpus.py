@@ -20,6 +20,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from batch_invariance.cert.advice import engine_advice
 from batch_invariance.cert.build import rederive
 from batch_invariance.cert.identity import identity_problems
 from batch_invariance.cert.schema import Cert, canonical_json, cert_to_json
@@ -168,7 +169,7 @@ def judged(cert: Cert) -> dict[str, Any]:
         "identity": list(identity_problems(cert, recorded_launch)),
     }
     try:
-        rebuilt = rederive(cert)
+        rebuilt = rederive(cert, engine_advice)
     except Exception as exc:  # evidence the rules cannot judge is a judgement too
         return {**row, "rederive_error": type(exc).__name__}
     rule = promotability(rebuilt)

@@ -15,7 +15,7 @@ Nothing here reads files or clocks: the timestamp comes from the caller.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -49,7 +49,7 @@ from batch_invariance.core.evidence import (
 )
 from batch_invariance.core.rules import RULES_VERSION
 from batch_invariance.core.throughput import throughput_of_arms
-from batch_invariance.core.verdict import Verdict, decide
+from batch_invariance.core.verdict import EngineAdvice, Verdict, decide
 
 #: Trial attributes carried one to one into the embedded record (same name, same value).
 _SHARED_TRIAL_FIELDS: tuple[str, ...] = tuple(
@@ -249,24 +249,31 @@ def build_cert(
     *,
     with_throughput: bool = True,
 ) -> Cert:
-    """The cert for one cell. ``verdict`` must be ``decide(evidence, policy)``; ``source`` is
-    what the caller really ran against (``run-mock`` always passes ``"mock"``). The
-    ``throughput`` block is computed from ``provenance.arms`` (``with_throughput=False``
-    leaves it out, as certs written before it existed have it)."""
+    """The cert for one cell. ``verdict`` must be ``decide(evidence, policy, advice)``, with
+    the words of the engine ``provenance`` names (:func:`~batch_invariance.cert.advice.
+    engine_advice`); ``source`` is what the caller really ran against (``run-mock`` always
+    passes ``"mock"``). The ``throughput`` block is computed from ``provenance.arms``
+    (``with_throughput=False`` leaves it out, as certs written before it existed have it)."""
     inputs = CertInputs(
         evidence, verdict, spec, policy, provenance, source, ts_utc, with_throughput
     )  # fmt: skip
     return _sealed(draft_cert(inputs))
 
 
-def _inputs_of(cert: Cert) -> CertInputs:
+#: The words of the engine a cert names, for its verdict's reasons (the verification passes
+#: :func:`batch_invariance.cert.advice.engine_advice`; the core names no engine).
+AdviceReader = Callable[[str], EngineAdvice]
+
+
+def _inputs_of(cert: Cert, advice: AdviceReader) -> CertInputs:
     """A cert's own evidence, policy, spec, provenance and timestamp, with the verdict the
-    same pure :func:`~batch_invariance.core.verdict.decide` gives on that evidence."""
+    same pure :func:`~batch_invariance.core.verdict.decide` gives on that evidence, in the
+    words ``advice`` gives for the engine it names."""
     evidence = evidence_from_cert(cert)
     policy = cert.evidence.policy
     return CertInputs(
         evidence,
-        decide(evidence, policy),
+        decide(evidence, policy, advice(cert.provenance.engine_name)),
         spec_from_cert(cert),
         policy,
         cert.provenance,
@@ -278,18 +285,18 @@ def _inputs_of(cert: Cert) -> CertInputs:
     )
 
 
-def rederive(cert: Cert) -> Cert:
+def rederive(cert: Cert, advice: AdviceReader) -> Cert:
     """Rebuild the whole cert from its own evidence, policy, spec, provenance and timestamp
     with the same pure :func:`~batch_invariance.core.verdict.decide`."""
-    return _sealed(draft_cert(_inputs_of(cert)))
+    return _sealed(draft_cert(_inputs_of(cert, advice)))
 
 
-def rederive_draft(cert: Cert) -> Cert:
+def rederive_draft(cert: Cert, advice: AdviceReader) -> Cert:
     """:func:`rederive` before the JSON edge (:func:`draft_cert`): the same values, not yet
     serialised, validated and digested. When it is type-strictly identical to a cert that
     came through the JSON edge (:mod:`~batch_invariance.cert.identical`), the full
     :func:`rederive` would give the same JSON in every field."""
-    return draft_cert(_inputs_of(cert))
+    return draft_cert(_inputs_of(cert, advice))
 
 
 def differing_fields(stored: Cert, rebuilt: Cert) -> list[str]:

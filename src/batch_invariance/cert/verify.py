@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from batch_invariance.cert.advice import engine_advice
 from batch_invariance.cert.build import differing_fields, rederive, rederive_draft
 from batch_invariance.cert.identical import identical
 from batch_invariance.cert.identity import identity_problems
@@ -127,9 +128,11 @@ def _rederivation_problems(cert: Cert, origin: str, json_checked: bool) -> list[
     serialising either (see :func:`~batch_invariance.cert.build.rederive_draft`). Anything
     else is judged on the JSON forms, field by field."""
     try:
-        if json_checked and identical(replace(rederive_draft(cert), digest=cert.digest), cert):
+        if json_checked and identical(
+            replace(rederive_draft(cert, engine_advice), digest=cert.digest), cert
+        ):
             return []
-        rebuilt = rederive(cert)
+        rebuilt = rederive(cert, engine_advice)
         fields = differing_fields(cert, rebuilt)
     except Exception as exc:  # evidence that cannot be judged is not a valid cert
         return [

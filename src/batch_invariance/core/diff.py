@@ -22,6 +22,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from batch_invariance.core.columns import (
@@ -234,6 +235,91 @@ def compare(
     return compare_columns(pair, arm_columns(x), columns, group_labels(items))
 
 
+@dataclass
+class _Tally:
+    """What :func:`compare_columns` gathers over the passes (local to one call)."""
+
+    divergent: set[str] = field(default_factory=set)
+    token_only: set[str] = field(default_factory=set)
+    compared: set[str] = field(default_factory=set)
+    skipped: set[str] = field(default_factory=set)
+    only_x: set[str] = field(default_factory=set)
+    only_y: set[str] = field(default_factory=set)
+    rows: list[DivergenceRow] = field(default_factory=list)
+    per_pass: list[PassCount] = field(default_factory=list)
+    x_compared: bool = False
+
+
+def _visit_id(
+    t: _Tally, test_id: str, pass_index: int | None, xt: Trial | None, yt: Trial | None
+) -> Outcome:
+    """One id whose keys differ (or that one side lacks): its outcome, its row recorded. A
+    missing id is a divergence."""
+    if xt is None or yt is None:
+        (t.only_y if xt is None else t.only_x).add(test_id)
+        t.rows.append(_row(test_id, pass_index, xt, yt, "missing"))
+        return "divergent"
+    outcome = _outcome(_facts(xt), _facts(yt))
+    if outcome == "divergent":
+        t.rows.append(_row(test_id, pass_index, xt, yt, "invariant"))
+    elif outcome == "token_only":
+        t.token_only.add(test_id)
+        t.rows.append(_row(test_id, pass_index, xt, yt, "token_only"))
+    return outcome
+
+
+def _tally_pass(
+    t: _Tally,
+    xa: ArmColumns,
+    xk: Mapping[str, tuple[Any, ...]],
+    pass_index: int | None,
+    ya: ArmColumns,
+    pass_unequal: Sequence[str],
+) -> None:
+    """One pass of ``ya`` against ``xa``: only ids with unequal keys and missing ids are
+    visited; ids with equal keys are clean (or the same transport failure: skipped)."""
+    x, y = xa.trials, ya.trials
+    counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
+    pass_skipped = {
+        tid for tid in xa.transport if tid in y and xk[tid] == agreement_key(y[tid])
+    }  # equal keys: both sides are the same transport failure
+    pass_divergent: set[str] = set()
+    pass_only_y = [tid for tid in pass_unequal if tid not in xk]
+    # y holds len(y) - len(pass_only_y) of x's ids; look for the others only if some miss.
+    missing_y = xk.keys() - y.keys() if len(y) - len(pass_only_y) < len(xk) else ()
+    for test_id in (*pass_unequal, *missing_y):
+        outcome = _visit_id(t, test_id, pass_index, x.get(test_id), y.get(test_id))
+        counts[outcome] += 1
+        if outcome == "skipped":
+            pass_skipped.add(test_id)
+        elif outcome == "divergent":
+            pass_divergent.add(test_id)
+    n_equal = len(ya.ids) - len(pass_unequal)
+    n_equal_skipped = len(pass_skipped) - counts["skipped"]
+    counts["skipped"] += n_equal_skipped
+    counts["clean"] += n_equal - n_equal_skipped
+    t.divergent |= pass_divergent
+    t.skipped |= pass_skipped
+    if pass_skipped:
+        t.compared |= (xk.keys() | y.keys()) - pass_skipped
+    else:
+        # x's ids and y's ids are x's ids and those only in y: add x's once.
+        if not t.x_compared:
+            t.compared.update(xk.keys())
+            t.x_compared = True
+        t.compared.update(pass_only_y)
+    if pass_index is not None:
+        t.per_pass.append(
+            PassCount(
+                index=pass_index,
+                n_compared=counts["divergent"] + counts["token_only"] + counts["clean"],
+                n_divergent=counts["divergent"],
+                n_token_only=counts["token_only"],
+                n_skipped=counts["skipped"],
+            )
+        )
+
+
 def compare_columns(
     pair: str,
     xa: ArmColumns,
@@ -248,72 +334,14 @@ def compare_columns(
     :mod:`batch_invariance.core.numerics`).
     ``unequal``, when given, is :func:`~batch_invariance.core.columns.unequal_ids` of ``xa``
     and each map of ``ys``, already computed."""
-    divergent: set[str] = set()
-    token_only: set[str] = set()
-    compared: set[str] = set()
-    skipped: set[str] = set()
-    only_x: set[str] = set()
-    only_y: set[str] = set()
-    rows: list[DivergenceRow] = []
-    per_pass: list[PassCount] = []
-    x_compared = False
-    x, xk = xa.trials, key_map(xa)
+    t = _Tally()
+    xk = key_map(xa)
     for k, (pass_index, ya) in enumerate(ys):
-        y, y_ids = ya.trials, ya.ids
-        counts = {"divergent": 0, "token_only": 0, "clean": 0, "skipped": 0}
         pass_unequal = unequal_ids(xa, ya) if unequal is None else unequal[k]
-        pass_skipped = {
-            tid for tid in xa.transport if tid in y and xk[tid] == agreement_key(y[tid])
-        }  # equal keys: both sides are the same transport failure
-        pass_divergent: set[str] = set()
-        pass_only_y = [tid for tid in pass_unequal if tid not in xk]
-        # y holds len(y) - len(pass_only_y) of x's ids; look for the others only if some miss.
-        missing_y = xk.keys() - y.keys() if len(y) - len(pass_only_y) < len(xk) else ()
-        for test_id in (*pass_unequal, *missing_y):
-            xt, yt = x.get(test_id), y.get(test_id)
-            if xt is None or yt is None:
-                counts["divergent"] += 1
-                pass_divergent.add(test_id)
-                (only_y if xt is None else only_x).add(test_id)
-                rows.append(_row(test_id, pass_index, xt, yt, "missing"))
-                continue
-            outcome = _outcome(_facts(xt), _facts(yt))
-            counts[outcome] += 1
-            if outcome == "skipped":
-                pass_skipped.add(test_id)
-            elif outcome == "divergent":
-                pass_divergent.add(test_id)
-                rows.append(_row(test_id, pass_index, xt, yt, "invariant"))
-            elif outcome == "token_only":
-                token_only.add(test_id)
-                rows.append(_row(test_id, pass_index, xt, yt, "token_only"))
-        n_equal = len(y_ids) - len(pass_unequal)
-        n_equal_skipped = len(pass_skipped) - counts["skipped"]
-        counts["skipped"] += n_equal_skipped
-        counts["clean"] += n_equal - n_equal_skipped
-        divergent |= pass_divergent
-        skipped |= pass_skipped
-        if pass_skipped:
-            compared |= (xk.keys() | y.keys()) - pass_skipped
-        else:
-            # x's ids and y's ids are x's ids and those only in y: add x's once.
-            if not x_compared:
-                compared.update(xk.keys())
-                x_compared = True
-            compared.update(pass_only_y)
-        if pass_index is not None:
-            per_pass.append(
-                PassCount(
-                    index=pass_index,
-                    n_compared=counts["divergent"] + counts["token_only"] + counts["clean"],
-                    n_divergent=counts["divergent"],
-                    n_token_only=counts["token_only"],
-                    n_skipped=counts["skipped"],
-                )
-            )
-    token_only -= divergent
+        _tally_pass(t, xa, xk, pass_index, ya, pass_unequal)
+    divergent, token_only, compared = t.divergent, t.token_only - t.divergent, t.compared
     n_compared = len(compared)
-    rows.sort(key=lambda r: (r.test_id, -1 if r.pass_index is None else r.pass_index))
+    rows = sorted(t.rows, key=lambda r: (r.test_id, -1 if r.pass_index is None else r.pass_index))
     by_family, by_fill = _group_counts(compared, divergent, token_only, labels)
     return PairReport(
         pair=pair,
@@ -321,15 +349,15 @@ def compare_columns(
         n_divergent=len(divergent),
         divergence_rate=(len(divergent) / n_compared) if n_compared else 0.0,
         divergent_ids=tuple(sorted(divergent)),
-        only_x=tuple(sorted(only_x)),
-        only_y=tuple(sorted(only_y)),
+        only_x=tuple(sorted(t.only_x)),
+        only_y=tuple(sorted(t.only_y)),
         n_token_only=len(token_only),
         token_divergence_ids=tuple(sorted(token_only)),
-        transport_skipped_ids=tuple(sorted(skipped)),
+        transport_skipped_ids=tuple(sorted(t.skipped)),
         per_id=tuple(rows),
         by_family=by_family,
         by_fill=by_fill,
-        per_pass=tuple(sorted(per_pass, key=lambda p: p.index)),
+        per_pass=tuple(sorted(t.per_pass, key=lambda p: p.index)),
     )
 
 

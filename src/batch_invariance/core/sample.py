@@ -143,59 +143,30 @@ def _by_pass(hot: Iterable[tuple[int, str]]) -> dict[int, list[str]]:
     return grouped
 
 
-def length_gate(
-    a: Mapping[str, Trial] | ArmColumns,
-    passes: PassesLike,
-    hot: Sequence[tuple[int, str]] | HotByPass,
-    policy: GatePolicy,
-) -> LengthGate:
-    """The median generated length of the hot comparisons must reach ``min_answer_tokens``;
-    an unknown length (the server reported no count) fails closed. ``hot`` is the (pass, id)
-    comparisons, or their ids per pass."""
-    by_index = {pc.record.index: pc.arm for pc in as_pass_columns(passes)}
-    a_cols = as_arm_columns(a)
-    a_tokens: dict[str, int | None] | None = None  # A's lengths by id, built when needed
-    a_all: Floats | None = None  # A's lengths in A's order, built when needed
-    lengths: list[Ints] = []
-    unknown = cut = n_hot = 0
-    for index, ids in (hot if isinstance(hot, Mapping) else _by_pass(hot)).items():
-        c = by_index[index]
+def _hot_lengths(
+    ids: Collection[str], c: ArmColumns, index: int
+) -> tuple[Sequence[str], Sequence[int | None]]:
+    """A pass's hot ids and C's lengths of them: a set in C's own order (each id once), a
+    sequence in its order."""
+    if isinstance(ids, AbstractSet):  # each id once: read C's lengths in C's own order
         listed: Sequence[str]
         c_len: Sequence[int | None]
-        if isinstance(ids, AbstractSet):  # each id once: read C's lengths in C's own order
-            if len(ids) == len(c.ids) and c.trials.keys() <= ids:  # every id of the pass
-                listed, c_len = c.ids, c.answer_tokens
-            else:
-                mask = list(map(ids.__contains__, c.ids))
-                listed = list(compress(c.ids, mask))
-                c_len = list(compress(c.answer_tokens, mask))
-            if len(listed) != len(ids):
-                raise KeyError(f"hot id not in pass {index}")
+        if len(ids) == len(c.ids) and c.trials.keys() <= ids:  # every id of the pass
+            listed, c_len = c.ids, c.answer_tokens
         else:
-            listed = list(ids)
-            c_tokens = dict(zip(c.ids, c.answer_tokens, strict=True))
-            c_len = list(map(c_tokens.__getitem__, listed))
-        n_hot += len(listed)
-        if a_cols.cut_by_budget or c.cut_by_budget:
-            cut_ids = a_cols.cut_by_budget | c.cut_by_budget
-            cut += sum(map(cut_ids.__contains__, listed))
-        # A's side, in the order of ``listed``; an unreported count (None) becomes NaN.
-        if same_order(listed, a_cols.ids):
-            if a_all is None:
-                a_all = _as_floats(a_cols.answer_tokens)
-            a_floats = a_all
-        else:
-            if a_tokens is None:
-                a_tokens = dict(zip(a_cols.ids, a_cols.answer_tokens, strict=True))
-            a_floats = _as_floats(list(map(a_tokens.__getitem__, listed)))
-        # The shorter side counts: beyond it, nothing was compared; a NaN side is unknown.
-        shorter = np.minimum(a_floats, _as_floats(c_len))
-        known = ~np.isnan(shorter)
-        unknown += int(known.size - np.count_nonzero(known))
-        lengths.append(shorter[known].astype(np.int64))
-    floor = policy.min_answer_tokens
-    share = cut / n_hot if n_hot else None
-    measured = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+            mask = list(map(ids.__contains__, c.ids))
+            listed = list(compress(c.ids, mask))
+            c_len = list(compress(c.answer_tokens, mask))
+        if len(listed) != len(ids):
+            raise KeyError(f"hot id not in pass {index}")
+        return listed, c_len
+    listed = list(ids)
+    c_tokens = dict(zip(c.ids, c.answer_tokens, strict=True))
+    return listed, list(map(c_tokens.__getitem__, listed))
+
+
+def _length_outcome(measured: Ints, unknown: int, share: float | None, floor: int) -> LengthGate:
+    """The gate on the hot comparisons' measured lengths (``unknown`` of them unmeasured)."""
     if not measured.size:
         return LengthGate(
             False, floor, 0, unknown, None, None, None, share,
@@ -220,6 +191,47 @@ def length_gate(
         f"answer length {verb}: median {median} generated tokens over {n_measured} hot "
         f"comparisons (min {low}, max {high}, {cut_text}; need a median >= {floor})",
     )  # fmt: skip
+
+
+def length_gate(
+    a: Mapping[str, Trial] | ArmColumns,
+    passes: PassesLike,
+    hot: Sequence[tuple[int, str]] | HotByPass,
+    policy: GatePolicy,
+) -> LengthGate:
+    """The median generated length of the hot comparisons must reach ``min_answer_tokens``;
+    an unknown length (the server reported no count) fails closed. ``hot`` is the (pass, id)
+    comparisons, or their ids per pass."""
+    by_index = {pc.record.index: pc.arm for pc in as_pass_columns(passes)}
+    a_cols = as_arm_columns(a)
+    a_tokens: dict[str, int | None] | None = None  # A's lengths by id, built when needed
+    a_all: Floats | None = None  # A's lengths in A's order, built when needed
+    lengths: list[Ints] = []
+    unknown = cut = n_hot = 0
+    for index, ids in (hot if isinstance(hot, Mapping) else _by_pass(hot)).items():
+        c = by_index[index]
+        listed, c_len = _hot_lengths(ids, c, index)
+        n_hot += len(listed)
+        if a_cols.cut_by_budget or c.cut_by_budget:
+            cut_ids = a_cols.cut_by_budget | c.cut_by_budget
+            cut += sum(map(cut_ids.__contains__, listed))
+        # A's side, in the order of ``listed``; an unreported count (None) becomes NaN.
+        if same_order(listed, a_cols.ids):
+            if a_all is None:
+                a_all = _as_floats(a_cols.answer_tokens)
+            a_floats = a_all
+        else:
+            if a_tokens is None:
+                a_tokens = dict(zip(a_cols.ids, a_cols.answer_tokens, strict=True))
+            a_floats = _as_floats(list(map(a_tokens.__getitem__, listed)))
+        # The shorter side counts: beyond it, nothing was compared; a NaN side is unknown.
+        shorter = np.minimum(a_floats, _as_floats(c_len))
+        known = ~np.isnan(shorter)
+        unknown += int(known.size - np.count_nonzero(known))
+        lengths.append(shorter[known].astype(np.int64))
+    share = cut / n_hot if n_hot else None
+    measured = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    return _length_outcome(measured, unknown, share, policy.min_answer_tokens)
 
 
 # --------------------------------------------------------------------------- per-prompt bound

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -204,20 +205,13 @@ def _power_of_two_at_most(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def sequence_scope(
-    evidence: CellEvidence,
-    slot_ctx: int,
-    hot: Mapping[int, Iterable[str]],
-    ac: PairReport,
-    numerics: PairNumerics,
-    fill: float | None = None,
-) -> SequenceScope:
-    """The sequence lengths the cell measured against its ``slot_ctx``-token slot.
+_Key = tuple[int, str]  # (pass index, test id)
 
-    ``hot`` is the hot comparisons' ids per pass (:func:`.sample.hot_by_pass`),
-    ``ac`` and ``numerics`` the AC report and AC numerics of the same evidence."""
-    rows = _rows(evidence)
-    by_key = {(r.pass_index, r.test_id): r for r in rows}
+
+def _measured(
+    by_key: Mapping[_Key, _Row], hot: Mapping[int, Iterable[str]]
+) -> tuple[list[int], int]:
+    """The hot comparisons' sequence lengths, and how many of them have none."""
     hot_lengths: list[int] = []
     unknown = 0
     for index, ids in hot.items():
@@ -227,14 +221,28 @@ def sequence_scope(
                 unknown += 1
             else:
                 hot_lengths.append(row.length)
-    drift_at: dict[tuple[int, str], int] = {}
+    return hot_lengths, unknown
+
+
+def _drift_positions(by_key: Mapping[_Key, _Row], numerics: PairNumerics) -> dict[_Key, int]:
+    """Where each drifting row's first drift sits in its sequence (prompt + answer token)."""
+    drift_at: dict[_Key, int] = {}
     for r in numerics.rows:
         if r.pass_index is None or r.first_drift is None:
             continue
         row = by_key.get((r.pass_index, r.test_id))
         if row is not None and row.prompt is not None:
             drift_at[(row.pass_index, row.test_id)] = row.prompt + r.first_drift
-    changed = {(d.pass_index, d.test_id) for d in ac.per_id if d.kind != "missing"}
+    return drift_at
+
+
+def _bands(
+    rows: Sequence[_Row],
+    slot_ctx: int,
+    drift_at: Mapping[_Key, int],
+    changed: AbstractSet[tuple[int | None, str]],
+) -> tuple[LengthBand, ...]:
+    """The rows in the slot's quarter bands: compared, drifting, changed answers."""
     edges = band_edges(slot_ctx)
     per_band: list[list[_Row]] = [[] for _ in edges]
     for row in rows:
@@ -255,21 +263,47 @@ def sequence_scope(
                 first_drift_position=min(drifts, default=None),
             )
         )
+    return tuple(bands)
+
+
+def _first_drift(
+    rows: Sequence[_Row], by_key: Mapping[_Key, _Row], drift_at: Mapping[_Key, int]
+) -> tuple[int | None, int, int | None]:
+    """The first drift position, the rows drifting exactly there (their prompt ended before
+    it), and the position every row is bitwise equal up to when that is a position."""
     first = min(drift_at.values(), default=None)
-    at_first = 0
-    equal_up_to: int | None = None
-    if first is not None:
-        # Rows whose prompt ended before the first drift and that drifted exactly there.
-        there = [
-            key
-            for key, pos in drift_at.items()
-            if pos == first and (p := by_key[key].prompt) is not None and p < first
-        ]
-        at_first = len(there)
-        shorter = [r.length for r in rows if r.length is not None and r.length < first]
-        # Two prompts, not one prompt in two passes: a position, not a prompt's quirk.
-        if len({test_id for _, test_id in there}) > 1 and shorter:
-            equal_up_to = first - 1
+    if first is None:
+        return None, 0, None
+    # Rows whose prompt ended before the first drift and that drifted exactly there.
+    there = [
+        key
+        for key, pos in drift_at.items()
+        if pos == first and (p := by_key[key].prompt) is not None and p < first
+    ]
+    shorter = [r.length for r in rows if r.length is not None and r.length < first]
+    # Two prompts, not one prompt in two passes: a position, not a prompt's quirk.
+    equal_up_to = first - 1 if len({test_id for _, test_id in there}) > 1 and shorter else None
+    return first, len(there), equal_up_to
+
+
+def sequence_scope(
+    evidence: CellEvidence,
+    slot_ctx: int,
+    hot: Mapping[int, Iterable[str]],
+    ac: PairReport,
+    numerics: PairNumerics,
+    fill: float | None = None,
+) -> SequenceScope:
+    """The sequence lengths the cell measured against its ``slot_ctx``-token slot.
+
+    ``hot`` is the hot comparisons' ids per pass (:func:`.sample.hot_by_pass`),
+    ``ac`` and ``numerics`` the AC report and AC numerics of the same evidence."""
+    rows = _rows(evidence)
+    by_key = {(r.pass_index, r.test_id): r for r in rows}
+    hot_lengths, unknown = _measured(by_key, hot)
+    drift_at = _drift_positions(by_key, numerics)
+    changed = {(d.pass_index, d.test_id) for d in ac.per_id if d.kind != "missing"}
+    first, at_first, equal_up_to = _first_drift(rows, by_key, drift_at)
     scope = SequenceScope(
         slot_ctx=slot_ctx,
         required=required_length(slot_ctx, fill),
@@ -277,7 +311,7 @@ def sequence_scope(
         shortest=min(hot_lengths, default=None),
         n_measured=len(hot_lengths),
         n_unknown=unknown,
-        bands=tuple(bands),
+        bands=_bands(rows, slot_ctx, drift_at, changed),
         first_drift_position=first,
         rows_drifting_at_first=at_first,
         bitwise_equal_up_to=equal_up_to,

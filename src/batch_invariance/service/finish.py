@@ -71,11 +71,12 @@ def finish_cell(
     """
     from batch_invariance.cert import certificate
     from batch_invariance.cert import store as certstore
+    from batch_invariance.cert.advice import engine_advice
     from batch_invariance.cert.verify import verify_built
     from batch_invariance.core import verdict
 
-    decided = verdict.decide(run.evidence, policy)
     merged = provenance.merged_over(run.provenance(model_template))
+    decided = verdict.decide(run.evidence, policy, engine_advice(merged.engine_name))
     cert = certificate.build_cert(
         run.evidence,
         decided,

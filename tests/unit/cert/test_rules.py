@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from batch_invariance import __version__, exitcodes
+from batch_invariance.cert.advice import engine_advice
 from batch_invariance.cert.build import rederive
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.schema import CERT_VERSION, Cert, compute_digest
@@ -39,7 +40,7 @@ def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:
     """The issue's attack: rebuild an edited cert with the package's own rederive and render
     (a fresh, correct digest and a verdict consistent with the evidence)."""
     path = tmp_path / name
-    path.write_text(render(rederive(cert)), encoding="utf-8")
+    path.write_text(render(rederive(cert, engine_advice)), encoding="utf-8")
     return path
 
 
@@ -64,7 +65,9 @@ def test_a_mock_cert_relabelled_live_and_rebuilt_is_invalid(
     assert code == exitcodes.CERT_INVALID
     assert "source says live but its provenance records a mock run" in err
     assert "driver run-mock" in err and "mock knobs" in err and err.count("\n") == 1
-    assert not is_promotable(rederive(forged)) and not cert_is_green(rederive(forged))
+    assert not is_promotable(rederive(forged, engine_advice)) and not cert_is_green(
+        rederive(forged, engine_advice)
+    )
 
 
 def test_relabelled_mock_with_edited_ctx_and_n_is_invalid(
@@ -114,7 +117,7 @@ def test_a_live_cert_whose_cell_was_edited_and_rebuilt_is_invalid(
     forged = replace(cert, **edit)
     code, err = _verify(_rebuilt(tmp_path, forged), capsys)
     assert code == exitcodes.CERT_INVALID and named in err, err
-    assert not is_promotable(rederive(forged))
+    assert not is_promotable(rederive(forged, engine_advice))
 
 
 @pytest.mark.parametrize(
@@ -134,7 +137,7 @@ def test_a_live_cert_whose_provenance_disagrees_is_invalid(provenance_edit: Any)
     cert, _ = cert_for()
     prov = cert.provenance.record()
     provenance_edit(prov)
-    forged = rederive(replace(cert, provenance=Provenance.from_record(prov)))
+    forged = rederive(replace(cert, provenance=Provenance.from_record(prov)), engine_advice)
     verification_text = render(forged)
     assert not is_promotable(forged) and not cert_is_green(forged)
     assert json.loads(verification_text)["source"] == "live"
@@ -151,13 +154,14 @@ def test_a_profile_model_alias_is_an_accepted_model_name() -> None:
         {"role": "BC", "argv": server_argv(path, cell.ctx, cell.dispatch_n)},
     ]
     cert, _ = cert_for(cell=cell)
-    without_alias = rederive(replace(cert, provenance=Provenance.from_record(prov)))
+    without_alias = rederive(replace(cert, provenance=Provenance.from_record(prov)), engine_advice)
     assert not is_promotable(without_alias)
     with_alias = rederive(
         replace(
             cert,
             provenance=Provenance.from_record({**prov, "profile": {"model_alias": "gemma-alias"}}),
-        )
+        ),
+        engine_advice,
     )
     assert is_promotable(with_alias)
 

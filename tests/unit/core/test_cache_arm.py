@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from batch_invariance.cert.advice import engine_advice
 from batch_invariance.cert.build import rederive
 from batch_invariance.cert.schema import canonical_json, cert_from_json, cert_to_json
 from batch_invariance.core.cache_arm import REQUIRED_REUSE_SHARE, reuse_of
@@ -14,6 +15,7 @@ from batch_invariance.core.verdict import (
     CLASS_CACHE,
     CLASS_CACHE_DRIFT,
     CLASS_CO_BATCHING,
+    EngineAdvice,
     decide,
 )
 from tests.support.factories import (
@@ -89,13 +91,23 @@ def test_cache_only_numeric_drift_is_amber_in_its_own_class() -> None:
     trial = ev.a["t005"]
     assert trial.token_logprobs is not None
     drifted = (trial.token_logprobs[0] - 1e-6, *trial.token_logprobs[1:])
-    verdict = decide(cache_trial_changed(ev, "t005", token_logprobs=drifted), DEFAULT_POLICY)
+    ev = cache_trial_changed(ev, "t005", token_logprobs=drifted)
+    verdict = decide(ev, DEFAULT_POLICY, EngineAdvice(cache_off="--cache-off-flags"))
     assert verdict.status == "green_with_caveat"
     assert verdict.divergence_class == CLASS_CACHE_DRIFT
     assert verdict.anomaly == ANOMALY_CACHE
     assert verdict.prompt_cache is not None
     assert verdict.prompt_cache.cache_only_drift_ids == ("t005",)
-    assert any("--no-cache-prompt --cache-ram 0" in r for r in verdict.decision_reasons)
+    # the fix in the serving engine's words, given by the caller; the core names no engine
+    fix = "the switch that fixes it is the prompt cache (--cache-off-flags in the deploy)"
+    assert any(r.endswith(fix) for r in verdict.decision_reasons)
+    plain = decide(ev, DEFAULT_POLICY).decision_reasons
+    assert any(r.endswith("prompt cache (turned off in the deploy)") for r in plain)
+    # a cert re-derives to the words of the engine it records
+    cert, _ = cert_for(ev)
+    assert any(
+        "(--no-cache-prompt --cache-ram 0 in the deploy)" in r for r in cert.decision_reasons
+    )
 
 
 def test_cache_only_scored_change_is_red_prompt_cache() -> None:
@@ -153,7 +165,7 @@ def test_cert_carries_the_block_and_rederives() -> None:
     assert len(data["evidence"]["cache_passes"]) == 1
     assert data["gates"]["prompt_cache_arm"]["ok"] is True
     again = cert_from_json(canonical_json(data))
-    assert cert_to_json(rederive(again)) == data
+    assert cert_to_json(rederive(again, engine_advice)) == data
 
 
 def test_cert_without_the_cache_arm_has_no_block() -> None:

@@ -317,3 +317,21 @@ def test_red_from_an_id_missing_in_a_c_pass_names_it_and_counts_it() -> None:
     assert s.n_ac_divergent == 1 and s.n_ac_divergent_ids == 1
     assert s.rate_upper_bound_95 is None and s.observed_rate is not None
     assert 0.0 <= s.ci95_low <= s.observed_rate <= s.ci95_high <= 1.0  # type: ignore[operator]
+
+
+# ----------------------------------------------------------------- the rules as a table
+def test_the_rules_are_asked_in_order_and_the_first_match_decides() -> None:
+    """Each rule reads the findings on the understanding that the rules before it did not
+    match (the table is ordered): a RED is decided by the first rule, a GREEN by the last."""
+    from batch_invariance.core.findings import find
+    from batch_invariance.core.verdict import RULES, green, red_ac, unverified
+
+    assert RULES[0] is red_ac and RULES[-1] is green and len(RULES) == 7
+    red = _c(green_evidence(), "t003", extracted_answer="other")
+    ruling = red_ac(find(red, POLICY))
+    assert ruling is not None and ruling.status == decide(red, POLICY).status == "failed"
+    clean = find(green_evidence(), POLICY)
+    assert [rule.__name__ for rule in RULES[:-1] if rule(clean) is not None] == []
+    assert green(clean).reasons == decide(green_evidence(), POLICY).decision_reasons
+    ungated = find(_ungated(green_evidence()), POLICY)
+    assert red_ac(ungated) is None and unverified(ungated) is not None

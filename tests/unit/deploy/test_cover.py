@@ -145,6 +145,7 @@ def test_a_container_or_a_registry_names_no_binary_here(
 def test_a_cert_that_records_no_build_covers_no_deploy(
     cover: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from batch_invariance.cert.advice import engine_advice
     from batch_invariance.cert.build import rederive
     from batch_invariance.cert.parse import parse_cert
     from batch_invariance.cert.store import write_cert
@@ -153,7 +154,10 @@ def test_a_cert_that_records_no_build_covers_no_deploy(
     provenance: dict[str, Any] = cert.provenance.record()
     del provenance["server_binary"]
     folder = tmp_path / "certs"
-    write_cert(folder, rederive(replace(cert, provenance=Provenance.from_record(provenance))))
+    write_cert(
+        folder,
+        rederive(replace(cert, provenance=Provenance.from_record(provenance)), engine_advice),
+    )
     body = f"{cover['binary']} -m {cover['model']} {OK_FLAGS}\n"
     assert _run(cover, tmp_path, body, "--certs", str(folder)) == exitcodes.NOT_PROMOTABLE
     assert "the cert records no server binary sha256 (build unknown)" in capsys.readouterr().out
