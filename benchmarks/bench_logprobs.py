@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 from embedded_pair import add_pair_arguments, pair_from
 
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.run.dispatch import run_serial
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         port_policy=ports.make_policy(None, []),
         gguf=parse_info(model),
     )
-    with launcher.launch("A", 1, opts.ctx) as server:
+    with launcher.launch(ServerRole.A, 1, opts.ctx) as server:
         proc = psutil.Process(server.process.pid)
         for k, item in enumerate(items):
             for s in runs[k % len(runs) :] + runs[: k % len(runs)]:  # rotate who goes first

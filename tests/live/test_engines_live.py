@@ -16,6 +16,7 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.provision.embedded import Layout, Provisioned
 from batch_invariance.provision.pinned_venv import EngineVenv, ensure_llama_cpp_python
@@ -105,7 +106,7 @@ def test_attached_real_llama_server_at_default_flags_reaches_red(
         engine_for("llama-server"), live_pair.server_bin, live_pair.model, tmp_path / "logs",
         port_policy=ports.make_policy(None, None),
     )  # fmt: skip
-    with external.launch("external", 4, 512) as server:
+    with external.launch(ServerRole.BC, 4, 512) as server:
         launcher = AttachLauncher(attach_target(server.base_url), engine_for("llama-server"))
         run = run_cell(plan, launcher, ExactMatchScorer())
         assert server.process.pid is not None  # still ours, still running: never stopped
@@ -128,7 +129,7 @@ def test_attached_llama_cpp_python_is_unverified(
         engine, llama_cpp_python.python, live_pair.model, tmp_path / "logs",
         port_policy=ports.make_policy(None, None), ready_timeout=180.0,
     )  # fmt: skip
-    with external.launch("external", 2, 512) as server:
+    with external.launch(ServerRole.BC, 2, 512) as server:
         launcher = AttachLauncher(attach_target(server.base_url), engine)
         run = run_cell(plan, launcher, ExactMatchScorer())
     cert = _finish(run, plan, tmp_path / "out", "llama-cpp-python").cert

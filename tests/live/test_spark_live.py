@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from batch_invariance.cli import main
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.profiles.spark.workset import generate
 from batch_invariance.profiles.tokens import server_token_counter
@@ -43,7 +44,7 @@ def test_fills_land_within_three_percent_of_the_real_tokenizer(
         port_policy=ports.make_policy(None, None),
         server_flags=("--threads", "2"),
     )
-    with launcher.launch("T", 1, CTX) as server:
+    with launcher.launch(ServerRole.A, 1, CTX) as server:
         counter = server_token_counter(server.base_url)
         skipped: list[str] = []
         items = generate(CTX, "short", 0, counter, skipped=skipped)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from batch_invariance.engines.variables import EnvRules
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.engines.recorded import RecordedLaunch
+from batch_invariance.engines.variables import EnvRules
 
 __all__ = [
     "CacheEvidence",

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import requests
 
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.engines.llama_server.probes import llama_server_probes, server_chat_template
 from batch_invariance.engines.probes import BusyProbe, PassCounter
@@ -108,13 +109,14 @@ class MockLauncher:
         return tuple(argv)
 
     @contextmanager
-    def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[MockHandle]:
+    def launch(self, role: ServerRole, parallel: int, ctx: int) -> Iterator[MockHandle]:
         served = parallel
-        if arm != "A" and self.knobs.bc_parallel_override is not None:
+        if role != ServerRole.A and self.knobs.bc_parallel_override is not None:
             served = self.knobs.bc_parallel_override
+        cache = role == ServerRole.CACHE
         server = MockServer(
             parallel=served, ctx=ctx, knobs=self.knobs, instance=self.launches,
-            prompt_cache=arm == "cache",
+            prompt_cache=cache,
         )  # fmt: skip
         self.launches += 1
         self.servers.append(server)
@@ -123,8 +125,8 @@ class MockLauncher:
                        server.check_alive)  # fmt: skip
             yield MockHandle(
                 server=server,
-                label=f"mock-{arm}",
-                argv=self.argv_for(served, ctx, prompt_cache=arm == "cache"),
+                label=f"mock-{role}",
+                argv=self.argv_for(served, ctx, prompt_cache=cache),
                 metrics_enabled=self.knobs.metrics,
                 kv_label=self.kv_label_for(served, ctx),
             )

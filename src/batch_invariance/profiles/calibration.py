@@ -20,13 +20,14 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Literal
 
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.run.protocols import ServerHandle, ServerLauncher
 
 __all__ = ["PrelaunchedLauncher"]
 
 
 class PrelaunchedLauncher:
-    """A ``ServerLauncher`` whose first ``launch(arm, parallel, ctx)`` matching the held server
+    """A ``ServerLauncher`` whose first ``launch(role, parallel, ctx)`` matching the held server
     yields the already running one (and tears it down when the driver is done with it).
 
     Every other launch goes to the wrapped launcher. Leaving the ``with`` block tears the held
@@ -35,10 +36,15 @@ class PrelaunchedLauncher:
     """
 
     def __init__(
-        self, inner: ServerLauncher, *, ctx: int, arm: str = "A", parallel: int = 1
+        self,
+        inner: ServerLauncher,
+        *,
+        ctx: int,
+        role: ServerRole = ServerRole.A,
+        parallel: int = 1,
     ) -> None:
         self._inner = inner
-        self._key = (arm, parallel, ctx)
+        self._key = (role, parallel, ctx)
         self._cm: AbstractContextManager[ServerHandle] | None = None
         self._handle: ServerHandle | None = None
         self._handed = False
@@ -55,8 +61,8 @@ class PrelaunchedLauncher:
         return self._handle
 
     def __enter__(self) -> PrelaunchedLauncher:
-        arm, parallel, ctx = self._key
-        cm = self._inner.launch(arm, parallel, ctx)
+        role, parallel, ctx = self._key
+        cm = self._inner.launch(role, parallel, ctx)
         self._handle = cm.__enter__()
         self._cm = cm
         return self
@@ -89,8 +95,10 @@ class PrelaunchedLauncher:
             raise
         self._release()
 
-    def launch(self, arm: str, parallel: int, ctx: int) -> AbstractContextManager[ServerHandle]:
-        if not self._handed and self._cm is not None and (arm, parallel, ctx) == self._key:
+    def launch(
+        self, role: ServerRole, parallel: int, ctx: int
+    ) -> AbstractContextManager[ServerHandle]:
+        if not self._handed and self._cm is not None and (role, parallel, ctx) == self._key:
             self._handed = True
             return self._yield_held()
-        return self._inner.launch(arm, parallel, ctx)
+        return self._inner.launch(role, parallel, ctx)

@@ -26,6 +26,7 @@ from batch_invariance.core.evidence import (
     Trial,
 )
 from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.schedule import (
     BScope,
     RedProof,
@@ -62,9 +63,9 @@ def request_template(plan: CellPlan) -> RequestTemplate:
     )
 
 
-def server_record(role: str, handle: ServerHandle, wall_s: float) -> ServerRecord:
+def server_record(role: ServerRole, handle: ServerHandle, wall_s: float) -> ServerRecord:
     return ServerRecord(
-        role=role,
+        role=role.value,  # recorded as the role's string
         label=handle.label,
         argv=tuple(handle.argv),
         kv_label=handle.kv_label,
@@ -168,14 +169,14 @@ def run_reference(
 ) -> Reference:
     """Arm A on a ``--parallel 1`` server, serial dispatch (ground truth)."""
     notes = Notes()
-    with launcher.launch("A", 1, plan.ctx) as server_a:
+    with launcher.launch(ServerRole.A, 1, plan.ctx) as server_a:
         started = time.monotonic()
         chat_template = server_a.chat_template()
         fallback = server_a.fallback_chat_template
         template = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink)
         arm_a = _serial_arm(ARM_A, server_a, template, plan.items, scoring)
-        record = server_record("A", server_a, time.monotonic() - started)
+        record = server_record(ServerRole.A, server_a, time.monotonic() - started)
     return Reference(
         arm_a.responses,
         arm_a.trials,
@@ -198,12 +199,12 @@ def run_repeat(
     """The serial repeat A' on a fresh ``--parallel 1`` server (see
     :func:`~batch_invariance.core.schedule.serial_repeat_decision` for when)."""
     notes = Notes()
-    with launcher.launch("A", 1, plan.ctx) as server_a:
+    with launcher.launch(ServerRole.A, 1, plan.ctx) as server_a:
         started = time.monotonic()
         control = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink, ref.a_trials)
         repeat = _serial_arm(ARM_A_REPEAT, server_a, control, plan.items, scoring)
-        record = server_record("A", server_a, time.monotonic() - started)
+        record = server_record(ServerRole.A, server_a, time.monotonic() - started)
     return replace(
         ref,
         notes=(*ref.notes, *notes.items),
@@ -232,7 +233,7 @@ def run_parallel(
     b_stats: list[ArmStats] = []
     b_resp: dict[str, RawResponse] = {}
     scope: BScope | None = None
-    with launcher.launch("BC", plan.parallel, plan.ctx) as server_bc:
+    with launcher.launch(ServerRole.BC, plan.parallel, plan.ctx) as server_bc:
         started = time.monotonic()
         c = run_c_passes(plan, server_bc, template, scorer, sink, a_trials, policy, notes)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink, a_trials)
@@ -264,7 +265,7 @@ def run_parallel(
                 b_trials = {i.test_id: both[i.test_id] for i in plan.items}
             else:
                 sink.extend(-len(rest))
-        record = server_record("BC", server_bc, time.monotonic() - started)
+        record = server_record(ServerRole.BC, server_bc, time.monotonic() - started)
     b_ids = None if scope is None else scope.b_ids
     return ParallelRun(
         b_resp,

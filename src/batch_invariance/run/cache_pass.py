@@ -2,7 +2,7 @@
 ``cache_prompt`` field) to a ``--parallel N`` server with its prompt cache on (llama-server's
 default ``--cache-ram``, or the value under test; vLLM with prefix caching), N at once.
 
-It runs on its own server (``launcher.launch("cache", N, ctx)``), after the C passes and B,
+It runs on its own server (``launcher.launch(ServerRole.CACHE, N, ctx)``), after the C passes and B,
 so the cold arms never share a process with a warm cache. Each worker sends one
 conversation's turns one after another (:func:`core.cache_shape.conversation_chains`), as a
 client does, so a later turn goes out only once its earlier turn was answered; the server's
@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from batch_invariance.core.cache_shape import conversation_chains
-from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import ARM_CACHE, PassRecord, Trial
 from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.run.arms import request_template, server_record
-from batch_invariance.run.dispatch import run_concurrent_pass
-from batch_invariance.run.passes import arm_stats, stops_the_run, ticker
-from batch_invariance.run.progress import ArmReport, ProgressSink
+from batch_invariance.run.passes import PassSeries, Scored, run_passes
+from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.protocols import ServerLauncher
 from batch_invariance.run.records import ArmStats, ServerRecord
-from batch_invariance.run.trials import Notes, trials_for
+from batch_invariance.run.trials import Notes
 
 __all__ = ["CacheRun", "run_cache_arm"]
 
@@ -52,45 +51,28 @@ def run_cache_arm(
     sink: ProgressSink,
     a_trials: Mapping[str, Trial],
 ) -> CacheRun:
-    """The prompt-cache arm's passes on a fresh ``--parallel N`` server with the cache on."""
-    template = request_template(plan).as_deployed()
-    chains = conversation_chains(plan.items)
+    """The prompt-cache arm's passes on a fresh ``--parallel N`` server with the cache on:
+    the C passes' loop (:func:`~batch_invariance.run.passes.run_passes`), each worker sending
+    one conversation's turns in order, no pass counters, never stopped early."""
+    series = PassSeries(
+        ARM_CACHE, plan.cache_passes, "the prompt-cache arm, pass {n}/{of}", "cache",
+        "A_cache", request_template(plan).as_deployed(), conversation_chains(plan.items),
+        quiet=_REUSE_NOTE,
+    )  # fmt: skip
     notes = Notes()
-    passes: list[PassRecord] = []
-    stats: list[ArmStats] = []
-    with launcher.launch("cache", plan.parallel, plan.ctx) as server:
+    with launcher.launch(ServerRole.CACHE, plan.parallel, plan.ctx) as server:
         started = time.monotonic()
-        for index in range(plan.cache_passes):
-            sink.arm(ARM_CACHE, index, plan.cache_passes)
-            with stops_the_run(f"the prompt-cache arm, pass {index + 1}/{plan.cache_passes}"):
-                result = run_concurrent_pass(
-                    server.base_url, template, plan.items, workers=plan.parallel,
-                    pass_index=index, seed=plan.seed, probes=server.busy_probes,
-                    check_alive=server.check_alive, on_done=ticker(sink), chains=chains,
-                )  # fmt: skip
-            stats.append(
-                replace(
-                    arm_stats(ARM_CACHE, index, result.wall_s, result.responses),
-                    server_busy_max=result.server_busy_max,
-                    busy_source=result.busy_source,
-                )
-            )
-            own = Notes()
-            trials = trials_for(result.responses, plan.items, scorer, plan.n_predict, own,
-                                f"cache{index}")  # fmt: skip
-            for note in own.items:
-                if _REUSE_NOTE not in note:
-                    notes.add(note)
-            measured = PassRecord(
-                index, trials, result.server_busy_max, result.busy_source, result.order
-            )
-            passes.append(measured)
-            differ = compare("A_cache", a_trials, [(index, trials)]).divergent_ids
-            failed = sum(1 for t in trials.values() if t.is_transport_failure)
-            sink.done(ArmReport(len(trials), failed, 0, len(differ), len(a_trials)))
-        record = server_record("cache", server, time.monotonic() - started)
-    reused = sum(1 for p in passes for t in p.trials.values() if t.timings.get("cache_n"))
-    total = sum(len(p.trials) for p in passes)
+        run = run_passes(series, server, Scored(plan, scorer, sink, a_trials, notes))
+        record = server_record(ServerRole.CACHE, server, time.monotonic() - started)
+    reused = sum(1 for p in run.passes for t in p.trials.values() if reused_tokens(t))
+    total = sum(len(p.trials) for p in run.passes)
     notes.add(f"prompt-cache arm: the server reported reused prompt tokens on {reused} of "
               f"{total} request(s)")  # fmt: skip
-    return CacheRun(tuple(passes), tuple(stats), record, tuple(notes.items))
+    return CacheRun(run.passes, run.stats, record, tuple(notes.items))
+
+
+def reused_tokens(trial: Trial) -> float | None:
+    """The prompt tokens the server says it reused for ``trial`` (``None``: it did not say):
+    the trial's ``cache_n``, which the response reader fills from every engine's own field
+    (llama-server's ``timings.cache_n``, the OpenAI ``cached_tokens``)."""
+    return trial.timings.get("cache_n")

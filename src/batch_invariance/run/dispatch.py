@@ -29,6 +29,7 @@ import requests
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json, get_text
 from batch_invariance.errors import InfraError
+from batch_invariance.run.protocols import ServerHandle
 from batch_invariance.run.response import RawResponse
 from batch_invariance.run.transport import RequestTemplate, send
 
@@ -236,17 +237,15 @@ class _BusySampler(threading.Thread):
 
 
 def run_concurrent_pass(
-    base_url: str,
+    server: ServerHandle,
     template: RequestTemplate,
     items: Sequence[WorkItem],
     workers: int,
     pass_index: int,
     seed: int,
-    probes: Sequence[BusyProbe],
-    check_alive: CheckAlive | None = None,
     on_done: OnDone | None = None,
     sample_interval_s: float = SAMPLE_INTERVAL_S,
-    counters: Sequence[PassCounter] = (),
+    read_counters: bool = True,
     chains: Sequence[Sequence[str]] | None = None,
 ) -> ConcurrentPass:
     """One C pass: ``workers`` closed-loop threads released together by a barrier.
@@ -257,12 +256,14 @@ def run_concurrent_pass(
     earlier turn was answered. Each worker has its own ``requests.Session`` and takes the
     next chain as soon as its previous request completes.
     All threads (workers and sampler) are joined before this returns or re-raises.
-    ``probes`` are the server's busy witnesses, as its engine names them (none: the pass
-    then has no server-side overlap evidence, and F1 fails closed); ``counters`` are read
-    before the workers start and after they are joined. A request that finds the server gone
-    stops every worker; once they are joined, ``check_alive`` raises :class:`InfraError`
-    (nothing is retried).
+    The sampler reads the server's busy witnesses, as its engine names them (none: the pass
+    then has no server-side overlap evidence, and F1 fails closed); its pass counters are
+    read, where ``read_counters``, before the workers start and after they are joined. A
+    request that finds the server gone stops every worker; once they are joined, the
+    handle's ``check_alive`` raises :class:`InfraError` (nothing is retried).
     """
+    base_url, check_alive = server.base_url, server.check_alive
+    counters = server.pass_counters if read_counters else ()
     if workers < 1:
         raise ValueError("workers must be >= 1")
     by_id = {item.test_id: item for item in items}
@@ -279,7 +280,7 @@ def run_concurrent_pass(
     lock = threading.Lock()
     stop = threading.Event()
     barrier = threading.Barrier(workers + 1)
-    sampler = _BusySampler(probes, sample_interval_s)
+    sampler = _BusySampler(server.busy_probes, sample_interval_s)
 
     def worker() -> None:
         try:
@@ -333,8 +334,7 @@ def run_concurrent_pass(
         if sampler.ident is not None:
             sampler.join(timeout=5.0)
     wall = time.monotonic() - started
-    if check_alive is not None:
-        check_alive()
+    check_alive()
     gone = [r for r in results.values() if r.failure_mode == "server_gone"]
     if gone:
         raise InfraError(f"the server stopped answering: {gone[0].transport_error}")

@@ -6,7 +6,7 @@ the run (:func:`stops_the_run`)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from batch_invariance.core.diff import compare
@@ -25,9 +25,12 @@ from batch_invariance.run.trials import Notes, trials_for
 
 __all__ = [
     "CPasses",
+    "PassSeries",
+    "Scored",
     "arm_report",
     "arm_stats",
     "run_c_passes",
+    "run_passes",
     "slot_notes",
     "stops_the_run",
     "ticker",
@@ -91,6 +94,78 @@ class CPasses:
     red_proof: RedProof | None
 
 
+@dataclass(frozen=True)
+class PassSeries:
+    """One arm's concurrent passes on one server, as :func:`run_passes` runs them: the C
+    passes (:func:`run_c_passes`) and the prompt-cache arm's
+    (:func:`batch_invariance.run.cache_pass.run_cache_arm`)."""
+
+    #: The arm (progress, per-pass timings) and how its passes are named.
+    arm: str
+    count: int
+    #: Where a dead server ended the run, given the pass's 1-based number and the count.
+    where: str
+    #: Its trials' label prefix (``C0``, ``cache0``) and the pair it is compared as.
+    label: str
+    pair: str
+    template: RequestTemplate
+    #: The conversations each worker sends turn by turn (the prompt-cache arm), else none.
+    chains: Sequence[Sequence[str]] | None = None
+    #: The C passes: read the pass counters, note the slots, report differences so far.
+    c_passes: bool = False
+    #: Per-response notes containing this are expected here, not news (dropped).
+    quiet: str | None = None
+    #: End at the first pass that proves RED under this policy (``--stop-on-red``).
+    stop_on_red: GatePolicy | None = None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What a series' passes are scored with and reported to."""
+
+    plan: CellPlan
+    scorer: Scorer
+    sink: ProgressSink
+    a_trials: Mapping[str, Trial]
+    notes: Notes
+
+
+def run_passes(series: PassSeries, server: ServerHandle, scored: Scored) -> CPasses:
+    """``series``' passes on ``server``, each scored and compared with A as it ends."""
+    plan, sink = scored.plan, scored.sink
+    stats: list[ArmStats] = []
+    passes: list[PassRecord] = []
+    differ: set[str] = set()
+    for index in range(series.count):
+        sink.arm(series.arm, index, series.count)
+        with stops_the_run(series.where.format(n=index + 1, of=series.count)):
+            result = run_concurrent_pass(
+                server, series.template, plan.items, plan.parallel, index, plan.seed,
+                ticker(sink), read_counters=series.c_passes, chains=series.chains,
+            )  # fmt: skip
+        stats.append(_pass_stats(series.arm, result))
+        for note in slot_notes(result) if series.c_passes else ():
+            scored.notes.add(note)
+        own = Notes()
+        trials = trials_for(result.responses, plan.items, scored.scorer, plan.n_predict, own,
+                            f"{series.label}{index}")  # fmt: skip
+        for note in own.items:
+            if series.quiet is None or series.quiet not in note:
+                scored.notes.add(note)
+        passes.append(_pass_record(result, trials))
+        found = compare(series.pair, scored.a_trials, [(index, trials)]).divergent_ids
+        differ = differ | set(found) if series.c_passes else set(found)
+        failed = sum(1 for t in trials.values() if t.is_transport_failure)
+        sink.done(ArmReport(len(trials), failed, 0, len(differ), len(scored.a_trials),
+                            so_far=series.c_passes))  # fmt: skip
+        if series.stop_on_red is not None:
+            proof = red_proof(scored.a_trials, passes[-1], series.stop_on_red)
+            if proof.proven:
+                sink.extend(-len(plan.items) * (series.count - index - 1))
+                return CPasses(tuple(passes), tuple(stats), proof)
+    return CPasses(tuple(passes), tuple(stats), None)
+
+
 def run_c_passes(
     plan: CellPlan,
     server_bc: ServerHandle,
@@ -101,59 +176,23 @@ def run_c_passes(
     policy: GatePolicy,
     notes: Notes,
 ) -> CPasses:
-    """The C passes, ending at the first that proves RED when ``plan.stop_on_red``."""
-    stats: list[ArmStats] = []
-    passes: list[PassRecord] = []
-    differ: set[str] = set()
-    for index in range(plan.gate_passes):
-        sink.arm(ARM_C, index, plan.gate_passes)
-        with stops_the_run(f"arm C pass {index + 1}/{plan.gate_passes}"):
-            result = _c_pass(plan, server_bc, template, index, sink)
-        stats.append(
-            replace(
-                arm_stats(ARM_C, index, result.wall_s, result.responses),
-                server_busy_max=result.server_busy_max,
-                busy_source=result.busy_source,
-                counter_deltas=result.counter_deltas or None,
-            )
-        )
-        for note in slot_notes(result):
-            notes.add(note)
-        label = f"C{index}"
-        trials = trials_for(result.responses, plan.items, scorer, plan.n_predict, notes, label)
-        passes.append(_pass_record(result, trials))
-        differ.update(compare("AC", a_trials, [(index, trials)]).divergent_ids)
-        failed = sum(1 for t in trials.values() if t.is_transport_failure)
-        sink.done(ArmReport(len(trials), failed, 0, len(differ), len(a_trials), so_far=True))
-        if plan.stop_on_red:
-            found = red_proof(a_trials, passes[-1], policy)
-            if found.proven:
-                sink.extend(-len(plan.items) * (plan.gate_passes - index - 1))
-                return CPasses(tuple(passes), tuple(stats), found)
-    return CPasses(tuple(passes), tuple(stats), None)
+    """The C passes, ending at the first that proves RED when ``plan.stop_on_red``. The
+    handle names its engine's busy witnesses (possibly none: F1 then fails closed) and the
+    counters read around each pass (vLLM's iteration-tokens histogram: corroboration in the
+    arm stats, never read by F1)."""
+    series = PassSeries(
+        ARM_C, plan.gate_passes, "arm C pass {n}/{of}", "C", "AC", template, c_passes=True,
+        stop_on_red=policy if plan.stop_on_red else None,
+    )  # fmt: skip
+    return run_passes(series, server_bc, Scored(plan, scorer, sink, a_trials, notes))
 
 
-def _c_pass(
-    plan: CellPlan,
-    server_bc: ServerHandle,
-    template: RequestTemplate,
-    index: int,
-    sink: ProgressSink,
-) -> ConcurrentPass:
-    return run_concurrent_pass(
-        server_bc.base_url,
-        template,
-        plan.items,
-        workers=plan.parallel,
-        pass_index=index,
-        seed=plan.seed,
-        check_alive=server_bc.check_alive,
-        on_done=ticker(sink),
-        # The handle names its engine's busy witnesses (possibly none: F1 then fails closed).
-        probes=server_bc.busy_probes,
-        # Counters read around each pass (vLLM's iteration-tokens histogram): recorded
-        # as corroboration in the arm stats, never read by F1.
-        counters=server_bc.pass_counters,
+def _pass_stats(arm: str, result: ConcurrentPass) -> ArmStats:
+    return replace(
+        arm_stats(arm, result.index, result.wall_s, result.responses),
+        server_busy_max=result.server_busy_max,
+        busy_source=result.busy_source,
+        counter_deltas=result.counter_deltas or None,
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 
 __all__ = ["ServerHandle", "ServerLauncher"]
@@ -57,7 +58,7 @@ class ServerHandle(Protocol):
 
 
 class ServerLauncher(Protocol):
-    """Starts servers for the driver. ``arm`` is ``"A"`` or ``"BC"``.
+    """Starts servers for the driver, one per :class:`ServerRole`.
 
     ``source`` says what kind of server it starts: ``"live"`` only for a launcher that spawns
     a real server process itself. The cert's ``source`` is taken from here (never from a flag).
@@ -67,5 +68,7 @@ class ServerLauncher(Protocol):
     def source(self) -> Literal["live", "mock", "attached"]:
         """``"live"`` when this launcher spawns real server processes, else ``"mock"``."""
 
-    def launch(self, arm: str, parallel: int, ctx: int) -> AbstractContextManager[ServerHandle]:
+    def launch(
+        self, role: ServerRole, parallel: int, ctx: int
+    ) -> AbstractContextManager[ServerHandle]:
         """A context manager that starts a ready server and tears it down on exit."""

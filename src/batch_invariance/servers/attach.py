@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import Engine
 from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json
 from batch_invariance.errors import InfraError, UsageError
@@ -90,7 +91,7 @@ class AttachedHandle:
 
     target: AttachTarget
     engine: Engine
-    arm: str
+    role: ServerRole
 
     @property
     def base_url(self) -> str:
@@ -98,7 +99,7 @@ class AttachedHandle:
 
     @property
     def label(self) -> str:
-        return f"attached:{self.arm}"
+        return f"attached:{self.role}"
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -162,14 +163,18 @@ class AttachLauncher:
         return "attached"
 
     def guard_decision(
-        self, parallel: int, ctx: int, host: memory.HostMemory, arm: str = "BC"
+        self,
+        parallel: int,
+        ctx: int,
+        host: memory.HostMemory,
+        role: ServerRole = ServerRole.BC,
     ) -> memory.GuardDecision | None:
         """``None``: the attached server's memory is not the tool's to guard."""
         return None
 
     @contextlib.contextmanager
-    def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[AttachedHandle]:
-        handle = AttachedHandle(self.target, self.engine, arm)
+    def launch(self, role: ServerRole, parallel: int, ctx: int) -> Iterator[AttachedHandle]:
+        handle = AttachedHandle(self.target, self.engine, role)
         try:
             handle.check_alive()
         except InfraError as exc:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import requests
 
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import (
     Engine,
     KvLayout,
@@ -162,7 +163,7 @@ class EngineLauncher:
         #: A model folder's sizes and how the engine reserves memory (both or neither).
         self.hf_model = hf_model
         self.reservation = reservation
-        #: How the prompt-cache arm's server (``arm="cache"``) runs its cache.
+        #: How the prompt-cache arm's server (``ServerRole.CACHE``) runs its cache.
         self.prompt_cache = prompt_cache or PromptCache()
         self.server_bin = server_bin
         self.model = model
@@ -188,13 +189,17 @@ class EngineLauncher:
         return min(parallel, self.cap_parallel) if self.cap_parallel else parallel
 
     def guard_decision(
-        self, parallel: int, ctx: int, host: memory.HostMemory, arm: str = "BC"
+        self,
+        parallel: int,
+        ctx: int,
+        host: memory.HostMemory,
+        role: ServerRole = ServerRole.BC,
     ) -> memory.GuardDecision | None:
         """The memory guard on the server it would start (``None``: no model to project).
 
         One context for an engine that cannot co-batch; the projection reads the flags the
         engine says are llama.cpp's (KV cache types, GPU offload) and, on the prompt-cache
-        arm's server (``arm="cache"``), counts the host memory its prompt cache may fill. An
+        arm's server (``ServerRole.CACHE``), counts the host memory its prompt cache may fill. An
         engine that reserves a share of its memory node gets that share sized (or the user's
         checked) here."""
         served = self.effective_parallel(parallel)
@@ -205,7 +210,7 @@ class EngineLauncher:
         if self.gguf is None:
             return None
         flags = self.engine.guard_flags(self.server_flags)
-        cache = self.engine.prompt_cache_bytes(self.prompt_cache) if arm == "cache" else 0
+        cache = self.engine.prompt_cache_bytes(self.prompt_cache) if role == ServerRole.CACHE else 0
         projection = memory.project(self.gguf, ctx, slots, flags, cache)
         return memory.evaluate(
             projection, host, self.max_footprint_gb, memory.offloads_to_gpu(flags)
@@ -216,15 +221,15 @@ class EngineLauncher:
         parallel: int,
         ctx: int,
         port: int,
-        arm: str = "BC",
+        role: ServerRole = ServerRole.BC,
         decision: memory.GuardDecision | None = None,
     ) -> PlannedServer:
         """The command and KV label of the server :meth:`launch` starts for ``parallel``
-        (``arm="cache"``: the prompt-cache arm's server, with the cache on), with the share
+        (``ServerRole.CACHE``: the prompt-cache arm's server, with the cache on), with the share
         of its memory node the guard's ``decision`` sized, where it sized one."""
         served = self.effective_parallel(parallel)
         layout: KvLayout = self.kv_layout if served > 1 else "split"
-        cache = self.prompt_cache if arm == "cache" else None
+        cache = self.prompt_cache if role == ServerRole.CACHE else None
         request = LaunchRequest(
             self.server_bin, self.model, served, ctx, ports.LOOPBACK, port, self.server_flags,
             self.env, layout, cache, passed_fraction(decision),
@@ -233,12 +238,13 @@ class EngineLauncher:
         return PlannedServer(served, command, self.engine.kv_label(ctx, served, layout))
 
     @contextlib.contextmanager
-    def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[EngineHandle]:
+    def launch(self, role: ServerRole, parallel: int, ctx: int) -> Iterator[EngineHandle]:
         """Guard memory, pick/re-check the port, start the server and yield it once ready."""
-        decision = self.guard_decision(parallel, ctx, memory.read_host_memory(), arm)
+        arm = str(role)  # the recorded string: log name, label, launch record
+        decision = self.guard_decision(parallel, ctx, memory.read_host_memory(), role)
         guard = None if decision is None else memory.launch_guard(decision)
         port = ports.choose(self.port_policy)
-        planned = self.planned(parallel, ctx, port, arm, decision)
+        planned = self.planned(parallel, ctx, port, role, decision)
         process = ServerProcess(
             self.engine, planned.command, arm=arm, parallel=planned.parallel, ctx=ctx,
             port=port, log_dir=self.log_dir, ready_timeout=self.ready_timeout,

@@ -18,6 +18,7 @@ from pathlib import Path
 from batch_invariance.cert.provenance import ProfileRecord
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Endpoint
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.engines.base import Engine, PromptCache
 from batch_invariance.profiles.ladder import LADDER, ladder_builder
@@ -92,11 +93,11 @@ class LiveCell:
         return self.target.server_flags
 
     @property
-    def servers(self) -> tuple[tuple[str, int], ...]:
+    def servers(self) -> tuple[tuple[ServerRole, int], ...]:
         """``(arm, parallel)`` of every server the cell starts: the serial A server, the
         B/C server and, when the cache is measured, the prompt-cache arm's server."""
-        cache = (("cache", self.parallel),) if self.measurement.cache_passes else ()
-        return (("A", 1), ("BC", self.parallel), *cache)
+        cache = ((ServerRole.CACHE, self.parallel),) if self.measurement.cache_passes else ()
+        return ((ServerRole.A, 1), (ServerRole.BC, self.parallel), *cache)
 
     def plan(self, workset: Workset, parallel: int | None = None) -> CellPlan:
         """The plan of this cell over ``workset`` (a sweep asks once per ``parallel`` N)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from batch_invariance.cache_dir import cache_root
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import Engine, KvLayout, MemoryReservation, PromptCache
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
@@ -46,7 +47,11 @@ class LiveServerLauncher(ServerLauncher, Protocol):
     aborted: str | None
 
     def guard_decision(
-        self, parallel: int, ctx: int, host: memory.HostMemory, arm: str = "BC"
+        self,
+        parallel: int,
+        ctx: int,
+        host: memory.HostMemory,
+        role: ServerRole = ServerRole.BC,
     ) -> memory.GuardDecision | None:
         """``None`` where no guard applies (no model to project, or an attached server)."""
 

@@ -13,6 +13,7 @@ import pytest
 from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.evidence import CellSpec
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.verdict import decide
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import InfraError, UsageError
@@ -110,7 +111,7 @@ def test_a_fake_that_exits_is_an_infra_error(
         tmp_path / "logs", port_policy=ports.make_policy(None, None), ready_timeout=10.0,
     )  # fmt: skip
     # The stand-in knows only vLLM's and SGLang's command lines: it refuses and exits.
-    with pytest.raises(InfraError, match="exited with code"), bad.launch("A", 1, 512):
+    with pytest.raises(InfraError, match="exited with code"), bad.launch(ServerRole.A, 1, 512):
         pass
 
 
@@ -185,7 +186,7 @@ def test_attach_to_nothing_is_an_infra_error() -> None:
     lau = AttachLauncher(attach_target(f"http://127.0.0.1:{port}"), engine_for("llama-server"))
     with (
         pytest.raises(InfraError, match="is the server at --base-url running"),
-        lau.launch("A", 1, 1),
+        lau.launch(ServerRole.A, 1, 1),
     ):
         pass
 

@@ -15,6 +15,7 @@ import pytest
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.verdict import Verdict, decide
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import InfraError, UsageError
@@ -67,7 +68,7 @@ class CountingLauncher:
     source: Literal["live", "mock"] = "mock"
 
     @contextmanager
-    def launch(self, arm: str, parallel: int, ctx: int) -> Iterator[ServerHandle]:
+    def launch(self, arm: ServerRole, parallel: int, ctx: int) -> Iterator[ServerHandle]:
         self.calls.append((arm, parallel, ctx))
         with self.inner.launch(arm, parallel, ctx) as handle:
             self.open += 1

@@ -6,12 +6,13 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.llama_server.probes import llama_server_probes
-from batch_invariance.engines.probes import BusyProbe
+from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.dispatch import (
     SAMPLE_INTERVAL_S,
@@ -29,10 +30,28 @@ TEMPLATE = RequestTemplate("chat", n_predict=16, seed=0, timeout_s=10)
 SLOW = MockKnobs(token_delay_s=0.02, prompt_token_delay_s=0.001)
 
 
-def _probes(server: MockServer, metrics: bool = False) -> tuple[BusyProbe, ...]:
-    """The look-alike answers as llama-server does: its busy witnesses (``/slots``, and
-    ``/metrics`` when the server was started with it)."""
-    return tuple(llama_server_probes(server.base_url, metrics))
+@dataclass(frozen=True)
+class _Handle:
+    """The look-alike as a pass reads its handle: llama-server's busy witnesses (``/slots``,
+    and ``/metrics`` when the server was started with it), no pass counters."""
+
+    server: MockServer
+    metrics: bool = False
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def busy_probes(self) -> tuple[BusyProbe, ...]:
+        return tuple(llama_server_probes(self.server.base_url, self.metrics))
+
+    @property
+    def pass_counters(self) -> tuple[PassCounter, ...]:
+        return ()
+
+    def check_alive(self) -> None:
+        self.server.check_alive()
 
 
 def _max_depth(responses: dict[str, RawResponse]) -> int:
@@ -77,8 +96,7 @@ def test_serial_never_overlaps_even_on_a_parallel_server() -> None:
 def test_concurrent_pass_really_overlaps_and_the_server_says_so() -> None:
     with MockServer(parallel=4, knobs=SLOW) as server:
         result = run_concurrent_pass(
-            server.base_url, TEMPLATE, ITEMS, workers=4, pass_index=2, seed=9,
-            probes=_probes(server, metrics=True), check_alive=server.check_alive,
+            _Handle(server, metrics=True), TEMPLATE, ITEMS, workers=4, pass_index=2, seed=9,
         )  # fmt: skip
         assert server.stats.max_busy >= 2
     assert set(result.responses) == {i.test_id for i in ITEMS}
@@ -95,21 +113,17 @@ def test_concurrent_pass_really_overlaps_and_the_server_says_so() -> None:
 def test_busy_source_falls_back_to_metrics_then_none() -> None:
     knobs = MockKnobs(token_delay_s=0.02, prompt_token_delay_s=0.001, slots_endpoint=False)
     with MockServer(parallel=4, knobs=knobs) as server:
-        result = run_concurrent_pass(
-            server.base_url, TEMPLATE, ITEMS[:8], 4, 0, 0, _probes(server, True)
-        )
+        result = run_concurrent_pass(_Handle(server, True), TEMPLATE, ITEMS[:8], 4, 0, 0)
     assert result.busy_source == "metrics" and (result.server_busy_max or 0) >= 2
     knobs = MockKnobs(token_delay_s=0.01, slots_endpoint=False, metrics=False)
     with MockServer(parallel=4, knobs=knobs) as server:
-        result = run_concurrent_pass(
-            server.base_url, TEMPLATE, ITEMS[:8], 4, 0, 0, _probes(server, True)
-        )
+        result = run_concurrent_pass(_Handle(server, True), TEMPLATE, ITEMS[:8], 4, 0, 0)
     assert result.busy_source == "none" and result.server_busy_max is None
 
 
 def test_single_slot_server_overlaps_on_the_client_only() -> None:
     with MockServer(parallel=1, knobs=SLOW) as server:
-        result = run_concurrent_pass(server.base_url, TEMPLATE, ITEMS[:6], 4, 0, 0, _probes(server))
+        result = run_concurrent_pass(_Handle(server), TEMPLATE, ITEMS[:6], 4, 0, 0)
     # The client had several requests in flight, but the server never ran two at once.
     assert _max_depth(dict(result.responses)) >= 2
     assert result.server_busy_max == 1
@@ -136,9 +150,7 @@ def test_interrupt_joins_every_thread() -> None:
             os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered to the main thread
 
     with MockServer(parallel=2, knobs=SLOW) as server, pytest.raises(KeyboardInterrupt):
-        run_concurrent_pass(
-            server.base_url, TEMPLATE, ITEMS, 2, 0, 0, _probes(server), on_done=interrupt_once
-        )
+        run_concurrent_pass(_Handle(server), TEMPLATE, ITEMS, 2, 0, 0, on_done=interrupt_once)
     assert len(calls) < len(ITEMS)  # stopped handing out work
     assert not [t for t in threading.enumerate() if t.name.startswith("bi-worker")]
     assert not [t for t in threading.enumerate() if t.name == "bi-busy-sampler" and t.is_alive()]
@@ -159,8 +171,8 @@ def test_chains_send_a_conversations_turns_one_after_another_and_still_overlap()
     chains = [("q00", "q01"), ("q02", "q03"), ("q04", "q05")]
     with MockServer(parallel=4, knobs=SLOW) as server:
         result = run_concurrent_pass(
-            server.base_url, TEMPLATE, ITEMS[:6], workers=4, pass_index=0, seed=0,
-            probes=_probes(server), chains=chains,
+            _Handle(server), TEMPLATE, ITEMS[:6], workers=4, pass_index=0, seed=0,
+            chains=chains,
         )  # fmt: skip
     out = dict(result.responses)
     assert result.order == ("q00", "q01", "q02", "q03", "q04", "q05")
@@ -172,6 +184,4 @@ def test_chains_send_a_conversations_turns_one_after_another_and_still_overlap()
 
 def test_chains_must_cover_every_item_once() -> None:
     with MockServer(parallel=2) as server, pytest.raises(ValueError, match="exactly once"):
-        run_concurrent_pass(
-            server.base_url, TEMPLATE, ITEMS[:3], 2, 0, 0, _probes(server), chains=[("q00",)]
-        )
+        run_concurrent_pass(_Handle(server), TEMPLATE, ITEMS[:3], 2, 0, 0, chains=[("q00",)])

@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from batch_invariance.core.gpu_placement import is_gpu_selection
+from batch_invariance.engines.llama_server.options import OPTION_VARIABLES
 from batch_invariance.engines.variables import (
     NEUTRAL_ENV_NAMES,
     NO_USER_CONFIG,
     EnvRules,
     is_neutral_variable,
 )
-from batch_invariance.engines.llama_server.options import OPTION_VARIABLES
 
 __all__ = [
     "ENGINE_ENV_NAMES",
