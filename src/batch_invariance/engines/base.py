@@ -252,6 +252,11 @@ class Engine(ABC):
         then holds the projection against free VRAM)."""
         return False
 
+    def gpu_offload_share(self, flags: Sequence[str], block_count: int) -> tuple[float, bool]:
+        """(offloaded layers / all ``block_count`` layers, whether the KV cache follows them
+        onto the GPU) for ``flags`` (:meth:`guard_flags`): none by default."""
+        return 0.0, False
+
     def recorded_launch(self, argv: Sequence[str]) -> RecordedLaunch | None:
         """What a recorded server argv says was started (the cert's identity check);
         ``None`` where this engine's argv is not read."""

@@ -117,19 +117,7 @@ def gpu_offload_share(server_flags: Sequence[str], block_count: int) -> tuple[fl
     """(offloaded layers / all layers, whether the KV cache follows them onto the GPU) for
     llama-server flags (pure): ``-ngl N`` puts N of ``block_count`` layers there (``all``,
     ``auto`` or N past the count: all of them); ``-nkvo`` keeps the KV cache in host memory."""
-    # llama-server's own flag reader (the one reader of -ngl and -nkvo), imported here so the
-    # engine-neutral imports above stay as they are.
-    from batch_invariance.engines.llama_server.flags import read_flags
-
-    flags = read_flags(server_flags)
-    if not flags.gpu_offload:
-        return 0.0, False
-    raw = flags.values.get("--gpu-layers", "all")
-    kv_on_gpu = flags.values.get("--kv-offload", "on") != "off"
-    layers = int(raw) if raw.lstrip("-").isdigit() else block_count
-    if layers < 0 or layers >= block_count or block_count <= 0:
-        return 1.0, kv_on_gpu
-    return layers / block_count, kv_on_gpu
+    return default_engine().gpu_offload_share(server_flags, block_count)
 
 
 def project(

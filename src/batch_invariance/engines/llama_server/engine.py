@@ -163,6 +163,19 @@ class LlamaServerEngine(Engine):
     def offloads_to_gpu(self, flags: Sequence[str]) -> bool:
         return read_flags(flags).gpu_offload
 
+    def gpu_offload_share(self, flags: Sequence[str], block_count: int) -> tuple[float, bool]:
+        """``-ngl N`` puts N of ``block_count`` layers on the GPU (``all``, ``auto`` or N past
+        the count: all of them); ``-nkvo`` keeps the KV cache in host memory."""
+        read = read_flags(flags)
+        if not read.gpu_offload:
+            return 0.0, False
+        raw = read.values.get("--gpu-layers", "all")
+        kv_on_gpu = read.values.get("--kv-offload", "on") != "off"
+        layers = int(raw) if raw.lstrip("-").isdigit() else block_count
+        if layers < 0 or layers >= block_count or block_count <= 0:
+            return 1.0, kv_on_gpu
+        return layers / block_count, kv_on_gpu
+
     def recorded_launch(self, argv: Sequence[str]) -> RecordedLaunch:
         """The recorded argv through the one flag reader; an argv it cannot read reads as
         no flags at all (every identity check then fails, as it should)."""
