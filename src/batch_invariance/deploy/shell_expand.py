@@ -128,7 +128,9 @@ def assignment(
     if match is None:
         return None
     name = match.group(1)
-    rest = Word(parts=list(word.parts), line=word.line)
+    # The value keeps the word's problem: ``NP=$'a'`` is ANSI-C quoting in bash (found by the
+    # differential test against real bash; it was read as an empty value).
+    rest = Word(parts=list(word.parts), line=word.line, problem=word.problem)
     head = first.text[len(name) + 1 :]
     rest.parts[0] = Part(head, first.quoted, first.variable)
     if not head:
