@@ -54,6 +54,8 @@ from pathlib import Path
 
 from embedded_pair import add_pair_arguments, pair_from
 
+from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.core.plan import Measurement
 from batch_invariance.run.workset import bundled_workset_path
 from batch_invariance.service.job import prepare
 from batch_invariance.service.live import LiveOutcome, run_live_cell
@@ -108,12 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     workset = root / "workset.json"
     workset.write_text(json.dumps(rows[:4] if opts.smoke else rows, indent=1))
     plain = LiveRequest(
-        out_dir=None, server_bin=server, model=model, workset=workset, ctx=1024, parallel=4,
-        gate_passes=opts.gate_passes, reps=1, n_predict=8 if opts.smoke else 64,
-        endpoint="completions", min_hot_trials=1 if opts.smoke else LiveRequest.min_hot_trials,
-        driver_name="bench", server_flags=tuple(opts.server_flags),
-    )  # fmt: skip
-    cached = replace(plain, cache_passes=1)
+        out_dir=None,
+        server_bin=server,
+        model=model,
+        workset=workset,
+        ctx=1024,
+        parallel=4,
+        driver_name="bench",
+        server_flags=tuple(opts.server_flags),
+        measurement=Measurement(
+            gate_passes=opts.gate_passes,
+            reps=1,
+            n_predict=8 if opts.smoke else 64,
+            endpoint="completions",
+        ),
+        policy=GatePolicy(min_hot_trials=1 if opts.smoke else GatePolicy().min_hot_trials),
+    )
+    cached = replace(plain, measurement=replace(plain.measurement, cache_passes=1))
     ratios: list[float] = []
     last: dict[str, Run] = {}
     for k in range(opts.rounds):
@@ -128,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         ratios.append(walls["cache"] / walls["plain"])
         print(f"round {k + 1}: cache / plain {ratios[-1]:.2f}x", file=sys.stderr, flush=True)
     flags = " ".join(opts.server_flags) or "default flags"
-    print(f"cell: {len(json.loads(workset.read_text()))} prompts x {plain.n_predict} tokens, "
+    n_predict = plain.measurement.n_predict
+    print(f"cell: {len(json.loads(workset.read_text()))} prompts x {n_predict} tokens, "
           f"ctx 1024, N 4, {opts.gate_passes} passes, {flags}, {opts.rounds} round(s)")  # fmt: skip
     for run in last.values():
         print("  last " + run.line())

@@ -129,6 +129,8 @@ from pathlib import Path
 
 from embedded_pair import add_pair_arguments, pair_from
 
+from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.core.plan import Measurement
 from batch_invariance.service.job import prepare
 from batch_invariance.service.live import LiveOutcome, run_live_cell
 from batch_invariance.service.request import LiveRequest
@@ -190,15 +192,22 @@ def _reference(
     return Timed(wall, verdict, 3)
 
 
+def _stop_on_red(base: LiveRequest, out_dir: Path, stop: bool) -> LiveRequest:
+    """``base`` writing into ``out_dir``, ending at the first C pass that proves RED or not."""
+    measurement = replace(base.measurement, stop_on_red=stop)
+    return replace(base, out_dir=out_dir, measurement=measurement)
+
+
 def _previous(src: Path, request: LiveRequest, out: Path) -> Timed:
     """A full run of this tool's earlier source tree ``src`` on ``request``'s cell."""
+    m = request.measurement
     argv = [
         sys.executable, "-m", "batch_invariance", "run-live",
         "--server-bin", str(request.server_bin), "--model", str(request.model),
         "--workset", str(request.workset), "--ctx", str(request.ctx),
-        "--parallel", str(request.parallel), "--gate-passes", str(request.gate_passes),
-        "--reps", str(request.reps), "--n-predict", str(request.n_predict),
-        "--endpoint", request.endpoint, "--min-hot-trials", str(request.min_hot_trials),
+        "--parallel", str(request.parallel), "--gate-passes", str(m.gate_passes),
+        "--reps", str(m.reps), "--n-predict", str(m.n_predict),
+        "--endpoint", m.endpoint, "--min-hot-trials", str(request.policy.min_hot_trials),
         *(f"--server-flag={f}" for f in request.server_flags), "--out-dir", str(out),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(src / "src")}
@@ -252,11 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     workset.write_text(json.dumps(rows, indent=1))
     base = LiveRequest(
-        out_dir=None, server_bin=server, model=model, workset=workset, ctx=1024, parallel=4,
-        gate_passes=2 if opts.smoke else 3, reps=1, n_predict=16 if opts.smoke else 96,
-        min_hot_trials=1 if opts.smoke else LiveRequest.min_hot_trials, driver_name="bench",
+        out_dir=None,
+        server_bin=server,
+        model=model,
+        workset=workset,
+        ctx=1024,
+        parallel=4,
+        driver_name="bench",
         server_flags=tuple(opts.server_flags),
-    )  # fmt: skip
+        measurement=Measurement(
+            gate_passes=2 if opts.smoke else 3, reps=1, n_predict=16 if opts.smoke else 96
+        ),
+        policy=GatePolicy(min_hot_trials=1 if opts.smoke else GatePolicy().min_hot_trials),
+    )
     reference_src = None if opts.smoke else opts.reference_src
     full: list[Timed] = []
     red: list[Timed] = []
@@ -275,10 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                 prev.append(_previous(opts.previous_src, base, root / f"prev-{k}"))
                 timed = prev[-1]
             elif name == "full":
-                timed, last = _ours(replace(base, out_dir=root / f"full-{k}", stop_on_red=False))
+                timed, last = _ours(_stop_on_red(base, root / f"full-{k}", False))
                 full.append(timed)
             elif name == "stop-on-red":
-                red.append(_ours(replace(base, out_dir=root / f"red-{k}", stop_on_red=True))[0])
+                red.append(_ours(_stop_on_red(base, root / f"red-{k}", True))[0])
                 timed = red[-1]
             elif reference_src is not None:
                 ref_ws = _reference_workset(rows, root)
@@ -295,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    cell = (f"{len(rows)} prompts x {base.n_predict} tokens, ctx {base.ctx}, N {base.parallel}, "
-            f"{base.gate_passes} passes, {opts.rounds} round(s)")  # fmt: skip
+    m = base.measurement
+    cell = (f"{len(rows)} prompts x {m.n_predict} tokens, ctx {base.ctx}, N {base.parallel}, "
+            f"{m.gate_passes} passes, {opts.rounds} round(s)")  # fmt: skip
     print(f"cell: {cell}")
     for name, runs in (("full", full), ("stop-on-red", red), ("reference", ref),
                        ("previous", prev)):  # fmt: skip

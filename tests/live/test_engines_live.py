@@ -15,7 +15,7 @@ from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
-from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.plan import CellPlan, Measurement
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.provision.embedded import Layout, Provisioned
@@ -52,10 +52,17 @@ def _plan(
 ) -> CellPlan:
     items = load_workset(COMPLETIONS_WORKSET if completions else DEMO_WORKSET).items
     return CellPlan(
-        items=expand_reps(items[:rows] if rows else items, 1), ctx=ctx, parallel=parallel,
-        gate_passes=passes, n_predict=n_predict, serial_repeat=False, req_timeout=300.0,
-        endpoint="completions" if completions else "chat",
-    )  # fmt: skip
+        items=expand_reps(items[:rows] if rows else items, 1),
+        ctx=ctx,
+        parallel=parallel,
+        measurement=Measurement(
+            gate_passes=passes,
+            n_predict=n_predict,
+            serial_repeat=False,
+            req_timeout=300.0,
+            endpoint="completions" if completions else "chat",
+        ),
+    )
 
 
 def _finish(run: object, plan: CellPlan, out: Path, engine: str) -> FinishedCell:

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from batch_invariance.action.baseline import BaselineInputs, read_baseline_inputs
-from batch_invariance.core.plan import Endpoint, number_problems
+from batch_invariance.core.plan import Endpoint, Measurement, number_problems
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.errors import UsageError
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.profiles.ladder import LADDER
 from batch_invariance.report.render import Require
-from batch_invariance.service.mock_cell import MockRequest
+from batch_invariance.service.mock_cell import MOCK_MEASUREMENT, MockRequest
 from batch_invariance.service.request import ACTION_DEFAULTS, LiveRequest, ProfileRequest
 
 Mode = Literal["live", "mock"]
@@ -40,9 +40,9 @@ INPUT_DEFAULTS: Mapping[str, str] = {
     "server-dir": "",
     "ctx": str(ACTION_DEFAULTS.ctx),
     "parallel": str(ACTION_DEFAULTS.parallel),
-    "gate-passes": str(ACTION_DEFAULTS.gate_passes),
-    "reps": str(ACTION_DEFAULTS.reps),
-    "n-predict": str(ACTION_DEFAULTS.n_predict),
+    "gate-passes": str(ACTION_DEFAULTS.measurement.gate_passes),
+    "reps": str(ACTION_DEFAULTS.measurement.reps),
+    "n-predict": str(ACTION_DEFAULTS.measurement.n_predict),
     "endpoint": "auto",
     "server-flags": "",
     "scorer": "",
@@ -140,6 +140,14 @@ def _spell_input(field_name: str) -> str:
     return "input " + field_name.replace("_", "-")
 
 
+def _cell_numbers(numbers: Mapping[str, int]) -> LiveRequest:
+    """The numeric inputs as the request they become, for its rules to check."""
+    measured = Measurement(
+        gate_passes=numbers["gate_passes"], reps=numbers["reps"], n_predict=numbers["n_predict"]
+    )
+    return LiveRequest(None, ctx=numbers["ctx"], parallel=numbers["parallel"], measurement=measured)
+
+
 def read_inputs(env: Mapping[str, str]) -> ActionInputs:
     """Validate the step's inputs (pure over ``env``); UsageError names the bad input. An
     input other than :data:`MULTILINE_INPUTS` holding a line break (after its surrounding
@@ -170,7 +178,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
             f"input require must be green, promotable or none, got {raw['require'].strip()!r}"
         )
     numbers = {name.replace("-", "_"): _int_input(name, raw[name]) for name in _NUMBER_INPUTS}
-    problems = number_problems(dict(numbers), spell=_spell_input)
+    problems = number_problems(_cell_numbers(numbers), spell=_spell_input)
     if problems:
         raise UsageError(problems[0])
     baseline = read_baseline_inputs(raw, env)
@@ -311,16 +319,18 @@ def live_request(inputs: ActionInputs, embedded: tuple[Path, Path] | None) -> Li
         workset=_abs(ws, inputs.workset),
         ctx=inputs.ctx,
         parallel=inputs.parallel,
-        gate_passes=inputs.gate_passes,
-        reps=inputs.reps,
-        n_predict=inputs.n_predict,
-        endpoint=resolve_endpoint(inputs.endpoint, inputs.engine, model),
+        measurement=replace(
+            ACTION_DEFAULTS.measurement,
+            gate_passes=inputs.gate_passes,
+            reps=inputs.reps,
+            n_predict=inputs.n_predict,
+            endpoint=resolve_endpoint(inputs.endpoint, inputs.engine, model),
+        ),
         server_flags=inputs.server_flags,
         scorer=inputs.scorer or None,
         profile=profile,
         # Without a work-set or profile: the length ladder built for the cell's slot.
         bundled_workset=None if inputs.profile else LADDER,
-        stop_on_red=ACTION_DEFAULTS.stop_on_red,
         engine=inputs.engine,
     )
 
@@ -333,9 +343,11 @@ def mock_request(inputs: ActionInputs) -> MockRequest:
         for name in _NUMBER_INPUTS
         if name in inputs.explicit
     }
+    size = {name: numbers.pop(name) for name in ("ctx", "parallel") if name in numbers}
     return MockRequest(
         out_dir=inputs.out_dir,
         workset=_abs(inputs.workspace, inputs.workset),
         scorer=inputs.scorer or None,
-        **numbers,
+        measurement=replace(MOCK_MEASUREMENT, **numbers),
+        **size,
     )

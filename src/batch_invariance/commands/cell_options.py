@@ -13,18 +13,22 @@ from batch_invariance.core.evidence import (
     DEFAULT_LOGIT_EPS,
     DEFAULT_MAX_BOUND,
     DEFAULT_MIN_ANSWER_TOKENS,
+    GatePolicy,
 )
+from batch_invariance.core.plan import Measurement
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.host import memory
 from batch_invariance.report.render import live_banner
 from batch_invariance.service.dry_run import dry_run, usable_cpus
 from batch_invariance.service.job import LiveCell
 from batch_invariance.service.live import LiveOutcome
+from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.request import (
     DEFAULT_MIN_HOT_TRIALS,
     DEFAULT_READY_TIMEOUT,
     DEFAULT_REQ_TIMEOUT,
     DEFAULT_SEED,
+    AttachRequest,
     CellDefaults,
     LiveRequest,
     ProfileRequest,
@@ -119,15 +123,14 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
 
 def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> None:
     """Options shared by ``run-live`` and ``demo`` (``defaults`` differ)."""
-    p.add_argument("--gate-passes", type=int, default=defaults.gate_passes, help="C passes T")
-    p.add_argument("--reps", type=int, default=defaults.reps, help="repeat each row R times")
-    p.add_argument(
-        "--n-predict", type=int, default=defaults.n_predict, help="token budget per request"
-    )
+    m = defaults.measurement
+    p.add_argument("--gate-passes", type=int, default=m.gate_passes, help="C passes T")
+    p.add_argument("--reps", type=int, default=m.reps, help="repeat each row R times")
+    p.add_argument("--n-predict", type=int, default=m.n_predict, help="token budget per request")
     p.add_argument(
         "--endpoint",
         choices=("chat", "completions"),
-        default=defaults.endpoint,
+        default=m.endpoint,
         help="chat: /v1/chat/completions (default); completions: raw prompts to /v1/completions",
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="dispatch-order and request seed")
@@ -167,9 +170,9 @@ def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> N
     p.add_argument(
         "--stop-on-red",
         action=argparse.BooleanOptionalAction,
-        default=defaults.stop_on_red,
+        default=m.stop_on_red,
         help="end the cell at the first C pass that proves RED "
-        f"(default: {'on' if defaults.stop_on_red else 'off'})",
+        f"(default: {'on' if m.stop_on_red else 'off'})",
     )
     cache = p.add_argument_group("prompt cache (see docs/output-contract.md, prompt_cache)")
     cache.add_argument(
@@ -202,19 +205,49 @@ def _path(value: Any) -> Path | None:
     return None if value is None else Path(value)
 
 
+def _profile(args: argparse.Namespace) -> ProfileRequest | None:
+    if not any(getattr(args, f, None) for f in ("profile", "model_alias", "models_dir",
+                                               "models_file", "corner")):  # fmt: skip
+        return None
+    return ProfileRequest(
+        name=getattr(args, "profile", None),
+        model_alias=getattr(args, "model_alias", None),
+        models_dir=getattr(args, "models_dir", None),
+        models_file=getattr(args, "models_file", None),
+        corner=getattr(args, "corner", None),
+        seed=getattr(args, "profile_seed", None),
+    )
+
+
+def measurement_from_args(args: argparse.Namespace) -> Measurement:
+    """How every arm and pass is measured, as the command line asks."""
+    return Measurement(
+        gate_passes=args.gate_passes,
+        reps=args.reps,
+        n_predict=args.n_predict,
+        seed=args.seed,
+        endpoint=args.endpoint,
+        n_probs=args.n_probs,
+        serial_repeat=not args.no_serial_repeat,
+        stop_on_red=args.stop_on_red,
+        req_timeout=args.req_timeout,
+        cache_passes=1 if getattr(args, "cache_arm", False) else 0,
+    )
+
+
+def policy_from_args(args: argparse.Namespace) -> GatePolicy:
+    """The gate policy the command line asks for (F4 always armed, at ``--logit-eps``)."""
+    return GatePolicy(
+        min_hot_trials=args.min_hot_trials,
+        logit_eps=getattr(args, "logit_eps", DEFAULT_LOGIT_EPS),
+        min_answer_tokens=args.min_answer_tokens,
+        max_bound=args.max_bound,
+        min_slot_fill=args.min_slot_fill,
+    )
+
+
 def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
     """The one reader of the shared cell options (``fixed`` sets what the command decides)."""
-    profile = None
-    if any(getattr(args, f, None) for f in ("profile", "model_alias", "models_dir",
-                                           "models_file", "corner")):  # fmt: skip
-        profile = ProfileRequest(
-            name=getattr(args, "profile", None),
-            model_alias=getattr(args, "model_alias", None),
-            models_dir=getattr(args, "models_dir", None),
-            models_file=getattr(args, "models_file", None),
-            corner=getattr(args, "corner", None),
-            seed=getattr(args, "profile_seed", None),
-        )
     values: dict[str, Any] = {
         "out_dir": _path(args.out_dir),
         "server_bin": _path(getattr(args, "server_bin", None)),
@@ -222,35 +255,26 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "workset": _path(args.workset),
         "ctx": args.ctx,
         "parallel": args.parallel,
-        "gate_passes": args.gate_passes,
-        "reps": args.reps,
-        "n_predict": args.n_predict,
-        "seed": args.seed,
-        "endpoint": args.endpoint,
-        "n_probs": args.n_probs,
-        "logit_eps": args.logit_eps,
-        "min_hot_trials": args.min_hot_trials,
-        "min_answer_tokens": args.min_answer_tokens,
-        "max_bound": args.max_bound,
-        "min_slot_fill": args.min_slot_fill,
-        "serial_repeat": not args.no_serial_repeat,
-        "stop_on_red": args.stop_on_red,
-        "req_timeout": args.req_timeout,
-        "ready_timeout": args.ready_timeout,
-        "max_footprint_gb": args.max_footprint_gb,
+        "measurement": measurement_from_args(args),
+        "launch": LaunchOptions(
+            ready_timeout=args.ready_timeout,
+            max_footprint_gb=args.max_footprint_gb,
+            kv_layout=getattr(args, "kv_layout", "split"),
+            cache_ram=getattr(args, "cache_ram", None),
+        ),
+        "policy": policy_from_args(args),
+        "attach": AttachRequest(
+            base_url=getattr(args, "base_url", None),
+            metrics_url=getattr(args, "metrics_url", None),
+            allow_remote=bool(getattr(args, "allow_remote", False)),
+        ),
+        "profile": _profile(args),
+        "cache_shape": getattr(args, "cache_shape", None),
         "server_flags": tuple(args.server_flag or ()),
         "scorer": args.scorer,
         "port": args.port,
         "reserved_ports": tuple(args.reserved_port or ()),
-        "profile": profile,
-        "kv_layout": getattr(args, "kv_layout", "split"),
         "engine": getattr(args, "engine", DEFAULT_ENGINE),
-        "base_url": getattr(args, "base_url", None),
-        "metrics_url": getattr(args, "metrics_url", None),
-        "allow_remote": bool(getattr(args, "allow_remote", False)),
-        "cache_passes": 1 if getattr(args, "cache_arm", False) else 0,
-        "cache_ram": getattr(args, "cache_ram", None),
-        "cache_shape": getattr(args, "cache_shape", None),
     }
     values.update(fixed)
     return LiveRequest(**values)

@@ -28,6 +28,7 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
+from batch_invariance.core.plan import Measurement
 from batch_invariance.profiles.ladder import LADDER
 from batch_invariance.provision.embedded import provision
 from batch_invariance.run.progress import Progress
@@ -37,13 +38,9 @@ from batch_invariance.service.request import CellDefaults
 
 #: Measured demo defaults (2 cores, see examples/certs/README.md).
 DEMO_DEFAULTS = CellDefaults(
-    gate_passes=4,
-    reps=1,
-    n_predict=96,
-    endpoint="completions",
+    Measurement(gate_passes=4, reps=1, n_predict=96, endpoint="completions", stop_on_red=True),
     ctx=1024,
     parallel=4,
-    stop_on_red=True,
 )
 #: What the demo measures: the length ladder built for its slot (see the module docstring).
 DEMO_WORKSET = LADDER

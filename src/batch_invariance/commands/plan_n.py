@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.core.plan import number_problems
+from batch_invariance.core.plan import CellSize, number_problems
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import parse_info
+from batch_invariance.service.options import LaunchOptions
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -38,7 +39,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    problems = number_problems({"ctx": args.ctx, "max_footprint_gb": args.max_footprint_gb})
+    launch = LaunchOptions(max_footprint_gb=args.max_footprint_gb)
+    problems = number_problems(CellSize(ctx=args.ctx)) + number_problems(launch)
     if problems:
         raise UsageError(problems[0])
     if args.parallel < 1:  # the largest N to list: 1 is a plan too

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.commands.cell_options import add_policy_options
-from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.commands.cell_options import add_policy_options, policy_from_args
 from batch_invariance.report.render import mock_prediction, mock_report
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.mock_cell import MOCK_MODEL, MockRequest, run_mock_cell
@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--ctx", type=int, default=d.ctx, help="tokens per slot")
     p.add_argument("--parallel", type=int, default=d.parallel, help="N slots of the B/C server")
-    p.add_argument("--gate-passes", type=int, default=d.gate_passes, help="concurrent C passes")
+    m = d.measurement
+    p.add_argument("--gate-passes", type=int, default=m.gate_passes, help="concurrent C passes")
     p.add_argument(
         "--workset",
         type=Path,
@@ -53,9 +54,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="work-set JSON (default: the length ladder of the slot)",
     )
     p.add_argument("--scorer", default=None, help="pkg.mod:NAME or file.py:NAME")
-    p.add_argument("--reps", type=int, default=d.reps, help="repeat each row R times")
-    p.add_argument("--n-predict", type=int, default=d.n_predict, help="token budget per request")
-    p.add_argument("--seed", type=int, default=d.seed, help="dispatch-order and request seed")
+    p.add_argument("--reps", type=int, default=m.reps, help="repeat each row R times")
+    p.add_argument("--n-predict", type=int, default=m.n_predict, help="token budget per request")
+    p.add_argument("--seed", type=int, default=m.seed, help="dispatch-order and request seed")
     add_policy_options(p)
     p.set_defaults(func=handle)
 
@@ -66,16 +67,14 @@ def handle(args: argparse.Namespace) -> int:
         batch_divergence=bool(args.batch_divergence),
         ctx=args.ctx,
         parallel=args.parallel,
-        gate_passes=args.gate_passes,
-        reps=args.reps,
-        n_predict=args.n_predict,
-        seed=args.seed,
-        policy=GatePolicy(
-            min_hot_trials=args.min_hot_trials,
-            min_answer_tokens=args.min_answer_tokens,
-            max_bound=args.max_bound,
-            min_slot_fill=args.min_slot_fill,
+        measurement=replace(
+            _DEFAULTS.measurement,
+            gate_passes=args.gate_passes,
+            reps=args.reps,
+            n_predict=args.n_predict,
+            seed=args.seed,
         ),
+        policy=policy_from_args(args),
         workset=args.workset,
         scorer=args.scorer,
     )

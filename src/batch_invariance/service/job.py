@@ -17,11 +17,12 @@ from pathlib import Path
 
 from batch_invariance.cert.provenance import ProfileRecord
 from batch_invariance.core.evidence import CellSpec, GatePolicy
-from batch_invariance.core.plan import CellPlan, Endpoint
+from batch_invariance.core.plan import CellPlan, Measurement
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.engines.base import Engine, PromptCache
+from batch_invariance.engines.base import Engine
 from batch_invariance.profiles.ladder import LADDER, ladder_builder
+from batch_invariance.profiles.overrides import ProfileRun
 from batch_invariance.profiles.tokens import TokenCounter, approx_token_count
 from batch_invariance.run.records import ModelTemplate
 from batch_invariance.run.scorer_loader import load_scorer
@@ -34,10 +35,10 @@ from batch_invariance.run.workset import (
 )
 from batch_invariance.servers import ports
 from batch_invariance.service.finish import prepare_out_dir
+from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.profile import resolve_profile
-from batch_invariance.service.request import LiveRequest
+from batch_invariance.service.request import CheckedRequest, LiveRequest
 from batch_invariance.service.target import (
-    LaunchOptions,
     LiveServerLauncher,
     ServerTarget,
     make_launcher,
@@ -45,23 +46,6 @@ from batch_invariance.service.target import (
 )
 
 __all__ = ["LiveCell", "Measurement", "prepare"]
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """How every arm and pass of a cell is measured: the request's checked numbers."""
-
-    gate_passes: int
-    reps: int
-    n_predict: int
-    seed: int
-    endpoint: Endpoint
-    n_probs: int | None
-    serial_repeat: bool
-    stop_on_red: bool
-    req_timeout: float
-    #: Passes of the prompt-cache arm (0: the cache is not measured).
-    cache_passes: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,15 +90,7 @@ class LiveCell:
             items=expand_reps(workset.items, m.reps),
             ctx=self.ctx,
             parallel=self.parallel if parallel is None else parallel,
-            gate_passes=m.gate_passes,
-            n_predict=m.n_predict,
-            seed=m.seed,
-            endpoint=m.endpoint,
-            n_probs=m.n_probs,
-            serial_repeat=m.serial_repeat,
-            stop_on_red=m.stop_on_red,
-            req_timeout=m.req_timeout,
-            cache_passes=m.cache_passes,
+            measurement=m,
             # What pays for the prompt-cache arm (core.b_sample).
             b_sample=m.cache_passes > 0,
         )
@@ -148,49 +124,56 @@ CACHE_SHAPE_SOURCE = "demo_completions"
 
 
 def _ladder(
-    request: LiveRequest, engine: Engine
+    request: LiveRequest, engine: Engine, ctx: int
 ) -> tuple[Callable[[int, TokenCounter], Workset] | None, Workset | None]:
     """The length ladder for the cell: built on the A server's own ``/tokenize`` where the
     tool launches a llama-server (as a profile's work-set is), else now, with the offline
     estimate. Either way it is first planned offline, so a slot too small for it is refused
     here, before anything launches."""
-    assert request.ctx is not None  # request.check
-    offline = ladder_builder(request.n_predict, request.seed, "the offline estimate")
-    preview = offline(request.ctx, approx_token_count)
-    if engine.takes_profiles and request.base_url is None:
-        return ladder_builder(request.n_predict, request.seed, "the A server's /tokenize"), None
+    m = request.measurement
+    offline = ladder_builder(m.n_predict, m.seed, "the offline estimate")
+    preview = offline(ctx, approx_token_count)
+    if engine.takes_profiles and request.attach.base_url is None:
+        return ladder_builder(m.n_predict, m.seed, "the A server's /tokenize"), None
     return None, preview
+
+
+def _workset(
+    request: LiveRequest, checked: CheckedRequest, prof: ProfileRun | None
+) -> tuple[Callable[[int, TokenCounter], Workset] | None, Workset | None]:
+    """The cell's work-set, or how to build it once the A server can count tokens: the
+    ``--workset`` file, a profile's, the length ladder or a bundled one (the prompt-cache
+    shape applied where asked)."""
+    builder: Callable[[int, TokenCounter], Workset] | None = None
+    workset: Workset | None = None
+    bundled = request.bundled_workset
+    if request.workset is not None:
+        workset = load_workset(request.workset)
+    elif prof is not None:
+        builder = prof.build_workset
+    elif bundled == LADDER and request.cache_shape is None:
+        builder, workset = _ladder(request, checked.engine, checked.ctx)
+    elif bundled is not None:
+        # The prompt-cache shape turns rows into growing conversations: it starts from the
+        # short completion openings, not from prompts that already fill the slot.
+        source = CACHE_SHAPE_SOURCE if bundled == LADDER else bundled
+        workset = load_workset(bundled_workset_path(source))
+    if request.cache_shape is not None and workset is not None:  # a profile's is not shaped
+        workset = shaped_for_cache(workset, request.cache_shape)
+    return builder, workset
 
 
 def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     """Check ``request`` and resolve it (UsageError naming the first problem): the one place
     the raw request is read. The cheap checks come first (``LiveRequest.check``), then the
     profile (user code), the server side, the work-set and scorer, the out-dir."""
-    engine = request.check()
-    assert request.ctx is not None and request.parallel is not None
-    assert request.out_dir is not None
-    prof = resolve_profile(request, engine)
-    target = resolve_target(request, engine, prof)
+    checked = request.check()
+    prof = resolve_profile(request, checked.engine)
+    target = resolve_target(request, checked.engine, prof)
     port_policy = ports.make_policy(request.port, list(request.reserved_ports))
-    builder: Callable[[int, TokenCounter], Workset] | None = None
-    workset: Workset | None = None
-    if request.workset is not None:
-        workset = load_workset(request.workset)
-    elif prof is not None:
-        builder = prof.build_workset
-    elif request.bundled_workset == LADDER and request.cache_shape is None:
-        builder, workset = _ladder(request, engine)
-    else:
-        # The prompt-cache shape turns rows into growing conversations: it starts from the
-        # short completion openings, not from prompts that already fill the slot.
-        name = request.bundled_workset
-        assert name is not None  # request.check: a work-set source
-        workset = load_workset(bundled_workset_path(CACHE_SHAPE_SOURCE if name == LADDER else name))
-    if request.cache_shape is not None:
-        assert workset is not None  # request.check: a profile's work-set cannot be shaped
-        workset = shaped_for_cache(workset, request.cache_shape)
+    builder, workset = _workset(request, checked, prof)
     scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
-    out_dir = prepare_out_dir(request.out_dir) if create_out_dir else request.out_dir
+    out_dir = prepare_out_dir(checked.out_dir) if create_out_dir else checked.out_dir
     model = target.model
     name = (
         request.model_name
@@ -200,31 +183,15 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     return LiveCell(
         driver=request.driver_name,
         target=target,
-        launch=LaunchOptions(
-            ready_timeout=request.ready_timeout,
-            max_footprint_gb=request.max_footprint_gb,
-            kv_layout=request.kv_layout,
-            prompt_cache=PromptCache(request.cache_ram),
-        ),
+        launch=request.launch,
         model_name=name,
-        ctx=request.ctx,
-        parallel=request.parallel,
-        measurement=Measurement(
-            gate_passes=request.gate_passes,
-            reps=request.reps,
-            n_predict=request.n_predict,
-            seed=request.seed,
-            endpoint=request.endpoint,
-            n_probs=request.n_probs,
-            serial_repeat=request.serial_repeat,
-            stop_on_red=request.stop_on_red,
-            req_timeout=request.req_timeout,
-            cache_passes=request.cache_passes,
-        ),
+        ctx=checked.ctx,
+        parallel=checked.parallel,
+        measurement=request.measurement,
         workset=workset,
         build_workset=builder,
         scorer=scorer,
-        policy=request.policy(),
+        policy=request.policy,
         port_policy=port_policy,
         out_dir=out_dir,
         profile=None if prof is None else prof.provenance,

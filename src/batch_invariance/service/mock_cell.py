@@ -15,7 +15,14 @@ from pathlib import Path
 from batch_invariance import __version__
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.evidence import CellSpec, GatePolicy, policy_usage_problems
-from batch_invariance.core.plan import CellPlan, number_problems
+from batch_invariance.core.plan import (
+    CTX,
+    PARALLEL,
+    CellPlan,
+    Measurement,
+    number_field,
+    number_problems,
+)
 from batch_invariance.errors import UsageError
 from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.mock.oracle import tokenize
@@ -26,10 +33,15 @@ from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import Workset, expand_reps, load_workset
 from batch_invariance.service.finish import FinishedCell, finish_cell, prepare_out_dir
 
-__all__ = ["MOCK_MODEL", "MockRequest", "run_mock_cell"]
+__all__ = ["MOCK_MEASUREMENT", "MOCK_MODEL", "MockRequest", "run_mock_cell"]
 
 #: The cert's model name for mock cells.
 MOCK_MODEL = "mock"
+
+
+#: How a mock cell is measured. The notes need a budget of 128: the mock's notes run about
+#: 66-89 tokens and the length floor needs 64. Requests to the in-process mock time out at 30 s.
+MOCK_MEASUREMENT = Measurement(gate_passes=4, reps=1, n_predict=128, req_timeout=30.0)
 
 
 @dataclass(frozen=True)
@@ -39,14 +51,9 @@ class MockRequest:
 
     out_dir: Path
     batch_divergence: bool = False
-    stop_on_red: bool = False
-    ctx: int = 512
-    parallel: int = 4
-    gate_passes: int = 4
-    reps: int = 1
-    #: Long enough for the mock's notes (about 66-89 tokens): the length floor needs 64.
-    n_predict: int = 128
-    seed: int = 0
+    ctx: int = number_field(CTX, 512)
+    parallel: int = number_field(PARALLEL, 4)
+    measurement: Measurement = MOCK_MEASUREMENT
     workset: Path | None = None
     scorer: str | None = None
     policy: GatePolicy = field(default_factory=GatePolicy)
@@ -60,48 +67,31 @@ def mock_token_count(text: str) -> int:
 def mock_ladder(request: MockRequest) -> Workset:
     """The length ladder for the mock's slot, fitted with the mock's own tokenizer: the
     mock, like every default, measures the whole slot."""
-    build = ladder_builder(request.n_predict, request.seed, "the mock's tokenizer")
+    m = request.measurement
+    build = ladder_builder(m.n_predict, m.seed, "the mock's tokenizer")
     return build(request.ctx, mock_token_count)
 
 
 def run_mock_cell(request: MockRequest, progress: ProgressSink | None = None) -> FinishedCell:
     """Check the request, run the mock cell and write its cert."""
-    problems = number_problems(
-        {
-            "ctx": request.ctx,
-            "parallel": request.parallel,
-            "gate_passes": request.gate_passes,
-            "reps": request.reps,
-            "n_predict": request.n_predict,
-        }
-    )
-    problems += policy_usage_problems(request.policy)
+    problems = number_problems(request) + policy_usage_problems(request.policy)
     if problems:
         raise UsageError(problems[0])
     workset = load_workset(request.workset) if request.workset is not None else mock_ladder(request)
     scorer = load_scorer(request.scorer)
     out_dir = prepare_out_dir(request.out_dir)
-    items = expand_reps(workset.items, request.reps)
-    plan = CellPlan(
-        items=items,
-        ctx=request.ctx,
-        parallel=request.parallel,
-        gate_passes=request.gate_passes,
-        n_predict=request.n_predict,
-        seed=request.seed,
-        endpoint="chat",
-        req_timeout=30.0,
-        stop_on_red=request.stop_on_red,
-    )
+    m = request.measurement
+    items = expand_reps(workset.items, m.reps)
+    plan = CellPlan(items=items, ctx=request.ctx, parallel=request.parallel, measurement=m)
     # Prompts are evaluated in batches, several times faster per token than decoding, as on
     # a real server: the ladder's long prompts then cost seconds, not a minute.
     knobs = MockKnobs(
-        cobatch_divergence=request.batch_divergence, seed=request.seed, prompt_token_delay_s=1e-4
+        cobatch_divergence=request.batch_divergence, seed=m.seed, prompt_token_delay_s=1e-4
     )
     run = run_cell(plan, MockLauncher(knobs), scorer, progress=progress, policy=request.policy)
     spec = CellSpec(
         model=MOCK_MODEL, ctx=request.ctx, dispatch_n=request.parallel, kv_label=run.kv_label,
-        reps=request.reps,
+        reps=m.reps,
     )  # fmt: skip
     provenance = Provenance(
         tool_version=__version__,

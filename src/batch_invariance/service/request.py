@@ -9,21 +9,28 @@ reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from batch_invariance.core.evidence import (
     DEFAULT_LOGIT_EPS,
-    DEFAULT_MAX_BOUND,
-    DEFAULT_MIN_ANSWER_TOKENS,
     GatePolicy,
     policy_usage_problems,
 )
-from batch_invariance.core.plan import Endpoint, number_problems
-from batch_invariance.engines.base import Engine, KvLayout, flag_conflicts
+from batch_invariance.core.plan import (
+    CTX,
+    PARALLEL,
+    Measurement,
+    NumberRule,
+    number_field,
+    number_problems,
+)
+from batch_invariance.engines.base import Engine, flag_conflicts
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_for
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.ladder import LADDER
+from batch_invariance.service.options import DEFAULT_READY_TIMEOUT, LaunchOptions
 
 __all__ = [
     "ACTION_DEFAULTS",
@@ -34,7 +41,9 @@ __all__ = [
     "DEFAULT_SEED",
     "RUN_LIVE_DEFAULTS",
     "SWEEP_DEFAULTS",
+    "AttachRequest",
     "CellDefaults",
+    "CheckedRequest",
     "LiveRequest",
     "ProfileRequest",
 ]
@@ -44,26 +53,22 @@ __all__ = [
 class CellDefaults:
     """Default cell options of one entry point (argparse and the Action read these)."""
 
-    gate_passes: int
-    reps: int
-    n_predict: int
-    endpoint: Endpoint = "chat"
+    measurement: Measurement
     ctx: int | None = None
     parallel: int | None = None
-    #: End the cell at the first C pass that proves RED (``--stop-on-red``).
-    stop_on_red: bool = False
 
 
 #: ``run-live`` (and the Action, which adds the cell size its users get without asking).
-RUN_LIVE_DEFAULTS = CellDefaults(gate_passes=8, reps=3, n_predict=128)
-ACTION_DEFAULTS = replace(RUN_LIVE_DEFAULTS, ctx=2048, parallel=4, stop_on_red=True)
+RUN_LIVE_DEFAULTS = CellDefaults(Measurement(gate_passes=8, reps=3, n_predict=128))
+ACTION_DEFAULTS = CellDefaults(
+    replace(RUN_LIVE_DEFAULTS.measurement, stop_on_red=True), ctx=2048, parallel=4
+)
 #: ``sweep``: run-live's cell, ending each cell once RED is proven.
-SWEEP_DEFAULTS = replace(RUN_LIVE_DEFAULTS, stop_on_red=True)
-DEFAULT_SEED = 0
+SWEEP_DEFAULTS = CellDefaults(replace(RUN_LIVE_DEFAULTS.measurement, stop_on_red=True))
+DEFAULT_SEED = Measurement().seed
 #: The gate policy's own default (core/evidence.py), not a second copy.
 DEFAULT_MIN_HOT_TRIALS = GatePolicy().min_hot_trials
-DEFAULT_READY_TIMEOUT = 300.0
-DEFAULT_REQ_TIMEOUT = 120.0
+DEFAULT_REQ_TIMEOUT = Measurement().req_timeout
 
 
 @dataclass(frozen=True)
@@ -79,97 +84,78 @@ class ProfileRequest:
 
 
 @dataclass(frozen=True)
+class AttachRequest:
+    """Attach mode: measure the server at ``base_url`` instead of launching one (``None``:
+    the tool launches it)."""
+
+    base_url: str | None = None
+    metrics_url: str | None = None
+    #: Allow a non-loopback ``base_url`` (recorded in the cert).
+    allow_remote: bool = False
+
+
+class CheckedRequest(NamedTuple):
+    """What :meth:`LiveRequest.check` found: the engine, looked up once, and the values it
+    made sure were given."""
+
+    engine: Engine
+    ctx: int
+    parallel: int
+    out_dir: Path
+
+
+@dataclass(frozen=True)
 class LiveRequest:
     """What the user asked a live cell to be, typed but not yet checked (see :func:`prepare`).
+
+    Composed of the values the job and the plan carry: ``measurement`` (how every arm and
+    pass is measured), ``launch`` (how the servers are launched), ``policy`` (the gates),
+    ``attach`` and ``profile``. Every number's rule sits on its field
+    (:func:`batch_invariance.core.plan.number_problems`).
 
     ``bundled_workset`` names the work-set shipped in the package that runs when neither
     ``workset`` nor a profile is given (``demo`` and the Action); ``model_name`` fixes the
     cert's model name (default: the profile's alias, else the model file name). ``engine``
-    names the server (``engines.registry``); ``base_url`` attaches to a running one instead
-    of launching it.
+    names the server (``engines.registry``).
     """
 
     out_dir: Path | None
     server_bin: Path | None = None
     model: Path | None = None
     workset: Path | None = None
-    ctx: int | None = None
-    parallel: int | None = None
-    gate_passes: int = RUN_LIVE_DEFAULTS.gate_passes
-    reps: int = RUN_LIVE_DEFAULTS.reps
-    n_predict: int = RUN_LIVE_DEFAULTS.n_predict
-    seed: int = DEFAULT_SEED
-    endpoint: Endpoint = "chat"
-    n_probs: int | None = None
-    logit_eps: float = DEFAULT_LOGIT_EPS
-    min_hot_trials: int = DEFAULT_MIN_HOT_TRIALS
-    min_answer_tokens: int = DEFAULT_MIN_ANSWER_TOKENS
-    max_bound: float = DEFAULT_MAX_BOUND
-    min_slot_fill: float | None = None
-    serial_repeat: bool = True
-    stop_on_red: bool = False
-    req_timeout: float = DEFAULT_REQ_TIMEOUT
-    ready_timeout: float = DEFAULT_READY_TIMEOUT
-    max_footprint_gb: float | None = None
+    ctx: int | None = number_field(CTX, None)
+    parallel: int | None = number_field(PARALLEL, None)
+    measurement: Measurement = RUN_LIVE_DEFAULTS.measurement
+    launch: LaunchOptions = field(default_factory=LaunchOptions)
+    policy: GatePolicy = field(default_factory=GatePolicy)
+    attach: AttachRequest = field(default_factory=AttachRequest)
+    profile: ProfileRequest | None = None
+    #: Turn the work-set into the prompt-cache shape, this many turns per conversation.
+    cache_shape: int | None = number_field(NumberRule(1, why="turns per conversation"), None)
     server_flags: tuple[str, ...] = ()
     scorer: str | None = None
     port: int | None = None
     reserved_ports: tuple[int, ...] = ()
-    profile: ProfileRequest | None = None
     #: What runs without ``--workset`` or a profile: the length ladder built for the cell
     #: (:mod:`batch_invariance.profiles.ladder`), or a bundled work-set by name.
     bundled_workset: str | None = LADDER
     model_name: str | None = None
     driver_name: str = "run-live"
-    #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
-    kv_layout: KvLayout = "split"
     #: Which server (``--engine``); checked against ``engines.registry`` by :func:`prepare`.
     engine: str = DEFAULT_ENGINE
-    #: Attach mode: measure the server at this URL instead of launching one.
-    base_url: str | None = None
-    metrics_url: str | None = None
-    #: Allow a non-loopback ``base_url`` (recorded in the cert).
-    allow_remote: bool = False
-    #: Passes of the prompt-cache arm (``--cache-arm``: 1); 0 leaves the cache unmeasured.
-    cache_passes: int = 0
-    #: llama-server's ``--cache-ram`` (MiB) under test on the prompt-cache arm's server;
-    #: ``None``: the server's own default.
-    cache_ram: int | None = None
-    #: Turn the work-set into the prompt-cache shape, this many turns per conversation.
-    cache_shape: int | None = None
 
-    def number_problems(self) -> tuple[str, ...]:
-        """What is wrong with the numbers (the one table in :mod:`batch_invariance.core.plan`)."""
-        return number_problems(
-            {
-                "ctx": self.ctx,
-                "parallel": self.parallel,
-                "gate_passes": self.gate_passes,
-                "reps": self.reps,
-                "n_predict": self.n_predict,
-                "min_hot_trials": self.min_hot_trials,
-                "n_probs": self.n_probs,
-                "req_timeout": self.req_timeout,
-                "ready_timeout": self.ready_timeout,
-                "max_footprint_gb": self.max_footprint_gb,
-                "cache_passes": self.cache_passes,
-                "cache_ram": self.cache_ram,
-                "cache_shape": self.cache_shape,
-            }
-        )
-
-    def check(self) -> Engine:
+    def check(self) -> CheckedRequest:
         """The cheap checks, all in one place and before any file, profile code or server is
         touched: the engine's name and what it takes (attach options, KV layout, the context
         multiple, the command line's server flags), required values, the numbers, the gate
         policy, a work-set source, the profile-only options without a profile (so a typo
         cannot silently do nothing), the prompt-cache options and the out-dir. Returns the
-        engine, looked up once."""
+        engine, looked up once, with the values it made sure were given."""
         engine = engine_for(self.engine)
         if self.ctx is None or self.parallel is None:
             raise UsageError("--ctx and --parallel are required (tokens per slot, and N)")
         self._check_engine_options(engine)
-        problems = self.number_problems() + policy_usage_problems(self.policy())
+        problems = number_problems(self) + policy_usage_problems(self.policy)
         if problems:
             raise UsageError(problems[0])
         profile = self.profile
@@ -184,16 +170,16 @@ class LiveRequest:
         self._check_cache_options(has_profile)
         if self.out_dir is None:
             raise UsageError("--out-dir DIR is required (where the cert and server logs go)")
-        return engine
+        return CheckedRequest(engine, self.ctx, self.parallel, self.out_dir)
 
     def _check_engine_options(self, engine: Engine) -> None:
         """What the engine takes, before anything of it is resolved: attach-only and
         launch-only options, a profile, the KV layout, the context multiple, the flags."""
-        attached = self.base_url is not None
+        attached = self.attach.base_url is not None
         if not attached:
-            if self.metrics_url is not None:
+            if self.attach.metrics_url is not None:
                 raise UsageError("--metrics-url goes with --base-url (attach mode)")
-            if self.allow_remote:
+            if self.attach.allow_remote:
                 raise UsageError("--allow-remote goes with --base-url (attach mode)")
         else:
             if self.server_flags:
@@ -204,7 +190,7 @@ class LiveRequest:
         if has_profile and (attached or not engine.takes_profiles):
             takers = engines_that(lambda e: e.takes_profiles)
             raise UsageError(f"--profile works only with the default engine ({takers}, launched)")
-        layout = self.kv_layout
+        layout = self.launch.kv_layout
         if layout not in engine.kv_layouts or (layout != "split" and attached):
             takers = engines_that(lambda e: layout in e.kv_layouts)
             raise UsageError(f"--kv-layout {layout} applies only to {takers} launched by the tool")
@@ -215,23 +201,14 @@ class LiveRequest:
     def _check_cache_options(self, has_profile: bool) -> None:
         if self.cache_shape is not None and self.workset is None and has_profile:
             raise UsageError("--cache-shape needs a --workset FILE (a profile builds its own)")
-        if self.cache_passes and self.base_url is not None:
+        cache_passes = self.measurement.cache_passes
+        if cache_passes and self.attach.base_url is not None:
             raise UsageError(
                 "--cache-arm needs a server the tool launches: the prompt-cache arm runs on its "
                 "own server with the cache on (drop --base-url)"
             )
-        if self.cache_ram is not None and not self.cache_passes:
+        if self.launch.cache_ram is not None and not cache_passes:
             raise UsageError("--cache-ram sets the prompt-cache arm's server: give --cache-arm too")
-
-    def policy(self) -> GatePolicy:
-        """The gate policy the request asks for (F4 always armed, at ``logit_eps``)."""
-        return GatePolicy(
-            min_hot_trials=self.min_hot_trials,
-            logit_eps=self.logit_eps,
-            min_answer_tokens=self.min_answer_tokens,
-            max_bound=self.max_bound,
-            min_slot_fill=self.min_slot_fill,
-        )
 
 
 def engines_that(can: Callable[[Engine], bool]) -> str:

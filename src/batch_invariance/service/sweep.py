@@ -100,7 +100,7 @@ def parse_parallels(text: str) -> tuple[int, ...]:
 
 def check_sweepable(cell: LiveRequest) -> None:
     """A sweep launches one server per N: an attached server (``--base-url``) cannot be one."""
-    if cell.base_url is not None:
+    if cell.attach.base_url is not None:
         raise UsageError(
             "sweep cannot take --base-url: an attached server's N cannot be changed by the "
             "tool; run run-live --base-url once per server instead"

@@ -14,13 +14,13 @@ launched engine, ``AttachLauncher`` for an attached server. :func:`identify` rec
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from batch_invariance.cache_dir import cache_root
 from batch_invariance.core.roles import ServerRole
-from batch_invariance.engines.base import Engine, KvLayout, MemoryReservation, PromptCache
+from batch_invariance.engines.base import Engine, MemoryReservation
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.host.file_hash import cached_sha256
@@ -32,6 +32,7 @@ from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, AttachTarget, attach_target
 from batch_invariance.servers.binary import BinaryIdentity, identify_binary
 from batch_invariance.servers.launch import EngineLauncher, LaunchRecord
+from batch_invariance.service.options import LaunchOptions
 
 if TYPE_CHECKING:
     from batch_invariance.service.request import LiveRequest
@@ -54,18 +55,6 @@ class LiveServerLauncher(ServerLauncher, Protocol):
         role: ServerRole = ServerRole.BC,
     ) -> memory.GuardDecision | None:
         """``None`` where no guard applies (no model to project, or an attached server)."""
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """The checked launch settings of a live cell (what a launcher needs besides the target)."""
-
-    ready_timeout: float
-    max_footprint_gb: float | None = None
-    #: KV layout of the B/C server: split (every slot owns ctx) or unified (one ctx*N pool).
-    kv_layout: KvLayout = "split"
-    #: How the prompt-cache arm's server runs its cache (when the arm runs).
-    prompt_cache: PromptCache = field(default_factory=PromptCache)
 
 
 @dataclass(frozen=True)
@@ -108,9 +97,10 @@ def resolve_target(request: LiveRequest, engine: Engine, prof: ProfileRun | None
     (UsageError naming the first problem): the attach URL, or the binary, the model and its
     GGUF header."""
     flags = tuple(prof.server_flags if prof else request.server_flags)
-    if request.base_url is None:
+    a = request.attach
+    if a.base_url is None:
         return _launched_target(request, engine, prof, flags)
-    attach = attach_target(request.base_url, request.metrics_url, request.allow_remote)
+    attach = attach_target(a.base_url, a.metrics_url, a.allow_remote)
     return ServerTarget(engine, None, request.model, None, ATTACHED_NO_GGUF, attach, flags)
 
 

@@ -525,11 +525,10 @@ def test_annotation_escapes_newlines_and_property_separators() -> None:
 def test_input_defaults_come_from_the_run_live_table() -> None:
     from batch_invariance.service.request import ACTION_DEFAULTS, RUN_LIVE_DEFAULTS
 
+    action, run_live = ACTION_DEFAULTS.measurement, RUN_LIVE_DEFAULTS.measurement
     for name in ("gate_passes", "reps", "n_predict"):
-        assert getattr(ACTION_DEFAULTS, name) == getattr(RUN_LIVE_DEFAULTS, name)
-        assert action_inputs.INPUT_DEFAULTS[name.replace("_", "-")] == str(
-            getattr(ACTION_DEFAULTS, name)
-        )
+        assert getattr(action, name) == getattr(run_live, name)
+        assert action_inputs.INPUT_DEFAULTS[name.replace("_", "-")] == str(getattr(action, name))
     assert action_inputs.INPUT_DEFAULTS["ctx"] == str(ACTION_DEFAULTS.ctx)
 
 
@@ -555,7 +554,8 @@ def test_live_inputs_become_the_same_request_the_cli_builds(tmp_path: Path) -> N
     from_cli = request_from_args(args)
     # Both measure the length ladder when no work-set is named; the Action also ends a cell
     # once RED is proven (--stop-on-red is its default).
-    assert from_action == replace(from_cli, stop_on_red=True)
+    stop = replace(from_cli.measurement, stop_on_red=True)
+    assert from_action == replace(from_cli, measurement=stop)
 
 
 def test_red_cert_report_names_divergent_ids_with_excerpts(tmp_path: Path) -> None:
@@ -604,7 +604,9 @@ def test_the_engine_input_runs_that_engine_through_the_same_request(
          "1", "--reps", "1", "--n-predict", "64", "--out-dir",
          str(workspace / "batch-invariance-certs")]
     )  # fmt: skip
-    assert live_request(inputs, None) == replace(request_from_args(args), stop_on_red=True)
+    from_cli = request_from_args(args)
+    stop = replace(from_cli.measurement, stop_on_red=True)
+    assert live_request(inputs, None) == replace(from_cli, measurement=stop)
     buf = io.StringIO()
     code = action.run_action(env, out=buf, provisioner=_no_provision)
     outputs = outputs_of(env)

@@ -18,9 +18,9 @@ MIN_ANSWER_TOKENS = DEFAULT_MIN_ANSWER_TOKENS
 
 
 def test_demo_measures_the_length_ladder_of_its_slot_on_the_completions_endpoint() -> None:
-    assert DEMO_DEFAULTS.endpoint == "completions" and DEMO_WORKSET == LADDER
+    assert DEMO_DEFAULTS.measurement.endpoint == "completions" and DEMO_WORKSET == LADDER
     assert DEMO_DEFAULTS.ctx is not None
-    ctx, n_predict = DEMO_DEFAULTS.ctx, DEMO_DEFAULTS.n_predict
+    ctx, n_predict = DEMO_DEFAULTS.ctx, DEMO_DEFAULTS.measurement.n_predict
     items = build_ladder(ctx, n_predict, 0, approx_token_count)
     # A messages row would be sent to the chat endpoint, i.e. through a fallback template.
     assert all(i.messages is None and i.system is None and i.prompt for i in items)
@@ -35,5 +35,5 @@ def test_demo_measures_the_length_ladder_of_its_slot_on_the_completions_endpoint
 
 def test_demo_answers_are_long_enough_for_the_floor() -> None:
     # 1.5x the floor: a median under it would make the cell unpromotable for length alone.
-    assert DEMO_DEFAULTS.n_predict >= 96 >= 1.5 * MIN_ANSWER_TOKENS
-    assert DEMO_DEFAULTS.gate_passes >= 3 and DEMO_DEFAULTS.parallel >= 2
+    assert DEMO_DEFAULTS.measurement.n_predict >= 96 >= 1.5 * MIN_ANSWER_TOKENS
+    assert DEMO_DEFAULTS.measurement.gate_passes >= 3 and DEMO_DEFAULTS.parallel >= 2

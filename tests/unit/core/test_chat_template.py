@@ -18,6 +18,7 @@ from batch_invariance.core.chat_template import (
     sends_chat,
 )
 from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.plan import Endpoint, Measurement
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.mock import MockKnobs, MockLauncher, MockServer
@@ -77,11 +78,15 @@ def test_no_warning_when_the_template_is_known_or_not_used() -> None:
     assert sends_chat("chat", ITEMS)
 
 
-def _plan(endpoint: str) -> CellPlan:
+def _plan(endpoint: Endpoint) -> CellPlan:
     return CellPlan(
-        items=ITEMS, ctx=512, parallel=2, gate_passes=2, n_predict=8, seed=1,
-        req_timeout=10.0, endpoint=endpoint,  # type: ignore[arg-type]
-    )  # fmt: skip
+        items=ITEMS,
+        ctx=512,
+        parallel=2,
+        measurement=Measurement(
+            gate_passes=2, n_predict=8, seed=1, req_timeout=10.0, endpoint=endpoint
+        ),
+    )
 
 
 def test_the_mock_plays_a_base_model_and_the_cert_carries_the_warning(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from batch_invariance.cert.verify import verify_path
 from batch_invariance.core.evidence import GatePolicy, PassRecord
 from batch_invariance.core.schedule import red_proof, serial_repeat_decision
 from batch_invariance.core.verdict import decide
-from batch_invariance.service.mock_cell import MockRequest, run_mock_cell
+from batch_invariance.service.mock_cell import MOCK_MEASUREMENT, MockRequest, run_mock_cell
 from tests.support.factories import green_evidence, serial_map
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.
@@ -78,7 +78,11 @@ def test_a_repeat_is_skipped_only_when_b_reproduces_a_exactly() -> None:
 
 def test_stop_on_red_ends_a_divergent_mock_after_one_pass(tmp_path: Path) -> None:
     finished = run_mock_cell(
-        MockRequest(out_dir=tmp_path, batch_divergence=True, stop_on_red=True, gate_passes=4)
+        MockRequest(
+            out_dir=tmp_path,
+            batch_divergence=True,
+            measurement=replace(MOCK_MEASUREMENT, stop_on_red=True, gate_passes=4),
+        )
     )
     cert = finished.cert
     assert cert.verdict == "RED" and cert.n_passes == 1
@@ -92,7 +96,11 @@ def test_stop_on_red_ends_a_divergent_mock_after_one_pass(tmp_path: Path) -> Non
 
 def test_stop_on_red_runs_every_pass_of_a_green_mock(tmp_path: Path) -> None:
     finished = run_mock_cell(
-        MockRequest(out_dir=tmp_path, stop_on_red=True, gate_passes=4, policy=POLICY)
+        MockRequest(
+            out_dir=tmp_path,
+            policy=POLICY,
+            measurement=replace(MOCK_MEASUREMENT, stop_on_red=True, gate_passes=4),
+        )
     )
     assert finished.cert.verdict == "GREEN" and finished.cert.n_passes == 4
     schedule = finished.cert.provenance.schedule
@@ -100,7 +108,13 @@ def test_stop_on_red_runs_every_pass_of_a_green_mock(tmp_path: Path) -> None:
 
 
 def test_without_stop_on_red_a_divergent_mock_runs_every_pass(tmp_path: Path) -> None:
-    finished = run_mock_cell(MockRequest(out_dir=tmp_path, batch_divergence=True, gate_passes=3))
+    finished = run_mock_cell(
+        MockRequest(
+            out_dir=tmp_path,
+            batch_divergence=True,
+            measurement=replace(MOCK_MEASUREMENT, gate_passes=3),
+        )
+    )
     assert finished.cert.verdict == "RED" and finished.cert.n_passes == 3
     schedule = finished.cert.provenance.schedule
     assert schedule is not None and schedule.stopped_early is False

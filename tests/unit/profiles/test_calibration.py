@@ -13,6 +13,7 @@ from typing import Literal
 import pytest
 
 from batch_invariance.core.evidence import OK
+from batch_invariance.core.plan import Measurement
 from batch_invariance.mock import MockKnobs, MockLauncher, tokenize
 from batch_invariance.profiles.calibration import PrelaunchedLauncher
 from batch_invariance.profiles.overrides import resolve_profile_run
@@ -28,7 +29,12 @@ def test_profile_cell_calibrates_on_the_a_server_and_launches_it_once() -> None:
     with PrelaunchedLauncher(inner, ctx=ctx) as pre:
         counter = server_token_counter(pre.handle.base_url)
         workset = run.build_workset(ctx, counter)
-        plan = CellPlan(items=workset.items, ctx=ctx, parallel=2, gate_passes=1, n_predict=8)
+        plan = CellPlan(
+            items=workset.items,
+            ctx=ctx,
+            parallel=2,
+            measurement=Measurement(gate_passes=1, n_predict=8),
+        )
         cell = run_cell(plan, pre, run.scorer)
     # Calibration used the A server itself: two launches in all (A, then B/C), not three.
     assert inner.launches == 2

@@ -20,6 +20,7 @@ from batch_invariance.cert.certificate import Cert, is_promotable
 from batch_invariance.cert.verify import verify_cert
 from batch_invariance.core.chat_template import FALLBACK_WARNING, ChatTemplateCheck
 from batch_invariance.core.evidence import CellEvidence
+from batch_invariance.core.plan import Measurement
 from batch_invariance.core.verdict import decide
 from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.report import render
@@ -28,6 +29,7 @@ from batch_invariance.run.cell import run_cell
 from batch_invariance.run.progress import Progress
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.finish import FinishedCell
+from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from tests.support.factories import cert_for, changed, green_evidence, replace_pass, replace_trial
 from tests.support.golden import check_golden
@@ -181,10 +183,9 @@ def test_dry_run_plan(tmp_path: Path) -> None:
         workset=ws,
         ctx=512,
         parallel=4,
-        gate_passes=3,
-        reps=2,
         server_flags=("-ngl", "0"),
-        max_footprint_gb=0.25,
+        measurement=Measurement(gate_passes=3, reps=2),
+        launch=LaunchOptions(max_footprint_gb=0.25),
     )
     host = HostMemory(mem_available_bytes=8 * GIB, mem_total_bytes=16 * GIB, vram_free_bytes=None)
     plan = dry_run(prepare(request, create_out_dir=False), host, cpus=2)

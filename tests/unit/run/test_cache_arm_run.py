@@ -12,7 +12,7 @@ import pytest
 from batch_invariance.core.b_sample import sample_size
 from batch_invariance.core.cache_shape import PREAMBLE, cache_shaped, conversation_chains
 from batch_invariance.core.evidence import GatePolicy
-from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.plan import CellPlan, Measurement
 from batch_invariance.core.scoring import ExactMatchScorer
 from batch_invariance.core.verdict import CLASS_CACHE, CLASS_CACHE_DRIFT, decide
 from batch_invariance.core.workitem import rep_id
@@ -41,9 +41,17 @@ def fast(**knobs: Any) -> MockKnobs:
 
 def run(knobs: MockKnobs, items: tuple = SHAPED, cache_passes: int = 1):  # type: ignore[type-arg]
     plan = CellPlan(
-        items=items, ctx=SLOT, parallel=4, gate_passes=2, n_predict=128, endpoint="chat",
-        req_timeout=30.0, cache_passes=cache_passes,
-    )  # fmt: skip
+        items=items,
+        ctx=SLOT,
+        parallel=4,
+        measurement=Measurement(
+            gate_passes=2,
+            n_predict=128,
+            endpoint="chat",
+            req_timeout=30.0,
+            cache_passes=cache_passes,
+        ),
+    )
     launcher = MockLauncher(knobs)
     cell = run_cell(plan, launcher, ExactMatchScorer())
     return cell, decide(cell.evidence, GatePolicy()), launcher
@@ -152,9 +160,14 @@ def test_without_the_arm_nothing_changes(passes: int) -> None:
 
 def test_b_on_a_seeded_sample_pays_for_the_cache_arm_when_c_equals_a_bitwise() -> None:
     plan = CellPlan(
-        items=SHAPED, ctx=SLOT, parallel=4, gate_passes=2, n_predict=128, endpoint="chat",
-        req_timeout=30.0, cache_passes=1, b_sample=True,
-    )  # fmt: skip
+        items=SHAPED,
+        ctx=SLOT,
+        parallel=4,
+        b_sample=True,
+        measurement=Measurement(
+            gate_passes=2, n_predict=128, endpoint="chat", req_timeout=30.0, cache_passes=1
+        ),
+    )
     cell = run_cell(plan, MockLauncher(fast()), ExactMatchScorer())
     verdict = decide(cell.evidence, GatePolicy())
     assert cell.evidence.b_ids is not None and len(cell.evidence.b_ids) == sample_size(40) == 10
@@ -166,8 +179,13 @@ def test_b_on_a_seeded_sample_pays_for_the_cache_arm_when_c_equals_a_bitwise() -
 
 def test_b_sample_is_never_taken_when_co_batching_moved_the_numerics() -> None:
     plan = CellPlan(
-        items=SHAPED, ctx=SLOT, parallel=4, gate_passes=1, n_predict=128, endpoint="chat",
-        req_timeout=30.0, cache_passes=1, b_sample=True,
-    )  # fmt: skip
+        items=SHAPED,
+        ctx=SLOT,
+        parallel=4,
+        b_sample=True,
+        measurement=Measurement(
+            gate_passes=1, n_predict=128, endpoint="chat", req_timeout=30.0, cache_passes=1
+        ),
+    )
     cell = run_cell(plan, MockLauncher(fast(numeric_drift=1e-4)), ExactMatchScorer())
     assert cell.evidence.b_ids is None and len(cell.evidence.b) == 40

@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +16,7 @@ import pytest
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
+from batch_invariance.core.plan import Measurement
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.verdict import Verdict, decide
 from batch_invariance.core.workitem import WorkItem
@@ -48,12 +50,18 @@ POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0, min_slot_fill=0.0)
 
 
 def plan(**kw: object) -> CellPlan:
-    base: dict[str, object] = {
-        "items": ITEMS, "ctx": 512, "parallel": 4, "gate_passes": 6, "n_predict": 16,
-        "seed": 1, "req_timeout": 10.0,
-    }  # fmt: skip
-    base.update(kw)
-    return CellPlan(**base)  # type: ignore[arg-type]
+    """A small plan; ``kw`` sets the plan's fields and its measurement's."""
+    measured: dict[str, object] = {
+        "gate_passes": 6,
+        "n_predict": 16,
+        "seed": 1,
+        "req_timeout": 10.0,
+    }
+    base: dict[str, object] = {"items": ITEMS, "ctx": 512, "parallel": 4}
+    names = {f.name for f in fields(Measurement)}
+    measured.update((k, v) for k, v in kw.items() if k in names)
+    base.update((k, v) for k, v in kw.items() if k not in names)
+    return CellPlan(**base, measurement=Measurement(**measured))  # type: ignore[arg-type]
 
 
 class CountingLauncher:

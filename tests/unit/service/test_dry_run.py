@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from batch_invariance.core.plan import Measurement
 from batch_invariance.engines.base import KvLayout
 from batch_invariance.host.memory import GIB, HostMemory
 from batch_invariance.host.node_memory import NodeMemory
 from batch_invariance.service.dry_run import dry_run
 from batch_invariance.service.job import prepare
+from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.request import LiveRequest
 from tests.support.fakes_live import dense_meta, fake_server, hf_model_files, write_gguf
 from tests.support.golden import check_golden
@@ -31,7 +33,7 @@ def _plan(tmp_path: Path, engine: str, kv_layout: KvLayout = "split") -> list[st
         workset=ws,
         ctx=512,
         parallel=4,
-        kv_layout=kv_layout,
+        launch=LaunchOptions(kv_layout=kv_layout),
     )
     return dry_run(prepare(request, create_out_dir=False), HOST, cpus=2).text.splitlines()
 
@@ -84,10 +86,15 @@ def test_the_cache_arm_server_is_planned_with_its_cache_ram_in_the_projection(
     tmp_path: Path,
 ) -> None:
     request = LiveRequest(
-        out_dir=tmp_path / "out", server_bin=fake_server(tmp_path / "bin"),
-        model=write_gguf(tmp_path / "tiny.gguf", dense_meta()), workset=_workset(tmp_path),
-        ctx=512, parallel=4, cache_passes=1, cache_ram=2048,
-    )  # fmt: skip
+        out_dir=tmp_path / "out",
+        server_bin=fake_server(tmp_path / "bin"),
+        model=write_gguf(tmp_path / "tiny.gguf", dense_meta()),
+        workset=_workset(tmp_path),
+        ctx=512,
+        parallel=4,
+        measurement=Measurement(cache_passes=1),
+        launch=LaunchOptions(cache_ram=2048),
+    )
     text = _golden_plan(tmp_path, request, HOST)
     check_golden("dry_run_cache_arm.txt", text)
     lines = text.splitlines()
@@ -101,11 +108,15 @@ def test_vllm_is_planned_with_the_sized_reservation_on_every_server(
 ) -> None:
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     request = LiveRequest(
-        out_dir=tmp_path / "out", engine="vllm",
+        out_dir=tmp_path / "out",
+        engine="vllm",
         server_bin=fake_server(tmp_path / "bin", "python"),
-        model=hf_model_files(tmp_path / "gemma").parent, workset=_workset(tmp_path),
-        ctx=1024, parallel=2, cache_passes=1,
-    )  # fmt: skip
+        model=hf_model_files(tmp_path / "gemma").parent,
+        workset=_workset(tmp_path),
+        ctx=1024,
+        parallel=2,
+        measurement=Measurement(cache_passes=1),
+    )
     host = HostMemory(8 * GIB, 16 * GIB, None, NodeMemory(0, 16 * GIB, 6 * GIB))
     text = _golden_plan(tmp_path, request, host)
     check_golden("dry_run_vllm.txt", text)

@@ -16,7 +16,7 @@ from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify_path
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
-from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.plan import CellPlan, Measurement
 from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
 from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
@@ -53,11 +53,8 @@ class CountingLauncher:
 
 def _plans(parallels: tuple[int, ...], stop_on_red: bool = False) -> list[CellPlan]:
     items: tuple[WorkItem, ...] = load_workset(bundled_workset_path("mock")).items
-    return [
-        CellPlan(items=items, ctx=512, parallel=n, gate_passes=3, n_predict=16,
-                 req_timeout=30.0, stop_on_red=stop_on_red)
-        for n in parallels
-    ]  # fmt: skip
+    measured = Measurement(gate_passes=3, n_predict=16, req_timeout=30.0, stop_on_red=stop_on_red)
+    return [CellPlan(items=items, ctx=512, parallel=n, measurement=measured) for n in parallels]
 
 
 def _sweep(
