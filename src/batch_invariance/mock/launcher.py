@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import requests
 
+from batch_invariance.core.chat_template import ChatFallback
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.engines.llama_server.probes import llama_server_probes, server_chat_template
@@ -50,8 +51,8 @@ class MockHandle:
         return server_chat_template(self.base_url)
 
     @property
-    def fallback_chat_template(self) -> str:
-        return LLAMA_CPP_CHATML_FALLBACK
+    def chat_fallback(self) -> ChatFallback:
+        return ChatFallback("llama-server", LLAMA_CPP_CHATML_FALLBACK)  # the look-alike's
 
     def check_alive(self) -> None:
         self.server.check_alive()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from batch_invariance.cert.provenance import ScheduleRecord
 from batch_invariance.core.b_sample import bitwise_equal_everywhere, sample_ids
+from batch_invariance.core.chat_template import NO_FALLBACK, ChatFallback
 from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
@@ -94,8 +95,8 @@ class Reference:
     repeat_reason: str | None = None
     #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
     chat_template: str | None = None
-    #: The engine's built-in template for a model with none ("": none known).
-    fallback_chat_template: str = ""
+    #: The engine's built-in template for a model with none, and its name.
+    chat_fallback: ChatFallback = NO_FALLBACK
 
     @property
     def launches(self) -> int:
@@ -172,7 +173,7 @@ def run_reference(
     with launcher.launch(ServerRole.A, 1, plan.ctx) as server_a:
         started = time.monotonic()
         chat_template = server_a.chat_template()
-        fallback = server_a.fallback_chat_template
+        fallback = server_a.chat_fallback
         template = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink)
         arm_a = _serial_arm(ARM_A, server_a, template, plan.items, scoring)
@@ -184,7 +185,7 @@ def run_reference(
         record,
         tuple(notes.items),
         chat_template=chat_template,
-        fallback_chat_template=fallback,
+        chat_fallback=fallback,
     )
 
 

@@ -102,7 +102,7 @@ def assemble(
         notes=tuple(notes.items),
         schedule=schedule_record(plan, ref, parallel, shared_reference),
         server_chat_template=ref.chat_template,
-        fallback_chat_template=ref.fallback_chat_template,
+        chat_fallback=ref.chat_fallback,
     )
 
 

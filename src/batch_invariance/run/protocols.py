@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 
+from batch_invariance.core.chat_template import ChatFallback
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 
@@ -47,8 +48,8 @@ class ServerHandle(Protocol):
         """The chat template the server says it applies (``None``: it does not say)."""
 
     @property
-    def fallback_chat_template(self) -> str:
-        """The engine's built-in template for a model with none ("": none known)."""
+    def chat_fallback(self) -> ChatFallback:
+        """The engine's built-in template for a model with none, and the engine's name."""
 
     def check_alive(self) -> None:
         """Raise :class:`~batch_invariance.errors.InfraError` (with the log tail) if it died."""

@@ -15,7 +15,12 @@ from batch_invariance.cert.provenance import (
     ServerEntry,
     ServerInfo,
 )
-from batch_invariance.core.chat_template import judge_chat_template, sends_chat
+from batch_invariance.core.chat_template import (
+    NO_FALLBACK,
+    ChatFallback,
+    judge_chat_template,
+    sends_chat,
+)
 from batch_invariance.core.evidence import (
     ARM_A,
     ARM_A_REPEAT,
@@ -132,8 +137,8 @@ class CellRun:
     schedule: ScheduleRecord | None = None
     #: What the A server's ``/props`` said it applies to chat requests (``None``: unknown).
     server_chat_template: str | None = None
-    #: The engine's built-in template for a model with none ("": none known).
-    fallback_chat_template: str = ""
+    #: The engine's built-in template for a model with none, and its name.
+    chat_fallback: ChatFallback = NO_FALLBACK
 
     @property
     def kv_label(self) -> str:
@@ -163,7 +168,7 @@ class CellRun:
             uses_chat=sends_chat(self.plan.endpoint, self.plan.items),
             server_argv=[a for s in self.servers for a in s.argv],
             server_template=self.server_chat_template,
-            fallback_template=self.fallback_chat_template,
+            fallback=self.chat_fallback,
             model_read=model_template is not None,
             model_template=None if model_template is None else model_template.template,
         )

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from batch_invariance.core.chat_template import ChatFallback
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import Engine
 from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json
@@ -125,8 +126,8 @@ class AttachedHandle:
         return self.engine.chat_template(self.base_url)
 
     @property
-    def fallback_chat_template(self) -> str:
-        return self.engine.fallback_chat_template
+    def chat_fallback(self) -> ChatFallback:
+        return ChatFallback(self.engine.name, self.engine.fallback_chat_template)
 
     def check_alive(self) -> None:
         with requests.Session() as session:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import requests
 
+from batch_invariance.core.chat_template import ChatFallback
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import (
     Engine,
@@ -113,8 +114,8 @@ class EngineHandle:
         return self.engine.chat_template(self.base_url)
 
     @property
-    def fallback_chat_template(self) -> str:
-        return self.engine.fallback_chat_template
+    def chat_fallback(self) -> ChatFallback:
+        return ChatFallback(self.engine.name, self.engine.fallback_chat_template)
 
     def check_alive(self) -> None:
         self.process.check_alive()

@@ -12,8 +12,9 @@ from batch_invariance.cert.provenance import ChatTemplateRecord, Provenance
 from batch_invariance.cert.verify import verify_text
 from batch_invariance.cli import main
 from batch_invariance.core.chat_template import (
-    FALLBACK_WARNING,
+    ChatFallback,
     ChatTemplateCheck,
+    fallback_warning,
     judge_chat_template,
     sends_chat,
 )
@@ -34,12 +35,15 @@ ITEMS = (WorkItem("fr", "What is the capital of France?", None, expected_answer=
 CHAT_ROW = WorkItem("m", None, (("user", "hi"),))
 
 
+FALLBACK_WARNING = fallback_warning("llama-server")
+
+
 def _judge(**kw: object) -> ChatTemplateCheck:
     args: dict[str, object] = {
         "uses_chat": True,
         "server_argv": (),
         "server_template": None,
-        "fallback_template": LLAMA_CPP_CHATML_FALLBACK,
+        "fallback": ChatFallback("llama-server", LLAMA_CPP_CHATML_FALLBACK),
     }
     args.update(kw)
     return judge_chat_template(**args)  # type: ignore[arg-type]
@@ -50,6 +54,7 @@ def test_a_model_without_a_template_warns_and_names_both_fixes() -> None:
     assert check.source == "server_fallback" and check.warning == FALLBACK_WARNING
     assert "--endpoint completions" in FALLBACK_WARNING
     assert "--server-flag --chat-template NAME" in FALLBACK_WARNING
+    assert FALLBACK_WARNING.startswith("the model has no chat template of its own: llama-server")
     # Without the model file, the server's own report of its ChatML fallback says the same.
     assert _judge(server_template=LLAMA_CPP_CHATML_FALLBACK).source == "server_fallback"
 

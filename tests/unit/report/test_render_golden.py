@@ -18,7 +18,7 @@ import pytest
 from batch_invariance.cert.build import evidence_from_cert
 from batch_invariance.cert.certificate import Cert, is_promotable
 from batch_invariance.cert.verify import verify_cert
-from batch_invariance.core.chat_template import FALLBACK_WARNING, ChatTemplateCheck
+from batch_invariance.core.chat_template import ChatTemplateCheck, fallback_warning
 from batch_invariance.core.evidence import CellEvidence
 from batch_invariance.core.plan import Measurement
 from batch_invariance.core.verdict import decide
@@ -108,9 +108,9 @@ def test_live_banner(kind: str) -> None:
 
 def test_live_banner_warns_about_a_fallback_chat_template() -> None:
     """A base model on the chat endpoint: the banner says so and names the fixes."""
-    block = ChatTemplateCheck("server_fallback", FALLBACK_WARNING).to_record()
+    block = ChatTemplateCheck("server_fallback", fallback_warning("llama-server")).to_record()
     cert = cert_for(_red_evidence(), extra_provenance={"chat_template": block})[0]
-    assert render.chat_template_warning(cert) == FALLBACK_WARNING
+    assert render.chat_template_warning(cert) == fallback_warning("llama-server")
     assert render.chat_template_warning(_red()) is None
     check_golden(
         "banner_chat_fallback.txt", render.live_banner(cert, CERT_PATH, None, "live cell x")
