@@ -23,7 +23,7 @@ import requests
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.deploy.serve_plan import descriptor_argv, serve_argv
+from batch_invariance.deploy.gate.serve_plan import descriptor_argv, serve_argv
 from batch_invariance.provision.embedded import Provisioned
 
 #: The length ladder of a 256-token slot (32 distinct documents, bound 3/32 under the default

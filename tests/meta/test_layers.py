@@ -1,13 +1,15 @@
-"""The package's layers import one way, as the import-linter contract in pyproject.toml says.
+"""The package's layers import one way, as the import-linter contracts in pyproject.toml say.
 
-The contract is run on the tree as it is (it must be kept), and on a copy of the package with
-one import turned backwards (it must be broken, naming the two layers): a test that could not
-fail would keep nothing.
+The contracts are run on the tree as it is (each must be kept), and on a copy of the package
+with one import turned backwards (it must be broken, naming the two layers): a test that could
+not fail would keep nothing. Inside ``deploy/``, the gate reads deploy files through the
+readers and the readers know nothing of the gate.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,21 +34,55 @@ def _lint(
     )  # fmt: skip
 
 
+def _said(proc: subprocess.CompletedProcess[str]) -> str:
+    """Its stdout with every run of blanks one space (lint-imports wraps long lines)."""
+    return " ".join(proc.stdout.split())
+
+
+def _broken_copy(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
+    """lint-imports over a copy of the package with ``line`` appended to ``module``."""
+    copy = tmp_path / "src" / "batch_invariance"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
+    config = tmp_path / "pyproject.toml"
+    shutil.copyfile(PYPROJECT, config)
+    return _lint(config, tmp_path, pythonpath=tmp_path / "src")
+
+
 def test_the_tree_keeps_its_layers() -> None:
     proc = _lint(PYPROJECT, PYPROJECT.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 kept, 0 broken" in proc.stdout
+    # Every contract's name, as pyproject.toml gives it (the first key named ``name`` after
+    # each ``[[tool.importlinter.contracts]]``).
+    sections = PYPROJECT.read_text().split("[[tool.importlinter.contracts]]")[1:]
+    names = [re.search(r'^name = "(.+)"$', s, re.M) for s in sections]
+    said = _said(proc)
+    assert names and all(names), sections
+    assert f"{len(names)} kept, 0 broken" in said
+    for name in names:
+        assert name is not None and f"{name.group(1)} KEPT" in said
 
 
 def test_a_backward_import_breaks_the_contract(tmp_path: Path) -> None:
-    copy = tmp_path / "src" / "batch_invariance"
-    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    plan = copy / "core" / "plan.py"
     # The core reaching up into the service layer: the kind of arrow the contract forbids.
-    plan.write_text(plan.read_text() + "\nimport batch_invariance.service.live  # noqa\n")
-    config = tmp_path / "pyproject.toml"
-    shutil.copyfile(PYPROJECT, config)
-    proc = _lint(config, tmp_path, pythonpath=tmp_path / "src")
+    proc = _broken_copy(tmp_path, "core/plan.py", "import batch_invariance.service.live")
     assert proc.returncode != 0, proc.stdout
-    assert "batch_invariance.core is not allowed to import batch_invariance.service" in proc.stdout
-    assert "batch_invariance.core.plan -> batch_invariance.service.live" in proc.stdout
+    said = _said(proc)
+    assert "batch_invariance.core is not allowed to import batch_invariance.service" in said
+    assert "batch_invariance.core.plan -> batch_invariance.service.live" in said
+
+
+def test_a_reader_importing_the_gate_breaks_the_deploy_rooms(tmp_path: Path) -> None:
+    # A reader reaching into the gate: the deploy files read in terms of certs.
+    proc = _broken_copy(
+        tmp_path, "deploy/readers/commands.py", "import batch_invariance.deploy.gate.check"
+    )
+    assert proc.returncode != 0, proc.stdout
+    said = _said(proc)
+    assert "deploy: the gate reads deploy files through the readers, never the reverse" in said
+    assert (
+        "batch_invariance.deploy.readers is not allowed to import batch_invariance.deploy.gate"
+        in said
+    )
+    assert "batch_invariance.deploy.readers.commands -> batch_invariance.deploy.gate.check" in said

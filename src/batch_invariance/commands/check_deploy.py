@@ -25,7 +25,7 @@ from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.errors import UsageError
 
 if TYPE_CHECKING:
-    from batch_invariance.deploy.outcome import DeployOutcome
+    from batch_invariance.deploy.gate.outcome import DeployOutcome
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -133,9 +133,9 @@ def handle(args: argparse.Namespace) -> DeployOutcome:
         deploy_text,
         in_github_job,
     )
-    from batch_invariance.deploy.cells import load_deploy_cells
-    from batch_invariance.deploy.gate import check_cells
-    from batch_invariance.deploy.outcome import deploy_outcome
+    from batch_invariance.deploy.gate.cells import load_deploy_cells
+    from batch_invariance.deploy.gate.check import check_cells
+    from batch_invariance.deploy.gate.outcome import deploy_outcome
 
     signing = signing_policy(args)
     certs = certs_folder(args.certs, "--certs")

@@ -2,10 +2,10 @@
 
 Before anything starts it verifies the cert (valid, promotable, signed under the identity
 policy unless ``--allow-unsigned``), refuses any extra option that is not neutral
-(:data:`batch_invariance.engines.llama_server.options.NEUTRAL`) and any variable ggml reads
-with another value than the recorded one, opens the server binary and the model file once and
+(:mod:`batch_invariance.deploy.gate.serve_plan`) and any variable ggml reads with another
+value than the recorded one, opens the server binary and the model file once and
 checks the sha256 read through those descriptors against the cert's provenance
-(:mod:`batch_invariance.deploy.pinned_files`: files others could change are refused). Then it
+(:mod:`batch_invariance.deploy.gate.pinned_files`: files others could change are refused). Then it
 replaces itself (``execve`` of ``/proc/self/fd/N``, the binary's descriptor) with the measured
 B/C server argv, the model given as ``/proc/self/fd/M`` (its descriptor, open across the
 exec), neutral options added or replaced, in the environment a measured server gets (the
@@ -21,19 +21,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.commands.cert_paths import cert_file
 from batch_invariance.errors import CertInvalid, InfraError, NotCovered
 
 if TYPE_CHECKING:
-    from batch_invariance.deploy.pinned_files import PinnedFile
+    from batch_invariance.deploy.gate.pinned_files import ServedFiles
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    from batch_invariance.deploy.serve_plan import add_serve_arguments
+    from batch_invariance.deploy.gate.serve_plan import add_serve_arguments
 
     parser = sub.add_parser(
         "serve",
@@ -49,63 +48,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(func=handle)
 
 
-#: Options whose value is a file the cert does not fingerprint: serve cannot check them.
-_UNCHECKED_FILES = frozenset(
-    {"--spec-draft-model", "--lora", "--lora-scaled", "--control-vector",
-     "--control-vector-scaled", "--mmproj", "--grammar-file", "--json-schema-file",
-     "--chat-template-file", "--lookup-cache-static", "--lookup-cache-dynamic"}
-)  # fmt: skip
-
-
-class ServedFiles(NamedTuple):
-    """The binary and the model the argv runs, open and hashed through their descriptors."""
-
-    binary: PinnedFile
-    model: PinnedFile
-
-    def close(self) -> None:
-        for pinned in self:
-            os.close(pinned.fd)
-
-
-def pin_files(argv: Sequence[str], provenance: Provenance) -> ServedFiles:
-    """Open the binary and model the argv runs, once, and require the bytes read through those
-    descriptors to be the ones the cert measured (the descriptors are what later runs)."""
-    from batch_invariance.deploy.pinned_files import pin
-    from batch_invariance.engines.llama_server.flags import read_flags
-
-    flags = read_flags(argv, first_is_binary=True)
-    unchecked = sorted({o.written for o in flags.options if o.canonical in _UNCHECKED_FILES})
-    if unchecked:
-        raise NotCovered(f"the measured argv loads {', '.join(unchecked)}, whose files the "
-                         "cert does not fingerprint; serve cannot check them")  # fmt: skip
-    binary, model = provenance.server_binary, provenance.model_file
-    wanted: list[tuple[str, str, str]] = []
-    for what, path, sha256 in (
-        ("server binary", argv[0], binary.sha256 if binary is not None else None),
-        ("model", flags.model, model.sha256 if model is not None else None),
-    ):
-        if not sha256 or path is None:
-            raise NotCovered(f"the cert records no {what} sha256: serve cannot check it")
-        wanted.append((what, path, sha256))
-    pinned: list[PinnedFile] = []
-    try:
-        for what, path, sha256 in wanted:
-            # The binary's folders too: a build that links or loads libraries finds them there.
-            found = pin(what, path, folders=what == "server binary")
-            pinned.append(found)
-            if found.sha256 != sha256:
-                raise NotCovered(
-                    f"{what} {path} has sha256 {found.sha256[:12]}..., the cert measured "
-                    f"{sha256[:12]}...: not the measured cell"
-                )
-    except BaseException:
-        for done in pinned:
-            os.close(done.fd)
-        raise
-    return ServedFiles(*pinned)
-
-
 def _verify(args: argparse.Namespace) -> Provenance:
     """The cert's provenance once it is valid, promotable and (unless allowed) signed."""
     from batch_invariance.cert.signature import (
@@ -115,8 +57,8 @@ def _verify(args: argparse.Namespace) -> Provenance:
         bundle_path_for,
     )
     from batch_invariance.commands.check_deploy import signing_policy
-    from batch_invariance.deploy.gate import read_cert_file
-    from batch_invariance.deploy.sequence_scope import sequence_problem
+    from batch_invariance.deploy.gate.certs import read_cert_file
+    from batch_invariance.deploy.gate.sequence_scope import sequence_problem
 
     policy = signing_policy(args)
     cert = read_cert_file(args.cert)
@@ -141,9 +83,13 @@ def _verify(args: argparse.Namespace) -> Provenance:
 
 def handle(args: argparse.Namespace) -> int:
     from batch_invariance.core.gpu_placement import placement_differences
-    from batch_invariance.deploy.prompt_cache import serving_argv
-    from batch_invariance.deploy.serve_plan import measured_argv, recorded_engine_env, serve_argv
-    from batch_invariance.engines.llama_server.env import served_env
+    from batch_invariance.deploy.gate.pinned_files import pin_served_files
+    from batch_invariance.deploy.gate.prompt_cache import serving_argv
+    from batch_invariance.deploy.gate.serve_plan import (
+        measured_argv,
+        serve_argv,
+        served_environment,
+    )
     from batch_invariance.engines.registry import default_engine
     from batch_invariance.host.gpus import placement_here
     from batch_invariance.servers.spawn import refuse_system_config
@@ -153,7 +99,7 @@ def handle(args: argparse.Namespace) -> int:
     # The prompt cache as measured: the cache arm's server, else the cold server with it off.
     argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), args.neutral)
     refuse_system_config(default_engine())
-    served = served_env(os.environ, recorded_engine_env(provenance))
+    served = served_environment(os.environ, provenance)
     if served.refused:
         raise NotCovered(
             f"environment {served.refused[0]}: the engine reads it, so the server would not be "
@@ -163,7 +109,7 @@ def handle(args: argparse.Namespace) -> int:
     placed = placement_differences(provenance.gpus, placement_here(env))
     if placed.differences:
         raise NotCovered(f"{placed.differences[0]}: not the hardware the cert measured")
-    files = pin_files(argv, provenance)
+    files = pin_served_files(argv, provenance)
     try:
         _exec(args, provenance, argv, files, env, placed.unchecked)
     finally:
@@ -182,7 +128,7 @@ def _exec(
     """Replace this process with the server: the binary exec'd from its descriptor, the model
     handed over as its descriptor path, both descriptors open across the exec (the binary's
     too: a ``#!`` script is read by its interpreter through that path after the exec)."""
-    from batch_invariance.deploy.serve_plan import descriptor_argv
+    from batch_invariance.deploy.gate.serve_plan import descriptor_argv
 
     served_argv = descriptor_argv(argv, files.model.fd_path)
     for pinned in files:

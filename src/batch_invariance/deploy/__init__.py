@@ -1,1 +1,2 @@
-"""The deploy gate: reading deploy configs and matching their cells to certs."""
+"""The deploy gate: reading deploy configs (:mod:`.readers`) and matching their cells to certs
+(:mod:`.gate`)."""

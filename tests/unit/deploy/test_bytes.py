@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batch_invariance
-from batch_invariance.deploy.config import read_deploy_file, shell_commands
-from batch_invariance.deploy.source_bytes import ALLOWED, byte_problem, split_blanks
+from batch_invariance.deploy.readers.config import read_deploy_file, shell_commands
+from batch_invariance.deploy.readers.source_bytes import ALLOWED, byte_problem, split_blanks
 
 PKG = Path(batch_invariance.__file__).parent
 
@@ -115,11 +115,11 @@ def test_any_byte_outside_the_set_anywhere_is_named_where_it_is(at: int, byte: i
 #: The deploy readers and the number reader: where a word boundary or a number is decided.
 READERS = sorted(
     [
-        *(PKG / "deploy").glob("shell*.py"),
-        *(PKG / "deploy").glob("systemd*.py"),
-        PKG / "deploy" / "env_file.py",
-        PKG / "deploy" / "source_bytes.py",
-        PKG / "deploy" / "config.py",
+        *(PKG / "deploy" / "readers").glob("shell*.py"),
+        *(PKG / "deploy" / "readers").glob("systemd*.py"),
+        PKG / "deploy" / "readers" / "env_file.py",
+        PKG / "deploy" / "readers" / "source_bytes.py",
+        PKG / "deploy" / "readers" / "config.py",
     ]
 )
 #: Python helpers that split, strip or read numbers by Python's (Unicode) rules.

@@ -36,8 +36,8 @@ from batch_invariance.cert.signing import (
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.check_deploy import signing_policy
 from batch_invariance.core.evidence import GatePolicy
-from batch_invariance.deploy.cells import load_deploy_cells
-from batch_invariance.deploy.gate import BundleVerifier, check_cells
+from batch_invariance.deploy.gate.cells import load_deploy_cells
+from batch_invariance.deploy.gate.check import BundleVerifier, check_cells
 from batch_invariance.errors import CertInvalid, UsageError
 from tests.support.paths import SHARED_FIXTURES
 
@@ -320,10 +320,11 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
     assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n {longest}\n") == 0
     # A cert that records neither a measured length nor a budget covers no fixed -n.
-    from batch_invariance.deploy.cells import cell_of
-    from batch_invariance.deploy.commands import ServerCommand
-    from batch_invariance.deploy.gate import CertFile, config_differences
-    from batch_invariance.deploy.identity import identify_model
+    from batch_invariance.deploy.gate.cells import cell_of
+    from batch_invariance.deploy.gate.certs import CertFile
+    from batch_invariance.deploy.gate.coverage import config_differences
+    from batch_invariance.deploy.gate.identity import identify_model
+    from batch_invariance.deploy.readers.commands import ServerCommand
     from batch_invariance.engines.llama_server.flags import read_flags
 
     argv = data["provenance"]["servers"][1]["argv"]

@@ -16,7 +16,7 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.deploy.compose import (
+from batch_invariance.deploy.readers.compose import (
     DEFAULT_FILES,
     OVERRIDES,
     compose_commands,

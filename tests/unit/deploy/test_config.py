@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.deploy.cells import cell_of, load_deploy_cells
-from batch_invariance.deploy.commands import DeployRead, ServerCommand
-from batch_invariance.deploy.config import read_deploy_file, shell_commands
+from batch_invariance.deploy.gate.cells import cell_of, load_deploy_cells
+from batch_invariance.deploy.readers.commands import DeployRead, ServerCommand
+from batch_invariance.deploy.readers.config import read_deploy_file, shell_commands
 from batch_invariance.errors import UsageError
 
 MODEL = "gemma-3-270m-q4_k_m"
@@ -429,7 +429,11 @@ def test_model_identity_uses_the_strongest_check_available(tmp_path: Path) -> No
     import hashlib
 
     from batch_invariance.cert.provenance import ModelFileRecord, Provenance
-    from batch_invariance.deploy.identity import ModelIdentity, identify_model, model_differences
+    from batch_invariance.deploy.gate.identity import (
+        ModelIdentity,
+        identify_model,
+        model_differences,
+    )
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF-one")
@@ -505,7 +509,7 @@ def test_systemd_lines_are_joined_and_split_as_systemd_does(tmp_path: Path) -> N
 
 
 def test_the_format_is_decided_by_the_name_as_the_runner_decides(tmp_path: Path) -> None:
-    from batch_invariance.deploy.config import deploy_format
+    from batch_invariance.deploy.readers.config import deploy_format
 
     assert [deploy_format(Path(n)) for n in ("a.service", "c.yml", "m.toml", "run", "x.sh")] == [
         "unit", "compose", "toml", "shell", "shell"

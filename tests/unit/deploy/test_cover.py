@@ -34,8 +34,8 @@ from batch_invariance.cert.signing import (
 )
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.check_deploy import signing_policy
-from batch_invariance.deploy.cells import load_deploy_cells
-from batch_invariance.deploy.gate import check_cells
+from batch_invariance.deploy.gate.cells import load_deploy_cells
+from batch_invariance.deploy.gate.check import check_cells
 from batch_invariance.errors import CertInvalid, UsageError
 from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, SIGSTORE, _live_cert, deploy_files
 
@@ -192,10 +192,11 @@ def test_a_capped_deploy_within_the_measured_length_prints_no_scope(
 
 
 def test_an_uncapped_deploy_needs_a_measured_length(cover: dict[str, Path]) -> None:
-    from batch_invariance.deploy.cells import cell_of
-    from batch_invariance.deploy.commands import ServerCommand
-    from batch_invariance.deploy.gate import CertFile, config_differences
-    from batch_invariance.deploy.identity import identify_model
+    from batch_invariance.deploy.gate.cells import cell_of
+    from batch_invariance.deploy.gate.certs import CertFile
+    from batch_invariance.deploy.gate.coverage import config_differences
+    from batch_invariance.deploy.gate.identity import identify_model
+    from batch_invariance.deploy.readers.commands import ServerCommand
     from batch_invariance.engines.llama_server.flags import read_flags
 
     data = json.loads(cover["green"].read_text())

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.deploy.config import shell_commands
-from batch_invariance.deploy.shell_dialect import script_dialect
+from batch_invariance.deploy.readers.config import shell_commands
+from batch_invariance.deploy.readers.shell_dialect import script_dialect
 
 DASH = shutil.which("dash")
 BASH = shutil.which("bash")

@@ -40,11 +40,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from batch_invariance.deploy.commands import ServerCommand
-from batch_invariance.deploy.config import read_deploy_file
-from batch_invariance.deploy.shell import ShellReader
-from batch_invariance.deploy.shell_dialect import script_dialect
-from batch_invariance.deploy.source_bytes import ALLOWED, read_source
+from batch_invariance.deploy.readers.commands import ServerCommand
+from batch_invariance.deploy.readers.config import read_deploy_file
+from batch_invariance.deploy.readers.shell import ShellReader
+from batch_invariance.deploy.readers.shell_dialect import script_dialect
+from batch_invariance.deploy.readers.source_bytes import ALLOWED, read_source
 from batch_invariance.engines.llama_server.flags import FlagError, read_flags
 
 BASH, DASH = shutil.which("bash"), shutil.which("dash")

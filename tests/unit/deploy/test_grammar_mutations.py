@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch_invariance.deploy.config import read_deploy_file
+from batch_invariance.deploy.readers.config import read_deploy_file
 from tests.unit.deploy.test_systemd_real import units
 
 UNIT_MUTATIONS = (

@@ -9,15 +9,15 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.commands.reply import reply_text
-from batch_invariance.deploy.cells import DeployCell, cell_of
-from batch_invariance.deploy.commands import NotUnderstood, ServerCommand
-from batch_invariance.deploy.gate import CellCheck, CheckKind, DeployReport
-from batch_invariance.deploy.outcome import (
+from batch_invariance.deploy.gate.cells import DeployCell, cell_of
+from batch_invariance.deploy.gate.check import CellCheck, CheckKind, DeployReport
+from batch_invariance.deploy.gate.outcome import (
     DeployOutcome,
     deploy_outcome,
     origin_location,
     problem_file,
 )
+from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand
 from tests.support.golden import check_golden
 
 CONFIG = Path("deploy/llm.sh")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.deploy.pinned_files import FileLayoutRefused, PinnedFile, pin, sha256_fd
+from batch_invariance.deploy.gate.pinned_files import FileLayoutRefused, PinnedFile, pin, sha256_fd
 from batch_invariance.errors import NotCovered
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.deploy.prompt_cache import (
+from batch_invariance.deploy.gate.prompt_cache import (
     cache_differences,
     prompt_cache_use,
     serving_argv,

@@ -13,9 +13,9 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.deploy.cells import load_deploy_cells
-from batch_invariance.deploy.config import read_deploy_file, shell_commands
-from batch_invariance.deploy.path_trust import trust_problem
+from batch_invariance.deploy.gate.cells import load_deploy_cells
+from batch_invariance.deploy.readers.config import read_deploy_file, shell_commands
+from batch_invariance.deploy.readers.path_trust import trust_problem
 from tests.unit.deploy.test_check_deploy import OK_FLAGS, path_line, world  # noqa: F401
 
 ROOT = os.geteuid() == 0

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch_invariance.deploy.config import read_deploy_file
-from batch_invariance.deploy.systemd import KEYS, UNIT_DIRS, drop_in_files
+from batch_invariance.deploy.readers.config import read_deploy_file
+from batch_invariance.deploy.readers.systemd import KEYS, UNIT_DIRS, drop_in_files
 
 ANALYZE = shutil.which("systemd-analyze")
 pytestmark = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batch_invariance.deploy.shell_grammar import assignable, word_problem
-from batch_invariance.deploy.shell_words import Part, Word
-from batch_invariance.deploy.source_bytes import IFS, split_blanks
+from batch_invariance.deploy.readers.shell_grammar import assignable, word_problem
+from batch_invariance.deploy.readers.shell_words import Part, Word
+from batch_invariance.deploy.readers.source_bytes import IFS, split_blanks
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")

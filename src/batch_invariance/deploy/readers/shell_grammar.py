@@ -1,5 +1,5 @@
 """The closed grammar of a deploy shell script: the words, variables and operators the reader
-models completely (pure). The statements are in :mod:`batch_invariance.deploy.shell`.
+models completely (pure). The statements are in :mod:`batch_invariance.deploy.readers.shell`.
 
 A word may hold, unquoted, only the characters of :data:`UNQUOTED`; anything quoted (single
 quotes, double quotes, a backslash) except control characters; and ``$NAME`` / ``${NAME}`` of a
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from batch_invariance.deploy.shell_words import Word
+from batch_invariance.deploy.readers.shell_words import Word
 
 #: Characters a word may hold unquoted (``#`` only inside a word: at its start it is a comment).
 UNQUOTED = re.compile(r"[A-Za-z0-9_./:=,@%+#-]*")

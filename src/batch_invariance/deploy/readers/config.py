@@ -1,10 +1,10 @@
 """Reading a deploy file: which format it is (by its name, as the program that runs it
-decides: :func:`deploy_format`), its bytes checked (:mod:`batch_invariance.deploy.source_bytes`),
-and the reader of that format.
+decides: :func:`deploy_format`), its bytes checked
+(:mod:`batch_invariance.deploy.readers.source_bytes`), and the reader of that format.
 
-* a shell script (:mod:`batch_invariance.deploy.shell`);
-* a systemd unit with its drop-ins (:mod:`batch_invariance.deploy.systemd`);
-* a compose project with its override files (:mod:`batch_invariance.deploy.compose`);
+* a shell script (:mod:`batch_invariance.deploy.readers.shell`);
+* a systemd unit with its drop-ins (:mod:`batch_invariance.deploy.readers.systemd`);
+* a compose project with its override files (:mod:`batch_invariance.deploy.readers.compose`);
 * a ``models.toml`` registry, read by the one registry reader (:mod:`profiles.models`), with the
   ``kv`` cache type applied as run-live applies it.
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from batch_invariance.deploy.commands import DeployRead, NotUnderstood, ServerCommand
-from batch_invariance.deploy.compose import compose_commands
-from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
-from batch_invariance.deploy.shell import ShellReader, SourceText
-from batch_invariance.deploy.shell_dialect import script_dialect
-from batch_invariance.deploy.shell_writes import write_problems
-from batch_invariance.deploy.source_bytes import decode, read_source
-from batch_invariance.deploy.systemd import unit_commands
+from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.compose import compose_commands
+from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
+from batch_invariance.deploy.readers.shell import ShellReader, SourceText
+from batch_invariance.deploy.readers.shell_dialect import script_dialect
+from batch_invariance.deploy.readers.shell_writes import write_problems
+from batch_invariance.deploy.readers.source_bytes import decode, read_source
+from batch_invariance.deploy.readers.systemd import unit_commands
 from batch_invariance.errors import UsageError
 
 #: systemd unit types other than a service: not a deploy of a server this reader reads.
@@ -110,7 +110,7 @@ def deploy_format(path: Path) -> str:
     ``.yaml`` a compose file (``docker compose -f``), ``.toml`` a models registry (run-live's
     ``--models``); any other systemd unit type or a lone drop-in (``.conf``) is not read;
     everything else is a shell script, whose ``#!`` line picks the shell
-    (:mod:`batch_invariance.deploy.shell_dialect`). No header line inside the file decides
+    (:mod:`batch_invariance.deploy.readers.shell_dialect`). No header line inside the file decides
     it: a ``[Service]`` line in ``run.sh`` is a shell word, not a unit."""
     suffix = path.suffix.lower()
     if suffix == ".service":

@@ -11,7 +11,7 @@ key of :data:`KEYS` (systemd.syntax(5)). A ``\\`` at the end continues a line; a
 a continuation is not understood (systemd versions differ). ``%`` specifiers, ``$`` outside
 ``ExecStart=`` and a backslash anywhere else are not understood. The service's environment is
 every ``Environment=`` in order (an empty one resets), overridden by every ``EnvironmentFile=``
-in order (:mod:`batch_invariance.deploy.env_file`; ``-`` = absent is fine), minus
+in order (:mod:`batch_invariance.deploy.readers.env_file`; ``-`` = absent is fine), minus
 ``UnsetEnvironment=`` (systemd.exec(5), "Environment"). ``ExecStart=`` (an empty one resets;
 exactly one must remain) is split with systemd's quoting, ``$NAME`` as a whole word split at
 whitespace, ``${NAME}`` not split (systemd.service(5), "Command lines").
@@ -26,11 +26,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batch_invariance.deploy.commands import DeployRead, NotUnderstood, ServerCommand
-from batch_invariance.deploy.env_file import NAME, read_env_file
-from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
-from batch_invariance.deploy.source_bytes import BLANKS, read_source, split_blanks, text_problem
-from batch_invariance.deploy.systemd_files import UNIT_DIRS, drop_in_files, manager_environment
+from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.env_file import NAME, read_env_file
+from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
+from batch_invariance.deploy.readers.source_bytes import (
+    BLANKS,
+    read_source,
+    split_blanks,
+    text_problem,
+)
+from batch_invariance.deploy.readers.systemd_files import (
+    UNIT_DIRS,
+    drop_in_files,
+    manager_environment,
+)
 
 #: systemd's ``WHITESPACE`` (``" \t\n\r"``): what it strips around keys and values and
 #: splits ``$NAME`` at. Its CR is outside the bytes a file may hold, its newline ends a line.

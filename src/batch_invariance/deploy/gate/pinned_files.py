@@ -12,6 +12,9 @@ anyone but its owner, and that owner must be the user running ``serve`` or root.
 folders must be writable by no one else either: a build that links its libraries or loads
 its backends dynamically finds them by path in that folder after the exec. The model's
 folders are not checked: llama-server never opens the model by its path (docs/deploy.md).
+
+:func:`pin_served_files` pins the two files a cert fingerprints, the server binary and the
+model its argv runs, against the sha256 the cert recorded.
 """
 
 from __future__ import annotations
@@ -20,12 +23,25 @@ import hashlib
 import os
 import pwd
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
+from batch_invariance.cert.provenance import Provenance
+from batch_invariance.engines.llama_server.flags import read_flags
 from batch_invariance.errors import NotCovered, UsageError
 
-__all__ = ["FileLayoutRefused", "PinnedFile", "fd_path", "layout_problem", "pin", "sha256_fd"]
+__all__ = [
+    "FileLayoutRefused",
+    "PinnedFile",
+    "ServedFiles",
+    "fd_path",
+    "layout_problem",
+    "pin",
+    "pin_served_files",
+    "sha256_fd",
+]
 
 _BLOCK = 1 << 20
 
@@ -142,3 +158,57 @@ def pin(what: str, path: str, *, folders: bool) -> PinnedFile:
         os.close(fd)
         raise
     return PinnedFile(what, path, resolved, fd, digest)
+
+
+#: Options whose value is a file the cert does not fingerprint: serve cannot check them.
+_UNCHECKED_FILES = frozenset(
+    {"--spec-draft-model", "--lora", "--lora-scaled", "--control-vector",
+     "--control-vector-scaled", "--mmproj", "--grammar-file", "--json-schema-file",
+     "--chat-template-file", "--lookup-cache-static", "--lookup-cache-dynamic"}
+)  # fmt: skip
+
+
+class ServedFiles(NamedTuple):
+    """The binary and the model the argv runs, open and hashed through their descriptors."""
+
+    binary: PinnedFile
+    model: PinnedFile
+
+    def close(self) -> None:
+        for pinned in self:
+            os.close(pinned.fd)
+
+
+def pin_served_files(argv: Sequence[str], provenance: Provenance) -> ServedFiles:
+    """Open the binary and model the argv runs, once, and require the bytes read through those
+    descriptors to be the ones the cert measured (the descriptors are what later runs)."""
+    flags = read_flags(argv, first_is_binary=True)
+    unchecked = sorted({o.written for o in flags.options if o.canonical in _UNCHECKED_FILES})
+    if unchecked:
+        raise NotCovered(f"the measured argv loads {', '.join(unchecked)}, whose files the "
+                         "cert does not fingerprint; serve cannot check them")  # fmt: skip
+    binary, model = provenance.server_binary, provenance.model_file
+    wanted: list[tuple[str, str, str]] = []
+    for what, path, sha256 in (
+        ("server binary", argv[0], binary.sha256 if binary is not None else None),
+        ("model", flags.model, model.sha256 if model is not None else None),
+    ):
+        if not sha256 or path is None:
+            raise NotCovered(f"the cert records no {what} sha256: serve cannot check it")
+        wanted.append((what, path, sha256))
+    pinned: list[PinnedFile] = []
+    try:
+        for what, path, sha256 in wanted:
+            # The binary's folders too: a build that links or loads libraries finds them there.
+            found = pin(what, path, folders=what == "server binary")
+            pinned.append(found)
+            if found.sha256 != sha256:
+                raise NotCovered(
+                    f"{what} {path} has sha256 {found.sha256[:12]}..., the cert measured "
+                    f"{sha256[:12]}...: not the measured cell"
+                )
+    except BaseException:
+        for done in pinned:
+            os.close(done.fd)
+        raise
+    return ServedFiles(*pinned)

@@ -1,10 +1,10 @@
 """Reading a deploy shell script inside a closed grammar, the way bash or dash runs it (pure;
 the files it sources come through a callback).
 
-The file's bytes are checked first (:mod:`batch_invariance.deploy.source_bytes`), its dialect
-is its ``#!`` line's (:mod:`batch_invariance.deploy.shell_dialect`). Every statement must be
-one of these forms (each modelled completely; docs/deploy.md has the table); anything else is
-*not understood*, naming the file, the line and the construct:
+The file's bytes are checked first (:mod:`batch_invariance.deploy.readers.source_bytes`), its
+dialect is its ``#!`` line's (:mod:`batch_invariance.deploy.readers.shell_dialect`). Every
+statement must be one of these forms (each modelled completely; docs/deploy.md has the
+table); anything else is *not understood*, naming the file, the line and the construct:
 
 * ``NAME=WORD ...`` (variables, assigned left to right; ``set -a`` exports them),
   ``export NAME[=WORD] ...``, ``unset NAME ...``;
@@ -22,21 +22,21 @@ one of these forms (each modelled completely; docs/deploy.md has the table); any
   runs, unless it is in the background (``exec PROGRAM &`` execs in a subshell).
 
 Redirections go to ``/dev/null``, ``/dev/stdout``, ``/dev/stderr``, another descriptor, or a
-``.log`` file. Words are those of :mod:`batch_invariance.deploy.shell_grammar`.
+``.log`` file. Words are those of :mod:`batch_invariance.deploy.readers.shell_grammar`; the
+statements other than launches and ``.`` are :mod:`batch_invariance.deploy.readers.shell_builtins`.
 What the file cannot show is the environment it is started with; that boundary is documented.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
-from batch_invariance.deploy.commands import NotUnderstood
-from batch_invariance.deploy.shell_dialect import Dialect
-from batch_invariance.deploy.shell_expand import (
-    NAME,
+from batch_invariance.deploy.readers.commands import NotUnderstood
+from batch_invariance.deploy.readers.shell_builtins import BUILTINS, path_in, redirects
+from batch_invariance.deploy.readers.shell_dialect import Dialect
+from batch_invariance.deploy.readers.shell_expand import (
     NotInGrammar,
     ShellState,
     absolute_path_list,
@@ -44,27 +44,23 @@ from batch_invariance.deploy.shell_expand import (
     expand,
     literal,
 )
-from batch_invariance.deploy.shell_grammar import assignable
-from batch_invariance.deploy.shell_launch import (
+from batch_invariance.deploy.readers.shell_grammar import assignable
+from batch_invariance.deploy.readers.shell_launch import (
     Launch,
     check_unexported,
     env_words,
     is_serve,
     starts_server,
 )
-from batch_invariance.deploy.shell_statements import Statement, statements
-from batch_invariance.deploy.shell_words import REDIRECTS, Word, tokenize
-from batch_invariance.deploy.shell_writes import Access
-from batch_invariance.deploy.source_bytes import is_decimal, text_problem
+from batch_invariance.deploy.readers.shell_statements import Statement, statements
+from batch_invariance.deploy.readers.shell_words import REDIRECTS, Word, tokenize
+from batch_invariance.deploy.readers.shell_writes import Access
+from batch_invariance.deploy.readers.source_bytes import text_problem
 from batch_invariance.errors import UsageError
 
 #: What a sourced file's callback returns: its text, what in its bytes is not understood, or
 #: ``None`` when it cannot be read.
 SourceText = str | NotUnderstood | None
-_SET_LETTERS = re.compile(r"[-+](?:[euxa]+o?|o)")
-_SET_NAMES = frozenset({"errexit", "nounset", "xtrace", "pipefail", "allexport"})
-_TESTS = frozenset({"-e", "-f", "-d", "-x", "-r", "-s", "-w"})
-_DEVICES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 _MAX_SOURCE_DEPTH = 8
 _WRAPPERS = frozenset(
     {"exec", "nohup", "env", "/usr/bin/env", "/bin/env", "/usr/bin/nohup", "/bin/nohup"}
@@ -78,13 +74,13 @@ class ShellReader:
 
     name: str
     source_file: Callable[[str], SourceText]
-    #: The grammar the file is read in (:mod:`batch_invariance.deploy.shell_dialect`).
+    #: The grammar the file is read in (:mod:`batch_invariance.deploy.readers.shell_dialect`).
     dialect: Dialect = "bash"
     state: ShellState = field(default_factory=ShellState)
     launches: list[Launch] = field(default_factory=list)
     not_understood: list[NotUnderstood] = field(default_factory=list)
     #: Files and folders the script writes, and files it sources (checked against each other
-    #: and what its servers read: :mod:`batch_invariance.deploy.shell_writes`).
+    #: and what its servers read: :mod:`batch_invariance.deploy.readers.shell_writes`).
     written: list[Access] = field(default_factory=list)
     sourced: list[Access] = field(default_factory=list)
     depth: int = 0
@@ -129,7 +125,7 @@ class ShellReader:
             index += 1
         words = s.words[index:]
         if not words:
-            self._redirects(s, allow=False)
+            redirects(self, s, allow=False)
             for name, value in prefix.items():
                 state.assign(name, value, s.line)  # each expanded after the ones before it
             return
@@ -142,7 +138,7 @@ class ShellReader:
             )
         if head in _WRAPPERS or self._is_launch(words):
             if head == "exec" and len(words) == 1 and not prefix:
-                self._redirects(s)  # ``exec >>log 2>&1``: the shell's own output
+                redirects(self, s)  # ``exec >>log 2>&1``: the shell's own output
                 return
             self._launch(words, prefix, s)
             return
@@ -166,145 +162,8 @@ class ShellReader:
         except NotInGrammar:
             return False
 
-    def _redirects(self, s: Statement, allow: bool = True) -> None:
-        if s.redirects and not allow:
-            raise NotInGrammar("a redirection on this statement")
-        for op, target in s.redirects:
-            text = literal(target, self.state)
-            if op.endswith(">&"):
-                if not is_decimal(text) or len(text) > 1:
-                    raise NotInGrammar(f"{op}{text} (not a descriptor 0-9)")
-            elif op.endswith("<"):
-                if text != "/dev/null":
-                    raise NotInGrammar(f"input from {text}", "use < /dev/null or none")
-            elif text not in _DEVICES:
-                if not text.endswith(".log"):
-                    raise NotInGrammar(
-                        f"output written to {text} (it could be a file the server reads)",
-                        "send output to a .log file, /dev/null or the journal",
-                    )
-                self.written.append(Access(self._written(text), self.name, s.line, "output"))
-
-    def _written(self, text: str) -> str:
-        """The absolute path a write lands on; a relative one in a folder the reader could not
-        follow could be any file."""
-        path = self._path(text)
-        if path is None:
-            raise NotInGrammar(
-                f"writing {text}, relative to a folder the reader could not follow (it could "
-                "be a file the server reads)",
-                "write an absolute path, or cd /DIR || exit 1 before it",
-            )
-        return str(path)
-
-    def _path(self, text: str) -> Path | None:
-        if text.startswith("/"):
-            return Path(text)
-        return None if self.state.cwd is None else self.state.cwd / text
-
-    def _export(self, args: list[Word], s: Statement) -> None:
-        self._redirects(s, allow=False)
-        for word in args:
-            pair = assignment(word, self.state)
-            if pair is not None:
-                self.state.assign(*pair, s.line)
-                self.state.exported.add(pair[0])
-                continue
-            name = word.literal or ""
-            if not NAME.fullmatch(name):
-                raise NotInGrammar(f"export {word.source}", "export NAME or NAME=VALUE only")
-            if name not in self.state.variables:
-                raise NotInGrammar(f"export {name} of a variable this file does not set")
-            self.state.exported.add(name)
-
-    def _unset(self, args: list[Word], s: Statement) -> None:
-        self._redirects(s, allow=False)
-        for word in args:
-            name = word.literal or ""
-            if not NAME.fullmatch(name) or not assignable(name):
-                raise NotInGrammar(f"unset {word.source}")
-            self.state.variables.pop(name, None)
-            self.state.exported.discard(name)
-
-    def _set(self, args: list[Word], s: Statement) -> None:
-        self._redirects(s, allow=False)
-        index = 0
-        while index < len(args):
-            word = args[index].literal or ""
-            if not _SET_LETTERS.fullmatch(word):
-                raise NotInGrammar(f"set {word}", "set -e, -u, -x, -a or -o NAME only")
-            on = word[0] == "-"
-            letters = set(word[1:])
-            if word.endswith("o"):
-                option = args[index + 1].literal if index + 1 < len(args) else None
-                if option not in _SET_NAMES:
-                    raise NotInGrammar(f"set {word} {option or ''}".strip(" "))
-                if option == "pipefail" and self.dialect == "sh":
-                    raise NotInGrammar(
-                        "set -o pipefail in an sh script (dash has no pipefail: set fails and "
-                        "the script exits)",
-                        "drop pipefail, or start the file with #!/bin/bash",
-                    )
-                letters.add({"errexit": "e", "allexport": "a"}.get(option or "", ""))
-                index += 1
-            if "e" in letters:
-                self.state.errexit = on
-            if "a" in letters:
-                self.state.allexport = on
-            index += 1
-
-    def _cd(self, args: list[Word], s: Statement) -> None:
-        self._redirects(s, allow=False)
-        if len(args) != 1:
-            raise NotInGrammar("cd without exactly one folder")
-        target = literal(args[0], self.state)
-        if not target.startswith("/"):
-            raise NotInGrammar(f"cd {target} (relative)", "cd to an absolute folder")
-        guarded = self.state.errexit or s.or_exit is not None
-        self.state.cwd = Path(target) if guarded else None
-
-    def _output(self, args: list[Word], s: Statement) -> None:
-        fields = [f for w in args for f in expand(w, self.state)]
-        if fields and fields[0].startswith("-"):
-            raise NotInGrammar(f"{s.words[0].literal} {fields[0]}", "no options")
-        self._redirects(s)
-
-    def _test(self, args: list[Word], s: Statement) -> None:
-        self._redirects(s, allow=False)
-        head = s.words[-len(args) - 1].literal
-        fields = [literal(w, self.state) for w in args]
-        if head == "[":
-            if not fields or fields[-1] != "]":
-                raise NotInGrammar("[ without ]")
-            fields = fields[:-1]
-        if len(fields) != 2 or fields[0] not in _TESTS:
-            raise NotInGrammar(f"{head} {' '.join(fields)}", "one unary file test: test -x FILE")
-
-    def _mkdir(self, args: list[Word], s: Statement) -> None:
-        self._redirects(s, allow=False)
-        if "PATH" in self.state.variables:
-            raise NotInGrammar(
-                "mkdir after PATH is set (which program runs depends on it)",
-                "create folders before the deploy, or set PATH after mkdir",
-            )
-        fields = [literal(w, self.state) for w in args]
-        if not fields or fields[0] != "-p" or any(f.startswith("-") for f in fields[1:]):
-            raise NotInGrammar("mkdir without -p, or with other options", "mkdir -p DIR ...")
-        for folder in fields[1:]:
-            self.written.append(Access(self._written(folder), self.name, s.line, "folder"))
-
-    def _plain(self, args: list[Word], s: Statement) -> None:
-        if args:
-            raise NotInGrammar(f"{s.words[0].literal} {args[0].source}")
-        self._redirects(s, allow=False)
-
-    def _exit(self, args: list[Word], s: Statement) -> None:
-        if len(args) > 1 or (args and not is_decimal(args[0].literal or "")):
-            raise NotInGrammar("exit with other than one number")
-        self.state.stopped = True
-
     def _source(self, args: list[Word], s: Statement) -> None:
-        self._redirects(s, allow=False)
+        redirects(self, s, allow=False)
         if s.words[0].literal == "source" and self.dialect == "sh":
             raise NotInGrammar(
                 "source in an sh script (dash has no source builtin: it runs a program of "
@@ -319,7 +178,7 @@ class ShellReader:
                 f". {named} (the shell looks it up on PATH first)",
                 f"write . ./{named} or an absolute path",
             )
-        path = self._path(named)
+        path = path_in(self, named)
         if path is not None:
             self.sourced.append(Access(str(path), self.name, s.line, "source"))
         text = None if path is None else self.source_file(str(path))
@@ -361,7 +220,7 @@ class ShellReader:
                 "the grammar runs llama-server or batch-invariance serve; do other work "
                 "outside the deploy file",
             )
-        self._redirects(s)
+        redirects(self, s)
         check_unexported(prefix, state)
         search = state.variables.get("PATH") if "PATH" in state.exported else None
         if "PATH" in prefix:  # the shell looks the program up with a prefix PATH
@@ -391,19 +250,7 @@ class ShellReader:
 
 
 _BUILTINS: dict[str, Callable[[ShellReader, list[Word], Statement], None]] = {
-    "export": ShellReader._export,
-    "unset": ShellReader._unset,
-    "set": ShellReader._set,
-    "cd": ShellReader._cd,
-    "echo": ShellReader._output,
-    "printf": ShellReader._output,
-    "test": ShellReader._test,
-    "[": ShellReader._test,
-    "mkdir": ShellReader._mkdir,
-    "wait": ShellReader._plain,
-    "true": ShellReader._plain,
-    ":": ShellReader._plain,
-    "exit": ShellReader._exit,
+    **BUILTINS,
     ".": ShellReader._source,
     "source": ShellReader._source,
 }

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from batch_invariance.deploy.shell_expand import NAME, NotInGrammar, ShellState
+from batch_invariance.deploy.readers.shell_expand import NAME, NotInGrammar, ShellState
 from batch_invariance.engines.llama_server.env import is_engine_variable
 
 _ENV_CLEAR = frozenset({"-i", "-", "--ignore-environment"})

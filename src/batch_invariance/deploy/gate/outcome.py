@@ -1,8 +1,8 @@
 """What ``check-deploy`` decided, as data: the decision and its exit code, each cell with its
 problems (file, line, rule, message) and each construct of the deploy file outside its grammar.
 
-Pure: built from the gate's :class:`~batch_invariance.deploy.gate.DeployReport` and the
-readers' :class:`~batch_invariance.deploy.commands.NotUnderstood` constructs. The command
+Pure: built from the gate's :class:`~batch_invariance.deploy.gate.check.DeployReport` and the
+readers' :class:`~batch_invariance.deploy.readers.commands.NotUnderstood` constructs. The command
 renders it as text, as GitHub annotations and, with ``--json``, as itself (docs/deploy.md).
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batch_invariance import exitcodes
-from batch_invariance.deploy.cells import DeployCell
-from batch_invariance.deploy.commands import NotUnderstood
-from batch_invariance.deploy.gate import CellCheck, DeployReport
+from batch_invariance.deploy.gate.cells import DeployCell
+from batch_invariance.deploy.gate.check import CellCheck, DeployReport
+from batch_invariance.deploy.readers.commands import NotUnderstood
 
 #: Names the layout of :meth:`DeployOutcome.to_json`; bumps on any change of keys.
 JSON_VERSION = 1

@@ -15,7 +15,7 @@ the last run left):
   llama-server reads;
 * a written path that is a link now, or under one (where it lands is decided by the link,
   not by the words the reader compared); a relative write in a folder the reader could not
-  follow is refused where it is written (:mod:`batch_invariance.deploy.shell`).
+  follow is refused where it is written (:mod:`batch_invariance.deploy.readers.shell`).
 
 A relative path a server names in a folder the reader could not follow is compared by its
 last name: ``-m x.log`` there could be any ``x.log``.
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from batch_invariance.deploy.commands import NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand
 from batch_invariance.engines.llama_server.env import config_files
 
 __all__ = ["Access", "write_problems"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batch_invariance.deploy.commands import NotUnderstood
-from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
+from batch_invariance.deploy.readers.commands import NotUnderstood
+from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 
 #: The bytes a deploy file may hold: printable ASCII (0x20..0x7e), tab and newline.
 ALLOWED = frozenset({0x09, 0x0A, *range(0x20, 0x7F)})
@@ -69,7 +69,7 @@ def text_problem(text: str, shown: str) -> NotUnderstood | None:
 def read_source(path: Path, shown: str) -> str | NotUnderstood | None:
     """A file's text through :func:`decode`; ``None`` when it cannot be read. A file whose
     path is a dangling link, or that others could change or replace
-    (:func:`~batch_invariance.deploy.path_trust.trust_problem`), is not understood."""
+    (:func:`~batch_invariance.deploy.readers.path_trust.trust_problem`), is not understood."""
     problem = trust_problem("file", str(path))
     if problem is not None:
         return NotUnderstood(shown, 0, problem, TRUST_FIX)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batch_invariance.deploy.shell_dialect import Dialect
-from batch_invariance.deploy.shell_expand import NotInGrammar
-from batch_invariance.deploy.shell_words import Op, Token, Word
-from batch_invariance.deploy.source_bytes import is_decimal
+from batch_invariance.deploy.readers.shell_dialect import Dialect
+from batch_invariance.deploy.readers.shell_expand import NotInGrammar
+from batch_invariance.deploy.readers.shell_words import Op, Token, Word
+from batch_invariance.deploy.readers.source_bytes import is_decimal
 
 _REDIRECTIONS = frozenset({">", ">>", "&>", "&>>", ">&", "<"})
 _BASH_ONLY = frozenset({"&>", "&>>"})

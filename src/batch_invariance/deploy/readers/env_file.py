@@ -6,7 +6,7 @@ a shell-style name and ``VALUE`` made only of the characters in :data:`PLAIN_VAL
 no backslash, no ``$``, no whitespace). Both parsers read such a line as the same pair
 (systemd.exec(5), "EnvironmentFile="; the compose specification, "env_file" format). Anything
 else (``K = V``, ``export K=V``, quotes, a continuation, ``$X``) is not understood, naming the
-line. The file's bytes are checked first (:mod:`batch_invariance.deploy.source_bytes`:
+line. The file's bytes are checked first (:mod:`batch_invariance.deploy.readers.source_bytes`:
 printable ASCII, tab, newline).
 """
 
@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_invariance.deploy.commands import NotUnderstood
-from batch_invariance.deploy.source_bytes import read_source, text_problem
+from batch_invariance.deploy.readers.commands import NotUnderstood
+from batch_invariance.deploy.readers.source_bytes import read_source, text_problem
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Characters a value may hold unquoted in every format this package reads.

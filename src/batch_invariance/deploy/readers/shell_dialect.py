@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from batch_invariance.deploy.source_bytes import BLANKS
+from batch_invariance.deploy.readers.source_bytes import BLANKS
 
 Dialect = Literal["bash", "sh"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from batch_invariance.deploy.commands import NotUnderstood
+from batch_invariance.deploy.readers.commands import NotUnderstood
 
 #: systemd's unit folders for system services, highest priority first (systemd.unit(5)).
 UNIT_DIRS = (

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.deploy.commands import ServerCommand
 from batch_invariance.deploy.policy_options import add_policy_arguments
+from batch_invariance.deploy.readers.commands import ServerCommand
+from batch_invariance.engines.llama_server.env import ServedEnv, served_env
 from batch_invariance.engines.llama_server.flags import FlagError, read_flags
 from batch_invariance.engines.llama_server.options import NEUTRAL, lookup
 from batch_invariance.errors import UsageError
@@ -54,6 +55,14 @@ def measured_argv(provenance: Provenance) -> tuple[str, ...]:
     if server is not None and server.argv:
         return server.argv
     raise ServeRefused("the cert records no B/C server argv: nothing measured to serve")
+
+
+def served_environment(parent: Mapping[str, str], provenance: Provenance) -> ServedEnv:
+    """The environment ``serve`` gives the server of ``provenance`` when started from
+    ``parent``: the neutral and GPU-selection variables of ``parent`` plus exactly the engine
+    variables the cert recorded (llama-server's rule,
+    :func:`batch_invariance.engines.llama_server.env.served_env`), with what it refuses."""
+    return served_env(parent, recorded_engine_env(provenance))
 
 
 def recorded_engine_env(provenance: Provenance) -> dict[str, str]:
@@ -151,11 +160,10 @@ class Served:
 
 def served_command(command: ServerCommand) -> Served:
     """The server a serve line execs, in the environment serve gives it (:func:`served_env`)."""
-    from batch_invariance.deploy.prompt_cache import serving_argv
+    from batch_invariance.deploy.gate.prompt_cache import serving_argv
     from batch_invariance.engines.llama_server.env import (
         is_neutral_variable,
         is_option_variable,
-        served_env,
     )
 
     line = parse_serve_line(command.argv, command.base_dir, command.origin)

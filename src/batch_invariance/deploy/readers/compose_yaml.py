@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from batch_invariance.deploy.commands import NotUnderstood
+from batch_invariance.deploy.readers.commands import NotUnderstood
 
 _DECIMAL = re.compile(r"0|-?[1-9][0-9]*")
 #: YAML 1.2 core schema (10.3.2): the plain scalars that are not strings.
@@ -37,6 +37,14 @@ BOOLEAN_KEYS: tuple[tuple[str, ...], ...] = (
     ("services", "*", "env_file", "*", "required"),
     ("services", "*", "volumes", "*", "read_only"),
 )
+
+
+class Refused(Exception):
+    """A construct of a compose file refused at its line, with how to write it instead."""
+
+    def __init__(self, line: int, construct: str, fix: str = "") -> None:
+        super().__init__(construct)
+        self.line, self.construct, self.fix = line, construct, fix
 
 
 class YamlRefused(Exception):

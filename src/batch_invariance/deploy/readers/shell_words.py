@@ -1,7 +1,7 @@
 """Splitting a shell script into words and operators the way bash and dash do (pure).
 
 Blanks are space and tab only (a CR is part of a word, as in both shells; the readers refuse
-it before this, with every byte outside :mod:`batch_invariance.deploy.source_bytes`).
+it before this, with every byte outside :mod:`batch_invariance.deploy.readers.source_bytes`).
 
 Only what a deploy script needs is modelled: quotes, backslashes, line continuations,
 comments (a ``#`` that starts a word; a ``\\`` at the end of a comment continues nothing),
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from batch_invariance.deploy.source_bytes import BLANKS, split_blanks
+from batch_invariance.deploy.readers.source_bytes import BLANKS, split_blanks
 from batch_invariance.errors import UsageError
 
 _OPERATORS = (

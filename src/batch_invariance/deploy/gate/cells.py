@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from batch_invariance.core.gpu_placement import GpuPlacement, is_gpu_selection
-from batch_invariance.deploy.commands import NotUnderstood, ServerCommand
-from batch_invariance.deploy.identity import is_this_tool
-from batch_invariance.deploy.path_trust import TRUST_FIX, trust_problem
-from batch_invariance.deploy.serve_plan import served_command
-from batch_invariance.deploy.shell import is_serve
+from batch_invariance.deploy.gate.identity import is_this_tool
+from batch_invariance.deploy.gate.serve_plan import served_command
+from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
+from batch_invariance.deploy.readers.shell import is_serve
 from batch_invariance.engines.llama_server.env import (
     config_files,
     engine_env,
@@ -219,7 +219,8 @@ def _links_in_mount(path: Path, mount: str) -> str | None:
 
 def untrusted_paths(command: ServerCommand, model: Located, binary: Located) -> list[str]:
     """Why a path the server reads may not hold, when it runs, what the check read: a dangling
-    link, or a link, folder or file others could change (:mod:`.path_trust`)."""
+    link, or a link, folder or file others could change
+    (:mod:`batch_invariance.deploy.readers.path_trust`)."""
     found: list[str | None] = []
     if model.path is not None:
         in_mount = model.mount is not None and model.path.is_relative_to(model.mount)
@@ -314,7 +315,7 @@ class DeployCells:
 
 def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
     """Read a deploy config: the cell of every server it starts, and what it could not read."""
-    from batch_invariance.deploy.config import read_deploy_file
+    from batch_invariance.deploy.readers.config import read_deploy_file
 
     read = read_deploy_file(path, models_dir)
     if read.not_understood:  # the file is not covered; its servers are not worth reading

@@ -1,0 +1,224 @@
+"""The deploy gate: a cert covers a deploy cell only if it measured exactly that cell.
+
+A cell (see :mod:`batch_invariance.deploy.gate.cells`) is covered when some cert in the certs folder
+agrees with it on everything below, and every cert that agrees is valid, promotable, recorded
+under a policy no looser than the defaults, and signed (unless ``--allow-unsigned``):
+
+* model identity: the sha256 of the deploy's model file when it is readable here, otherwise
+  its size and file name (when it can be stat'ed); a model that is not here cannot be
+  identified, so the cell is not covered;
+* server build: the sha256 of the deploy's server binary (``provenance.server_binary``); a
+  binary that cannot be read here cannot be checked, so the cell is not covered;
+* ctx per slot, N and the KV layout (split or unified; for unified, the same pool ``-c``),
+  against the argv of the B/C server the cert records (``provenance.servers``);
+* every option that is not neutral
+(:func:`batch_invariance.engines.llama_server.flags.numerics_differences`
+  over llama-server's own option table): KV cache types, ``-fa``, ``-b``, ``-ub``, ``-ngl``,
+  ``--cache-ram``, MoE placement, speculative/draft, ``-bs``, LoRA ...; and the variables ggml
+  reads (:func:`engine_env_differences`);
+* nothing the cell itself cannot be covered for (``DeployCell.not_covered``: an option in no
+  class, a word llama-server rejects, a config file it would read ...), and nothing in the file
+  the reader did not model (``DeployReport.unmodelled``);
+* answer length: a deploy that fixes ``-n L`` needs a cert measured at answers up to L tokens
+  (``promotion_scope.answer_tokens_max``, else the run's ``n_predict``); a deploy with no cap
+  (no ``-n``, or ``-n -1``) passes only with that measured length printed as its scope.
+
+Each cert file is read once. A file that is not JSON (or holds NaN/Infinity) is named and
+skipped; a cert that fails verification and claims a cell fails that cell as invalid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, NamedTuple, Protocol
+
+from batch_invariance.cert.signature import (
+    BundlePolicy,
+    SignerPolicy,
+    TrustRoot,
+    verify_bundle,
+)
+from batch_invariance.cert.signing import (
+    bundle_path_for,
+)
+from batch_invariance.core.gpu_placement import placement_differences
+from batch_invariance.deploy.gate.cells import DeployCell
+from batch_invariance.deploy.gate.certs import CertFile, CertIndex, index_certs, measured_length
+from batch_invariance.deploy.gate.coverage import config_differences, uncapped
+from batch_invariance.deploy.gate.identity import (
+    BuildIdentity,
+    ModelIdentity,
+    build_differences,
+    identify_build,
+    identify_model,
+)
+from batch_invariance.errors import CertInvalid
+
+CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown", "unsigned"]
+
+
+class BundleVerifier(Protocol):
+    """Checks that ``bundle`` signs ``artifact`` for ``signer``; raises CertInvalid if not."""
+
+    def __call__(
+        self, artifact: Path, bundle: Path, wanted: SignerPolicy, trust: TrustRoot
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class CellCheck:
+    cell: DeployCell
+    kind: CheckKind
+    reason: str
+    cert: Path | None = None
+    #: The longest answer the covering cert measured, when the deploy sets no ``-n`` cap:
+    #: what a pass covers (longer answers were never compared).
+    answers_up_to: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+@dataclass(frozen=True)
+class DeployReport:
+    config: Path
+    checks: tuple[CellCheck, ...]
+    #: Cells with parallel 1: nothing to certify.
+    serial: tuple[DeployCell, ...]
+    #: ``--allow-unsigned`` was used: signatures were not checked.
+    unsigned_allowed: bool
+    #: Constructs of the deploy file that mention a server but were not read.
+    unmodelled: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.unmodelled and all(check.ok for check in self.checks)
+
+    @property
+    def failing(self) -> tuple[CellCheck, ...]:
+        return tuple(check for check in self.checks if not check.ok)
+
+
+class SignatureProblem(NamedTuple):
+    """Why a cert's signature does not hold: the check's kind and a one-line reason."""
+
+    kind: CheckKind
+    reason: str
+
+
+def _signature_problem(
+    cert: CertFile, policy: BundlePolicy, verify: BundleVerifier
+) -> SignatureProblem | None:
+    bundle = bundle_path_for(cert.path)
+    if not bundle.is_file():
+        why = f"cert {cert.path.name} is not signed (no {bundle.name} beside it)"
+        return SignatureProblem("unsigned", why)
+    try:
+        verify(cert.path, bundle, policy.signer, policy.trust)
+    except CertInvalid as exc:
+        return SignatureProblem("invalid", f"cert {cert.path.name}: {exc}")
+    return None
+
+
+def check_cell(
+    cell: DeployCell,
+    index: CertIndex,
+    model: ModelIdentity,
+    build: BuildIdentity,
+    signing: BundlePolicy | None,
+    verify: BundleVerifier = verify_bundle,
+) -> CellCheck:
+    """Decide one cell: a cert must have measured it, and every such cert must pass."""
+    if cell.not_covered:
+        return CellCheck(cell, "unknown", "; ".join(cell.not_covered))
+    if cell.ctx is None:
+        return CellCheck(
+            cell,
+            "unknown",
+            "context per slot unknown (no -c/--ctx-size and the model file is not readable "
+            "here); set -c explicitly in the deploy config",
+        )
+    claims = [c for c in index.certs if (c.ctx, c.n) == (cell.ctx, cell.parallel)]
+    for cert in claims:
+        if cert.problem is not None and cert.model in (cell.name, cell.alias):
+            return CellCheck(cell, "invalid", f"cert {cert.path.name} is invalid: {cert.problem}")
+    valid = [c for c in claims if c.problem is None]
+    diffs = {
+        c.path: config_differences(cell, c, model) + build_differences(build, c.provenance)
+        for c in valid
+    }
+    same = [c for c in valid if not diffs[c.path]]
+    if not same:
+        hint = f"; unreadable files: {', '.join(index.unreadable)}" if index.unreadable else ""
+        if not valid:
+            return CellCheck(cell, "missing", f"no cert for {cell.label} (run the cell){hint}")
+        shown = "; ".join(f"{c.path.name}: {', '.join(diffs[c.path])}" for c in valid)
+        return CellCheck(cell, "missing", f"no cert measured this cell ({shown}){hint}")
+    for cert in same:
+        if not cert.promotable:
+            reason = f"cert {cert.path.name} is not promotable ({cert.not_promotable})"
+            return CellCheck(cell, "not_promotable", reason, cert.path)
+        if signing is not None:
+            bad = _signature_problem(cert, signing, verify)
+            if bad is not None:
+                return CellCheck(cell, bad.kind, bad.reason, cert.path)
+    names = ", ".join(c.path.name for c in same)
+    scope: int | None = None
+    scope_text = ""
+    if uncapped(cell):
+        scope = min(length for c in same if (length := measured_length(c)) is not None)
+        scope_text = f"; covers answers up to {scope} tokens only: the deploy sets no -n cap"
+    if signing is None:
+        signed = "UNSIGNED: --allow-unsigned"
+    elif signing.signer.repository:
+        signed = f"signature verified, signed for {signing.signer.repository}"
+    else:
+        signed = "signature verified for any repository: --any-repository"
+    unchecked = placement_differences(same[-1].provenance.gpus, cell.gpus).unchecked
+    placed = f"; {unchecked}" if unchecked else ""
+    reason = (
+        f"promotable cert: {names} (model by {model.method}, build by sha256 of "
+        f"{build.shown}; {signed}){placed}{scope_text}"
+    )
+    return CellCheck(cell, "ok", reason, same[-1].path, scope)
+
+
+def check_cells(
+    config: Path,
+    cells: Sequence[DeployCell],
+    certs_dir: Path,
+    signing: BundlePolicy | None,
+    verify: BundleVerifier = verify_bundle,
+    unmodelled: Sequence[str] = (),
+    server_binary: Path | None = None,
+) -> DeployReport:
+    """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``.
+
+    ``verify`` is the bundle check (sigstore's; tests pass a fake). ``server_binary``
+    (``--server-binary``) is the binary of cells whose deploy file names no readable one.
+    """
+    index = index_certs(certs_dir)
+    identities: dict[str, ModelIdentity] = {}
+    builds: dict[tuple[str, str | None, bool], BuildIdentity] = {}
+    checks: list[CellCheck] = []
+    for cell in cells:
+        if not cell.needs_cert:
+            continue
+        key = str(cell.model_path) if cell.model_path is not None else "hf:" + cell.model
+        if key not in identities:
+            identities[key] = identify_model(cell.model_path, cell.model)
+        named = "/" in cell.binary
+        where = (str(cell.binary_path), cell.binary_missing, named)
+        if where not in builds:
+            builds[where] = identify_build(
+                cell.binary_path, cell.binary_missing, server_binary, named=named
+            )
+        checks.append(check_cell(cell, index, identities[key], builds[where], signing, verify))
+    serial = tuple(cell for cell in cells if not cell.needs_cert)
+    return DeployReport(
+        config, tuple(checks), serial, unsigned_allowed=signing is None,
+        unmodelled=tuple(unmodelled),
+    )  # fmt: skip

@@ -1,0 +1,197 @@
+"""Reading a compose project inside a closed grammar: the compose file as `docker compose` picks
+it, and the ``.env`` file it reads (the compose specification, "Interpolation").
+
+Without ``-f``, `docker compose` reads the first of :data:`DEFAULT_FILES` in its folder, and
+merges the first of :data:`OVERRIDES` beside it (compose-go ``WithDefaultConfigPath``). The
+checker reads exactly one file, so a folder where compose could read another file than the one
+given, or merge an override file into it, is not understood (naming that file).
+
+A server service is one whose image is a llama.cpp ``:server*`` image (by tag, by tag and
+digest; entrypoint ``/app/llama-server``) or whose ``entrypoint`` runs llama-server. Its keys
+must be in :data:`SERVER_KEYS`; its volumes bind host folders (a named volume or tmpfs could
+hold any file) and none lands on or above the server binary, a library it loads or a config
+file it reads; its ``environment`` holds values (a name without one passes the caller's
+through); its ``env_file`` entries are read as compose reads them (``required: false`` and
+absent: skipped, with a note). Any ``$`` (interpolation from the caller's environment or
+``.env``) is not understood. Other services may not mention a server and may not bind a
+server's host folder writable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.compose_service import (
+    FIX,
+    IMAGE_SERVER,
+    SERVER_KEYS,
+    Service,
+    image_tag,
+    read_server,
+    read_services,
+)
+from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
+from batch_invariance.deploy.readers.env_file import parse_env_file, read_env_file
+from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
+
+TRIGGER = re.compile(
+    r"llama-server|llama\.cpp|llama_cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I
+)
+#: The files `docker compose` reads without ``-f``, in its order of preference (compose-go
+#: ``cli.DefaultFileNames``): the first present wins.
+DEFAULT_FILES = ("compose.yaml", "compose.yml", "docker-compose.yml", "docker-compose.yaml")
+#: The override files it then merges into the winner, in its order (compose-go
+#: ``cli.DefaultOverrideFileNames``): the first present is merged.
+OVERRIDES = (
+    "compose.override.yml", "compose.override.yaml", "docker-compose.override.yml",
+    "docker-compose.override.yaml",
+)  # fmt: skip
+TOP_KEYS = frozenset({"services", "volumes", "networks", "name", "version"})
+
+
+def _mentions(value: Any) -> bool:
+    """Any key or value under ``value`` names a server, a model file or this tool."""
+    if isinstance(value, tuple):  # (value, line) as loaded
+        return _mentions(value[0])
+    if isinstance(value, dict):
+        return any(TRIGGER.search(k) or _mentions(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_mentions(v) for v in value)
+    return bool(TRIGGER.search(str(value)))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
+
+
+def project_problems(path: Path) -> list[NotUnderstood]:
+    """Another file compose would read in ``path``'s folder: a default-named compose file it
+    reads instead of (or beside) ``path``, or an override file it merges into ``path``."""
+    folder, name = path.parent, path.name
+    if name in OVERRIDES:
+        why = f"{name} is an override file: `docker compose` merges it into the compose file"
+        return [NotUnderstood(name, 0, why, "pass the compose file")]
+    out: list[NotUnderstood] = []
+    present = [f for f in DEFAULT_FILES if (folder / f).is_file()]
+    for other in present:
+        if other == name or _same_file(folder / other, path):
+            continue
+        if other == present[0]:
+            why = f"{other}, which `docker compose` in this folder reads instead of {name}"
+        else:
+            why = (f"{other} beside {name}: compose reads {present[0]} without -f (and warns "
+                   "of the other), a -f reads either")  # fmt: skip
+        out.append(NotUnderstood(other, 0, why, "keep one compose file in the folder"))
+    if name in DEFAULT_FILES:
+        for other in (f for f in OVERRIDES if (folder / f).is_file()):
+            out.append(NotUnderstood(other, 0, f"override file {other}: `docker compose` merges "
+                                     f"it into {name} when run without -f (-f {name} does not), "
+                                     "and the checker does not merge files",
+                                     f"fold it into {name}, or remove it"))  # fmt: skip
+    return out
+
+
+def _dot_env(folder: Path) -> list[NotUnderstood]:
+    env = folder / ".env"
+    if not os.path.lexists(env):  # absent: fine unless others could create it
+        problem = trust_problem(".env", str(env), may_be_absent=True)
+        return [] if problem is None else [NotUnderstood(str(env), 0, problem, TRUST_FIX)]
+    read = read_env_file(env, str(env))
+    if read is None:
+        return [NotUnderstood(str(env), 0, ".env that cannot be read here")]
+    bad = list(read.not_understood)
+    for name in read.values:
+        if name.startswith(("COMPOSE_", "DOCKER_")):
+            bad.append(NotUnderstood(str(env), 0, f"{name} in .env (it changes what compose "
+                                     "reads or runs)"))  # fmt: skip
+    return bad
+
+
+def compose_commands(path: Path, text: str) -> DeployRead:
+    """The llama-server services of a compose file, read as `docker compose` reads it."""
+    shown = path.name
+    bad: list[NotUnderstood] = [*project_problems(path), *_dot_env(path.parent)]
+    services: dict[str, Service] = {}
+    if "$" in text:
+        line = text[: text.index("$")].count("\n") + 1
+        bad.append(NotUnderstood(shown, line, "a $ (compose interpolates it from the caller's "
+                                 "environment or .env)", "write the value out"))  # fmt: skip
+        return DeployRead((), tuple(bad))
+    data = load(text, shown)
+    if isinstance(data, NotUnderstood):
+        return DeployRead((), (*bad, data))
+    for key, (_, line) in data.items():
+        if key not in TOP_KEYS:
+            bad.append(NotUnderstood(shown, line, f"top-level key {key}", FIX))
+    raw = data.get("services", ({}, 0))[0]
+    try:
+        if not isinstance(raw, dict):
+            raise Refused(1, "services that is not a mapping")
+        services = read_services(raw, shown)
+    except Refused as exc:
+        bad.append(NotUnderstood(shown, exc.line, exc.construct, exc.fix))
+    commands: list[ServerCommand] = []
+    server_hosts: list[str] = []
+    others: list[Service] = []
+    for service in services.values():
+        try:
+            command = read_server(service, path)
+        except Refused as exc:
+            bad.append(NotUnderstood(shown, exc.line, f"[{service.name}] {exc.construct}",
+                                     exc.fix or FIX))  # fmt: skip
+            continue
+        if command is None:
+            others.append(service)
+            continue
+        commands.append(command)
+        server_hosts += [m.host for m in command.mounts]
+    for service in others:
+        bad.extend(_other(service, server_hosts, path))
+    return DeployRead(tuple(commands), tuple(bad))
+
+
+def _other(service: Service, server_hosts: list[str], path: Path) -> list[NotUnderstood]:
+    file, line = next(iter(service.lines.values()), (path.name, 0))
+    if _mentions(service.spec):
+        return [NotUnderstood(file, line, f"[{service.name}] mentions a server but is not a "
+                              "llama-server service of the grammar", FIX)]  # fmt: skip
+    out: list[NotUnderstood] = []
+    if "volumes_from" in service.spec or "extends" in service.spec:
+        out.append(NotUnderstood(file, line, f"[{service.name}] volumes_from/extends"))
+    for item in service.spec.get("volumes", []) if isinstance(service.spec.get("volumes"),
+                                                              list) else []:  # fmt: skip
+        if isinstance(item, dict):
+            spec = plain(item)
+            source, read_only = str(spec.get("source") or ""), spec.get("read_only") in (
+                True, "true")  # fmt: skip
+        else:
+            text = str(item)
+            source, read_only = text.partition(":")[0], text.endswith(":ro")
+        host = str(Path(source) if source.startswith("/") else (path.parent / source).resolve())
+        for server in server_hosts:
+            overlaps = (host + "/").startswith(server + "/") or (server + "/").startswith(
+                host + "/"
+            )
+            if overlaps and not read_only:
+                out.append(NotUnderstood(file, line, f"[{service.name}] binds {source} "
+                                             "writable, which a server reads"))  # fmt: skip
+    return out
+
+
+__all__ = [
+    "DEFAULT_FILES",
+    "IMAGE_SERVER",
+    "OVERRIDES",
+    "SERVER_KEYS",
+    "compose_commands",
+    "image_tag",
+    "parse_env_file",
+    "project_problems",
+]

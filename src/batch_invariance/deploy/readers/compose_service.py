@@ -1,0 +1,219 @@
+"""A server service of a compose file read inside the grammar: its program (a llama.cpp
+``:server`` image or an entrypoint that runs llama-server), its keys (:data:`SERVER_KEYS`),
+its command words, its ``environment`` and ``env_file`` entries, and its bind mounts
+(checked by :mod:`batch_invariance.deploy.readers.compose_mounts`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from posixpath import normpath
+from typing import Any
+
+from batch_invariance.deploy.readers.commands import BindMount, ServerCommand
+from batch_invariance.deploy.readers.compose_mounts import (
+    binaries,
+    binary_mounts,
+    config_mounts,
+    loader_mounts,
+)
+from batch_invariance.deploy.readers.compose_yaml import Refused, plain
+from batch_invariance.deploy.readers.env_file import NAME, PLAIN_VALUE, read_env_file
+from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
+
+#: The binary of the published llama.cpp ``:server`` images (their entrypoint).
+IMAGE_SERVER = "/app/llama-server"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+SERVER_KEYS = frozenset(
+    {"image", "command", "entrypoint", "environment", "env_file", "volumes", "working_dir",
+     "ports", "expose", "restart", "container_name", "hostname", "networks", "depends_on",
+     "labels", "stop_signal", "stop_grace_period", "init"}
+)  # fmt: skip
+FIX = "keep the service to the keys in docs/deploy.md, or entrypoint batch-invariance serve"
+
+
+def _words(value: Any, line: int, key: str) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    text = str(value)
+    if not re.fullmatch(r"[A-Za-z0-9_./:,@%+=\- ]*", text):
+        raise Refused(line, f"{key}: string with quotes or special characters",
+                       f"write {key} as a YAML list")  # fmt: skip
+    return text.split()
+
+
+def _environment(value: Any, line: int) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    items = value.items() if isinstance(value, dict) else None
+    if items is not None:
+        for name, (text, where) in items:
+            if text is None:
+                raise Refused(where, f"environment {name} without a value (it passes the "
+                               "caller's through)", f"write {name}: VALUE")  # fmt: skip
+            if isinstance(text, (list, dict)):
+                raise Refused(where, f"environment {name}: not a value")
+            pairs[name] = str(text)
+    elif isinstance(value, list):
+        for item in value:
+            name, eq, text = str(item).partition("=")
+            if not eq:
+                raise Refused(line, f"environment entry {name} without a value (it passes the "
+                               "caller's through)", f"write {name}=VALUE")  # fmt: skip
+            pairs[name] = text
+    else:
+        raise Refused(line, "environment that is neither a map nor a list")
+    for name, text in pairs.items():
+        if not NAME.fullmatch(name) or not PLAIN_VALUE.fullmatch(text):
+            raise Refused(line, f"environment {name}={text[:40]}", "plain NAME=VALUE")
+    return pairs
+
+
+def _volume(item: Any, line: int) -> tuple[str, str, bool]:
+    """(host source as written, container target, read-only) of a bind mount."""
+    if isinstance(item, dict):
+        spec = plain(item)
+        if spec.get("type") != "bind" or set(spec) - {"type", "source", "target", "read_only"}:
+            raise Refused(line, "a volume that is not a bind mount (its content is unknown)")
+        source, target = str(spec.get("source") or ""), str(spec.get("target") or "")
+        if not source.startswith(("/", "./", "../")) or not target.startswith("/"):
+            raise Refused(line, f"bind mount {source or '(no source)'} at "
+                           f"{target or '(no target)'}", "source: ./x, target: /y")  # fmt: skip
+        read_only = spec.get("read_only", False)
+        if read_only not in (True, False, "true", "false"):
+            raise Refused(line, f"read_only {read_only}", "read_only: true")
+        return source, target, read_only in (True, "true")
+    source, _, rest = str(item).partition(":")
+    target, _, mode = rest.partition(":")
+    if not source.startswith(("/", "./", "../")) or not target.startswith("/"):
+        raise Refused(line, f"volume {item} (a named volume or a relative target; its content "
+                       "is unknown)", "bind a host folder: ./models:/models:ro")  # fmt: skip
+    if mode and not set(mode.split(",")) <= {"ro", "rw", "z", "Z"}:
+        raise Refused(line, f"volume mode {mode}")
+    return source, target, "ro" in mode.split(",")
+
+
+@dataclass
+class Service:
+    name: str
+    spec: dict[str, Any] = field(default_factory=dict)
+    lines: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+def read_services(data: dict[str, Any], shown: str) -> dict[str, Service]:
+    """The services of one compose file, ``environment`` as plain ``NAME -> value``."""
+    services: dict[str, Service] = {}
+    for name, (spec, line) in data.items():
+        if not isinstance(spec, dict):
+            raise Refused(line, f"service {name} that is not a mapping")
+        service = services.setdefault(name, Service(name))
+        for key, (value, where) in spec.items():
+            service.spec[key] = _environment(value, where) if key == "environment" else value
+            service.lines[key] = (shown, where)
+    return services
+
+
+def image_tag(image: str) -> tuple[str, str, str]:
+    """``(repository, tag, digest)`` of an image reference ``REPO[:TAG][@DIGEST]`` (a part not
+    given is empty)."""
+    name, _, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        repo, _, tag = name.rpartition(":")
+        return repo, tag, digest
+    return name, "", digest
+
+
+def _program(spec: dict[str, Any], line: int) -> list[str] | None:
+    image = str(spec.get("image", ""))
+    entrypoint = spec.get("entrypoint")
+    if entrypoint is not None:
+        words = _words(entrypoint, line, "entrypoint")
+        if words and PurePosixPath(words[0]).name.startswith("llama-server"):
+            return words
+        return None
+    repo, tag, digest = image_tag(image)
+    if digest and not _DIGEST.fullmatch(digest):
+        raise Refused(line, f"image digest {digest[:80]} (not sha256:<64 hex>)",
+                       "pin the image as NAME:TAG@sha256:<64 hex>")  # fmt: skip
+    if "llama.cpp" in repo and tag.startswith("server"):
+        return [IMAGE_SERVER]  # the published :server images' entrypoint
+    return None
+
+
+def _env_files(value: Any, line: int, base: Path) -> tuple[dict[str, str], list[str]]:
+    """The variables of a service's ``env_file`` entries, in order (a later file wins), and a
+    note per optional file that is absent here. An entry is a path, or ``{path, required}``
+    (compose's long form; ``required`` defaults to true)."""
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, dict):
+            entry = plain(item)
+            if set(entry) - {"path", "required"} or not isinstance(entry.get("path"), str):
+                raise Refused(line, f"env_file entry with keys {', '.join(sorted(entry))}",
+                               "env_file: [{path: ./a.env, required: false}]")  # fmt: skip
+            path, required = entry["path"], entry.get("required", True)
+            if required not in (True, False, "true", "false"):
+                raise Refused(line, f"env_file {path}: required {required}",
+                               "required: true or required: false")  # fmt: skip
+            required = required in (True, "true")
+        elif isinstance(item, str):
+            path, required = item, True
+        else:
+            raise Refused(line, "env_file that is neither a path nor {path, required}")
+        if path.startswith("~"):
+            raise Refused(line, f"env_file {path} (compose expands ~ with its caller's HOME)",
+                           "write the path absolute or relative to the compose file")  # fmt: skip
+        file = Path(path) if path.startswith("/") else base / path
+        if not required and not os.path.lexists(file):
+            if problem := trust_problem("env_file", str(file), may_be_absent=True):
+                raise Refused(line, problem, TRUST_FIX)
+            notes.append(f"env_file {path} is absent here (required: false): nothing set")
+            continue
+        read = read_env_file(file, str(file))
+        if read is None:
+            raise Refused(line, f"env_file {path}, which cannot be read here")
+        if read.not_understood:
+            raise Refused(line, f"env_file {path}: {read.not_understood[0]}")
+        env.update(read.values)
+    return env, notes
+
+
+def read_server(service: Service, path: Path) -> ServerCommand | None:
+    spec, base = service.spec, path.parent
+    line = service.lines.get("image", ("", 0))[1]
+    program = _program(spec, line)
+    if program is None:
+        return None
+    for key in spec:
+        if key not in SERVER_KEYS:
+            raise Refused(service.lines[key][1], f"key {key} of a server service")
+    command = _words(spec.get("command", []), service.lines.get("command", ("", 0))[1], "command")
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    if "env_file" in spec:
+        env, notes = _env_files(spec["env_file"], service.lines["env_file"][1], base)
+    env.update(spec.get("environment", {}))
+    mounts: list[BindMount] = []
+    volumes_line = service.lines.get("volumes", ("", 0))[1]
+    for item in spec.get("volumes", []):
+        source, target, _ = _volume(item, volumes_line)
+        host = Path(source) if source.startswith("/") else (base / source).resolve()
+        mounts.append(BindMount(normpath(target), str(host).rstrip("/") or "/"))
+    mounts.sort(key=lambda m: len(m.container), reverse=True)
+    workdir = str(spec.get("working_dir", "/"))
+    if not workdir.startswith("/"):
+        raise Refused(service.lines["working_dir"][1], f"working_dir {workdir}")
+    binary_mounts(mounts, binaries(program[0], env, workdir), workdir, volumes_line)
+    config_mounts(mounts, env, volumes_line)
+    loader_mounts(mounts, volumes_line)
+    image = str(spec.get("image", "(built here)"))
+    return ServerCommand(
+        origin=f"{path.name} [{service.name}]",
+        argv=(*program, *command), env=env, base_dir=Path(workdir), mounts=tuple(mounts),
+        in_container=True, binary_elsewhere=f"runs inside the container image {image}",
+        notes=tuple(notes),
+    )  # fmt: skip
