@@ -30,11 +30,17 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from batch_invariance import exitcodes
-from batch_invariance.action.baseline import BaselineResult, compare_run, load_baseline
+from batch_invariance.action.baseline import (
+    BaselineResult,
+    LoadedBaseline,
+    compare_run,
+    load_baseline,
+)
 from batch_invariance.action.inputs import (
     ActionInputs,
     check_folders,
@@ -159,6 +165,14 @@ def _fail(
     return exitcodes.for_error(exc)
 
 
+@dataclass(frozen=True)
+class _Signing:
+    """What signing the cert gave: its bundle, or the error that stopped it (cert kept)."""
+
+    bundle: Path | None = None
+    error: BatchInvarianceError | None = None
+
+
 def run_action(
     env: Mapping[str, str],
     *,
@@ -178,31 +192,52 @@ def run_action(
                 return _fail(exc, env, stream, title=f"{TITLE} signing impossible (no run)")
         # Verified (signature included) before the cell runs: a bad baseline costs no run.
         baseline = load_baseline(inputs.baseline, inputs.workspace, inputs.out_dir, env)
-        for name in inputs.ignored():
-            print(annotation("notice", TITLE, f"input {name} is ignored in mock mode"), file=stream)
-        print(
-            f"batch-invariance: {inputs.mode} cell ctx={inputs.ctx} N={inputs.parallel}",
-            file=stream,
-            flush=True,
-        )
+        _announce(inputs, stream)
         finished = run_cell_for(inputs, provisioner, stream)
     except BatchInvarianceError as exc:
         return _fail(exc, env, stream)
     except KeyboardInterrupt:
         return _fail(Interrupted(int(signal.SIGINT)), env, stream)
+    return _report(finished, inputs, baseline, env, stream, signer)
 
+
+def _announce(inputs: ActionInputs, stream: TextIO) -> None:
+    """The notices for inputs mock mode ignores, and the line that names the cell."""
+    for name in inputs.ignored():
+        print(annotation("notice", TITLE, f"input {name} is ignored in mock mode"), file=stream)
+    print(
+        f"batch-invariance: {inputs.mode} cell ctx={inputs.ctx} N={inputs.parallel}",
+        file=stream,
+        flush=True,
+    )
+
+
+def _sign(finished: FinishedCell, sign: bool, signer: BundleSigner | None) -> _Signing:
+    """Sign and attest the cert where ``sign`` asks; a failure is kept, not raised."""
+    if not sign:
+        return _Signing()
+    try:
+        token = detect_token(None)
+        real_signer = signer or SigstoreSigner()
+        bundle = sign_file(finished.path, token, real_signer).bundle
+        attest_file(finished.path, token, real_signer)
+    except BatchInvarianceError as exc:
+        return _Signing(error=exc)
+    return _Signing(bundle=bundle)
+
+
+def _report(
+    finished: FinishedCell,
+    inputs: ActionInputs,
+    baseline: LoadedBaseline | None,
+    env: Mapping[str, str],
+    stream: TextIO,
+    signer: BundleSigner | None,
+) -> int:
+    """After the cell: sign, compare with the baseline, write the outputs and the summary,
+    print the annotations, and return the exit code."""
     cert = finished.cert
-    bundle: Path | None = None
-    sign_error: BatchInvarianceError | None = None
-    if inputs.sign:
-        try:
-            token = detect_token(None)
-            real_signer = signer or SigstoreSigner()
-            bundle = sign_file(finished.path, token, real_signer).bundle
-            attest_file(finished.path, token, real_signer)
-        except BatchInvarianceError as exc:
-            sign_error = exc
-
+    signing = _sign(finished, inputs.sign, signer)
     passed = require_holds(cert, inputs.require)
     against: BaselineResult | None = None
     summary = ""
@@ -215,7 +250,7 @@ def run_action(
     outputs = outputs_for(
         cert,
         finished.path,
-        bundle,
+        signing.bundle,
         inputs.workspace,
         None if against is None else against.path,
         None if against is None else against.comparison.worst() or "none",
@@ -234,12 +269,24 @@ def run_action(
         return _fail(exc, env, stream)
     for name in OUTPUT_NAMES:
         print(log_line(f"{name}: {outputs[name]}"), file=stream)
-    if sign_error is not None:
+    return _exit_code(finished, passed, against, signing, env, stream)
+
+
+def _exit_code(
+    finished: FinishedCell,
+    passed: bool,
+    against: BaselineResult | None,
+    signing: _Signing,
+    env: Mapping[str, str],
+    stream: TextIO,
+) -> int:
+    """A signing failure first, then the ``require`` check, then the baseline's ``fail-on``."""
+    if signing.error is not None:
         return _fail(
-            sign_error, env, stream, title=f"{TITLE} signing failed (cert kept, not signed)"
+            signing.error, env, stream, title=f"{TITLE} signing failed (cert kept, not signed)"
         )
     if not passed:
-        return exitcodes.for_status(str(cert.status), promotable=False)
+        return exitcodes.for_status(str(finished.cert.status), promotable=False)
     if against is not None and against.failures:
         return exitcodes.for_policy(against.comparison.comparable, failed=True)
     return exitcodes.PROMOTABLE

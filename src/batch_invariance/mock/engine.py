@@ -27,6 +27,17 @@ class _Slot:
     id_task: int | None = None
 
 
+@dataclass(frozen=True)
+class _Tokens:
+    """What a request generated, as tokens: the text, its pieces, why it stopped, and whether
+    the token-divergence knob split the text differently."""
+
+    text: str
+    pieces: tuple[str, ...]
+    finish_reason: str
+    token_only: bool
+
+
 class MockServer:
     """A loopback llama-server look-alike with ``parallel`` real concurrent slots.
 
@@ -262,62 +273,21 @@ class MockServer:
                 answer = ""
             else:
                 answer = answer_for(prompt_text)
-            planned = tokenize(answer)
-            cobatched = False
-            for _ in range(max(1, min(len(planned), n_predict))):
-                if self.busy_count() > 1:
-                    cobatched = True
-                self._stop.wait(knobs.token_delay_s)
-            if self.busy_count() > 1:
-                cobatched = True
+            cobatched = self._decode(len(tokenize(answer)), n_predict)
             t2 = time.monotonic()
-            text = answer
-            only = knobs.cobatch_divergence_if_contains
-            chosen = not only or any(s in prompt_text for s in only)
-            if cobatched and knobs.cobatch_divergence and chosen:
-                text = diverged_answer(text)
-            by_slot = knobs.slot_divergence_if_contains
-            if self.parallel > 1 and any(s in prompt_text for s in by_slot):
-                text = diverged_answer(text)
-            if cache_n and any(s in prompt_text for s in knobs.cache_divergence_if_contains):
-                text = diverged_answer(text)
-            if knobs.divergence_probability > 0:
-                with self._cond:
-                    k = self._seen[prompt_text] = self._seen.get(prompt_text, 0) + 1
-                draw = random.Random(f"{self._noise_key}:{k}:{prompt_text}").random()
-                if draw < knobs.divergence_probability:
-                    text = diverged_answer(text)
-            token_only = cobatched and knobs.token_divergence and bool(text)
-            if token_only:
-                pieces = [*resplit(tokenize(text)), "\n"]
-                text = "".join(pieces)
-            else:
-                pieces = tokenize(text)
-            finish = "stop"
-            if len(pieces) > n_predict:
-                pieces = pieces[:n_predict]
-                text = "".join(pieces)
-                finish = "length"
-            drift = 0.05 if token_only else 0.0
-            if cobatched and not token_only:
-                drift = knobs.numeric_drift
-            if cache_n:
-                drift += knobs.cache_numeric_drift
-            # An odd divisor: the values carry full float precision, as a real engine's do.
-            logprobs = tuple(
-                -((zlib.crc32(f"{i}:{p}".encode()) % 500) / 9973.0) - drift
-                for i, p in enumerate(pieces)
-            )
+            text = self._diverge(answer, prompt_text, cobatched, cache_n)
+            out = self._tokens(text, cobatched, n_predict)
+            logprobs = _logprobs(out.pieces, self._drift(out, cobatched, cache_n))
             with self._cond:
                 self._prompt_tokens_total += prompt_tokens
-                self._predicted_tokens_total += len(pieces)
+                self._predicted_tokens_total += len(out.pieces)
                 if cobatched:
                     self.stats.cobatched += 1
             return Generation(
-                text=text,
-                pieces=tuple(pieces),
+                text=out.text,
+                pieces=out.pieces,
                 logprobs=logprobs,
-                finish_reason=finish,
+                finish_reason=out.finish_reason,
                 prompt_tokens=prompt_tokens,
                 slot_id=slot.index,
                 task_id=task_id,
@@ -328,3 +298,70 @@ class MockServer:
             )
         finally:
             self._release(slot)
+
+    def _decode(self, n_planned: int, n_predict: int) -> bool:
+        """Wait out the decode, one token delay per token; True when another request held a
+        slot at any step (co-batched)."""
+        cobatched = False
+        for _ in range(max(1, min(n_planned, n_predict))):
+            if self.busy_count() > 1:
+                cobatched = True
+            self._stop.wait(self.knobs.token_delay_s)
+        if self.busy_count() > 1:
+            cobatched = True
+        return cobatched
+
+    def _diverge(self, answer: str, prompt_text: str, cobatched: bool, cache_n: int) -> str:
+        """The answer as the divergence knobs change it: co-batched, served by one of several
+        slots, served from the prompt cache, or by a seeded per-instance draw."""
+        knobs = self.knobs
+        text = answer
+        only = knobs.cobatch_divergence_if_contains
+        chosen = not only or any(s in prompt_text for s in only)
+        if cobatched and knobs.cobatch_divergence and chosen:
+            text = diverged_answer(text)
+        by_slot = knobs.slot_divergence_if_contains
+        if self.parallel > 1 and any(s in prompt_text for s in by_slot):
+            text = diverged_answer(text)
+        if cache_n and any(s in prompt_text for s in knobs.cache_divergence_if_contains):
+            text = diverged_answer(text)
+        if knobs.divergence_probability > 0:
+            with self._cond:
+                k = self._seen[prompt_text] = self._seen.get(prompt_text, 0) + 1
+            draw = random.Random(f"{self._noise_key}:{k}:{prompt_text}").random()
+            if draw < knobs.divergence_probability:
+                text = diverged_answer(text)
+        return text
+
+    def _tokens(self, text: str, cobatched: bool, n_predict: int) -> _Tokens:
+        """The text's tokens (split differently when the token-divergence knob applies), cut
+        to ``n_predict``."""
+        token_only = cobatched and self.knobs.token_divergence and bool(text)
+        if token_only:
+            pieces = [*resplit(tokenize(text)), "\n"]
+            text = "".join(pieces)
+        else:
+            pieces = tokenize(text)
+        finish = "stop"
+        if len(pieces) > n_predict:
+            pieces = pieces[:n_predict]
+            text = "".join(pieces)
+            finish = "length"
+        return _Tokens(text=text, pieces=tuple(pieces), finish_reason=finish, token_only=token_only)
+
+    def _drift(self, out: _Tokens, cobatched: bool, cache_n: int) -> float:
+        """How far the logprobs move: by a token-only split, co-batching, or the prompt cache."""
+        drift = 0.05 if out.token_only else 0.0
+        if cobatched and not out.token_only:
+            drift = self.knobs.numeric_drift
+        if cache_n:
+            drift += self.knobs.cache_numeric_drift
+        return drift
+
+
+def _logprobs(pieces: tuple[str, ...], drift: float) -> tuple[float, ...]:
+    """A fixed logprob per (position, piece), moved down by ``drift``."""
+    # An odd divisor: the values carry full float precision, as a real engine's do.
+    return tuple(
+        -((zlib.crc32(f"{i}:{p}".encode()) % 500) / 9973.0) - drift for i, p in enumerate(pieces)
+    )

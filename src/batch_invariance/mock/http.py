@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -82,6 +83,73 @@ def _usage(gen: Generation) -> dict[str, Any]:
 
 def _error(code: int, message: str, kind: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "type": kind}}
+
+
+_COMPLETION_PATHS = ("/completion", "/v1/completions", "/v1/chat/completions")
+
+
+@dataclass(frozen=True)
+class _Completion:
+    """A completion request as the look-alike reads it."""
+
+    #: ``/v1/chat/completions`` (messages rendered as a chat), else a raw prompt.
+    chat: bool
+    prompt_text: str
+    #: How many alternatives per token the logprobs list carries (0: no logprobs).
+    k: int
+    n_predict: int
+
+
+def _tokenize_json(body: dict[str, Any]) -> dict[str, Any]:
+    """The ``/tokenize`` answer: token ids, or ids with their pieces (``with_pieces``)."""
+    pieces = tokenize(str(body.get("content", "")))
+    if body.get("with_pieces"):
+        return {"tokens": [{"id": token_id(p), "piece": p} for p in pieces]}
+    return {"tokens": [token_id(p) for p in pieces]}
+
+
+def _completion_json(gen: Generation, k: int) -> dict[str, Any]:
+    """llama-server's native ``/completion`` answer."""
+    payload: dict[str, Any] = {
+        "index": 0,
+        "content": gen.text,
+        "tokens": [],
+        "id_slot": gen.slot_id,
+        "stop": True,
+        "model": "mock",
+        "tokens_predicted": len(gen.pieces),
+        "tokens_evaluated": gen.prompt_tokens,
+        "stop_type": "eos" if gen.finish_reason == "stop" else "limit",
+        "tokens_cached": gen.prompt_tokens + len(gen.pieces),
+        "timings": _timings(gen),
+    }
+    if k > 0:
+        payload["completion_probabilities"] = _probs_json(gen, k)
+    return payload
+
+
+def _openai_json(gen: Generation, request: _Completion, post_sampling: bool) -> dict[str, Any]:
+    """The OpenAI-compatible answer (``/v1/completions``, ``/v1/chat/completions``)."""
+    k = request.k
+    logprobs: Any = {"content": _probs_json(gen, k, post_sampling)} if k > 0 else None
+    choice: dict[str, Any] = {"index": 0, "finish_reason": gen.finish_reason}
+    if request.chat:
+        choice["message"] = {"role": "assistant", "content": gen.text}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+    else:
+        choice["text"] = gen.text
+        choice["logprobs"] = logprobs
+    return {
+        "choices": [choice],
+        "created": int(time.time()),
+        "model": "mock",
+        "system_fingerprint": "batch-invariance-mock",
+        "object": "chat.completion" if request.chat else "text_completion",
+        "usage": _usage(gen),
+        "id": f"cmpl-mock-{gen.task_id}",
+        "timings": _timings(gen),
+    }  # fmt: skip
 
 
 class MockHandler(BaseHTTPRequestHandler):
@@ -160,32 +228,53 @@ class MockHandler(BaseHTTPRequestHandler):
             self._send(404, _error(404, "File Not Found", "not_found_error"))
 
     def do_POST(self) -> None:
-        mock = self.mock
         path = self.path.split("?", 1)[0]
+        body = self._json_object()
+        if body is None or not self._accepting():
+            return
+        if path == "/tokenize":
+            self._send(200, _tokenize_json(body))
+            return
+        if path not in _COMPLETION_PATHS:
+            self._send(404, _error(404, "File Not Found", "not_found_error"))
+            return
+        request = self._completion_request(path, body)
+        if request is None:
+            return
+        gen = self._generate(request, body)
+        if gen is None:
+            return
+        if path == "/completion":
+            self._send(200, _completion_json(gen, request.k))
+        else:
+            self._send(200, _openai_json(gen, request, bool(body.get("post_sampling_probs"))))
+
+    def _json_object(self) -> dict[str, Any] | None:
+        """The request's body as a JSON object; None once a 400 answered a body that is not."""
         try:
             body = self._body()
         except (ValueError, UnicodeDecodeError):
             self._send(400, _error(400, "invalid JSON body", "invalid_request_error"))
-            return
+            return None
         if not isinstance(body, dict):
             self._send(400, _error(400, "body must be a JSON object", "invalid_request_error"))
-            return
-        if mock.dead:
+            return None
+        return body
+
+    def _accepting(self) -> bool:
+        """False (the request answered, or its connection dropped) while the server is dead or
+        still loading."""
+        if self.mock.dead:
             self.close_connection = True  # drop the connection without an answer
-            return
-        if mock.loading:
+            return False
+        if self.mock.loading:
             self._send(503, _error(503, "Loading model", "unavailable_error"))
-            return
-        if path == "/tokenize":
-            pieces = tokenize(str(body.get("content", "")))
-            if body.get("with_pieces"):
-                self._send(200, {"tokens": [{"id": token_id(p), "piece": p} for p in pieces]})
-            else:
-                self._send(200, {"tokens": [token_id(p) for p in pieces]})
-            return
-        if path not in ("/completion", "/v1/completions", "/v1/chat/completions"):
-            self._send(404, _error(404, "File Not Found", "not_found_error"))
-            return
+            return False
+        return True
+
+    def _completion_request(self, path: str, body: dict[str, Any]) -> _Completion | None:
+        """What a completion body asks for; None once a 400 answered ``top_logprobs`` asked
+        without ``logprobs`` (chat)."""
         chat = path == "/v1/chat/completions"
         if chat:
             prompt_text = _render_chat(body.get("messages"))
@@ -200,7 +289,7 @@ class MockHandler(BaseHTTPRequestHandler):
                         "invalid_request_error",
                     ),
                 )
-                return
+                return None
             else:
                 k = 0
         else:
@@ -210,53 +299,22 @@ class MockHandler(BaseHTTPRequestHandler):
         n_predict = int(raw_n) if isinstance(raw_n, (int, float)) else -1
         if n_predict < 0:
             n_predict = 1 << 20
-        if mock.fails_now(prompt_text):
+        return _Completion(chat=chat, prompt_text=prompt_text, k=k, n_predict=n_predict)
+
+    def _generate(self, request: _Completion, body: dict[str, Any]) -> Generation | None:
+        """Generate on a slot; None once a 500 (the fail-once knob) or the busy status (a
+        refused request) answered instead."""
+        mock = self.mock
+        if mock.fails_now(request.prompt_text):
             self._send(500, _error(500, "transient failure (mock knob)", "server_error"))
-            return
+            return None
         try:
             # llama-server caches prompts unless the request says cache_prompt: false.
             cache_prompt = body.get("cache_prompt", True) is not False
-            gen = mock.generate(prompt_text, n_predict, cache_prompt)
+            gen = mock.generate(request.prompt_text, request.n_predict, cache_prompt)
             mock.count_answer()
         except Busy:
             status = mock.knobs.http_error_status
             self._send(status, _error(status, "server busy (mock under load)", "unavailable_error"))
-            return
-        if path == "/completion":
-            payload: dict[str, Any] = {
-                "index": 0,
-                "content": gen.text,
-                "tokens": [],
-                "id_slot": gen.slot_id,
-                "stop": True,
-                "model": "mock",
-                "tokens_predicted": len(gen.pieces),
-                "tokens_evaluated": gen.prompt_tokens,
-                "stop_type": "eos" if gen.finish_reason == "stop" else "limit",
-                "tokens_cached": gen.prompt_tokens + len(gen.pieces),
-                "timings": _timings(gen),
-            }
-            if k > 0:
-                payload["completion_probabilities"] = _probs_json(gen, k)
-            self._send(200, payload)
-            return
-        post = bool(body.get("post_sampling_probs"))
-        logprobs: Any = {"content": _probs_json(gen, k, post)} if k > 0 else None
-        choice: dict[str, Any] = {"index": 0, "finish_reason": gen.finish_reason}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": gen.text}
-            if logprobs is not None:
-                choice["logprobs"] = logprobs
-        else:
-            choice["text"] = gen.text
-            choice["logprobs"] = logprobs
-        self._send(200, {
-            "choices": [choice],
-            "created": int(time.time()),
-            "model": "mock",
-            "system_fingerprint": "batch-invariance-mock",
-            "object": "chat.completion" if chat else "text_completion",
-            "usage": _usage(gen),
-            "id": f"cmpl-mock-{gen.task_id}",
-            "timings": _timings(gen),
-        })  # fmt: skip
+            return None
+        return gen

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from batch_invariance.cert.compare_view import CertRef, Comparison
 from batch_invariance.core.compare import CellComparison, FailOn, PromptChange
-from batch_invariance.report.render import md_cell, md_code, one_line
+from batch_invariance.report.escape import md_cell, md_code, one_line
 
 __all__ = ["MAX_ROWS", "comparison_markdown", "comparison_text", "worst_words"]
 

@@ -3,12 +3,12 @@
 workflow-command annotations.
 
 Each function returns a string and prints nothing; the commands print it. Golden tests
-(``tests/golden/``) pin every view byte for byte.
+(``tests/golden/``) pin every view byte for byte. The escapes the GitHub views use (workflow
+commands, Markdown) are in :mod:`batch_invariance.report.escape`, re-exported here.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +17,15 @@ from batch_invariance.cert.certificate import Cert, display_verdict
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 from batch_invariance.core.scope import scope_words
 from batch_invariance.core.throughput import Throughput
+from batch_invariance.report.escape import (
+    annotation,
+    escape_data,
+    escape_property,
+    log_line,
+    md_cell,
+    md_code,
+    one_line,
+)
 from batch_invariance.report.numerics_view import (
     numerics_lines,
     numerics_markdown,
@@ -54,7 +63,6 @@ Require = Literal["green", "promotable", "none"]
 TITLE = "batch-invariance"
 _BAR = "=" * 72
 _MAX_DIVERGENT_ROWS = 10
-_EXCERPT_CHARS = 80
 #: A path or a cell name in the job summary: long enough never to be cut in practice.
 _PATH_CHARS = 1000
 
@@ -261,68 +269,33 @@ def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
 # --------------------------------------------------------------------------- GitHub
 
 
-def escape_data(text: str) -> str:
-    """Escape a workflow-command message (``::error::MESSAGE``): ``%``, CR and LF, as the
-    runner unescapes them, so a value can neither end the line nor start a command."""
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def escape_property(text: str) -> str:
-    """Escape a workflow-command property value (``title=...``): the message's escapes, and
-    ``:`` and ``,``, which would end the value."""
-    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def annotation(level: Literal["error", "warning", "notice"], title: str, message: str) -> str:
-    return f"::{level} title={escape_property(title)}::{escape_data(message)}"
-
-
-def log_line(text: str) -> str:
-    """A plain job-log line that echoes values from the step's inputs or a cert: on one line
-    (CR and LF written as ``\\r`` and ``\\n``), so no value can start a line the runner reads
-    as a workflow command (``::error::``)."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
-
-
-#: Characters that start Markdown or HTML anywhere in a line: backslash escapes, code spans,
-#: emphasis, strikethrough, links and images, HTML tags and autolinks, entities, table cells
-#: and GitHub's math. Each is written with a backslash (CommonMark: any ASCII punctuation may
-#: be), so it shows as itself.
-_MD_INLINE = re.compile(r"([\\`*_~\[\]<|&$])")
-#: What starts a block when it begins a line: a heading, a quote, a list item, a setext
-#: underline or a thematic break (its first character), an ordered list item (``1.``, ``1)``).
-_MD_BLOCK = re.compile(r"^([#>+=-]|[0-9]{1,9}(?=[.)]))")
-
-
-def one_line(value: object, limit: int = _EXCERPT_CHARS) -> str:
-    """``value`` on one line (whitespace runs as one space), cut to ``limit`` characters."""
-    text = " ".join(str(value).split())
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return text
-
-
-def md_cell(value: object, limit: int = _EXCERPT_CHARS) -> str:
-    """``value`` as Markdown text that shows exactly as written: on one line, cut to ``limit``
-    characters, every Markdown and HTML metacharacter escaped (safe in a table cell, a list
-    item or a line of its own). For any value from the step's inputs or a cert."""
-    text = one_line(value, limit)
-    if not text:
-        return "∅"
-    text = _MD_INLINE.sub(r"\\\1", text)
-    block = _MD_BLOCK.match(text)
-    if block is None:
-        return text
-    at = block.end() if block.group(1)[0].isdigit() else 0
-    return text[:at] + "\\" + text[at:]
-
-
-def md_code(value: object, limit: int = _EXCERPT_CHARS, *, table: bool = False) -> str:
-    """``value`` for the inside of a code span (`` `...` ``), where Markdown and HTML are
-    already literal: on one line, cut to ``limit``, a backtick (which would end the span)
-    written as ``'``, and in a table cell ``|`` escaped (GFM splits cells before spans)."""
-    text = one_line(value, limit).replace("`", "'") or "∅"
-    return text.replace("|", "\\|") if table else text
+def _divergent_ids_markdown(cert: Cert) -> list[str]:
+    """The job summary's table of A-vs-C divergent ids (at most ``_MAX_DIVERGENT_ROWS``), and
+    the count of ids that differ in their tokens only."""
+    ac = cert.divergence_report.ac
+    lines: list[str] = []
+    rows = [row for row in ac.per_id if row.kind != "token_only"]
+    if rows:
+        lines += ["| id | pass | field | A | C |", "| --- | --- | --- | --- | --- |"]
+        for row in rows[:_MAX_DIVERGENT_ROWS]:
+            a_text = row.x_excerpt if row.x_excerpt is not None else row.x
+            c_text = row.y_excerpt if row.y_excerpt is not None else row.y
+            where = "" if row.pass_index is None else str(row.pass_index)
+            test_id = md_code(row.test_id, 60, table=True)
+            lines.append(
+                f"| `{test_id}` | {where} | {md_cell(row.field, 60)} | {md_cell(a_text)} | "
+                f"{md_cell(c_text)} |"
+            )
+        if len(rows) > _MAX_DIVERGENT_ROWS:
+            lines.append(f"\n…and {len(rows) - _MAX_DIVERGENT_ROWS} more rows in the cert.")
+    else:
+        lines.append("None: A and C agreed on every compared id and pass.")
+    if ac.token_divergence_ids:
+        lines.append(
+            f"\nToken-only differences (same invariant fields): {len(ac.token_divergence_ids)} "
+            "id(s)."
+        )
+    return lines
 
 
 def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mapping[str, str]) -> str:
@@ -352,27 +325,7 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
         mark = "pass" if outcome.ok else "**fail**"
         lines.append(f"| {md_cell(name, 60)} | {mark} | {md_cell(outcome.reason, 200)} |")
     lines += ["", f"### Divergent ids (A vs C): {len(ac.divergent_ids)}", ""]
-    rows = [row for row in ac.per_id if row.kind != "token_only"]
-    if rows:
-        lines += ["| id | pass | field | A | C |", "| --- | --- | --- | --- | --- |"]
-        for row in rows[:_MAX_DIVERGENT_ROWS]:
-            a_text = row.x_excerpt if row.x_excerpt is not None else row.x
-            c_text = row.y_excerpt if row.y_excerpt is not None else row.y
-            where = "" if row.pass_index is None else str(row.pass_index)
-            test_id = md_code(row.test_id, 60, table=True)
-            lines.append(
-                f"| `{test_id}` | {where} | {md_cell(row.field, 60)} | {md_cell(a_text)} | "
-                f"{md_cell(c_text)} |"
-            )
-        if len(rows) > _MAX_DIVERGENT_ROWS:
-            lines.append(f"\n…and {len(rows) - _MAX_DIVERGENT_ROWS} more rows in the cert.")
-    else:
-        lines.append("None: A and C agreed on every compared id and pass.")
-    if ac.token_divergence_ids:
-        lines.append(
-            f"\nToken-only differences (same invariant fields): {len(ac.token_divergence_ids)} "
-            "id(s)."
-        )
+    lines += _divergent_ids_markdown(cert)
     scope = cert.promotion_scope
     lines += ["", *numerics_markdown(cert.numerics)]
     lines += ["", *scope_markdown(cert.sequence_scope)]

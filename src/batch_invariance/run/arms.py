@@ -37,7 +37,6 @@ from batch_invariance.core.schedule import (
 )
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.core.workitem import WorkItem
-from batch_invariance.run.dispatch import run_serial
 from batch_invariance.run.passes import (
     arm_report,
     arm_stats,
@@ -49,6 +48,7 @@ from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.protocols import ServerHandle, ServerLauncher
 from batch_invariance.run.records import ArmStats, ServerRecord
 from batch_invariance.run.response import RawResponse
+from batch_invariance.run.serial import run_serial
 from batch_invariance.run.transport import RequestTemplate
 from batch_invariance.run.trials import Notes, trials_for
 

@@ -1,10 +1,11 @@
 """Sending a set of requests to one server: serially, or as a concurrent closed-loop pass.
 
-:func:`run_serial` keeps exactly one request in flight. :func:`run_concurrent_pass` releases
-N worker threads at once through a barrier; they drain a shared queue in a per-pass order
-shuffled from the seed, while a sampler thread asks the server itself how many slots are busy
-(``/slots``, and ``/metrics`` when enabled). Every thread is joined before either returns,
-including when the caller is interrupted.
+:func:`run_serial` (:mod:`batch_invariance.run.serial`, re-exported here) keeps exactly one
+request in flight. :func:`run_concurrent_pass` releases N worker threads at once through a
+barrier; they drain a shared queue in a per-pass order shuffled from the seed, while a sampler
+thread asks the server itself how many slots are busy (``/slots``, and ``/metrics`` when
+enabled). Every thread is joined before either returns, including when the caller is
+interrupted.
 
 Faults (README, exit codes): a server that died is an infrastructure failure, so both raise
 the handle's :class:`~batch_invariance.errors.InfraError` as soon as its liveness check fails,
@@ -20,7 +21,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,13 @@ from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json, ge
 from batch_invariance.errors import InfraError
 from batch_invariance.run.protocols import ServerHandle
 from batch_invariance.run.response import RawResponse
+from batch_invariance.run.serial import (
+    TRANSIENT_MODES,
+    CheckAlive,
+    OnDone,
+    SerialRun,
+    run_serial,
+)
 from batch_invariance.run.transport import RequestTemplate, send
 
 __all__ = [
@@ -49,9 +57,6 @@ __all__ = [
     "run_serial",
 ]
 
-#: Called after each completed request with the response (from any thread).
-OnDone = Callable[[RawResponse], None]
-
 #: The sampler polls this often during the first second of a pass (short passes need dense
 #: samples to see their overlap) ...
 SAMPLE_INTERVAL_S = 0.025
@@ -68,60 +73,6 @@ def pass_order(ids: Sequence[str], seed: int, pass_index: int) -> tuple[str, ...
     order = list(ids)
     random.Random(f"batch-invariance:{seed}:{pass_index}").shuffle(order)
     return tuple(order)
-
-
-#: Failure modes of a live server worth one more try in a serial arm (``server_gone`` is
-#: not: a dead server ends the run).
-TRANSIENT_MODES: frozenset[str] = frozenset({"timeout", "connection_error", "http_error"})
-
-#: Called with no arguments; raises :class:`InfraError` when the server died.
-CheckAlive = Callable[[], None]
-
-
-@dataclass(frozen=True)
-class SerialRun:
-    """What a serial arm got back: the answer to each id (the retry's, where one was sent),
-    and the failed first attempt of every request that was retried."""
-
-    responses: dict[str, RawResponse]
-    first_attempts: dict[str, RawResponse]
-
-
-def _raise_if_dead(resp: RawResponse, check_alive: CheckAlive | None) -> None:
-    """Raise the handle's :class:`InfraError` when ``resp`` failed because the server died."""
-    if resp.ok or check_alive is None:
-        return
-    check_alive()
-    if resp.failure_mode == "server_gone":
-        raise InfraError(f"the server stopped answering: {resp.transport_error}")
-
-
-def run_serial(
-    base_url: str,
-    template: RequestTemplate,
-    items: Sequence[WorkItem],
-    check_alive: CheckAlive | None = None,
-    on_done: OnDone | None = None,
-) -> SerialRun:
-    """Send ``items`` one at a time, in order, each transient failure retried once.
-
-    Raises :class:`InfraError` when ``check_alive`` says the server died."""
-    out: dict[str, RawResponse] = {}
-    first_attempts: dict[str, RawResponse] = {}
-    with requests.Session() as session:
-        for item in items:
-            resp = send(session, base_url, template, item, check_alive)
-            _raise_if_dead(resp, check_alive)
-            if resp.failure_mode in TRANSIENT_MODES:
-                first_attempts[item.test_id] = resp
-                resp = send(session, base_url, template, item, check_alive)
-                _raise_if_dead(resp, check_alive)
-            out[item.test_id] = resp
-            if on_done is not None:
-                on_done(resp)
-    if check_alive is not None:
-        check_alive()
-    return SerialRun(out, first_attempts)
 
 
 def _read_counters(
@@ -236,6 +187,130 @@ class _BusySampler(threading.Thread):
         )
 
 
+@dataclass(frozen=True)
+class _PassWork:
+    """What one pass hands out: its chains of items, in queue order, and their ids in order."""
+
+    chains: tuple[tuple[WorkItem, ...], ...]
+    order: tuple[str, ...]
+
+
+def _pass_work(
+    items: Sequence[WorkItem],
+    seed: int,
+    pass_index: int,
+    chains: Sequence[Sequence[str]] | None,
+) -> _PassWork:
+    """The chains of one pass: each item a chain of one in :func:`pass_order`, or ``chains``
+    (which must hold every item's id exactly once) in their order."""
+    by_id = {item.test_id: item for item in items}
+    ids = [item.test_id for item in items]
+    if chains is None:
+        chains = [(test_id,) for test_id in pass_order(ids, seed, pass_index)]
+    elif sorted(t for chain in chains for t in chain) != sorted(ids):
+        raise ValueError("chains must hold every item's id exactly once")
+    return _PassWork(
+        chains=tuple(tuple(by_id[test_id] for test_id in chain) for chain in chains),
+        order=tuple(t for chain in chains for t in chain),
+    )
+
+
+class _ClosedLoop:
+    """The workers of one pass: released together by a barrier, each drains the shared queue
+    of chains on its own session, and the first request that finds the server gone stops
+    them all."""
+
+    def __init__(
+        self,
+        server: ServerHandle,
+        template: RequestTemplate,
+        work: _PassWork,
+        workers: int,
+        on_done: OnDone | None,
+    ) -> None:
+        self._base_url, self._check_alive = server.base_url, server.check_alive
+        self._template = template
+        self._on_done = on_done
+        self._queue: queue.Queue[tuple[WorkItem, ...]] = queue.Queue()
+        for chain in work.chains:
+            self._queue.put(chain)
+        self._lock = threading.Lock()
+        self.results: dict[str, RawResponse] = {}
+        self.stop = threading.Event()
+        self.barrier = threading.Barrier(workers + 1)
+
+    def worker(self) -> None:
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            return
+        with requests.Session() as session:
+            while not self.stop.is_set():
+                try:
+                    chain = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                if not self._send_chain(session, chain):
+                    return
+
+    def _send_chain(self, session: requests.Session, chain: tuple[WorkItem, ...]) -> bool:
+        """Send a chain's items one after another; False once the pass must stop."""
+        for item in chain:
+            if self.stop.is_set():
+                return False
+            resp = send(session, self._base_url, self._template, item, self._check_alive)
+            with self._lock:
+                self.results[item.test_id] = resp
+            if resp.failure_mode == "server_gone":
+                self.stop.set()  # the pass cannot finish: send nothing more to a dead port
+                return False
+            if self._on_done is not None:
+                self._on_done(resp)
+        return True
+
+    def raise_if_gone(self) -> None:
+        """Raise :class:`InfraError` when a request of the pass found the server gone."""
+        gone = [r for r in self.results.values() if r.failure_mode == "server_gone"]
+        if gone:
+            raise InfraError(f"the server stopped answering: {gone[0].transport_error}")
+
+
+def _run_and_join(
+    loop: _ClosedLoop,
+    threads: Sequence[threading.Thread],
+    sampler: _BusySampler,
+    request_timeout_s: float,
+) -> None:
+    """Start the sampler and the workers, release the workers together, and join every
+    thread, also when the caller is interrupted."""
+    try:
+        sampler.start()
+        for thread in threads:
+            thread.start()
+        loop.barrier.wait()
+        for thread in threads:
+            thread.join()
+    finally:
+        # Reached normally, or on KeyboardInterrupt / Interrupted: stop handing out work,
+        # release anyone still at the barrier, and join everything we started.
+        loop.stop.set()
+        loop.barrier.abort()
+        sampler.stop_event.set()
+        # A worker blocked in a request returns within the request timeout; one deadline for
+        # all of them, so N stuck workers never cost N timeouts.
+        deadline = time.monotonic() + request_timeout_s + 5.0
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if sampler.ident is not None:
+            sampler.join(timeout=5.0)
+
+
+def _read_counters_now(counters: Sequence[PassCounter]) -> dict[str, Mapping[str, float]]:
+    with requests.Session() as session:
+        return _read_counters(session, counters)
+
+
 def run_concurrent_pass(
     server: ServerHandle,
     template: RequestTemplate,
@@ -262,89 +337,28 @@ def run_concurrent_pass(
     request that finds the server gone stops every worker; once they are joined, the
     handle's ``check_alive`` raises :class:`InfraError` (nothing is retried).
     """
-    base_url, check_alive = server.base_url, server.check_alive
     counters = server.pass_counters if read_counters else ()
     if workers < 1:
         raise ValueError("workers must be >= 1")
-    by_id = {item.test_id: item for item in items}
-    ids = [item.test_id for item in items]
-    if chains is None:
-        chains = [(test_id,) for test_id in pass_order(ids, seed, pass_index)]
-    elif sorted(t for chain in chains for t in chain) != sorted(ids):
-        raise ValueError("chains must hold every item's id exactly once")
-    order = tuple(t for chain in chains for t in chain)
-    work: queue.Queue[tuple[WorkItem, ...]] = queue.Queue()
-    for chain in chains:
-        work.put(tuple(by_id[test_id] for test_id in chain))
-    results: dict[str, RawResponse] = {}
-    lock = threading.Lock()
-    stop = threading.Event()
-    barrier = threading.Barrier(workers + 1)
+    work = _pass_work(items, seed, pass_index, chains)
+    loop = _ClosedLoop(server, template, work, workers, on_done)
     sampler = _BusySampler(server.busy_probes, sample_interval_s)
-
-    def worker() -> None:
-        try:
-            barrier.wait()
-        except threading.BrokenBarrierError:
-            return
-        with requests.Session() as session:
-            while not stop.is_set():
-                try:
-                    chain = work.get_nowait()
-                except queue.Empty:
-                    return
-                for item in chain:
-                    if stop.is_set():
-                        return
-                    resp = send(session, base_url, template, item, check_alive)
-                    with lock:
-                        results[item.test_id] = resp
-                    if resp.failure_mode == "server_gone":
-                        stop.set()  # the pass cannot finish: send nothing more to a dead port
-                        return
-                    if on_done is not None:
-                        on_done(resp)
-
     threads = [
-        threading.Thread(target=worker, name=f"bi-worker-{pass_index}-{k}", daemon=True)
+        threading.Thread(target=loop.worker, name=f"bi-worker-{pass_index}-{k}", daemon=True)
         for k in range(workers)
     ]
-    with requests.Session() as session:
-        before = _read_counters(session, counters)
+    before = _read_counters_now(counters)
     started = time.monotonic()
-    try:
-        sampler.start()
-        for thread in threads:
-            thread.start()
-        barrier.wait()
-        for thread in threads:
-            thread.join()
-    finally:
-        # Reached normally, or on KeyboardInterrupt / Interrupted: stop handing out work,
-        # release anyone still at the barrier, and join everything we started.
-        stop.set()
-        barrier.abort()
-        sampler.stop_event.set()
-        # A worker blocked in a request returns within the request timeout; one deadline for
-        # all of them, so N stuck workers never cost N timeouts.
-        deadline = time.monotonic() + template.timeout_s + 5.0
-        for thread in threads:
-            if thread.ident is not None:
-                thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if sampler.ident is not None:
-            sampler.join(timeout=5.0)
+    _run_and_join(loop, threads, sampler, template.timeout_s)
     wall = time.monotonic() - started
-    check_alive()
-    gone = [r for r in results.values() if r.failure_mode == "server_gone"]
-    if gone:
-        raise InfraError(f"the server stopped answering: {gone[0].transport_error}")
-    with requests.Session() as session:
-        after = _read_counters(session, counters)
+    server.check_alive()
+    loop.raise_if_gone()
+    after = _read_counters_now(counters)
     busy = sampler.result()
     return ConcurrentPass(
         index=pass_index,
-        responses=dict(results),
-        order=order,
+        responses=dict(loop.results),
+        order=work.order,
         server_busy_max=busy.busy_max,
         busy_source=busy.source,
         busy=busy,
