@@ -36,6 +36,7 @@ from batch_invariance.cert.signing import (
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.check_deploy import signing_policy
 from batch_invariance.core.evidence import GatePolicy
+from batch_invariance.core.plan import Measurement
 from batch_invariance.deploy.gate.cells import load_deploy_cells
 from batch_invariance.deploy.gate.check import BundleVerifier, check_cells
 from batch_invariance.errors import CertInvalid, UsageError
@@ -131,7 +132,12 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     ref = resources.files("batch_invariance").joinpath("data/worksets/mock.json")
     with resources.as_file(ref) as path:
         workset = load_workset(path)
-    plan = CellPlan(items=workset.items, ctx=1024, parallel=parallel, gate_passes=4, n_predict=128)
+    plan = CellPlan(
+        items=workset.items,
+        ctx=1024,
+        parallel=parallel,
+        measurement=Measurement(gate_passes=4, n_predict=128),
+    )
     run = run_cell(plan, MockLauncher(MockKnobs()), load_scorer(None))
     spec = CellSpec(model=MODEL, ctx=1024, dispatch_n=parallel, kv_label=run.kv_label, reps=1)
     return finish_cell(run, spec, GatePolicy(), Provenance(driver="deploy-test"), out_dir).path
