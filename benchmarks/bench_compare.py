@@ -8,7 +8,7 @@ best of three timings (of five for the processes) of:
 
 * the comparison itself (``core.compare.compare_cells`` on two sides already read),
 * reading both sides out of the parsed certs (``cert.compare_view.side_from_cert``),
-* verifying one cert through the one verification path (``verify_path``: schema, duplicate
+* verifying one cert through the one verification path (``verify``: schema, duplicate
   keys, digest, structure, the verdict re-derived from A, B and every C pass, identity),
 * the whole command path (``compare_inputs``: read and verify both certs, then pair and
   compare), cold (every check on both certs) and warm (both texts already verified under this
@@ -39,7 +39,7 @@ from batch_invariance.cert.compare_view import side_from_cert
 from batch_invariance.cert.memo import MEMO_ENV
 from batch_invariance.cert.parse import parse_cert
 from batch_invariance.cert.store import render
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.core.compare import compare_cells
 from batch_invariance.core.evidence import (
     CellEvidence,
@@ -165,7 +165,7 @@ def main() -> None:
         # As an installed package runs: with its bytecode cached (a first, untimed run writes it).
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         cold, warm = {**env, MEMO_ENV: "off"}, {**env, MEMO_ENV: f"{tmp}/memo"}
-        t_verify = _best(lambda: verify_path(old_path))
+        t_verify = _best(lambda: verify(old_path))
         os.environ[MEMO_ENV] = "off"
         t_cold = _best(lambda: compare_inputs(old_path, new_path, None))
         os.environ[MEMO_ENV] = warm[MEMO_ENV]
@@ -179,7 +179,7 @@ def main() -> None:
     size = f"{len(old_text.encode()) / 1e6:.0f} MB"
     print(f"comparison (core.compare.compare_cells):         {t_compare * 1000:8.1f} ms")
     print(f"reading both sides from parsed certs:            {t_sides * 1000:8.1f} ms")
-    print(f"verifying one {size} cert in full (verify_path):  {t_verify * 1000:8.1f} ms")
+    print(f"verifying one {size} cert in full (verify):       {t_verify * 1000:8.1f} ms")
     print(f"whole command path, cold (verify x2 in full):    {t_cold * 1000:8.1f} ms")
     print(f"whole command path, warm (both recalled):        {t_warm * 1000:8.1f} ms")
     print(f"`{' '.join(command[:2])}` as a process, cold:   {p_cold * 1000:8.1f} ms")

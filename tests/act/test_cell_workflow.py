@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.verify import verify_cert_file
+from batch_invariance.cert.verify import verify
 from tests.act.act_run import ActRun, ActSetup, run_act
 from tests.support.factories import load_cert as read_cert
 from tests.support.paths import REPO
@@ -55,7 +55,7 @@ def test_each_cell_checks_out_its_commit_runs_and_uploads_its_cert(
     assert set(files) == {cert_name}
     cert_path = tmp_path / cert_name
     cert_path.write_bytes(files[cert_name])
-    verify_cert_file(cert_path)
+    verify(cert_path).raise_if_invalid()
     cert = read_cert(cert_path)
     assert (cert.source, cert.dispatch_n, cert.verdict) == ("mock", int(parallel), "GREEN")
     assert "Mock run" in matrix.summary(job)

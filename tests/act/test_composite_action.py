@@ -13,7 +13,7 @@ from pathlib import Path
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.schema import Cert
-from batch_invariance.cert.verify import cert_is_green, verify_cert_file
+from batch_invariance.cert.verify import cert_is_green, verify
 from tests.act.act_run import ActRun
 from tests.support.factories import load_cert as read_cert
 
@@ -42,7 +42,7 @@ def _cert_from_artifact(run: ActRun, outputs: dict[str, str], tmp_path: Path) ->
     assert outputs["bundle-path"] == "" and outputs["attestation-path"] == ""
     cert_path = tmp_path / cert_name
     cert_path.write_bytes(files[cert_name])
-    verify_cert_file(cert_path)
+    verify(cert_path).raise_if_invalid()
     return read_cert(cert_path)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.certificate import cert_is_green
-from batch_invariance.cert.verify import verify_cert_file
+from batch_invariance.cert.verify import verify
 from batch_invariance.provision.embedded import provision
 from tests.docker.runner_job import Job
 from tests.support.factories import load_cert
@@ -92,7 +92,7 @@ def test_live_cell_in_the_container_on_the_provisioned_server_and_model(job: Job
     out = _outputs(job)
     assert out, proc.stdout[-3000:] + proc.stderr[-3000:]
     cert_path = job.workspace / out["cert-path"]
-    report = verify_cert_file(cert_path)  # schema, digest and re-derived verdict hold
+    report = verify(cert_path).raise_if_invalid()  # schema, digest and re-derived verdict hold
     cert = load_cert(cert_path)
     assert cert.source == "live"
     assert out["verdict"] == cert.verdict and out["status"] == cert.status

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
@@ -55,5 +55,5 @@ def test_cache_arm_on_the_real_server_proves_reuse_and_names_the_cache(
     assert any(r.startswith("prompt-cache arm:") for r in cert.decision_reasons) or (
         block.status == "clean"
     )
-    verification = verify_path(finished.path)
+    verification = verify(finished.path)
     assert verification.valid, verification.problems

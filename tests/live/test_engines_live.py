@@ -12,7 +12,7 @@ from batch_invariance import exitcodes
 from batch_invariance.cache_dir import cache_root
 from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Measurement
@@ -90,7 +90,7 @@ def test_llama_cpp_python_is_unverified_for_want_of_a_cobatching_witness(
         "--req-timeout", "300", "--out-dir", str(out),
     ])  # fmt: skip
     (path,) = out.glob("*.json")
-    checked = verify_path(path)
+    checked = verify(path)
     assert checked.problems == ()  # its identity reads --n_ctx and --model
     cert = checked.cert
     assert cert is not None

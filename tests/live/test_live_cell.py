@@ -125,9 +125,9 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
     assert "--metrics" in argvs[1] and argvs[1][argvs[1].index("--ctx-size") + 1] == "2048"
     assert "split" in cert.kv_label
     # The real live cert passes the one verification path, identity against provenance too.
-    from batch_invariance.cert.verify import verify_path
+    from batch_invariance.cert.verify import verify
 
-    verification = verify_path(outcome.finished.path)
+    verification = verify(outcome.finished.path)
     assert verification.valid, verification.problems
     assert verification.verdict == "RED" and not verification.promotable
     _placement_recorded_and_held(prov, tmp_path / "deploy")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
@@ -36,7 +36,7 @@ def test_a_sweep_over_two_n_writes_two_certs_and_launches_three_servers(
     a_repeat_ran = False
     for entry in summary["certs"]:
         path = out / entry["file"]
-        verification = verify_path(path)
+        verification = verify(path)
         assert verification.problems == (), verification.problems
         cert = verification.cert
         assert cert is not None and cert.digest == entry["digest"]
@@ -75,4 +75,4 @@ def test_stop_on_red_reaches_red_in_fewer_passes_than_a_full_run(
     assert len(divergent) < 8 and cert.divergence_class == "co_batching"
     b_arm = next(arm for arm in cert.provenance.arms or () if arm["arm"] == "B")
     assert b_arm["n_requests"] == len(divergent)
-    assert verify_path(outcome.finished.path).problems == ()
+    assert verify(outcome.finished.path).problems == ()

@@ -39,7 +39,7 @@ import requests
 
 from batch_invariance.cert.parse import parse_cert
 from batch_invariance.cert.schema import Cert
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.core.verdict import CLASS_CACHE, CLASS_CACHE_DRIFT
 from batch_invariance.provision.vllm import VllmProvisioned
@@ -278,7 +278,7 @@ def test_vllm_cells_agree_with_an_independent_probe(
     _check_cache_arm(raw_cert, record, wall)
     # A model folder has no recorded digest yet, so the cert never verifies (fail closed);
     # nothing else may be wrong with it.
-    problems = verify_path(next((tmp_path / "raw").glob("*.json"))).problems
+    problems = verify(next((tmp_path / "raw").glob("*.json"))).problems
     assert len(problems) == 1 and "no sha256 of the model file is recorded" in problems[0]
 
 

@@ -3,7 +3,7 @@
 ``compare`` (and ``run-live --baseline``, the Action's ``baseline:``) exists to read a cert an
 earlier build wrote. A cert under this tool's rules (:func:`~batch_invariance.cert.parse.
 version_problem` has nothing to say) is verified in full, as every cert is
-(:func:`~batch_invariance.cert.verify.verify_text`). One written under other decision rules
+(:func:`~batch_invariance.cert.verify.verify`). One written under other decision rules
 (another ``rules_version``, or none recorded by another release) cannot have its verdict
 re-derived here, but its layout is this one, so it is still read through the schema, the
 duplicate-key scan and the digest, and its per-prompt answers, tokens and logprobs are
@@ -20,7 +20,7 @@ from batch_invariance import __version__
 from batch_invariance.cert.memo import VerifiedMemo
 from batch_invariance.cert.parse import parse_cert, read_header, version_problem
 from batch_invariance.cert.schema import CERT_VERSION, Cert
-from batch_invariance.cert.verify import verify_text
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.core.rules import RULES_VERSION, rules_words
 from batch_invariance.errors import CertInvalid
 
@@ -74,8 +74,9 @@ def read_baseline(
             f"with `pip install batch-invariance=={header.tool_version}`"
         )
     if header is None or version_problem(origin, header) is None:
-        verification = verify_text(text, origin, path, memo)
-        verification.raise_if_invalid()
+        verification = verify(
+            text, Depth.REMEMBERED, origin=origin, path=path, memo=memo
+        ).raise_if_invalid()
         assert verification.cert is not None
         return Baseline(verification.cert, None)
     cert = parse_cert(text, origin, any_rules=True)

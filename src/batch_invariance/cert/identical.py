@@ -4,7 +4,7 @@
 numbers, booleans, ``None``) are equal *with their types*: ``1``, ``1.0`` and ``True`` are
 three different values here, as they are three different JSON texts. Two identical trees of
 one schema dump to the same JSON, so a rebuilt cert identical to the stored one cannot
-disagree with it in any field; :func:`batch_invariance.cert.verify.verify_cert` uses that to
+disagree with it in any field; :func:`batch_invariance.cert.verify.verify` uses that to
 skip serialising both when they agree, and falls back to comparing their JSON forms field by
 field when they do not.
 

@@ -4,7 +4,7 @@ Re-deriving the verdict from the evidence proves nothing when the evidence itsel
 hold together: a work-set list that is not the ids A ran, a pass recorded twice under one
 index, B on ids that are not in the work-set, or one id dispatched twice in a pass (so one
 trial overwrote the other in the pass's map). Each of these makes the cert invalid (exit 5),
-on the one verification path (:func:`batch_invariance.cert.verify.verify_cert`).
+on the one verification path (:func:`batch_invariance.cert.verify.verify`).
 
 Duplicate keys in the JSON text (a trial map or any object written twice, the later value
 silently winning) are caught where the text is parsed (:func:`duplicate_key`).

@@ -1,24 +1,25 @@
 """The one verification path and the one promotability rule.
 
-:func:`verify_text` parses a cert once (schema, digest: :mod:`~batch_invariance.cert.parse`),
-refuses one written under other rules, checks that its evidence is one consistent record
-(:mod:`~batch_invariance.cert.structure`), re-derives it once from its own evidence, checks its
-identity against its own provenance (:mod:`~batch_invariance.cert.identity`) and then says
-whether it is promotable. Everything that reads a cert asks it: ``verify-cert``,
-:func:`is_promotable`, :func:`cert_is_green`, check-deploy and the Action.
+:func:`verify` is the one entry, with an explicit :class:`Depth`. In full it parses a cert once
+(schema, digest: :mod:`~batch_invariance.cert.parse`), refuses one written under other rules,
+checks that its evidence is one consistent record (:mod:`~batch_invariance.cert.structure`),
+re-derives it once from its own evidence, checks its identity against its own provenance
+(:mod:`~batch_invariance.cert.identity`) and then says whether it is promotable. Everything
+that reads a cert asks it: ``verify-cert``, :func:`is_promotable`, :func:`cert_is_green`,
+check-deploy and the Action.
 
 The re-derivation is compared with the stored cert value by value, types included
 (:mod:`~batch_invariance.cert.identical`); only when the two are not identical are their JSON
 forms compared field by field, to name the fields. Both say the same; the first serialises
 nothing (a cert of 1,000 prompts x 64 tokens is 20 MB of JSON).
 
-The readers of many or large certs (``compare``, ``report``) pass a
-:class:`~batch_invariance.cert.memo.VerifiedMemo`: bytes that already passed under this code
-skip the duplicate-key scan, the digest and the re-derivation, and nothing else.
+The readers of many or large certs (``compare``, ``report``) verify at ``Depth.REMEMBERED``
+with a :class:`~batch_invariance.cert.memo.VerifiedMemo`: bytes that already passed under
+this code skip the duplicate-key scan, the digest and the re-derivation, and nothing else.
 ``verify-cert``, check-deploy and ``serve`` verify every cert in full on every read.
 
 Fail closed: anything absent, malformed, re-digested after an edit, inconsistent with its
-evidence or with its provenance is not promotable, and :func:`verify_text` never raises.
+evidence or with its provenance is not promotable, and :func:`verify` never raises on one.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import gc
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import NamedTuple
 
@@ -51,20 +53,38 @@ from batch_invariance.errors import CertInvalid
 
 __all__ = [
     "DIGEST_SCOPE",
+    "Depth",
     "Promotability",
     "Verification",
     "cert_is_green",
     "is_promotable",
     "promotability",
-    "verify_built",
-    "verify_cert",
-    "verify_cert_file",
-    "verify_path",
-    "verify_text",
+    "verify",
 ]
 
 #: What the digest is for, said wherever a cert is reported valid.
 DIGEST_SCOPE = "the digest catches accidents, not forgery"
+
+
+class Depth(Enum):
+    """What :func:`verify` checks; each depth names the callers it is for."""
+
+    #: A cert this process just built from ``decide()``'s verdict (the cell's finish):
+    #: structure, identity, promotability. Its version is this tool's, and re-deriving it
+    #: would only run ``decide()`` again on the evidence its verdict was decided from; a cert
+    #: that does not hold together is still never written as valid.
+    BUILT = "built"
+    #: A :class:`Cert` already in memory: version, structure, the re-derivation compared on
+    #: the JSON forms field by field, identity, promotability. No schema or digest.
+    PARSED = "parsed"
+    #: Text, a file, a :class:`Cert` or a mapping through its JSON form: schema, duplicate
+    #: keys, digest, version, structure, re-derivation, identity, promotability
+    #: (``verify-cert``, check-deploy, ``serve``, ``sign``, :func:`is_promotable`).
+    FULL = "full"
+    #: ``FULL``, except that bytes the memo already passed under this code skip the
+    #: duplicate-key scan, the digest and the re-derivation (``compare``, ``report``, the
+    #: baselines); bytes that pass in full are remembered.
+    REMEMBERED = "remembered"
 
 
 @dataclass(frozen=True)
@@ -86,12 +106,14 @@ class Verification:
     def valid(self) -> bool:
         return not self.problems
 
-    def raise_if_invalid(self) -> None:
-        """Raise :class:`CertInvalid` with the first problem (and a count of the others)."""
+    def raise_if_invalid(self) -> Verification:
+        """Raise :class:`CertInvalid` (exit 5) with the first problem (and a count of the
+        others); a valid verification is returned as it is."""
         if self.problems:
             more = len(self.problems) - 1
             tail = f" (and {more} more problem(s))" if more else ""
             raise CertInvalid(self.problems[0] + tail)
+        return self
 
 
 class Promotability(NamedTuple):
@@ -161,30 +183,17 @@ def _invalid(path: Path | None, cert: Cert | None, problems: list[str]) -> Verif
     )
 
 
-def verify_cert(cert: Cert, origin: str = "cert", path: Path | None = None) -> Verification:
-    """Verify an already parsed cert: version, re-derivation, identity, promotability."""
-    return _verified(cert, origin, path, json_checked=False, rederive=True)
-
-
-def _verified(
-    cert: Cert, origin: str, path: Path | None, json_checked: bool, rederive: bool
-) -> Verification:
+def _verified(cert: Cert, origin: str, path: Path | None, depth: Depth) -> Verification:
+    """Version, structure, re-derivation, identity. ``Depth.REMEMBERED`` here means the memo
+    knew the bytes: no re-derivation. ``Depth.FULL``: ``cert`` came through the JSON edge."""
     header = CertHeader(cert.cert_version, cert.tool_version, cert.rules_version)
     version = version_problem(origin, header)
     if version is not None:
         return _invalid(path, cert, [version])
     problems = [f"{origin}: {p}" for p in structure_problems(cert)]
-    if rederive:
-        problems += _rederivation_problems(cert, origin, json_checked)
+    if depth is not Depth.REMEMBERED:
+        problems += _rederivation_problems(cert, origin, json_checked=depth is not Depth.PARSED)
     return _judged(cert, origin, path, problems)
-
-
-def verify_built(cert: Cert, path: Path | None = None) -> Verification:
-    """Verify a cert this process just built from ``decide()``'s verdict: identity and
-    promotability. Its version is this tool's, and re-deriving it would only run ``decide()``
-    again on the evidence the verdict in hand was decided from. Its structure is still
-    checked: a cert that does not hold together is never written as valid."""
-    return _judged(cert, "cert", path, [f"cert: {p}" for p in structure_problems(cert)])
 
 
 def _judged(cert: Cert, origin: str, path: Path | None, problems: list[str]) -> Verification:
@@ -218,16 +227,47 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def verify_text(
-    text: str | bytes,
-    origin: str = "cert",
+def verify(
+    source: object,
+    depth: Depth = Depth.FULL,
+    *,
+    origin: str | None = None,
     path: Path | None = None,
     memo: VerifiedMemo | None = None,
 ) -> Verification:
-    """The one verification path, from cert JSON text. Never raises.
+    """The one verification entry: ``source`` checked to ``depth`` (see :class:`Depth`).
 
-    With ``memo``, bytes it knows skip the three checks it vouches for; bytes that pass in
-    full are remembered."""
+    ``source`` is a :class:`Cert` (``BUILT``, ``PARSED``) or, for ``FULL`` and ``REMEMBERED``,
+    cert JSON text (``str`` or ``bytes``), the :class:`~pathlib.Path` of a cert file (read
+    once; ``origin`` and ``path`` default to it), a :class:`Cert` or a JSON-like mapping
+    (checked through its JSON form, so values smuggled into a ``Cert`` past validation are
+    caught). ``origin`` names the cert in its problems (default ``"cert"``); ``path`` is
+    where it was read from. ``memo`` is read at ``REMEMBERED`` only; ``None`` there is full
+    verification. Never raises on a bad cert; a depth given the wrong kind of source, or a
+    memo at another depth, is a programming error (:class:`TypeError`)."""
+    if memo is not None and depth is not Depth.REMEMBERED:
+        raise TypeError(f"a memo is read at Depth.REMEMBERED only, not at {depth}")
+    if depth is Depth.BUILT or depth is Depth.PARSED:
+        if not isinstance(source, Cert):
+            raise TypeError(f"{depth} verifies a Cert, not {type(source).__name__}")
+        where = "cert" if origin is None else origin
+        if depth is Depth.BUILT:
+            return _judged(
+                source, where, path, [f"{where}: {p}" for p in structure_problems(source)]
+            )
+        return _verified(source, where, path, depth)
+    if isinstance(source, Path):
+        return _verify_path(source, origin, memo)
+    if isinstance(source, (str, bytes)):
+        return _verify_text(source, "cert" if origin is None else origin, path, memo)
+    return _verify_object(source)
+
+
+def _verify_text(
+    text: str | bytes, origin: str, path: Path | None, memo: VerifiedMemo | None
+) -> Verification:
+    """From cert JSON text. With ``memo``, bytes it knows skip the three checks it vouches
+    for; bytes that pass in full are remembered."""
     with _cyclic_gc_paused():
         key = None if memo is None else memo_key(text)
         known = memo is not None and key is not None and memo.knows(key)
@@ -235,34 +275,25 @@ def verify_text(
             cert = parse_cert(text, origin, content_known=known)
         except CertInvalid as exc:
             return _invalid(path, None, [str(exc)])
-        verification = _verified(cert, origin, path, json_checked=True, rederive=not known)
+        verification = _verified(cert, origin, path, Depth.REMEMBERED if known else Depth.FULL)
         if memo is not None and key is not None and not known and verification.valid:
             memo.remember(key)
         return verification
 
 
-def verify_path(path: Path, memo: VerifiedMemo | None = None) -> Verification:
-    """Read the cert at ``path`` once and verify it (see :func:`verify_text`). Never raises."""
+def _verify_path(path: Path, origin: str | None, memo: VerifiedMemo | None) -> Verification:
+    """Read the cert at ``path`` once and verify its text."""
     from batch_invariance.cert.store import read_cert_text
 
-    p = Path(path)
     try:
-        text = read_cert_text(p)
+        text = read_cert_text(path)
     except CertInvalid as exc:
-        return _invalid(p, None, [str(exc)])
-    return verify_text(text, str(p), p, memo)
-
-
-def verify_cert_file(path: Path) -> Verification:
-    """:func:`verify_path`, raising :class:`CertInvalid` (exit 5) when the cert is invalid."""
-    verification = verify_path(path)
-    verification.raise_if_invalid()
-    return verification
+        return _invalid(path, None, [str(exc)])
+    return _verify_text(text, str(path) if origin is None else origin, path, memo)
 
 
 def _verify_object(cert: object) -> Verification:
-    """Verify a :class:`Cert` or a JSON-like ``dict`` through its JSON form (so values
-    smuggled into a ``Cert`` past validation are caught). Never raises."""
+    """Verify a :class:`Cert` or a JSON-like ``dict`` through its JSON form. Never raises."""
     try:
         if isinstance(cert, Cert):
             text = canonical_json(cert_to_json(cert))
@@ -272,13 +303,13 @@ def _verify_object(cert: object) -> Verification:
             return _invalid(None, None, [f"not a cert: {type(cert).__name__}"])
     except Exception as exc:
         return _invalid(None, None, [f"cert: cannot be written as JSON ({exc})"])
-    return verify_text(text)
+    return _verify_text(text, "cert", None, None)
 
 
 def is_promotable(cert: object, require_gate: str = GATE_ABC_UNION) -> bool:
     """The one promotability rule: valid, status green, source live, gate ``require_gate``,
     policy no looser than the defaults. Never raises; a mock cert is never promotable."""
-    verification = _verify_object(cert)
+    verification = verify(cert)
     return (
         verification.promotable
         and verification.cert is not None
@@ -293,7 +324,7 @@ def cert_is_green(cert: object, require_source: str = "live") -> bool:
         cert.get("status") != "green" or cert.get("source") != require_source
     ):
         return False
-    verification = _verify_object(cert)
+    verification = verify(cert)
     c = verification.cert
     return (
         verification.valid and c is not None and c.status == "green" and c.source == require_source

@@ -52,12 +52,12 @@ def handle(args: argparse.Namespace) -> int:
         detect_token,
         sign_file,
     )
-    from batch_invariance.cert.verify import verify_cert_file
+    from batch_invariance.cert.verify import Depth, verify
 
     cert = cert_file(args.cert)
     token = detect_token(args.identity_token)
     # Never put a signature on a cert that does not verify on its own.
-    verify_cert_file(cert)
+    verify(cert, Depth.FULL).raise_if_invalid()
     signer = SigstoreSigner(staging=args.staging)
     signed = sign_file(cert, token, signer)
     attested = attest_file(cert, token, signer)

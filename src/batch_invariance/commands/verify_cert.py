@@ -1,6 +1,6 @@
 """`batch-invariance verify-cert PATH`: is this cert intact, self-consistent and promotable?
 
-Checks, in order (one verification path, :func:`~batch_invariance.cert.verify.verify_path`):
+Checks, in order (one verification path, :func:`~batch_invariance.cert.verify.verify`):
 the JSON schema, the integrity digest, the version that wrote it, the verdict re-derived from
 the embedded evidence, the cell's identity against its own provenance and, with ``--bundle``,
 the sigstore signature and its identity policy and, with ``--attestation``, the in-toto Test
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.commands.cert_paths import cert_file
 from batch_invariance.commands.replies import Signature, VerifyReply, verify_reply
 from batch_invariance.commands.reply import add_json_option, error_line, json_requested
@@ -144,7 +144,7 @@ def _check_signature(args: argparse.Namespace) -> str | None:
 
 def handle(args: argparse.Namespace) -> int | VerifyReply:
     path = cert_file(Path(args.path))
-    verification = verify_path(path)
+    verification = verify(path, Depth.FULL)
     try:
         verification.raise_if_invalid()
         assert verification.cert is not None  # a valid verification always carries its cert

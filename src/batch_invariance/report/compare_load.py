@@ -25,7 +25,7 @@ from batch_invariance.cert.compare_view import CertRef, Comparison, side_from_ce
 from batch_invariance.cert.memo import VerifiedMemo, verified_memo
 from batch_invariance.cert.schema import Cert
 from batch_invariance.cert.signature import BundlePolicy
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.core.compare import CellComparison, compare_cells
 from batch_invariance.errors import CertInvalid, InfraError, UsageError
 from batch_invariance.report.load import BundleCheck, check_signature, collect
@@ -78,7 +78,7 @@ def _read(file: Path, memo: VerifiedMemo | None, baseline: bool) -> LoadedSide:
     if baseline:
         found = read_baseline_path(file, memo)
         return LoadedSide(file, found.cert, found.rules_note)
-    verification = verify_path(file, memo)
+    verification = verify(file, Depth.REMEMBERED, memo=memo)
     verification.raise_if_invalid()
     assert verification.cert is not None
     return LoadedSide(file, verification.cert)

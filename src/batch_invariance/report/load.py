@@ -4,7 +4,7 @@ A path may be a cert file or a folder. A folder is searched recursively for cert
 ``{model}__ctx{C}__N{N}.json`` as ``write_cert`` names them; superseded copies
 (``*.superseded-*.json``), sigstore bundles and other JSON files (``sweep.json``, work-sets)
 are skipped. Each cert is checked end to end (schema, digest, verdict re-derived from its
-evidence, identity) by :func:`~batch_invariance.cert.verify.verify_path`, bytes that already
+evidence, identity) by :func:`~batch_invariance.cert.verify.verify`, bytes that already
 passed under this code recalled from :mod:`~batch_invariance.cert.memo`; a cert that fails is
 kept as a :class:`~batch_invariance.report.model.LoadedCert` with its one-line problem.
 
@@ -25,7 +25,7 @@ from batch_invariance.cert.signature import BundlePolicy, SignerPolicy, TrustRoo
 from batch_invariance.cert.signing import (
     bundle_path_for,
 )
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.errors import BatchInvarianceError, CertInvalid, UsageError
 from batch_invariance.report.model import LoadedCert, Signature
 
@@ -91,7 +91,7 @@ def check_signature(
 def load_cert(path: Path, policy: BundlePolicy | None) -> LoadedCert:
     """Check one cert file; a failure becomes the cert's problem, never an exception."""
     origin = str(path)
-    checked = verify_path(path, verified_memo())
+    checked = verify(path, Depth.REMEMBERED, memo=verified_memo())
     if checked.problems or checked.cert is None:
         problem = checked.problems[0] if checked.problems else f"{origin}: not a cert"
         return LoadedCert(origin, None, problem, False, Signature("unsigned", "not checked"))

@@ -72,7 +72,7 @@ def finish_cell(
     from batch_invariance.cert import certificate
     from batch_invariance.cert import store as certstore
     from batch_invariance.cert.advice import engine_advice
-    from batch_invariance.cert.verify import verify_built
+    from batch_invariance.cert.verify import Depth, verify
     from batch_invariance.core import verdict
 
     merged = provenance.merged_over(run.provenance(model_template))
@@ -92,5 +92,5 @@ def finish_cell(
         verdict=decided,
         path=written.path,
         superseded=written.superseded,
-        promotable=verify_built(cert, written.path).promotable,
+        promotable=verify(cert, Depth.BUILT, path=written.path).promotable,
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance.cert.store import atomic_write_text
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host import memory
 from batch_invariance.run.cell import run_cells
@@ -179,7 +179,7 @@ def run_sweep(job: SweepJob, progress: ProgressSink | None = None) -> SweepOutco
             finished = finish_cell(
                 run, spec, cell.policy, prov, cell.out_dir, model_template=cell.model_template
             )
-            cells[n] = SweepCell(n, finished, verify_path(finished.path), None)
+            cells[n] = SweepCell(n, finished, verify(finished.path, Depth.FULL), None)
 
         try:
             run_cells(plans, runner.launcher, cell.scorer, cell.policy, sink, finish)

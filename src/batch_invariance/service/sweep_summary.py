@@ -1,7 +1,7 @@
 """``sweep.json``: one entry per N (verdict, bound or rate, where divergence starts,
 throughput, the cert file and its digest) and ``max_safe_parallel``.
 
-Built only from the written certs as :func:`~batch_invariance.cert.verify.verify_path` read
+Built only from the written certs as :func:`~batch_invariance.cert.verify.verify` read
 them back, so the summary says what the cert files say.
 """
 

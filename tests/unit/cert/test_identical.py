@@ -22,7 +22,7 @@ from batch_invariance.cert.identical import identical
 from batch_invariance.cert.parse import parse_cert
 from batch_invariance.cert.schema import cert_to_json, compute_digest
 from batch_invariance.cert.store import render
-from batch_invariance.cert.verify import verify_cert, verify_text
+from batch_invariance.cert.verify import Depth, verify
 from tests.support.factories import cert_for, changed, green_evidence, replace_trial
 
 
@@ -158,8 +158,8 @@ EDITED: dict[str, Callable[[], str]] = {
 
 
 def _both(text: str) -> tuple[Any, Any]:
-    from_text = verify_text(text)
-    in_memory = verify_cert(parse_cert(text))
+    from_text = verify(text)
+    in_memory = verify(parse_cert(text), Depth.PARSED)
     return from_text, in_memory
 
 
@@ -197,7 +197,7 @@ def test_verification_leaves_the_cyclic_collector_as_it_found_it(enabled: bool, 
     was = gc.isenabled()
     try:
         (gc.enable if enabled else gc.disable)()
-        verification = verify_text(VALID[text]() if text in VALID else text)
+        verification = verify(VALID[text]() if text in VALID else text)
         assert verification.valid is (text in VALID)
         assert gc.isenabled() is enabled
     finally:

@@ -20,7 +20,7 @@ from batch_invariance.cert.memo import (
 )
 from batch_invariance.cert.schema import cert_to_json, compute_digest
 from batch_invariance.cert.store import render
-from batch_invariance.cert.verify import verify_text
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.cli import main
 from tests.support.factories import cert_for, comparable_cert, green_evidence
 
@@ -61,11 +61,11 @@ def test_where_the_memo_lives(tmp_path: Path) -> None:
 def test_a_text_that_passes_is_remembered_and_a_failing_one_never() -> None:
     memo = _Recorder()
     good = render(cert_for()[0])
-    assert verify_text(good, memo=memo).valid
+    assert verify(good, Depth.REMEMBERED, memo=memo).valid
     assert memo.known == {memo_key(good)}
     bad = _edited_in_evidence()
     for _ in range(2):  # verified in full both times: nothing was remembered
-        found = verify_text(bad, memo=memo)
+        found = verify(bad, Depth.REMEMBERED, memo=memo)
         assert not found.valid and "its own evidence gives" in found.problems[0]
     assert memo.known == {memo_key(good)}
 
@@ -74,16 +74,16 @@ def test_a_known_text_skips_exactly_the_checks_the_memo_vouches_for() -> None:
     """A key is only ever remembered for bytes that passed; forcing one in shows what a hit
     skips (the re-derivation, the digest) and what it still checks (schema, version)."""
     edited = _edited_in_evidence()
-    assert not verify_text(edited).valid
-    assert verify_text(edited, memo=_Recorder({memo_key(edited)})).valid
+    assert not verify(edited).valid
+    assert verify(edited, Depth.REMEMBERED, memo=_Recorder({memo_key(edited)})).valid
     data = cert_to_json(cert_for()[0])
     data["tool_version"] = "0.0.1"
     data["rules_version"] += 1  # another release alone is not another version: other rules
     other_version = json.dumps(data)
-    found = verify_text(other_version, memo=_Recorder({memo_key(other_version)}))
+    found = verify(other_version, Depth.REMEMBERED, memo=_Recorder({memo_key(other_version)}))
     assert not found.valid and "not re-derivable here" in found.problems[0]
     broken = render(cert_for()[0]).replace('"ctx"', '"context"', 1)
-    found = verify_text(broken, memo=_Recorder({memo_key(broken)}))
+    found = verify(broken, Depth.REMEMBERED, memo=_Recorder({memo_key(broken)}))
     assert not found.valid and "does not match the cert schema" in found.problems[0]
 
 
@@ -115,10 +115,10 @@ def test_a_memo_that_cannot_be_written_leaves_full_verification(tmp_path: Path) 
     blocked.write_text("")
     memo = FolderMemo(blocked / "verified")
     good = render(cert_for()[0])
-    assert verify_text(good, memo=memo).valid
+    assert verify(good, Depth.REMEMBERED, memo=memo).valid
     key = memo_key(good)
     assert key is not None and not memo.knows(key)
-    assert not verify_text(_edited_in_evidence(), memo=memo).valid
+    assert not verify(_edited_in_evidence(), Depth.REMEMBERED, memo=memo).valid
 
 
 def test_compare_reads_the_memo_and_says_the_same(

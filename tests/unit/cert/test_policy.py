@@ -8,7 +8,7 @@ import pytest
 
 from batch_invariance.cert.certificate import is_promotable
 from batch_invariance.cert.store import render
-from batch_invariance.cert.verify import verify_text
+from batch_invariance.cert.verify import verify
 from batch_invariance.core.evidence import (
     DEFAULT_MAX_BOUND,
     DEFAULT_MIN_ANSWER_TOKENS,
@@ -64,7 +64,7 @@ def test_a_green_live_cert_under_a_looser_policy_is_never_promotable() -> None:
         assert cert.evidence.policy == looser  # ... the policy recorded ...
         assert not is_promotable(cert)  # ... and never promoted
         assert not cert.gates["F5"].ok and "looser than the default" in cert.gates["F5"].reason
-        reasons = verify_text(render(cert)).promotable_reasons
+        reasons = verify(render(cert)).promotable_reasons
         assert any("looser than the default" in r for r in reasons)
     cert, verdict = cert_for(green_evidence(), policy=GatePolicy(max_bound=0.5))
     assert verdict.status == "green" and not is_promotable(cert)

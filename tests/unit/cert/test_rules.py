@@ -13,10 +13,11 @@ import pytest
 from batch_invariance import __version__, exitcodes
 from batch_invariance.cert.advice import engine_advice
 from batch_invariance.cert.build import rederive
+from batch_invariance.cert.memo import FolderMemo
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.schema import CERT_VERSION, Cert, compute_digest
 from batch_invariance.cert.store import render, write_cert
-from batch_invariance.cert.verify import cert_is_green, is_promotable, verify_built, verify_path
+from batch_invariance.cert.verify import Depth, cert_is_green, is_promotable, verify
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.core.rules import RULES_VERSION
@@ -217,7 +218,7 @@ def test_nan_infinity_and_overlong_integers_are_invalid_not_a_crash(
     code, err = _verify(path, capsys)
     assert code == exitcodes.CERT_INVALID, (token, err)
     assert err.count("\n") == 1 and "Traceback" not in err and "unexpected error" not in err
-    assert not verify_path(path).promotable
+    assert not verify(path).promotable
 
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "1" + "0" * 5000])
@@ -289,7 +290,7 @@ def test_a_cert_from_other_rules_says_so_and_is_never_promotable(
     )
     assert f"pip install batch-invariance=={tool}" in err
     assert "fields disagree" not in err and err.count("\n") == 1
-    verification = verify_path(path)
+    verification = verify(path)
     assert not verification.promotable and verification.problems
     assert not is_promotable(json.loads(path.read_text()))
 
@@ -304,7 +305,7 @@ def test_a_cert_of_another_release_under_these_rules_verifies_and_promotes(
     path = _resealed(tmp_path, tool_version=tool)
     code, err = _verify(path, capsys)
     assert code == exitcodes.PROMOTABLE, err
-    verification = verify_path(path)
+    verification = verify(path)
     assert verification.promotable and verification.cert is not None
     assert verification.cert.tool_version == tool
     assert verification.cert.rules_version == RULES_VERSION
@@ -320,7 +321,7 @@ def test_a_cert_without_rules_version_holds_the_rules_of_its_own_release(
     assert "rules_version" not in json.loads(path.read_text())
     code, err = _verify(path, capsys)
     assert code == exitcodes.PROMOTABLE, err
-    verification = verify_path(path)
+    verification = verify(path)
     assert verification.cert is not None and verification.cert.rules_version is None
 
 
@@ -363,20 +364,38 @@ def test_a_stricter_policy_stays_promotable() -> None:
 
 def test_every_unmet_condition_is_listed(tmp_path: Path) -> None:
     cert, _ = cert_for(green_evidence(n_ids=6), policy=GatePolicy(min_hot_trials=1), source="mock")
-    verification = verify_path(write_cert(tmp_path, cert).path)
+    verification = verify(write_cert(tmp_path, cert).path)
     assert verification.valid and not verification.promotable
     reasons = " | ".join(verification.promotable_reasons)
     assert "source is mock" in reasons and "min_hot_trials" in reasons
 
 
 def test_the_exit_code_reads_the_built_cert_as_verify_cert_does() -> None:
-    """A just-built cert's promotability comes without re-deriving it (verify_built), and
+    """A just-built cert's promotability comes without re-deriving it (Depth.BUILT), and
     agrees with the full verification path on promotable, looser-policy and relabelled
     certs alike."""
     green, _ = cert_for()
     loose, _ = cert_for(policy=GatePolicy(coverage_fraction=0.1))
     relabelled = replace(green, ctx=4096)  # its servers ran ctx 2048: an identity problem
     for cert, promotable in ((green, True), (loose, False), (relabelled, False)):
-        built = verify_built(cert)
+        built = verify(cert, Depth.BUILT)
         assert built.promotable is promotable is is_promotable(cert)
-    assert not verify_built(relabelled).valid
+    assert not verify(relabelled, Depth.BUILT).valid
+
+
+def test_one_verify_entry_takes_each_depth_on_its_own_source(tmp_path: Path) -> None:
+    """One entry: a path, text, object or mapping at FULL agree; BUILT and PARSED take a
+    Cert only, and a memo is read at REMEMBERED only (anything else is a caller's bug)."""
+    green, _ = cert_for()
+    path = write_cert(tmp_path, green).path
+    full = verify(path)
+    assert full.valid and full.path == path and verify(path, Depth.REMEMBERED).valid
+    text = path.read_text(encoding="utf-8")
+    assert verify(text).promotable is verify(json.loads(text)).promotable is full.promotable
+    assert verify(green, Depth.PARSED).valid and verify(green, Depth.BUILT).valid
+    with pytest.raises(TypeError):
+        verify(text, Depth.BUILT)
+    with pytest.raises(TypeError):
+        verify(json.loads(text), Depth.PARSED)
+    with pytest.raises(TypeError):
+        verify(text, Depth.FULL, memo=FolderMemo(tmp_path / "memo"))

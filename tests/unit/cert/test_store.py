@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cert.store import cert_path, render, write_cert
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.errors import InfraError
 from tests.support.factories import cert_for, green_evidence, load_cert, spec
 
@@ -90,7 +90,7 @@ def test_an_out_dir_that_cannot_hold_a_cert_is_one_infra_error(tmp_path: Path) -
 
 def test_unreadable_certs_are_invalid_with_one_line(tmp_path: Path) -> None:
     def first_problem(path: Path) -> str:
-        return verify_path(path).problems[0]
+        return verify(path).problems[0]
 
     assert "no such cert file" in first_problem(tmp_path / "absent.json")
     bad = tmp_path / "bad.json"
@@ -104,7 +104,7 @@ def test_read_cert_detects_a_changed_value(tmp_path: Path) -> None:
     cert, _ = cert_for()
     path = write_cert(tmp_path, cert).path
     path.write_text(path.read_text().replace('"reps": 1', '"reps": 2'))
-    assert "digest mismatch" in verify_path(path).problems[0]
+    assert "digest mismatch" in verify(path).problems[0]
 
 
 def test_render_matches_file(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from batch_invariance.cert.identity import identity_problems
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.engines.registry import recorded_launch
 from batch_invariance.mock import MockKnobs, MockServer
@@ -86,7 +86,7 @@ def test_launched_vllm_fake_through_the_cli(
     bc = cert["provenance"]["servers"][1]
     assert bc["info"]["numerics_env"] == {"VLLM_BATCH_INVARIANT": "1"}
     # The identity check reads vLLM's own flags (--max-num-seqs, --max-model-len, serve M).
-    checked = verify_path(cert_path)
+    checked = verify(cert_path)
     assert checked.problems == () and checked.promotable
     # A relabelled BC server (one sequence where the cert claims N=4) is caught per engine.
     assert checked.cert is not None
@@ -103,7 +103,7 @@ def test_launched_vllm_fake_through_the_cli(
     cert["provenance"]["engine"] = "ollama"
     relabelled = tmp_path / "relabelled.json"
     relabelled.write_text(json.dumps(cert))
-    assert verify_path(relabelled).problems  # digest and identity no longer hold
+    assert verify(relabelled).problems  # digest and identity no longer hold
 
 
 @pytest.mark.parametrize(

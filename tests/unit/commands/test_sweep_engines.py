@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.run.workset import items_to_row
 from tests.support.fakes_live import hf_model_files
@@ -77,7 +77,7 @@ def test_sweep_engine_shares_arm_a_and_launches_one_engine_server_per_n(
             prov["servers"][1]["argv"].index("--max-num-seqs") + 1
         ] == str(entry["parallel"])
         assert "shared by the cells N=2, 4" in prov["schedule"]["reference_shared"]
-        assert verify_path(path).problems == ()  # vLLM's own flags read by the identity check
+        assert verify(path).problems == ()  # vLLM's own flags read by the identity check
     assert "sweep vllm cell model.safetensors" in text
 
 
@@ -91,7 +91,7 @@ def test_a_model_folder_runs_without_a_gguf_header_and_never_verifies(
     (path,) = vllm_cell["out"].glob("*.json")
     prov = json.loads(path.read_text())["provenance"]
     assert prov["model_file"]["sha256"] is None and prov["model_file"]["gguf"] is None
-    checked = verify_path(path)
+    checked = verify(path)
     assert "no sha256 of the model file is recorded" in " ".join(checked.problems)
     assert not checked.promotable  # a folder has no recorded digest yet: fail closed
 

@@ -9,7 +9,7 @@ import pytest
 
 from batch_invariance.cert.schema import compute_digest
 from batch_invariance.cert.store import write_cert
-from batch_invariance.cert.verify import verify_cert_file
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from tests.support.factories import cert_for, changed, green_evidence, replace_trial
 
@@ -129,8 +129,8 @@ def test_corrupt_bundle_is_cert_invalid(tmp_path: Path) -> None:
     assert code == 5
 
 
-def test_verify_cert_file_report(tmp_path: Path) -> None:
-    report = verify_cert_file(_write(tmp_path))
+def test_verify_raise_if_invalid_report(tmp_path: Path) -> None:
+    report = verify(_write(tmp_path)).raise_if_invalid()
     assert report.status == "green" and report.verdict == "GREEN" and report.promotable
     assert report.cert is not None and report.cert.dispatch_n == 4 and report.valid
     assert report.promotable_reasons and not report.problems

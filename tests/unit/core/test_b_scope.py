@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from batch_invariance.cert.certificate import cert_to_json
-from batch_invariance.cert.verify import verify_text
+from batch_invariance.cert.verify import verify
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
 from batch_invariance.core.schedule import (
     arm_b_scope_gate,
@@ -123,9 +123,9 @@ def test_a_scoped_cert_verifies_and_dropping_its_b_ids_is_caught(tmp_path: Path)
     data = cert_to_json(cert)
     assert data["evidence"]["b_ids"] == [tid]
     assert data["gates"]["arm_b_scope"]["ok"] is False
-    assert verify_text(json.dumps(data)).problems == ()
+    assert verify(json.dumps(data)).problems == ()
     del data["evidence"]["b_ids"]
-    assert verify_text(json.dumps(data)).problems != ()
+    assert verify(json.dumps(data)).problems != ()
 
 
 def test_a_cert_with_b_on_every_id_has_no_b_scope_keys() -> None:

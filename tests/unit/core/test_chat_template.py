@@ -9,7 +9,7 @@ import pytest
 
 from batch_invariance.cert.certificate import cert_to_json
 from batch_invariance.cert.provenance import ChatTemplateRecord, Provenance
-from batch_invariance.cert.verify import verify_text
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.core.chat_template import (
     ChatFallback,
@@ -112,7 +112,7 @@ def test_the_mock_plays_a_base_model_and_the_cert_carries_the_warning(tmp_path: 
 def test_a_cert_with_the_warning_still_re_derives() -> None:
     block = ChatTemplateCheck("server_fallback", FALLBACK_WARNING).to_record()
     cert, verdict = cert_for(extra_provenance={"chat_template": block})
-    report = verify_text(json.dumps(cert_to_json(cert)))
+    report = verify(json.dumps(cert_to_json(cert)))
     assert report.problems == () and report.status == verdict.status == "green"
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from batch_invariance.cert.certificate import is_promotable
-from batch_invariance.cert.verify import verify_cert
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, Trial
 from batch_invariance.core.numerics import (
     RISK_LENGTHS,
@@ -186,7 +186,7 @@ def test_positive_logit_eps_can_be_green_but_never_promotable() -> None:
     assert v.status == "green"
     assert v.numerics.statement.startswith("tokens and logprobs equal within eps 0.01 at ")
     cert, _ = cert_for(ev, policy=loose)
-    verification = verify_cert(cert)
+    verification = verify(cert, Depth.PARSED)
     assert verification.valid and not verification.promotable
     assert any("logit_eps 0.01 is looser" in r for r in verification.promotable_reasons)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.core.evidence import GatePolicy, PassRecord
 from batch_invariance.core.schedule import red_proof, serial_repeat_decision
 from batch_invariance.core.verdict import decide
@@ -91,7 +91,7 @@ def test_stop_on_red_ends_a_divergent_mock_after_one_pass(tmp_path: Path) -> Non
     assert schedule.stopped_early is True and "RED proven in pass 0" in str(schedule.stop_reason)
     # The rate is over the pass actually run, and the cert re-derives on its own.
     assert cert.sensitivity.n_scored_comparisons == len(cert.evidence.a)
-    assert verify_path(finished.path).problems == ()
+    assert verify(finished.path).problems == ()
 
 
 def test_stop_on_red_runs_every_pass_of_a_green_mock(tmp_path: Path) -> None:

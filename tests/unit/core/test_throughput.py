@@ -13,7 +13,7 @@ from batch_invariance.cert.schema import (
     cert_to_json,
     compute_digest,
 )
-from batch_invariance.cert.verify import verify_text
+from batch_invariance.cert.verify import verify
 from batch_invariance.core.throughput import throughput_of_arms
 from batch_invariance.core.verdict import decide
 from tests.support.factories import DEFAULT_POLICY, TS, green_evidence, live_provenance, spec
@@ -57,12 +57,12 @@ def _cert_text() -> str:
 
 def test_verify_cert_recomputes_the_block_from_the_arm_records() -> None:
     text = _cert_text()
-    assert verify_text(text).problems == ()
+    assert verify(text).problems == ()
     data = json.loads(text)
     data["throughput"]["speedup"] = 99.0
     forged = cert_from_json(canonical_json(data))
     redigested = replace(forged, digest=compute_digest(cert_to_json(forged)))
-    problems = verify_text(json.dumps(cert_to_json(redigested))).problems
+    problems = verify(json.dumps(cert_to_json(redigested))).problems
     assert problems and any("throughput" in p for p in problems)
 
 
@@ -73,4 +73,4 @@ def test_a_cert_without_the_block_stays_valid_and_has_no_key() -> None:
                       live_provenance(cell), "live", TS, with_throughput=False)  # fmt: skip
     data = cert_to_json(cert)
     assert "throughput" not in data
-    assert verify_text(json.dumps(data)).problems == ()
+    assert verify(json.dumps(data)).problems == ()

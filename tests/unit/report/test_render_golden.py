@@ -17,7 +17,7 @@ import pytest
 
 from batch_invariance.cert.build import evidence_from_cert
 from batch_invariance.cert.certificate import Cert, is_promotable
-from batch_invariance.cert.verify import verify_cert
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.core.chat_template import ChatTemplateCheck, fallback_warning
 from batch_invariance.core.evidence import CellEvidence
 from batch_invariance.core.plan import Measurement
@@ -129,16 +129,16 @@ def test_mock_report_and_its_footer() -> None:
 def test_verify_text_of_a_cert_that_records_no_slot() -> None:
     """A cert written before the sequence scope: it verifies as written and says so."""
     cert = cert_for()[0]
-    report = verify_cert(cert, str(CERT_PATH), CERT_PATH)
+    report = verify(cert, Depth.PARSED, origin=str(CERT_PATH), path=CERT_PATH)
     assert not report.problems and report.promotable
     check_golden("verify_not_recorded.txt", render.verify_report_text(report, None))
 
 
 @pytest.mark.parametrize("signature", [None, "verified (me@example.com, https://issuer)"])
-def test_verify_text(signature: str | None) -> None:
+def test_verify(signature: str | None) -> None:
     cert = _green()
     name = "verify_signed.txt" if signature else "verify_unsigned.txt"
-    report = verify_cert(cert, str(CERT_PATH), CERT_PATH)
+    report = verify(cert, Depth.PARSED, origin=str(CERT_PATH), path=CERT_PATH)
     assert not report.problems, report.problems
     check_golden(name, render.verify_report_text(report, signature))
 
@@ -203,7 +203,7 @@ def test_sweep_table_golden() -> None:
     for n, cert in ((2, _green()), (4, _red())):
         evidence = evidence_from_cert(cert)
         finished = FinishedCell(cert, decide(evidence, cert.evidence.policy), CERT_PATH, None)
-        cells.append(SweepCell(n, finished, verify_cert(cert, path=CERT_PATH), None))
+        cells.append(SweepCell(n, finished, verify(cert, Depth.PARSED, path=CERT_PATH), None))
     cells.append(SweepCell(8, None, None, "not run: projected 9.50 GiB > cap 8.00 GiB"))
     summary = sweep_summary("tiny-model", 2048, cells, launches=3)
     check_golden("sweep.txt", sweep_text(summary, Path("/certs/sweep.json")))

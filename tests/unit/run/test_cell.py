@@ -14,7 +14,7 @@ from typing import Literal
 import pytest
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
 from batch_invariance.core.plan import Measurement
 from batch_invariance.core.roles import ServerRole
@@ -239,7 +239,7 @@ def test_a_retried_trial_is_carried_by_the_cert_and_verifies(tmp_path: Path) -> 
     evidence = json.loads(done.path.read_text())["evidence"]
     assert evidence["a"]["jp"]["first_attempt"].startswith("http_error: HTTP 500")
     assert "first_attempt" not in evidence["a"]["fr"]  # absent, not null, when not retried
-    assert verify_path(done.path).valid
+    assert verify(done.path).valid
 
 
 def test_no_serial_repeat_and_completions_endpoint() -> None:

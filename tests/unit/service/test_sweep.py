@@ -13,7 +13,7 @@ from typing import Literal
 import pytest
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.cert.verify import verify_path
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Measurement
@@ -67,7 +67,7 @@ def _sweep(
         n = run.plan.parallel
         spec = CellSpec(model="mock", ctx=512, dispatch_n=n, kv_label=run.kv_label, reps=1)
         done = finish_cell(run, spec, POLICY, Provenance(tool_version="test"), tmp_path)
-        cells.append(SweepCell(n, done, verify_path(done.path), None))
+        cells.append(SweepCell(n, done, verify(done.path), None))
 
     run_cells(_plans(parallels, stop_on_red), launcher, ExactMatchScorer(), POLICY,
                      NullProgress(), finish)  # fmt: skip
@@ -181,7 +181,7 @@ def test_an_n_that_does_not_fit_is_named_not_run_and_never_launched(
     assert not any("--parallel 8" in line for line in launched)
     assert summary["server_launches"] == len(launched)
     assert [c["file"] for c in summary["certs"]] == ["tiny__ctx32768__N2.json"]
-    assert verify_path(out / "tiny__ctx32768__N2.json").problems == ()
+    assert verify(out / "tiny__ctx32768__N2.json").problems == ()
     assert "max_safe_parallel = None" in text and "N=8   not run" in text
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.cert.verify import verify_text
+from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.core.scope import SequenceScope
 from batch_invariance.deploy.gate.prompt_cache import measured_cache_flags
 from batch_invariance.deploy.gate.serve_plan import ServeRefused, measured_argv
@@ -81,7 +81,7 @@ def read_cert_file(path: Path) -> CertFile | str:
         return f"{path.name} (names no model, ctx and dispatch_n)"
     # The one verification path: schema, digest, re-derived verdict, identity against the
     # provenance, and the one promotability rule (policy no looser than the defaults).
-    found = verify_text(text, str(path), path)
+    found = verify(text, Depth.FULL, origin=str(path), path=path)
     problem = "; ".join(found.problems) or None
     promotable = found.promotable and problem is None
     provenance = Provenance() if found.cert is None else found.cert.provenance
