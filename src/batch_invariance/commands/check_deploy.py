@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batch_invariance.cert.signing_policy import signing_policy
 from batch_invariance.commands.cert_paths import certs_folder
 from batch_invariance.commands.reply import add_json_option
 from batch_invariance.deploy.policy_options import add_policy_arguments
-from batch_invariance.errors import UsageError
 
 if TYPE_CHECKING:
     from batch_invariance.deploy.gate.outcome import DeployOutcome
@@ -63,68 +63,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_policy_arguments(parser)
     add_json_option(parser, "the decision, each cell and construct with its problems")
     parser.set_defaults(func=handle)
-
-
-def signing_policy(args: argparse.Namespace, command: str = "check-deploy") -> Any:
-    """The identity policy from the flags or ``--signing-policy``; ``None`` = --allow-unsigned.
-    ``command`` names the caller in the usage errors."""
-    from batch_invariance.cert.signature import (
-        BundlePolicy,
-        SignerPolicy,
-        TrustRoot,
-        policy_for,
-    )
-    from batch_invariance.profiles.models import load_toml
-
-    identity, issuer, repository = args.cert_identity, args.cert_oidc_issuer, args.repository
-    pattern = args.cert_identity_regexp
-    any_repository = bool(args.any_repository)
-    if args.signing_policy is not None:
-        try:
-            text = args.signing_policy.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read --signing-policy {args.signing_policy}: {exc}") from None
-        table = load_toml(text, str(args.signing_policy))
-        if not (identity or pattern):
-            identity, pattern = table.get("identity"), table.get("identity_regexp")
-            if identity and pattern:
-                raise UsageError(
-                    f"--signing-policy {args.signing_policy}: give identity or identity_regexp, "
-                    "not both"
-                )
-        issuer = issuer or table.get("issuer")
-        repository = repository or table.get("repository")
-        any_repository = any_repository or table.get("any_repository") is True
-    if pattern:
-        identity = pattern
-    given = identity or issuer or repository or any_repository
-    if args.allow_unsigned:
-        if given:
-            raise UsageError("--allow-unsigned skips signatures; drop it or the identity policy")
-        return None
-    if not (isinstance(identity, str) and identity and isinstance(issuer, str) and issuer):
-        raise UsageError(
-            f"{command} verifies every cert's signature: pass --cert-identity (or "
-            "--cert-identity-regexp) and --cert-oidc-issuer (or --signing-policy FILE), or "
-            "--allow-unsigned for a local check"
-        )
-    if repository and any_repository:
-        raise UsageError("give --repository or --any-repository, not both")
-    if not (isinstance(repository, str) and repository) and not any_repository:
-        raise UsageError(
-            f"{command} needs --repository OWNER/REPO (or `repository` in --signing-policy): "
-            "every repository that calls the reusable cell workflow signs with the same "
-            "workflow identity, so the identity alone accepts a cert signed for any of them "
-            "(--any-repository accepts that explicitly)"
-        )
-    signer = SignerPolicy(
-        identity=identity,
-        issuer=issuer,
-        repository=repository if isinstance(repository, str) else None,
-        identity_is_regexp=bool(pattern),
-    )
-    policy_for(signer)  # a bad regexp is a usage error before any cert is read
-    return BundlePolicy(signer, TrustRoot(offline=args.offline))
 
 
 def handle(args: argparse.Namespace) -> DeployOutcome:

@@ -58,8 +58,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from batch_invariance.cert.compare_view import comparison_json
+    from batch_invariance.cert.signing_policy import signing_policy
     from batch_invariance.cert.store import atomic_write_text
-    from batch_invariance.commands.check_deploy import signing_policy
     from batch_invariance.report.compare_load import compare_inputs
     from batch_invariance.report.compare_render import comparison_text
 

@@ -86,7 +86,7 @@ def _baseline(args: argparse.Namespace) -> Any:
             flag = "--" + given[0].replace("_", "-")
             raise UsageError(f"{flag} checks the --baseline cert's signature; give --baseline")
         return None
-    from batch_invariance.commands.check_deploy import signing_policy
+    from batch_invariance.cert.signing_policy import signing_policy
     from batch_invariance.report.compare_load import load_side, signature_words
 
     signing = signing_policy(args, "run-live --baseline")

@@ -56,7 +56,7 @@ def _verify(args: argparse.Namespace) -> Provenance:
     from batch_invariance.cert.signing import (
         bundle_path_for,
     )
-    from batch_invariance.commands.check_deploy import signing_policy
+    from batch_invariance.cert.signing_policy import signing_policy
     from batch_invariance.deploy.gate.certs import read_cert_file
     from batch_invariance.deploy.gate.sequence_scope import sequence_problem
 

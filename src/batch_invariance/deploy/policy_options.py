@@ -1,5 +1,5 @@
 """The identity policy options of check-deploy and serve (read by
-:func:`batch_invariance.commands.check_deploy.signing_policy`)."""
+:func:`batch_invariance.cert.signing_policy.signing_policy`)."""
 
 from __future__ import annotations
 

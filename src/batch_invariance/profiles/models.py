@@ -20,9 +20,7 @@ Parsing is pure (:func:`parse_registry`); :func:`read_registry` reads the file a
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from batch_invariance.cert.signing_policy import load_toml
 from batch_invariance.errors import UsageError
 
 __all__ = [
@@ -44,20 +43,6 @@ __all__ = [
     "read_registry",
     "resolve_model",
 ]
-
-# tomllib is stdlib from 3.11; tomli is its backport (a dependency on 3.10 only). Imported by
-# name so type checking does not need tomli installed on newer Pythons.
-_toml = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
-
-
-def load_toml(text: str, source: str) -> dict[str, Any]:
-    """Decode TOML text; a syntax error is a one-line :class:`UsageError` naming ``source``."""
-    try:
-        data = _toml.loads(text)
-    except _toml.TOMLDecodeError as exc:
-        raise UsageError(f"{source} is not valid TOML: {exc}") from None
-    return dict(data)
-
 
 PLACEHOLDER = "{MODELS_DIR}"
 _ANY_PLACEHOLDER = re.compile(r"\{[^{}]*\}")

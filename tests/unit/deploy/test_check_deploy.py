@@ -33,8 +33,8 @@ from batch_invariance.cert.signature import (
 from batch_invariance.cert.signing import (
     GITHUB_ACTIONS_ISSUER,
 )
+from batch_invariance.cert.signing_policy import signing_policy
 from batch_invariance.cli import build_parser, main
-from batch_invariance.commands.check_deploy import signing_policy
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.core.plan import Measurement
 from batch_invariance.deploy.gate.cells import load_deploy_cells

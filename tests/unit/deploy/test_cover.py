@@ -32,8 +32,8 @@ from batch_invariance.cert.signature import (
 from batch_invariance.cert.signing import (
     GITHUB_ACTIONS_ISSUER,
 )
+from batch_invariance.cert.signing_policy import signing_policy
 from batch_invariance.cli import build_parser, main
-from batch_invariance.commands.check_deploy import signing_policy
 from batch_invariance.deploy.gate.cells import load_deploy_cells
 from batch_invariance.deploy.gate.check import check_cells
 from batch_invariance.errors import CertInvalid, UsageError
