@@ -12,12 +12,12 @@ SCHEMA = REPO / "docs" / "cert.schema.json"
 
 
 def test_schema_file_is_fresh() -> None:
-    assert SCHEMA.exists(), "run: python -m batch_invariance.cert.store --write-schema " + str(
-        SCHEMA
+    assert SCHEMA.exists(), (
+        "run: python -m batch_invariance.commands.write_schema --write-schema " + str(SCHEMA)
     )
     assert SCHEMA.read_text(encoding="utf-8") == schema_text(), (
         "docs/cert.schema.json is stale; regenerate it with "
-        "`python -m batch_invariance.cert.store --write-schema docs/cert.schema.json`"
+        "`python -m batch_invariance.commands.write_schema --write-schema docs/cert.schema.json`"
     )
 
 

@@ -10,20 +10,18 @@
   (:mod:`~batch_invariance.cert.verify`), raising
   :class:`~batch_invariance.errors.CertInvalid` with a one-line message.
 
-``python -m batch_invariance.cert.store --write-schema docs/cert.schema.json`` regenerates the
-published JSON schema from the pydantic model.
+``python -m batch_invariance.commands.write_schema --write-schema docs/cert.schema.json``
+regenerates the published JSON schema from the pydantic model.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +32,6 @@ __all__ = [
     "WrittenCert",
     "atomic_write_text",
     "cert_path",
-    "main",
     "read_cert_text",
     "render",
     "write_cert",
@@ -187,22 +184,3 @@ def read_cert_text(path: Path) -> str:
 def write_schema(path: Path) -> None:
     """Write the cert JSON schema to ``path`` atomically."""
     atomic_write_text(Path(path), schema_text())
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batch_invariance.cert.store")
-    parser.add_argument(
-        "--write-schema",
-        metavar="PATH",
-        type=Path,
-        required=True,
-        help="write the cert JSON schema here (docs/cert.schema.json)",
-    )
-    args = parser.parse_args(argv)
-    write_schema(args.write_schema)
-    print(f"wrote {args.write_schema}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from batch_invariance.cert.signing_policy import signing_policy
 from batch_invariance.commands.cert_paths import certs_folder
+from batch_invariance.commands.option_args import add_policy_arguments
 from batch_invariance.commands.reply import add_json_option
-from batch_invariance.deploy.policy_options import add_policy_arguments
 
 if TYPE_CHECKING:
     from batch_invariance.deploy.gate.outcome import DeployOutcome

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.commands.option_args import add_policy_arguments
 from batch_invariance.core.compare import FAIL_ON
-from batch_invariance.deploy.policy_options import add_policy_arguments
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

@@ -26,10 +26,10 @@ from batch_invariance.commands.cell_options import (
     report,
     request_from_args,
 )
+from batch_invariance.commands.option_args import add_policy_arguments
 from batch_invariance.commands.replies import RunReply, run_cell, run_reply
 from batch_invariance.commands.reply import add_json_option, refuse_json_dry_run
 from batch_invariance.core.compare import FAIL_ON
-from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.errors import UsageError
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.job import prepare

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
-    from batch_invariance.deploy.gate.serve_plan import add_serve_arguments
+    from batch_invariance.commands.option_args import add_options
+    from batch_invariance.deploy.gate.serve_plan import SERVE_OPTIONS
 
     parser = sub.add_parser(
         "serve",
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "See docs/deploy.md."
         ),
     )
-    add_serve_arguments(parser)
+    add_options(parser, SERVE_OPTIONS)
     parser.set_defaults(func=handle)
 
 

@@ -5,14 +5,14 @@ reads a ``batch-invariance serve`` line as the server that line starts).
 
 from __future__ import annotations
 
-import argparse
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from batch_invariance.cert.option_table import POLICY_OPTIONS, Option
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.deploy.policy_options import add_policy_arguments
 from batch_invariance.deploy.readers.commands import ServerCommand
 from batch_invariance.engines.llama_server.env import ServedEnv, served_env
 from batch_invariance.engines.llama_server.flags import FlagError, read_flags
@@ -24,20 +24,15 @@ class ServeRefused(UsageError):
     """``serve`` will not start this: the message names what (nothing was started)."""
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``serve`` command line (shared with check-deploy's reading of a serve line)."""
-    parser.add_argument("cert", type=Path, metavar="CERT", help="the promotable cert to serve")
-    parser.add_argument(
-        "--bundle",
-        type=Path,
-        default=None,
-        metavar="B",
-        help="its sigstore bundle (default: CERT.sigstore.json beside it)",
-    )
-    add_policy_arguments(parser)
-    parser.add_argument("neutral", nargs="*", metavar="-- NEUTRAL",
-                        help="after --: neutral llama-server options to add or replace "
-                             "(--host, --port, --api-key, --metrics, --timeout ...)")  # fmt: skip
+#: ``serve``'s command line as data: argparse is built from it in ``commands/serve.py``, and
+#: :func:`parse_serve_line` reads a serve line of a deploy file from it.
+SERVE_OPTIONS: tuple[Option, ...] = (
+    Option("cert", "positional", "the promotable cert to serve", "CERT"),
+    Option("--bundle", "path", "its sigstore bundle (default: CERT.sigstore.json beside it)", "B"),
+    *POLICY_OPTIONS,
+    Option("neutral", "rest", "after --: neutral llama-server options to add or replace "
+           "(--host, --port, --api-key, --metrics, --timeout ...)", "-- NEUTRAL"),
+)  # fmt: skip
 
 
 def split_neutral(words: Sequence[str]) -> tuple[list[str], list[str] | None]:
@@ -137,16 +132,71 @@ class ServeLine:
 
 
 def parse_serve_line(argv: Sequence[str], base_dir: Path | None, origin: str) -> ServeLine:
-    """A ``batch-invariance serve ...`` command line as ``serve`` itself parses it."""
-    parser = argparse.ArgumentParser(prog="batch-invariance serve", add_help=False)
-    add_serve_arguments(parser)
+    """A ``batch-invariance serve ...`` command line as ``serve`` itself parses it (its
+    argparse parser, built from :data:`SERVE_OPTIONS`, accepts exactly what this does)."""
     own, neutral = split_neutral(argv[2:])
-    try:
-        args = parser.parse_args(own)
-    except SystemExit:
-        raise ServeRefused(f"{origin}: serve would refuse this command line") from None
-    cert = args.cert if args.cert.is_absolute() or base_dir is None else base_dir / args.cert
-    return ServeLine(cert, (*args.neutral, *(neutral or ())))
+    words = _read_words(own, SERVE_OPTIONS)
+    if words is None:
+        raise ServeRefused(f"{origin}: serve would refuse this command line")
+    cert = Path(words[0])
+    cert = cert if cert.is_absolute() or base_dir is None else base_dir / cert
+    return ServeLine(cert, (*words[1:], *(neutral or ())))
+
+
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _option_like(word: str) -> bool:
+    """What argparse reads as an option, not a value (no option here looks like a number)."""
+    return (
+        word.startswith("-")
+        and word != "-"
+        and not _NEGATIVE_NUMBER.match(word)
+        and (" " not in word or word.split("=", 1)[0].startswith("--"))
+    )
+
+
+def _named(word: str, table: Sequence[Option]) -> Option | None:
+    """The option ``word`` (before any ``=``) names, exactly or as a unique prefix."""
+    flags = [o for o in table if o.name.startswith("--")]
+    exact = [o for o in flags if o.name == word]
+    prefixed = [o for o in flags if o.name.startswith(word)]
+    found = exact or prefixed
+    return found[0] if len(found) == 1 else None
+
+
+def _read_words(words: Sequence[str], table: Sequence[Option]) -> list[str] | None:
+    """The positional words of ``words`` read by ``table`` as argparse reads them (options
+    anywhere, ``--flag=value``, unique prefixes, one group member at most, the positionals in
+    one run), or ``None`` where argparse would refuse the line."""
+    positionals: list[str] = []
+    runs, seen, index = 0, set[str](), 0
+    while index < len(words):
+        word = words[index]
+        if not _option_like(word):
+            run_end = index
+            while run_end < len(words) and not _option_like(words[run_end]):
+                run_end += 1
+            runs += 1
+            if runs > 1:  # a second run: the positionals were already consumed
+                return None
+            positionals.extend(words[index:run_end])
+            index = run_end
+            continue
+        name, eq, _ = word.partition("=")
+        option = _named(name, table)
+        if option is None or (option.kind == "flag" and eq):
+            return None
+        if option.kind != "flag" and not eq:
+            index += 1
+            if index >= len(words) or _option_like(words[index]):
+                return None
+        group = [o.name for o in table if o.group is not None and o.group == option.group]
+        if any(other in seen and other != option.name for other in group):
+            return None
+        seen.add(option.name)
+        index += 1
+    return positionals or None
 
 
 @dataclass(frozen=True)
