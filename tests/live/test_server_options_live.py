@@ -6,7 +6,11 @@ from __future__ import annotations
 from batch_invariance.engines.llama_server import options as server_options
 from batch_invariance.engines.llama_server.flags import read_flags
 from batch_invariance.engines.llama_server.help import options_of
+from batch_invariance.engines.llama_server.option_values import KINDS
 from batch_invariance.provision.embedded import Provisioned
+
+#: A value each kind reads as written ("1" for the rest: a number, a switch or a name).
+EXAMPLE = {"cpu_range": "0-1", "logit_bias": "1+1", "scaled": "a.gguf:1"}
 
 
 def test_the_committed_table_is_the_real_binarys_help(live_pair: Provisioned) -> None:
@@ -24,7 +28,7 @@ def test_the_committed_table_is_the_real_binarys_help(live_pair: Provisioned) ->
             if name.startswith("--"):
                 assert server_options.lookup("--" + name[2:].replace("-", "_")) == spec
         # ... and an unclassified one is named as such by the reader.
-        argv = [spec.names[0], *["1"] * spec.nvalues]
+        argv = [spec.names[0], *[EXAMPLE.get(KINDS.get(spec.canonical, ""), "1")] * spec.nvalues]
         flags = read_flags(argv, first_is_binary=False)
         assert (flags.unclassified() == (spec.names[0],)) is (kind == "unclassified")
     # The classes name only options the binary has.
