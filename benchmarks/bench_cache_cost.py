@@ -8,7 +8,7 @@ embedded llama-server and Gemma 3 270M, in rounds whose order rotates (``plain, 
 ``cache, plain``), so a drift of the host's speed is not charged to one side.
 
 What pays for the arm: when every C pass equals A bitwise, B (serial on the N-slot server)
-runs on a seeded sample of ids instead of all of them (``core.b_sample``); when C already
+runs on a seeded sample of ids instead of all of them (``core.schedule``); when C already
 differs, B runs on the divergent ids in both cells, so the arm's own pass and its server's
 launch are the whole difference there.
 
@@ -57,8 +57,7 @@ from embedded_pair import add_pair_arguments, pair_from
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.core.plan import Measurement
 from batch_invariance.run.workset import bundled_workset_path
-from batch_invariance.service.job import prepare
-from batch_invariance.service.live import LiveOutcome, run_live_cell
+from batch_invariance.service.live import LiveOutcome, prepare, run_live_cell
 from batch_invariance.service.request import LiveRequest
 
 TARGET = 1.15

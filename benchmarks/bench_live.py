@@ -131,8 +131,7 @@ from embedded_pair import add_pair_arguments, pair_from
 
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.core.plan import Measurement
-from batch_invariance.service.job import prepare
-from batch_invariance.service.live import LiveOutcome, run_live_cell
+from batch_invariance.service.live import LiveOutcome, prepare, run_live_cell
 from batch_invariance.service.request import LiveRequest
 
 DEMO = Path(__file__).resolve().parents[1] / "src/batch_invariance/data/worksets/demo.json"

@@ -27,8 +27,7 @@ from embedded_pair import add_pair_arguments, pair_from
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.host.gguf import parse_info
-from batch_invariance.run.serial import run_serial
-from batch_invariance.run.transport import MARGIN_TOP_LOGPROBS, RequestTemplate
+from batch_invariance.run.transport import MARGIN_TOP_LOGPROBS, RequestTemplate, run_serial
 from batch_invariance.run.workset import bundled_workset_path, load_workset
 from batch_invariance.servers import ports
 from batch_invariance.servers.launch import EngineLauncher

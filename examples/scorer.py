@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 
-from batch_invariance.scorer_api import Completion, Score, Scorer
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.scorer_api import Completion, Score, Scorer, WorkItem
 
 _ANSWER_PREFIX = re.compile(r"^\s*(?:the\s+)?answer\s*(?:is)?\s*[:=]?\s*", re.IGNORECASE)
 

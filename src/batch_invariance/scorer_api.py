@@ -1,9 +1,11 @@
 """The public scorer API for user scorers: ``from batch_invariance.scorer_api import Scorer``.
 
-A stable import path over :mod:`batch_invariance.core.scoring` (the contract) and
+A stable import path over :mod:`batch_invariance.core.scoring` (the contract),
+:class:`~batch_invariance.core.plan.WorkItem` (what a scorer judges) and
 :mod:`batch_invariance.run.scorer_loader` (``--scorer`` loading); nothing is defined here.
 """
 
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.core.scoring import (
     Completion,
     ExactMatchScorer,
@@ -22,6 +24,7 @@ __all__ = [
     "Score",
     "ScoreResult",
     "Scorer",
+    "WorkItem",
     "evaluate",
     "load_scorer",
 ]

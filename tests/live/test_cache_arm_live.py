@@ -14,8 +14,7 @@ from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.run.workset import bundled_workset_path
-from batch_invariance.service.job import prepare
-from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.live import prepare, run_live_cell
 
 pytestmark = pytest.mark.live
 

@@ -28,8 +28,7 @@ from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.report.render import live_banner
-from batch_invariance.service.job import prepare
-from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.live import prepare, run_live_cell
 from batch_invariance.service.target import engine_launcher
 from tests.support.fakes_live import exiting_server, group_alive
 from tests.support.nvidia_smi import TWO_H200, install_nvidia_smi

@@ -17,8 +17,7 @@ from batch_invariance.cert.verify import verify
 from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
-from batch_invariance.service.job import prepare
-from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.live import prepare, run_live_cell
 
 
 def test_a_sweep_over_two_n_writes_two_certs_and_launches_three_servers(

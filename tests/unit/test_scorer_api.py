@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.core.evidence import SCORER_ERROR
-from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
 from batch_invariance.scorer_api import (
     Completion,
     ExactMatchScorer,
     FunctionScorer,
     Scorer,
+    WorkItem,
     evaluate,
     load_scorer,
 )
@@ -131,7 +131,6 @@ def test_a_function_with_a_wrong_return_shape_gives_scorer_error() -> None:
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_a_non_finite_score_is_a_scorer_error_never_a_value(value: float) -> None:
     from batch_invariance.core.scoring import Completion, ExactMatchScorer, Score, evaluate
-    from batch_invariance.core.workitem import WorkItem
 
     class Odd(ExactMatchScorer):
         def score(self, extracted: str | None, expected: str | None, item: WorkItem) -> Score:

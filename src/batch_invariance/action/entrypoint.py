@@ -83,8 +83,7 @@ from batch_invariance.report.render import (
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.dry_run import is_ladder, ladder_line
 from batch_invariance.service.finish import FinishedCell
-from batch_invariance.service.job import LiveCell, prepare
-from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.live import LiveCell, prepare, run_live_cell
 from batch_invariance.service.mock_cell import mock_ladder, run_mock_cell
 from batch_invariance.service.reach import cannot_be_green, planned_workset
 

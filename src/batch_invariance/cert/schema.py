@@ -31,7 +31,7 @@ from batch_invariance.core.cache_arm import PromptCacheOutcome
 from batch_invariance.core.evidence import GatePolicy, ItemMeta
 from batch_invariance.core.gates import CoverageGate, FloorGate, OverlapGate, TransportGate
 from batch_invariance.core.numerics import Numerics
-from batch_invariance.core.repeat import SerialRepeatGate
+from batch_invariance.core.schedule import SerialRepeatGate
 from batch_invariance.core.scope import SequenceScope
 from batch_invariance.core.throughput import Throughput
 from batch_invariance.core.verdict import Reports, Sensitivity, Status

@@ -20,8 +20,7 @@ from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.host import memory
 from batch_invariance.report.render import live_banner
 from batch_invariance.service.dry_run import dry_run, usable_cpus
-from batch_invariance.service.job import LiveCell
-from batch_invariance.service.live import LiveOutcome
+from batch_invariance.service.live import LiveCell, LiveOutcome
 from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.request import (
     DEFAULT_MIN_HOT_TRIALS,

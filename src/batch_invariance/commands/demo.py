@@ -32,8 +32,7 @@ from batch_invariance.core.plan import Measurement
 from batch_invariance.profiles.ladder import LADDER
 from batch_invariance.provision.embedded import provision
 from batch_invariance.run.progress import Progress
-from batch_invariance.service.job import prepare
-from batch_invariance.service.live import run_live_cell
+from batch_invariance.service.live import prepare, run_live_cell
 from batch_invariance.service.request import CellDefaults
 
 #: Measured demo defaults (2 cores, see examples/certs/README.md).

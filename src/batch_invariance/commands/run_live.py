@@ -2,7 +2,7 @@
 another engine, ``--engine``, or a server already running, ``--base-url``).
 
 request (argparse -> :class:`~batch_invariance.service.request.LiveRequest`) -> job (checked
-once, :func:`~batch_invariance.service.job.prepare`) -> service
+once, :func:`~batch_invariance.service.live.prepare`) -> service
 (:func:`~batch_invariance.service.live.run_live_cell`) -> render (the banner) -> exit code.
 ``--dry-run`` prints the plan and launches nothing. ``--baseline CERT`` verifies that cert
 (and its signature, under the identity policy check-deploy takes) before anything launches,
@@ -32,8 +32,7 @@ from batch_invariance.commands.reply import add_json_option, refuse_json_dry_run
 from batch_invariance.core.compare import FAIL_ON
 from batch_invariance.errors import UsageError
 from batch_invariance.run.progress import Progress
-from batch_invariance.service.job import prepare
-from batch_invariance.service.live import LiveOutcome, run_live_cell
+from batch_invariance.service.live import LiveOutcome, prepare, run_live_cell
 from batch_invariance.service.request import RUN_LIVE_DEFAULTS
 
 #: The policy flags, which only mean something with ``--baseline``.

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 
 __all__ = [
     "FIXES",

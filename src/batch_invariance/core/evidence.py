@@ -163,7 +163,7 @@ class PassRecord:
 class ItemMeta:
     """What the report groups by for one test id, and which request it sent.
 
-    ``request_key`` (:func:`~batch_invariance.core.workitem.request_key`) names the request
+    ``request_key`` (:func:`~batch_invariance.core.plan.request_key`) names the request
     content the server saw: ids with one key are one distinct prompt for the per-prompt bound.
     ``None`` only in certs written before it was recorded (their ids count by work-set row).
     """

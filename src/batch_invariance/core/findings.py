@@ -31,8 +31,13 @@ from batch_invariance.core.numerics import (
     cell_numerics,
     numeric_statement,
 )
-from batch_invariance.core.repeat import SerialRepeatGate, serial_repeat_gate
-from batch_invariance.core.schedule import ArmBScopeGate, arm_b_scope_gate, restrict
+from batch_invariance.core.schedule import (
+    ArmBScopeGate,
+    SerialRepeatGate,
+    arm_b_scope_gate,
+    restrict,
+    serial_repeat_gate,
+)
 from batch_invariance.core.scope import (
     UNRECORDED_GATE,
     ScopeGate,

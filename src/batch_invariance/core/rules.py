@@ -9,7 +9,7 @@ Three versions travel in a cert, each saying something else:
   other;
 * ``rules_version`` (:data:`RULES_VERSION`, here): the decision rules, everything that turns
   the embedded evidence into a verdict, a status or promotability: the verdict rows and
-  gates (``core.verdict``, ``core.gates``, ``core.repeat``, ``core.numerics``,
+  gates (``core.verdict``, ``core.gates``, ``core.schedule``, ``core.numerics``,
   ``core.scope``, ``core.cache_arm``, ...), the default policy and what counts as looser,
   the promotability rule, the scope gate, the derived fields the re-derivation rebuilds, and
   the cert's structure and identity rules.

@@ -35,7 +35,7 @@ from batch_invariance.core.columns import (
 )
 from batch_invariance.core.evidence import GatePolicy, ItemMeta, Trial
 from batch_invariance.core.gates import IdSet, cobatched_by_pass, exact_fraction
-from batch_invariance.core.workitem import row_id
+from batch_invariance.core.plan import row_id
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]

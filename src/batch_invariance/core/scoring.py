@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_invariance.core.evidence import OK, SCORER_ERROR
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 
 __all__ = [
     "Completion",

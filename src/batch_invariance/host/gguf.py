@@ -3,7 +3,7 @@
 Only the metadata block is parsed (never the tensors): the architecture, layer count,
 attention geometry (for the KV-cache estimate) and the expert count (so a mixture-of-experts
 model is detected from the file, not from its name). Its sha256 is
-:mod:`batch_invariance.host.file_hash`'s.
+:mod:`batch_invariance.host.facts`'s.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The mock's launcher: :class:`MockLauncher` implements ``run.protocols.ServerLauncher`` over it.
+"""The mock's launcher: :class:`MockLauncher` implements ``run.records.ServerLauncher`` over it.
 
 ``parallel=1`` for arm A, N for B/C; certs from it are ``source=mock``.
 """
@@ -25,7 +25,7 @@ from batch_invariance.mock.knobs import MockKnobs
 
 @dataclass(frozen=True)
 class MockHandle:
-    """A running mock server as the driver sees it (a ``run.protocols.ServerHandle``): the
+    """A running mock server as the driver sees it (a ``run.records.ServerHandle``): the
     mock serves llama-server's ``/slots`` and ``/metrics``, so it offers llama-server's
     witnesses."""
 

@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Literal
 
 from batch_invariance.core.roles import ServerRole
-from batch_invariance.run.protocols import ServerHandle, ServerLauncher
+from batch_invariance.run.records import ServerHandle, ServerLauncher
 
 __all__ = ["PrelaunchedLauncher"]
 

@@ -21,8 +21,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from batch_invariance.core.plan import WorkItem, normalise_whitespace
 from batch_invariance.core.scope import N_BANDS, band_edges, required_length
-from batch_invariance.core.workitem import WorkItem, normalise_whitespace
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.spark.calibrate import (
     Fitted,

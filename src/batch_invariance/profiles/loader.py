@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import BatchInvarianceError, UsageError
 from batch_invariance.profiles.models import load_toml
 from batch_invariance.profiles.tokens import TokenCounter, approx_token_count

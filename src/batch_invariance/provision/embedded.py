@@ -33,7 +33,7 @@ from typing import Any
 
 from batch_invariance.cache_dir import cache_root
 from batch_invariance.errors import InfraError, UsageError
-from batch_invariance.host.file_hash import cached_sha256, sha256_file
+from batch_invariance.host.facts import cached_sha256, sha256_file
 from batch_invariance.provision.sdist import (
     SDIST_FILE,
     SDIST_NAME,

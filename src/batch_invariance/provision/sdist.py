@@ -18,7 +18,7 @@ from urllib.parse import urljoin
 import requests
 
 from batch_invariance.errors import InfraError
-from batch_invariance.host.file_hash import sha256_file
+from batch_invariance.host.facts import sha256_file
 
 __all__ = ["SDIST_FILE", "SDIST_NAME", "SDIST_SHA256", "SDIST_VERSION", "extract_sdist",
            "fetch_sdist", "find_sdist_url"]  # fmt: skip

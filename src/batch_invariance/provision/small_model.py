@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from batch_invariance.errors import InfraError, UsageError
-from batch_invariance.host.file_hash import sha256_file
+from batch_invariance.host.facts import sha256_file
 from batch_invariance.provision.embedded import Layout, Say
 from batch_invariance.provision.sdist import extract_sdist, fetch_sdist
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.errors import InfraError
-from batch_invariance.host.file_hash import cached_sha256
+from batch_invariance.host.facts import cached_sha256
 from batch_invariance.provision import gguf_to_hf
 from batch_invariance.provision.embedded import Layout, Say, ensure_model, locked, run_logged
 from batch_invariance.provision.embedded import say_stderr as _say_stderr

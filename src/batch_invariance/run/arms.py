@@ -4,7 +4,7 @@ ending early once RED is proven with ``stop_on_red``, then arm B where it decide
 :mod:`batch_invariance.run.cell` composes them into one cell, or into a sweep's cells sharing
 one reference.
 
-The servers come through the Protocols of :mod:`batch_invariance.run.protocols`; the C passes
+The servers come through the Protocols of :mod:`batch_invariance.run.records`; the C passes
 are in :mod:`batch_invariance.run.passes`.
 """
 
@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from batch_invariance.cert.provenance import ScheduleRecord
-from batch_invariance.core.b_sample import bitwise_equal_everywhere, sample_ids
 from batch_invariance.core.chat_template import NO_FALLBACK, ChatFallback
 from batch_invariance.core.evidence import (
     ARM_A,
@@ -26,54 +25,29 @@ from batch_invariance.core.evidence import (
     PassRecord,
     Trial,
 )
-from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.plan import CellPlan, WorkItem
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.schedule import (
     BScope,
     RedProof,
-    b_first_ids,
+    b_opening,
     b_scope_after,
     serial_repeat_decision,
 )
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.core.workitem import WorkItem
 from batch_invariance.run.passes import (
     arm_report,
     arm_stats,
+    request_template,
     run_c_passes,
+    server_record,
     stops_the_run,
     ticker,
 )
 from batch_invariance.run.progress import ProgressSink
-from batch_invariance.run.protocols import ServerHandle, ServerLauncher
-from batch_invariance.run.records import ArmStats, ServerRecord
-from batch_invariance.run.response import RawResponse
-from batch_invariance.run.serial import run_serial
-from batch_invariance.run.transport import RequestTemplate
-from batch_invariance.run.trials import Notes, trials_for
-
-
-def request_template(plan: CellPlan) -> RequestTemplate:
-    """The request every arm sends for ``plan``."""
-    return RequestTemplate(
-        endpoint=plan.endpoint,
-        n_predict=plan.n_predict,
-        seed=plan.seed,
-        n_probs=plan.n_probs,
-        timeout_s=plan.req_timeout,
-    )
-
-
-def server_record(role: ServerRole, handle: ServerHandle, wall_s: float) -> ServerRecord:
-    return ServerRecord(
-        role=role.value,  # recorded as the role's string
-        label=handle.label,
-        argv=tuple(handle.argv),
-        kv_label=handle.kv_label,
-        metrics_enabled=handle.metrics_enabled,
-        info=dict(handle.info()),
-        wall_s=wall_s,
-    )
+from batch_invariance.run.records import ArmStats, ServerHandle, ServerLauncher, ServerRecord
+from batch_invariance.run.transport import RequestTemplate, run_serial
+from batch_invariance.run.trials import Notes, RawResponse, trials_for
 
 
 @dataclass(frozen=True)
@@ -246,13 +220,14 @@ def run_parallel(
             b_stats.append(arm_b.stats)
             return arm_b.trials
 
-        first_ids = b_first_ids(a_trials, c.passes)
-        sample = _b_sample(plan, a_trials, c.passes) if first_ids is None else None
-        if sample is not None:
-            wanted = set(sample.b_ids or ())
+        item_ids = [i.test_id for i in plan.items]
+        opening = b_opening(a_trials, c.passes, item_ids, sample=plan.b_sample, seed=plan.seed)
+        first_ids = opening.first_ids
+        if opening.sample is not None:
+            wanted = set(opening.sample.b_ids or ())
             b_trials = serial_b([i for i in plan.items if i.test_id in wanted])
             sink.extend(-(len(plan.items) - len(wanted)))
-            scope = sample
+            scope = opening.sample
         elif first_ids is None:
             b_trials = serial_b(plan.items)
         else:
@@ -278,23 +253,6 @@ def run_parallel(
         c.red_proof,
         b_ids=b_ids,
         b_reason="B ran on every id: AC was clean" if scope is None else scope.reason,
-    )
-
-
-def _b_sample(
-    plan: CellPlan, a_trials: Mapping[str, Trial], passes: Sequence[PassRecord]
-) -> BScope | None:
-    """B's seeded sample when the plan asks for one and every C pass equals A bitwise."""
-    if not plan.b_sample or not bitwise_equal_everywhere(a_trials, passes):
-        return None
-    ids = sample_ids([i.test_id for i in plan.items], plan.seed)
-    if len(ids) == len(plan.items):
-        return None
-    return BScope(
-        ids,
-        False,
-        f"B ran on a seeded sample of {len(ids)} of {len(plan.items)} id(s): every C pass "
-        "equals A bitwise at every compared position",
     )
 
 

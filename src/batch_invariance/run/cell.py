@@ -31,19 +31,16 @@ from batch_invariance.run.arms import (
     ParallelRun,
     Reference,
     complete_reference,
-    request_template,
     run_parallel,
     run_reference,
     schedule_record,
 )
-from batch_invariance.run.cache_pass import CacheRun, run_cache_arm
-from batch_invariance.run.passes import slot_notes
+from batch_invariance.run.passes import CacheRun, request_template, run_cache_arm, slot_notes
 from batch_invariance.run.progress import NullProgress, ProgressSink
-from batch_invariance.run.protocols import ServerLauncher
-from batch_invariance.run.records import CellRun
+from batch_invariance.run.records import CellRun, ServerLauncher
 from batch_invariance.run.trials import Notes
 
-#: Names other modules import from here (the launcher Protocols live in run.protocols).
+#: Names other modules import from here (the launcher Protocols live in run.records).
 __all__ = [
     "CellPlan",
     "CellRun",

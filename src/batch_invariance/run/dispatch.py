@@ -1,6 +1,6 @@
 """Sending a set of requests to one server: serially, or as a concurrent closed-loop pass.
 
-:func:`run_serial` (:mod:`batch_invariance.run.serial`, re-exported here) keeps exactly one
+:func:`run_serial` (:mod:`batch_invariance.run.transport`, re-exported here) keeps exactly one
 request in flight. :func:`run_concurrent_pass` releases N worker threads at once through a
 barrier; they drain a shared queue in a per-pass order shuffled from the seed, while a sampler
 thread asks the server itself how many slots are busy (``/slots``, and ``/metrics`` when
@@ -27,19 +27,20 @@ from typing import Any
 
 import requests
 
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json, get_text
 from batch_invariance.errors import InfraError
-from batch_invariance.run.protocols import ServerHandle
-from batch_invariance.run.response import RawResponse
-from batch_invariance.run.serial import (
+from batch_invariance.run.records import ServerHandle
+from batch_invariance.run.transport import (
     TRANSIENT_MODES,
     CheckAlive,
     OnDone,
+    RequestTemplate,
     SerialRun,
     run_serial,
+    send,
 )
-from batch_invariance.run.transport import RequestTemplate, send
+from batch_invariance.run.trials import RawResponse
 
 __all__ = [
     "SAMPLE_INTERVAL_S",

@@ -1,35 +1,50 @@
 """The concurrent C passes on the ``--parallel N`` server, ending at the first that proves
 RED when the plan says ``stop_on_red``; and what every arm shares with them: the per-arm
 timing record, the progress ticker and report, and the rule that a server which died ends
-the run (:func:`stops_the_run`)."""
+the run (:func:`stops_the_run`).
+
+The prompt-cache arm: the cell's requests sent the way a deployed client sends them (no
+``cache_prompt`` field) to a ``--parallel N`` server with its prompt cache on (llama-server's
+default ``--cache-ram``, or the value under test; vLLM with prefix caching), N at once.
+
+It runs on its own server (``launcher.launch(ServerRole.CACHE, N, ctx)``), after the C passes and B,
+so the cold arms never share a process with a warm cache. Each worker sends one
+conversation's turns one after another (:func:`core.cache_arm.conversation_chains`), as a
+client does, so a later turn goes out only once its earlier turn was answered; the server's
+own per-response reuse count (``timings.cache_n``, or ``cached_tokens``) goes into each
+trial and :mod:`batch_invariance.core.cache_arm` judges it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from batch_invariance.core.cache_arm import conversation_chains
 from batch_invariance.core.diff import compare
-from batch_invariance.core.evidence import ARM_C, GatePolicy, PassRecord, Trial
+from batch_invariance.core.evidence import ARM_C, ARM_CACHE, GatePolicy, PassRecord, Trial
 from batch_invariance.core.plan import CellPlan
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.schedule import RedProof, red_proof, restrict
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import InfraError
 from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass
 from batch_invariance.run.progress import ArmReport, ProgressSink
-from batch_invariance.run.protocols import ServerHandle
-from batch_invariance.run.records import ArmStats
-from batch_invariance.run.response import RawResponse
+from batch_invariance.run.records import ArmStats, ServerHandle, ServerLauncher, ServerRecord
 from batch_invariance.run.transport import RequestTemplate
-from batch_invariance.run.trials import Notes, trials_for
+from batch_invariance.run.trials import Notes, RawResponse, trials_for
 
 __all__ = [
     "CPasses",
+    "CacheRun",
     "PassSeries",
     "Scored",
     "arm_report",
     "arm_stats",
     "run_c_passes",
+    "run_cache_arm",
     "run_passes",
     "slot_notes",
     "stops_the_run",
@@ -45,6 +60,29 @@ def stops_the_run(where: str) -> Iterator[None]:
         yield
     except InfraError as exc:
         raise InfraError(f"run stopped in {where}, no cert written: {exc}") from None
+
+
+def request_template(plan: CellPlan) -> RequestTemplate:
+    """The request every arm sends for ``plan``."""
+    return RequestTemplate(
+        endpoint=plan.endpoint,
+        n_predict=plan.n_predict,
+        seed=plan.seed,
+        n_probs=plan.n_probs,
+        timeout_s=plan.req_timeout,
+    )
+
+
+def server_record(role: ServerRole, handle: ServerHandle, wall_s: float) -> ServerRecord:
+    return ServerRecord(
+        role=role.value,  # recorded as the role's string
+        label=handle.label,
+        argv=tuple(handle.argv),
+        kv_label=handle.kv_label,
+        metrics_enabled=handle.metrics_enabled,
+        info=dict(handle.info()),
+        wall_s=wall_s,
+    )
 
 
 def ticker(sink: ProgressSink) -> Callable[[RawResponse], None]:
@@ -98,7 +136,7 @@ class CPasses:
 class PassSeries:
     """One arm's concurrent passes on one server, as :func:`run_passes` runs them: the C
     passes (:func:`run_c_passes`) and the prompt-cache arm's
-    (:func:`batch_invariance.run.cache_pass.run_cache_arm`)."""
+    (:func:`batch_invariance.run.passes.run_cache_arm`)."""
 
     #: The arm (progress, per-pass timings) and how its passes are named.
     arm: str
@@ -216,3 +254,51 @@ def slot_notes(result: ConcurrentPass) -> tuple[str, ...]:
     if result.busy.n_samples == 0:
         notes.append(f"C{result.index}: the busy-slot sampler took no samples")
     return tuple(notes)
+
+
+#: Per-response "server reused N cached prompt tokens" notes are expected here, not news.
+_REUSE_NOTE = "cached prompt tokens (cache_n != 0)"
+
+
+@dataclass(frozen=True)
+class CacheRun:
+    """What the prompt-cache arm's server measured."""
+
+    passes: tuple[PassRecord, ...]
+    stats: tuple[ArmStats, ...]
+    server: ServerRecord
+    notes: tuple[str, ...]
+
+
+def run_cache_arm(
+    plan: CellPlan,
+    launcher: ServerLauncher,
+    scorer: Scorer,
+    sink: ProgressSink,
+    a_trials: Mapping[str, Trial],
+) -> CacheRun:
+    """The prompt-cache arm's passes on a fresh ``--parallel N`` server with the cache on:
+    the C passes' loop (:func:`~batch_invariance.run.passes.run_passes`), each worker sending
+    one conversation's turns in order, no pass counters, never stopped early."""
+    series = PassSeries(
+        ARM_CACHE, plan.cache_passes, "the prompt-cache arm, pass {n}/{of}", "cache",
+        "A_cache", request_template(plan).as_deployed(), conversation_chains(plan.items),
+        quiet=_REUSE_NOTE,
+    )  # fmt: skip
+    notes = Notes()
+    with launcher.launch(ServerRole.CACHE, plan.parallel, plan.ctx) as server:
+        started = time.monotonic()
+        run = run_passes(series, server, Scored(plan, scorer, sink, a_trials, notes))
+        record = server_record(ServerRole.CACHE, server, time.monotonic() - started)
+    reused = sum(1 for p in run.passes for t in p.trials.values() if reused_tokens(t))
+    total = sum(len(p.trials) for p in run.passes)
+    notes.add(f"prompt-cache arm: the server reported reused prompt tokens on {reused} of "
+              f"{total} request(s)")  # fmt: skip
+    return CacheRun(run.passes, run.stats, record, tuple(notes.items))
+
+
+def reused_tokens(trial: Trial) -> float | None:
+    """The prompt tokens the server says it reused for ``trial`` (``None``: it did not say):
+    the trial's ``cache_n``, which the response reader fills from every engine's own field
+    (llama-server's ``timings.cache_n``, the OpenAI ``cached_tokens``)."""
+    return trial.timings.get("cache_n")

@@ -15,9 +15,18 @@ alone. It buys no speed on the embedded pair (measured: 37.2 vs 38.5 ms per toke
 noise, ``benchmarks/bench_logprobs.py`` session notes).
 
 :func:`send` posts a body and always returns a
-:class:`~batch_invariance.run.response.RawResponse`: a transport failure
+:class:`~batch_invariance.run.trials.RawResponse`: a transport failure
 (timeout, connection error, HTTP error, dropped connection, dead server) is a value with a
 failure mode from :data:`batch_invariance.core.evidence.TRANSPORT_MODES`, never an exception.
+
+Sending a set of requests to one server serially: exactly one request in flight.
+
+Faults (README, exit codes): a server that died is an infrastructure failure, so
+:func:`run_serial` raises the handle's :class:`~batch_invariance.errors.InfraError` as soon as
+its liveness check fails, and never goes on against a dead port. A transient failure of a live
+server is retried once, with the same body (one request in flight either way, and a client that
+gives up closes its connection, which cancels the request in llama-server). The concurrent pass
+(:mod:`batch_invariance.run.dispatch`) never retries.
 """
 
 from __future__ import annotations
@@ -25,16 +34,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import requests
 
 from batch_invariance.core.chat_template import sends_chat
-from batch_invariance.core.workitem import WorkItem, request_key
+from batch_invariance.core.plan import WorkItem, request_key
 from batch_invariance.errors import InfraError
-from batch_invariance.run.response import RawResponse, parse_completion
+from batch_invariance.run.trials import RawResponse, parse_completion
 
 Endpoint = Literal["chat", "completions"]
 
@@ -130,7 +139,7 @@ class RequestTemplate:
         return {"prompt": prompt, **common, **self._logprob_fields(chat=False)}
 
     def request_key(self, item: WorkItem) -> str:
-        """What ``item`` asks the server, as one key (:func:`core.workitem.request_key`): the
+        """What ``item`` asks the server, as one key (:func:`core.plan.request_key`): the
         path and the body without the per-id seed (greedy decoding at temperature 0 and
         ``top_k`` 1 ignores it) and without the logprob fields each arm sets."""
         body = self.with_logprobs("none").body_for(item)
@@ -232,3 +241,60 @@ def send(
         http_status=status,
         transport_error=detail[:500],
     )
+
+
+#: Called after each completed request with the response (from any thread).
+OnDone = Callable[[RawResponse], None]
+
+#: Failure modes of a live server worth one more try in a serial arm (``server_gone`` is
+#: not: a dead server ends the run).
+TRANSIENT_MODES: frozenset[str] = frozenset({"timeout", "connection_error", "http_error"})
+
+#: Called with no arguments; raises :class:`InfraError` when the server died.
+CheckAlive = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class SerialRun:
+    """What a serial arm got back: the answer to each id (the retry's, where one was sent),
+    and the failed first attempt of every request that was retried."""
+
+    responses: dict[str, RawResponse]
+    first_attempts: dict[str, RawResponse]
+
+
+def _raise_if_dead(resp: RawResponse, check_alive: CheckAlive | None) -> None:
+    """Raise the handle's :class:`InfraError` when ``resp`` failed because the server died."""
+    if resp.ok or check_alive is None:
+        return
+    check_alive()
+    if resp.failure_mode == "server_gone":
+        raise InfraError(f"the server stopped answering: {resp.transport_error}")
+
+
+def run_serial(
+    base_url: str,
+    template: RequestTemplate,
+    items: Sequence[WorkItem],
+    check_alive: CheckAlive | None = None,
+    on_done: OnDone | None = None,
+) -> SerialRun:
+    """Send ``items`` one at a time, in order, each transient failure retried once.
+
+    Raises :class:`InfraError` when ``check_alive`` says the server died."""
+    out: dict[str, RawResponse] = {}
+    first_attempts: dict[str, RawResponse] = {}
+    with requests.Session() as session:
+        for item in items:
+            resp = send(session, base_url, template, item, check_alive)
+            _raise_if_dead(resp, check_alive)
+            if resp.failure_mode in TRANSIENT_MODES:
+                first_attempts[item.test_id] = resp
+                resp = send(session, base_url, template, item, check_alive)
+                _raise_if_dead(resp, check_alive)
+            out[item.test_id] = resp
+            if on_done is not None:
+                on_done(resp)
+    if check_alive is not None:
+        check_alive()
+    return SerialRun(out, first_attempts)

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from batch_invariance.core.cache_shape import cache_shaped
-from batch_invariance.core.workitem import WorkItem, duplicate_prompts, rep_id
+from batch_invariance.core.cache_arm import cache_shaped
+from batch_invariance.core.plan import WorkItem, duplicate_prompts, rep_id
 from batch_invariance.errors import UsageError
 
 __all__ = [
@@ -190,7 +190,7 @@ def workset_from_items(items: Sequence[WorkItem], source: str) -> Workset:
 
 def shaped_for_cache(workset: Workset, turns: int) -> Workset:
     """``workset`` in the prompt-cache shape (``--cache-shape``): its rows as conversations
-    of ``turns`` behind one shared preamble (:func:`core.cache_shape.cache_shaped`)."""
+    of ``turns`` behind one shared preamble (:func:`core.cache_arm.cache_shaped`)."""
     items = cache_shaped(workset.items, turns)
     return workset_from_items(items, f"{workset.source} (prompt-cache shape, {turns} turns)")
 
@@ -231,7 +231,7 @@ def bundled_workset_path(name: str) -> Path:
     default), ``demo_completions`` (32 completion-style openings a base model continues, run
     by ``demo`` on ``/v1/completions``), ``mock`` (the ``run-mock`` default, a copy of
     ``examples/workset.json``) or ``cache_conversations`` (16 of the completion openings in
-    the prompt-cache shape, :func:`~batch_invariance.core.cache_shape.cache_shaped`: four
+    the prompt-cache shape, :func:`~batch_invariance.core.cache_arm.cache_shaped`: four
     conversations of four turns behind one shared preamble, for ``--cache-arm``)."""
     from importlib import resources
 

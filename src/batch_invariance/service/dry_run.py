@@ -15,7 +15,7 @@ from batch_invariance.engines.registry import shown_name
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.run.workset import Workset
-from batch_invariance.service.job import LiveCell
+from batch_invariance.service.live import LiveCell
 from batch_invariance.service.reach import planned_workset
 from batch_invariance.service.target import engine_launcher
 

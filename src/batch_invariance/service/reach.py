@@ -11,7 +11,7 @@ from batch_invariance.core.chat_template import sends_chat, sets_template
 from batch_invariance.core.reach import PlanFacts, unreachable
 from batch_invariance.profiles.tokens import approx_token_count
 from batch_invariance.run.workset import Workset
-from batch_invariance.service.job import LiveCell
+from batch_invariance.service.live import LiveCell
 
 __all__ = ["cannot_be_green", "plan_facts", "planned_workset"]
 

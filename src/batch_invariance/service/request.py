@@ -2,7 +2,7 @@
 
 ``run-live``, ``demo``, ``sweep``, the Action, the live tests and the live benchmark all build a
 :class:`LiveRequest` (from argparse or from ``INPUT_*``). It is read once, by
-:func:`batch_invariance.service.job.prepare`, which checks it into the job every later step
+:func:`batch_invariance.service.live.prepare`, which checks it into the job every later step
 reads.
 """
 

@@ -9,6 +9,9 @@ reserves a share of its memory node at start (vLLM), the folder's config and wei
 read so the guard can size it. What differs between engines (how the binary is resolved) is
 asked of the engine. :func:`make_launcher` picks the launcher: :class:`EngineLauncher` for a
 launched engine, ``AttachLauncher`` for an attached server. :func:`identify` records what ran.
+
+What binary ran: :func:`identify_binary` records a server binary's sha256 and ``--version``
+for the cert, before the cell starts.
 """
 
 from __future__ import annotations
@@ -23,19 +26,25 @@ from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import Engine, MemoryReservation
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
-from batch_invariance.host.file_hash import cached_sha256
+from batch_invariance.host.facts import cached_sha256
 from batch_invariance.host.gguf import GgufInfo, parse_info
 from batch_invariance.host.hf_model import HfModelInfo, read_hf_model
 from batch_invariance.profiles.overrides import ProfileRun
-from batch_invariance.run.protocols import ServerLauncher
+from batch_invariance.run.records import ServerLauncher
 from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, AttachTarget, attach_target
-from batch_invariance.servers.binary import BinaryIdentity, identify_binary
 from batch_invariance.servers.launch import EngineLauncher, LaunchRecord
 from batch_invariance.service.options import LaunchOptions
 
 if TYPE_CHECKING:
     from batch_invariance.service.request import LiveRequest
+
+
+import contextlib
+import signal
+import subprocess
+
+from batch_invariance.host.facts import sha256_file
 
 ATTACHED_NO_GGUF = "attached: the tool did not start the server and reads no model file"
 
@@ -190,3 +199,56 @@ def identify(target: ServerTarget) -> TargetIdentity:
     model = target.model if target.attach is None else None
     sha = cached_sha256(model, cache_root() / "hashes.json") if model and model.is_file() else None
     return TargetIdentity(binary, sha)
+
+
+@dataclass(frozen=True)
+class BinaryIdentity:
+    """What the cert records about the server binary."""
+
+    path: str
+    sha256: str
+    version: str
+    version_rc: int | None
+
+
+def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity:
+    """sha256 and ``--version`` of a server binary.
+
+    A failing ``--version`` is recorded, not raised: the launch itself reports a broken binary
+    with its log tail.
+    """
+    digest = sha256_file(server_bin)
+    try:
+        # Own process group: a --version that hangs is killed with everything it spawned,
+        # and nothing outside that group is touched.
+        proc = subprocess.Popen(
+            [str(server_bin), "--version"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return BinaryIdentity(
+            path=str(server_bin),
+            sha256=digest,
+            version=f"(--version failed: {exc})",
+            version_rc=None,
+        )
+    try:
+        text, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        version, rc = f"(--version did not finish within {timeout_s:g} s)", None
+    else:
+        text = (text or "").strip()
+        lines = [
+            ln.strip() for ln in text.splitlines() if ln.strip().startswith(("version", "built"))
+        ]
+        version = " ; ".join(lines) if lines else text[-300:]
+        rc = proc.returncode
+    return BinaryIdentity(path=str(server_bin), sha256=digest, version=version, version_rc=rc)

@@ -7,8 +7,8 @@ import math
 
 from batch_invariance.commands.demo import DEMO_DEFAULTS, DEMO_WORKSET
 from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
+from batch_invariance.core.plan import duplicate_prompts
 from batch_invariance.core.scope import required_length
-from batch_invariance.core.workitem import duplicate_prompts
 from batch_invariance.profiles.ladder import LADDER, build_ladder
 from batch_invariance.profiles.tokens import approx_token_count
 

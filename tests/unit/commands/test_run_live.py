@@ -169,7 +169,7 @@ def test_plan_n_lists_every_n_and_launches_nothing(
 
 
 def test_fitted_prompts_must_leave_room_for_the_answer() -> None:
-    from batch_invariance.core.workitem import WorkItem
+    from batch_invariance.core.plan import WorkItem
     from batch_invariance.errors import UsageError
     from batch_invariance.run.workset import workset_from_items
     from batch_invariance.service.live import check_room_to_answer

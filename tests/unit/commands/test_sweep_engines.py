@@ -155,7 +155,7 @@ def test_a_gguf_engine_gets_the_memory_guard_before_any_launch(
 
 def test_an_unknown_engine_in_a_request_is_a_usage_error(tmp_path: Path) -> None:
     from batch_invariance.errors import UsageError
-    from batch_invariance.service.job import prepare
+    from batch_invariance.service.live import prepare
     from batch_invariance.service.request import LiveRequest
 
     with pytest.raises(UsageError, match="unknown --engine 'ollama'; choose one of"):

@@ -11,10 +11,13 @@ from batch_invariance.cert.certificate import cert_to_json
 from batch_invariance.cert.verify import verify
 from batch_invariance.core.evidence import CellEvidence, GatePolicy
 from batch_invariance.core.schedule import (
+    BOpening,
     arm_b_scope_gate,
     b_first_ids,
+    b_opening,
     b_scope_after,
     red_proof,
+    sample_ids,
     serial_repeat_decision,
 )
 from batch_invariance.core.verdict import CLASS_CO_BATCHING, CLASS_SLOT, decide
@@ -203,3 +206,25 @@ def test_a_clean_run_runs_b_on_every_id(tmp_path: Path) -> None:
     assert len(cert.evidence.b) == len(cert.evidence.a)
     schedule = cert.provenance.schedule
     assert schedule is not None and schedule.b_reason == "B ran on every id: AC was clean"
+
+
+def test_b_opening_is_the_divergent_ids_a_seeded_sample_or_every_id() -> None:
+    red, tid = _red_evidence()
+    ids = [i.test_id for i in red.items]
+    opening = b_opening(red.a, red.c_passes, ids, sample=True, seed=0)
+    assert opening == BOpening((tid,), None)  # AC diverged: B starts there, sample or not
+
+    clean = green_evidence(n_ids=40, n_passes=2)
+    ids = [i.test_id for i in clean.items]
+    sampled = b_opening(clean.a, clean.c_passes, ids, sample=True, seed=0)
+    assert sampled.first_ids is None and sampled.sample is not None
+    assert sampled.sample.b_ids == sample_ids(ids, 0) and len(sampled.sample.b_ids) < len(ids)
+    assert "seeded sample of 10 of 40 id(s)" in sampled.sample.reason
+    assert sampled == b_opening(clean.a, clean.c_passes, ids, sample=True, seed=0)
+
+    assert b_opening(clean.a, clean.c_passes, ids, sample=False, seed=0) == BOpening(None, None)
+    # A sample as large as the work-set is no sample: B runs on every id.
+    few = ids[:4]
+    a_few = {i: clean.a[i] for i in few}
+    passes = [replace(p, trials={i: p.trials[i] for i in few}) for p in clean.c_passes]
+    assert b_opening(a_few, passes, few, sample=True, seed=0) == BOpening(None, None)

@@ -177,7 +177,7 @@ def test_cert_without_the_cache_arm_has_no_block() -> None:
 
 
 def test_b_sample_gate_needs_c_bitwise_equal_to_a_and_a_large_enough_sample() -> None:
-    from batch_invariance.core.b_sample import sample_ids
+    from batch_invariance.core.schedule import sample_ids
 
     ev = green_evidence()
     sample = sample_ids(ids(N_IDS), 0)

@@ -19,8 +19,7 @@ from batch_invariance.core.chat_template import (
     sends_chat,
 )
 from batch_invariance.core.evidence import CellSpec, GatePolicy
-from batch_invariance.core.plan import Endpoint, Measurement
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import Endpoint, Measurement, WorkItem
 from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.mock import MockKnobs, MockLauncher, MockServer
 from batch_invariance.run.cell import CellPlan, run_cell

@@ -21,8 +21,8 @@ from batch_invariance.core.columns import arm_columns, fill_label, unequal_ids, 
 from batch_invariance.core.diff import classify, compare
 from batch_invariance.core.evidence import CellEvidence, GatePolicy, ItemMeta, PassRecord, Trial
 from batch_invariance.core.gates import cobatched_flags
+from batch_invariance.core.plan import row_id
 from batch_invariance.core.verdict import decide
-from batch_invariance.core.workitem import row_id
 from tests.unit.core.test_fast_paths import FAST, reference_depth, trials, twins
 from tests.unit.core.test_gates import brute_cobatched as brute_cobatched_flags
 

@@ -16,8 +16,8 @@ from batch_invariance import exitcodes
 from batch_invariance.cert.schema import compute_digest
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import ItemMeta
+from batch_invariance.core.plan import WorkItem, duplicate_prompts
 from batch_invariance.core.sample import distinct_prompts
-from batch_invariance.core.workitem import WorkItem, duplicate_prompts
 from batch_invariance.run.transport import RequestTemplate
 
 PROMPT = "Write a short note about the sea."

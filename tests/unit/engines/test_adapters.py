@@ -231,7 +231,7 @@ def _chat_payload(
 
 
 def test_openai_cached_tokens_are_cache_evidence() -> None:
-    from batch_invariance.run.response import parse_completion
+    from batch_invariance.run.trials import parse_completion
 
     got = parse_completion(
         "x", _chat_payload({"prompt_tokens_details": {"cached_tokens": 5}}), chat=True

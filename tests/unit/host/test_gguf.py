@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.errors import UsageError
-from batch_invariance.host.file_hash import cached_sha256, sha256_file
+from batch_invariance.host.facts import cached_sha256, sha256_file
 from batch_invariance.host.gguf import parse_info, read_metadata
 from tests.support.fakes_live import dense_meta, write_gguf
 

@@ -19,7 +19,7 @@ from batch_invariance.profiles.calibration import PrelaunchedLauncher
 from batch_invariance.profiles.overrides import resolve_profile_run
 from batch_invariance.profiles.tokens import server_token_counter
 from batch_invariance.run.cell import CellPlan, run_cell
-from batch_invariance.run.protocols import ServerHandle
+from batch_invariance.run.records import ServerHandle
 
 
 def test_profile_cell_calibrates_on_the_a_server_and_launches_it_once() -> None:

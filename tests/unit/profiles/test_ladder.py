@@ -9,8 +9,8 @@ import pytest
 
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import DEFAULT_MAX_BOUND
+from batch_invariance.core.plan import duplicate_prompts
 from batch_invariance.core.scope import band_edges, required_length
-from batch_invariance.core.workitem import duplicate_prompts
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.ladder import LADDER_PROMPTS, build_ladder, ladder_plan
 from batch_invariance.profiles.spark.haystack import haystack_blocks

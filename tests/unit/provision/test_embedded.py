@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.errors import InfraError, UsageError
-from batch_invariance.host.file_hash import sha256_file
+from batch_invariance.host.facts import sha256_file
 from batch_invariance.provision import embedded as prov
 from batch_invariance.provision import sdist
 from tests.support.fakes_live import fake_server

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from batch_invariance.cache_dir import cache_root
-from batch_invariance.host.file_hash import sha256_file
+from batch_invariance.host.facts import sha256_file
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.provision.embedded import Layout
 from batch_invariance.provision.small_model import load_gguf, make_small_model

@@ -170,7 +170,7 @@ def test_dry_run_plan(tmp_path: Path) -> None:
     """The --dry-run plan on a fixed host (memory and CPUs are inputs, not read here)."""
     from batch_invariance.host.memory import GIB, HostMemory
     from batch_invariance.service.dry_run import dry_run
-    from batch_invariance.service.job import prepare
+    from batch_invariance.service.live import prepare
     from batch_invariance.service.request import LiveRequest
     from tests.support.fakes_live import dense_meta, fake_server, write_gguf
 

@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from batch_invariance.core.b_sample import sample_size
-from batch_invariance.core.cache_shape import PREAMBLE, cache_shaped, conversation_chains
+from batch_invariance.core.cache_arm import PREAMBLE, cache_shaped, conversation_chains
 from batch_invariance.core.evidence import GatePolicy
-from batch_invariance.core.plan import CellPlan, Measurement
+from batch_invariance.core.plan import CellPlan, Measurement, rep_id
+from batch_invariance.core.schedule import sample_size
 from batch_invariance.core.scoring import ExactMatchScorer
 from batch_invariance.core.verdict import CLASS_CACHE, CLASS_CACHE_DRIFT, decide
-from batch_invariance.core.workitem import rep_id
 from batch_invariance.engines.base import LaunchRequest, PromptCache
 from batch_invariance.engines.llama_server.engine import build_argv
 from batch_invariance.engines.vllm import VllmEngine

@@ -16,15 +16,14 @@ import pytest
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify
 from batch_invariance.core.evidence import TRANSPORT_MODES, CellSpec, GatePolicy
-from batch_invariance.core.plan import Measurement
+from batch_invariance.core.plan import Measurement, WorkItem
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.verdict import Verdict, decide
-from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import CellPlan, CellRun, run_cell
 from batch_invariance.run.progress import Progress
-from batch_invariance.run.protocols import ServerHandle
+from batch_invariance.run.records import ServerHandle
 from batch_invariance.scorer_api import Completion, ExactMatchScorer, Score, Scorer
 from batch_invariance.service.finish import finish_cell
 
@@ -338,7 +337,7 @@ def test_finish_cell_writes_the_cert(tmp_path: Path) -> None:
 def test_slot_notes_name_the_slots_that_answered_and_a_blind_sampler() -> None:
     from batch_invariance.run.cell import slot_notes
     from batch_invariance.run.dispatch import BusySample, ConcurrentPass
-    from batch_invariance.run.response import RawResponse
+    from batch_invariance.run.trials import RawResponse
 
     def result(n_samples: int, slots: tuple[int | None, ...]) -> ConcurrentPass:
         responses = {f"t{k}": RawResponse(f"t{k}", None, slot_id=s) for k, s in enumerate(slots)}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.engines.llama_server.probes import llama_server_probes
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.mock import MockKnobs, MockServer
@@ -22,8 +22,8 @@ from batch_invariance.run.dispatch import (
     run_concurrent_pass,
     run_serial,
 )
-from batch_invariance.run.response import RawResponse
 from batch_invariance.run.transport import RequestTemplate
+from batch_invariance.run.trials import RawResponse
 
 ITEMS = tuple(WorkItem(f"q{i:02d}", f"What is {i} + {i}?", None, str(2 * i)) for i in range(12))
 TEMPLATE = RequestTemplate("chat", n_predict=16, seed=0, timeout_s=10)

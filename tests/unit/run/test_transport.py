@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from batch_invariance.core.evidence import TRANSPORT_MODES
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.engines.llama_server.probes import (
     busy_from_metrics,
     busy_from_slots,
@@ -22,7 +22,6 @@ from batch_invariance.engines.llama_server.probes import (
 )
 from batch_invariance.errors import InfraError
 from batch_invariance.mock import MockKnobs, MockServer
-from batch_invariance.run.response import parse_completion, parse_logprobs
 from batch_invariance.run.transport import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -31,6 +30,7 @@ from batch_invariance.run.transport import (
     seed_for,
     send,
 )
+from batch_invariance.run.trials import parse_completion, parse_logprobs
 
 PROMPT_ITEM = WorkItem("p1", "What is 2 + 3?", None, expected_answer="5")
 CHAT_ITEM = WorkItem("m1", None, (("user", "What is 2 + 3?"),), expected_answer="5")

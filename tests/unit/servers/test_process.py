@@ -26,10 +26,10 @@ from batch_invariance.engines.registry import engine_for
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.servers import ports
-from batch_invariance.servers.binary import identify_binary
 from batch_invariance.servers.launch import EngineLauncher
 from batch_invariance.servers.process import ServerProcess
 from batch_invariance.servers.spawn import log_tail
+from batch_invariance.service.target import identify_binary
 from tests.support.fakes_live import (
     dense_meta,
     exiting_server,

@@ -13,7 +13,7 @@ from batch_invariance.engines.base import KvLayout
 from batch_invariance.host.memory import GIB, HostMemory
 from batch_invariance.host.node_memory import NodeMemory
 from batch_invariance.service.dry_run import dry_run
-from batch_invariance.service.job import prepare
+from batch_invariance.service.live import prepare
 from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.request import LiveRequest
 from tests.support.fakes_live import dense_meta, fake_server, hf_model_files, write_gguf

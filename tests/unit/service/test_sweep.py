@@ -16,17 +16,15 @@ from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
-from batch_invariance.core.plan import CellPlan, Measurement
+from batch_invariance.core.plan import CellPlan, Measurement, WorkItem
 from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
-from batch_invariance.core.workitem import WorkItem
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import parse_info
 from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import run_cells
 from batch_invariance.run.progress import NullProgress
-from batch_invariance.run.protocols import ServerHandle
-from batch_invariance.run.records import CellRun
+from batch_invariance.run.records import CellRun, ServerHandle
 from batch_invariance.run.workset import bundled_workset_path, load_workset
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.finish import finish_cell

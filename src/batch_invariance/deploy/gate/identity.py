@@ -34,7 +34,7 @@ class ModelIdentity:
 
 def identify_model(path: Path | None, written: str) -> ModelIdentity:
     """Hash the deploy's model file when readable; else stat it; else say why not."""
-    from batch_invariance.host.file_hash import cached_sha256
+    from batch_invariance.host.facts import cached_sha256
 
     if path is None:
         return ModelIdentity("nothing", written, missing=f"{written} is downloaded, not a file")
@@ -81,7 +81,7 @@ def identify_build(
     """Hash the deploy's server binary: the file the deploy names (``named``: a path, not a
     bare name found on ``PATH``), else ``override`` (``--server-binary``) when given, else
     what ``PATH`` found; ``missing`` says why none was located."""
-    from batch_invariance.host.file_hash import cached_sha256
+    from batch_invariance.host.facts import cached_sha256
 
     if override is not None and not (named and missing is None):
         path, missing, how = override, None, f"{override} (--server-binary)"
@@ -126,7 +126,7 @@ def is_this_tool(path: Path, launchers: tuple[Path, ...] | None = None) -> bool:
     """``path`` has the bytes of this tool's launcher: the same script, whose first line names
     the same interpreter, which imports this same package. Checked by content, as the server
     binary is: a file named ``batch-invariance`` proves nothing."""
-    from batch_invariance.host.file_hash import cached_sha256
+    from batch_invariance.host.facts import cached_sha256
 
     try:
         wanted = cached_sha256(path, None)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.profiles.spark.task import canonical_json
 
 _A2_CODE = re.compile(r"\b([A-Z]{2}-\d{4}-[A-Z]{2})\b", re.IGNORECASE)

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from batch_invariance.core.evidence import OK, TRANSPORT_MODES
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.core.scoring import Completion, Score, Scorer
-from batch_invariance.core.workitem import WorkItem
 from batch_invariance.profiles.spark.extract import (
     code_block,
     extract_a2,

@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.spark.calibrate import (
     TOLERANCE,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from batch_invariance.core.evidence import OK, TRANSPORT_MODES
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.profiles.spark.scorer import SparkScorer, is_runaway, make_scorer
 from batch_invariance.profiles.spark.workset import generate
 from batch_invariance.profiles.tokens import approx_token_count

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.core.workitem import WorkItem
+from batch_invariance.core.plan import WorkItem
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.spark.calibrate import DOC_END, NoFit, PromptParts, fit_prompt
 from batch_invariance.profiles.spark.families import FAMILIES
