@@ -3,7 +3,8 @@
 The contracts are run on the tree as it is (each must be kept), and on a copy of the package
 with one import turned backwards (it must be broken, naming the two layers): a test that could
 not fail would keep nothing. Inside ``deploy/``, the gate reads deploy files through the
-readers and the readers know nothing of the gate.
+readers and the readers know nothing of the gate. The engine seam: no neutral module imports
+llama-server's own package (the registry and the mock's look-alike are the doors).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import batch_invariance
+from batch_invariance.cert.signing_policy import load_toml
 
 PKG = Path(batch_invariance.__file__).parent
 PYPROJECT = PKG.parents[1] / "pyproject.toml"
@@ -86,3 +88,28 @@ def test_a_reader_importing_the_gate_breaks_the_deploy_rooms(tmp_path: Path) -> 
         in said
     )
     assert "batch_invariance.deploy.readers.commands -> batch_invariance.deploy.gate.check" in said
+
+
+def test_a_neutral_module_importing_llama_server_breaks_the_engine_seam(tmp_path: Path) -> None:
+    # The driver reaching past the Engine into one engine's flag reader.
+    proc = _broken_copy(
+        tmp_path, "run/arms.py", "import batch_invariance.engines.llama_server.flags"
+    )
+    assert proc.returncode != 0, proc.stdout
+    said = _said(proc)
+    assert "the engine seam: the neutral layers import no engine's own package BROKEN" in said
+    assert "batch_invariance.run.arms -> batch_invariance.engines.llama_server.flags" in said
+
+
+def test_the_engine_seam_covers_every_module_but_the_doors_and_deploy() -> None:
+    config = load_toml(PYPROJECT.read_text(encoding="utf-8"), str(PYPROJECT))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    seam = next(c for c in contracts if c["id"] == "engine-seam")
+    top = {p.stem for p in PKG.glob("*.py")} | {
+        p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()
+    }
+    engines = {p.stem for p in (PKG / "engines").glob("*.py")}
+    doors = {"__init__", "__main__", "deploy", "engines"}
+    expected = {f"batch_invariance.{n}" for n in top - doors}
+    expected |= {f"batch_invariance.engines.{n}" for n in engines - {"__init__", "registry"}}
+    assert set(seam["source_modules"]) == expected
