@@ -211,7 +211,8 @@ def check_agreement(cert: Cert, found: Probe, label: str) -> None:
         f"of {PROMPTS}; probe {len(found.changed)} changed of {PROMPTS}; "
         f"reasons: {list(cert.decision_reasons)}"
     )
-    assert cert.overlap.ok, cert.decision_reasons  # the C pass was co-batched (F1)
+    # The C pass was co-batched (F1); the notes say how many busy reads the server answered.
+    assert cert.overlap.ok, (cert.decision_reasons, cert.provenance.notes)
     assert changed_ids(cert) == found.changed, (changed_ids(cert), found.changed)
     if found.changed:
         assert cert.verdict in ("RED", "AMBER"), cert.decision_reasons

@@ -43,6 +43,7 @@ from batch_invariance.run.transport import (
 from batch_invariance.run.trials import RawResponse
 
 __all__ = [
+    "BUSY_READ_TIMEOUT_S",
     "SAMPLE_INTERVAL_S",
     "SETTLED_INTERVAL_S",
     "SETTLE_AFTER_S",
@@ -67,6 +68,14 @@ SAMPLE_INTERVAL_S = 0.025
 #: every 25 ms, 31.1 s every 50 ms, 28.9 s with no polling at all (within noise of one round).
 SETTLED_INTERVAL_S = 0.05
 SETTLE_AFTER_S = 1.0
+#: How long one witness read may take. A server answers ``/metrics`` or ``/slots`` late when
+#: its decode has the cores: vLLM's CPU build on 2 cores, its API process competing with the
+#: engine's OpenMP threads, answered ``/metrics`` in 7-25 ms at the median but up to 4.5 s with
+#: three busy loops beside it (measured on the embedded Gemma, 16 chat requests, N 4). A late
+#: answer is still evidence: it tells the state when the server rendered it, inside the pass
+#: or after it (never more than ran). With a 1 s timeout a CI run lost every read taken while
+#: requests ran, and F1 saw only idle reads (server busy 0, the cell UNVERIFIED).
+BUSY_READ_TIMEOUT_S = 10.0
 
 
 def pass_order(ids: Sequence[str], seed: int, pass_index: int) -> tuple[str, ...]:
@@ -106,6 +115,8 @@ class BusySample:
     busy_max: int | None
     source: str
     n_samples: int
+    #: Of ``n_samples`` rounds, how many got a count from at least one witness.
+    n_answered: int
     slots_busy_max: int | None
     metrics_busy_max: int | None
     task_ids_seen: tuple[int, ...]
@@ -131,27 +142,31 @@ class _BusySampler(threading.Thread):
 
     def __init__(self, probes: Sequence[BusyProbe], interval_s: float) -> None:
         super().__init__(name="bi-busy-sampler", daemon=True)
-        self._probes = tuple(probes)
+        self.probes = tuple(probes)
         self._interval = interval_s
         self.stop_event = threading.Event()
         self.maxima: dict[str, int] = {}
         self.samples = 0
+        self.answered = 0
         self.tasks: set[int] = set()
 
     def sample_once(self, session: requests.Session) -> None:
-        for probe in self._probes:
+        answered = False
+        for probe in self.probes:
             payload: Any
             if probe.kind == "json":
-                payload = get_json(session, probe.url, timeout_s=1.0)
+                payload = get_json(session, probe.url, timeout_s=BUSY_READ_TIMEOUT_S)
             else:
-                payload = get_text(session, probe.url, timeout_s=1.0)
+                payload = get_text(session, probe.url, timeout_s=BUSY_READ_TIMEOUT_S)
             busy = probe.read(payload) if payload is not None else None
             if busy is None:
                 continue
+            answered = True
             self.maxima[probe.label] = max(busy, self.maxima.get(probe.label, busy))
             if probe.tasks is not None:
                 self.tasks.update(probe.tasks(payload))
         self.samples += 1
+        self.answered += answered
 
     def interval_at(self, elapsed_s: float) -> float:
         """The wait between two samples ``elapsed_s`` into the pass."""
@@ -182,6 +197,7 @@ class _BusySampler(threading.Thread):
             busy_max=best_or_none,
             source=source,
             n_samples=self.samples,
+            n_answered=self.answered,
             slots_busy_max=self.maxima.get("slots"),
             metrics_busy_max=self.maxima.get("metrics"),
             task_ids_seen=tuple(sorted(self.tasks)),
@@ -281,9 +297,10 @@ def _run_and_join(
     threads: Sequence[threading.Thread],
     sampler: _BusySampler,
     request_timeout_s: float,
-) -> None:
+) -> float:
     """Start the sampler and the workers, release the workers together, and join every
-    thread, also when the caller is interrupted."""
+    thread, also when the caller is interrupted. Returns when (``time.monotonic``) the last
+    worker was done: the pass's end, whatever the sampler's last read still took."""
     try:
         sampler.start()
         for thread in threads:
@@ -303,8 +320,11 @@ def _run_and_join(
         for thread in threads:
             if thread.ident is not None:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        workers_done = time.monotonic()
         if sampler.ident is not None:
-            sampler.join(timeout=5.0)
+            # A read in flight ends within its own timeout.
+            sampler.join(timeout=BUSY_READ_TIMEOUT_S * len(sampler.probes) + 1.0)
+    return workers_done
 
 
 def _read_counters_now(counters: Sequence[PassCounter]) -> dict[str, Mapping[str, float]]:
@@ -350,8 +370,7 @@ def run_concurrent_pass(
     ]
     before = _read_counters_now(counters)
     started = time.monotonic()
-    _run_and_join(loop, threads, sampler, template.timeout_s)
-    wall = time.monotonic() - started
+    wall = _run_and_join(loop, threads, sampler, template.timeout_s) - started
     server.check_alive()
     loop.raise_if_gone()
     after = _read_counters_now(counters)

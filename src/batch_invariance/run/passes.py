@@ -30,7 +30,11 @@ from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.schedule import RedProof, red_proof, restrict
 from batch_invariance.core.scoring import Scorer
 from batch_invariance.errors import InfraError
-from batch_invariance.run.dispatch import ConcurrentPass, run_concurrent_pass
+from batch_invariance.run.dispatch import (
+    BUSY_READ_TIMEOUT_S,
+    ConcurrentPass,
+    run_concurrent_pass,
+)
 from batch_invariance.run.progress import ArmReport, ProgressSink
 from batch_invariance.run.records import ArmStats, ServerHandle, ServerLauncher, ServerRecord
 from batch_invariance.run.transport import RequestTemplate
@@ -251,8 +255,14 @@ def slot_notes(result: ConcurrentPass) -> tuple[str, ...]:
     slots = sorted({r.slot_id for r in result.responses.values() if r.slot_id is not None})
     if slots:
         notes.append(f"C{result.index}: responses reported slots {slots}")
-    if result.busy.n_samples == 0:
+    busy = result.busy
+    if busy.n_samples == 0:
         notes.append(f"C{result.index}: the busy-slot sampler took no samples")
+    elif busy.n_answered < busy.n_samples:
+        notes.append(
+            f"C{result.index}: the server answered {busy.n_answered} of {busy.n_samples} "
+            f"busy reads (the rest failed or took over {BUSY_READ_TIMEOUT_S:g} s)"
+        )
     return tuple(notes)
 
 

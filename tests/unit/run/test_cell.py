@@ -339,10 +339,16 @@ def test_slot_notes_name_the_slots_that_answered_and_a_blind_sampler() -> None:
     from batch_invariance.run.dispatch import BusySample, ConcurrentPass
     from batch_invariance.run.trials import RawResponse
 
-    def result(n_samples: int, slots: tuple[int | None, ...]) -> ConcurrentPass:
+    def result(
+        n_samples: int, slots: tuple[int | None, ...], answered: int | None = None
+    ) -> ConcurrentPass:
         responses = {f"t{k}": RawResponse(f"t{k}", None, slot_id=s) for k, s in enumerate(slots)}
-        busy = BusySample(2, "slots", n_samples, 2, None, ())
+        n_answered = n_samples if answered is None else answered
+        busy = BusySample(2, "slots", n_samples, n_answered, 2, None, ())
         return ConcurrentPass(3, responses, tuple(responses), 2, "slots", busy, 1.0)
 
     assert slot_notes(result(5, (1, 0, 1, None))) == ("C3: responses reported slots [0, 1]",)
     assert slot_notes(result(0, (None,))) == ("C3: the busy-slot sampler took no samples",)
+    assert slot_notes(result(40, (None,), answered=3)) == (
+        "C3: the server answered 3 of 40 busy reads (the rest failed or took over 10 s)",
+    )

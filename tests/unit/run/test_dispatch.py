@@ -5,14 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import requests
 
 from batch_invariance.core.plan import WorkItem
 from batch_invariance.engines.llama_server.probes import llama_server_probes
 from batch_invariance.engines.probes import BusyProbe, PassCounter
+from batch_invariance.engines.witness import gauge_probe
 from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.dispatch import (
     SAMPLE_INTERVAL_S,
@@ -185,3 +189,53 @@ def test_chains_send_a_conversations_turns_one_after_another_and_still_overlap()
 def test_chains_must_cover_every_item_once() -> None:
     with MockServer(parallel=2) as server, pytest.raises(ValueError, match="exactly once"):
         run_concurrent_pass(_Handle(server), TEMPLATE, ITEMS[:3], 2, 0, 0, chains=[("q00",)])
+
+
+class _SlowMetrics(BaseHTTPRequestHandler):
+    """A witness that answers late, as vLLM's API process does when its engine has the cores."""
+
+    delay_s = 1.5
+
+    def do_GET(self) -> None:
+        time.sleep(self.delay_s)
+        body = b"vllm:num_requests_running 3\n" if self.path == "/metrics" else b""
+        self.send_response(200 if body else 500)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def slow_witness() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_late_witness_answer_still_counts_and_a_failed_one_is_counted(
+    slow_witness: str,
+) -> None:
+    probes = (
+        gauge_probe("metrics", slow_witness + "/metrics", "vllm:num_requests_running"),
+        gauge_probe("broken", slow_witness + "/nothing", "vllm:num_requests_running"),
+    )
+    sampler = _BusySampler(probes, SAMPLE_INTERVAL_S)
+    with requests.Session() as session:
+        sampler.sample_once(session)
+    busy = sampler.result()
+    assert busy.busy_max == 3 and busy.source == "metrics"  # 1.5 s late, still evidence
+    assert (busy.n_samples, busy.n_answered) == (1, 1)
+    sampler = _BusySampler(probes[1:], SAMPLE_INTERVAL_S)
+    with requests.Session() as session:
+        sampler.sample_once(session)
+    busy = sampler.result()
+    assert busy.busy_max is None and (busy.n_samples, busy.n_answered) == (1, 0)
