@@ -9,10 +9,9 @@ batch-invariant and deterministic, so its GREEN is earned and two runs give iden
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,6 +32,7 @@ from batch_invariance.core.verdict import decide
 from batch_invariance.errors import UsageError
 from tests.support.factories import changed_answer
 from tests.support.fakes_live import hf_model_files
+from tests.support.loopback import serving
 from tests.unit.engines.test_engine_cells import stand_in
 
 TOKEN = "ghs_fake_token"
@@ -110,15 +110,8 @@ class _FakeGitHub(BaseHTTPRequestHandler):
 @pytest.fixture()
 def github() -> Iterator[tuple[str, type[_FakeGitHub]]]:
     handler = type("Handler", (_FakeGitHub,), {"release": None, "assets": {}, "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(handler) as base:
+        yield base, handler
 
 
 def _publish(handler: type[_FakeGitHub], base: str, files: dict[str, bytes]) -> None:

@@ -15,12 +15,11 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from batch_invariance.action import outputs as action_outputs
 from batch_invariance.report import render
 from tests.support.factories import load_cert
 from tests.support.fakes_live import hf_model_files
+from tests.support.loopback import serving
 from tests.support.paths import REPO
 
 ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
@@ -158,15 +158,8 @@ def oidc_endpoint(token: str) -> Iterator[str]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/token?api-version=2.0"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(Handler) as base:
+        yield f"{base}/token?api-version=2.0"
 
 
 class FakeSigner:

@@ -22,6 +22,7 @@ from batch_invariance.host.facts import sha256_file
 from batch_invariance.provision import embedded as prov
 from batch_invariance.provision import sdist
 from tests.support.fakes_live import fake_server
+from tests.support.loopback import serving
 
 REAL_MODEL = Path.home() / ".cache" / "batch-invariance" / "models" / prov.MODEL_FILE
 
@@ -143,12 +144,8 @@ class _Index(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def index() -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Index)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/simple"
-    srv.shutdown()
-    srv.server_close()
+    with serving(_Index) as base:
+        yield f"{base}/simple"
 
 
 def test_sdist_url_comes_from_the_configured_index(index: str) -> None:

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import requests
@@ -28,6 +28,7 @@ from batch_invariance.run.dispatch import (
 )
 from batch_invariance.run.transport import RequestTemplate
 from batch_invariance.run.trials import RawResponse
+from tests.support.loopback import serving
 
 ITEMS = tuple(WorkItem(f"q{i:02d}", f"What is {i} + {i}?", None, str(2 * i)) for i in range(12))
 TEMPLATE = RequestTemplate("chat", n_predict=16, seed=0, timeout_s=10)
@@ -210,15 +211,8 @@ class _SlowMetrics(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def slow_witness() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(_SlowMetrics) as base:
+        yield base
 
 
 def test_a_late_witness_answer_still_counts_and_a_failed_one_is_counted(

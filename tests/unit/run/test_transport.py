@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from batch_invariance.run.transport import (
     send,
 )
 from batch_invariance.run.trials import parse_completion, parse_logprobs
+from tests.support.loopback import serving
 
 PROMPT_ITEM = WorkItem("p1", "What is 2 + 3?", None, expected_answer="5")
 CHAT_ITEM = WorkItem("m1", None, (("user", "What is 2 + 3?"),), expected_answer="5")
@@ -267,16 +267,8 @@ class _FaultHandler(BaseHTTPRequestHandler):
 
 @contextmanager
 def fault_server() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _FaultHandler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(5)
+    with serving(_FaultHandler) as base:
+        yield base
 
 
 def _closed_port() -> int:
