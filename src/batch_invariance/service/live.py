@@ -15,52 +15,55 @@ checked (:mod:`batch_invariance.service.target`: the engine, its binary and mode
 attached URL, the GGUF header where there is one), the out-dir created. It is the one reader
 of the raw request; the launcher, the plan, the spec, the provenance, the dry run and the sweep
 read the job.
+
+The provenance block a live cell adds to its cert (:func:`provenance_for`): tool, engine,
+binary, model, work-set, host, memory guard, attach record and profile (merged over the
+driver's own block in :func:`~batch_invariance.service.finish.finish_cell`). One builder for
+every engine, launched or attached; it reads the job, so it lives beside it (``finish`` knows
+no job type, and imports nothing of this module).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from batch_invariance.cert.provenance import ProfileRecord
+from batch_invariance import __version__
+from batch_invariance.cert.provenance import (
+    BinaryRecord,
+    ModelFileRecord,
+    ProfileRecord,
+    Provenance,
+)
 from batch_invariance.core.evidence import CellSpec, GatePolicy
+from batch_invariance.core.gpu_placement import GpuPlacement, unread_placement
 from batch_invariance.core.plan import CellPlan, Measurement
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.scoring import Scorer
-from batch_invariance.engines.base import Engine
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
+from batch_invariance.host import facts as hostinfo
 from batch_invariance.host import memory
-from batch_invariance.profiles.ladder import LADDER, ladder_builder
-from batch_invariance.profiles.overrides import ProfileRun
-from batch_invariance.profiles.tokens import TokenCounter, approx_token_count
+from batch_invariance.host.gpus import placement_here
 from batch_invariance.run.cell import run_cell
 from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.records import CellRun, ModelTemplate, ServerLauncher
 from batch_invariance.run.scorer_loader import load_scorer
-from batch_invariance.run.workset import (
-    Workset,
-    bundled_workset_path,
-    expand_reps,
-    load_workset,
-    shaped_for_cache,
-)
+from batch_invariance.run.workset import Workset, expand_reps
 from batch_invariance.servers import ports
-from batch_invariance.service.finish import (
-    FinishedCell,
-    finish_cell,
-    prepare_out_dir,
-    provenance_for,
-)
+from batch_invariance.servers.launch import LaunchRecord
+from batch_invariance.service.finish import FinishedCell, finish_cell, prepare_out_dir
 from batch_invariance.service.options import LaunchOptions
-from batch_invariance.service.profile import resolve_profile
-from batch_invariance.service.request import CheckedRequest, LiveRequest
+from batch_invariance.service.profile import resolve_profile, resolve_workset
+from batch_invariance.service.request import LiveRequest
 from batch_invariance.service.target import (
     LauncherFactory,
     LiveServerLauncher,
     ServerTarget,
+    TargetIdentity,
     identify,
     make_launcher,
     resolve_target,
@@ -75,6 +78,7 @@ __all__ = [
     "open_runner",
     "preflight_guard",
     "prepare",
+    "provenance_for",
     "run_live_cell",
 ]
 
@@ -258,50 +262,6 @@ class LiveCell:
         )
 
 
-#: The bundled rows ``--cache-shape`` shapes when no ``--workset`` is given.
-CACHE_SHAPE_SOURCE = "demo_completions"
-
-
-def _ladder(
-    request: LiveRequest, engine: Engine, ctx: int
-) -> tuple[Callable[[int, TokenCounter], Workset] | None, Workset | None]:
-    """The length ladder for the cell: built on the A server's own ``/tokenize`` where the
-    tool launches a llama-server (as a profile's work-set is), else now, with the offline
-    estimate. Either way it is first planned offline, so a slot too small for it is refused
-    here, before anything launches."""
-    m = request.measurement
-    offline = ladder_builder(m.n_predict, m.seed, "the offline estimate")
-    preview = offline(ctx, approx_token_count)
-    if engine.takes_profiles and request.attach.base_url is None:
-        return ladder_builder(m.n_predict, m.seed, "the A server's /tokenize"), None
-    return None, preview
-
-
-def _workset(
-    request: LiveRequest, checked: CheckedRequest, prof: ProfileRun | None
-) -> tuple[Callable[[int, TokenCounter], Workset] | None, Workset | None]:
-    """The cell's work-set, or how to build it once the A server can count tokens: the
-    ``--workset`` file, a profile's, the length ladder or a bundled one (the prompt-cache
-    shape applied where asked)."""
-    builder: Callable[[int, TokenCounter], Workset] | None = None
-    workset: Workset | None = None
-    bundled = request.bundled_workset
-    if request.workset is not None:
-        workset = load_workset(request.workset)
-    elif prof is not None:
-        builder = prof.build_workset
-    elif bundled == LADDER and request.cache_shape is None:
-        builder, workset = _ladder(request, checked.engine, checked.ctx)
-    elif bundled is not None:
-        # The prompt-cache shape turns rows into growing conversations: it starts from the
-        # short completion openings, not from prompts that already fill the slot.
-        source = CACHE_SHAPE_SOURCE if bundled == LADDER else bundled
-        workset = load_workset(bundled_workset_path(source))
-    if request.cache_shape is not None and workset is not None:  # a profile's is not shaped
-        workset = shaped_for_cache(workset, request.cache_shape)
-    return builder, workset
-
-
 def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     """Check ``request`` and resolve it (UsageError naming the first problem): the one place
     the raw request is read. The cheap checks come first (``LiveRequest.check``), then the
@@ -310,7 +270,7 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     prof = resolve_profile(request, checked.engine)
     target = resolve_target(request, checked.engine, prof)
     port_policy = ports.make_policy(request.port, list(request.reserved_ports))
-    builder, workset = _workset(request, checked, prof)
+    builder, workset = resolve_workset(request, checked, prof)
     scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
     out_dir = prepare_out_dir(checked.out_dir) if create_out_dir else checked.out_dir
     model = target.model
@@ -335,3 +295,90 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
         out_dir=out_dir,
         profile=None if prof is None else prof.provenance,
     )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _model_file(target: ServerTarget, sha256: str | None) -> ModelFileRecord | None:
+    model = target.model
+    if model is None or target.attach is not None:
+        return None  # attached: the tool cannot say which file the server loaded
+    gguf = target.gguf
+    if gguf is None:
+        return ModelFileRecord(path=str(model), name=model.name, sha256=sha256, size=None,
+                               gguf=None, gguf_skipped=target.gguf_skipped)  # fmt: skip
+    return ModelFileRecord(path=str(model), name=model.name, sha256=sha256,
+                           size=gguf.file_size, gguf=gguf.summary())  # fmt: skip
+
+
+def _gpus(cell: LiveCell) -> GpuPlacement:
+    """The GPUs the launched servers see: they inherit this process's selection variables."""
+    if cell.target.attach is not None:
+        return unread_placement("an attached server: the tool cannot see its GPUs")
+    return placement_here(os.environ)
+
+
+def _memory_guard(cell: LiveCell, launches: Sequence[LaunchRecord]) -> dict[str, Any]:
+    target = cell.target
+    if target.gguf is None and target.hf_model is None:
+        return {"max_footprint_gb": cell.launch.max_footprint_gb, "applied": False,
+                "reason": target.gguf_skipped}  # fmt: skip
+    return {
+        "max_footprint_gb": cell.launch.max_footprint_gb,
+        "launches": [
+            {
+                "arm": r.arm,
+                "parallel": r.parallel,
+                "ctx_per_slot": r.ctx,
+                "projected_bytes": r.projected_bytes,
+                # The share of its memory node the server reserved (vLLM), where it did.
+                **({} if r.memory_fraction is None else {"memory_fraction": r.memory_fraction}),
+                "rss_peak_bytes": r.rss_peak_bytes,
+                "ready_s": _round(r.ready_s),
+                "alive_s": _round(r.alive_s),
+            }
+            for r in launches
+        ],
+    }
+
+
+def _binary(identity: TargetIdentity) -> BinaryRecord | None:
+    binary = identity.binary
+    if binary is None:
+        return None
+    return BinaryRecord(path=binary.path, sha256=binary.sha256, version=binary.version,
+                        version_rc=binary.version_rc)  # fmt: skip
+
+
+def provenance_for(
+    cell: LiveCell,
+    workset: Workset,
+    launches: Sequence[LaunchRecord],
+    n_items: int,
+    identity: TargetIdentity,
+) -> Provenance:
+    """The caller's provenance block of a live cell (``launches``: the servers this cell
+    used; a sweep's launcher also started others)."""
+    target = cell.target
+    gguf = target.gguf
+    # The work-set's record first: what the cell ran, before what it ran on.
+    workset_record = {**workset.record(), "n_items": n_items}
+    block = Provenance(
+        tool_version=__version__,
+        driver=cell.driver,
+        engine=target.engine.name,
+        server_binary=_binary(identity),
+        model_file=_model_file(target, identity.model_sha256),
+        is_moe=gguf.is_moe if gguf is not None else None,
+        workset=workset_record,
+        server_flags=tuple(cell.server_flags),
+        host=hostinfo.summary(),
+        gpus=_gpus(cell).record(),
+        memory_guard=_memory_guard(cell, launches),
+        profile=cell.profile,
+    )
+    if target.attach is None:
+        return block
+    return block.model_copy(update={"attach": target.attach.to_record()})

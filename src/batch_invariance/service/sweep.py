@@ -27,8 +27,8 @@ from batch_invariance.run.cell import run_cells
 from batch_invariance.run.progress import NullProgress, ProgressSink
 from batch_invariance.run.records import CellRun
 from batch_invariance.servers.launch import LaunchRecord
-from batch_invariance.service.finish import finish_cell, provenance_for
-from batch_invariance.service.live import LiveCell, open_runner, prepare
+from batch_invariance.service.finish import finish_cell
+from batch_invariance.service.live import LiveCell, open_runner, prepare, provenance_for
 from batch_invariance.service.request import LiveRequest
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
 from batch_invariance.service.target import LiveServerLauncher, identify
