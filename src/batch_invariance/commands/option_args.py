@@ -23,7 +23,10 @@ def add_options(parser: argparse.ArgumentParser, table: Sequence[Option]) -> Non
                 groups[option.group] = parser.add_mutually_exclusive_group()
             target = groups[option.group]
         if option.kind == "positional":
-            target.add_argument(option.dest, type=Path, metavar=option.metavar, help=option.help)
+            # Optional: the command decides which of its positionals and options are required.
+            target.add_argument(
+                option.dest, type=Path, nargs="?", metavar=option.metavar, help=option.help
+            )
         elif option.kind == "rest":
             target.add_argument(option.dest, nargs="*", metavar=option.metavar, help=option.help)
         elif option.kind == "flag":

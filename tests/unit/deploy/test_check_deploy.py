@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import os
 import re
 import shutil
@@ -143,12 +144,18 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     return finish_cell(run, spec, GatePolicy(), Provenance(driver="deploy-test"), out_dir).path
 
 
+def gguf_bytes(fill: bytes) -> bytes:
+    """A GGUF v3 header with no tensors and no metadata, then ``fill`` bytes: a model file
+    whose header reads (one file, not a split), with no weights."""
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 0) + fill * 4096
+
+
 def deploy_files(root: Path) -> tuple[Path, Path]:
     """The model file and the server binary a cell is measured on: ``root/models`` and
     ``root/bin`` (where :func:`_provenance` looks for the binary)."""
     model = root / "models" / f"{MODEL}.gguf"
     model.parent.mkdir()
-    model.write_bytes(b"GGUF" + b"\x01" * 4096)
+    model.write_bytes(gguf_bytes(b"\x01"))
     binary = root / "bin" / "llama-server"
     binary.parent.mkdir()
     binary.write_bytes(b"\x7fELF measured build")
@@ -273,7 +280,7 @@ def test_same_file_name_but_another_model_is_not_covered(
 ) -> None:
     other = tmp_path / "other-vendor" / f"{MODEL}.gguf"
     other.parent.mkdir()
-    other.write_bytes(b"GGUF" + b"\x02" * 4096)
+    other.write_bytes(gguf_bytes(b"\x02"))
     assert _unsigned(world, tmp_path, f"llama-server -m {other} {OK_FLAGS}\n") == 3
     assert "model sha256" in capsys.readouterr().out
     # A model file that is not here cannot be identified: not covered, never matched by name.

@@ -15,27 +15,32 @@ from batch_invariance.deploy.gate.serve_plan import (
     SERVE_OPTIONS,
     ServeRefused,
     parse_serve_line,
+    serve_target,
     split_neutral,
 )
 
 
-def _argparse(words: list[str]) -> tuple[Path, tuple[str, ...]] | None:
+Read = tuple[Path | None, Path | None, tuple[str, ...]]
+
+
+def _argparse(words: list[str]) -> Read | None:
     parser = argparse.ArgumentParser(prog="batch-invariance serve", add_help=False)
     add_options(parser, SERVE_OPTIONS)
     own, neutral = split_neutral(words)
     try:
         args = parser.parse_args(own)
-    except SystemExit:
+        serve_target(args.cert, args.certs)  # what serve's handle checks first
+    except (SystemExit, ServeRefused):
         return None
-    return args.cert, (*args.neutral, *(neutral or ()))
+    return args.cert, args.certs, (*args.neutral, *(neutral or ()))
 
 
-def _reader(words: list[str]) -> tuple[Path, tuple[str, ...]] | None:
+def _reader(words: list[str]) -> Read | None:
     try:
         line = parse_serve_line(["batch-invariance", "serve", *words], None, "deploy")
     except ServeRefused:
         return None
-    return line.cert, line.neutral
+    return line.cert, line.certs, line.neutral
 
 
 def _lines() -> list[list[str]]:
@@ -55,6 +60,8 @@ def _lines() -> list[list[str]]:
             lines += [["c.json", *words, "n"], ["c.json", "n", *words]]
     lines += [["c.json", "--cert-identity", "a", "--cert-identity-regexp", "b"]]
     lines += [["c.json", "--cert", "a"], ["c.json", "--a"], ["c.json", "--cert-identity=a b"]]
+    lines += [["--certs", "d", "--", "llama-server", "-np", "8"], ["--certs=d", "c.json"]]
+    lines += [["--certs", "d", "--allow-unsigned", "--", "x"], ["--cert", "d", "--", "x"]]
     return lines
 
 

@@ -39,7 +39,12 @@ __all__ = [
     "fd_path",
     "layout_problem",
     "pin",
+    "pin_files",
     "pin_served_files",
+    "refuse_changeable",
+    "refuse_split_model",
+    "refuse_unpinned_reads",
+    "require_measured",
     "sha256_fd",
 ]
 
@@ -131,10 +136,9 @@ def layout_problem(what: str, path: str, st: os.stat_result, *, folders: bool) -
     return None
 
 
-def pin(what: str, path: str, *, folders: bool) -> PinnedFile:
-    """Open ``path`` once (symlinks resolved now; a later flip of a link does not matter, the
-    descriptor is what runs), refuse it if others could change it, and hash it through the
-    descriptor. The descriptor is close-on-exec until the caller hands it on."""
+def _open_checked(what: str, path: str, *, folders: bool) -> tuple[str, int]:
+    """``path`` resolved and opened once, refused unless it is a regular file that only the
+    user running serve and root can change (with ``folders``, the folders above it too)."""
     resolved = os.path.realpath(path)
     try:
         # O_NOFOLLOW: a link slipped in after resolving is refused, not followed. O_NONBLOCK:
@@ -150,13 +154,28 @@ def pin(what: str, path: str, *, folders: bool) -> PinnedFile:
         problem = layout_problem(what, resolved, st, folders=folders)
         if problem is not None:
             raise FileLayoutRefused(problem)
-        try:
-            digest = sha256_fd(fd)
-        except OSError as exc:
-            raise NotCovered(f"{what} {path} cannot be read ({exc.strerror or exc})") from None
     except BaseException:
         os.close(fd)
         raise
+    return resolved, fd
+
+
+def refuse_changeable(what: str, path: str) -> None:
+    """Refuse a file serve reads (a cert, its bundle) that others could change or swap: the
+    file and every folder above it writable by you and root only."""
+    os.close(_open_checked(what, path, folders=True)[1])
+
+
+def pin(what: str, path: str, *, folders: bool) -> PinnedFile:
+    """Open ``path`` once (symlinks resolved now; a later flip of a link does not matter, the
+    descriptor is what runs), refuse it if others could change it, and hash it through the
+    descriptor. The descriptor is close-on-exec until the caller hands it on."""
+    resolved, fd = _open_checked(what, path, folders=folders)
+    try:
+        digest = sha256_fd(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise NotCovered(f"{what} {path} cannot be read ({exc.strerror or exc})") from None
     return PinnedFile(what, path, resolved, fd, digest)
 
 
@@ -179,36 +198,67 @@ class ServedFiles(NamedTuple):
             os.close(pinned.fd)
 
 
-def pin_served_files(argv: Sequence[str], provenance: Provenance) -> ServedFiles:
-    """Open the binary and model the argv runs, once, and require the bytes read through those
-    descriptors to be the ones the cert measured (the descriptors are what later runs)."""
+def pin_files(binary: str, model: str) -> ServedFiles:
+    """Open the server binary (its folders checked too: a build that links or loads libraries
+    finds them there) and the model, once each, and hash them through those descriptors."""
+    pinned = pin("server binary", binary, folders=True)
+    try:
+        return ServedFiles(pinned, pin("model", model, folders=False))
+    except BaseException:
+        os.close(pinned.fd)
+        raise
+
+
+def require_measured(files: ServedFiles, provenance: Provenance) -> None:
+    """The bytes read through the descriptors are the ones the cert measured."""
+    recorded = (provenance.server_binary, provenance.model_file)
+    for found, measured in zip(files, recorded, strict=True):
+        sha256 = measured.sha256 if measured is not None else None
+        if not sha256:
+            raise NotCovered(f"the cert records no {found.what} sha256: serve cannot check it")
+        if found.sha256 != sha256:
+            raise NotCovered(
+                f"{found.what} {found.path} has sha256 {found.sha256[:12]}..., the cert measured "
+                f"{sha256[:12]}...: not the measured cell"
+            )
+
+
+def refuse_unpinned_reads(argv: Sequence[str]) -> None:
+    """An argv that loads a file the cert does not fingerprint cannot be served."""
     flags = read_flags(argv, first_is_binary=True)
     unchecked = sorted({o.written for o in flags.options if o.canonical in _UNCHECKED_FILES})
     if unchecked:
         raise NotCovered(f"the measured argv loads {', '.join(unchecked)}, whose files the "
                          "cert does not fingerprint; serve cannot check them")  # fmt: skip
-    binary, model = provenance.server_binary, provenance.model_file
-    wanted: list[tuple[str, str, str]] = []
-    for what, path, sha256 in (
-        ("server binary", argv[0], binary.sha256 if binary is not None else None),
-        ("model", flags.model, model.sha256 if model is not None else None),
-    ):
-        if not sha256 or path is None:
-            raise NotCovered(f"the cert records no {what} sha256: serve cannot check it")
-        wanted.append((what, path, sha256))
-    pinned: list[PinnedFile] = []
+
+
+def refuse_split_model(model: PinnedFile) -> None:
+    """A split GGUF names its other files only by their names beside the first one, which
+    llama-server opens by path after the hash: those bytes would not be the pinned ones."""
+    from batch_invariance.host.gguf import read_metadata
+
+    _, meta = read_metadata(model.fd_path)
+    count = meta.get("split.count")
+    if isinstance(count, int) and count > 1:
+        raise NotCovered(
+            f"model {model.path} is split into {count} files, which llama-server opens by name "
+            "after serve hashed the first: serve cannot pin them; merge them into one file "
+            "(llama-gguf-split --merge) and measure that"
+        )
+
+
+def pin_served_files(argv: Sequence[str], provenance: Provenance) -> ServedFiles:
+    """Open the binary and model the argv runs, once, and require the bytes read through those
+    descriptors to be the ones the cert measured (the descriptors are what later runs)."""
+    refuse_unpinned_reads(argv)
+    model = read_flags(argv, first_is_binary=True).model
+    if model is None:
+        raise NotCovered("the measured argv names no --model: serve cannot check it")
+    files = pin_files(argv[0], model)
     try:
-        for what, path, sha256 in wanted:
-            # The binary's folders too: a build that links or loads libraries finds them there.
-            found = pin(what, path, folders=what == "server binary")
-            pinned.append(found)
-            if found.sha256 != sha256:
-                raise NotCovered(
-                    f"{what} {path} has sha256 {found.sha256[:12]}..., the cert measured "
-                    f"{sha256[:12]}...: not the measured cell"
-                )
+        require_measured(files, provenance)
+        refuse_split_model(files.model)
     except BaseException:
-        for done in pinned:
-            os.close(done.fd)
+        files.close()
         raise
-    return ServedFiles(*pinned)
+    return files

@@ -6,6 +6,7 @@ reads a ``batch-invariance serve`` line as the server that line starts).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,11 +28,15 @@ class ServeRefused(UsageError):
 #: ``serve``'s command line as data: argparse is built from it in ``commands/serve.py``, and
 #: :func:`parse_serve_line` reads a serve line of a deploy file from it.
 SERVE_OPTIONS: tuple[Option, ...] = (
-    Option("cert", "positional", "the promotable cert to serve", "CERT"),
+    Option("cert", "positional", "the promotable cert to serve (or --certs)", "CERT"),
+    Option("--certs", "path", "a folder of certs: serve the engine command after -- with the "
+           "cert in it that measured exactly that command (instead of CERT)", "DIR"),
     Option("--bundle", "path", "its sigstore bundle (default: CERT.sigstore.json beside it)", "B"),
     *POLICY_OPTIONS,
-    Option("neutral", "rest", "after --: neutral llama-server options to add or replace "
-           "(--host, --port, --api-key, --metrics, --timeout ...)", "-- NEUTRAL"),
+    Option("neutral", "rest", "after --: with CERT, neutral llama-server options to add or "
+           "replace (--host, --port, --api-key, --metrics, --timeout ...); with --certs, the "
+           "engine's own command (-- llama-server -m MODEL -c 4096 -np 4 -ub 1 ...)",
+           "-- WORDS"),
 )  # fmt: skip
 
 
@@ -127,20 +132,48 @@ def descriptor_argv(argv: Sequence[str], model_fd_path: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ServeLine:
-    cert: Path
+    """A serve command line: the pinned ``cert`` with its neutral options, or the ``certs``
+    folder with the engine command after ``--``; ``options``: serve's own options as given."""
+
+    cert: Path | None
     neutral: tuple[str, ...]
+    certs: Path | None = None
+    options: tuple[tuple[str, str], ...] = ()
+
+
+def serve_target(cert: Path | None, certs: Path | None) -> None:
+    """Exactly one of CERT and ``--certs`` names what to serve (argparse cannot say so for an
+    optional positional)."""
+    if (cert is None) == (certs is None):
+        raise ServeRefused(
+            "serve takes either CERT (one pinned cert, neutral options after --) or --certs DIR "
+            "(the engine command after --, served with the cert in DIR that measured it)"
+        )
 
 
 def parse_serve_line(argv: Sequence[str], base_dir: Path | None, origin: str) -> ServeLine:
     """A ``batch-invariance serve ...`` command line as ``serve`` itself parses it (its
     argparse parser, built from :data:`SERVE_OPTIONS`, accepts exactly what this does)."""
-    own, neutral = split_neutral(argv[2:])
-    words = _read_words(own, SERVE_OPTIONS)
-    if words is None:
+    own, tail = split_neutral(argv[2:])
+    read = _read_words(own, SERVE_OPTIONS)
+    if read is None:
         raise ServeRefused(f"{origin}: serve would refuse this command line")
-    cert = Path(words[0])
-    cert = cert if cert.is_absolute() or base_dir is None else base_dir / cert
-    return ServeLine(cert, (*words[1:], *(neutral or ())))
+    positionals, options = read
+
+    def located(word: str) -> Path:
+        path = Path(word)
+        return path if path.is_absolute() or base_dir is None else base_dir / path
+
+    certs = options.get("--certs")
+    cert = located(positionals[0]) if positionals else None
+    try:
+        serve_target(cert, None if certs is None else located(certs))
+    except ServeRefused as exc:
+        raise ServeRefused(f"{origin}: {exc}") from None
+    return ServeLine(
+        cert, (*positionals[1:], *(tail or ())), None if certs is None else located(certs),
+        tuple(sorted(options.items())),
+    )  # fmt: skip
 
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -165,11 +198,15 @@ def _named(word: str, table: Sequence[Option]) -> Option | None:
     return found[0] if len(found) == 1 else None
 
 
-def _read_words(words: Sequence[str], table: Sequence[Option]) -> list[str] | None:
-    """The positional words of ``words`` read by ``table`` as argparse reads them (options
-    anywhere, ``--flag=value``, unique prefixes, one group member at most, the positionals in
-    one run), or ``None`` where argparse would refuse the line."""
+def _read_words(
+    words: Sequence[str], table: Sequence[Option]
+) -> tuple[list[str], dict[str, str]] | None:
+    """The positional words of ``words`` and each option's value (``""`` for a flag) read by
+    ``table`` as argparse reads them (options anywhere, ``--flag=value``, unique prefixes, one
+    group member at most, the positionals in one run), or ``None`` where argparse would refuse
+    the line."""
     positionals: list[str] = []
+    values: dict[str, str] = {}
     runs, seen, index = 0, set[str](), 0
     while index < len(words):
         word = words[index]
@@ -183,7 +220,7 @@ def _read_words(words: Sequence[str], table: Sequence[Option]) -> list[str] | No
             positionals.extend(words[index:run_end])
             index = run_end
             continue
-        name, eq, _ = word.partition("=")
+        name, eq, value = word.partition("=")
         option = _named(name, table)
         if option is None or (option.kind == "flag" and eq):
             return None
@@ -191,58 +228,166 @@ def _read_words(words: Sequence[str], table: Sequence[Option]) -> list[str] | No
             index += 1
             if index >= len(words) or _option_like(words[index]):
                 return None
+            value = words[index]
+        values[option.name] = value
         group = [o.name for o in table if o.group is not None and o.group == option.group]
         if any(other in seen and other != option.name for other in group):
             return None
         seen.add(option.name)
         index += 1
-    return positionals or None
+    return positionals, values
 
 
 @dataclass(frozen=True)
 class Served:
-    """The llama-server a ``batch-invariance serve CERT`` line execs, and what in the line's
-    environment serve would refuse or what reaches the Python that runs it."""
+    """The llama-server a ``batch-invariance serve`` line execs, what in the line's
+    environment serve would refuse or what reaches the Python that runs it, and the line."""
 
     command: ServerCommand
     problems: tuple[str, ...]
+    line: ServeLine
 
 
-def served_command(command: ServerCommand) -> Served:
-    """The server a serve line execs, in the environment serve gives it (:func:`served_env`)."""
-    from batch_invariance.deploy.gate.prompt_cache import serving_argv
+def engine_env_of(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment ``serve --certs`` gives the engine before it knows the cert: the
+    neutral, GPU-selection and engine variables of ``environ`` (an engine variable must then
+    be one the matched cert recorded), never ``LLAMA_ARG_*``, and no user config folder."""
+    from batch_invariance.core.gpu_placement import is_gpu_selection
     from batch_invariance.engines.llama_server.env import (
+        NO_USER_CONFIG,
+        is_engine_variable,
         is_neutral_variable,
-        is_option_variable,
     )
 
-    line = parse_serve_line(command.argv, command.base_dir, command.origin)
+    env = {
+        name: value
+        for name, value in environ.items()
+        if is_neutral_variable(name) or is_gpu_selection(name) or is_engine_variable(name)
+    }
+    env["XDG_CONFIG_HOME"] = NO_USER_CONFIG
+    return env
+
+
+def engine_words(line: ServeLine, origin: str) -> tuple[str, ...]:
+    """The engine command of a ``serve --certs`` line (program first)."""
+    if not line.neutral or line.neutral[0].startswith("-"):
+        raise ServeRefused(
+            f"{origin}: serve --certs DIR: after -- write the engine's own command, program "
+            "first (for example: -- llama-server -m MODEL -c 4096 -np 4 -ub 1)"
+        )
+    return line.neutral
+
+
+def _pinned_cert_argv(line: ServeLine, origin: str) -> tuple[Provenance, tuple[str, ...]]:
+    """The provenance of a ``serve CERT`` line's cert and the argv serve execs from it."""
+    from batch_invariance.deploy.gate.prompt_cache import serving_argv
+
+    assert line.cert is not None
     try:
         data = json.loads(line.cert.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ServeRefused(f"{command.origin}: cannot read cert {line.cert}: {exc}") from None
+        raise ServeRefused(f"{origin}: cannot read cert {line.cert}: {exc}") from None
     record = data.get("provenance") if isinstance(data, Mapping) else None
     try:
         provenance = Provenance.from_record(record if isinstance(record, Mapping) else {})
     except ValueError:
         raise ServeRefused(
-            f"{command.origin}: cert {line.cert}: its provenance does not match the cert schema"
+            f"{origin}: cert {line.cert}: its provenance does not match the cert schema"
         ) from None
     try:
         argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), line.neutral)
     except ServeRefused as exc:
-        raise ServeRefused(f"{command.origin}: {exc}") from None
-    recorded = recorded_engine_env(provenance)
-    served = served_env(command.env, recorded)
-    problems = [f"serve would refuse environment {r}" for r in served.refused]
+        raise ServeRefused(f"{origin}: {exc}") from None
+    return provenance, argv
+
+
+def served_command(command: ServerCommand) -> Served:
+    """The server a serve line execs, in the environment serve gives it (:func:`served_env`):
+    a ``--certs`` line's engine command as written, a ``CERT`` line's measured argv."""
+    from batch_invariance.engines.llama_server.env import (
+        is_engine_variable,
+        is_neutral_variable,
+        is_option_variable,
+    )
+
+    line = parse_serve_line(command.argv, command.base_dir, command.origin)
+    if line.certs is not None:
+        argv = engine_words(line, command.origin)
+        env, refused = engine_env_of(command.env), tuple[str, ...]()
+        allowed = {name for name in command.env if is_engine_variable(name)}
+    else:
+        provenance, argv = _pinned_cert_argv(line, command.origin)
+        allowed = set(recorded_engine_env(provenance))
+        served = served_env(command.env, recorded_engine_env(provenance))
+        env, refused = served.env, served.refused
+    problems = [f"serve would refuse environment {r}" for r in refused]
     problems += [
         f"environment {name} reaches the Python that runs serve (only neutral variables, "
         "LLAMA_ARG_* and the ones the cert recorded may be set; remove it)"
         for name in sorted(command.env)
-        if not (is_neutral_variable(name) or is_option_variable(name) or name in recorded)
+        if not (is_neutral_variable(name) or is_option_variable(name) or name in allowed)
     ]
     served_command = ServerCommand(
-        origin=command.origin, argv=argv, env=served.env, base_dir=command.base_dir,
+        origin=command.origin, argv=argv, env=env, base_dir=command.base_dir,
         search_path=command.search_path,
     )  # fmt: skip
-    return Served(served_command, tuple(problems))
+    return Served(served_command, tuple(problems), line)
+
+
+#: Neutral options whose value is a path the server opens by name: serve makes them absolute
+#: before it leaves the caller's folder (it execs the server in ``/``).
+READ_PATH_OPTIONS = frozenset(
+    {"--api-key-file", "--ssl-key-file", "--ssl-cert-file", "--path", "--ui-config-file"}
+)
+#: Neutral options whose value is a file the server writes.
+WRITE_PATH_OPTIONS = frozenset({"--log-file"})
+
+
+def _path_values(argv: Sequence[str], wanted: frozenset[str]) -> list[tuple[int, str]]:
+    """(index of the value, value) of every option of ``wanted`` in ``argv``."""
+    out: list[tuple[int, str]] = []
+    index = 1
+    while index < len(argv):
+        spec = lookup(argv[index])
+        width = 1 + (spec.nvalues if spec is not None else 0)
+        if spec is not None and spec.canonical in wanted and spec.nvalues == 1:
+            out.append((index + 1, argv[index + 1]))
+        index += width
+    return out
+
+
+def absolute_paths(argv: Sequence[str], cwd: Path) -> tuple[str, ...]:
+    """``argv`` with every path-valued neutral option made absolute against ``cwd``."""
+    out = list(argv)
+    for at, value in _path_values(argv, READ_PATH_OPTIONS | WRITE_PATH_OPTIONS):
+        if not value.startswith("/"):
+            out[at] = str(cwd / value)
+    return tuple(out)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def write_problem(argv: Sequence[str], reads: Sequence[str], folders: Sequence[str]) -> str | None:
+    """Why a file the server would write (``--log-file``) could change something it reads:
+    the same file as one of ``reads`` (binary, model, cert, a read option's file), or a file
+    inside one of ``folders`` (the binary's folder, where its libraries load from; a
+    ``--path`` folder)."""
+    read_values = [value for _, value in _path_values(argv, READ_PATH_OPTIONS)]
+    for _, target in _path_values(argv, WRITE_PATH_OPTIONS):
+        real = os.path.realpath(target)
+        for read in (*reads, *read_values):
+            if _same_file(target, read):
+                return f"--log-file {target} is {read}, which the server reads: log elsewhere"
+        for folder in (*folders, *(v for v in read_values if os.path.isdir(v))):
+            base = os.path.realpath(folder)
+            if real == base or real.startswith(base.rstrip("/") + "/"):
+                return (
+                    f"--log-file {target} is inside {folder}, which the server reads files "
+                    "from: log to a folder of its own"
+                )
+    return None
