@@ -8,7 +8,7 @@ version_problem` has nothing to say) is verified in full, as every cert is
 re-derived here, but its layout is this one, so it is still read through the schema, the
 duplicate-key scan and the digest, and its per-prompt answers, tokens and logprobs are
 compared; its verdict is shown as it was written, and :attr:`Baseline.rules_note` says so.
-Another ``cert_version`` is another layout: refused (exit 5), naming the release to use.
+Another ``cert_version`` is another layout: refused (exit 5), naming the layout to read it.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def read_baseline(
             f"{origin}: a baseline of cert_version {header.cert_version} (written by "
             f"batch-invariance {header.tool_version}) has another layout than this tool reads "
             f"(cert_version {CERT_VERSION}), so its fields cannot be compared here; compare it "
-            f"with `pip install batch-invariance=={header.tool_version}`"
+            f"with a release that reads cert_version {header.cert_version}"
         )
     if header is None or version_problem(origin, header) is None:
         verification = verify(

@@ -30,26 +30,45 @@ from batch_invariance.errors import CertInvalid
 _NON_FINITE = ("finite_number",)
 
 
-def version_problem(origin: str, header: CertHeader) -> str | None:
+def version_problem(origin: str, header: CertHeader, *, release: str = __version__) -> str | None:
     """The one line for a cert this tool cannot re-derive, or ``None``.
 
     A cert is re-derived here when it has this ``cert_version`` (the layout) and this
     ``rules_version`` (the decision rules), whichever release wrote it. One written before
     the rules were versioned holds the rules of exactly its ``tool_version``: only that
-    release re-derives it. Fail closed: anything else is refused, naming the release to
-    install."""
+    release re-derives it. Fail closed: anything else is refused, saying which rules would
+    re-derive it (:func:`reverify_words`). ``release`` is the version doing the reading (this
+    one; a test passes the next patch version to see what that release will say)."""
     if header.cert_version == CERT_VERSION:
-        if header.rules_version is None and header.tool_version == __version__:
+        if header.rules_version is None and header.tool_version == release:
             return None
         if header.rules_version == RULES_VERSION:
             return None
     return (
         f"{origin}: written by batch-invariance {header.tool_version} (cert_version "
         f"{header.cert_version}, {rules_words(header.rules_version, header.tool_version)}); "
-        f"its rules are not re-derivable here (this is batch-invariance {__version__}, "
+        f"its rules are not re-derivable here (this is batch-invariance {release}, "
         f"cert_version {CERT_VERSION}, rules {RULES_VERSION}), so it is not promotable; "
-        f"verify it with `pip install batch-invariance=={header.tool_version}` or re-run the "
-        "cell with this version"
+        f"{reverify_words(header)}"
+    )
+
+
+def reverify_words(header: CertHeader) -> str:
+    """How a cert of other rules or another layout can still be verified. It names the rules
+    and the layout, never a ``pip install`` of the release that wrote it: a cert may come from
+    a build that was never published (CHANGELOG.md says which rules each release holds)."""
+    if header.rules_version is None:
+        return (
+            f"a cert without rules_version is re-derived only by the build of "
+            f"batch-invariance {header.tool_version} that wrote it, so re-run the cell with "
+            "this version to get one that records its rules"
+        )
+    layout = ""
+    if header.cert_version != CERT_VERSION:
+        layout = f"cert_version {header.cert_version} and "
+    return (
+        f"verify it with a release that reads {layout}rules {header.rules_version} "
+        "(CHANGELOG.md names each release's rules) or re-run the cell with this version"
     )
 
 

@@ -32,6 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import NamedTuple
 
+from batch_invariance import __version__
 from batch_invariance.cert.advice import engine_advice
 from batch_invariance.cert.build import differing_fields, rederive, rederive_draft
 from batch_invariance.cert.identical import identical
@@ -183,11 +184,13 @@ def _invalid(path: Path | None, cert: Cert | None, problems: list[str]) -> Verif
     )
 
 
-def _verified(cert: Cert, origin: str, path: Path | None, depth: Depth) -> Verification:
+def _verified(
+    cert: Cert, origin: str, path: Path | None, depth: Depth, release: str = __version__
+) -> Verification:
     """Version, structure, re-derivation, identity. ``Depth.REMEMBERED`` here means the memo
     knew the bytes: no re-derivation. ``Depth.FULL``: ``cert`` came through the JSON edge."""
     header = CertHeader(cert.cert_version, cert.tool_version, cert.rules_version)
-    version = version_problem(origin, header)
+    version = version_problem(origin, header, release=release)
     if version is not None:
         return _invalid(path, cert, [version])
     problems = [f"{origin}: {p}" for p in structure_problems(cert)]
@@ -234,6 +237,7 @@ def verify(
     origin: str | None = None,
     path: Path | None = None,
     memo: VerifiedMemo | None = None,
+    release: str = __version__,
 ) -> Verification:
     """The one verification entry: ``source`` checked to ``depth`` (see :class:`Depth`).
 
@@ -243,8 +247,10 @@ def verify(
     (checked through its JSON form, so values smuggled into a ``Cert`` past validation are
     caught). ``origin`` names the cert in its problems (default ``"cert"``); ``path`` is
     where it was read from. ``memo`` is read at ``REMEMBERED`` only; ``None`` there is full
-    verification. Never raises on a bad cert; a depth given the wrong kind of source, or a
-    memo at another depth, is a programming error (:class:`TypeError`)."""
+    verification. ``release``: the version doing the verifying, this one (a test passes the
+    next patch version to see whether that release will accept a cert). Never raises on a bad
+    cert; a depth given the wrong kind of source, or a memo at another depth, is a
+    programming error (:class:`TypeError`)."""
     if memo is not None and depth is not Depth.REMEMBERED:
         raise TypeError(f"a memo is read at Depth.REMEMBERED only, not at {depth}")
     if depth is Depth.BUILT or depth is Depth.PARSED:
@@ -255,16 +261,20 @@ def verify(
             return _judged(
                 source, where, path, [f"{where}: {p}" for p in structure_problems(source)]
             )
-        return _verified(source, where, path, depth)
+        return _verified(source, where, path, depth, release)
     if isinstance(source, Path):
-        return _verify_path(source, origin, memo)
+        return _verify_path(source, origin, memo, release)
     if isinstance(source, (str, bytes)):
-        return _verify_text(source, "cert" if origin is None else origin, path, memo)
-    return _verify_object(source)
+        return _verify_text(source, "cert" if origin is None else origin, path, memo, release)
+    return _verify_object(source, release)
 
 
 def _verify_text(
-    text: str | bytes, origin: str, path: Path | None, memo: VerifiedMemo | None
+    text: str | bytes,
+    origin: str,
+    path: Path | None,
+    memo: VerifiedMemo | None,
+    release: str = __version__,
 ) -> Verification:
     """From cert JSON text. With ``memo``, bytes it knows skip the three checks it vouches
     for; bytes that pass in full are remembered."""
@@ -275,13 +285,16 @@ def _verify_text(
             cert = parse_cert(text, origin, content_known=known)
         except CertInvalid as exc:
             return _invalid(path, None, [str(exc)])
-        verification = _verified(cert, origin, path, Depth.REMEMBERED if known else Depth.FULL)
+        depth = Depth.REMEMBERED if known else Depth.FULL
+        verification = _verified(cert, origin, path, depth, release)
         if memo is not None and key is not None and not known and verification.valid:
             memo.remember(key)
         return verification
 
 
-def _verify_path(path: Path, origin: str | None, memo: VerifiedMemo | None) -> Verification:
+def _verify_path(
+    path: Path, origin: str | None, memo: VerifiedMemo | None, release: str = __version__
+) -> Verification:
     """Read the cert at ``path`` once and verify its text."""
     from batch_invariance.cert.store import read_cert_text
 
@@ -289,10 +302,10 @@ def _verify_path(path: Path, origin: str | None, memo: VerifiedMemo | None) -> V
         text = read_cert_text(path)
     except CertInvalid as exc:
         return _invalid(path, None, [str(exc)])
-    return _verify_text(text, str(path) if origin is None else origin, path, memo)
+    return _verify_text(text, str(path) if origin is None else origin, path, memo, release)
 
 
-def _verify_object(cert: object) -> Verification:
+def _verify_object(cert: object, release: str = __version__) -> Verification:
     """Verify a :class:`Cert` or a JSON-like ``dict`` through its JSON form. Never raises."""
     try:
         if isinstance(cert, Cert):
@@ -303,7 +316,7 @@ def _verify_object(cert: object) -> Verification:
             return _invalid(None, None, [f"not a cert: {type(cert).__name__}"])
     except Exception as exc:
         return _invalid(None, None, [f"cert: cannot be written as JSON ({exc})"])
-    return _verify_text(text, "cert", None, None)
+    return _verify_text(text, "cert", None, None, release)
 
 
 def is_promotable(cert: object, require_gate: str = GATE_ABC_UNION) -> bool:

@@ -1,6 +1,7 @@
 """Certs outlive releases: a copy of this package with the next patch version (and these
-rules) verifies, deploys and compares a cert this version wrote; a copy with other rules
-refuses it, naming the release to install (core/rules.py, docs/output-contract.md).
+rules) verifies, deploys and compares a cert this version wrote, and every shipped example
+cert; a copy with other rules refuses it, naming the rules that would re-derive it
+(core/rules.py, docs/output-contract.md).
 
 The copies are this working tree's package with the version (and, for the second, the rules)
 bumped, installed for real by pip (``pip install --no-deps --target``, build isolation
@@ -16,20 +17,23 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from batch_invariance import __version__, exitcodes
+from batch_invariance.cert.advice import engine_advice
+from batch_invariance.cert.build import rederive
 from batch_invariance.cert.store import render
 from batch_invariance.core.rules import RULES_VERSION
-from tests.support.factories import comparable_cert
+from tests.support.factories import comparable_cert, load_cert
 from tests.support.paths import EXAMPLES, REPO
 from tests.unit.deploy.test_check_deploy import OK_FLAGS, _live_cert, deploy_files, path_line
 
 PATCH = re.sub(r"(\d+)$", lambda m: str(int(m.group(1)) + 1), __version__)
-#: A cert written before the rules were versioned, by this version (the example's release).
-UNVERSIONED = EXAMPLES / "certs" / "scope" / "gemma-3-270m-q4_k_m__ctx256__N4.json"
+#: The certs this repository ships (the README's tour verifies one of them).
+SHIPPED = sorted((EXAMPLES / "certs").rglob("*.json"))
 
 
 def _replace_once(path: Path, old: str, new: str) -> None:
@@ -88,9 +92,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # compare needs what run-live records for it (work-set, request template, scorer)
     comparable = root / "comparable.json"
     comparable.write_text(render(comparable_cert()), encoding="utf-8")
+    # A cert as written before the rules were versioned: a shipped one without its
+    # rules_version, re-derived by this version (so its digest holds).
+    unversioned = root / "unversioned.json"
+    stripped = replace(load_cert(SHIPPED[0]), rules_version=None)
+    unversioned.write_text(render(rederive(stripped, engine_advice)), encoding="utf-8")
     return {
         "green": green,
         "comparable": comparable,
+        "unversioned": unversioned,
         "certs": root / "certs",
         "deploy": deploy,
         "patch": _release(root / "patch", PATCH, RULES_VERSION),
@@ -135,13 +145,29 @@ def test_the_next_patch_release_verifies_deploys_and_compares_this_versions_cert
 def test_a_cert_without_rules_version_stays_with_its_own_release(world: dict[str, Path]) -> None:
     """Fail closed: written before the rules were versioned, so it holds the rules of exactly
     the release that wrote it; the next one refuses it and names that release."""
-    data = json.loads(UNVERSIONED.read_text(encoding="utf-8"))
+    data = json.loads(world["unversioned"].read_text(encoding="utf-8"))
     wrote = data["tool_version"]
     assert "rules_version" not in data and wrote != PATCH
-    found = _cli(world["patch"], "verify-cert", str(UNVERSIONED))
+    found = _cli(world["patch"], "verify-cert", str(world["unversioned"]))
     assert found.returncode == exitcodes.CERT_INVALID
     assert f"unversioned rules of {wrote}" in found.stderr
-    assert f"pip install batch-invariance=={wrote}" in found.stderr
+    assert f"re-derived only by the build of batch-invariance {wrote} that wrote it" in (
+        found.stderr
+    )
+    assert "pip install" not in found.stderr
+
+
+@pytest.mark.parametrize("shipped", SHIPPED, ids=lambda p: p.relative_to(EXAMPLES).as_posix())
+def test_the_next_patch_release_verifies_every_shipped_example_cert(
+    world: dict[str, Path], shipped: Path
+) -> None:
+    """The showcase outlives the release: the README's tour and examples/certs/README.md run
+    verify-cert on these; each records its rules and exits with its own verdict's code."""
+    status = json.loads(shipped.read_text(encoding="utf-8"))["status"]
+    expected = {"green": exitcodes.PROMOTABLE, "failed": exitcodes.RED}[status]
+    found = _cli(world["patch"], "verify-cert", str(shipped))
+    assert found.returncode == expected, found.stdout + found.stderr
+    assert "verdict re-derived from evidence matches" in found.stdout
 
 
 def test_a_release_with_other_rules_refuses_the_cert_naming_the_version_to_install(
@@ -156,8 +182,9 @@ def test_a_release_with_other_rules_refuses_the_cert_naming_the_version_to_insta
         f"its rules are not re-derivable here (this is batch-invariance {PATCH}, cert_version "
         f"3, rules {RULES_VERSION + 1})" in found.stderr
     )
-    assert f"pip install batch-invariance=={__version__}" in found.stderr
+    assert f"verify it with a release that reads rules {RULES_VERSION}" in found.stderr
+    assert "pip install" not in found.stderr
     deploy = _cli(src, "check-deploy", str(world["deploy"]), "--certs", str(world["certs"]),
                   "--allow-unsigned")  # fmt: skip
     assert deploy.returncode != exitcodes.PROMOTABLE
-    assert f"pip install batch-invariance=={__version__}" in deploy.stdout + deploy.stderr
+    assert f"a release that reads rules {RULES_VERSION}" in deploy.stdout + deploy.stderr

@@ -8,12 +8,17 @@ under co-batching. verify-cert re-derives it (exit 1: a valid RED); tampering wi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from batch_invariance import exitcodes
+from batch_invariance import __version__, exitcodes
+from batch_invariance.cert.parse import version_problem
+from batch_invariance.cert.schema import CERT_VERSION, CertHeader
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
+from batch_invariance.core.rules import RULES_VERSION
 from tests.support.paths import EXAMPLES
 
 CERT = EXAMPLES / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4.json"
@@ -92,3 +97,36 @@ def test_the_ladder_certs_hold_the_measured_scope(capsys: pytest.CaptureFixture[
     assert (scope["first_drift_position"], scope["bitwise_equal_up_to"]) == (257, 256)
     assert [b["rows_with_drift"] for b in scope["bands"]] == [0, 16, 16, 16]
     assert scope["longest"] >= scope["required"] == 768
+
+
+#: Every cert this repository ships; the README's tour verifies one of them.
+SHIPPED = sorted((EXAMPLES / "certs").rglob("*.json"))
+#: The next patch release of this version.
+NEXT_PATCH = re.sub(r"(\d+)$", lambda m: str(int(m.group(1)) + 1), __version__)
+
+
+@pytest.mark.parametrize("shipped", SHIPPED, ids=lambda p: p.relative_to(EXAMPLES).as_posix())
+def test_every_shipped_cert_verifies_under_the_next_patch_release(shipped: Path) -> None:
+    """The showcase must not die at the next release: a shipped cert records the rules it was
+    judged by, so a release of the same rules re-derives it (the whole verification, as the
+    release ``NEXT_PATCH`` would run it; tests/unit/cert/test_bumped_release.py runs a real
+    installed copy of that release on them)."""
+    assert __version__ != NEXT_PATCH
+    data = json.loads(shipped.read_text(encoding="utf-8"))
+    assert data.get("rules_version") == RULES_VERSION, f"{shipped}: re-derive it (README.md)"
+    for release in (__version__, NEXT_PATCH):
+        verification = verify(shipped, release=release)
+        assert verification.valid, verification.problems
+        assert verification.status == data["status"]
+
+
+def test_a_cert_without_rules_is_refused_by_the_next_patch_release_without_a_pip_line() -> None:
+    """What the shipped certs said before they recorded their rules: refused by the next
+    release, with the way to re-verify and no ``pip install`` of a release that may never
+    have been published (0.1.0 was not)."""
+    header = CertHeader(CERT_VERSION, __version__, None)
+    assert version_problem("c", header) is None  # this release wrote it: its rules
+    problem = version_problem("c", header, release=NEXT_PATCH)
+    assert problem is not None and "pip install" not in problem
+    assert f"unversioned rules of {__version__}" in problem
+    assert "re-run the cell with this version" in problem
