@@ -57,6 +57,7 @@ for name in os.listdir("/proc/self/fd"):
         pass
 model = sys.argv[sys.argv.index("--model") + 1]
 json.dump({"argv": sys.argv, "env": dict(os.environ), "pid": os.getpid(), "fds": fds,
+           "cwd": os.getcwd(),
            "model_sha256": hashlib.sha256(open(model, "rb").read()).hexdigest()},
           open(RECORD, "w"))
 """
