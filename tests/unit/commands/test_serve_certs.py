@@ -76,7 +76,7 @@ def test_serve_finds_the_cert_that_measured_the_engine_command(
     seen = _record(served)
     data = json.loads(served["cert"].read_text())
     measured = next(s["argv"] for s in data["provenance"]["servers"] if s["role"] == "BC")
-    assert seen["argv"][1:3] == measured[1:2] + [seen["argv"][2]]  # --model, its descriptor
+    assert seen["argv"][1] == measured[1] == "--model"  # then its descriptor
     assert seen["argv"][2].startswith("/proc/self/fd/")
     assert "--port" in seen["argv"] and seen["argv"][seen["argv"].index("--port") + 1] == "8080"
     # The relative log path is made absolute against the caller's folder before serve left it.
