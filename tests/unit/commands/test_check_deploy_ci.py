@@ -108,3 +108,50 @@ def test_a_failing_cell_is_annotated_and_json_keeps_stdout_for_the_object(
     out, err = capsys.readouterr()
     json.loads(out)
     assert err.splitlines()[-1].startswith(f"::error file={str(config).replace(':', '%3A')},")
+
+
+@pytest.mark.parametrize(
+    ("server", "model", "gap"),
+    [
+        ("llama-server", "/srv/nowhere/{name}", "not found here: its identity"),
+        ("/srv/nowhere/llama-server", "{model}", "not found here: its build (sha256) cannot"),
+    ],
+    ids=["model-not-here", "binary-not-here"],
+)
+def test_a_cert_found_but_not_checkable_here_is_unverifiable_and_named(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    server: str,
+    model: str,
+    gap: str,
+) -> None:
+    """The cert that agrees on every checkable thing is named, and the kind says the
+    identity could not be checked on this machine: not ``missing``, whose fix (run the cell)
+    would not help; a cell no cert measured stays ``missing`` beside it."""
+    m = model.format(name=world["model"].name, model=world["model"])
+    body = f"{server} -m {m} {OK_FLAGS}\n{server} -m {m} -c 8192 -np 8\n"
+    config = _deploy(world, tmp_path, body)
+    assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    found, other = data["cells"]
+    assert (found["kind"], found["result"], found["cert"]) == (
+        "unverifiable", "fail", str(world["green"]),
+    )  # fmt: skip
+    assert found["problems"][0]["rule"] == "unverifiable"
+    assert f"cert {world['green'].name} agrees on everything checkable here" in found["reason"]
+    assert gap in found["reason"]
+    assert (other["kind"], other["cert"]) == ("missing", None)
+
+
+def test_a_model_not_here_is_not_matched_to_another_models_cert(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With the model file absent only its name ties a cert to the cell: a cert of another
+    model is not named as the one found."""
+    config = _deploy(world, tmp_path, f"llama-server -m /srv/nowhere/other.gguf {OK_FLAGS}\n")
+    assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
+    (cell,) = json.loads(capsys.readouterr().out)["cells"]
+    assert (cell["kind"], cell["cert"]) == ("missing", None)

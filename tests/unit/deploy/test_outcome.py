@@ -53,16 +53,22 @@ def covered(origin: str = "llm.sh:4") -> CellCheck:
 
 
 def mixed() -> DeployOutcome:
-    """A serial cell, a covered one, one with no cert and a compose service whose cert is
-    invalid."""
+    """A serial cell, a covered one, one with no cert, a compose service whose cert is
+    invalid and a cell whose cert was found while its model file is not here."""
     missing = cell("llm.sh:6", "-c", "8192", "-np", "8")
     compose = cell("compose.yml [llm]", "-c", "4096", "-np", "4")
+    absent = cell("llm.sh:8", "-c", "4096", "-np", "4")
+    found = "gemma-3-270m-q4_k_m__ctx1024__N4.json"
     return outcome(
         checks=(
             covered(),
             check(missing, "missing", f"no cert for {missing.label} (run the cell)"),
             check(compose, "invalid", "cert x.json is invalid: digest mismatch",
                   cert=CERTS / "x.json"),
+            check(absent, "unverifiable", f"cert {found} agrees on everything checkable here, "
+                  f"but this machine cannot tell whether it measured this deploy: model file "
+                  f"{MODEL} not found here: its identity (sha256, or size and name) cannot be "
+                  "checked", cert=CERTS / found),
         ),
         serial=(cell("llm.sh:2", "-c", "1024", "-np", "1"),),
     )  # fmt: skip
@@ -107,11 +113,16 @@ def test_a_named_file_is_a_path_beside_the_config() -> None:
 def test_each_failing_cell_is_one_problem_at_its_line() -> None:
     found = mixed()
     assert (found.decision, found.exit_code) == ("fail", exitcodes.CERT_INVALID)
-    assert [c.result for c in found.cells] == ["skip", "pass", "fail", "fail"]
+    assert [c.result for c in found.cells] == ["skip", "pass", "fail", "fail", "fail"]
     assert [(p.file, p.line, p.rule) for p in found.problems] == [
         ("deploy/llm.sh", 6, "missing"),
         ("deploy/compose.yml", None, "invalid"),
+        ("deploy/llm.sh", 8, "unverifiable"),
     ]
+    # A cert found and refused is named; a cell with no cert names none.
+    assert [c.cert for c in found.cells if c.result == "fail"] == [
+        None, "certs/x.json", "certs/gemma-3-270m-q4_k_m__ctx1024__N4.json",
+    ]  # fmt: skip
     assert found.problems[0].message.startswith("gemma-3-270m-q4_k_m ctx=1024 N=8 kv=split: ")
 
 

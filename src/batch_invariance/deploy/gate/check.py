@@ -16,6 +16,9 @@ under a policy no looser than the defaults, and signed (unless ``--allow-unsigne
   over llama-server's own option table): KV cache types, ``-fa``, ``-b``, ``-ub``, ``-ngl``,
   ``--cache-ram``, MoE placement, speculative/draft, ``-bs``, LoRA ...; and the variables ggml
   reads (:func:`engine_env_differences`);
+* a cert that agrees on everything that can be checked here while the model file or the server
+  binary cannot be (not on this machine) is named, and the cell is ``unverifiable``: not
+  covered, and not ``missing`` either;
 * nothing the cell itself cannot be covered for (``DeployCell.not_covered``: an option in no
   class, a word llama-server rejects, a config file it would read ...), and nothing in the file
   the reader did not model (``DeployReport.unmodelled``);
@@ -53,10 +56,13 @@ from batch_invariance.deploy.gate.identity import (
     build_differences,
     identify_build,
     identify_model,
+    identity_gaps,
 )
 from batch_invariance.errors import CertInvalid
 
-CheckKind = Literal["ok", "missing", "not_promotable", "invalid", "unknown", "unsigned"]
+CheckKind = Literal[
+    "ok", "missing", "unverifiable", "not_promotable", "invalid", "unknown", "unsigned"
+]
 
 
 class BundleVerifier(Protocol):
@@ -152,11 +158,7 @@ def check_cell(
     }
     same = [c for c in valid if not diffs[c.path]]
     if not same:
-        hint = f"; unreadable files: {', '.join(index.unreadable)}" if index.unreadable else ""
-        if not valid:
-            return CellCheck(cell, "missing", f"no cert for {cell.label} (run the cell){hint}")
-        shown = "; ".join(f"{c.path.name}: {', '.join(diffs[c.path])}" for c in valid)
-        return CellCheck(cell, "missing", f"no cert measured this cell ({shown}){hint}")
+        return _uncovered(cell, index, valid, diffs, (model, build))
     for cert in same:
         if not cert.promotable:
             reason = f"cert {cert.path.name} is not promotable ({cert.not_promotable})"
@@ -184,6 +186,37 @@ def check_cell(
         f"{build.shown}; {signed}){placed}{scope_text}"
     )
     return CellCheck(cell, "ok", reason, same[-1].path, scope)
+
+
+def _uncovered(
+    cell: DeployCell,
+    index: CertIndex,
+    valid: Sequence[CertFile],
+    diffs: dict[Path, tuple[str, ...]],
+    identity: tuple[ModelIdentity, BuildIdentity],
+) -> CellCheck:
+    """No valid cert provably measured the cell: ``unverifiable`` when one agrees on all
+    that can be checked here and only what this machine cannot identify stands between (the
+    model file, then named as the cell names it, or the server binary), else ``missing``."""
+    model, build = identity
+    gaps = identity_gaps(model, build)
+    found = [
+        c
+        for c in valid
+        if set(diffs[c.path]) <= set(gaps)
+        and (model.method != "nothing" or c.model in (cell.name, cell.alias))
+    ]
+    if found:
+        reason = (
+            f"cert {found[-1].path.name} agrees on everything checkable here, but this machine "
+            f"cannot tell whether it measured this deploy: {'; '.join(gaps)}"
+        )
+        return CellCheck(cell, "unverifiable", reason, found[-1].path)
+    hint = f"; unreadable files: {', '.join(index.unreadable)}" if index.unreadable else ""
+    if not valid:
+        return CellCheck(cell, "missing", f"no cert for {cell.label} (run the cell){hint}")
+    shown = "; ".join(f"{c.path.name}: {', '.join(diffs[c.path])}" for c in valid)
+    return CellCheck(cell, "missing", f"no cert measured this cell ({shown}){hint}")
 
 
 def check_cells(

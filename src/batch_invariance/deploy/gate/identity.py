@@ -53,7 +53,7 @@ def model_differences(model: ModelIdentity, provenance: Provenance) -> tuple[str
     recorded = provenance.model_file or ModelFileRecord()
     sha, size, name = recorded.sha256, recorded.size, recorded.name
     if model.method == "nothing":
-        return (f"{model.missing}: its identity (sha256, or size and name) cannot be checked",)
+        return (_model_gap(model),)
     if model.method == "sha256":
         if sha is None:
             return ("the cert records no model sha256",)
@@ -101,15 +101,31 @@ def build_differences(build: BuildIdentity, provenance: Provenance) -> tuple[str
     recorded = provenance.server_binary
     sha = recorded.sha256 if recorded is not None else None
     if build.missing is not None:
-        return (
-            f"{build.missing}: its build (sha256) cannot be checked; give its path in the "
-            "deploy file or --server-binary",
-        )
+        return (_build_gap(build),)
     if sha is None:
         return ("the cert records no server binary sha256 (build unknown)",)
     if sha != build.sha256:
         return (f"server build sha256 {str(build.sha256)[:12]}... (measured {sha[:12]}...)",)
     return ()
+
+
+def _model_gap(model: ModelIdentity) -> str:
+    return f"{model.missing}: its identity (sha256, or size and name) cannot be checked"
+
+
+def _build_gap(build: BuildIdentity) -> str:
+    return (
+        f"{build.missing}: its build (sha256) cannot be checked; give its path in the "
+        "deploy file or --server-binary"
+    )
+
+
+def identity_gaps(model: ModelIdentity, build: BuildIdentity) -> tuple[str, ...]:
+    """What of the deploy's identity cannot be checked on this machine, in the words the
+    differences use (empty = the model and the build can both be checked): a cert whose only
+    differences are these may have measured the cell, which no one can tell here."""
+    gaps = () if model.method != "nothing" else (_model_gap(model),)
+    return gaps + (() if build.missing is None else (_build_gap(build),))
 
 
 def own_launchers() -> tuple[Path, ...]:

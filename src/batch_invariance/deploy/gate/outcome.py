@@ -37,9 +37,9 @@ class Problem:
     line: int | None
     #: 1-based; ``None`` when not known (no reader records a column yet).
     column: int | None
-    #: The gate's kind of a cell that is not covered (``missing``, ``not_promotable``,
-    #: ``invalid``, ``unknown``, ``unsigned``), or ``not_understood`` for a construct of the
-    #: deploy file outside its grammar.
+    #: The gate's kind of a cell that is not covered (``missing``, ``unverifiable``,
+    #: ``not_promotable``, ``invalid``, ``unknown``, ``unsigned``), or ``not_understood``
+    #: for a construct of the deploy file outside its grammar.
     rule: str
     message: str
     #: Where the text output names it (``deploy.sh:3``, ``compose.yml [llm]``).
