@@ -312,3 +312,73 @@ def test_the_served_process_keeps_the_hashed_files_when_both_paths_are_swapped(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _certs_line(certs: Path, binary: Path, model: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "batch_invariance", "serve", "--certs", str(certs),
+            "--allow-unsigned", "--", str(binary), "-m", str(model), "-c", "4096", "-np", "4",
+            "-ub", "1", "--no-cache-prompt", "--cache-ram", "0", *flags]  # fmt: skip
+
+
+def test_serve_certs_starts_the_operators_line_and_refuses_what_no_cert_measured(
+    tmp_path: Path, live_pair: Provisioned
+) -> None:
+    """The deploy's own llama-server line after `serve --certs DIR --`: the real server starts
+    with the measured cell (4 slots of 1024, in /, no user config folder even where the caller's
+    relative XDG_CONFIG_HOME holds a config.ini with another K cache type); a unified pool, a
+    --log-file over the model and a cert in a world-writable folder are refused before any
+    server starts."""
+    model = tmp_path / live_pair.model.name
+    shutil.copyfile(live_pair.model, model)
+    cert = _recorded(live_pair, tmp_path, model)
+    certs = cert.parent
+    home = tmp_path / "home"
+    (home / "cfg" / "llama.cpp").mkdir(parents=True)
+    (home / "cfg" / "llama.cpp" / "config.ini").write_text(
+        "cache-type-k = q8_0\nubatch-size = 512\n"
+    )
+    env = {**os.environ, "XDG_CONFIG_HOME": "cfg", "HOME": "."}
+    # The control: started directly from that folder, this build reads the caller's file.
+    direct = subprocess.run([str(live_pair.server_bin), "--version"], env=env, cwd=home,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "using config file: cfg/llama.cpp/config.ini" in direct.stdout + direct.stderr
+    for flags, code, named in (
+        (["-kvu"], exitcodes.NOT_PROMOTABLE, "KV layout unified (measured split)"),
+        (["--log-file", str(model)], exitcodes.USAGE, "which the server reads"),
+    ):
+        done = subprocess.run(
+            _certs_line(certs, live_pair.server_bin, model, *flags), env=env, cwd=home,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == code and named in done.stderr, done.stderr
+    certs.chmod(0o777)
+    try:
+        done = subprocess.run(_certs_line(certs, live_pair.server_bin, model), env=env,
+                              cwd=home, capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        certs.chmod(0o755)
+    assert done.returncode == exitcodes.USAGE and "world-writable" in done.stderr, done.stderr
+    port = _free_port()
+    line = _certs_line(certs, live_pair.server_bin, model, "--host", "127.0.0.1", "--port",
+                       str(port), "--log-file", "llm.log")  # fmt: skip
+    proc = subprocess.Popen(line, env=env, cwd=home, stdout=(tmp_path / "serve.log").open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_health(proc, url)
+        assert psutil.Process(proc.pid).exe() == os.path.realpath(live_pair.server_bin)
+        assert psutil.Process(proc.pid).cwd() == "/"
+        body = requests.get(url + "/props", timeout=10).json()
+        assert body["total_slots"] == 4
+        assert body["default_generation_settings"]["n_ctx"] == 1024
+        assert len(_completion(url)) > 0
+        assert (home / "llm.log").is_file()  # the relative log path, made absolute
+        said = (tmp_path / "serve.log").read_text(errors="replace") + (home / "llm.log").read_text(
+            errors="replace"
+        )
+        assert "load_model" in said  # the server's own log is read here
+        assert "using config file" not in said, "the caller's config.ini was read"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
