@@ -11,7 +11,9 @@ whatever the server does, and each is refused with one line naming the fix:
 * a base model on the chat endpoint: a model with no chat template of its own is wrapped in
   llama-server's ChatML fallback, and its answers measure that fallback, not the model;
 * a slot the work-set cannot fill: the longest prompt (estimated) plus the answer budget stays
-  under 3/4 of the slot, which the scope gate needs.
+  under 3/4 of the slot, which the scope gate needs. The fix names the largest ``--ctx`` the
+  work-set does fill that the engine accepts (a multiple of its ``ctx_multiple``), or says
+  that none does, so that following it is not refused in turn.
 
 The estimate of prompt lengths is the offline one; a margin keeps an estimate that is a little
 short from refusing a plan that would fill the slot.
@@ -21,11 +23,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from batch_invariance.core.evidence import GatePolicy
-from batch_invariance.core.scope import required_length, smallest_filled_slot
+from batch_invariance.core.scope import SLOT_FILL_REQUIRED, required_length
 
-__all__ = ["ESTIMATE_MARGIN", "PlanFacts", "min_distinct_prompts", "unreachable"]
+__all__ = ["ESTIMATE_MARGIN", "PlanFacts", "filled_ctx", "min_distinct_prompts", "unreachable"]
 
 #: An offline token estimate may be short by this share of the real count.
 ESTIMATE_MARGIN = 0.15
@@ -45,11 +48,62 @@ class PlanFacts:
     longest_prompt_estimate: int | None = None
     #: Whether the model has its own chat template (``None``: not read, or a template is given).
     model_has_chat_template: bool | None = None
+    #: The engine takes a ``--ctx`` that is a multiple of this only (1: any).
+    ctx_multiple: int = 1
 
 
 def min_distinct_prompts(policy: GatePolicy) -> int:
     """The fewest distinct prompts whose rule-of-three bound reaches ``max_bound``."""
     return math.ceil(3 / policy.max_bound - 1e-9)
+
+
+def filled_ctx(reach: int, fill: float | None = None, ctx_multiple: int = 1) -> int | None:
+    """The largest ``--ctx`` whose slot sequences up to ``reach`` tokens fill (``fill`` of it,
+    by default 3/4, as :func:`~batch_invariance.core.scope.required_length` counts) and that
+    the engine accepts (a multiple of ``ctx_multiple``); ``None`` when none does."""
+    step = max(1, ctx_multiple)
+    share = SLOT_FILL_REQUIRED if fill is None else Fraction(fill)
+    if share <= 0:
+        return None  # every slot is filled: no size to name
+    fits = math.floor(Fraction(reach) / share) // step * step
+    while fits > 0 and required_length(fits, fill) > reach:
+        fits -= step
+    return fits if fits > 0 else None
+
+
+def _slot_fixes(reach: int, fill: float | None, ctx_multiple: int) -> str:
+    """The fixes for a slot the work-set cannot fill; a smaller ``--ctx`` only where one the
+    engine accepts is filled."""
+    fits = filled_ctx(reach, fill, ctx_multiple)
+    if fits is not None:
+        return (
+            "leave out --workset to measure the length ladder, give longer prompts, or use "
+            f"--ctx {fits} or less"
+        )
+    step = max(1, ctx_multiple)
+    return (
+        "leave out --workset to measure the length ladder or give longer prompts (no --ctx "
+        f"the engine accepts is filled: the smallest, {step}, needs {required_length(step, fill)}"
+        " tokens)"
+    )
+
+
+def _unfilled_slot(facts: PlanFacts) -> str | None:
+    """The cause when the work-set cannot fill 3/4 of the slot, with a ``--ctx`` fix the
+    engine takes (``None``: it can, or the prompts are not known yet)."""
+    if facts.longest_prompt_estimate is None:
+        return None
+    fill = facts.policy.min_slot_fill
+    reach = facts.longest_prompt_estimate + facts.n_predict
+    needed = required_length(facts.ctx, fill)
+    if reach * (1 + ESTIMATE_MARGIN) >= needed:
+        return None
+    return (
+        f"a slot the work-set cannot fill: its longest prompt (~"
+        f"{facts.longest_prompt_estimate} tokens, estimated) plus --n-predict "
+        f"{facts.n_predict} reaches ~{reach} of the {needed} tokens (3/4 of --ctx "
+        f"{facts.ctx}) a GREEN needs; {_slot_fixes(reach, fill, facts.ctx_multiple)}"
+    )
 
 
 def unreachable(facts: PlanFacts) -> tuple[str, ...]:
@@ -78,16 +132,7 @@ def unreachable(facts: PlanFacts) -> tuple[str, ...]:
             "(the Action: endpoint: completions or auto), or give a template with "
             "--server-flag --chat-template NAME"
         )
-    if facts.longest_prompt_estimate is not None:
-        reach = facts.longest_prompt_estimate + facts.n_predict
-        needed_len = required_length(facts.ctx, policy.min_slot_fill)
-        if reach * (1 + ESTIMATE_MARGIN) < needed_len:
-            fits = smallest_filled_slot(reach)
-            out.append(
-                f"a slot the work-set cannot fill: its longest prompt (~"
-                f"{facts.longest_prompt_estimate} tokens, estimated) plus --n-predict "
-                f"{facts.n_predict} reaches ~{reach} of the {needed_len} tokens (3/4 of "
-                f"--ctx {facts.ctx}) a GREEN needs; leave out --workset to measure the length "
-                f"ladder, give longer prompts, or use --ctx {fits} or less"
-            )
+    slot = _unfilled_slot(facts)
+    if slot is not None:
+        out.append(slot)
     return tuple(out)

@@ -56,6 +56,8 @@ def plan_facts(cell: LiveCell) -> PlanFacts:
         distinct_prompts=distinct,
         longest_prompt_estimate=longest,
         model_has_chat_template=has_template,
+        # An attached server's context is its own; a launched one must take the --ctx fix.
+        ctx_multiple=1 if cell.target.attach is not None else cell.target.engine.ctx_multiple,
     )
 
 

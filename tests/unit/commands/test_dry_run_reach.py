@@ -4,6 +4,7 @@ per cause, each one line naming the fix and exit 2; the length ladder's default 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,45 @@ def test_a_slot_the_work_set_cannot_fill(
     short.write_text(json.dumps([{"id": f"q{i}", "prompt": f"Tell me {i}."} for i in range(40)]))
     line = _refused(setup, capsys, "--workset", str(short), "--endpoint", "completions")
     assert "a slot the work-set cannot fill" in line and "3/4 of --ctx 1024" in line
+
+
+def _short_workset(tmp_path: Path) -> Path:
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps([{"id": f"q{i}", "prompt": f"Tell me {i}."} for i in range(40)]))
+    return short
+
+
+def test_the_smaller_ctx_it_names_is_accepted(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Following the fix ends the refusals: the --ctx it names is one llama-server takes (a
+    multiple of 256), and the work-set fills it (it once named 174, refused as no multiple of
+    256, and 256 named 174 again)."""
+    extra = ("--workset", str(_short_workset(tmp_path)), "--endpoint", "completions",
+             "--n-predict", "400")  # fmt: skip
+    line = _refused(setup, capsys, *extra)
+    found = re.search(r"use --ctx (\d+) or less", line)
+    assert found is not None, line
+    ctx = int(found.group(1))
+    assert ctx % 256 == 0 and 0 < ctx < 1024
+    argv = _dry(setup, *extra)
+    argv[argv.index("--ctx") + 1] = str(ctx)
+    assert main(argv) == exitcodes.PROMOTABLE
+    err = capsys.readouterr().err
+    assert "cannot reach GREEN" not in err and "rounds the context" not in err
+
+
+@pytest.mark.parametrize("ctx", ["256", "1024"])
+def test_no_smaller_ctx_is_named_when_none_the_engine_takes_is_filled(
+    setup: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path, ctx: str
+) -> None:
+    """~133 tokens fill no multiple of 256 (the smallest needs 192): the line says so instead
+    of naming a --ctx the tool would refuse (it named 177)."""
+    setup_argv = ("--workset", str(_short_workset(tmp_path)), "--endpoint", "completions")
+    argv = _dry(setup, *setup_argv)
+    argv[argv.index("--ctx") + 1] = ctx
+    assert main(argv) == exitcodes.USAGE
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "cannot reach GREEN" in ln]
+    assert "a slot the work-set cannot fill" in line
+    assert not re.search(r"--ctx \d+ or less", line)
+    assert "no --ctx the engine accepts is filled: the smallest, 256, needs 192 tokens" in line

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from batch_invariance.core.evidence import GatePolicy
-from batch_invariance.core.reach import PlanFacts, min_distinct_prompts, unreachable
+from batch_invariance.core.reach import PlanFacts, filled_ctx, min_distinct_prompts, unreachable
+from batch_invariance.core.scope import required_length
 
 #: A plan that can reach GREEN: the ladder's 32 prompts, long enough answers, completions,
 #: sequences filling the slot.
@@ -62,3 +63,32 @@ def test_every_cause_at_once() -> None:
     worst = replace(OK, distinct_prompts=4, n_predict=8, endpoint="chat",
                     longest_prompt_estimate=3)  # fmt: skip
     assert len(unreachable(worst)) == 4
+
+
+@pytest.mark.parametrize("step", [1, 256])
+@pytest.mark.parametrize("ctx", [512, 1024, 2048, 8192])
+def test_the_smaller_ctx_a_refusal_names_is_taken_and_filled(step: int, ctx: int) -> None:
+    """Following the fix ends the refusal: the --ctx named is a multiple of what the engine
+    takes, the work-set fills it, and it is the largest such; where no size the engine takes
+    is filled the line names none (llama-server once got 174, then 174 again at 256)."""
+    for longest in range(0, ctx, 7):
+        facts = replace(OK, ctx=ctx, longest_prompt_estimate=longest, ctx_multiple=step)
+        (line,) = unreachable(facts) or ("",)
+        if not line:
+            continue
+        fits = filled_ctx(longest + OK.n_predict, None, step)
+        if fits is None:
+            assert "or less" not in line and f"the smallest, {step}, needs" in line
+            assert required_length(step) > longest + OK.n_predict
+            continue
+        assert line.endswith(f"or use --ctx {fits} or less"), line
+        assert fits % step == 0 and fits < ctx
+        assert unreachable(replace(facts, ctx=fits)) == ()
+        assert required_length(fits + step) > longest + OK.n_predict  # the largest
+
+
+def test_the_filled_ctx_of_the_issue() -> None:
+    """131 tokens fill a 174-token slot, but no slot llama-server takes (256 needs 192)."""
+    assert filled_ctx(131) == 174 and filled_ctx(131, None, 256) is None
+    assert filled_ctx(192, None, 256) == 256 and filled_ctx(405, 0.75, 256) == 512
+    assert filled_ctx(100, 0.0) is None
