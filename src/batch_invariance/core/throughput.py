@@ -15,6 +15,10 @@ same block when the cert is built and when it is re-derived from its own JSON.
   (``predicted_ms``), the rate without HTTP and prompt processing.
 * ``speedup``: concurrent over serial tokens/s, what N buys; for a RED cell, what staying
   serial costs.
+
+:func:`n_buys_words` says what N buys in words, for every view of a verdict (the banner, the
+job summary, ``verify-cert``, the report): a GREEN whose concurrent throughput is not above
+serial says that N buys nothing here. :func:`verdict_words` puts the verdict in front.
 """
 
 from __future__ import annotations
@@ -26,9 +30,15 @@ from typing import Any
 from batch_invariance.core.evidence import ARM_A, ARM_C
 
 __all__ = [
+    "NOT_MEASURED",
     "Throughput",
+    "n_buys_words",
     "throughput_of_arms",
+    "verdict_words",
 ]
+
+#: The words for a cell without a throughput ratio.
+NOT_MEASURED = "throughput not measured"
 
 
 @dataclass(frozen=True)
@@ -98,3 +108,32 @@ def throughput_of_arms(records: Any) -> Throughput | None:
         serial_tokens=serial.tokens,
         concurrent_tokens=concurrent.tokens,
     )
+
+
+def n_buys_words(verdict: str, parallel: int, speedup: float | None) -> str:
+    """What N buys, in words: ``N=4 buys 1.72x here``; a ratio of 1.0 or less says plainly
+    that N buys nothing. A RED N is not safe: what it would buy is what staying serial costs.
+    AMBER and UNVERIFIED have not shown N safe: what it would buy once shown."""
+    if speedup is None:
+        return NOT_MEASURED
+    ratio = f"{speedup:.2f}x"
+    n = f"N={parallel}"
+    slower = speedup <= 1.0
+    not_faster = "concurrent is not faster than serial, so"
+    if verdict == "GREEN":
+        if slower:
+            return f"{n} buys {ratio} here: {not_faster} {n} buys nothing here"
+        return f"{n} buys {ratio} here"
+    if verdict == "RED":
+        if slower:
+            return f"{n} would buy {ratio} here: {not_faster} staying serial costs nothing"
+        return f"{n} would buy {ratio} here; staying serial costs this"
+    if slower:
+        return f"{n} would buy {ratio} here if shown safe: {not_faster} it would buy nothing"
+    return f"{n} would buy {ratio} here if shown safe"
+
+
+def verdict_words(verdict: str, parallel: int, speedup: float | None) -> str:
+    """The verdict and what N buys: ``GREEN: N=4 buys 0.90x here: concurrent is not faster
+    than serial, so N=4 buys nothing here``."""
+    return f"{verdict}: {n_buys_words(verdict, parallel, speedup)}"

@@ -19,12 +19,13 @@ from batch_invariance.report.plot import VERDICT_COLOURS, rate_plot
 from batch_invariance.report.views import (
     answer_length_text,
     cell_anchor,
+    cell_verdict_text,
     history_changed_text,
     history_drift_text,
     history_title,
+    n_buys_text,
     promotable_text,
     signature_text,
-    speedup_text,
     verdict_counts,
 )
 
@@ -117,7 +118,7 @@ def _rate(cell: Cell) -> str:
 
 def _table(group: CellGroup) -> str:
     head = (
-        "<tr><th>N</th><th>verdict</th><th>divergence rate (95%)</th><th>speedup</th>"
+        "<tr><th>N</th><th>verdict</th><th>divergence rate (95%)</th><th>what N buys</th>"
         "<th>answer tokens</th><th>signature</th><th>promotable</th><th>scope</th>"
         "<th>cert</th></tr>"
     )
@@ -128,7 +129,7 @@ def _table(group: CellGroup) -> str:
             f'<tr class="cell-row" data-n="{cell.n}" data-verdict="{escape(cell.verdict)}">'
             f'<td><a href="#{cell_anchor(cell)}">{cell.n}</a></td>'
             f'<td>{_verdict_badge(cell.verdict)} <span class="muted">{escape(cell.status)}'
-            f"</span></td><td>{_rate(cell)}</td><td>{escape(speedup_text(cell))}</td>"
+            f"</span></td><td>{_rate(cell)}</td><td>{escape(n_buys_text(cell))}</td>"
             f"<td>{escape(answer_length_text(cell))}</td>"
             f'<td class="signature signature-{cell.signature.state}">'
             f"{escape(signature_text(cell))}</td>"
@@ -162,6 +163,7 @@ def _cell_details(cell: Cell) -> str:
     return (
         f'<details class="cell" id="{cell_anchor(cell)}" open><summary>N={cell.n} '
         f"{_verdict_badge(cell.verdict)} <code>{escape(cell.origin)}</code></summary>"
+        f'<p class="n-buys">{escape(cell_verdict_text(cell))}</p>'
         f"<h4>Why</h4><ol>{reasons}</ol>"
         f'<h4>Gates</h4><table class="gates"><tr><th>gate</th><th>state</th><th>reason</th>'
         f"</tr>{gates}</table>{_numerics(cell)}{lengths_html(cell.lengths, cell.verdict)}"

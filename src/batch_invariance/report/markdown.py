@@ -13,9 +13,9 @@ from batch_invariance.report.views import (
     history_changed_text,
     history_drift_text,
     history_title,
+    n_buys_text,
     promotable_text,
     signature_text,
-    speedup_text,
     verdict_counts,
 )
 
@@ -36,7 +36,7 @@ def _row(cell: Cell) -> str:
         str(cell.n),
         f"{_MARK.get(cell.verdict, '⚪')} **{cell.verdict}**",
         rate,
-        speedup_text(cell),
+        n_buys_text(cell),
         answer_length_text(cell),
         signature_text(cell),
         promotable_text(cell),
@@ -69,7 +69,7 @@ def _group(group: CellGroup) -> list[str]:
     lines = [
         f"### {group.model} at ctx {group.ctx}",
         "",
-        "| N | verdict | divergence rate (95%) | speedup | answer tokens | signature "
+        "| N | verdict | divergence rate (95%) | what N buys | answer tokens | signature "
         "| promotable | cert |",
         "|---|---|---|---|---|---|---|---|",
         *(_row(c) for c in group.cells),

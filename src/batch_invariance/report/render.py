@@ -16,7 +16,7 @@ from typing import Any, Literal
 from batch_invariance.cert.certificate import Cert, display_verdict
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 from batch_invariance.core.scope import scope_words
-from batch_invariance.core.throughput import Throughput
+from batch_invariance.core.throughput import Throughput, verdict_words
 from batch_invariance.report.escape import (
     annotation,
     escape_data,
@@ -74,24 +74,21 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def throughput_text(block: Throughput | None, parallel: int, *, red: bool = False) -> str:
-    """What N buys (for a RED cell: what staying serial costs), on one line."""
-    if block is None or block.speedup is None:
-        return "throughput: not measured (the server reported no token timings)"
-    if block.speedup < 1:
-        # Concurrency bought nothing here (a host shared with other work, or a server that
-        # serialises): there is no speedup for staying serial to give up.
-        cost = "; concurrent decoding was slower here, so staying serial costs nothing"
-    else:
-        cost = "; staying serial costs this" if red else ""
+def throughput_text(block: Throughput | None, parallel: int, verdict: str) -> str:
+    """The verdict and what N buys (for a RED cell: what staying serial costs), on one line,
+    with the two rates it comes from."""
+    speedup = None if block is None else block.speedup
+    words = verdict_words(verdict, parallel, speedup)
+    if block is None or speedup is None:
+        return f"{words} (the server reported no token timings)"
     return (
-        f"throughput: serial {block.serial_tokens_per_s} tok/s, N={parallel} concurrent "
-        f"{block.concurrent_tokens_per_s} tok/s: speedup {block.speedup:.2f}x{cost}"
+        f"{words} (serial {block.serial_tokens_per_s} tok/s, N={parallel} concurrent "
+        f"{block.concurrent_tokens_per_s} tok/s)"
     )
 
 
 def _cert_throughput(cert: Cert) -> str:
-    return throughput_text(cert.throughput, cert.dispatch_n, red=cert.status == "failed")
+    return throughput_text(cert.throughput, cert.dispatch_n, display_verdict(cert.status))
 
 
 def prompt_cache_text(cert: Cert) -> str:
@@ -124,11 +121,11 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         _BAR,
         f"  {display_verdict(cert.status)}{klass}  {label} ctx={cert.ctx} N={cert.dispatch_n}",
         _BAR,
+        f"  {_cert_throughput(cert)}",
         f"  gates: {gates}",
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
         *(f"  {line}" for line in numerics_lines(cert.numerics)),
         *(f"  {line}" for line in scope_lines(cert.sequence_scope)),
-        f"  {_cert_throughput(cert)}",
         f"  {prompt_cache_text(cert)}",
     ]
     lines += _warning_lines(cert)
@@ -202,6 +199,7 @@ def verify_report_text(report: Verification, signature: str | None) -> str:
         f"cert:       {report.path}",
         f"cell:       model={cert.model} ctx={cert.ctx} N={cert.dispatch_n}",
         f"status:     {report.verdict} ({cert.status})",
+        f"throughput: {_cert_throughput(cert)}",
         f"source:     {cert.source}   gate: {cert.gate}",
         f"promotable: {'yes' if report.promotable else 'no'}",
     ]
@@ -238,12 +236,27 @@ def _sweep_sequences(block: Any) -> str:
     return text + ("" if first is None else f", drift from position {first}")
 
 
+def _sweep_faster(summary: Mapping[str, Any]) -> str:
+    """``max_safe_faster_parallel``: the largest safe N that is faster than N=1, in words."""
+    faster = summary.get("max_safe_faster_parallel")
+    if summary.get("max_safe_parallel") is None:
+        why = "no N is safe"
+    elif faster is None:
+        why = "no safe N is measured faster than N=1: N buys nothing here"
+    elif faster == summary["max_safe_parallel"]:
+        why = "the largest safe N is faster than N=1"
+    else:
+        why = "no safe N above it is measured faster than N=1"
+    return f"max_safe_faster_parallel = {faster}  ({why})"
+
+
 def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
     """The table ``sweep`` prints after the cells' banners."""
     lines = [
         _BAR,
         f"  sweep {summary['model']} ctx={summary['ctx']}: max_safe_parallel = "
         f"{summary['max_safe_parallel']}  ({summary['server_launches']} server launches)",
+        f"  {_sweep_faster(summary)}",
         _BAR,
     ]
     for entry in summary["cells"]:
@@ -307,10 +320,10 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
         f"- **Verdict:** {outputs['verdict']} (status `{md_code(cert.status)}`, source "
         f"`{md_code(cert.source)}`, gate `{md_code(cert.gate)}`, KV "
         f"`{md_code(cert.kv_label, _PATH_CHARS)}`)",
+        f"- **What N buys:** {_cert_throughput(cert)}",
         f"- **Require `{require}`:** {'met' if passed else 'NOT met'}; promotable: "
         f"{outputs['promotable']}",
     ]
-    lines.append(f"- **{_cert_throughput(cert).replace(':', ':**', 1)}")
     if cert.divergence_class:
         lines.append(f"- **Divergence class:** `{md_code(cert.divergence_class)}`")
     if cert.anomaly:

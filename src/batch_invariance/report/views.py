@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from batch_invariance.core.throughput import n_buys_words, verdict_words
 from batch_invariance.report.history import CellHistory, HistoryRow
 from batch_invariance.report.model import Cell, Report
 
@@ -19,10 +20,18 @@ def cell_anchor(cell: Cell) -> str:
     return _ANCHOR_UNSAFE.sub("_", raw)
 
 
-def speedup_text(cell: Cell) -> str:
-    if cell.throughput is None or cell.throughput.speedup is None:
-        return "not measured"
-    return f"{cell.throughput.speedup:.2f}x"
+def _speedup(cell: Cell) -> float | None:
+    return None if cell.throughput is None else cell.throughput.speedup
+
+
+def n_buys_text(cell: Cell) -> str:
+    """What the cell's N buys (``N=4 buys 1.72x here``), as every view of a verdict says it."""
+    return n_buys_words(cell.verdict, cell.n, _speedup(cell))
+
+
+def cell_verdict_text(cell: Cell) -> str:
+    """The verdict and what N buys: ``GREEN: N=4 buys 1.72x here``."""
+    return verdict_words(cell.verdict, cell.n, _speedup(cell))
 
 
 def answer_length_text(cell: Cell) -> str:

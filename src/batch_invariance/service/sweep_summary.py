@@ -1,5 +1,6 @@
 """``sweep.json``: one entry per N (verdict, bound or rate, where divergence starts,
-throughput, the cert file and its digest) and ``max_safe_parallel``.
+throughput, the cert file and its digest), ``max_safe_parallel`` and
+``max_safe_faster_parallel`` (the largest safe N whose concurrent throughput beats serial).
 
 Built only from the written certs as :func:`~batch_invariance.cert.verify.verify` read
 them back, so the summary says what the cert files say.
@@ -15,7 +16,12 @@ from batch_invariance.cert.certificate import cert_to_json
 from batch_invariance.cert.provenance import ScheduleRecord
 from batch_invariance.cert.verify import Verification
 from batch_invariance.core.scope import SequenceScope
-from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
+from batch_invariance.core.sweep import (
+    SweepPoint,
+    max_safe_faster_parallel,
+    max_safe_parallel,
+    median_first_divergence,
+)
 from batch_invariance.service.finish import FinishedCell
 
 SWEEP_VERSION = 1
@@ -34,6 +40,12 @@ class SweepCell:
     def promotable_green(self) -> bool:
         v = self.verification
         return v is not None and v.valid and v.verdict == "GREEN" and v.promotable
+
+    @property
+    def speedup(self) -> float | None:
+        """The written cert's concurrent over serial throughput (``None``: not measured)."""
+        block = None if self.finished is None else self.finished.cert.throughput
+        return None if block is None else block.speedup
 
 
 def _rate(sensitivity: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,13 +119,14 @@ def sweep_summary(
 ) -> dict[str, Any]:
     """The ``sweep.json`` object."""
     ran = [c for c in cells if c.finished is not None]
-    points = [SweepPoint(c.parallel, c.promotable_green) for c in cells]
+    points = [SweepPoint(c.parallel, c.promotable_green, c.speedup) for c in cells]
     return {
         "sweep_version": SWEEP_VERSION,
         "model": model,
         "ctx": ctx,
         "parallel": [c.parallel for c in cells],
         "max_safe_parallel": max_safe_parallel(points),
+        "max_safe_faster_parallel": max_safe_faster_parallel(points),
         "server_launches": launches,
         "cells": [_entry(c) for c in cells],
         "not_run": {str(c.parallel): c.not_run for c in cells if c.not_run is not None},

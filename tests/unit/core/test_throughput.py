@@ -1,5 +1,5 @@
 """The throughput block: serial (arm A) against concurrent (C passes) tokens/s, from the arm
-records the driver writes, re-derived by verify-cert."""
+records the driver writes, re-derived by verify-cert; and what N buys, in words."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ from batch_invariance.cert.schema import (
     compute_digest,
 )
 from batch_invariance.cert.verify import verify
-from batch_invariance.core.throughput import throughput_of_arms
+from batch_invariance.core.throughput import (
+    NOT_MEASURED,
+    n_buys_words,
+    throughput_of_arms,
+    verdict_words,
+)
 from batch_invariance.core.verdict import decide
 from tests.support.factories import DEFAULT_POLICY, TS, green_evidence, live_provenance, spec
 
@@ -74,3 +79,29 @@ def test_a_cert_without_the_block_stays_valid_and_has_no_key() -> None:
     data = cert_to_json(cert)
     assert "throughput" not in data
     assert verify(json.dumps(data)).problems == ()
+
+
+def test_the_words_say_what_n_buys_and_that_a_green_no_faster_than_serial_buys_nothing() -> None:
+    slower = n_buys_words("GREEN", 4, 0.9)
+    assert slower == (
+        "N=4 buys 0.90x here: concurrent is not faster than serial, so N=4 buys nothing here"
+    )
+    assert n_buys_words("GREEN", 4, 1.0).endswith("N=4 buys nothing here")  # 1.0 buys nothing
+    assert verdict_words("GREEN", 4, 1.72) == "GREEN: N=4 buys 1.72x here"
+    assert verdict_words("GREEN", 4, 0.9) == f"GREEN: {slower}"
+
+
+def test_a_red_n_would_buy_what_staying_serial_costs() -> None:
+    assert n_buys_words("RED", 4, 2.5) == "N=4 would buy 2.50x here; staying serial costs this"
+    assert n_buys_words("RED", 8, 0.35) == (
+        "N=8 would buy 0.35x here: concurrent is not faster than serial, so staying serial "
+        "costs nothing"
+    )
+    assert n_buys_words("UNVERIFIED", 2, 1.5) == "N=2 would buy 1.50x here if shown safe"
+    assert n_buys_words("AMBER", 2, 0.8).endswith("so it would buy nothing")
+
+
+def test_missing_throughput_is_not_measured_whatever_the_verdict() -> None:
+    for verdict in ("GREEN", "RED", "AMBER", "UNVERIFIED"):
+        assert n_buys_words(verdict, 4, None) == NOT_MEASURED == "throughput not measured"
+    assert verdict_words("GREEN", 4, None) == "GREEN: throughput not measured"

@@ -11,7 +11,7 @@ import batch_invariance
 from batch_invariance.report.divergence import TIE_FLIP_MARGIN, flip_kind
 from batch_invariance.report.model import LoadedCert, Signature, build_report, rate_figure
 from batch_invariance.report.plot import frame_for, nice_ceiling, nice_rate_max, rate_plot
-from batch_invariance.report.views import answer_length_text, signature_text, speedup_text
+from batch_invariance.report.views import answer_length_text, n_buys_text, signature_text
 from tests.support.report_fixtures import green_data, loaded, red_data, sweep_inputs
 
 PKG = Path(batch_invariance.__file__).parent
@@ -74,8 +74,8 @@ def test_rate_is_a_bound_without_divergence_and_an_interval_with_it() -> None:
 def test_throughput_and_answer_length_show_when_present_else_not_measured() -> None:
     report = build_report(sweep_inputs())
     n2, n4, n8 = report.groups[1].cells
-    assert speedup_text(n2) == "1.75x" and speedup_text(n4) == "3.00x"
-    assert speedup_text(n8) == "not measured"
+    assert n_buys_text(n2) == "N=2 buys 1.75x here" and n_buys_text(n4) == "N=4 buys 3.00x here"
+    assert n_buys_text(n8) == "throughput not measured"
     assert answer_length_text(n2) == "12 / 40 / 96 (min/median/max), 25% cut by the token budget"
     assert answer_length_text(n4) == "not measured"
 

@@ -241,19 +241,3 @@ def test_progress_github_groups_golden() -> None:
     text = _progress_log({"GITHUB_ACTIONS": "true"})
     check_golden("progress_github.txt", text)
     assert text.count("::group::") == text.count("::endgroup::") == 4  # A, C, B, A'
-
-
-def test_throughput_line_never_calls_a_slowdown_a_cost_of_staying_serial() -> None:
-    from batch_invariance.core.throughput import Throughput
-
-    def block(speedup: float) -> Throughput:
-        return Throughput(20.0, 20.0 * speedup, speedup, 0.2, 0.2 * speedup, 22.0, 960, 960)
-
-    slower = render.throughput_text(block(0.35), 4, red=True)
-    assert slower.endswith(
-        "speedup 0.35x; concurrent decoding was slower here, so staying serial costs nothing"
-    )
-    assert render.throughput_text(block(2.5), 4, red=True).endswith(
-        "speedup 2.50x; staying serial costs this"
-    )
-    assert render.throughput_text(block(2.5), 4).endswith("speedup 2.50x")

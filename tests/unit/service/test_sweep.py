@@ -17,7 +17,12 @@ from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import CellSpec, GatePolicy
 from batch_invariance.core.plan import CellPlan, Measurement, WorkItem
-from batch_invariance.core.sweep import SweepPoint, max_safe_parallel, median_first_divergence
+from batch_invariance.core.sweep import (
+    SweepPoint,
+    max_safe_faster_parallel,
+    max_safe_parallel,
+    median_first_divergence,
+)
 from batch_invariance.errors import UsageError
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import parse_info
@@ -129,6 +134,19 @@ def test_max_safe_parallel_needs_every_smaller_n_green() -> None:
     assert max_safe_parallel([p(2, True), p(4, False), p(8, True)]) == 2
     assert max_safe_parallel([p(2, False), p(4, True)]) is None
     assert max_safe_parallel([]) is None
+
+
+def test_max_safe_faster_parallel_is_the_largest_safe_n_faster_than_serial() -> None:
+    p = SweepPoint
+    # N=4 is safe but buys 0.90x: the largest N both safe and faster than N=1 is 2.
+    slow_top = [p(2, True, 1.7), p(4, True, 0.9), p(8, False, 3.0)]
+    assert max_safe_parallel(slow_top) == 4
+    assert max_safe_faster_parallel(slow_top) == 2
+    assert max_safe_faster_parallel([p(2, True, 1.5), p(4, True, 2.5)]) == 4
+    # Faster but not safe does not count; neither does a ratio of exactly 1 or none measured.
+    assert max_safe_faster_parallel([p(2, True, 1.0), p(4, True, None), p(8, False, 3)]) is None
+    assert max_safe_faster_parallel([p(2, False, 2.0)]) is None
+    assert max_safe_faster_parallel([]) is None
 
 
 def test_the_first_divergent_token_is_the_median_over_ids_of_their_earliest() -> None:
