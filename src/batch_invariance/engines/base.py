@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.engines.recorded import RecordedLaunch
-from batch_invariance.engines.variables import EnvRules
+from batch_invariance.engines.variables import EnvRules, Linked
 
 __all__ = [
     "CacheEvidence",
@@ -233,14 +233,21 @@ class Engine(ABC):
         """The chat template its running server says it applies (``None``: it does not say)."""
         return None
 
-    def child_env(self, parent: Mapping[str, str]) -> dict[str, str]:
-        """The variables its server child gets from ``parent`` (before the launch's own
-        additions): :meth:`~batch_invariance.engines.variables.EnvRules.measured_env`."""
-        return self.env_rules.measured_env(parent)
+    def linked_runtimes(self, argv: Sequence[str]) -> Linked:
+        """The runtimes (:attr:`EnvRules.runtimes`) the build that ``argv`` starts links, read
+        from its files; ``None`` (the default): not known, every runtime's variables count."""
+        return None
 
-    def recorded_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The variables of a child's ``env`` the cert records (``engine_env``)."""
-        return self.env_rules.engine_env(env)
+    def child_env(self, parent: Mapping[str, str], linked: Linked = None) -> dict[str, str]:
+        """The variables its server child gets from ``parent`` (before the launch's own
+        additions): :meth:`~batch_invariance.engines.variables.EnvRules.measured_env`; a
+        runtime's only where the build links it (``linked``: :meth:`linked_runtimes`)."""
+        return self.env_rules.measured_env(parent, linked)
+
+    def recorded_env(self, env: Mapping[str, str], linked: Linked = None) -> dict[str, str]:
+        """The variables of a child's ``env`` the cert records (``engine_env``): the ones the
+        build reads (``linked``: :meth:`linked_runtimes`)."""
+        return self.env_rules.engine_env(env, linked)
 
     def kv_cache_types(self, flags: Sequence[str]) -> tuple[str, str]:
         """The K and V cache types ``flags`` (:meth:`guard_flags`) choose, as the memory

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from typing import IO, Any
 import requests
 
 from batch_invariance.engines.base import Engine, LaunchCommand
+from batch_invariance.engines.variables import Linked
 from batch_invariance.errors import InfraError
 from batch_invariance.host import memory
 from batch_invariance.interrupts import install_sigterm, restore_sigterm
@@ -158,8 +160,14 @@ class ServerProcess:
             _LIVE.add(self)
         self._started = time.monotonic()
 
+    @functools.cached_property
+    def _linked(self) -> Linked:
+        """The runtimes its build links (read from its files once): their variables only
+        are passed on and recorded."""
+        return self._engine.linked_runtimes(self.argv)
+
     def _child_env(self) -> dict[str, str]:
-        return {**self._engine.child_env(os.environ), **self._env}
+        return {**self._engine.child_env(os.environ, self._linked), **self._env}
 
     def wait_ready(self) -> None:
         """Poll the ready path until 200; a dead child or the deadline raise
@@ -264,7 +272,7 @@ class ServerProcess:
             "ready_s": None if self.ready_s is None else round(self.ready_s, 3),
             "rss_peak_bytes": self._watch.peak_bytes if self._watch is not None else None,
             "log": str(self.log_path),
-            "engine_env": self._engine.recorded_env(self._child_env()),
+            "engine_env": self._engine.recorded_env(self._child_env(), self._linked),
         }
 
 

@@ -7,8 +7,9 @@ llama.cpp pads it. A cell's ``ctx`` is the context per slot after padding, which
 cert's ``ctx`` means; for a unified pool the padded pool must also equal the one measured.
 A cell also carries why it cannot be covered whatever the certs say (a word the server
 rejects, an option in no class, a config file it would read, a variable whose value the
-reader lost, a model path that is not on this host), the variables ggml reads and the GPUs
-its selection variables pick on this host.
+reader lost, a model path that is not on this host), the variables ggml reads (a runtime's
+only where the binary here links it: the rule a cert's ``engine_env`` was recorded by) and the
+GPUs its selection variables pick on this host.
 A ``batch-invariance serve CERT`` line is read as the server it execs.
 """
 
@@ -42,7 +43,9 @@ from batch_invariance.engines.llama_server.flags import (
     read_flags,
     slot_layout,
 )
+from batch_invariance.engines.llama_server.linked import linked_runtimes
 from batch_invariance.engines.llama_server.options import TABLE_BUILD
+from batch_invariance.engines.variables import Linked
 from batch_invariance.errors import UsageError
 from batch_invariance.host.gpus import placement_here
 
@@ -69,8 +72,12 @@ class DeployCell:
     per_slot: int | None = None
     #: Why this cell cannot be covered whatever the certs say (empty: it can be).
     not_covered: tuple[str, ...] = ()
-    #: The variables of its environment that ggml / the runtimes read (compared).
+    #: The variables of its environment that ggml / the runtimes its build links read
+    #: (compared).
     engine_env: Mapping[str, str] = field(default_factory=dict)
+    #: The runtimes its build links, read from the binary here (only their variables are
+    #: compared); ``None`` where the binary is not here or cannot be read: every runtime's.
+    linked: Linked = None
     #: The server binary as the deploy names it (``argv[0]``).
     binary: str = "llama-server"
     #: Where that binary is on this machine; ``None`` when it cannot be located here.
@@ -283,6 +290,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
     binary = _binary_path(command)
     if not serving:
         untrusted = untrusted_paths(command, located, binary)
+    linked = None if binary.path is None else linked_runtimes(binary.path)
     return DeployCell(
         origin=command.origin,
         model=model,
@@ -294,7 +302,8 @@ def cell_of(command: ServerCommand) -> DeployCell:
         pool=None if padded is None else padded.pool,
         per_slot=None if padded is None else padded.per_slot,
         not_covered=tuple(not_covered),
-        engine_env=engine_env(command.env),
+        engine_env=engine_env(command.env, linked),
+        linked=linked,
         binary=command.argv[0] if command.argv else "llama-server",
         binary_path=binary.path,
         binary_missing=binary.missing,

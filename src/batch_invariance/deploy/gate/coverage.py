@@ -28,16 +28,24 @@ from batch_invariance.engines.llama_server.flags import (
     padded_context,
     slot_layout,
 )
+from batch_invariance.engines.variables import Linked
 
 
-def engine_env_differences(deploy: Mapping[str, str], provenance: Provenance) -> tuple[str, ...]:
+def engine_env_differences(
+    deploy: Mapping[str, str], provenance: Provenance, linked: Linked = None
+) -> tuple[str, ...]:
     """Variables ggml or the runtimes read that the deploy sets differently from the B/C
-    server the cert measured (its recorded ``engine_env``; none recorded = none set)."""
+    server the cert measured (its recorded ``engine_env``; none recorded = none set).
+
+    ``linked``: the runtimes the deploy's build links (``None``: not known, every runtime's);
+    a variable that build cannot read is compared on neither side (``deploy`` was read by
+    that rule), so a cert an older tool recorded with a variable the build never read (an
+    ``OPENBLAS_*`` of the measuring host's for a build without OpenBLAS) still covers it."""
     server = provenance.bc_server()
     info = server.info if server is not None else None
     recorded = info.engine_env if info is not None else None
     # A GPU-selection variable an older cert recorded is placement, not an engine variable.
-    measured: Mapping[str, str] = engine_env(recorded or {})
+    measured: Mapping[str, str] = engine_env(recorded or {}, linked)
     return tuple(
         f"environment {name}={deploy.get(name, '(unset)')} (measured "
         f"{measured.get(name, '(unset)')})"
@@ -99,7 +107,7 @@ def prompt_cache_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) ->
 
 def environment_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
     """The variables the engine reads are the recorded ones."""
-    return engine_env_differences(cell.engine_env, cert.provenance)
+    return engine_env_differences(cell.engine_env, cert.provenance, cell.linked)
 
 
 def answer_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:

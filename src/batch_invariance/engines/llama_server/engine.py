@@ -24,10 +24,12 @@ from batch_invariance.engines.llama_server import flags as llama_flags
 from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.engines.llama_server.env import LLAMA_CPP_ENV
 from batch_invariance.engines.llama_server.flags import FlagError, ServerFlags, read_flags
+from batch_invariance.engines.llama_server.linked import linked_runtimes
 from batch_invariance.engines.llama_server.options import DEFAULTS
 from batch_invariance.engines.llama_server.probes import llama_server_probes, server_chat_template
 from batch_invariance.engines.probes import BusyProbe
 from batch_invariance.engines.recorded import RecordedLaunch
+from batch_invariance.engines.variables import Linked
 
 __all__ = ["LlamaServerEngine", "build_argv", "kv_label"]
 
@@ -116,6 +118,11 @@ class LlamaServerEngine(Engine):
     def resolve_binary(self, server_bin: Path) -> Path:
         # The cert names the file that ran, not a symlink to it.
         return server_bin.resolve()
+
+    def linked_runtimes(self, argv: Sequence[str]) -> Linked:
+        """Read from the binary and llama.cpp's libraries beside it
+        (:func:`~batch_invariance.engines.llama_server.linked.linked_runtimes`)."""
+        return linked_runtimes(Path(argv[0])) if argv else None
 
     def kv_label(self, ctx: int, parallel: int, layout: KvLayout) -> str:
         return kv_label(ctx, parallel, layout)

@@ -6,6 +6,12 @@ ggml and its backends read ``GGML_*`` variables (fusion, tiling, device choice),
 without showing in the argv. The dynamic loader's ``LD_PRELOAD`` / ``LD_LIBRARY_PATH`` change
 which code runs at all.
 
+ggml's and llama.cpp's own variables (:data:`ALWAYS_READ_PREFIXES`) are read by every build; a
+runtime's (:data:`RUNTIMES`: ``OPENBLAS_*``, ``CUDA_*``, ``OMP_*`` ...) only by a build that
+links it, as :mod:`batch_invariance.engines.llama_server.linked` reads from the build's files.
+A server gets, and its cert records, only the variables its build can read: a host that sets
+``OPENBLAS_CORETYPE`` measures a build without OpenBLAS as if it did not.
+
 This build (11434) also reads config files before its variables and the command line
 (``common/arg.cpp``, ``common_params_apply_system_config``): ``/etc/llama.cpp/config.ini``,
 then ``${XDG_CONFIG_HOME:-$HOME/.config}/llama.cpp/config.ini``. A server the tool starts
@@ -24,15 +30,19 @@ from batch_invariance.engines.variables import (
     NEUTRAL_ENV_NAMES,
     NO_USER_CONFIG,
     EnvRules,
+    Linked,
+    Runtime,
     is_neutral_variable,
 )
 
 __all__ = [
+    "ALWAYS_READ_PREFIXES",
     "ENGINE_ENV_NAMES",
     "ENGINE_ENV_PREFIXES",
     "LLAMA_CPP_ENV",
     "NEUTRAL_ENV_NAMES",
     "NO_USER_CONFIG",
+    "RUNTIMES",
     "SYSTEM_CONFIG",
     "ServedEnv",
     "config_files",
@@ -45,12 +55,26 @@ __all__ = [
 ]
 
 
-#: Variables with these prefixes are read by ggml, its backends' runtimes or llama.cpp.
-ENGINE_ENV_PREFIXES = (
-    "GGML_", "LLAMA_", "LLAMACPP_", "MTMD_", "CUDA_", "CUBLAS_", "NVIDIA_", "HIP_", "ROCR_",
-    "HSA_", "ROCM_", "HCC_", "VK_", "ZE_", "ONEAPI_", "SYCL_", "OMP_", "KMP_", "GOMP_", "MKL_",
-    "OPENBLAS_", "BLIS_", "SPACEMIT_",
+#: Variables with these prefixes are read by every build: ggml's, llama.cpp's, its multimodal
+#: library's and ggml's SpacemiT CPU kernels' (compiled in, no library to link).
+ALWAYS_READ_PREFIXES = ("GGML_", "LLAMA_", "LLAMACPP_", "MTMD_", "SPACEMIT_")
+#: The libraries a build may link, and the variables each reads once linked (a BLAS library
+#: may bring its own OpenMP runtime).
+RUNTIMES = (
+    Runtime("CUDA", ("libcuda", "libcublas", "libnvrtc", "libnccl"),
+            ("CUDA_", "CUBLAS_", "NVIDIA_")),
+    Runtime("ROCm", ("libamdhip", "libhip", "librocblas", "librocm", "libhsa-runtime"),
+            ("HIP_", "ROCR_", "HSA_", "ROCM_", "HCC_")),
+    Runtime("Vulkan", ("libvulkan",), ("VK_",)),
+    Runtime("oneAPI", ("libsycl", "libze_loader", "libur_loader", "libmkl_sycl", "libdnnl"),
+            ("ZE_", "ONEAPI_", "SYCL_")),
+    Runtime("OpenMP", ("libgomp", "libomp", "libiomp"), ("OMP_", "KMP_", "GOMP_")),
+    Runtime("MKL", ("libmkl_",), ("MKL_",), brings=("OpenMP",)),
+    Runtime("OpenBLAS", ("libopenblas",), ("OPENBLAS_",), brings=("OpenMP",)),
+    Runtime("BLIS", ("libblis",), ("BLIS_",), brings=("OpenMP",)),
 )  # fmt: skip
+#: Every prefix some build reads (a build not read: all of them).
+ENGINE_ENV_PREFIXES = ALWAYS_READ_PREFIXES + tuple(p for r in RUNTIMES for p in r.prefixes)
 #: Single variables with the same effect.
 ENGINE_ENV_NAMES = frozenset({"LD_PRELOAD", "LD_LIBRARY_PATH"})
 #: The system-wide config file this build reads.
@@ -59,8 +83,9 @@ SYSTEM_CONFIG = "/etc/llama.cpp/config.ini"
 #: llama.cpp's variables: what ggml, its backends' runtimes and llama.cpp read, its
 #: ``LLAMA_ARG_*`` (and other option) variables, and its system-wide config file.
 LLAMA_CPP_ENV = EnvRules(
-    read_prefixes=ENGINE_ENV_PREFIXES,
+    read_prefixes=ALWAYS_READ_PREFIXES,
     read_names=ENGINE_ENV_NAMES,
+    runtimes=RUNTIMES,
     option_prefixes=("LLAMA_ARG_",),
     option_names=OPTION_VARIABLES,
     system_configs=(SYSTEM_CONFIG,),
@@ -72,15 +97,17 @@ def is_option_variable(name: str) -> bool:
     return LLAMA_CPP_ENV.is_option_variable(name)
 
 
-def is_engine_variable(name: str) -> bool:
+def is_engine_variable(name: str, linked: Linked = None) -> bool:
     """True for a variable the server reads other than its ``LLAMA_ARG_*`` flags and the
-    GPU-selection variables (placement: what they select is recorded, not their values)."""
-    return LLAMA_CPP_ENV.is_engine_variable(name)
+    GPU-selection variables (placement: what they select is recorded, not their values);
+    a runtime's only where the build links it (``linked``; ``None``: not known, any)."""
+    return LLAMA_CPP_ENV.is_engine_variable(name, linked)
 
 
-def engine_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` the server or ggml read (not the flags), sorted by name."""
-    return LLAMA_CPP_ENV.engine_env(env)
+def engine_env(env: Mapping[str, str], linked: Linked = None) -> dict[str, str]:
+    """The variables of ``env`` the server or ggml read (not the flags), sorted by name; a
+    runtime's only where the build links it (``linked``; ``None``: not known, every one)."""
+    return LLAMA_CPP_ENV.engine_env(env, linked)
 
 
 def config_files(env: Mapping[str, str], home: str | None) -> tuple[str, ...]:
@@ -96,10 +123,10 @@ def config_files(env: Mapping[str, str], home: str | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def measured_env(parent: Mapping[str, str]) -> dict[str, str]:
+def measured_env(parent: Mapping[str, str], linked: Linked = None) -> dict[str, str]:
     """The variables a server the tool measures gets from ``parent``
     (:meth:`~batch_invariance.engines.variables.EnvRules.measured_env` of llama.cpp's)."""
-    return LLAMA_CPP_ENV.measured_env(parent)
+    return LLAMA_CPP_ENV.measured_env(parent, linked)
 
 
 @dataclass(frozen=True)
