@@ -1,6 +1,11 @@
 """Per divergent id: the A and C answers split at the first divergent token, the passes it
 diverged in, and whether the flip was a near tie. Pure, from ``divergence_report.ac.per_id``
-and the trials in ``evidence``."""
+and the trials in ``evidence``.
+
+For a one-line view (the job summary's table) :func:`ac_excerpts` gives the two answers of a
+row as windows that open a little before the first character where they differ, so the two
+cells show the difference (answers that agree on their first 80 characters would otherwise
+read the same)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from batch_invariance.cert.schema import Cert, TrialRecord
+from batch_invariance.core.pair_report import DivergenceRow
 from batch_invariance.report.fields import dig, integer, num
 
 #: A flip whose top-1 minus top-2 logprob margin (on either side) is below this many nats is
@@ -16,6 +23,11 @@ TIE_FLIP_MARGIN = 0.1
 
 #: Characters of context kept on each side of the first divergent token in the text views.
 CONTEXT_CHARS = 240
+
+#: A one-line answer window: this many characters, opening :data:`WINDOW_LEAD` characters
+#: before the first difference (with a ``…`` at a cut end it stays within a summary cell's 80).
+WINDOW_CHARS = 76
+WINDOW_LEAD = 16
 
 
 @dataclass(frozen=True)
@@ -165,3 +177,64 @@ def divergent_ids(data: Mapping[str, Any]) -> tuple[DivergentId, ...]:
             )
         )
     return tuple(out)
+
+
+def shown_text(text: str) -> str:
+    """An answer on one line as a table cell shows it: line breaks and tabs written ``\\n``,
+    ``\\r``, ``\\t`` (so a difference in them shows), runs of spaces as one space."""
+    escaped = text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+    return " ".join(escaped.split())
+
+
+def first_difference(a: str, c: str) -> int | None:
+    """The index of the first character where ``a`` and ``c`` differ (the shorter one's
+    length when it is a prefix of the other); ``None`` when they are equal."""
+    if a == c:
+        return None
+    pairs = enumerate(zip(a, c, strict=False))
+    return next((i for i, (x, y) in pairs if x != y), min(len(a), len(c)))
+
+
+def _window(text: str, start: int, width: int) -> str:
+    body = text[start : start + width]
+    return ("…" if start else "") + body + ("…" if start + width < len(text) else "")
+
+
+def answer_windows(
+    a: str, c: str, width: int = WINDOW_CHARS, lead: int = WINDOW_LEAD
+) -> tuple[str, str]:
+    """The two answers (:func:`shown_text`), each cut to ``width`` characters from ``lead``
+    characters before their first difference, ``…`` marking a cut end; answers that show
+    the same are cut from their start."""
+    a_shown, c_shown = shown_text(a), shown_text(c)
+    at = first_difference(a_shown, c_shown)
+    start = 0 if at is None else max(0, at - lead)
+    return _window(a_shown, start, width), _window(c_shown, start, width)
+
+
+def _answer(trial: TrialRecord | None, recorded: str) -> str | None:
+    """The whole answer, from its tokens joined, where they are recorded and begin with its
+    recorded excerpt (``None``: only the excerpt is known)."""
+    if trial is None or trial.tokens is None:
+        return None
+    joined = "".join(trial.tokens)
+    return joined if joined.startswith(recorded) else None
+
+
+def ac_excerpts(cert: Cert, row: DivergenceRow) -> tuple[object, object]:
+    """What an A-vs-C row shows for A and for C: windows around the first difference of the
+    two answers (:func:`answer_windows`; the whole answers where both sides' tokens are
+    recorded, else the excerpts, their first 80 characters), or the differing values where
+    an answer is not recorded (a missing id, a failed request)."""
+    if row.x_excerpt is None or row.y_excerpt is None:
+        return (
+            row.x_excerpt if row.x_excerpt is not None else row.x,
+            row.y_excerpt if row.y_excerpt is not None else row.y,
+        )
+    evidence = cert.evidence
+    c_trials = next((p.trials for p in evidence.c_passes if p.index == row.pass_index), {})
+    a_text = _answer(evidence.a.get(row.test_id), row.x_excerpt)
+    c_text = _answer(c_trials.get(row.test_id), row.y_excerpt)
+    if a_text is None or c_text is None:
+        return answer_windows(row.x_excerpt, row.y_excerpt)
+    return answer_windows(a_text, c_text)

@@ -17,6 +17,7 @@ from batch_invariance.cert.certificate import Cert, display_verdict
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 from batch_invariance.core.scope import scope_words
 from batch_invariance.core.throughput import Throughput, verdict_words
+from batch_invariance.report.divergence import ac_excerpts
 from batch_invariance.report.escape import (
     annotation,
     escape_data,
@@ -283,16 +284,16 @@ def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
 
 
 def _divergent_ids_markdown(cert: Cert) -> list[str]:
-    """The job summary's table of A-vs-C divergent ids (at most ``_MAX_DIVERGENT_ROWS``), and
-    the count of ids that differ in their tokens only."""
+    """The job summary's table of A-vs-C divergent ids (at most ``_MAX_DIVERGENT_ROWS``), each
+    answer shown from just before where A and C first differ, and the count of ids that
+    differ in their tokens only."""
     ac = cert.divergence_report.ac
     lines: list[str] = []
     rows = [row for row in ac.per_id if row.kind != "token_only"]
     if rows:
         lines += ["| id | pass | field | A | C |", "| --- | --- | --- | --- | --- |"]
         for row in rows[:_MAX_DIVERGENT_ROWS]:
-            a_text = row.x_excerpt if row.x_excerpt is not None else row.x
-            c_text = row.y_excerpt if row.y_excerpt is not None else row.y
+            a_text, c_text = ac_excerpts(cert, row)
             where = "" if row.pass_index is None else str(row.pass_index)
             test_id = md_code(row.test_id, 60, table=True)
             lines.append(
