@@ -1,12 +1,16 @@
-"""The cert's ``numerics`` block in words: console lines and a Markdown section (pure).
+"""The cert's ``numerics`` block in words: console lines and a Markdown section (pure); and
+the power of its own sample, beside the rule-of-three bound.
 
 Shared by the banner, the job summary and the report, so every view says the same thing.
 """
 
 from __future__ import annotations
 
+from batch_invariance.core.findings import Sensitivity
 from batch_invariance.core.numerics import Numerics, PairNumerics, PassNumerics
+from batch_invariance.core.power import power_words
 from batch_invariance.core.scope import NOT_RECORDED, LengthBand, SequenceScope
+from batch_invariance.report.escape import md_cell
 
 
 def _delta(value: float | None) -> str:
@@ -81,6 +85,25 @@ def numerics_markdown(numerics: Numerics) -> list[str]:
                 f"{p.rows_with_token_flip} | {first} | {_delta(p.max_abs_delta)} |"
             )
     lines += ["", risk_text(numerics)]
+    return lines
+
+
+def power_lines(sensitivity: Sensitivity) -> list[str]:
+    """What the cert's own sample could catch (:mod:`batch_invariance.core.power`): its
+    distinct co-batched prompts and co-batched runs, said where no answer changed (a cell
+    that changed one has shown it); empty otherwise."""
+    s = sensitivity
+    if s.n_ac_divergent or s.n_distinct_prompts < 1 or s.n_hot_trials < 1:
+        return []
+    return [f"power: {power_words(s.n_distinct_prompts, s.n_hot_trials)}"]
+
+
+def sensitivity_markdown(rule_of_three: str, sensitivity: Sensitivity) -> list[str]:
+    """The job summary's ``Sensitivity`` section: the cert's rule-of-three statement, and the
+    power of its sample where no answer changed."""
+    lines = ["### Sensitivity", "", md_cell(rule_of_three, 400)]
+    for line in power_lines(sensitivity):
+        lines += ["", md_cell(line, 400)]
     return lines
 
 

@@ -30,8 +30,10 @@ from batch_invariance.report.escape import (
 from batch_invariance.report.numerics_view import (
     numerics_lines,
     numerics_markdown,
+    power_lines,
     scope_lines,
     scope_markdown,
+    sensitivity_markdown,
 )
 
 __all__ = [
@@ -125,6 +127,7 @@ def live_banner(cert: Cert, path: Path, superseded: Path | None, label: str) -> 
         f"  {_cert_throughput(cert)}",
         f"  gates: {gates}",
         f"  AC divergent ids: {ac.n_divergent}/{ac.n_compared} over {cert.n_passes} passes",
+        *(f"  {line}" for line in power_lines(cert.sensitivity)),
         *(f"  {line}" for line in numerics_lines(cert.numerics)),
         *(f"  {line}" for line in scope_lines(cert.sequence_scope)),
         f"  {prompt_cache_text(cert)}",
@@ -345,9 +348,7 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
     lines += ["", *scope_markdown(cert.sequence_scope)]
     lines += [
         "",
-        "### Sensitivity",
-        "",
-        md_cell(scope.rule_of_three, 400),
+        *sensitivity_markdown(scope.rule_of_three, cert.sensitivity),
         "",
         "### Scope",
         "",
