@@ -28,10 +28,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from batch_invariance.cert.signing_policy import load_toml
+from batch_invariance.cert.signing_policy import load_toml as _load_toml
 from batch_invariance.errors import UsageError
 
 __all__ = [
+    "MAX_NESTING",
     "PLACEHOLDER",
     "ModelEntry",
     "Registry",
@@ -46,6 +47,21 @@ __all__ = [
 
 PLACEHOLDER = "{MODELS_DIR}"
 _ANY_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+#: The deepest arrays and inline tables may nest in a TOML file read here: Python's TOML
+#: reader recurses once per level, so thousands of levels were a RecursionError (a crash, not
+#: an answer). Deeper is refused at its line before the reader starts (a bound on its work).
+MAX_NESTING = 64
+#: What the nesting scan steps over whole: strings (an unterminated one to its line's or the
+#: file's end, so no string is scanned twice) and comments; and the brackets it counts.
+_TOML_TOKEN = re.compile(
+    r'"""(?:[^"\\]|\\.|\\\Z|"(?!""))*(?:"""|\Z)'
+    r"|'''(?:[^']|'(?!''))*(?:'''|\Z)"
+    r'|"(?:[^"\\\n]|\\[^\n])*"?'
+    r"|'[^'\n]*'?"
+    r"|#[^\n]*"
+    r"|[\[\]{}]",
+    re.S,
+)
 
 
 class _Defaults(BaseModel):
@@ -107,6 +123,33 @@ class ResolvedModel:
     kv: str
     server_bin: str | None
     server_flags: tuple[str, ...]
+
+
+def nesting_line(text: str) -> int | None:
+    """The line where arrays and inline tables nest deeper than :data:`MAX_NESTING` (strings
+    and comments skipped), or ``None``."""
+    depth = 0
+    for match in _TOML_TOKEN.finditer(text):
+        token = match.group(0)
+        if token in ("[", "{"):
+            depth += 1
+            if depth > MAX_NESTING:
+                return text.count("\n", 0, match.start()) + 1
+        elif token in ("]", "}"):
+            depth -= 1
+    return None
+
+
+def load_toml(text: str, source: str) -> dict[str, Any]:
+    """Decode TOML text (:func:`batch_invariance.cert.signing_policy.load_toml`), nested no
+    deeper than :data:`MAX_NESTING`; deeper is a one-line :class:`UsageError` at its line."""
+    line = nesting_line(text)
+    if line is not None:
+        raise UsageError(
+            f"{source}:{line}: not understood: arrays or inline tables nested deeper than "
+            f"{MAX_NESTING} levels (a bound on the work of the reader); write a flat registry"
+        )
+    return _load_toml(text, source)
 
 
 def parse_registry(data: Mapping[str, Any], source: str) -> Registry:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.compose_mounts import PathIndex
 from batch_invariance.deploy.readers.compose_service import (
     FIX,
     IMAGE_SERVER,
@@ -37,6 +38,7 @@ from batch_invariance.deploy.readers.compose_service import (
 from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
 from batch_invariance.deploy.readers.env_file import parse_env_file, read_env_file
 from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
+from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget
 
 TRIGGER = re.compile(
     r"llama-server|llama\.cpp|llama_cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I
@@ -140,6 +142,7 @@ def compose_commands(path: Path, text: str) -> DeployRead:
     commands: list[ServerCommand] = []
     server_hosts: list[str] = []
     others: list[Service] = []
+    budget = ServerBudget()
     for service in services.values():
         try:
             command = read_server(service, path)
@@ -150,14 +153,23 @@ def compose_commands(path: Path, text: str) -> DeployRead:
         if command is None:
             others.append(service)
             continue
+        crossed = budget.spend(command.argv, command.env)
+        if crossed is not None:  # each server is a cell the gate checks, word by word
+            file, line = next(iter(service.lines.values()), (shown, 0))
+            bad.append(NotUnderstood(file, line, f"[{service.name}] {crossed}", BUDGET_FIX))
+            break
         commands.append(command)
         server_hosts += [m.host for m in command.mounts]
+    servers = PathIndex(server_hosts)
     for service in others:
-        bad.extend(_other(service, server_hosts, path))
+        bad.extend(_other(service, servers, path))
     return DeployRead(tuple(commands), tuple(bad))
 
 
-def _other(service: Service, server_hosts: list[str], path: Path) -> list[NotUnderstood]:
+def _other(service: Service, servers: PathIndex, path: Path) -> list[NotUnderstood]:
+    """What of a service that starts no server is outside the grammar: a mention of a server,
+    or a writable bind of a host folder on or above or below one a server reads
+    (``servers``: their host folders)."""
     file, line = next(iter(service.lines.values()), (path.name, 0))
     if _mentions(service.spec):
         return [NotUnderstood(file, line, f"[{service.name}] mentions a server but is not a "
@@ -175,13 +187,10 @@ def _other(service: Service, server_hosts: list[str], path: Path) -> list[NotUnd
             text = str(item)
             source, read_only = text.partition(":")[0], text.endswith(":ro")
         host = str(Path(source) if source.startswith("/") else (path.parent / source).resolve())
-        for server in server_hosts:
-            overlaps = (host + "/").startswith(server + "/") or (server + "/").startswith(
-                host + "/"
-            )
-            if overlaps and not read_only:
-                out.append(NotUnderstood(file, line, f"[{service.name}] binds {source} "
-                                             "writable, which a server reads"))  # fmt: skip
+        overlaps = servers.above(host) is not None or servers.below(host) is not None
+        if overlaps and not read_only:
+            out.append(NotUnderstood(file, line, f"[{service.name}] binds {source} "
+                                     "writable, which a server reads"))  # fmt: skip
     return out
 
 

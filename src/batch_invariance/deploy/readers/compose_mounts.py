@@ -1,12 +1,18 @@
 """Where a compose server service's bind mounts may not land: on or above the server binary
 of its image or a library it loads (beside the binary, in the working folder, or a folder the
 dynamic loader reads), or a config file llama-server would read in the container.
+
+Paths are compared through a :class:`PathIndex` (a trie of their components), in time
+proportional to the path asked about: comparing every pair (thousands of mounts against
+thousands of folders) was work the compose file's size does not show.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from posixpath import normpath
+from typing import Any
 
 from batch_invariance.deploy.readers.commands import BindMount
 from batch_invariance.deploy.readers.compose_yaml import Refused
@@ -20,6 +26,44 @@ LOADER_PATHS = (
     "/usr/local/cuda", "/etc/ld.so.preload", "/etc/ld.so.cache", "/etc/ld.so.conf",
     "/etc/ld.so.conf.d",
 )  # fmt: skip
+_FIRST = 0  # key of a node: the first path (by index) on or below it
+_END = 1  # key of a node: the first path (by index) that ends there
+
+
+class PathIndex:
+    """Paths (in order) as a trie of their components (split at ``/`` as written): ``A`` is on
+    or above ``B`` when ``B + "/"`` starts with ``A + "/"``, that is when ``A``'s components
+    begin ``B``'s."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self.root: dict[Any, Any] = {}
+        for index, path in enumerate(paths):
+            node = self.root
+            for part in path.split("/"):
+                node = node.setdefault(part, {})
+                node.setdefault(_FIRST, index)
+            node.setdefault(_END, index)
+
+    def above(self, path: str) -> int | None:
+        """The index of the first path on or above ``path``, or ``None``."""
+        found: list[int] = []
+        node: dict[Any, Any] | None = self.root
+        for part in path.split("/"):
+            node = node.get(part) if node is not None else None
+            if node is None:
+                break
+            if _END in node:
+                found.append(node[_END])
+        return min(found, default=None)
+
+    def below(self, path: str) -> int | None:
+        """The index of the first path on or below ``path``, or ``None``."""
+        node: dict[Any, Any] | None = self.root
+        for part in path.split("/"):
+            node = node.get(part) if node is not None else None
+            if node is None:
+                return None
+        return None if node is None else int(node[_FIRST])
 
 
 def _covers(mount: str, path: str) -> bool:
@@ -63,14 +107,16 @@ def binary_mounts(mounts: list[BindMount], binaries: list[str], workdir: str, li
     """A bind mount that would replace the server the container runs: on or above its binary,
     or at a library beside it (or in the working folder, where ggml looks for its backends)."""
     fix = _IMAGE_FIX
+    index = PathIndex(binaries)  # each mount looked up, not compared with every binary
+    beside = {b.rsplit("/", 1)[0] or "/" for b in binaries} | {workdir.rstrip("/") or "/"}
     for mount in mounts:
         target = mount.container
-        for binary in binaries:
-            if _covers(target, binary):
-                raise Refused(line, f"a bind mount at {target} lands on or above the server "
-                               f"binary {binary} of the image", fix)  # fmt: skip
+        # on or above: the binary is the target, or under target.rstrip("/") (``_covers``)
+        first = index.below(target.rstrip("/"))
+        if first is not None:
+            raise Refused(line, f"a bind mount at {target} lands on or above the server "
+                           f"binary {binaries[first]} of the image", fix)  # fmt: skip
         folder, name = target.rsplit("/", 1)
-        beside = {b.rsplit("/", 1)[0] or "/" for b in binaries} | {workdir.rstrip("/") or "/"}
         if (folder or "/") in beside and (name.startswith("lib") or ".so" in name):
             raise Refused(line, f"a bind mount at {target}, a library the server loads from "
                            "its folder", fix)  # fmt: skip

@@ -21,7 +21,7 @@ from batch_invariance.deploy.readers.compose_mounts import (
     loader_mounts,
 )
 from batch_invariance.deploy.readers.compose_yaml import Refused, plain
-from batch_invariance.deploy.readers.env_file import NAME, PLAIN_VALUE, read_env_file
+from batch_invariance.deploy.readers.env_file import NAME, PLAIN_VALUE, EnvFile, read_env_file
 from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 
 #: The binary of the published llama.cpp ``:server`` images (their entrypoint).
@@ -146,8 +146,10 @@ def _program(spec: dict[str, Any], line: int) -> list[str] | None:
 def _env_files(value: Any, line: int, base: Path) -> tuple[dict[str, str], list[str]]:
     """The variables of a service's ``env_file`` entries, in order (a later file wins), and a
     note per optional file that is absent here. An entry is a path, or ``{path, required}``
-    (compose's long form; ``required`` defaults to true)."""
-    env: dict[str, str] = {}
+    (compose's long form; ``required`` defaults to true). A file named again is read once
+    and applied where it is named last (what a later naming sets overrides every earlier)."""
+    reads: dict[Path, EnvFile | None] = {}
+    applied: dict[Path, dict[str, str]] = {}  # in the order of each file's last naming
     notes: list[str] = []
     for item in value if isinstance(value, list) else [value]:
         if isinstance(item, dict):
@@ -173,12 +175,18 @@ def _env_files(value: Any, line: int, base: Path) -> tuple[dict[str, str], list[
                 raise Refused(line, problem, TRUST_FIX)
             notes.append(f"env_file {path} is absent here (required: false): nothing set")
             continue
-        read = read_env_file(file, str(file))
+        if file not in reads:
+            reads[file] = read_env_file(file, str(file))
+        read = reads[file]
         if read is None:
             raise Refused(line, f"env_file {path}, which cannot be read here")
         if read.not_understood:
             raise Refused(line, f"env_file {path}: {read.not_understood[0]}")
-        env.update(read.values)
+        applied.pop(file, None)
+        applied[file] = read.values
+    env: dict[str, str] = {}
+    for values in applied.values():
+        env.update(values)
     return env, notes
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from batch_invariance.deploy.readers.commands import NotUnderstood
+from batch_invariance.deploy.readers.source_bytes import BOUND, MAX_NESTING
 
 _DECIMAL = re.compile(r"0|-?[1-9][0-9]*")
 #: YAML 1.2 core schema (10.3.2): the plain scalars that are not strings.
@@ -53,10 +54,29 @@ class YamlRefused(Exception):
         self.line, self.construct = line, construct
 
 
-def _scan(text: str) -> None:
-    documents = 0
+_OPENS = (
+    yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken, yaml.FlowMappingStartToken,
+    yaml.FlowSequenceStartToken,
+)  # fmt: skip
+_CLOSES = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+
+
+def _scan(text: str) -> list[yaml.Token]:
+    """The document's tokens, scanned once (the composer reads them: :class:`_Tokens`). A
+    collection nested deeper than :data:`MAX_NESTING` is refused at its line before anything
+    recurses into it (PyYAML's composer recurses once per level: thousands of levels were a
+    RecursionError), and the scan stops there."""
+    tokens: list[yaml.Token] = []
+    documents = depth = 0
     for token in yaml.scan(text):
+        tokens.append(token)
         line = token.start_mark.line + 1
+        if isinstance(token, _OPENS):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise YamlRefused(line, f"YAML nested deeper than {MAX_NESTING} levels ({BOUND})")
+        elif isinstance(token, _CLOSES):
+            depth -= 1
         if isinstance(token, (yaml.AnchorToken, yaml.AliasToken)):
             raise YamlRefused(line, "a YAML anchor or alias")
         if isinstance(token, yaml.TagToken):
@@ -67,6 +87,31 @@ def _scan(text: str) -> None:
                 raise YamlRefused(line, "a second YAML document")
         if isinstance(token, yaml.DirectiveToken):
             raise YamlRefused(line, "a YAML directive")
+    return tokens
+
+
+class _Tokens(yaml.parser.Parser, yaml.composer.Composer, yaml.resolver.Resolver):
+    """PyYAML's parser and composer (those of ``yaml.compose``) over tokens already scanned:
+    the scan is not done twice."""
+
+    def __init__(self, tokens: list[yaml.Token]) -> None:
+        self.tokens, self.taken = tokens, 0
+        yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+
+    def check_token(self, *choices: type[yaml.Token]) -> bool:
+        if self.taken >= len(self.tokens):
+            return False
+        return not choices or isinstance(self.tokens[self.taken], choices)
+
+    def peek_token(self) -> yaml.Token | None:
+        return self.tokens[self.taken] if self.taken < len(self.tokens) else None
+
+    def get_token(self) -> yaml.Token | None:
+        token = self.peek_token()
+        self.taken += token is not None
+        return token
 
 
 def _takes_boolean(path: tuple[str, ...]) -> bool:
@@ -110,8 +155,7 @@ def _value(node: yaml.Node, path: tuple[str, ...] = ()) -> Any:
 def load(text: str, shown: str) -> dict[str, Any] | NotUnderstood:
     """The document as nested dicts (values as ``(value, line)``), lists and text."""
     try:
-        _scan(text)
-        node = yaml.compose(text)
+        node = _Tokens(_scan(text)).get_single_node()
         value = {} if node is None else _value(node)
     except YamlRefused as exc:
         return NotUnderstood(shown, exc.line, exc.construct, "write plain compose YAML")

@@ -14,7 +14,9 @@ the rest is returned as :attr:`DeployRead.not_understood`, and the deploy is not
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 from pathlib import Path
 
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
@@ -23,10 +25,17 @@ from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.readers.shell import ShellReader, SourceText
 from batch_invariance.deploy.readers.shell_dialect import script_dialect
 from batch_invariance.deploy.readers.shell_writes import write_problems
-from batch_invariance.deploy.readers.source_bytes import decode, read_source
+from batch_invariance.deploy.readers.source_bytes import (
+    BUDGET_FIX,
+    ServerBudget,
+    decode,
+    read_source,
+)
 from batch_invariance.deploy.readers.systemd import unit_commands
 from batch_invariance.errors import UsageError
 
+#: A ``[[models]]`` header line of a registry.
+_MODELS_ROW = re.compile(r"^[ \t]*\[\[[ \t]*models[ \t]*\]\]", re.M)
 #: systemd unit types other than a service: not a deploy of a server this reader reads.
 _OTHER_UNITS = frozenset(
     {".socket", ".timer", ".target", ".path", ".mount", ".automount", ".swap", ".slice",
@@ -81,7 +90,8 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> DeployRead:
     registry = parse_registry(load_toml(text, path.name), path.name)
     out: list[ServerCommand] = []
     bad: list[NotUnderstood] = []
-    for alias, entry in registry.models.items():
+    budget = ServerBudget()
+    for row, (alias, entry) in enumerate(registry.models.items()):
         if entry.gguf.startswith("~"):
             bad.append(NotUnderstood(
                 path.name, 0, f"[{alias}] gguf {entry.gguf} (~ is the HOME of whoever runs "
@@ -90,6 +100,11 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> DeployRead:
             continue
         gguf = fill_models_dir(entry, models_dir, registry.source)
         argv = ("llama-server", *entry.server_flags, *kv_flags(entry.kv))
+        crossed = budget.spend(argv, {})
+        if crossed is not None:  # each server is a cell the gate checks, word by word
+            bad.append(NotUnderstood(path.name, _row_line(text, row), f"[{alias}] {crossed}",
+                                     BUDGET_FIX))  # fmt: skip
+            break
         out.append(
             ServerCommand(
                 origin=f"{path.name} [{alias}]",
@@ -102,6 +117,13 @@ def toml_commands(path: Path, text: str, models_dir: str | None) -> DeployRead:
             )
         )
     return DeployRead(tuple(out), tuple(bad))
+
+
+def _row_line(text: str, index: int) -> int:
+    """The line of the ``[[models]]`` header of row ``index`` (from 0), or 0."""
+    found = itertools.islice(_MODELS_ROW.finditer(text), index, None)
+    row = next(found, None)
+    return 0 if row is None else text.count("\n", 0, row.start()) + 1
 
 
 def deploy_format(path: Path) -> str:

@@ -55,16 +55,47 @@ from batch_invariance.deploy.readers.shell_launch import (
 from batch_invariance.deploy.readers.shell_statements import Statement, statements
 from batch_invariance.deploy.readers.shell_words import REDIRECTS, Word, tokenize
 from batch_invariance.deploy.readers.shell_writes import Access
-from batch_invariance.deploy.readers.source_bytes import text_problem
+from batch_invariance.deploy.readers.source_bytes import (
+    BOUND,
+    BUDGET_FIX,
+    MAX_STATEMENTS,
+    ServerBudget,
+    text_problem,
+)
 from batch_invariance.errors import UsageError
 
 #: What a sourced file's callback returns: its text, what in its bytes is not understood, or
 #: ``None`` when it cannot be read.
 SourceText = str | NotUnderstood | None
+#: A file read into statements (or what in its bytes or quotes is not understood; ``None``:
+#: a sourced file that cannot be read).
+Parsed = list[Statement | NotInGrammar] | NotUnderstood | None
 _MAX_SOURCE_DEPTH = 8
 _WRAPPERS = frozenset(
     {"exec", "nohup", "env", "/usr/bin/env", "/bin/env", "/usr/bin/nohup", "/bin/nohup"}
 )
+
+
+@dataclass
+class ReadWork:
+    """What every reader of one read shares: each sourced file's statements, read and parsed
+    once by its path, and the statements and servers run so far (bounded)."""
+
+    files: dict[str, Parsed] = field(default_factory=dict)
+    statements: int = 0
+    servers: ServerBudget = field(default_factory=ServerBudget)
+
+
+def parse(text: str, name: str, dialect: Dialect) -> list[Statement | NotInGrammar] | NotUnderstood:
+    """A file's statements, or what in its bytes or quoting is not understood."""
+    problem = text_problem(text, name)
+    if problem is not None:  # a byte the shells split or read otherwise than Python
+        return problem
+    try:
+        script = tokenize(text, name)
+    except UsageError as exc:  # an unterminated quote, named with its line
+        return NotUnderstood(name, 0, str(exc).removeprefix(f"{name}:"))
+    return statements(script.tokens, dialect)
 
 
 @dataclass
@@ -84,22 +115,21 @@ class ShellReader:
     written: list[Access] = field(default_factory=list)
     sourced: list[Access] = field(default_factory=list)
     depth: int = 0
+    work: ReadWork = field(default_factory=ReadWork)
 
     def run(self, text: str) -> None:
-        problem = text_problem(text, self.name)
-        if problem is not None:  # a byte the shells split or read otherwise than Python
-            self.not_understood.append(problem)
+        self.run_parsed(parse(text, self.name, self.dialect))
+
+    def run_parsed(self, parsed: list[Statement | NotInGrammar] | NotUnderstood) -> None:
+        if isinstance(parsed, NotUnderstood):
+            self.not_understood.append(parsed)
             return
-        try:
-            script = tokenize(text, self.name)
-        except UsageError as exc:  # an unterminated quote, named with its line
-            self._refuse(0, str(exc).removeprefix(f"{self.name}:"))
-            return
-        for item in statements(script.tokens, self.dialect):
+        for item in parsed:
             if isinstance(item, NotInGrammar):
                 self._refuse(item.line, item.construct, item.fix)
                 return
             try:
+                self._count()
                 self._run(item)
             except NotInGrammar as exc:
                 self._refuse(exc.line or item.line, exc.construct, exc.fix)
@@ -109,6 +139,15 @@ class ShellReader:
 
     def _refuse(self, line: int, construct: str, fix: str = "") -> None:
         self.not_understood.append(NotUnderstood(self.name, line, construct, fix))
+
+    def _count(self) -> None:
+        self.work.statements += 1
+        if self.work.statements > MAX_STATEMENTS:
+            raise NotInGrammar(
+                f"more than {MAX_STATEMENTS} statements run, each sourced file counted each "
+                f"time it is sourced ({BOUND})",
+                "source each file once, and keep the deploy short",
+            )
 
     def _run(self, s: Statement) -> None:
         state = self.state
@@ -181,22 +220,37 @@ class ShellReader:
         path = path_in(self, named)
         if path is not None:
             self.sourced.append(Access(str(path), self.name, s.line, "source"))
-        text = None if path is None else self.source_file(str(path))
-        if isinstance(text, NotUnderstood):
-            self.not_understood.append(text)
+        if self.depth >= _MAX_SOURCE_DEPTH:
+            raise NotInGrammar(
+                f"sourcing {args[0].source} from a file sourced {self.depth} deep (the reader "
+                f"follows . at most {_MAX_SOURCE_DEPTH} files deep)",
+                "source the files from the script itself",
+            )
+        parsed = None if path is None else self._parsed(str(path))
+        if isinstance(parsed, NotUnderstood):
+            self.not_understood.append(parsed)
             raise NotInGrammar(f"sourced file {path} is not understood")
-        if text is None or self.depth >= _MAX_SOURCE_DEPTH:
+        if parsed is None:
             raise NotInGrammar(f"sourcing {args[0].source}, which cannot be read here")
-        inner = ShellReader(
-            str(path), self.source_file, self.dialect, self.state, depth=self.depth + 1
-        )
-        inner.run(text)
+        inner = ShellReader(str(path), self.source_file, self.dialect, self.state,
+                            depth=self.depth + 1, work=self.work)  # fmt: skip
+        inner.run_parsed(parsed)
         self.launches.extend(inner.launches)
         self.not_understood.extend(inner.not_understood)
         self.written.extend(inner.written)
         self.sourced.extend(inner.sourced)
         if inner.not_understood:
             raise NotInGrammar(f"sourced file {path} is not understood")
+
+    def _parsed(self, path: str) -> Parsed:
+        """A sourced file's statements, read and parsed the first time it is sourced only."""
+        if path not in self.work.files:
+            text = self.source_file(path)
+            if isinstance(text, str):
+                self.work.files[path] = parse(text, path, self.dialect)
+            else:
+                self.work.files[path] = text
+        return self.work.files[path]
 
     # ---- launches ------------------------------------------------------------------------
     def _launch(self, words: list[Word], prefix: dict[str, str], s: Statement) -> None:
@@ -220,6 +274,9 @@ class ShellReader:
                 "the grammar runs llama-server or batch-invariance serve; do other work "
                 "outside the deploy file",
             )
+        crossed = self.work.servers.spend(argv, env)
+        if crossed is not None:  # before anything reads its words
+            raise NotInGrammar(crossed, BUDGET_FIX)
         redirects(self, s)
         check_unexported(prefix, state)
         search = state.variables.get("PATH") if "PATH" in state.exported else None
@@ -255,5 +312,5 @@ _BUILTINS: dict[str, Callable[[ShellReader, list[Word], Statement], None]] = {
     "source": ShellReader._source,
 }
 
-__all__ = ["REDIRECTS", "Launch", "NotInGrammar", "ShellReader", "ShellState", "expand",
-           "is_serve", "starts_server"]  # fmt: skip
+__all__ = ["REDIRECTS", "Launch", "NotInGrammar", "ReadWork",
+           "ShellReader", "ShellState", "expand", "is_serve", "parse", "starts_server"]  # fmt: skip

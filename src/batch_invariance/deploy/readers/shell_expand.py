@@ -15,12 +15,13 @@ from pathlib import Path
 
 from batch_invariance.deploy.readers.shell_grammar import assignable, word_problem
 from batch_invariance.deploy.readers.shell_words import Part, Word
-from batch_invariance.deploy.readers.source_bytes import IFS, split_blanks
+from batch_invariance.deploy.readers.source_bytes import BOUND, IFS, MAX_EXPANDED, split_blanks
+from batch_invariance.engines.llama_server.env import is_engine_variable
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
 #: Characters of an unquoted expansion's value that make the shell treat it as a pattern.
-_PATTERN = frozenset("*?[\\")
+_PATTERN = re.compile(r"[*?\[\\]")
 
 
 class NotInGrammar(Exception):
@@ -48,6 +49,11 @@ class ShellState:
     stopped: bool = False
     #: The line each variable was last assigned on (named when it is refused later).
     assigned_at: dict[str, int] = field(default_factory=dict)
+    #: Characters expanded so far (bounded by :data:`MAX_EXPANDED`).
+    expanded: int = 0
+    #: Every variable assigned that a server reads (kept as assigned, so that each launch
+    #: finds the unexported ones with set operations, not by classifying every variable).
+    server_reads: set[str] = field(default_factory=set)
 
     def assign(self, name: str, value: str, where: int) -> None:
         if not assignable(name):
@@ -58,20 +64,36 @@ class ShellState:
             )
         self.variables[name] = value
         self.assigned_at[name] = where
+        if name.startswith("LLAMA_ARG_") or is_engine_variable(name):
+            self.server_reads.add(name)
         if self.allexport or name == "PATH":
             self.exported.add(name)  # PATH is in every caller's environment: always exported
 
     def environment(self) -> dict[str, str]:
         return {k: v for k, v in self.variables.items() if k in self.exported}
 
+    def spend(self, text: str) -> str:
+        """``text``, counted against :data:`~batch_invariance.deploy.readers.source_bytes.
+        MAX_EXPANDED` (``X=$X$X`` doubles a value each line; a long value expanded on many
+        lines is work the file does not show)."""
+        self.expanded += len(text)
+        if self.expanded > MAX_EXPANDED:
+            raise NotInGrammar(
+                f"words that expand to more than {MAX_EXPANDED} characters in all ({BOUND})",
+                "keep values short; do not build them by repeated expansion",
+            )
+        return text
 
-def _value(name: str, variables: dict[str, str]) -> str:
-    if name not in variables:
+
+def _value(name: str, state: ShellState, extra: dict[str, str] | None) -> str:
+    if extra and name in extra:
+        return extra[name]
+    if name not in state.variables:
         raise NotInGrammar(
             f"${name}, which this file does not set (the caller's environment decides)",
             f"set {name} in the file before this line",
         )
-    return variables[name]
+    return state.variables[name]
 
 
 def expand(
@@ -82,33 +104,31 @@ def expand(
     problem = word_problem(word)
     if problem:
         raise NotInGrammar(problem)
-    variables = {**state.variables, **(extra or {})}
     fields: list[str] = []
-    current: str | None = None
+    # The field being built, in pieces (None: none started).
+    current: list[str] | None = None
     for part in word.parts:
-        if not part.variable:
-            current = (current or "") + part.text
+        value = state.spend(_value(part.text, state, extra) if part.variable else part.text)
+        if not part.variable or part.quoted or not split:
+            current = [] if current is None else current
+            current.append(value)
             continue
-        value = _value(part.text, variables)
-        if part.quoted or not split:
-            current = (current or "") + value
-            continue
-        if any(char in _PATTERN for char in value):
+        if _PATTERN.search(value):
             raise NotInGrammar(f"unquoted ${part.text} holds a pattern character", "quote it")
-        pieces = split_blanks(value, IFS)
         if value[:1] in tuple(IFS) and current is not None:
-            fields.append(current)
+            fields.append("".join(current))
             current = None
-        for index, piece in enumerate(pieces):
-            if index:
-                fields.append(current or "")
+        for index, piece in enumerate(split_blanks(value, IFS)):
+            if index and current is not None:
+                fields.append("".join(current))
                 current = None
-            current = (current or "") + piece
+            current = [] if current is None else current
+            current.append(piece)
         if value[-1:] in tuple(IFS) and current is not None:
-            fields.append(current)
+            fields.append("".join(current))
             current = None
     if current is not None or (not fields and any(p.quoted for p in word.parts)):
-        fields.append(current or "")
+        fields.append("".join(current or ()))
     return fields
 
 

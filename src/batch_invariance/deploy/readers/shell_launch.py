@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from batch_invariance.deploy.readers.shell_expand import NAME, NotInGrammar, ShellState
-from batch_invariance.engines.llama_server.env import is_engine_variable
 
 _ENV_CLEAR = frozenset({"-i", "-", "--ignore-environment"})
 
@@ -42,9 +41,11 @@ def is_serve(argv: Sequence[str]) -> bool:
 def check_unexported(prefix: dict[str, str], state: ShellState) -> None:
     """A variable the server reads assigned without ``export``: whether the server gets it
     depends on whether the caller exported it."""
-    for name in state.variables:
-        reads = name.startswith("LLAMA_ARG_") or is_engine_variable(name)
-        if reads and name not in state.exported and name not in prefix:
+    unexported = (state.variables.keys() & state.server_reads) - state.exported - prefix.keys()
+    if not unexported:
+        return  # the usual case, found with set operations (no loop over every variable)
+    for name in state.variables:  # the first, in the order the file assigned them
+        if name in unexported:
             raise NotInGrammar(
                 f"{name} assigned without export (the caller's environment decides whether the "
                 "server gets it)",

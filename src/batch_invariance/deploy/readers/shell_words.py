@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from batch_invariance.deploy.readers.source_bytes import BLANKS, split_blanks
+from batch_invariance.deploy.readers.source_bytes import BLANKS
 from batch_invariance.errors import UsageError
 
 _OPERATORS = (
@@ -25,6 +25,12 @@ _OPERATORS = (
 #: Operators that take the next word as their target (a file, a descriptor, a delimiter).
 REDIRECTS = frozenset({"&>>", "<<<", "<<-", ">>", "<<", "&>", ">&", "<&", ">|", "<", ">"})
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: A run of characters that mean only themselves unquoted (read as one piece, not one by one).
+_PLAIN = re.compile(r"[^\\\n \t;&|()<>'\"$`]+")
+#: A run of characters that mean only themselves inside double quotes.
+_QUOTED_PLAIN = re.compile(r'[^"\\$`]+')
+#: The word after ``<<`` on its line (blanks before it skipped).
+_DELIMITER = re.compile(r"[ \t]*([^ \t\n]+)")
 
 
 @dataclass(frozen=True)
@@ -89,17 +95,30 @@ class _Lexer:
         self.line = 1
         self.tokens: list[Token] = []
         self.word: Word | None = None
+        #: The text of the word's last literal part, in pieces (joined once, when the part
+        #: ends: appending to a string would copy it each time, quadratic in a long word).
+        self.pending: list[str] = []
+        self.pending_quoted = False
         self.heredocs: list[tuple[str, bool]] = []
         #: Lines of here-document bodies (number, text): skipped as commands.
         self.heredoc_lines: list[tuple[int, str]] = []
 
     def _append(self, part: Part) -> None:
-        parts = self._word().parts
-        last = parts[-1] if parts else None
-        if last and not (last.variable or part.variable) and last.quoted == part.quoted:
-            parts[-1] = Part(last.text + part.text, part.quoted)
+        word = self._word()
+        if self.pending and not part.variable and self.pending_quoted == part.quoted:
+            self.pending.append(part.text)  # the same literal part goes on
+            return
+        self._settle(word)
+        if part.variable:
+            word.parts.append(part)
         else:
-            parts.append(part)
+            self.pending, self.pending_quoted = [part.text], part.quoted
+
+    def _settle(self, word: Word) -> None:
+        """The pending literal part joined onto the word."""
+        if self.pending:
+            word.parts.append(Part("".join(self.pending), self.pending_quoted))
+            self.pending = []
 
     def _word(self) -> Word:
         if self.word is None:
@@ -108,6 +127,7 @@ class _Lexer:
 
     def _flush(self) -> None:
         if self.word is not None:
+            self._settle(self.word)
             self.word.end = self.i
             self.tokens.append(self.word)
             self.word = None
@@ -170,26 +190,27 @@ class _Lexer:
             elif char == "`":
                 self._backticks()
             else:
-                self.line += char == "\n"
-                self._append(Part(char, True))
-                self.i += 1
+                match = _QUOTED_PLAIN.match(text, self.i)
+                chunk = match.group(0) if match else char
+                self.line += chunk.count("\n")
+                self._append(Part(chunk, True))
+                self.i += len(chunk)
         if self.i >= len(text):
             raise UsageError(f"{self.name}:{self.line}: unterminated double quote")
         self.i += 1
 
     def _skip_heredoc_bodies(self) -> None:
-        lines = self.text[self.i :].split("\n")
-        used = 0
+        text = self.text
         for delimiter, strip_tabs in self.heredocs:
-            while used < len(lines):
-                body = lines[used].lstrip("\t") if strip_tabs else lines[used]
-                used += 1
+            while self.i <= len(text):  # a line starts at i (at len(text): the empty last one)
+                end = text.find("\n", self.i)
+                end = len(text) if end < 0 else end
+                body = text[self.i : end].lstrip("\t") if strip_tabs else text[self.i : end]
+                self.i, self.line = end + 1, self.line + 1
                 if body == delimiter:
                     break
-                self.heredoc_lines.append((self.line + used - 1, body))
+                self.heredoc_lines.append((self.line - 1, body))
         self.heredocs = []
-        self.i += sum(len(line) + 1 for line in lines[:used])
-        self.line += used
 
     def run(self) -> list[Token]:
         text = self.text
@@ -231,8 +252,10 @@ class _Lexer:
             elif char == "`":
                 self._backticks()
             else:
-                self._append(Part(char, False))
-                self.i += 1
+                match = _PLAIN.match(text, self.i)
+                chunk = match.group(0) if match else char
+                self._append(Part(chunk, False))
+                self.i += len(chunk)
         self._flush()
         return self.tokens
 
@@ -242,9 +265,11 @@ class _Lexer:
         self.tokens.append(Op(op, self.line, self.i))
         self.i += len(op)
         if op in ("<<", "<<-"):
-            words = split_blanks(self.text[self.i :].split("\n", 1)[0])
-            if words:
-                self.heredocs.append((words[0].strip("'\""), op == "<<-"))
+            # The delimiter: the next word on the line (not the rest of the line split, which
+            # was quadratic in a line of thousands of <<).
+            delimiter = _DELIMITER.match(self.text, self.i)
+            if delimiter is not None:
+                self.heredocs.append((delimiter.group(1).strip("'\""), op == "<<-"))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ last name: ``-m x.log`` there could be any ``x.log``.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -33,7 +34,7 @@ from batch_invariance.engines.llama_server.env import config_files
 
 __all__ = ["Access", "write_problems"]
 
-_SEPARATORS = "=:,"
+_SEPARATOR = re.compile("[=:,]")
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,8 @@ class Access:
 
 
 def _pieces(word: str) -> list[str]:
-    """``word`` and each piece of it between ``=``, ``:`` and ``,`` (no Python split)."""
-    out, current = [word], ""
-    for char in word + _SEPARATORS[0]:
-        if char in _SEPARATORS:
-            if current and current != word:
-                out.append(current)
-            current = ""
-        else:
-            current += char
-    return out
+    """``word`` and each piece of it between ``=``, ``:`` and ``,`` (split at those only)."""
+    return [word, *(p for p in _SEPARATOR.split(word) if p and p != word)]
 
 
 def _server_reads(command: ServerCommand, home: str | None) -> tuple[set[str], set[str]]:
@@ -78,12 +71,37 @@ def _server_reads(command: ServerCommand, home: str | None) -> tuple[set[str], s
     return absolute, names
 
 
-def _same(written: str, reads: Iterable[str]) -> str | None:
-    real = os.path.realpath(written)
-    for read in reads:
-        if read == written or os.path.realpath(read) == real:
-            return read
-    return None
+class _Reads:
+    """Paths read, by where they land now (``os.path.realpath``, looked up once per path), each
+    with the first reader that reads it: a write is compared with a dictionary look-up, not
+    with every read (writes times reads was work the deploy's size does not show)."""
+
+    def __init__(self, real: dict[str, str]) -> None:
+        #: Each path's ``realpath`` (shared: each path is looked up once in all).
+        self.real = real
+        self.by_real: dict[str, tuple[int, str]] = {}
+        self.by_name: dict[str, int] = {}
+
+    def realpath(self, path: str) -> str:
+        if path not in self.real:
+            self.real[path] = os.path.realpath(path)
+        return self.real[path]
+
+    def add(self, reader: int, paths: Iterable[str], names: Iterable[str] = ()) -> None:
+        for path in paths:
+            self.by_real.setdefault(self.realpath(path), (reader, path))
+        for name in names:
+            self.by_name.setdefault(name, reader)
+
+    def hit(self, written: str) -> tuple[int, str] | None:
+        """The first reader of ``written`` (the same path, or one landing where it lands; else
+        a relative path of the same last name) and the path it reads."""
+        found = self.by_real.get(self.realpath(written))
+        name = os.path.basename(written)
+        reader = self.by_name.get(name)
+        if reader is not None and (found is None or reader < found[0]):
+            return reader, name
+        return found
 
 
 def _problem(access: Access, construct: str) -> NotUnderstood:
@@ -105,21 +123,22 @@ def write_problems(
     """Each write of the script that something of the deploy can read (or that lands through a
     link), named at its line."""
     bad: list[NotUnderstood] = []
-    reads = [(_server_reads(c, home), c) for c in commands]
+    looked_up: dict[str, str] = {}
+    sources, servers = _Reads(looked_up), _Reads(looked_up)
+    sources.add(0, (s.path for s in sourced))
+    for index, command in enumerate(commands):
+        servers.add(index, *_server_reads(command, home))
     for access in written:
-        real = os.path.realpath(access.path)
+        real = sources.realpath(access.path)
         if real != os.path.normpath(access.path):
             bad.append(_problem(access, f"which is a link to {real} or under one"))
             continue
-        hit = _same(access.path, (s.path for s in sourced))
-        if hit is not None:
-            bad.append(_problem(access, f"which the script sources ({hit})"))
+        source = sources.by_real.get(real)
+        if source is not None:
+            bad.append(_problem(access, f"which the script sources ({source[1]})"))
             continue
-        for (absolute, names), command in reads:
-            hit = _same(access.path, absolute)
-            if hit is None and os.path.basename(access.path) in names:
-                hit = os.path.basename(access.path)
-            if hit is not None:
-                bad.append(_problem(access, f"which {command.origin} reads ({hit})"))
-                break
+        hit = servers.hit(access.path)
+        if hit is not None:
+            origin = commands[hit[0]].origin
+            bad.append(_problem(access, f"which {origin} reads ({hit[1]})"))
     return bad

@@ -9,10 +9,20 @@ Every reader therefore starts here: a file may hold only :data:`ALLOWED` (printa
 tab, newline); any other byte (non-ASCII, CR, NUL, any other control byte) is *not
 understood*, naming its line, column and byte offset, and nothing of the file is read.
 :func:`read_source` (the only impure function) also refuses a file others could change.
+
+Every reader also answers in time proportional to the bytes it reads: a construct whose work
+the file's size does not show (a file sourced thousands of times, a value doubled on every
+line, YAML nested thousands deep, thousands of servers) is *not understood* once it crosses
+one of the bounds here (:class:`ServerBudget`, :data:`MAX_STATEMENTS`, :data:`MAX_EXPANDED`,
+:data:`MAX_NESTING`; a ``models.toml``'s is :data:`batch_invariance.profiles.models.
+MAX_NESTING`), named at its file and line with the bound.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.deploy.readers.commands import NotUnderstood
@@ -20,14 +30,59 @@ from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 
 #: The bytes a deploy file may hold: printable ASCII (0x20..0x7e), tab and newline.
 ALLOWED = frozenset({0x09, 0x0A, *range(0x20, 0x7F)})
+#: Any byte outside :data:`ALLOWED` (found in C: no Python loop over a file's bytes).
+_DISALLOWED = re.compile(rb"[^\t\n\x20-\x7e]")
 #: Blanks between words: bash's and dash's (``<blank>``), and systemd's ``WHITESPACE`` within
 #: a line (its CR is outside :data:`ALLOWED`, its newline ends the line).
 BLANKS = " \t"
 #: The default ``IFS`` of bash and dash: what an unquoted expansion is split at.
 IFS = " \t\n"
 DIGITS = "0123456789"
+#: The most servers one deploy file may start, the most words (argv words and environment
+#: variables) and characters their command lines and environments hold in all: the gate checks
+#: each server's cell, every word of it, and a variable exported once reaches every server.
+MAX_SERVERS = 64
+MAX_SERVER_WORDS = 65_536
+MAX_SERVER_CHARS = 4 * 1024 * 1024
+#: The most statements a shell read runs, the script's and every sourced file's, each file
+#: counted every time it is sourced.
+MAX_STATEMENTS = 100_000
+#: The most characters the words of a shell read (or one ``ExecStart=``) expand to in all.
+MAX_EXPANDED = 16 * 1024 * 1024
+#: The deepest a YAML document may nest collections: PyYAML's composer recurses per level.
+MAX_NESTING = 64
+#: What a message says of a bound crossed.
+BOUND = "a bound on the work of the check"
 _FIX = "write the file in plain ASCII with LF line ends (no CR, NUL, control or non-ASCII bytes)"
 _NAMES = {0x00: "NUL", 0x0B: "VT", 0x0C: "FF", 0x0D: "CR", 0x7F: "DEL"}
+
+
+@dataclass
+class ServerBudget:
+    """The servers a deploy file starts, counted as each is read (:data:`MAX_SERVERS`,
+    :data:`MAX_SERVER_WORDS`, :data:`MAX_SERVER_CHARS`)."""
+
+    servers: int = 0
+    words: int = 0
+    chars: int = 0
+
+    def spend(self, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+        """The bound crossed with this server, said as a construct (``None``: none)."""
+        self.servers += 1
+        self.words += len(argv) + len(env)
+        self.chars += sum(map(len, argv)) + sum(len(k) + len(v) + 1 for k, v in env.items())
+        if self.servers > MAX_SERVERS:
+            return f"a server beyond the {MAX_SERVERS} one deploy may start ({BOUND})"
+        if self.words > MAX_SERVER_WORDS or self.chars > MAX_SERVER_CHARS:
+            return (
+                f"servers whose command lines and environments hold more than "
+                f"{MAX_SERVER_WORDS} words or {MAX_SERVER_CHARS} characters in all ({BOUND})"
+            )
+        return None
+
+
+#: What to write instead of a deploy past :class:`ServerBudget`.
+BUDGET_FIX = "start fewer servers from one file, with only the variables they need"
 
 
 def _name(byte: int) -> str:
@@ -40,19 +95,20 @@ def _name(byte: int) -> str:
 
 def byte_problem(data: bytes, shown: str) -> NotUnderstood | None:
     """The first byte outside :data:`ALLOWED`, named with its line and byte offset."""
-    for offset, byte in enumerate(data):
-        if byte not in ALLOWED:
-            line = data.count(b"\n", 0, offset) + 1
-            column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
-            return NotUnderstood(
-                shown,
-                line,
-                f"{_name(byte)} at byte offset {offset} (column {column}); the reader takes "
-                "only printable ASCII, tab and newline, so it cannot split this line as "
-                "the program does",
-                _FIX,
-            )
-    return None
+    found = _DISALLOWED.search(data)
+    if found is None:
+        return None
+    offset = found.start()
+    line = data.count(b"\n", 0, offset) + 1
+    column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+    return NotUnderstood(
+        shown,
+        line,
+        f"{_name(data[offset])} at byte offset {offset} (column {column}); the reader takes "
+        "only printable ASCII, tab and newline, so it cannot split this line as the program "
+        "does",
+        _FIX,
+    )
 
 
 def decode(data: bytes, shown: str) -> str | NotUnderstood:
@@ -83,18 +139,7 @@ def read_source(path: Path, shown: str) -> str | NotUnderstood | None:
 def split_blanks(text: str, blanks: str = BLANKS) -> list[str]:
     """Words of ``text`` split at runs of ``blanks`` only (Python's ``split()`` would also
     split at every Unicode blank)."""
-    words: list[str] = []
-    current = ""
-    for char in text:
-        if char in blanks:
-            if current:
-                words.append(current)
-            current = ""
-        else:
-            current += char
-    if current:
-        words.append(current)
-    return words
+    return re.findall(f"[^{re.escape(blanks)}]+", text)
 
 
 def strip_blanks(text: str, blanks: str = BLANKS) -> str:

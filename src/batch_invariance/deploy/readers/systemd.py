@@ -31,19 +31,22 @@ from batch_invariance.deploy.readers.env_file import NAME, read_env_file
 from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.readers.source_bytes import (
     BLANKS,
+    BOUND,
+    BUDGET_FIX,
+    MAX_EXPANDED,
+    ServerBudget,
     read_source,
     split_blanks,
     text_problem,
 )
 from batch_invariance.deploy.readers.systemd_files import (
     UNIT_DIRS,
+    WHITESPACE,
     drop_in_files,
+    logical_lines,
     manager_environment,
 )
 
-#: systemd's ``WHITESPACE`` (``" \t\n\r"``): what it strips around keys and values and
-#: splits ``$NAME`` at. Its CR is outside the bytes a file may hold, its newline ends a line.
-WHITESPACE = " \t\n\r"
 #: Keys that change nothing the server computes, with the values they may take (``None``:
 #: any plain value).
 _NEUTRAL: dict[str, dict[str, frozenset[str] | None]] = {
@@ -89,51 +92,13 @@ class _Unit:
     where: tuple[str, int] = ("", 0)
 
 
-def _escaped(text: str) -> bool:
-    """The line ends in a backslash that escapes nothing: systemd's continuation (it scans the
-    line, a backslash escaping the next character)."""
-    escaped = False
-    for char in text:
-        escaped = not escaped if char == "\\" else False
-    return escaped
-
-
-def _lines(text: str, shown: str, bad: list[NotUnderstood]) -> list[tuple[int, str]]:
-    """Logical lines as systemd's ``config_parse`` forms them: a line whose first non-blank
-    is ``#``/``;`` is a comment; a line ending in an unescaped ``\\`` has it replaced by a
-    space and the next raw line appended; the result is stripped of whitespace."""
-    out: list[tuple[int, str]] = []
-    continuation: str | None = None
-    start = 0
-    for number, raw in enumerate(text.split("\n"), start=1):
-        if raw.lstrip(BLANKS)[:1] in ("#", ";"):
-            if continuation is not None:
-                bad.append(NotUnderstood(shown, number, "a comment inside a \\ continuation",
-                                         "move the comment above the setting"))  # fmt: skip
-                return []
-            continue
-        if continuation is None:
-            start = number
-        joined = raw if continuation is None else continuation + raw
-        if _escaped(joined):
-            continuation = joined[:-1] + " "
-            continue
-        continuation = None
-        line = joined.strip(WHITESPACE)
-        if line:
-            out.append((start, line))
-    if continuation is not None:
-        bad.append(NotUnderstood(shown, start, "a \\ continuation at the end of the file"))
-    return out
-
-
 def _read_file(unit: _Unit, text: str, shown: str) -> None:
     problem = text_problem(text, shown)
     if problem is not None:  # bytes systemd splits or reads otherwise than Python
         unit.bad.append(problem)
         return
     section = ""
-    for number, line in _lines(text, shown, unit.bad):
+    for number, line in logical_lines(text, shown, unit.bad):
         if line.startswith("["):
             section = line[1:-1] if line.endswith("]") else ""
             if section not in ("Unit", "Service", "Install"):
@@ -272,6 +237,17 @@ def exec_argv(value: str, env: dict[str, str]) -> list[str]:
     if value[:1] in tuple(BLANKS):
         raise _Refused("ExecStart= with a blank after its prefix (systemd reads an empty path)")
     argv: list[str] = []
+    spent = [0]
+
+    def expanded(name: str) -> str:
+        """A variable's value, counted: ``$A $A ...`` of a long ``A`` is work the unit's size
+        does not show."""
+        text = _variable(name, env)
+        spent[0] += len(text)
+        if spent[0] > MAX_EXPANDED:
+            raise _Refused(f"ExecStart= expanding to more than {MAX_EXPANDED} characters ({BOUND})")
+        return text
+
     for body, quote in _words(value, "ExecStart"):
         word = f"{quote}{body}{quote}"
         if "\\" in body or word == ";":
@@ -279,11 +255,11 @@ def exec_argv(value: str, env: dict[str, str]) -> list[str]:
         whole = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", body)
         if whole and not quote:
             # $NAME as a whole word: the value split at systemd's WHITESPACE.
-            argv.extend(split_blanks(_variable(whole.group(1), env), WHITESPACE))
+            argv.extend(split_blanks(expanded(whole.group(1)), WHITESPACE))
             continue
 
         def braced(match: re.Match[str]) -> str:
-            return _variable(match.group(1), env)
+            return expanded(match.group(1))
 
         text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", braced, body)
         if "$" in text or not _VALUE.fullmatch(text):
@@ -298,6 +274,36 @@ def _variable(name: str, env: dict[str, str]) -> str:
     if name not in env:
         raise _Refused(f"${name}, which no Environment= of this unit sets")
     return env[name]
+
+
+def _environment_files(unit: _Unit, env: dict[str, str]) -> list[str]:
+    """Each ``EnvironmentFile=`` applied over ``env`` in order; the notes of optional ones
+    absent here. A file named again is read once, where it is named last (what it sets is
+    what it sets there: the later naming overrides every earlier one), so naming one file
+    thousands of times is not thousands of reads."""
+    last: dict[tuple[str, bool], tuple[str, bool, str, tuple[str, int]]] = {}
+    for entry in reversed(unit.env_files):
+        last.setdefault(entry[:2], entry)
+    notes: list[str] = []
+    for file, optional, written, where in reversed(list(last.values())):
+        loaded = read_env_file(Path(file), file)
+        if loaded is None:
+            if optional and not os.path.lexists(file):
+                problem = trust_problem("EnvironmentFile", file, may_be_absent=True)
+                if problem is not None:  # absent, but others could create it
+                    unit.bad.append(NotUnderstood(*where, problem, TRUST_FIX))
+                    continue
+                notes.append(f"EnvironmentFile={written} is absent here: nothing set from it")
+                continue
+            unit.bad.append(
+                NotUnderstood(*where, f"EnvironmentFile={written}, which cannot be "
+                              "read here", "put the file on this host, or write -PATH if it "
+                              "is optional")
+            )  # fmt: skip
+            continue
+        unit.bad.extend(loaded.not_understood)
+        env.update(loaded.values)
+    return notes
 
 
 def _exec_lines(unit: _Unit) -> str:
@@ -321,25 +327,7 @@ def unit_commands(path: Path, text: str) -> DeployRead:
             _read_file(unit, body, str(conf))
     unit.bad.extend(manager_environment())
     env = dict(unit.environment)
-    notes: list[str] = []
-    for file, optional, written, where in unit.env_files:
-        loaded = read_env_file(Path(file), file)
-        if loaded is None:
-            if optional and not os.path.lexists(file):
-                problem = trust_problem("EnvironmentFile", file, may_be_absent=True)
-                if problem is not None:  # absent, but others could create it
-                    unit.bad.append(NotUnderstood(*where, problem, TRUST_FIX))
-                    continue
-                notes.append(f"EnvironmentFile={written} is absent here: nothing set from it")
-                continue
-            unit.bad.append(
-                NotUnderstood(*where, f"EnvironmentFile={written}, which cannot be "
-                              "read here", "put the file on this host, or write -PATH if it "
-                              "is optional")
-            )  # fmt: skip
-            continue
-        unit.bad.extend(loaded.not_understood)
-        env.update(loaded.values)
+    notes = _environment_files(unit, env)
     for name in unit.unset:
         env.pop(name, None)
     if len(unit.exec_start) != 1:
@@ -357,6 +345,10 @@ def unit_commands(path: Path, text: str) -> DeployRead:
         argv = exec_argv(value, env)
     except _Refused as exc:
         unit.bad.append(NotUnderstood(*where, exc.construct, exc.fix))
+        return DeployRead((), tuple(unit.bad))
+    crossed = ServerBudget().spend(argv, env)
+    if crossed is not None:  # the gate checks every word of it
+        unit.bad.append(NotUnderstood(*where, crossed, BUDGET_FIX))
         return DeployRead((), tuple(unit.bad))
     config_unknown = None
     if unit.user is not None and "XDG_CONFIG_HOME" not in env and "HOME" not in env:

@@ -1,4 +1,5 @@
-"""The files systemd merges into a service, and the manager settings that reach every service.
+"""The files systemd merges into a service, the logical lines it reads in each, and the manager
+settings that reach every service.
 
 The drop-ins (systemd.unit(5), "Description"): ``service.d/``, ``PREFIX-.service.d/`` for
 dashed names and ``NAME.service.d/``, every ``*.conf``, sorted by file name across folders, a
@@ -13,6 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from batch_invariance.deploy.readers.commands import NotUnderstood
+from batch_invariance.deploy.readers.source_bytes import BLANKS
+
+#: systemd's ``WHITESPACE`` (``" \t\n\r"``): what it strips around keys and values and
+#: splits ``$NAME`` at. Its CR is outside the bytes a file may hold, its newline ends a line.
+WHITESPACE = " \t\n\r"
 
 #: systemd's unit folders for system services, highest priority first (systemd.unit(5)).
 UNIT_DIRS = (
@@ -27,6 +33,46 @@ MANAGER_CONF = (
     Path("/run/systemd/system.conf.d"), Path("/usr/local/lib/systemd/system.conf.d"),
     Path("/usr/lib/systemd/system.conf.d"),
 )  # fmt: skip
+
+
+def _escaped(text: str) -> bool:
+    """The line ends in a backslash that escapes nothing: systemd's continuation (it scans the
+    line, a backslash escaping the next character: so an odd run of them at the end)."""
+    return (len(text) - len(text.rstrip("\\"))) % 2 == 1
+
+
+def logical_lines(text: str, shown: str, bad: list[NotUnderstood]) -> list[tuple[int, str]]:
+    """Logical lines as systemd's ``config_parse`` forms them: a line whose first non-blank
+    is ``#``/``;`` is a comment; a line ending in an unescaped ``\\`` has it replaced by a
+    space and the next raw line appended; the result is stripped of whitespace."""
+    out: list[tuple[int, str]] = []
+    # The logical line so far, in pieces (joined once: re-joining and re-scanning it at each
+    # continued line was quadratic in a line continued thousands of times).
+    continuation: list[str] | None = None
+    start = 0
+    for number, raw in enumerate(text.split("\n"), start=1):
+        if raw.lstrip(BLANKS)[:1] in ("#", ";"):
+            if continuation is not None:
+                bad.append(NotUnderstood(shown, number, "a comment inside a \\ continuation",
+                                         "move the comment above the setting"))  # fmt: skip
+                return []
+            continue
+        if continuation is None:
+            start = number
+        # The pieces before end in a blank (the replaced backslash): only raw's own trailing
+        # backslashes can escape.
+        if _escaped(raw):
+            continuation = [] if continuation is None else continuation
+            continuation += (raw[:-1], " ")
+            continue
+        joined = raw if continuation is None else "".join((*continuation, raw))
+        continuation = None
+        line = joined.strip(WHITESPACE)
+        if line:
+            out.append((start, line))
+    if continuation is not None:
+        bad.append(NotUnderstood(shown, start, "a \\ continuation at the end of the file"))
+    return out
 
 
 def drop_in_files(unit_path: Path, root: Path = Path("/")) -> list[Path]:
@@ -85,4 +131,5 @@ def manager_environment() -> list[NotUnderstood]:
     return out
 
 
-__all__ = ["MANAGER_CONF", "UNIT_DIRS", "drop_in_files", "manager_environment"]
+__all__ = ["MANAGER_CONF", "UNIT_DIRS", "WHITESPACE", "drop_in_files", "logical_lines",
+           "manager_environment"]  # fmt: skip
