@@ -1,8 +1,10 @@
 """`batch-invariance check-deploy CONFIG --certs DIR`: the deploy gate.
 
-Passes (exit 0) only when every cell of the deploy config with ``parallel > 1`` is covered by
-a cert in DIR that measured exactly that cell (model identity, server build, ctx per slot, N,
-KV layout, numerics flags, answer length), verifies, is promotable and carries a sigstore
+Passes (exit 0) only when every server the deploy starts with ``parallel > 1`` is started by
+``batch-invariance serve`` (a server started directly never passes: the output names the serve
+line that would, ``--suggest`` prints only those lines) and its cell is covered by a cert in
+DIR that measured exactly that cell (model identity, server build, ctx per slot, N, KV
+layout, numerics flags, answer length), verifies, is promotable and carries a sigstore
 bundle that verifies against the identity policy, source repository included
 (``--allow-unsigned`` skips signatures, and says so). A deploy with no ``-n`` cap passes with
 its scope on the PASS line: answers up to the longest length the cert measured.
@@ -60,6 +62,25 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "the cert measured"
         ),
     )
+    parser.add_argument(
+        "--serve-image",
+        action="append",
+        default=[],
+        metavar="sha256:DIGEST",
+        help=(
+            "the digest of an image that runs batch-invariance serve (built from "
+            "docker/serve.Dockerfile); a serve line in a container passes only in an image "
+            "pinned to a digest named here (repeatable)"
+        ),
+    )
+    parser.add_argument(
+        "--suggest",
+        action="store_true",
+        help=(
+            "print only the serve line of each server the deploy starts directly (the form "
+            "that would pass: batch-invariance serve --certs DIR -- ENGINE ...)"
+        ),
+    )
     add_policy_arguments(parser)
     add_json_option(parser, "the decision, each cell and construct with its problems")
     parser.set_defaults(func=handle)
@@ -74,6 +95,7 @@ def handle(args: argparse.Namespace) -> DeployOutcome:
     from batch_invariance.deploy.gate.cells import load_deploy_cells
     from batch_invariance.deploy.gate.check import check_cells
     from batch_invariance.deploy.gate.outcome import deploy_outcome
+    from batch_invariance.deploy.gate.serve_required import gate_report, serve_suggestion
 
     signing = signing_policy(args)
     certs = certs_folder(args.certs, "--certs")
@@ -87,9 +109,35 @@ def handle(args: argparse.Namespace) -> DeployOutcome:
         unmodelled=read.unmodelled,
         server_binary=args.server_binary,
     )
+    report = gate_report(report, certs, signing, _serve_images(args.serve_image))
     outcome = deploy_outcome(report, read.not_understood, certs)
+    if args.suggest:
+        sys.stdout.write(
+            "".join(
+                f"# {check.cell.origin}: {check.cell.label}\n"
+                f"{serve_suggestion(check.cell.argv, certs, signing)}\n"
+                for check in report.checks
+                if check.cell.serve_options is None
+            )
+        )
+        return outcome
     sys.stdout.write(deploy_text(outcome))
     if in_github_job(os.environ):
         workspace = os.environ.get("GITHUB_WORKSPACE")
         sys.stdout.write(deploy_annotations(outcome, workspace, os.getcwd()))
     return outcome
+
+
+def _serve_images(given: list[str]) -> frozenset[str]:
+    """The ``--serve-image`` digests, each ``sha256:`` and 64 hex digits."""
+    import re
+
+    from batch_invariance.errors import UsageError
+
+    for digest in given:
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise UsageError(
+                f"--serve-image {digest[:80]}: give the image's digest, sha256:<64 hex> "
+                "(docker inspect --format '{{index .RepoDigests 0}}' IMAGE)"
+            )
+    return frozenset(given)

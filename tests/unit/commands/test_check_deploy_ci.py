@@ -1,6 +1,8 @@
 """check-deploy in CI through cli.main: ``--json`` prints the outcome as one object (the
 human lines on stderr), and in a GitHub job each problem is an ``::error`` annotation on the
-deploy file's line; outside a job the output is what it always was."""
+deploy file's line; outside a job the output is what it always was. A server the deploy
+starts directly is never a pass (issue 40): its cell is kind ``raw``, with the reason the
+coverage found kept inside."""
 
 from __future__ import annotations
 
@@ -12,7 +14,12 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from tests.unit.deploy.test_check_deploy import OK_FLAGS, path_line, world  # noqa: F401 (the fixture)
+from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
+    OK_FLAGS,
+    path_line,
+    served,
+    world,
+)
 
 TITLE = "title=batch-invariance check-deploy"
 
@@ -29,9 +36,11 @@ def _argv(world: dict[str, Path], config: Path, *extra: str) -> list[str]:  # no
 
 
 def _failing(world: dict[str, Path]) -> str:  # noqa: F811
-    """Line 2 is covered, line 3 runs N=8 (no cert measured it)."""
-    m = world["model"]
-    return f"llama-server -m {m} {OK_FLAGS}\nllama-server -m {m} -c 8192 -np 8\n"
+    """Both lines start serve: line 2's cell is covered, line 3 runs N=8 (no cert measured
+    it)."""
+    m, certs = world["model"], world["certs"]
+    covered = served(f"llama-server -m {m} {OK_FLAGS}", certs)
+    return f"{covered}\n{served(f'llama-server -m {m} -c 8192 -np 8', certs)}\n"
 
 
 def test_json_prints_the_outcome_alone_on_stdout(
@@ -61,11 +70,22 @@ def test_json_of_a_deploy_that_passes(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = _deploy(world, tmp_path, f"llama-server -m {world['model']} {OK_FLAGS}\n")
+    engine = f"llama-server -m {world['model']} {OK_FLAGS}"
+    config = _deploy(world, tmp_path, f"exec {served(engine, world['certs'])}\n")
     assert main(_argv(world, config, "--json")) == exitcodes.PROMOTABLE
     data = json.loads(capsys.readouterr().out)
     assert (data["decision"], data["exit_code"], data["signatures_checked"]) == ("pass", 0, False)
     assert data["cells"][0]["cert"] == str(world["green"])
+    assert (data["cells"][0]["kind"], data["cells"][0]["result"]) == ("ok", "pass")
+    # The same server started directly: covered, never a pass.
+    config = _deploy(world, tmp_path, f"exec {engine}\n")
+    assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
+    data = json.loads(capsys.readouterr().out)
+    assert (data["decision"], data["exit_code"]) == ("fail", exitcodes.NOT_PROMOTABLE)
+    (cell,) = data["cells"]
+    assert (cell["kind"], cell["result"], cell["cert"]) == ("raw", "fail", str(world["green"]))
+    assert f"(cert {world['green'].name} covers this cell)" in cell["reason"]
+    assert cell["problems"][0]["rule"] == "raw"
 
 
 def test_a_github_job_gets_one_annotation_per_problem_on_its_line(
@@ -130,7 +150,8 @@ def test_a_cert_found_but_not_checkable_here_is_unverifiable_and_named(
     identity could not be checked on this machine: not ``missing``, whose fix (run the cell)
     would not help; a cell no cert measured stays ``missing`` beside it."""
     m = model.format(name=world["model"].name, model=world["model"])
-    body = f"{server} -m {m} {OK_FLAGS}\n{server} -m {m} -c 8192 -np 8\n"
+    engine = f"{server} -m {m} {OK_FLAGS}"
+    body = f"{served(engine, world['certs'])}\n{server} -m {m} -c 8192 -np 8\n"
     config = _deploy(world, tmp_path, body)
     assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
     data: dict[str, Any] = json.loads(capsys.readouterr().out)
@@ -139,9 +160,17 @@ def test_a_cert_found_but_not_checkable_here_is_unverifiable_and_named(
         "unverifiable", "fail", str(world["green"]),
     )  # fmt: skip
     assert found["problems"][0]["rule"] == "unverifiable"
-    assert f"cert {world['green'].name} agrees on everything checkable here" in found["reason"]
-    assert gap in found["reason"]
-    assert (other["kind"], other["cert"]) == ("missing", None)
+    agrees = f"cert {world['green'].name} agrees on everything checkable here"
+    assert agrees in found["reason"] and gap in found["reason"]
+    # Started directly (line 3): kind raw, the coverage reason kept inside.
+    assert (other["kind"], other["result"], other["cert"]) == ("raw", "fail", None)
+    assert "no cert for" in other["reason"] and "covers this cell" not in other["reason"]
+    config = _deploy(world, tmp_path, f"{engine}\n")
+    assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
+    (raw,) = json.loads(capsys.readouterr().out)["cells"]
+    assert (raw["kind"], raw["result"], raw["cert"]) == ("raw", "fail", str(world["green"]))
+    assert agrees in raw["reason"] and gap in raw["reason"]
+    assert "covers this cell" not in raw["reason"]
 
 
 def test_a_model_not_here_is_not_matched_to_another_models_cert(
@@ -151,7 +180,14 @@ def test_a_model_not_here_is_not_matched_to_another_models_cert(
 ) -> None:
     """With the model file absent only its name ties a cert to the cell: a cert of another
     model is not named as the one found."""
-    config = _deploy(world, tmp_path, f"llama-server -m /srv/nowhere/other.gguf {OK_FLAGS}\n")
+    engine = f"llama-server -m /srv/nowhere/other.gguf {OK_FLAGS}"
+    config = _deploy(world, tmp_path, f"exec {served(engine, world['certs'])}\n")
     assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
     (cell,) = json.loads(capsys.readouterr().out)["cells"]
     assert (cell["kind"], cell["cert"]) == ("missing", None)
+    config = _deploy(world, tmp_path, f"exec {engine}\n")
+    assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
+    (cell,) = json.loads(capsys.readouterr().out)["cells"]
+    assert (cell["kind"], cell["cert"]) == ("raw", None)
+    assert "(no cert measured this cell (" in cell["reason"]
+    assert "covers this cell" not in cell["reason"]

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 import os
 import re
 import shutil
+import struct
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -187,6 +188,42 @@ def path_line(binary: Path) -> str:
     return f"export PATH={binary.parent}:/usr/bin:/bin\n"
 
 
+#: This tool's own launcher: check-deploy reads a serve line only when it starts this tool.
+TOOL = Path(sys.executable).with_name("batch-invariance")
+
+
+def served(engine: str, certs: Path, *options: str) -> str:
+    """``engine`` (a llama-server command line, as a deploy writes it) started the way that can
+    pass (issue 40): ``batch-invariance serve --certs CERTS [OPTIONS] -- ENGINE``, by default
+    with ``--allow-unsigned``, as the unsigned gate of these tests checks it."""
+    assert TOOL.is_file(), "the package's launcher (pip install -e .)"
+    return f"{TOOL} serve --certs {certs} {' '.join(options or ('--allow-unsigned',))} -- {engine}"
+
+
+def suggested(engine: str, certs: Path) -> str:
+    """The serve line check-deploy prints for a server the deploy starts directly, with the
+    gate's own signing policy (these tests run the gate with --allow-unsigned)."""
+    return f"start it as: batch-invariance serve --certs {certs} --allow-unsigned -- {engine}"
+
+
+def assert_covered_raw(code: int, out: str) -> None:
+    """A deploy that starts llama-server directly, on a cell a cert covers: never a pass (issue
+    40), kind ``raw``, exit 3; the cert that covers the cell is named with the serve line."""
+    assert code == exitcodes.NOT_PROMOTABLE, out
+    assert "check-deploy: PASS" not in out
+    assert "directly, which is never a pass" in out, out
+    assert "covers this cell); start it as: batch-invariance serve --certs " in out, out
+
+
+def assert_raw_not_covered(code: int, out: str, *reasons: str) -> None:
+    """A direct launch on a cell no cert covers: the coverage reasons are kept in the raw
+    reason, and no cert is said to cover it."""
+    assert code == exitcodes.NOT_PROMOTABLE, out
+    assert "check-deploy: PASS" not in out and "covers this cell" not in out, out
+    for reason in reasons:
+        assert reason in out, f"{reason!r} not in {out!r}"
+
+
 def _check(
     world: dict[str, Path], tmp_path: Path, body: str, *extra: str, certs: Path | None = None
 ) -> int:
@@ -208,7 +245,8 @@ def test_passes_when_every_batched_cell_is_covered(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     m = world["model"]
-    body = f"llama-server -m {m} {OK_FLAGS}\nllama-server -m {m} -c 1024 -np 1\n"
+    serial = f"llama-server -m {m} -c 1024 -np 1\n"  # N=1 needs no cert, so no serve
+    body = serial + f"exec {served(f'llama-server -m {m} {OK_FLAGS}', world['certs'])}\n"
     assert _unsigned(world, tmp_path, body) == exitcodes.PROMOTABLE
     out = capsys.readouterr().out
     assert f"pass  {MODEL} ctx=1024 N=4 kv=split" in out
@@ -219,6 +257,44 @@ def test_passes_when_every_batched_cell_is_covered(
         "tokens (no -n cap in 1 cell(s): longer answers were never measured) "
         "(UNSIGNED: --allow-unsigned, signatures not checked)"
     )
+
+
+def test_a_covered_cell_passes_only_started_through_serve(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 40: the same deploy passes written as a serve line and never as a direct launch,
+    whose output names the cert that covers its cell and the serve line to write instead."""
+    certs, engine = world["certs"], f"llama-server -m {world['model']} {OK_FLAGS} -n 64"
+    code = _unsigned(world, tmp_path, f"exec {engine}\n")
+    raw = capsys.readouterr().out
+    assert_covered_raw(code, raw)
+    assert (
+        f"FAIL  {MODEL} ctx=1024 N=4 kv=split  [llama-server.sh:2]  starts llama-server "
+        "directly, which is never a pass: batch-invariance serve proves the cell on the serving "
+        f"host at start (cert {world['green'].name} covers this cell); {suggested(engine, certs)}"
+    ) in raw
+    assert raw.strip().splitlines()[-1].startswith("check-deploy: FAIL: 1 of 1 batched cell(s)")
+    config = tmp_path / "llama-server.sh"
+    args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"]
+    assert main([*args, "--json"]) == exitcodes.NOT_PROMOTABLE
+    (cell,) = json.loads(capsys.readouterr().out)["cells"]
+    assert (cell["kind"], cell["result"], cell["cert"]) == ("raw", "fail", str(world["green"]))
+    assert cell["problems"][0]["rule"] == "raw"
+    # --suggest prints only the serve line of each server started directly.
+    assert main([*args, "--suggest"]) == exitcodes.NOT_PROMOTABLE
+    line = f"batch-invariance serve --certs {certs} --allow-unsigned -- {engine}"
+    assert (
+        capsys.readouterr().out == f"# llama-server.sh:2: {MODEL} ctx=1024 N=4 kv=split\n{line}\n"
+    )
+    # The line it suggests, pasted into the deploy (the tool by its path), passes that gate.
+    pasted = f"exec {TOOL}{line.removeprefix('batch-invariance')}\n"
+    assert _unsigned(world, tmp_path, pasted) == exitcodes.PROMOTABLE, capsys.readouterr().out
+    capsys.readouterr()
+    # The same engine command through this tool's serve passes.
+    assert _unsigned(world, tmp_path, f"exec {served(engine, certs)}\n") == exitcodes.PROMOTABLE
+    out = capsys.readouterr().out
+    assert f"pass  {MODEL} ctx=1024 N=4 kv=split  [llama-server.sh:2]  promotable cert" in out
+    assert "directly" not in out and out.strip().splitlines()[-1].startswith("check-deploy: PASS")
 
 
 def test_n_from_the_environment_elsewhere_in_the_file(
@@ -249,7 +325,10 @@ def test_systemd_unit_environment(
         "llama-server.service:2: not understood: EnvironmentFile=/etc/nowhere/llm.env, which "
         "cannot be read here" in capsys.readouterr().out
     )
-    assert _unsigned(world, tmp_path, "[Service]\n" + covered) == exitcodes.PROMOTABLE
+    assert_covered_raw(_unsigned(world, tmp_path, "[Service]\n" + covered), capsys.readouterr().out)
+    engine = f"{world['binary']} -m {world['model']} {OK_FLAGS}"
+    unit = f"[Service]\nExecStart={served(engine, world['certs'])}\n"
+    assert _unsigned(world, tmp_path, unit) == exitcodes.PROMOTABLE
 
 
 @pytest.mark.parametrize(
@@ -267,8 +346,13 @@ def test_unified_kv_is_not_covered_by_a_split_cert_but_by_a_unified_one(
     assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     assert f"FAIL  {MODEL} ctx=1024 N=4 kv=unified" in out
-    assert "KV layout unified (measured split)" in out
-    assert _unsigned(world, tmp_path, body, certs=world["unified"]) == exitcodes.PROMOTABLE
+    assert "KV layout unified (measured split)" in out and "covers this cell" not in out
+    code = _unsigned(world, tmp_path, body, certs=world["unified"])
+    assert_covered_raw(code, capsys.readouterr().out)
+    engine = f"llama-server -m {world['model']} {flags}"
+    line = f"exec {served(engine, world['unified'])}\n"
+    assert _unsigned(world, tmp_path, line, certs=world["unified"]) == exitcodes.PROMOTABLE
+    assert f"pass  {MODEL} ctx=1024 N=4 kv=unified" in capsys.readouterr().out
     # ... and the unified cert does not cover the split deploy, nor another pool size.
     split = f"llama-server -m {world['model']} {OK_FLAGS}\n"
     assert _unsigned(world, tmp_path, split, certs=world["unified"]) == exitcodes.NOT_PROMOTABLE
@@ -325,13 +409,20 @@ def test_a_generation_limit_longer_than_measured_is_not_covered(
     data = json.loads(world["green"].read_text())
     scope = data.get("promotion_scope") or {}
     longest = scope.get("answer_tokens_max") or data["provenance"]["plan"]["n_predict"]
-    over = f"llama-server -m {m} {OK_FLAGS} -n {longest + 1}\n"
-    assert _unsigned(world, tmp_path, over) == exitcodes.NOT_PROMOTABLE
+    too_long = f"-n {longest + 1}: the cert measured answers up to {longest} tokens only"
+    over = f"llama-server -m {m} {OK_FLAGS} -n {longest + 1}"
+    code = _unsigned(world, tmp_path, f"{over}\n")
+    assert_raw_not_covered(code, capsys.readouterr().out, too_long)
+    code = _unsigned(world, tmp_path, f"exec {served(over, world['certs'])}\n")
+    assert code == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
-    assert f"-n {longest + 1}: the cert measured answers up to {longest} tokens only" in out
+    assert too_long in out and "check-deploy: PASS" not in out
     body = f"LLAMA_ARG_N_PREDICT={longest + 1} llama-server -m {m} {OK_FLAGS}\n"
-    assert _unsigned(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
-    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} -n {longest}\n") == 0
+    code = _unsigned(world, tmp_path, body)
+    assert_raw_not_covered(code, capsys.readouterr().out, f"-n {longest + 1}: the cert measured")
+    within = f"llama-server -m {m} {OK_FLAGS} -n {longest}"
+    assert_covered_raw(_unsigned(world, tmp_path, f"{within}\n"), capsys.readouterr().out)
+    assert _unsigned(world, tmp_path, f"exec {served(within, world['certs'])}\n") == 0
     # A cert that records neither a measured length nor a budget covers no fixed -n.
     from batch_invariance.deploy.gate.cells import cell_of
     from batch_invariance.deploy.gate.certs import CertFile
@@ -364,9 +455,16 @@ def test_mock_and_tampered_certs_do_not_cover(
     data = json.loads(cert.read_text())
     data["sensitivity"]["n_hot_trials"] += 1000
     cert.write_text(json.dumps(data, sort_keys=True, indent=2))
-    ok = f"llama-server -m {world['model']} {OK_FLAGS}\n"
-    assert _unsigned(world, tmp_path, ok, certs=folder) == exitcodes.CERT_INVALID
+    ok = f"llama-server -m {world['model']} {OK_FLAGS}"
+    assert _unsigned(world, tmp_path, f"exec {served(ok, folder)}\n", certs=folder) == (
+        exitcodes.CERT_INVALID
+    )
     assert "is invalid" in capsys.readouterr().out
+    # Started directly: never a pass, and the reason still names the invalid cert.
+    code = _unsigned(world, tmp_path, f"{ok}\n", certs=folder)
+    out = capsys.readouterr().out
+    assert code != exitcodes.PROMOTABLE and "check-deploy: PASS" not in out
+    assert "is invalid" in out and "covers this cell" not in out
 
 
 def test_a_cert_recorded_under_a_looser_policy_does_not_cover(
@@ -391,7 +489,8 @@ def test_files_that_are_not_certs_are_named_and_skipped(
     (folder / "nan.json").write_text(json.dumps(nan))
     (folder / "huge.json").write_text('{"model": "m", "ctx": ' + "9" * 5000 + "}")
     m = world["model"]
-    body = f"llama-server -m {m} {OK_FLAGS}\nllama-server -m {m} -c 8192 -np 8\n"
+    covered = served(f"llama-server -m {m} {OK_FLAGS}", folder)
+    body = f"llama-server -m {m} -c 8192 -np 8\nexec {covered}\n"
     assert _unsigned(world, tmp_path, body, certs=folder) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     assert f"pass  {MODEL} ctx=1024 N=4" in out
@@ -434,13 +533,16 @@ def test_a_bundle_for_another_file_is_rejected(
         '@refs/tags/v0.1.2"\nissuer = "https://token.actions.githubusercontent.com"\n'
         'repository = "trailofbits/rfc8785.py"\n'
     )
-    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
     args = ("--signing-policy", str(policy), "--offline")
+    engine = f"llama-server -m {world['model']} {OK_FLAGS}"
+    body = f"exec {served(engine, folder, *args)}\n"
     assert _check(world, tmp_path, body, *args, certs=folder) == exitcodes.CERT_INVALID
     assert "digest mismatch" in capsys.readouterr().out
 
 
-def test_models_toml_and_usage_errors(world: dict[str, Path], tmp_path: Path) -> None:
+def test_models_toml_and_usage_errors(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "models.toml"
     config.write_text(
         '[defaults]\nserver_flags = ["-c", "4096", "-ub", "1", "--cache-ram", "0", '
@@ -451,9 +553,11 @@ def test_models_toml_and_usage_errors(world: dict[str, Path], tmp_path: Path) ->
     models_dir = str(world["model"].parent)
     args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned",
             "--server-binary", str(world["binary"])]  # fmt: skip
-    assert main([*args, "--models-dir", models_dir]) == exitcodes.PROMOTABLE
+    # run-live's registry starts llama-server itself: covered, never a pass.
+    assert_covered_raw(main([*args, "--models-dir", models_dir]), capsys.readouterr().out)
     config.write_text(config.read_text().replace('kv = "f16"', 'kv = "q8_0"'))
-    assert main([*args, "--models-dir", models_dir]) == exitcodes.NOT_PROMOTABLE
+    code = main([*args, "--models-dir", models_dir])
+    assert_raw_not_covered(code, capsys.readouterr().out, "--cache-type-k q8_0 (measured f16)")
     body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
     assert _unsigned(world, tmp_path, body, certs=tmp_path / "nope") == exitcodes.USAGE
     assert main([*args[:1], str(tmp_path / "missing.sh"), *args[2:]]) == exitcodes.USAGE

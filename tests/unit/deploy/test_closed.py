@@ -1,8 +1,9 @@
 """check-deploy fails closed on every way a deploy could run what the cert never measured.
 
 One reproducer per class, through the CLI, against a promotable GREEN of (ctx 1024, N 4,
-split, ``-ub 1``): each fails closed naming the cause; the measured deploy passes, plain and
-with neutral options.
+split, ``-ub 1``): each fails closed naming the cause; the measured deploy passes started
+through ``batch-invariance serve``, plain and with neutral options, and started directly it
+never passes (issue 40) while its cell is still read as covered.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ import pytest
 from batch_invariance import exitcodes
 from tests.support.golden import check_golden
 from tests.unit.deploy.test_check_deploy import CACHE_OFF as COLD
-from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, _unsigned, world  # noqa: F401 (the fixture)
+from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
+    MODEL,
+    OK_FLAGS,
+    TOOL,
+    _unsigned,
+    assert_covered_raw,
+    served,
+    world,
+)
 
 NEUTRAL = "--host 0.0.0.0 --port 8080 --api-key team#42 --metrics --timeout 30"
 
@@ -38,17 +47,17 @@ def test_the_measured_deploy_passes_plain_and_with_neutral_options(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     m = world["model"]
-    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS}\n") == 0
-    assert _unsigned(world, tmp_path, f"llama-server -m {m} {OK_FLAGS} {NEUTRAL}\n") == 0
     snake = (
         f"llama-server --model {m} --ctx_size 4096 --parallel 4 --ubatch_size 1 "
-        "--no-cache-prompt --cache_ram 0\n"
+        "--no-cache-prompt --cache_ram 0"
     )
-    assert _unsigned(world, tmp_path, snake) == 0
     # -c 4000 pads to the same 1024 per slot the cert measured.
-    padded = f"llama-server -m {m} -c 4000 -np 4 -ub 1 --no-cache-prompt --cache-ram 0\n"
-    assert _unsigned(world, tmp_path, padded) == 0
-    assert "check-deploy: PASS" in capsys.readouterr().out
+    padded = f"llama-server -m {m} -c 4000 -np 4 -ub 1 --no-cache-prompt --cache-ram 0"
+    for engine in (f"llama-server -m {m} {OK_FLAGS}", f"llama-server -m {m} {OK_FLAGS} {NEUTRAL}",
+                   snake, padded):  # fmt: skip
+        assert_covered_raw(_unsigned(world, tmp_path, f"{engine}\n"), capsys.readouterr().out)
+        assert _unsigned(world, tmp_path, f"exec {served(engine, world['certs'])}\n") == 0
+        assert "check-deploy: PASS" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -213,24 +222,28 @@ def test_check_deploy_output_is_golden(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """What an operator reads: a deploy outside the grammar (the line, the construct, the fix)
-    and the ordinary correct shape that passes."""
+    """What an operator reads: a deploy outside the grammar (the line, the construct, the fix),
+    the ordinary shape started directly (its cell covered, never a pass: the serve line to
+    write) and the same shape started through serve, which passes."""
     m = world["model"]
     outside = (
         "set -e\necho starting >> /var/log/llm.log\ncurl -o /tmp/m.gguf https://example.com/m\n"
         f"exec llama-server -m {m} {OK_FLAGS}\n"
     )
+    engine = f"llama-server -m {m} {OK_FLAGS} -n 64 --host 0.0.0.0 --port 8080"
     ordinary = (
         "#!/bin/bash\nset -euo pipefail\n"
         f"test -x {world['binary']} || exit 1\necho starting >> /var/log/llm.log\n"
-        f"exec llama-server -m {m} {OK_FLAGS} -n 64 --host 0.0.0.0 --port 8080\necho never\n"
+        "exec {}\necho never\n"
     )
     out = []
-    for body in (outside, ordinary):
-        _unsigned(world, tmp_path, body)
+    bodies = (outside, ordinary.format(engine), ordinary.format(served(engine, world["certs"])))
+    codes = (exitcodes.NOT_PROMOTABLE, exitcodes.NOT_PROMOTABLE, exitcodes.PROMOTABLE)
+    for body, code in zip(bodies, codes, strict=True):
+        assert _unsigned(world, tmp_path, body) == code
         out.append(capsys.readouterr().out)
     text = "".join(out).replace(str(tmp_path), "<tmp>").replace(str(world["root"]), "<root>")
-    check_golden("check_deploy.txt", text)
+    check_golden("check_deploy.txt", text.replace(str(TOOL), "<tool>"))
 
 
 def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
@@ -247,16 +260,19 @@ def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
         "Restart=on-failure\n[Install]\nWantedBy=multi-user.target\n"
     )
     (tmp_path / "llm.service.d").mkdir()
-    (tmp_path / "llm.service.d" / "10-measured.conf").write_text(
-        f"[Service]\nExecStart=\nExecStart={world['binary']} -m {world['model']} {OK_FLAGS} "
-        f"{NEUTRAL.replace('#', '-')}\n"
-    )
+    engine = f"{world['binary']} -m {world['model']} {OK_FLAGS} {NEUTRAL.replace('#', '-')}"
+    drop_in = tmp_path / "llm.service.d" / "10-measured.conf"
+    drop_in.write_text(f"[Service]\nExecStart=\nExecStart={engine}\n")
     args = ["check-deploy", str(unit), "--certs", str(world["certs"]), "--allow-unsigned"]
-    assert main(args) == exitcodes.PROMOTABLE
+    code = main(args)
     out = capsys.readouterr().out
+    assert_covered_raw(code, out)
     assert "10-measured.conf:3]" in out  # the ExecStart= that runs is named
     assert "EnvironmentFile=-/etc/nowhere/llm.env is absent here" in out
+    drop_in.write_text(f"[Service]\nExecStart=\nExecStart={served(engine, world['certs'])}\n")
+    assert main(args) == exitcodes.PROMOTABLE
+    assert "10-measured.conf:3]  promotable cert" in capsys.readouterr().out
     # Without the drop-in the unit's own ExecStart runs: N=8, not measured.
-    (tmp_path / "llm.service.d" / "10-measured.conf").unlink()
+    drop_in.unlink()
     assert main(args) == exitcodes.NOT_PROMOTABLE
     assert "N=8" in capsys.readouterr().out

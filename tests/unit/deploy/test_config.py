@@ -389,14 +389,21 @@ def test_compose_volumes_resolve_by_the_longest_container_prefix(tmp_path: Path)
     assert cell.model_path == Path("/srv/big/a.gguf")
 
 
-def test_kubernetes_manifests_are_not_understood(tmp_path: Path) -> None:
+def test_a_kubernetes_manifest_is_read_as_the_containers_it_starts(tmp_path: Path) -> None:
+    """A YAML file of apiVersion/kind documents is a manifest, not a compose file: a llama.cpp
+    :server container is a server started directly (never a pass; tests/unit/deploy/
+    test_kubernetes.py), read with the image's entrypoint."""
     path = tmp_path / "deploy.yaml"
     path.write_text(
         "apiVersion: apps/v1\nkind: Deployment\nspec:\n  template:\n    spec:\n"
         "      containers:\n      - image: ghcr.io/ggml-org/llama.cpp:server\n"
+        "        args: [-m, /m/a.gguf, -c, '4096', -np, '4']\n"
     )
     read = load_deploy_cells(path)
-    assert read.cells == () and read.unmodelled[0].startswith("deploy.yaml:1: not understood")
+    (cell,) = read.cells
+    assert read.unmodelled == ()
+    assert (cell.binary, cell.parallel, cell.serve_options) == ("/app/llama-server", 4, None)
+    assert cell.image == "ghcr.io/ggml-org/llama.cpp:server"
 
 
 def test_models_toml_uses_the_one_registry_reader(tmp_path: Path) -> None:

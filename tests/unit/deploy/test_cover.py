@@ -37,7 +37,15 @@ from batch_invariance.cli import build_parser, main
 from batch_invariance.deploy.gate.cells import load_deploy_cells
 from batch_invariance.deploy.gate.check import check_cells
 from batch_invariance.errors import CertInvalid, UsageError
-from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, SIGSTORE, _live_cert, deploy_files
+from tests.unit.deploy.test_check_deploy import (
+    MODEL,
+    OK_FLAGS,
+    SIGSTORE,
+    _live_cert,
+    assert_covered_raw,
+    deploy_files,
+    served,
+)
 
 WHEEL = "rfc8785-0.1.2-py3-none-any.whl"
 RELEASE_SAN = (
@@ -77,9 +85,11 @@ def _longest(cover: dict[str, Path]) -> int:
 def test_the_measured_build_passes_and_the_line_says_how_it_was_checked(
     cover: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = f"{cover['binary']} -m {cover['model']} {OK_FLAGS} -n 16\n"
-    assert _run(cover, tmp_path, body) == exitcodes.PROMOTABLE
+    engine = f"{cover['binary']} -m {cover['model']} {OK_FLAGS} -n 16"
+    assert _run(cover, tmp_path, f"exec {served(engine, cover['certs'])}\n") == 0
     assert f"build by sha256 of {cover['binary']}" in capsys.readouterr().out
+    # Started directly its cell is covered, and that is never a pass (issue 40).
+    assert_covered_raw(_run(cover, tmp_path, f"{engine}\n"), capsys.readouterr().out)
 
 
 def test_another_build_is_not_covered(
@@ -129,10 +139,16 @@ def test_a_container_or_a_registry_names_no_binary_here(
     assert _run(cover, tmp_path, compose, name="compose.yml") == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     assert "runs inside the container image ghcr.io/ggml-org/llama.cpp:server" in out
-    # --server-binary names the file the image runs: then the build is checked.
+    # --server-binary names the file the image runs: then the build is checked, and the cell
+    # is covered (the image starts llama-server directly: never a pass, issue 40).
     flag = ("--server-binary", str(cover["binary"]))
-    assert _run(cover, tmp_path, compose, *flag, name="compose.yml") == exitcodes.PROMOTABLE
-    assert f"build by sha256 of {cover['binary']} (--server-binary)" in capsys.readouterr().out
+    code = _run(cover, tmp_path, compose, *flag, name="compose.yml")
+    assert_covered_raw(code, capsys.readouterr().out)
+    config = tmp_path / "compose.yml"
+    cells = load_deploy_cells(config, None).cells
+    report = check_cells(config, cells, cover["certs"], None, server_binary=cover["binary"])
+    (check,) = report.checks
+    assert check.ok and f"build by sha256 of {cover['binary']} (--server-binary)" in check.reason
     registry = (
         '[[models]]\nalias = "g"\n'
         f'gguf = "{cover["model"]}"\nkv = "f16"\n'
@@ -171,8 +187,9 @@ def test_an_uncapped_deploy_passes_only_with_its_scope_printed(
     cover: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], cap: str
 ) -> None:
     longest = _longest(cover)
-    body = f"{cover['binary']} -m {cover['model']} {OK_FLAGS} {cap}\n"
-    assert _run(cover, tmp_path, body) == exitcodes.PROMOTABLE
+    engine = f"{cover['binary']} -m {cover['model']} {OK_FLAGS} {cap}".rstrip()
+    assert_covered_raw(_run(cover, tmp_path, f"{engine}\n"), capsys.readouterr().out)
+    assert _run(cover, tmp_path, f"exec {served(engine, cover['certs'])}\n") == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("pass  ")
     assert lines[0].endswith(
@@ -186,9 +203,10 @@ def test_an_uncapped_deploy_passes_only_with_its_scope_printed(
 def test_a_capped_deploy_within_the_measured_length_prints_no_scope(
     cover: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = f"{cover['binary']} -m {cover['model']} {OK_FLAGS} -n {_longest(cover)}\n"
-    assert _run(cover, tmp_path, body) == exitcodes.PROMOTABLE
-    assert "covers answers up to" not in capsys.readouterr().out
+    engine = f"{cover['binary']} -m {cover['model']} {OK_FLAGS} -n {_longest(cover)}"
+    assert _run(cover, tmp_path, f"exec {served(engine, cover['certs'])}\n") == 0
+    out = capsys.readouterr().out
+    assert "check-deploy: PASS" in out and "covers answers up to" not in out
 
 
 def test_an_uncapped_deploy_needs_a_measured_length(cover: dict[str, Path]) -> None:

@@ -14,6 +14,8 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.core.gpu_placement import select_gpus
+from batch_invariance.deploy.gate.cells import load_deploy_cells
+from batch_invariance.deploy.gate.check import DeployReport, check_cells
 from batch_invariance.host.gpus import list_gpus
 from tests.support.nvidia_smi import MIXED, TWO_H200, install_nvidia_smi
 from tests.unit.deploy.test_check_deploy import (
@@ -22,7 +24,9 @@ from tests.unit.deploy.test_check_deploy import (
     _live_cert,
     _provenance,
     _unsigned,
+    assert_covered_raw,
     deploy_files,
+    served,
 )
 
 MEASURED_ENV = {"CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "all"}
@@ -53,9 +57,18 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     return {"model": model, "binary": binary, "certs": certs, "root": tmp_path}
 
 
-def _deploy(world: dict[str, Path], *env: str) -> str:
+def _deploy(world: dict[str, Path], *env: str, serve: bool = False) -> str:
+    """The measured server with ``env`` exported, started directly or (``serve``) through
+    ``batch-invariance serve``."""
     exports = "".join(f"export {line}\n" for line in ("GGML_SCHED_MAX_COPIES=4", *env))
-    return f"{exports}llama-server -m {world['model']} {OK_FLAGS}\n"
+    engine = f"llama-server -m {world['model']} {OK_FLAGS}"
+    return f"{exports}exec {served(engine, world['certs']) if serve else engine}\n"
+
+
+def _coverage(world: dict[str, Path], config: Path) -> DeployReport:
+    """The coverage of the deploy's cells, as check-deploy decides it before the rule that a
+    server started directly never passes (issue 40)."""
+    return check_cells(config, load_deploy_cells(config).cells, world["certs"], None)
 
 
 def test_the_selection_is_not_an_engine_variable_but_what_it_selected_is_recorded(
@@ -74,8 +87,12 @@ def test_another_card_of_the_same_model_passes(
 ) -> None:
     code = _unsigned(world, tmp_path, _deploy(world, "CUDA_VISIBLE_DEVICES=0"))
     out = capsys.readouterr().out
-    assert code == exitcodes.PROMOTABLE, out
-    assert f"pass  {MODEL} ctx=1024 N=4" in out and "GPU placement" not in out
+    assert_covered_raw(code, out)  # started directly: covered, never a pass (issue 40)
+    assert f"FAIL  {MODEL} ctx=1024 N=4" in out and "GPU" not in out
+    # The cell's coverage, as the gate decides it before the launch rule.
+    (check,) = _coverage(world, tmp_path / "llama-server.sh").checks
+    assert check.ok and check.reason.startswith("promotable cert: ")
+    assert "GPU placement" not in check.reason
 
 
 def test_another_gpu_model_count_or_a_cpu_fails(
@@ -102,7 +119,15 @@ def test_a_host_whose_gpus_cannot_be_read_passes_saying_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _smi(tmp_path / "broken", TWO_H200, monkeypatch, code=9)
+    unread = "GPU placement not checked: this host's unread (nvidia-smi exited 9"
     code = _unsigned(world, tmp_path, _deploy(world, "CUDA_VISIBLE_DEVICES=0"))
+    assert_covered_raw(code, capsys.readouterr().out)
+    (check,) = _coverage(world, tmp_path / "llama-server.sh").checks
+    assert check.ok and unread in check.reason
+    # Started through serve it passes, saying so. (No CUDA_VISIBLE_DEVICES here: check-deploy
+    # refuses it on a serve line as a variable reaching serve's Python, though serve hands the
+    # selection to the engine.)
+    code = _unsigned(world, tmp_path, _deploy(world, serve=True))
     out = capsys.readouterr().out
     assert code == exitcodes.PROMOTABLE, out
-    assert "GPU placement not checked: this host's unread (nvidia-smi exited 9" in out
+    assert f"pass  {MODEL} ctx=1024 N=4" in out and unread in out

@@ -25,6 +25,8 @@ from tests.unit.deploy.test_check_deploy import (  # noqa: F401  (the module's f
     MODEL,
     _provenance,
     _unsigned,
+    assert_covered_raw,
+    served,
     world,
 )
 
@@ -102,8 +104,15 @@ def test_default_cache_deploy_on_a_cache_off_cert_is_refused_with_the_fix(
     out = capsys.readouterr().out
     assert "caches prompts (--cache-prompt on (llama-server's default), --cache-ram 8192" in out
     assert "--no-cache-prompt --cache-ram 0" in out and "run-live --cache-arm" in out
-    body = f"llama-server -m {world['model']} {CACHE_OFF}\n"
-    assert _unsigned(world, tmp_path, body) == exitcodes.PROMOTABLE
+    assert "covers this cell" not in out
+    engine = f"llama-server -m {world['model']} {DEFAULT_DEPLOY}"
+    code = _unsigned(world, tmp_path, f"exec {served(engine, world['certs'])}\n")
+    out = capsys.readouterr().out
+    assert code == exitcodes.NOT_PROMOTABLE and "check-deploy: PASS" not in out
+    assert "caches prompts (--cache-prompt on" in out
+    engine = f"llama-server -m {world['model']} {CACHE_OFF}"
+    assert_covered_raw(_unsigned(world, tmp_path, f"{engine}\n"), capsys.readouterr().out)
+    assert _unsigned(world, tmp_path, f"exec {served(engine, world['certs'])}\n") == 0
 
 
 def test_a_cache_on_cert_covers_the_default_deploy_and_the_cache_off_one(
@@ -114,9 +123,12 @@ def test_a_cache_on_cert_covers_the_default_deploy_and_the_cache_off_one(
     certs = tmp_path / "cache-certs"
     _cache_cert(certs, world["model"])
     for deploy in (DEFAULT_DEPLOY, CACHE_OFF):
-        body = f"llama-server -m {world['model']} {deploy}\n"
-        assert _unsigned(world, tmp_path, body, certs=certs) == exitcodes.PROMOTABLE, deploy
-    capsys.readouterr()
+        engine = f"llama-server -m {world['model']} {deploy}"
+        code = _unsigned(world, tmp_path, f"{engine}\n", certs=certs)
+        assert_covered_raw(code, capsys.readouterr().out)
+        code = _unsigned(world, tmp_path, f"exec {served(engine, certs)}\n", certs=certs)
+        out = capsys.readouterr().out
+        assert code == exitcodes.PROMOTABLE, (deploy, out)
     # A cache setting it did not measure is not covered, and says which.
     body = f"llama-server -m {world['model']} {DEFAULT_DEPLOY} --cache-ram 1024\n"
     assert _unsigned(world, tmp_path, body, certs=certs) == exitcodes.NOT_PROMOTABLE

@@ -1,7 +1,9 @@
 """Nothing the check could not see (issue 32, part 4): a file the deploy writes that something
 of it reads, a path that is a dangling link or that others could change, and ``~`` as the
 shells and compose expand it. Each rule refuses a deploy, naming the path, and a clean twin of
-the same deploy passes (end to end against the GREEN of ``test_check_deploy.py``'s ``world``).
+the same deploy passes (end to end against the GREEN of ``test_check_deploy.py``'s ``world``:
+started through ``batch-invariance serve``; started directly its cell is covered, and that is
+never a pass, issue 40).
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from batch_invariance.cli import main
 from batch_invariance.deploy.gate.cells import load_deploy_cells
 from batch_invariance.deploy.readers.config import read_deploy_file, shell_commands
 from batch_invariance.deploy.readers.path_trust import trust_problem
-from tests.unit.deploy.test_check_deploy import OK_FLAGS, path_line, world  # noqa: F401
+from tests.unit.deploy.test_check_deploy import (  # noqa: F401
+    OK_FLAGS,
+    assert_covered_raw,
+    path_line,
+    served,
+    world,
+)
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="chown to another user needs root")
@@ -129,11 +137,16 @@ def test_the_measured_deploy_with_its_logs_passes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     log = tmp_path / "llm.log"
+    engine = f"llama-server -m {world['model']} {SERVER}"
     body = (
         f"mkdir -p {tmp_path}/logs\n{path_line(world['binary'])}echo starting >> {log}\n"
-        f"exec llama-server -m {world['model']} {SERVER} >> {log} 2>&1\n"
+        f"exec {served(engine, world['certs'])} >> {log} 2>&1\n"
     )
-    assert _check(world, _script(tmp_path, body)) == exitcodes.PROMOTABLE, capsys.readouterr()
+    code = _check(world, _script(tmp_path, body))
+    out = capsys.readouterr().out
+    assert code == exitcodes.PROMOTABLE, out
+    raw = body.replace(served(engine, world["certs"]), engine)
+    assert_covered_raw(_check(world, _script(tmp_path, raw)), capsys.readouterr().out)
     bad = body.replace(f"-m {world['model']}", f"-m {world['model']} --lora {log}")
     assert _check(world, _script(tmp_path, bad)) == exitcodes.NOT_PROMOTABLE
     assert "which run.sh:6 reads" in capsys.readouterr().out
@@ -142,9 +155,14 @@ def test_the_measured_deploy_with_its_logs_passes(
 # ---- links and files others could change -------------------------------------------------
 
 
-def _deploy(world: dict[str, Path], tmp_path: Path, model: Path, extra: str = "") -> Path:  # noqa: F811
-    body = f"{path_line(world['binary'])}{extra}exec llama-server -m {model} {SERVER}\n"
-    return _script(tmp_path, body)
+def _deploy(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path, model: Path, extra: str = "", *, serve: bool = False,
+) -> Path:  # fmt: skip
+    """The measured server on ``model``, started directly or (``serve``) through serve."""
+    engine = f"llama-server -m {model} {SERVER}"
+    line = served(engine, world["certs"]) if serve else engine
+    return _script(tmp_path, f"{path_line(world['binary'])}{extra}exec {line}\n")
 
 
 def test_a_dangling_model_link_is_not_understood_and_a_live_one_passes(
@@ -158,7 +176,8 @@ def test_a_dangling_model_link_is_not_understood_and_a_live_one_passes(
     assert f"run.sh:4: not understood: model {link}: {link} is a dangling link" in bad
     link.unlink()
     link.symlink_to(world["model"])
-    assert _check(world, _deploy(world, tmp_path, link)) == exitcodes.PROMOTABLE
+    assert_covered_raw(_check(world, _deploy(world, tmp_path, link)), capsys.readouterr().out)
+    assert _check(world, _deploy(world, tmp_path, link, serve=True)) == exitcodes.PROMOTABLE
     capsys.readouterr()
 
 

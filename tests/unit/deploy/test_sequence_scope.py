@@ -11,12 +11,21 @@ import pytest
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
 from batch_invariance.core.evidence import GatePolicy
-from tests.unit.deploy.test_check_deploy import OK_FLAGS, _live_cert, deploy_files
+from tests.unit.deploy.test_check_deploy import (
+    OK_FLAGS,
+    _live_cert,
+    assert_covered_raw,
+    deploy_files,
+    served,
+)
 
 
-def _check(root: Path, certs: Path, binary: Path, model: Path) -> int:
+def _check(root: Path, certs: Path, binary: Path, model: Path, *, serve: bool = False) -> int:
+    """check-deploy of the measured server with ``-n 16``, started directly or (``serve``)
+    through ``batch-invariance serve``."""
+    engine = f"{binary} -m {model} {OK_FLAGS} -n 16"
     config = root / "deploy.sh"
-    config.write_text(f"{binary} -m {model} {OK_FLAGS} -n 16\n")
+    config.write_text(f"exec {served(engine, certs) if serve else engine}\n")
     return main(["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"])
 
 
@@ -25,8 +34,11 @@ def test_a_cert_whose_sequences_fill_the_slot_covers_it(
 ) -> None:
     model, binary = deploy_files(tmp_path)
     _live_cert(tmp_path / "certs", model)  # sequences up to 922 of 1024 tokens
-    assert _check(tmp_path, tmp_path / "certs", binary, model) == exitcodes.PROMOTABLE
+    code = _check(tmp_path, tmp_path / "certs", binary, model, serve=True)
+    assert code == exitcodes.PROMOTABLE
     assert "promotable cert" in capsys.readouterr().out
+    code = _check(tmp_path, tmp_path / "certs", binary, model)
+    assert_covered_raw(code, capsys.readouterr().out)
 
 
 def test_a_cert_written_before_the_scope_was_recorded_covers_no_slot(

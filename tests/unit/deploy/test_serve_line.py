@@ -19,7 +19,6 @@ from batch_invariance.deploy.gate.serve_plan import (
     split_neutral,
 )
 
-
 Read = tuple[Path | None, Path | None, tuple[str, ...]]
 
 

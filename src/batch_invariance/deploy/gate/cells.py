@@ -91,6 +91,14 @@ class DeployCell:
     #: Paths it reads that may not hold what the check read (:func:`untrusted_paths`): the
     #: deploy is not understood.
     untrusted: tuple[str, ...] = ()
+    #: The engine command it runs (a serve line's: the one serve execs).
+    argv: tuple[str, ...] = ()
+    #: The options of the ``batch-invariance serve`` line that starts it; ``None``: the deploy
+    #: starts the engine directly (never a pass:
+    #: :mod:`batch_invariance.deploy.gate.serve_required`).
+    serve_options: tuple[tuple[str, str], ...] | None = None
+    #: The container image it runs in (``None``: on the host).
+    image: str | None = None
 
     @property
     def parallel(self) -> int:
@@ -253,15 +261,18 @@ def cell_of(command: ServerCommand) -> DeployCell:
     """The cell one server runs; a value llama-server would refuse is a usage error."""
     refused: list[str] = []
     untrusted: list[str] = []
+    serve_options: tuple[tuple[str, str], ...] | None = None
     serving = is_serve(command.argv)
-    if serving:  # serve pins the binary and model itself (pinned_files.py)
+    if serving and command.image is None:  # serve pins the binary and model (pinned_files.py)
         program = _binary_path(command)
         untrusted = untrusted_paths(command, Located(None, None), program)
         if program.path is None or not is_this_tool(program.path):
             why = program.missing or f"{program.path} is not this tool (its bytes differ)"
             refused.append(f"serve line: {why}; write the path of this tool's launcher")
+    if serving:  # in a container, the image's digest names the serve program (serve_required)
         served = served_command(command)
         command, refused = served.command, [*refused, *served.problems]
+        serve_options = served.line.options
     try:
         flags = read_flags(command.argv, command.env, first_is_binary=True)
         layout = slot_layout(flags)
@@ -310,6 +321,9 @@ def cell_of(command: ServerCommand) -> DeployCell:
         notes=command.notes,
         gpus=placement_here(command.env),
         untrusted=tuple(untrusted),
+        argv=tuple(command.argv),
+        serve_options=serve_options,
+        image=command.image,
     )
 
 

@@ -61,7 +61,7 @@ from batch_invariance.deploy.gate.identity import (
 from batch_invariance.errors import CertInvalid
 
 CheckKind = Literal[
-    "ok", "missing", "unverifiable", "not_promotable", "invalid", "unknown", "unsigned"
+    "ok", "missing", "unverifiable", "not_promotable", "invalid", "unknown", "unsigned", "raw"
 ]
 
 

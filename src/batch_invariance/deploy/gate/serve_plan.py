@@ -9,7 +9,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batch_invariance.cert.option_table import POLICY_OPTIONS, Option
@@ -304,6 +304,7 @@ def _pinned_cert_argv(line: ServeLine, origin: str) -> tuple[Provenance, tuple[s
 def served_command(command: ServerCommand) -> Served:
     """The server a serve line execs, in the environment serve gives it (:func:`served_env`):
     a ``--certs`` line's engine command as written, a ``CERT`` line's measured argv."""
+    from batch_invariance.core.gpu_placement import is_gpu_selection
     from batch_invariance.engines.llama_server.env import (
         is_engine_variable,
         is_neutral_variable,
@@ -325,13 +326,15 @@ def served_command(command: ServerCommand) -> Served:
         f"environment {name} reaches the Python that runs serve (only neutral variables, "
         "LLAMA_ARG_* and the ones the cert recorded may be set; remove it)"
         for name in sorted(command.env)
-        if not (is_neutral_variable(name) or is_option_variable(name) or name in allowed)
+        if not (
+            is_neutral_variable(name)
+            or is_option_variable(name)
+            or is_gpu_selection(name)
+            or name in allowed
+        )
     ]
-    served_command = ServerCommand(
-        origin=command.origin, argv=argv, env=env, base_dir=command.base_dir,
-        search_path=command.search_path,
-    )  # fmt: skip
-    return Served(served_command, tuple(problems), line)
+    # In a container the engine is found, and its files mapped, as the container's own.
+    return Served(replace(command, argv=tuple(argv), env=env), tuple(problems), line)
 
 
 #: Neutral options whose value is a path the server opens by name: serve makes them absolute

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 #: How to deploy instead, said with every construct a reader does not understand.
-HOW_INSTEAD = "launch with `batch-invariance serve CERT`, or write the closed form (docs/deploy.md)"
+HOW_INSTEAD = (
+    "launch with `batch-invariance serve --certs DIR -- llama-server ...` (docs/deploy.md)"
+)
 
 
 class BindMount(NamedTuple):
@@ -77,6 +79,8 @@ class ServerCommand:
     config_unknown: str | None = None
     #: Notes for the pass line (an optional environment file that is absent here).
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The container image it runs in, as the deploy names it (``None``: on the host).
+    image: str | None = None
 
 
 @dataclass(frozen=True)

@@ -129,12 +129,17 @@ def image_tag(image: str) -> tuple[str, str, str]:
 def _program(spec: dict[str, Any], line: int) -> list[str] | None:
     image = str(spec.get("image", ""))
     entrypoint = spec.get("entrypoint")
+    repo, tag, digest = image_tag(image)
     if entrypoint is not None:
         words = _words(entrypoint, line, "entrypoint")
+        if len(words) > 1 and PurePosixPath(words[0]).name == "batch-invariance":
+            if words[1] == "serve" and not _DIGEST.fullmatch(digest):
+                raise Refused(line, f"serve in image {image[:80]}, not pinned by digest",
+                              "pin the serve image as NAME:TAG@sha256:<64 hex>")  # fmt: skip
+            return words if words[1] == "serve" else None
         if words and PurePosixPath(words[0]).name.startswith("llama-server"):
             return words
         return None
-    repo, tag, digest = image_tag(image)
     if digest and not _DIGEST.fullmatch(digest):
         raise Refused(line, f"image digest {digest[:80]} (not sha256:<64 hex>)",
                        "pin the image as NAME:TAG@sha256:<64 hex>")  # fmt: skip
@@ -223,5 +228,5 @@ def read_server(service: Service, path: Path) -> ServerCommand | None:
         origin=f"{path.name} [{service.name}]",
         argv=(*program, *command), env=env, base_dir=Path(workdir), mounts=tuple(mounts),
         in_container=True, binary_elsewhere=f"runs inside the container image {image}",
-        notes=tuple(notes),
+        notes=tuple(notes), image=image,
     )  # fmt: skip

@@ -121,7 +121,7 @@ def _takes_boolean(path: tuple[str, ...]) -> bool:
     )
 
 
-def _value(node: yaml.Node, path: tuple[str, ...] = ()) -> Any:
+def _value(node: yaml.Node, path: tuple[str, ...] = (), any_boolean: bool = False) -> Any:
     line = node.start_mark.line + 1
     if isinstance(node, yaml.ScalarNode):
         text = str(node.value)
@@ -131,14 +131,14 @@ def _value(node: yaml.Node, path: tuple[str, ...] = ()) -> Any:
             raise YamlRefused(line, "a YAML block scalar")
         if text == "" and node.style is None:
             return None  # an empty value (``key:``): null in both readers
-        if text in _BOOLEANS and _takes_boolean(path):
+        if text in _BOOLEANS and (any_boolean or _takes_boolean(path)):
             return _BOOLEANS[text]
         typed = _CORE_TYPED.fullmatch(text) and not _DECIMAL.fullmatch(text)
         if typed or text.lower() in _KEYWORDS:
             raise YamlRefused(line, f"plain YAML value {text[:40]!r} (quote it)")
         return text
     if isinstance(node, yaml.SequenceNode):
-        return [_value(item, (*path, "*")) for item in node.value]
+        return [_value(item, (*path, "*"), any_boolean) for item in node.value]
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -147,16 +147,19 @@ def _value(node: yaml.Node, path: tuple[str, ...] = ()) -> Any:
                 raise YamlRefused(line, "a YAML merge key or a non-text key")
             if key in out:
                 raise YamlRefused(key_node.start_mark.line + 1, f"key {key} given twice")
-            out[key] = (_value(value_node, (*path, key)), value_node.start_mark.line + 1)
+            value = _value(value_node, (*path, key), any_boolean)
+            out[key] = (value, value_node.start_mark.line + 1)
         return out
     raise YamlRefused(line, "a YAML node")  # pragma: no cover - PyYAML has no other kind
 
 
-def load(text: str, shown: str) -> dict[str, Any] | NotUnderstood:
-    """The document as nested dicts (values as ``(value, line)``), lists and text."""
+def load(text: str, shown: str, any_boolean: bool = False) -> dict[str, Any] | NotUnderstood:
+    """The document as nested dicts (values as ``(value, line)``), lists and text; with
+    ``any_boolean`` a plain ``true``/``false`` is a boolean wherever it stands (a Kubernetes
+    manifest, whose schema types every field)."""
     try:
         node = _Tokens(_scan(text)).get_single_node()
-        value = {} if node is None else _value(node)
+        value = {} if node is None else _value(node, (), any_boolean)
     except YamlRefused as exc:
         return NotUnderstood(shown, exc.line, exc.construct, "write plain compose YAML")
     except yaml.YAMLError as exc:

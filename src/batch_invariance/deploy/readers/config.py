@@ -5,6 +5,8 @@ decides: :func:`deploy_format`), its bytes checked
 * a shell script (:mod:`batch_invariance.deploy.readers.shell`);
 * a systemd unit with its drop-ins (:mod:`batch_invariance.deploy.readers.systemd`);
 * a compose project with its override files (:mod:`batch_invariance.deploy.readers.compose`);
+* a Kubernetes manifest or rendered Helm output, a YAML file whose documents all hold
+  ``apiVersion`` and ``kind`` (:mod:`batch_invariance.deploy.readers.kubernetes`);
 * a ``models.toml`` registry, read by the one registry reader (:mod:`profiles.models`), with the
   ``kv`` cache type applied as run-live applies it.
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.compose import compose_commands
+from batch_invariance.deploy.readers.kubernetes import is_manifest, kubernetes_commands
 from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.readers.shell import ShellReader, SourceText
 from batch_invariance.deploy.readers.shell_dialect import script_dialect
@@ -154,6 +157,8 @@ def _read_format(path: Path, data: bytes, models_dir: str | None) -> DeployRead:
     if kind == "toml":
         return toml_commands(path, text, models_dir)
     if kind == "compose":
+        if is_manifest(text):  # kubectl applies any YAML file; compose would refuse these keys
+            return kubernetes_commands(path, text)
         return compose_commands(path, text)
     if kind == "unit":
         return unit_commands(path, text)

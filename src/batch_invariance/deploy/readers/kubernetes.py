@@ -1,0 +1,216 @@
+"""Kubernetes manifests (``kubectl apply -f``, rendered Helm output): the containers a workload
+starts, read inside a closed grammar.
+
+A YAML file whose documents (separated by ``---`` lines) are all mappings with ``apiVersion``
+and ``kind`` is a manifest. A workload (:data:`POD_SPECS`: Pod, Deployment, StatefulSet,
+DaemonSet, ReplicaSet, Job, CronJob) holds a pod spec; each of its containers and init
+containers is read: ``command`` + ``args`` (the image's entrypoint where ``command`` is absent),
+``env`` values, ``workingDir``, and ``volumeMounts`` of ``hostPath`` volumes (the folders a
+model path maps to on the node). A container is a server when it runs ``batch-invariance
+serve`` (the contract; its image must be pinned by digest, and the gate names the digests it
+trusts) or llama-server (never a pass; its cell and the serve line that would pass are named).
+
+Not understood, naming the document and the construct: a value the cluster fills in
+(``valueFrom``, ``envFrom``), kubelet's ``$(VAR)`` expansion in ``command``/``args``, lifecycle
+hooks and a shared process namespace around a serve container, a volume mounted on or above the
+program, a library folder or ``/usr`` of a serve container, and any other container that
+mentions a server, a model file or this tool. Other kinds (Service, ConfigMap, ...) start
+nothing and are not read: a serve container's mounts cannot reach what serve runs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from posixpath import normpath
+from typing import Any
+
+from batch_invariance.deploy.readers.commands import (
+    BindMount,
+    DeployRead,
+    NotUnderstood,
+    ServerCommand,
+)
+from batch_invariance.deploy.readers.compose_mounts import LOADER_PATHS
+from batch_invariance.deploy.readers.compose_service import IMAGE_SERVER, image_tag
+from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
+
+_DOCUMENT = re.compile(r"^---[ \t]*$", re.MULTILINE)
+_TRIGGER = re.compile(r"llama-server|llama\.cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I)
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+#: Where each workload kind keeps its pod spec.
+POD_SPECS: dict[str, tuple[str, ...]] = {
+    "Pod": ("spec",),
+    "Deployment": ("spec", "template", "spec"),
+    "StatefulSet": ("spec", "template", "spec"),
+    "DaemonSet": ("spec", "template", "spec"),
+    "ReplicaSet": ("spec", "template", "spec"),
+    "Job": ("spec", "template", "spec"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+}
+#: Folders of a serve container a volume may not cover (the programs and what they load).
+_IMAGE_FOLDERS = ("/usr", "/bin", "/sbin", "/app", "/opt", "/etc", *LOADER_PATHS)
+FIX = "run batch-invariance serve in an image pinned by digest (docs/deploy.md, Kubernetes)"
+
+
+def _documents(text: str) -> list[tuple[int, str]]:
+    """Each document's first line number and text (``---`` separator lines dropped)."""
+    out: list[tuple[int, str]] = []
+    start, line = 0, 1
+    for match in _DOCUMENT.finditer(text):
+        out.append((line, text[start : match.start()]))
+        line += text[start : match.end()].count("\n")
+        start = match.end()
+    out.append((line, text[start:]))
+    return [(n, body) for n, body in out if body.strip()]
+
+
+def is_manifest(text: str) -> bool:
+    """Every document holds top-level ``apiVersion:`` and ``kind:`` keys."""
+    docs = _documents(text)
+    return bool(docs) and all(
+        re.search(r"^apiVersion:", body, re.M) and re.search(r"^kind:", body, re.M)
+        for _, body in docs
+    )
+
+
+def _get(value: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key][0]
+    return value
+
+
+def _words(value: Any, key: str) -> list[str]:
+    items = plain(value) if value is not None else []
+    if not isinstance(items, list) or not all(isinstance(w, str) for w in items):
+        raise Refused(0, f"{key} that is not a list of text", "write it as a list of strings")
+    for word in items:
+        if "$" in word:
+            raise Refused(0, f"{key} word {word[:60]!r} (kubelet expands $(VAR))",
+                          "write the value out")  # fmt: skip
+    return list(items)
+
+
+def _env(value: Any) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in plain(value) if value is not None else []:
+        if not isinstance(item, dict) or set(item) != {"name", "value"}:
+            raise Refused(0, "an env entry other than {name, value} (valueFrom is filled in "
+                          "by the cluster)", "write the value out")  # fmt: skip
+        env[str(item["name"])] = str(item["value"])
+    return env
+
+
+def _mounts(container: dict[str, Any], volumes: dict[str, str]) -> list[BindMount]:
+    out = []
+    for item in plain(container.get("volumeMounts", ([], 0))[0]) or []:
+        path = normpath(str(item.get("mountPath", "")))
+        if not path.startswith("/") or "subPath" in item or "subPathExpr" in item:
+            raise Refused(0, f"volumeMount {path} (relative, or with a subPath)")
+        if str(item.get("name")) in volumes:
+            out.append(BindMount(path, volumes[str(item.get("name"))]))
+        else:
+            out.append(BindMount(path, ""))  # not a host folder: nothing under it is here
+    return sorted(out, key=lambda m: len(m.container), reverse=True)
+
+
+def _covers(outer: str, inner: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def _serve_container(container: dict[str, Any], pod: dict[str, Any], argv: list[str],
+                     mounts: list[BindMount]) -> None:  # fmt: skip
+    image = str(plain(container.get("image", ("", 0))[0]) or "")
+    if not _DIGEST.fullmatch(image_tag(image)[2]):
+        raise Refused(0, f"serve in image {image[:80]}, not pinned by digest",
+                      "pin the image as NAME:TAG@sha256:<64 hex>")  # fmt: skip
+    if "lifecycle" in container:
+        raise Refused(container["lifecycle"][1], "lifecycle hooks of a serve container (they "
+                      "run beside the server and can change what it loads)")  # fmt: skip
+    if plain(pod.get("shareProcessNamespace", (None, 0))[0]) not in (None, False, "false"):
+        raise Refused(pod["shareProcessNamespace"][1], "shareProcessNamespace around serve")
+    folders = [str(PurePosixPath(argv[0]).parent), *_IMAGE_FOLDERS]
+    for mount in mounts:
+        for folder in folders:
+            if mount.container == "/" or _covers(mount.container, folder):
+                raise Refused(0, f"volume at {mount.container}, on or above {folder} (it "
+                              "replaces what serve runs or loads)")  # fmt: skip
+
+
+def _container(container: dict[str, Any], pod: dict[str, Any], volumes: dict[str, str],
+               origin: str) -> ServerCommand | None:  # fmt: skip
+    """The server one container starts, or ``None`` when it starts none."""
+    command = _words(container.get("command", (None, 0))[0], "command")
+    args = _words(container.get("args", (None, 0))[0], "args")
+    image = str(plain(container.get("image", ("", 0))[0]) or "")
+    repo, tag, _ = image_tag(image)
+    if command:
+        argv = [*command, *args]
+    elif "llama.cpp" in repo and tag.startswith("server"):
+        argv = [IMAGE_SERVER, *args]  # the published :server images' entrypoint
+    else:
+        argv = args
+    name = PurePosixPath(argv[0]).name if argv else ""
+    serving = name == "batch-invariance" and argv[1:2] == ["serve"]
+    if not (serving or name.startswith("llama-server")):
+        if _TRIGGER.search(repr(plain(container))):
+            raise Refused(0, "a container that mentions a server but starts none the grammar "
+                          "reads (no command, or another program)", FIX)  # fmt: skip
+        return None
+    mounts = _mounts(container, volumes)
+    if serving:
+        _serve_container(container, pod, argv, mounts)
+    workdir = str(plain(container.get("workingDir", ("/", 0))[0]))
+    if not workdir.startswith("/"):
+        raise Refused(0, f"workingDir {workdir}")
+    return ServerCommand(
+        origin=origin, argv=tuple(argv), env=_env(container.get("env", (None, 0))[0]),
+        base_dir=Path(workdir), mounts=tuple(m for m in mounts if m.host),
+        in_container=True, binary_elsewhere=f"runs inside the container image {image}",
+        image=image,
+    )  # fmt: skip
+
+
+def _workload(data: dict[str, Any], shown: str) -> list[ServerCommand]:
+    kind = str(plain(data["kind"][0]))
+    name = str(_get(data, "metadata", "name") or "?")
+    pod = _get(data, *POD_SPECS[kind])
+    if not isinstance(pod, dict):
+        raise Refused(data["kind"][1], f"{kind} {name} without a pod spec")
+    volumes = {
+        str(v.get("name")): str(v["hostPath"].get("path", ""))
+        for v in plain(pod.get("volumes", ([], 0))[0]) or []
+        if isinstance(v, dict) and isinstance(v.get("hostPath"), dict)
+    }
+    out: list[ServerCommand] = []
+    for key in ("initContainers", "containers"):
+        for container in pod.get(key, ([], 0))[0] or []:
+            cname = str(plain(container.get("name", ("?", 0))[0]))
+            found = _container(container, pod, volumes, f"{shown} [{kind}/{name}/{cname}]")
+            if found is not None:
+                out.append(found)
+    if "envFrom" in repr(plain(pod)):
+        raise Refused(0, f"{kind} {name}: envFrom (filled in by the cluster)")
+    return out
+
+
+def kubernetes_commands(path: Path, text: str) -> DeployRead:
+    """The servers the workloads of a manifest start, and what is outside the grammar."""
+    shown = path.name
+    commands: list[ServerCommand] = []
+    bad: list[NotUnderstood] = []
+    for first, body in _documents(text):
+        data = load(body, shown, any_boolean=True)
+        if isinstance(data, NotUnderstood):
+            bad.append(NotUnderstood(shown, data.line + first - 1, data.construct, data.fix))
+            continue
+        kind = str(plain(data.get("kind", ("", 0))[0]))
+        try:  # other kinds (Service, ConfigMap ...) start nothing: serve decides what runs
+            if kind in POD_SPECS:
+                commands.extend(_workload(data, shown))
+        except Refused as exc:
+            line = first + max(exc.line, 1) - 1
+            bad.append(NotUnderstood(shown, line, exc.construct, exc.fix or FIX))
+    return DeployRead(tuple(commands), tuple(bad))
