@@ -130,10 +130,14 @@ def gpu_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[st
 
 
 def sequence_length_rule(cell: DeployCell, cert: CertFile, model: ModelIdentity) -> tuple[str, ...]:
-    """The measured sequences reach 3/4 of the deploy's slot (:func:`sequence_problem`)."""
+    """The measured sequences reach 3/4 of the longest sequence one slot of the deploy can
+    hold (:func:`sequence_problem`): its share of a split cache, the whole pool of a unified
+    one (llama-server lets any slot fill a unified pool: its log says ``n_ctx_slot`` = the
+    pool), whatever share of it the cert's ``ctx`` names."""
     if cell.ctx is None:  # check_cell refuses such a cell before any rule runs
         return ("context per slot unknown",)
-    problem = sequence_problem(cert.sequence_scope, cell.ctx)
+    longest = cell.pool if cell.layout.kv_unified and cell.pool is not None else cell.ctx
+    problem = sequence_problem(cert.sequence_scope, longest)
     return () if problem is None else (problem,)
 
 
