@@ -29,7 +29,13 @@ from batch_invariance.cert.store import render
 from batch_invariance.core.rules import RULES_VERSION
 from tests.support.factories import comparable_cert, load_cert
 from tests.support.paths import EXAMPLES, REPO
-from tests.unit.deploy.test_check_deploy import OK_FLAGS, _live_cert, deploy_files, path_line
+from tests.unit.deploy.test_check_deploy import (
+    OK_FLAGS,
+    _live_cert,
+    deploy_files,
+    path_line,
+    served,
+)
 
 PATCH = re.sub(r"(\d+)$", lambda m: str(int(m.group(1)) + 1), __version__)
 #: The certs this repository ships (the README's tour verifies one of them).
@@ -88,7 +94,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     green = _live_cert(root / "certs", model)
     assert json.loads(green.read_text())["tool_version"] == __version__
     deploy = root / "llama-server.sh"
-    deploy.write_text(path_line(binary) + f"exec llama-server -m {model} {OK_FLAGS}\n")
+    # The deploy starts serve (a server started directly is never a pass): the engine command
+    # after -- is the cell the gate reads.
+    engine = f"llama-server -m {model} {OK_FLAGS}"
+    deploy.write_text(path_line(binary) + f"exec {served(engine, root / 'certs')}\n")
     # compare needs what run-live records for it (work-set, request template, scorer)
     comparable = root / "comparable.json"
     comparable.write_text(render(comparable_cert()), encoding="utf-8")

@@ -176,6 +176,7 @@ def test_verify_cert_without_bundle_says_authenticity_was_not_checked(
         f"cert:       {path}\n"
         "cell:       model=tiny-model ctx=2048 N=4\n"
         "status:     GREEN (green)\n"
+        "throughput: GREEN: N=4 buys 2.50x here (serial 64.0 tok/s, N=4 concurrent 160.0 tok/s)\n"
         "source:     live   gate: abc_union\n"
         "promotable: yes\n"
         "  - status green, source live, gate abc_union, policy no looser than defaults\n"
