@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
-from batch_invariance.commands.reply import error_line
 from batch_invariance.core.evidence import (
     DEFAULT_LOGIT_EPS,
     DEFAULT_MAX_BOUND,
@@ -18,14 +17,12 @@ from batch_invariance.core.evidence import (
 )
 from batch_invariance.core.plan import Measurement
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
-from batch_invariance.errors import PlanUnreachable
 from batch_invariance.host import memory
 from batch_invariance.report.render import live_banner
 from batch_invariance.service.dry_run import dry_run, usable_cpus
 from batch_invariance.service.endpoint import ENDPOINT_CHOICES
 from batch_invariance.service.live import LiveCell, LiveOutcome
 from batch_invariance.service.options import LaunchOptions
-from batch_invariance.service.reach import cannot_be_green
 from batch_invariance.service.request import (
     DEFAULT_MIN_HOT_TRIALS,
     DEFAULT_READY_TIMEOUT,
@@ -289,27 +286,18 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
 def print_dry_run(job: LiveCell) -> int:
     """Print the plan of ``job`` (launch nothing); exit 2 when the guard would refuse or the
     plan cannot reach GREEN whatever the server does (one line per cause, with its fix)."""
+    from batch_invariance.service.reach import cannot_be_green
+
     plan = dry_run(job, memory.read_host_memory(), usable_cpus())
     sys.stdout.write(plan.text)
     code = exitcodes.PROMOTABLE
     if plan.refusal is not None:
         print(f"batch-invariance: the memory guard would refuse: {plan.refusal}", file=sys.stderr)
         code = exitcodes.USAGE
-    causes = cannot_be_green(job)
-    if causes:
-        print(error_line(PlanUnreachable(causes)), file=sys.stderr)
+    for cause in cannot_be_green(job):
+        print(f"batch-invariance: this plan cannot reach GREEN: {cause}", file=sys.stderr)
         code = exitcodes.USAGE
     return code
-
-
-def refuse_unreachable(job: LiveCell) -> None:
-    """Before any server starts, refuse the plan its ``--dry-run`` refuses as one that cannot
-    reach GREEN (:class:`PlanUnreachable`: the same lines, exit 2), so a real run never spends
-    its time on a verdict that could only be UNVERIFIED. Looser gate flags (``--max-bound``,
-    ``--min-answer-tokens``, ``--min-slot-fill``) change the plan's gates, never promotable."""
-    causes = cannot_be_green(job)
-    if causes:
-        raise PlanUnreachable(causes)
 
 
 def cell_label(job: LiveCell, kind: str = "live") -> str:

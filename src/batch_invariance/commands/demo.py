@@ -28,7 +28,6 @@ from batch_invariance.cache_dir import cache_root
 from batch_invariance.commands.cell_options import (
     add_cell_options,
     print_dry_run,
-    refuse_unreachable,
     report,
     request_from_args,
 )
@@ -89,6 +88,5 @@ def handle(args: argparse.Namespace) -> int:
     job = prepare(request, create_out_dir=not args.dry_run)
     if args.dry_run:
         return print_dry_run(job)
-    refuse_unreachable(job)  # what the dry run refuses, before any server starts
     outcome = run_live_cell(job, progress=Progress())
     return report(outcome, f"demo cell {DEMO_MODEL_NAME}")

@@ -21,7 +21,6 @@ from batch_invariance.commands.cell_options import (
     cell_label,
     endpoint_line,
     print_dry_run,
-    refuse_unreachable,
     request_from_args,
 )
 from batch_invariance.commands.replies import RunCell, RunReply, refused_cell, run_cell, run_reply
@@ -79,7 +78,6 @@ def handle(args: argparse.Namespace) -> int | RunReply:
         # The plan of every cell, as run-live --dry-run prints it (launches nothing); each N
         # was checked by prepare_sweep.
         return max(print_dry_run(replace(job.cell, parallel=n)) for n in job.parallels)
-    refuse_unreachable(job.cell)  # the same for every N: before any server starts
     outcome = run_sweep(job, progress=Progress())
     cells: list[RunCell] = []
     for cell in outcome.cells:
