@@ -20,7 +20,6 @@ from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.host import memory
 from batch_invariance.report.render import live_banner
 from batch_invariance.service.dry_run import dry_run, usable_cpus
-from batch_invariance.service.endpoint import ENDPOINT_CHOICES
 from batch_invariance.service.live import LiveCell, LiveOutcome
 from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.request import (
@@ -129,11 +128,9 @@ def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> N
     p.add_argument("--n-predict", type=int, default=m.n_predict, help="token budget per request")
     p.add_argument(
         "--endpoint",
-        choices=ENDPOINT_CHOICES,
-        default=defaults.endpoint,
-        help="chat: /v1/chat/completions; completions: raw prompts to /v1/completions; auto: "
-        "completions for a GGUF without a chat template of its own (a base model), else chat "
-        f"(default: {defaults.endpoint})",
+        choices=("chat", "completions"),
+        default=m.endpoint,
+        help="chat: /v1/chat/completions (default); completions: raw prompts to /v1/completions",
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="dispatch-order and request seed")
     p.add_argument("--port", type=int, default=None, help="fixed port (default: a free one)")
@@ -222,13 +219,13 @@ def _profile(args: argparse.Namespace) -> ProfileRequest | None:
 
 
 def measurement_from_args(args: argparse.Namespace) -> Measurement:
-    """How every arm and pass is measured, as the command line asks (its endpoint is the
-    request's ``endpoint``, decided by ``prepare``)."""
+    """How every arm and pass is measured, as the command line asks."""
     return Measurement(
         gate_passes=args.gate_passes,
         reps=args.reps,
         n_predict=args.n_predict,
         seed=args.seed,
+        endpoint=args.endpoint,
         n_probs=args.n_probs,
         serial_repeat=not args.no_serial_repeat,
         stop_on_red=args.stop_on_red,
@@ -277,7 +274,6 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "port": args.port,
         "reserved_ports": tuple(args.reserved_port or ()),
         "engine": getattr(args, "engine", DEFAULT_ENGINE),
-        "endpoint": args.endpoint,
     }
     values.update(fixed)
     return LiveRequest(**values)
@@ -311,16 +307,8 @@ def cell_label(job: LiveCell, kind: str = "live") -> str:
     return f"{kind} {engine}cell {job.model_name}"
 
 
-def endpoint_line(job: LiveCell) -> str:
-    """The line above the banner naming the endpoint ``--endpoint auto`` chose, and why
-    (empty: the endpoint was given outright)."""
-    chosen = job.endpoint
-    return "" if chosen is None or chosen.why is None else chosen.line() + "\n"
-
-
 def report(outcome: LiveOutcome, label: str) -> int:
     """Print the verdict banner; return the exit code for the cert."""
     finished = outcome.finished
-    sys.stdout.write(endpoint_line(outcome.job))
     sys.stdout.write(live_banner(finished.cert, finished.path, finished.superseded, label))
     return exitcodes.for_status(finished.verdict.status, finished.promotable)

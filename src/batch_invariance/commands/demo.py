@@ -11,10 +11,7 @@ Gemma 3 270M is a base model without a chat template of its own: on the chat end
 llama-server would wrap every prompt in its ChatML fallback and the answers would be junk.
 So the demo sends the documents to the raw ``/v1/completions`` endpoint, 96 tokens each
 (above the 64-token answer floor), and stops at the first C pass that proves RED. See
-``examples/certs/README.md`` for what it measured. Its ``--endpoint`` defaults to
-``completions``, not ``auto`` (run-live's, sweep's and the Action's default): its model is
-fixed and is that base model, where ``auto`` would choose completions too; said outright, the
-demo's plan and its example certs do not hang on reading the header.
+``examples/certs/README.md`` for what it measured.
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ DEMO_DEFAULTS = CellDefaults(
     Measurement(gate_passes=4, reps=1, n_predict=96, endpoint="completions", stop_on_red=True),
     ctx=1024,
     parallel=4,
-    endpoint="completions",  # the demo's model is a base model (see the module docstring)
 )
 #: What the demo measures: the length ladder built for its slot (see the module docstring).
 DEMO_WORKSET = LADDER

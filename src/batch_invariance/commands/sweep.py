@@ -19,7 +19,6 @@ from batch_invariance.commands.cell_options import (
     add_engine_options,
     add_target_options,
     cell_label,
-    endpoint_line,
     print_dry_run,
     request_from_args,
 )
@@ -86,7 +85,6 @@ def handle(args: argparse.Namespace) -> int | RunReply:
             cells.append(refused_cell(cell.parallel, cell.not_run or "not run"))
             continue
         label = cell_label(outcome.job, kind="sweep")
-        sys.stdout.write(endpoint_line(outcome.job))
         sys.stdout.write(live_banner(f.cert, f.path, f.superseded, label))
         cells.append(run_cell(cell.parallel, f.cert, f.path, f.superseded, f.promotable))
     sys.stdout.write(sweep_text(outcome.summary, outcome.path))
