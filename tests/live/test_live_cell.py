@@ -140,6 +140,7 @@ def _placement_recorded_and_held(prov: dict[str, Any], root: Path) -> None:
         _live_cert,
         _provenance,
         deploy_files,
+        served,
     )
 
     for server in prov["servers"]:
@@ -158,9 +159,10 @@ def _placement_recorded_and_held(prov: dict[str, Any], root: Path) -> None:
     certs = root / "certs"
     _live_cert(certs, model, provenance=provenance)
     deploy = root / "llama-server.sh"
+    # The deploy starts serve (a direct start is never a pass) and selects GPU 0.
     deploy.write_text(
         f"export PATH={binary.parent}:/usr/bin:/bin\nexport CUDA_VISIBLE_DEVICES=0\n"
-        f"llama-server -m {model} {OK_FLAGS}\n"
+        f"exec {served(f'llama-server -m {model} {OK_FLAGS}', certs)}\n"
     )
     code = main(["check-deploy", str(deploy), "--certs", str(certs), "--allow-unsigned"])
     assert code == exitcodes.PROMOTABLE
