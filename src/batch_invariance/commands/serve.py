@@ -151,12 +151,11 @@ def _command_cert(args: argparse.Namespace, policy: BundlePolicy | None) -> _Pla
 def handle(args: argparse.Namespace) -> int:
     from batch_invariance.cert.signing_policy import signing_policy
     from batch_invariance.core.gpu_placement import placement_differences
+    from batch_invariance.deploy.gate.serve_cell import absolute_paths, write_problem
     from batch_invariance.deploy.gate.serve_plan import (
         ServeRefused,
-        absolute_paths,
         serve_target,
         served_environment,
-        write_problem,
     )
     from batch_invariance.engines.registry import default_engine
     from batch_invariance.host.gpus import placement_here

@@ -16,19 +16,23 @@ check-deploy.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.signature import BundlePolicy
 from batch_invariance.deploy.gate.cells import DeployCell, cell_of
 from batch_invariance.deploy.gate.certs import index_certs
-from batch_invariance.deploy.gate.check import CellCheck, check_cell
+from batch_invariance.deploy.gate.check import check_cell
 from batch_invariance.deploy.gate.identity import BuildIdentity, ModelIdentity
 from batch_invariance.deploy.gate.pinned_files import ServedFiles
-from batch_invariance.deploy.gate.serve_plan import ServeLine, engine_env_of, engine_words
+from batch_invariance.deploy.gate.serve_plan import (
+    ServeLine,
+    engine_env_of,
+    engine_words,
+)
 from batch_invariance.deploy.readers.commands import ServerCommand
-from batch_invariance.engines.llama_server.options import NEUTRAL, lookup
+from batch_invariance.engines.llama_server.options import NEUTRAL, OptionSpec, lookup
 from batch_invariance.errors import CertInvalid, NotCovered, UsageError
 
 
@@ -41,19 +45,6 @@ def engine_command(
         origin=origin, argv=engine_words(line, origin), env=engine_env_of(environ),
         base_dir=cwd, search_path=environ.get("PATH", os.defpath),
     )  # fmt: skip
-
-
-def neutral_words(argv: Sequence[str]) -> tuple[str, ...]:
-    """The neutral options of an engine command (``--host``, ``--port``, ...), as written."""
-    out: list[str] = []
-    index = 1
-    while index < len(argv):
-        spec = lookup(argv[index])
-        width = 1 + (spec.nvalues if spec is not None else 0)
-        if spec is not None and spec.canonical in NEUTRAL:
-            out.extend(argv[index : index + width])
-        index += width
-    return tuple(out)
 
 
 def command_cell(command: ServerCommand) -> DeployCell:
@@ -81,7 +72,6 @@ class CommandCert:
     """The cert that measured the command's cell, and the command's neutral options."""
 
     cert: Path
-    check: CellCheck
     neutral: tuple[str, ...]
 
 
@@ -102,4 +92,80 @@ def find_cert(
         raise CertInvalid(f"serve {cell.label}: {check.reason}")
     if not check.ok or check.cert is None:
         raise NotCovered(f"no cert in {certs_dir} lets serve start {cell.label}: {check.reason}")
-    return CommandCert(check.cert, check, neutral_words(argv))
+    return CommandCert(check.cert, neutral_words(argv))
+
+
+#: Neutral options whose value is a path the server opens by name: serve makes them absolute
+#: before it leaves the caller's folder (it execs the server in ``/``).
+READ_PATH_OPTIONS = frozenset(
+    {"--api-key-file", "--ssl-key-file", "--ssl-cert-file", "--path", "--ui-config-file"}
+)
+#: Neutral options whose value is a file the server writes.
+WRITE_PATH_OPTIONS = frozenset({"--log-file"})
+
+
+def option_spans(argv: Sequence[str]) -> Iterator[tuple[int, OptionSpec | None, int]]:
+    """(index, the option llama-server reads there or ``None``, how many words it takes) of
+    each option of an engine argv, ``argv[0]`` (the program) left out."""
+    index = 1
+    while index < len(argv):
+        spec = lookup(argv[index])
+        width = 1 + (spec.nvalues if spec is not None else 0)
+        yield index, spec, width
+        index += width
+
+
+def neutral_words(argv: Sequence[str]) -> tuple[str, ...]:
+    """The neutral options of an engine command (``--host``, ``--port``, ...), as written."""
+    return tuple(
+        word
+        for index, spec, width in option_spans(argv)
+        if spec is not None and spec.canonical in NEUTRAL
+        for word in argv[index : index + width]
+    )
+
+
+def _path_values(argv: Sequence[str], wanted: frozenset[str]) -> list[tuple[int, str]]:
+    """(index of the value, value) of every option of ``wanted`` in ``argv``."""
+    return [
+        (index + 1, argv[index + 1])
+        for index, spec, width in option_spans(argv)
+        if spec is not None and spec.canonical in wanted and width == 2 and index + 1 < len(argv)
+    ]
+
+
+def absolute_paths(argv: Sequence[str], cwd: Path) -> tuple[str, ...]:
+    """``argv`` with every path-valued neutral option made absolute against ``cwd``."""
+    out = list(argv)
+    for at, value in _path_values(argv, READ_PATH_OPTIONS | WRITE_PATH_OPTIONS):
+        if not value.startswith("/"):
+            out[at] = str(cwd / value)
+    return tuple(out)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def write_problem(argv: Sequence[str], reads: Sequence[str], folders: Sequence[str]) -> str | None:
+    """Why a file the server would write (``--log-file``) could change something it reads:
+    the same file as one of ``reads`` (binary, model, cert, a read option's file), or a file
+    inside one of ``folders`` (the binary's folder, where its libraries load from; a
+    ``--path`` folder)."""
+    read_values = [value for _, value in _path_values(argv, READ_PATH_OPTIONS)]
+    for _, target in _path_values(argv, WRITE_PATH_OPTIONS):
+        real = os.path.realpath(target)
+        for read in (*reads, *read_values):
+            if _same_file(target, read):
+                return f"--log-file {target} is {read}, which the server reads: log elsewhere"
+        for folder in (*folders, *(v for v in read_values if os.path.isdir(v))):
+            base = os.path.realpath(folder)
+            if real == base or real.startswith(base.rstrip("/") + "/"):
+                return (
+                    f"--log-file {target} is inside {folder}, which the server reads files "
+                    "from: log to a folder of its own"
+                )
+    return None

@@ -6,7 +6,6 @@ reads a ``batch-invariance serve`` line as the server that line starts).
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -335,62 +334,3 @@ def served_command(command: ServerCommand) -> Served:
     ]
     # In a container the engine is found, and its files mapped, as the container's own.
     return Served(replace(command, argv=tuple(argv), env=env), tuple(problems), line)
-
-
-#: Neutral options whose value is a path the server opens by name: serve makes them absolute
-#: before it leaves the caller's folder (it execs the server in ``/``).
-READ_PATH_OPTIONS = frozenset(
-    {"--api-key-file", "--ssl-key-file", "--ssl-cert-file", "--path", "--ui-config-file"}
-)
-#: Neutral options whose value is a file the server writes.
-WRITE_PATH_OPTIONS = frozenset({"--log-file"})
-
-
-def _path_values(argv: Sequence[str], wanted: frozenset[str]) -> list[tuple[int, str]]:
-    """(index of the value, value) of every option of ``wanted`` in ``argv``."""
-    out: list[tuple[int, str]] = []
-    index = 1
-    while index < len(argv):
-        spec = lookup(argv[index])
-        width = 1 + (spec.nvalues if spec is not None else 0)
-        if spec is not None and spec.canonical in wanted and spec.nvalues == 1:
-            out.append((index + 1, argv[index + 1]))
-        index += width
-    return out
-
-
-def absolute_paths(argv: Sequence[str], cwd: Path) -> tuple[str, ...]:
-    """``argv`` with every path-valued neutral option made absolute against ``cwd``."""
-    out = list(argv)
-    for at, value in _path_values(argv, READ_PATH_OPTIONS | WRITE_PATH_OPTIONS):
-        if not value.startswith("/"):
-            out[at] = str(cwd / value)
-    return tuple(out)
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-def write_problem(argv: Sequence[str], reads: Sequence[str], folders: Sequence[str]) -> str | None:
-    """Why a file the server would write (``--log-file``) could change something it reads:
-    the same file as one of ``reads`` (binary, model, cert, a read option's file), or a file
-    inside one of ``folders`` (the binary's folder, where its libraries load from; a
-    ``--path`` folder)."""
-    read_values = [value for _, value in _path_values(argv, READ_PATH_OPTIONS)]
-    for _, target in _path_values(argv, WRITE_PATH_OPTIONS):
-        real = os.path.realpath(target)
-        for read in (*reads, *read_values):
-            if _same_file(target, read):
-                return f"--log-file {target} is {read}, which the server reads: log elsewhere"
-        for folder in (*folders, *(v for v in read_values if os.path.isdir(v))):
-            base = os.path.realpath(folder)
-            if real == base or real.startswith(base.rstrip("/") + "/"):
-                return (
-                    f"--log-file {target} is inside {folder}, which the server reads files "
-                    "from: log to a folder of its own"
-                )
-    return None
