@@ -37,7 +37,7 @@ from batch_invariance.service.request import CellDefaults
 
 #: Measured demo defaults (2 cores, see examples/certs/README.md).
 DEMO_DEFAULTS = CellDefaults(
-    Measurement(gate_passes=4, reps=1, n_predict=96, endpoint="completions", stop_on_red=True),
+    Measurement(n_predict=96, endpoint="completions", stop_on_red=True),
     ctx=1024,
     parallel=4,
 )

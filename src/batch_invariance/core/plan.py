@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 __all__ = [
     "CTX",
+    "DEFAULT_GATE_PASSES",
+    "DEFAULT_REPS",
     "ETA_CONCURRENT_SPEEDUP",
     "ETA_MS_PER_TOKEN_PER_GIB",
     "ETA_SERVER_LOAD_S",
@@ -48,6 +50,17 @@ __all__ = [
 
 
 Endpoint = Literal["chat", "completions"]
+
+#: The default schedule of every entry point (``run-live``, ``sweep``, ``demo``, the Action,
+#: and whatever else builds a :class:`Measurement` without naming these): each work-set row
+#: once, in two concurrent C passes. Chosen by detection power per request (docs/power.md):
+#: when a prompt's co-batched runs change together, repetitions and passes add nothing and
+#: only distinct prompts buy power, so a row is never repeated by default. Two passes, not
+#: one: the sample-size gate needs 30 co-batched comparisons and one pass of the ladder's 32
+#: prompts would leave a margin of two; the second pass also puts every prompt beside other
+#: partners, which is what buys power when runs change on their own.
+DEFAULT_GATE_PASSES = 2
+DEFAULT_REPS = 1
 
 
 @dataclass(frozen=True)
@@ -121,9 +134,9 @@ class Measurement:
     rule; the command line reads it, the driver uses it."""
 
     #: The number T of concurrent C passes.
-    gate_passes: int = number_field(NumberRule(1), 8)
+    gate_passes: int = number_field(NumberRule(1), DEFAULT_GATE_PASSES)
     #: Each work-set row repeated R times.
-    reps: int = number_field(NumberRule(1), 3)
+    reps: int = number_field(NumberRule(1), DEFAULT_REPS)
     #: The token budget per request.
     n_predict: int = number_field(NumberRule(1), 128)
     seed: int = 0

@@ -283,6 +283,7 @@ class MockServer:
                 self._predicted_tokens_total += len(out.pieces)
                 if cobatched:
                     self.stats.cobatched += 1
+                    self.stats.cobatched_prompts.add(prompt_text)
             return Generation(
                 text=out.text,
                 pieces=out.pieces,
@@ -325,13 +326,26 @@ class MockServer:
             text = diverged_answer(text)
         if cache_n and any(s in prompt_text for s in knobs.cache_divergence_if_contains):
             text = diverged_answer(text)
-        if knobs.divergence_probability > 0:
-            with self._cond:
-                k = self._seen[prompt_text] = self._seen.get(prompt_text, 0) + 1
-            draw = random.Random(f"{self._noise_key}:{k}:{prompt_text}").random()
-            if draw < knobs.divergence_probability:
-                text = diverged_answer(text)
+        if knobs.divergence_probability > 0 and self._draw(prompt_text) < (
+            knobs.divergence_probability
+        ):
+            text = diverged_answer(text)
+        flips = cobatched and knobs.cobatch_flip > 0 and self._susceptible(prompt_text)
+        if flips and self._draw(f"flip:{prompt_text}") < knobs.cobatch_flip:
+            text = diverged_answer(text)
         return text
+
+    def _draw(self, key: str) -> float:
+        """A seeded draw for the ``k``-th request of ``key`` on this instance."""
+        with self._cond:
+            k = self._seen[key] = self._seen.get(key, 0) + 1
+        return random.Random(f"{self._noise_key}:{k}:{key}").random()
+
+    def _susceptible(self, prompt_text: str) -> bool:
+        """Whether co-batching can change this prompt: one draw per prompt and seed, the same
+        on every instance and run."""
+        draw = random.Random(f"mock:{self.knobs.seed}:susceptible:{prompt_text}").random()
+        return draw < self.knobs.cobatch_susceptible
 
     def _tokens(self, text: str, cobatched: bool, n_predict: int) -> _Tokens:
         """The text's tokens (split differently when the token-divergence knob applies), cut

@@ -31,6 +31,12 @@ class MockKnobs:
     cache_numeric_drift: float = 0.0
     #: Prompts containing one of these change their answer when served from the cache.
     cache_divergence_if_contains: tuple[str, ...] = ()
+    #: A share of prompts susceptible to co-batching (drawn per prompt from ``seed`` and the
+    #: prompt, the same on every server), each co-batched run of one changing its answer with
+    #: probability ``cobatch_flip`` (drawn per run): the cells of the power model,
+    #: ``core/power.py`` (``s`` and ``f``). A flip of 0 changes nothing.
+    cobatch_susceptible: float = 1.0
+    cobatch_flip: float = 0.0
     #: Probability that any request's answer changes (seeded by ``seed``), in every arm.
     divergence_probability: float = 0.0
     #: Prompts containing any of these substrings get an empty completion.
@@ -90,6 +96,8 @@ class MockStats:
     requests: int = 0
     max_busy: int = 0
     cobatched: int = 0
+    #: The prompts of the co-batched requests (the power model counts distinct ones).
+    cobatched_prompts: set[str] = field(default_factory=set)
     refused: int = 0
     task_ids: list[int] = field(default_factory=list)
 

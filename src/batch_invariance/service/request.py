@@ -9,7 +9,7 @@ reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -58,13 +58,14 @@ class CellDefaults:
     parallel: int | None = None
 
 
-#: ``run-live`` (and the Action, which adds the cell size its users get without asking).
-RUN_LIVE_DEFAULTS = CellDefaults(Measurement(gate_passes=8, reps=3, n_predict=128))
-ACTION_DEFAULTS = CellDefaults(
-    replace(RUN_LIVE_DEFAULTS.measurement, stop_on_red=True), ctx=2048, parallel=4
-)
-#: ``sweep``: run-live's cell, ending each cell once RED is proven.
-SWEEP_DEFAULTS = CellDefaults(replace(RUN_LIVE_DEFAULTS.measurement, stop_on_red=True))
+#: ``run-live``: the default schedule (:data:`batch_invariance.core.plan.DEFAULT_GATE_PASSES`
+#: passes of each row once, docs/power.md), ending the passes once RED is proven, when no
+#: later pass can change the verdict.
+RUN_LIVE_DEFAULTS = CellDefaults(Measurement(n_predict=128, stop_on_red=True))
+#: The Action: run-live's cell, with the cell size its users get without asking.
+ACTION_DEFAULTS = CellDefaults(RUN_LIVE_DEFAULTS.measurement, ctx=2048, parallel=4)
+#: ``sweep``: run-live's cell.
+SWEEP_DEFAULTS = CellDefaults(RUN_LIVE_DEFAULTS.measurement)
 DEFAULT_SEED = Measurement().seed
 #: The gate policy's own default (core/evidence.py), not a second copy.
 DEFAULT_MIN_HOT_TRIALS = GatePolicy().min_hot_trials

@@ -7,10 +7,11 @@ import math
 
 from batch_invariance.commands.demo import DEMO_DEFAULTS, DEMO_WORKSET
 from batch_invariance.core.evidence import DEFAULT_MAX_BOUND, DEFAULT_MIN_ANSWER_TOKENS
-from batch_invariance.core.plan import duplicate_prompts
+from batch_invariance.core.plan import DEFAULT_GATE_PASSES, DEFAULT_REPS, duplicate_prompts
 from batch_invariance.core.scope import required_length
 from batch_invariance.profiles.ladder import LADDER, build_ladder
 from batch_invariance.profiles.tokens import approx_token_count
+from batch_invariance.service.request import RUN_LIVE_DEFAULTS
 
 #: The distinct prompts a GREEN needs: the rule-of-three bound 3/n must reach the max bound.
 MIN_DISTINCT_PROMPTS = math.ceil(3 / DEFAULT_MAX_BOUND)
@@ -36,4 +37,12 @@ def test_demo_measures_the_length_ladder_of_its_slot_on_the_completions_endpoint
 def test_demo_answers_are_long_enough_for_the_floor() -> None:
     # 1.5x the floor: a median under it would make the cell unpromotable for length alone.
     assert DEMO_DEFAULTS.measurement.n_predict >= 96 >= 1.5 * MIN_ANSWER_TOKENS
-    assert DEMO_DEFAULTS.measurement.gate_passes >= 3 and DEMO_DEFAULTS.parallel >= 2
+    assert DEMO_DEFAULTS.parallel is not None and DEMO_DEFAULTS.parallel >= 2
+
+
+def test_the_demo_runs_the_default_schedule() -> None:
+    # One schedule for every entry point (docs/power.md): the demo differs in its cell (ctx,
+    # endpoint, answer length), not in how many times it asks.
+    m, live = DEMO_DEFAULTS.measurement, RUN_LIVE_DEFAULTS.measurement
+    assert (m.reps, m.gate_passes, m.stop_on_red) == (live.reps, live.gate_passes, True)
+    assert (m.reps, m.gate_passes) == (DEFAULT_REPS, DEFAULT_GATE_PASSES)

@@ -45,7 +45,7 @@ def _run(
     return [
         "run-live", "--engine", "vllm", "--server-bin", str(exe), "--model", str(model),
         "--workset", str(workset), "--ctx", "512", "--parallel", "2", "--gate-passes", "1",
-        "--n-predict", "512", "--out-dir", str(tmp_path / out), *extra,
+        "--reps", "3", "--n-predict", "512", "--out-dir", str(tmp_path / out), *extra,
     ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batch_invariance.commands.demo import DEMO_DEFAULTS
+from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.core.findings import Sensitivity
 from batch_invariance.core.power import (
     PER_PROMPT,
@@ -241,28 +242,45 @@ def test_the_views_say_the_power_only_where_no_answer_changed() -> None:
 # --------------------------------------------------------------------------- the doc
 
 
+#: The defaults before issue 42 (run-live, sweep and the Action): 32 ladder prompts x 3
+#: repetitions x 8 passes. A fixed row of the doc, the figure the new defaults are read against.
+BEFORE = Schedule(LADDER_PROMPTS, 3, 8)
+
+
 def _defaults() -> list[tuple[str, Schedule]]:
     """The schedules docs/power.md states, named from the defaults themselves."""
     m = ACTION_DEFAULTS.measurement
-    for other in (RUN_LIVE_DEFAULTS, SWEEP_DEFAULTS):
+    for other in (RUN_LIVE_DEFAULTS, SWEEP_DEFAULTS, DEMO_DEFAULTS):
         assert (other.measurement.reps, other.measurement.gate_passes) == (m.reps, m.gate_passes)
-    demo = DEMO_DEFAULTS.measurement
     n = ACTION_DEFAULTS.parallel
     assert n is not None and DEMO_DEFAULTS.parallel == n
+    now = Schedule(LADDER_PROMPTS, m.reps, m.gate_passes, n)
     rows = [
-        ("`run-live`, `sweep`, the Action", Schedule(LADDER_PROMPTS, m.reps, m.gate_passes, n)),
-        ("`demo`", Schedule(LADDER_PROMPTS, demo.reps, demo.gate_passes, n)),
-        ("", Schedule(LADDER_PROMPTS, 1, 2, n)),
-        ("", Schedule(LADDER_PROMPTS * m.reps, 1, m.gate_passes, n)),
+        ("the defaults (`run-live`, `sweep`, `demo`, the Action)", now),
+        ("before issue 42", replace(BEFORE, parallel=n)),
+        ("", Schedule(now.runs, 1, 1, n)),
+        ("", Schedule(BEFORE.runs // BEFORE.passes, 1, BEFORE.passes, n)),
     ]
     return [
         (
             f"{name}{': ' if name else ''}{s.prompts} prompts x {s.reps} "
-            f"rep{'s' if s.reps > 1 else ''} x {s.passes} passes, N {s.parallel}",
+            f"rep{'s' if s.reps > 1 else ''} x {s.passes} pass{'es' if s.passes > 1 else ''}, "
+            f"N {s.parallel}",
             s,
         )
         for name, s in rows
     ]
+
+
+def test_the_default_schedule_can_meet_the_green_sample_rules() -> None:
+    """Cheaper defaults never loosen a GREEN: the ladder's distinct prompts still reach the
+    rule-of-three bound, and the co-batched comparisons the sample gate counts leave room for
+    prompts that were not co-batched (F3 asks 80 % of a pass)."""
+    m, policy = RUN_LIVE_DEFAULTS.measurement, GatePolicy()
+    assert policy.max_bound >= 3 / LADDER_PROMPTS
+    least_hot = math.ceil(policy.coverage_fraction * LADDER_PROMPTS * m.reps) * m.gate_passes
+    assert least_hot >= policy.min_hot_trials
+    assert m.stop_on_red  # the passes end once the verdict cannot change
 
 
 def test_the_doc_states_what_the_module_computes_for_the_defaults() -> None:
