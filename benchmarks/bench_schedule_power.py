@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embedded_pair import add_pair_arguments, pair_from
+
 from batch_invariance.core.power import (
     PER_PROMPT,
     PER_RUN,
@@ -46,7 +48,6 @@ from batch_invariance.core.power import (
 )
 from batch_invariance.profiles.ladder import LADDER_PROMPTS
 from batch_invariance.service.request import ACTION_DEFAULTS
-from benchmarks.embedded_pair import add_pair_arguments, pair_from
 
 #: The defaults before issue 42 (run-live, sweep, the Action): 32 prompts x 3 reps x 8 passes.
 BEFORE = Schedule(LADDER_PROMPTS, 3, 8)

@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass
 
 from batch_invariance.core.memory_fraction import FractionDecision
-from batch_invariance.core.plan import eta_seconds, serial_arm_count
+from batch_invariance.core.plan import eta_seconds, prompt_text, serial_arm_count
+from batch_invariance.core.power import power_words
 from batch_invariance.core.scope import required_length
 from batch_invariance.engines.registry import shown_name
 from batch_invariance.errors import UsageError
@@ -77,9 +78,43 @@ def ladder_line(workset: Workset, ctx: int) -> str:
     )
 
 
+def _request_lines(cell: LiveCell, workset: Workset, cpus: int) -> list[str]:
+    """What the planned work-set sends: the ladder, the requests, the power, the ETA."""
+    m, target = cell.measurement, cell.target
+    lines: list[str] = []
+    if is_ladder(workset):
+        lines.append(ladder_line(workset, cell.ctx))
+    n_items = len(workset.items) * m.reps
+    # An upper bound: A' runs only when B differs from A, B only on the divergent ids of
+    # a RED cell, and --stop-on-red may end the C passes early.
+    arms = "A, B, A' if B differs" if m.serial_repeat else "A, B"
+    total = n_items * (serial_arm_count(m.serial_repeat) + m.gate_passes + m.cache_passes)
+    plural = "es" if m.cache_passes > 1 else ""
+    cache = f" + {m.cache_passes} prompt-cache pass{plural}" if m.cache_passes else ""
+    lines.append(
+        f"requests: up to {total} = {n_items} items x ({arms} + {m.gate_passes} C passes "
+        f"of {cell.parallel} workers{cache}); endpoint {m.endpoint}; n_predict {m.n_predict}"
+    )
+    # The most the schedule can say (every C request co-batched): docs/power.md.
+    distinct = len({prompt_text(item) for item in workset.items})
+    lines.append(f"power at most: {power_words(distinct, n_items * m.gate_passes)}")
+    if target.gguf is None:
+        lines.append("ETA: unknown (no GGUF model size to estimate from)")
+        return lines
+    eta = eta_seconds(
+        target.gguf.file_size,
+        n_items,
+        n_predict=m.n_predict,
+        gate_passes=m.gate_passes,
+        serial_repeat=m.serial_repeat,
+        cpus=cpus,
+    )
+    lines.append(f"ETA: ~{eta / 60:.1f} min (rough: from model size and CPU count)")
+    return lines
+
+
 def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     """The plan of ``cell`` on a host with ``host`` memory and ``cpus`` CPUs."""
-    m = cell.measurement
     target = cell.target
     if target.attach is not None:
         raise UsageError(
@@ -127,31 +162,7 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
     # A server's tokenizer, which moves each prompt by a few tokens).
     workset = planned_workset(cell)
     if workset is not None:
-        if is_ladder(workset):
-            lines.append(ladder_line(workset, cell.ctx))
-        n_items = len(workset.items) * m.reps
-        # An upper bound: A' runs only when B differs from A, B only on the divergent ids of
-        # a RED cell, and --stop-on-red may end the C passes early.
-        arms = "A, B, A' if B differs" if m.serial_repeat else "A, B"
-        total = n_items * (serial_arm_count(m.serial_repeat) + m.gate_passes + m.cache_passes)
-        plural = "es" if m.cache_passes > 1 else ""
-        cache = f" + {m.cache_passes} prompt-cache pass{plural}" if m.cache_passes else ""
-        lines.append(
-            f"requests: up to {total} = {n_items} items x ({arms} + {m.gate_passes} C passes "
-            f"of {cell.parallel} workers{cache}); endpoint {m.endpoint}; n_predict {m.n_predict}"
-        )
-        if target.gguf is None:
-            lines.append("ETA: unknown (no GGUF model size to estimate from)")
-        else:
-            eta = eta_seconds(
-                target.gguf.file_size,
-                n_items,
-                n_predict=m.n_predict,
-                gate_passes=m.gate_passes,
-                serial_repeat=m.serial_repeat,
-                cpus=cpus,
-            )
-            lines.append(f"ETA: ~{eta / 60:.1f} min (rough: from model size and CPU count)")
+        lines.extend(_request_lines(cell, workset, cpus))
     else:
         lines.append("requests: the profile's work-set is built on a calibration server")
     cert_name = f"{cell.model_name}__ctx{cell.ctx}__N{cell.parallel}.json"
