@@ -57,7 +57,10 @@ NO_COBATCH_CELL = (
     "--min-hot-trials 1"
 )
 #: Long enough that arm C is still running when the signal arrives.
-SIGINT_CELL = "--ctx 512 --parallel 4 --gate-passes 6 --reps 1 --n-predict 96 --no-serial-repeat"
+SIGINT_CELL = (
+    "--ctx 512 --parallel 4 --gate-passes 6 --reps 1 --n-predict 96 --no-serial-repeat "
+    "--no-stop-on-red"  # the signal must land in a C pass, not after a RED ended them
+)
 
 
 def _args(pair: Provisioned, workset: Path, out: Path, *extra: str) -> list[str]:
@@ -276,8 +279,12 @@ def test_sigint_in_the_middle_of_arm_c(
     assert list(out_dir.glob("*.json")) == []
 
 
-#: Short: 2 slots, 4 prompts, 3 passes; the kill lands in the first pass that is seen busy.
-KILL_CELL = "--ctx 256 --parallel 2 --gate-passes 3 --reps 1 --n-predict 32 --no-serial-repeat"
+#: Short: 2 slots, 4 prompts, 3 passes; the kill lands in the first pass that is seen busy
+#: (every pass runs: a RED must not end them before the kill).
+KILL_CELL = (
+    "--ctx 256 --parallel 2 --gate-passes 3 --reps 1 --n-predict 32 --no-serial-repeat "
+    "--no-stop-on-red"
+)
 
 
 def test_a_server_killed_mid_pass_ends_the_run_with_exit_4_and_no_cert(
