@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from batch_invariance.core.cache_arm import conversation_chains
 from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import ARM_C, ARM_CACHE, GatePolicy, PassRecord, Trial
+from batch_invariance.core.numerics import compare_pair
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.schedule import RedProof, red_proof, restrict
@@ -178,6 +179,7 @@ def run_passes(series: PassSeries, server: ServerHandle, scored: Scored) -> CPas
     stats: list[ArmStats] = []
     passes: list[PassRecord] = []
     differ: set[str] = set()
+    drift: set[str] = set()
     for index in range(series.count):
         sink.arm(series.arm, index, series.count)
         with stops_the_run(series.where.format(n=index + 1, of=series.count)):
@@ -197,9 +199,11 @@ def run_passes(series: PassSeries, server: ServerHandle, scored: Scored) -> CPas
         passes.append(_pass_record(result, trials))
         found = compare(series.pair, scored.a_trials, [(index, trials)]).divergent_ids
         differ = differ | set(found) if series.c_passes else set(found)
+        if series.c_passes:
+            drift |= set(compare_pair(series.pair, scored.a_trials, [(index, trials)]).drift_ids)
         failed = sum(1 for t in trials.values() if t.is_transport_failure)
         sink.done(ArmReport(len(trials), failed, 0, len(differ), len(scored.a_trials),
-                            so_far=series.c_passes))  # fmt: skip
+                            so_far=series.c_passes, drift=len(drift)))  # fmt: skip
         if series.stop_on_red is not None:
             proof = red_proof(scored.a_trials, passes[-1], series.stop_on_red)
             if proof.proven:

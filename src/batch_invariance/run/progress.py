@@ -36,6 +36,9 @@ class ArmReport:
     compared: int | None = None
     #: Whether ``differ`` accumulates over the passes run so far (C) or is this arm's own.
     so_far: bool = False
+    #: C: ids whose logprobs differ from A's bitwise on any pass so far, the early detector
+    #: (docs/power.md); ``None`` where not counted.
+    drift: int | None = None
 
 
 class ProgressSink(Protocol):
@@ -84,6 +87,8 @@ def report_line(label: str, wall_s: float, report: ArmReport) -> str:
     if report.differ is not None and report.compared is not None:
         tail = " so far" if report.so_far else ""
         parts.append(f"{report.differ} of {report.compared} differ from A{tail}")
+        if report.drift:  # drifting rows: no GREEN at exact equality, whatever follows
+            parts.append(f"{report.drift} of {report.compared} drift from A bitwise{tail}")
     return ", ".join(parts)
 
 

@@ -5,9 +5,15 @@ RED. Run through the driver on the loopback mock, with stop-on-red on as every d
 
 from __future__ import annotations
 
-from batch_invariance.mock import MockKnobs
+import io
+import re
+
+from batch_invariance.mock import MockKnobs, MockLauncher
+from batch_invariance.run.cell import run_cell
+from batch_invariance.run.progress import Progress
+from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.request import RUN_LIVE_DEFAULTS
-from tests.unit.run.test_cell import cell
+from tests.unit.run.test_cell import cell, plan
 
 #: 8 prompts x 4 passes: 32 co-batched comparisons, enough for the sample gate.
 PASSES = 4
@@ -52,3 +58,21 @@ def test_a_drifting_cell_whose_answers_change_later_is_red() -> None:
         else:
             assert (passes, stopped) == (PASSES, False)
     assert late >= 1, "no seed changed its first answer after pass 1: the test proves nothing"
+
+
+def test_the_progress_line_shows_drift_as_it_is_seen() -> None:
+    # Drift is the early detector: the first pass already says the rows moved, though no
+    # answer did.
+    log = io.StringIO()
+    run_cell(
+        plan(gate_passes=2, stop_on_red=True),
+        MockLauncher(MockKnobs(numeric_drift=1e-3)),
+        ExactMatchScorer(),
+        progress=Progress(log),
+    )
+    first = next(line for line in log.getvalue().splitlines() if "arm C pass 1/2" in line)
+    # (The mock drifts the co-batched rows only; a pass's last request may run alone.)
+    assert re.search(r"0 of 8 differ from A so far, [1-8] of 8 drift from A bitwise so far", first)
+    clean = io.StringIO()
+    run_cell(plan(gate_passes=1), MockLauncher(), ExactMatchScorer(), progress=Progress(clean))
+    assert "drift" not in clean.getvalue()
