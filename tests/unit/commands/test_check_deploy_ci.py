@@ -36,11 +36,9 @@ def _argv(world: dict[str, Path], config: Path, *extra: str) -> list[str]:  # no
 
 
 def _failing(world: dict[str, Path]) -> str:  # noqa: F811
-    """Both lines start serve: line 2's cell is covered, line 3 runs N=8 (no cert measured
-    it)."""
+    """Line 2 starts serve with N=8, a cell no cert measured."""
     m, certs = world["model"], world["certs"]
-    covered = served(f"llama-server -m {m} {OK_FLAGS}", certs)
-    return f"{covered}\n{served(f'llama-server -m {m} -c 8192 -np 8', certs)}\n"
+    return f"exec {served(f'llama-server -m {m} -c 8192 -np 8', certs)}\n"
 
 
 def test_json_prints_the_outcome_alone_on_stdout(
@@ -59,9 +57,9 @@ def test_json_prints_the_outcome_alone_on_stdout(
     assert out == json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     assert err == plain.out  # the human lines, moved to stderr
     assert (data["command"], data["decision"], data["exit_code"]) == ("check-deploy", "fail", 3)
-    assert [(c["result"], c["parallel"]) for c in data["cells"]] == [("pass", 4), ("fail", 8)]
-    (problem,) = data["cells"][1]["problems"]
-    assert (problem["file"], problem["line"], problem["rule"]) == (str(config), 3, "missing")
+    assert [(c["result"], c["parallel"]) for c in data["cells"]] == [("fail", 8)]
+    (problem,) = data["cells"][0]["problems"]
+    assert (problem["file"], problem["line"], problem["rule"]) == (str(config), 2, "missing")
     assert data["summary"] == plain.out.splitlines()[-1]
 
 
@@ -94,7 +92,7 @@ def test_a_github_job_gets_one_annotation_per_problem_on_its_line(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = _deploy(world, tmp_path, _failing(world) + "curl -o /tmp/x https://example.com\n")
+    config = _deploy(world, tmp_path, "curl -o /tmp/x https://example.com\n" + _failing(world))
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     assert main(_argv(world, config)) == exitcodes.NOT_PROMOTABLE
     plain = capsys.readouterr().out
@@ -105,8 +103,8 @@ def test_a_github_job_gets_one_annotation_per_problem_on_its_line(
     out = capsys.readouterr().out
     assert out.startswith(plain)  # the same text, then the annotations
     (annotation,) = out[len(plain) :].splitlines()
-    assert annotation.startswith(f"::error file=deploy/llm.sh,line=4,{TITLE}::not understood: ")
-    assert "running curl" in annotation
+    assert annotation.startswith(f"::error file=deploy/llm.sh,line=2,{TITLE}::not understood: ")
+    assert "runs curl" in annotation
 
 
 def test_a_failing_cell_is_annotated_and_json_keeps_stdout_for_the_object(
@@ -120,7 +118,7 @@ def test_a_failing_cell_is_annotated_and_json_keeps_stdout_for_the_object(
     monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
     assert main(_argv(world, config)) == exitcodes.NOT_PROMOTABLE
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].startswith(f"::error file=deploy/llm.sh,line=3,{TITLE}::")
+    assert lines[-1].startswith(f"::error file=deploy/llm.sh,line=2,{TITLE}::")
     assert "N=8 kv=split: no cert" in lines[-1]
     # Outside the workspace the path stays as given.
     monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path / "elsewhere"))
@@ -151,20 +149,17 @@ def test_a_cert_found_but_not_checkable_here_is_unverifiable_and_named(
     would not help; a cell no cert measured stays ``missing`` beside it."""
     m = model.format(name=world["model"].name, model=world["model"])
     engine = f"{server} -m {m} {OK_FLAGS}"
-    body = f"{served(engine, world['certs'])}\n{server} -m {m} -c 8192 -np 8\n"
-    config = _deploy(world, tmp_path, body)
+    config = _deploy(world, tmp_path, f"exec {served(engine, world['certs'])}\n")
     assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
     data: dict[str, Any] = json.loads(capsys.readouterr().out)
-    found, other = data["cells"]
+    (found,) = data["cells"]
     assert (found["kind"], found["result"], found["cert"]) == (
         "unverifiable", "fail", str(world["green"]),
     )  # fmt: skip
     assert found["problems"][0]["rule"] == "unverifiable"
     agrees = f"cert {world['green'].name} agrees on everything checkable here"
     assert agrees in found["reason"] and gap in found["reason"]
-    # Started directly (line 3): kind raw, the coverage reason kept inside.
-    assert (other["kind"], other["result"], other["cert"]) == ("raw", "fail", None)
-    assert "no cert for" in other["reason"] and "covers this cell" not in other["reason"]
+    # Started directly: kind raw, the coverage reason kept inside.
     config = _deploy(world, tmp_path, f"{engine}\n")
     assert main(_argv(world, config, "--json")) == exitcodes.NOT_PROMOTABLE
     (raw,) = json.loads(capsys.readouterr().out)["cells"]

@@ -6,8 +6,8 @@ training context, read from the GGUF header when the file is here; ``-c`` is pad
 llama.cpp pads it. A cell's ``ctx`` is the context per slot after padding, which is what a
 cert's ``ctx`` means; for a unified pool the padded pool must also equal the one measured.
 A cell also carries why it cannot be covered whatever the certs say (a word the server
-rejects, an option in no class, a config file it would read, a variable whose value the
-reader lost, a model path that is not on this host), the variables ggml reads (a runtime's
+rejects, an option in no class, a variable a measured server runs without, a model path that
+is not on this host), the variables ggml reads (a runtime's
 only where the binary here links it: the rule a cert's ``engine_env`` was recorded by) and the
 GPUs its selection variables pick on this host.
 A ``batch-invariance serve CERT`` line is read as the server it execs.
@@ -26,10 +26,8 @@ from batch_invariance.core.gpu_placement import GpuPlacement, is_gpu_selection
 from batch_invariance.deploy.gate.identity import is_this_tool
 from batch_invariance.deploy.gate.serve_plan import served_command
 from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand
-from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.readers.shell import is_serve
 from batch_invariance.engines.llama_server.env import (
-    config_files,
     engine_env,
     is_engine_variable,
     is_neutral_variable,
@@ -88,8 +86,8 @@ class DeployCell:
     notes: tuple[str, ...] = ()
     #: The GPUs its environment selects on this host (compared with a cert's ``gpus``).
     gpus: GpuPlacement = field(default_factory=GpuPlacement)
-    #: Paths it reads that may not hold what the check read (:func:`untrusted_paths`): the
-    #: deploy is not understood.
+    #: Why others could replace the serve program after the check: the deploy is not
+    #: understood.
     untrusted: tuple[str, ...] = ()
     #: The engine command it runs (a serve line's: the one serve execs).
     argv: tuple[str, ...] = ()
@@ -133,9 +131,6 @@ class Located(NamedTuple):
 
     path: Path | None
     missing: str | None
-    #: The host folder of the bind mount it is under (a container resolves links below it in
-    #: its own file system); ``None`` outside a container.
-    mount: str | None = None
 
 
 def _host_path(model: str, command: ServerCommand) -> Located:
@@ -143,8 +138,7 @@ def _host_path(model: str, command: ServerCommand) -> Located:
     path outside every bind mount, a relative path after a ``cd`` the reader lost)."""
     for container, host in command.mounts:  # longest container path first
         if model == container or model.startswith(container.rstrip("/") + "/"):
-            found = _as_written(host + model[len(container) :], "model", command)
-            return Located(found.path, found.missing, host)
+            return _as_written(host + model[len(container) :], "model", command)
     if command.in_container:
         return Located(None, f"model {model} is inside the container (under no bind mount)")
     return _as_written(model, "model", command)
@@ -205,8 +199,6 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
             "variables, LLAMA_ARG_*, GPU selection and the ones the engine reads are passed); "
             "do not export it"
         )
-    if command.config_unknown is not None:
-        out.append(command.config_unknown)
     for word in flags.rejected:
         hint = (
             f" (write {word.replace('=', ' ', 1)})" if word.startswith("-") and "=" in word else ""
@@ -214,47 +206,16 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
         out.append(f"llama-server rejects {word}: no such option in build {TABLE_BUILD}{hint}")
     for option in flags.unclassified():
         out.append(f"option {option} is in no class (neutral, compared, owned): not covered")
-    if not command.in_container and command.config_unknown is None:
-        for config in config_files(command.env, os.path.expanduser("~")):
-            if os.path.lexists(config):  # a dangling link too: it can be filled later
-                out.append(f"llama-server would read config file {config} (its settings apply)")
     return out
 
 
-def _links_in_mount(path: Path, mount: str) -> str | None:
-    """A link below a bind mount's host folder: the container resolves it in its own files."""
-    current = Path(mount)
-    for name in path.relative_to(mount).parts:
-        current = current / name
-        if current.is_symlink():
-            return (f"model {path}: {current} is a link inside the bind mount {mount} (the "
-                    "container resolves it in its own file system, not this host's)")  # fmt: skip
-    return None
+def _launcher_problem(path: Path) -> str | None:
+    """Why others could replace the serve launcher after the check (its file or a folder
+    above it writable by someone else), or ``None``."""
+    from batch_invariance.deploy.gate.pinned_files import layout_problem
 
-
-def untrusted_paths(command: ServerCommand, model: Located, binary: Located) -> list[str]:
-    """Why a path the server reads may not hold, when it runs, what the check read: a dangling
-    link, or a link, folder or file others could change
-    (:mod:`batch_invariance.deploy.readers.path_trust`)."""
-    found: list[str | None] = []
-    if model.path is not None:
-        in_mount = model.mount is not None and model.path.is_relative_to(model.mount)
-        linked = _links_in_mount(model.path, model.mount or "/") if in_mount else None
-        found.append(linked or trust_problem("model", str(model.path)))
-    if binary.path is not None:
-        found.append(trust_problem("server binary", str(binary.path)))
-        program = command.argv[0] if command.argv else ""
-        if "/" not in program and command.search_path:  # a folder before it could get one
-            for folder in command.search_path.split(":"):
-                if Path(folder, program) == binary.path:
-                    break
-                found.append(trust_problem("PATH folder", folder, may_be_absent=True))
-    if not command.in_container and command.config_unknown is None:
-        for config in config_files(command.env, os.path.expanduser("~")):
-            found.append(trust_problem("config file", config, may_be_absent=True))
-        if command.base_dir is not None:
-            found.append(trust_problem("working folder", str(command.base_dir)))
-    return [problem for problem in found if problem is not None]
+    real = os.path.realpath(path)
+    return layout_problem("serve program", real, os.stat(real), folders=True)
 
 
 def cell_of(command: ServerCommand) -> DeployCell:
@@ -265,10 +226,11 @@ def cell_of(command: ServerCommand) -> DeployCell:
     serving = is_serve(command.argv)
     if serving and command.image is None:  # serve pins the binary and model (pinned_files.py)
         program = _binary_path(command)
-        untrusted = untrusted_paths(command, Located(None, None), program)
         if program.path is None or not is_this_tool(program.path):
             why = program.missing or f"{program.path} is not this tool (its bytes differ)"
             refused.append(f"serve line: {why}; write the path of this tool's launcher")
+        elif (problem := _launcher_problem(program.path)) is not None:
+            untrusted.append(problem)
     if serving:  # in a container, the image's digest names the serve program (serve_required)
         served = served_command(command)
         command, refused = served.command, [*refused, *served.problems]
@@ -284,7 +246,6 @@ def cell_of(command: ServerCommand) -> DeployCell:
     not_covered = [*refused, *_not_covered(command, flags)]
     model = command.model_override or flags.model
     path: Path | None = None
-    located = Located(None, None)
     if model:
         located = _host_path(model, command)
         path = located.path
@@ -299,8 +260,6 @@ def cell_of(command: ServerCommand) -> DeployCell:
     n_ctx = ctx_size if ctx_size > 0 else _trained_ctx(path)
     padded = None if n_ctx is None else padded_context(n_ctx, layout)
     binary = _binary_path(command)
-    if not serving:
-        untrusted = untrusted_paths(command, located, binary)
     linked = None if binary.path is None else linked_runtimes(binary.path)
     return DeployCell(
         origin=command.origin,
@@ -327,6 +286,9 @@ def cell_of(command: ServerCommand) -> DeployCell:
     )
 
 
+_TRUST_FIX = "install the tool where only you and root can write (chmod go-w)"
+
+
 @dataclass(frozen=True)
 class DeployCells:
     cells: tuple[DeployCell, ...]
@@ -345,7 +307,7 @@ def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
         return DeployCells((), read.unmodelled, read.not_understood)
     cells = tuple(cell_of(command) for command in read.commands)
     untrusted = tuple(
-        NotUnderstood(*_where(cell.origin), problem, TRUST_FIX)
+        NotUnderstood(*_where(cell.origin), problem, _TRUST_FIX)
         for cell in cells
         for problem in cell.untrusted
     )

@@ -1,8 +1,8 @@
 """What a deploy file starts, as the readers report it (value types shared by every reader).
 
-A reader reports each server the file starts (:class:`ServerCommand`) and each construct
-outside its closed grammar (:class:`NotUnderstood`); any one of the latter makes the whole
-deploy not covered.
+A reader reports each server the file starts (:class:`ServerCommand`) and each construct off
+its allowlist (:class:`NotUnderstood`); any one of the latter makes the whole deploy not
+covered.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class BindMount(NamedTuple):
 
 @dataclass(frozen=True)
 class NotUnderstood:
-    """A line of a deploy file outside the closed grammar of its format."""
+    """A line of a deploy file off the allowlist of its format."""
 
     file: str
     line: int
@@ -74,10 +74,7 @@ class ServerCommand:
     #: The ``PATH`` a bare program name is looked up with, as the file sets it (``None``:
     #: the file sets none, so the caller's decides).
     search_path: str | None = None
-    #: Why the config files the server would read cannot be looked up here (``None``: they
-    #: are the ones :func:`~batch_invariance.engines.llama_server.env.config_files` names).
-    config_unknown: str | None = None
-    #: Notes for the pass line (an optional environment file that is absent here).
+    #: Notes for the pass line.
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: The container image it runs in, as the deploy names it (``None``: on the host).
     image: str | None = None

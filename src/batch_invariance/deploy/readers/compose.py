@@ -6,26 +6,23 @@ merges the first of :data:`OVERRIDES` beside it (compose-go ``WithDefaultConfigP
 checker reads exactly one file, so a folder where compose could read another file than the one
 given, or merge an override file into it, is not understood (naming that file).
 
-A server service is one whose image is a llama.cpp ``:server*`` image (by tag, by tag and
-digest; entrypoint ``/app/llama-server``) or whose ``entrypoint`` runs llama-server. Its keys
-must be in :data:`SERVER_KEYS`; its volumes bind host folders (a named volume or tmpfs could
-hold any file) and none lands on or above the server binary, a library it loads or a config
-file it reads; its ``environment`` holds values (a name without one passes the caller's
-through); its ``env_file`` entries are read as compose reads them (``required: false`` and
-absent: skipped, with a note). Any ``$`` (interpolation from the caller's environment or
-``.env``) is not understood. Other services may not mention a server and may not bind a
-server's host folder writable.
+A server service is one whose ``entrypoint`` runs ``batch-invariance serve`` (in an image
+pinned by digest) or llama-server, or whose image is a llama.cpp ``:server*`` image (entrypoint
+``/app/llama-server``). Its keys must be in :data:`SERVER_KEYS`; its volumes bind host folders
+(a named volume or tmpfs could hold any file) away from the image's programs; its
+``environment`` holds values (``env_file`` is refused: write the values). Any ``$``
+(interpolation) is refused, and so is a ``.env`` beside the file that sets ``COMPOSE_*`` or
+``DOCKER_*`` (it changes what compose reads or runs). Other services may not mention a server
+and may not bind a server's host folder writable.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
-from batch_invariance.deploy.readers.compose_mounts import PathIndex
 from batch_invariance.deploy.readers.compose_service import (
     FIX,
     IMAGE_SERVER,
@@ -36,8 +33,6 @@ from batch_invariance.deploy.readers.compose_service import (
     read_services,
 )
 from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
-from batch_invariance.deploy.readers.env_file import parse_env_file, read_env_file
-from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget
 
 TRIGGER = re.compile(
@@ -102,18 +97,23 @@ def project_problems(path: Path) -> list[NotUnderstood]:
 
 def _dot_env(folder: Path) -> list[NotUnderstood]:
     env = folder / ".env"
-    if not os.path.lexists(env):  # absent: fine unless others could create it
-        problem = trust_problem(".env", str(env), may_be_absent=True)
-        return [] if problem is None else [NotUnderstood(str(env), 0, problem, TRUST_FIX)]
-    read = read_env_file(env, str(env))
-    if read is None:
+    try:
+        text = env.read_text("ascii", "replace")
+    except FileNotFoundError:
+        return []
+    except OSError:
         return [NotUnderstood(str(env), 0, ".env that cannot be read here")]
-    bad = list(read.not_understood)
-    for name in read.values:
-        if name.startswith(("COMPOSE_", "DOCKER_")):
-            bad.append(NotUnderstood(str(env), 0, f"{name} in .env (it changes what compose "
-                                     "reads or runs)"))  # fmt: skip
-    return bad
+    found = re.search(r"^[ \t]*(export[ \t]+)?(COMPOSE_|DOCKER_)", text, re.M)
+    if found is None:
+        return []
+    line = text.count("\n", 0, found.start()) + 1
+    return [NotUnderstood(str(env), line, "COMPOSE_* or DOCKER_* in .env (it changes what "
+                          "compose reads or runs)")]  # fmt: skip
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.rstrip("/").split("/")
+    return ["/".join(parts[:i]) or "/" for i in range(1, len(parts) + 1)]
 
 
 def compose_commands(path: Path, text: str) -> DeployRead:
@@ -140,7 +140,7 @@ def compose_commands(path: Path, text: str) -> DeployRead:
     except Refused as exc:
         bad.append(NotUnderstood(shown, exc.line, exc.construct, exc.fix))
     commands: list[ServerCommand] = []
-    server_hosts: list[str] = []
+    server_hosts: set[str] = set()
     others: list[Service] = []
     budget = ServerBudget()
     for service in services.values():
@@ -159,14 +159,17 @@ def compose_commands(path: Path, text: str) -> DeployRead:
             bad.append(NotUnderstood(file, line, f"[{service.name}] {crossed}", BUDGET_FIX))
             break
         commands.append(command)
-        server_hosts += [m.host for m in command.mounts]
-    servers = PathIndex(server_hosts)
+        server_hosts.update(m.host for m in command.mounts)
+    # Each host folder a server binds and the folders above it: a bind on, above or below
+    # one is found by looking up its own folders, in time proportional to the paths.
+    above = {a for host in server_hosts for a in _ancestors(host)}
+    servers = (server_hosts, above)
     for service in others:
         bad.extend(_other(service, servers, path))
     return DeployRead(tuple(commands), tuple(bad))
 
 
-def _other(service: Service, servers: PathIndex, path: Path) -> list[NotUnderstood]:
+def _other(service: Service, servers: tuple[set[str], set[str]], path: Path) -> list[NotUnderstood]:
     """What of a service that starts no server is outside the grammar: a mention of a server,
     or a writable bind of a host folder on or above or below one a server reads
     (``servers``: their host folders)."""
@@ -187,7 +190,7 @@ def _other(service: Service, servers: PathIndex, path: Path) -> list[NotUndersto
             text = str(item)
             source, read_only = text.partition(":")[0], text.endswith(":ro")
         host = str(Path(source) if source.startswith("/") else (path.parent / source).resolve())
-        overlaps = servers.above(host) is not None or servers.below(host) is not None
+        overlaps = host.rstrip("/") in servers[1] or any(a in servers[0] for a in _ancestors(host))
         if overlaps and not read_only:
             out.append(NotUnderstood(file, line, f"[{service.name}] binds {source} "
                                      "writable, which a server reads"))  # fmt: skip
@@ -201,6 +204,5 @@ __all__ = [
     "SERVER_KEYS",
     "compose_commands",
     "image_tag",
-    "parse_env_file",
     "project_problems",
 ]

@@ -1,12 +1,12 @@
-"""A server service of a compose file read inside the grammar: its program (a llama.cpp
-``:server`` image or an entrypoint that runs llama-server), its keys (:data:`SERVER_KEYS`),
-its command words, its ``environment`` and ``env_file`` entries, and its bind mounts
-(checked by :mod:`batch_invariance.deploy.readers.compose_mounts`).
+"""A server service of a compose file read on an allowlist: its program (``batch-invariance
+serve`` in an image pinned by digest, or llama-server, read to name its cell), its keys
+(:data:`SERVER_KEYS`), its command words, its ``environment`` values and its bind mounts, none
+of which may cover the folders the programs of the image and what they load live in
+(:data:`IMAGE_FOLDERS`; the Kubernetes reader applies the same rule).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -14,24 +14,23 @@ from posixpath import normpath
 from typing import Any
 
 from batch_invariance.deploy.readers.commands import BindMount, ServerCommand
-from batch_invariance.deploy.readers.compose_mounts import (
-    binaries,
-    binary_mounts,
-    config_mounts,
-    loader_mounts,
-)
 from batch_invariance.deploy.readers.compose_yaml import Refused, plain
-from batch_invariance.deploy.readers.env_file import NAME, PLAIN_VALUE, EnvFile, read_env_file
-from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 
 #: The binary of the published llama.cpp ``:server`` images (their entrypoint).
 IMAGE_SERVER = "/app/llama-server"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 SERVER_KEYS = frozenset(
-    {"image", "command", "entrypoint", "environment", "env_file", "volumes", "working_dir",
-     "ports", "expose", "restart", "container_name", "hostname", "networks", "depends_on",
-     "labels", "stop_signal", "stop_grace_period", "init"}
+    {"image", "command", "entrypoint", "environment", "volumes", "working_dir", "ports",
+     "expose", "restart", "container_name", "hostname", "networks", "depends_on", "labels",
+     "stop_signal", "stop_grace_period", "init", "healthcheck", "logging", "deploy", "ulimits",
+     "mem_limit", "memswap_limit", "cpus", "cpu_shares", "shm_size", "oom_score_adj",
+     "read_only", "user", "stdin_open", "tty"}
 )  # fmt: skip
+#: Folders of a serve image a volume may not cover: the programs, what the dynamic loader
+#: and Python load, and their configuration (``/etc/ld.so.preload``).
+IMAGE_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/app", "/opt", "/etc")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_./:,@%+=\- ]*")
 FIX = "keep the service to the keys in docs/deploy.md, or entrypoint batch-invariance serve"
 
 
@@ -66,7 +65,7 @@ def _environment(value: Any, line: int) -> dict[str, str]:
     else:
         raise Refused(line, "environment that is neither a map nor a list")
     for name, text in pairs.items():
-        if not NAME.fullmatch(name) or not PLAIN_VALUE.fullmatch(text):
+        if not _NAME.fullmatch(name) or not _PLAIN_VALUE.fullmatch(text):
             raise Refused(line, f"environment {name}={text[:40]}", "plain NAME=VALUE")
     return pairs
 
@@ -148,51 +147,17 @@ def _program(spec: dict[str, Any], line: int) -> list[str] | None:
     return None
 
 
-def _env_files(value: Any, line: int, base: Path) -> tuple[dict[str, str], list[str]]:
-    """The variables of a service's ``env_file`` entries, in order (a later file wins), and a
-    note per optional file that is absent here. An entry is a path, or ``{path, required}``
-    (compose's long form; ``required`` defaults to true). A file named again is read once
-    and applied where it is named last (what a later naming sets overrides every earlier)."""
-    reads: dict[Path, EnvFile | None] = {}
-    applied: dict[Path, dict[str, str]] = {}  # in the order of each file's last naming
-    notes: list[str] = []
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, dict):
-            entry = plain(item)
-            if set(entry) - {"path", "required"} or not isinstance(entry.get("path"), str):
-                raise Refused(line, f"env_file entry with keys {', '.join(sorted(entry))}",
-                               "env_file: [{path: ./a.env, required: false}]")  # fmt: skip
-            path, required = entry["path"], entry.get("required", True)
-            if required not in (True, False, "true", "false"):
-                raise Refused(line, f"env_file {path}: required {required}",
-                               "required: true or required: false")  # fmt: skip
-            required = required in (True, "true")
-        elif isinstance(item, str):
-            path, required = item, True
-        else:
-            raise Refused(line, "env_file that is neither a path nor {path, required}")
-        if path.startswith("~"):
-            raise Refused(line, f"env_file {path} (compose expands ~ with its caller's HOME)",
-                           "write the path absolute or relative to the compose file")  # fmt: skip
-        file = Path(path) if path.startswith("/") else base / path
-        if not required and not os.path.lexists(file):
-            if problem := trust_problem("env_file", str(file), may_be_absent=True):
-                raise Refused(line, problem, TRUST_FIX)
-            notes.append(f"env_file {path} is absent here (required: false): nothing set")
-            continue
-        if file not in reads:
-            reads[file] = read_env_file(file, str(file))
-        read = reads[file]
-        if read is None:
-            raise Refused(line, f"env_file {path}, which cannot be read here")
-        if read.not_understood:
-            raise Refused(line, f"env_file {path}: {read.not_understood[0]}")
-        applied.pop(file, None)
-        applied[file] = read.values
-    env: dict[str, str] = {}
-    for values in applied.values():
-        env.update(values)
-    return env, notes
+def _covers(outer: str, inner: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def program_mount(target: str, program: str) -> str | None:
+    """Why a volume at ``target`` could replace what a container's program runs or loads
+    (on or above its folder or one of :data:`IMAGE_FOLDERS`), or ``None``."""
+    for folder in (str(PurePosixPath(program).parent), *IMAGE_FOLDERS):
+        if target == "/" or _covers(target, folder) or _covers(folder, target):
+            return f"volume at {target}, on, above or below {folder} (it replaces what runs)"
+    return None
 
 
 def read_server(service: Service, path: Path) -> ServerCommand | None:
@@ -205,28 +170,23 @@ def read_server(service: Service, path: Path) -> ServerCommand | None:
         if key not in SERVER_KEYS:
             raise Refused(service.lines[key][1], f"key {key} of a server service")
     command = _words(spec.get("command", []), service.lines.get("command", ("", 0))[1], "command")
-    env: dict[str, str] = {}
-    notes: list[str] = []
-    if "env_file" in spec:
-        env, notes = _env_files(spec["env_file"], service.lines["env_file"][1], base)
-    env.update(spec.get("environment", {}))
+    env: dict[str, str] = dict(spec.get("environment", {}))
     mounts: list[BindMount] = []
     volumes_line = service.lines.get("volumes", ("", 0))[1]
     for item in spec.get("volumes", []):
         source, target, _ = _volume(item, volumes_line)
+        if (problem := program_mount(normpath(target), program[0])) is not None:
+            raise Refused(volumes_line, problem, "mount models and certs at /models, /certs")
         host = Path(source) if source.startswith("/") else (base / source).resolve()
         mounts.append(BindMount(normpath(target), str(host).rstrip("/") or "/"))
     mounts.sort(key=lambda m: len(m.container), reverse=True)
     workdir = str(spec.get("working_dir", "/"))
     if not workdir.startswith("/"):
         raise Refused(service.lines["working_dir"][1], f"working_dir {workdir}")
-    binary_mounts(mounts, binaries(program[0], env, workdir), workdir, volumes_line)
-    config_mounts(mounts, env, volumes_line)
-    loader_mounts(mounts, volumes_line)
     image = str(spec.get("image", "(built here)"))
     return ServerCommand(
         origin=f"{path.name} [{service.name}]",
         argv=(*program, *command), env=env, base_dir=Path(workdir), mounts=tuple(mounts),
         in_container=True, binary_elsewhere=f"runs inside the container image {image}",
-        notes=tuple(notes), image=image,
+        image=image,
     )  # fmt: skip

@@ -1,6 +1,8 @@
 """Reading a deploy file: which format it is (by its name, as the program that runs it
 decides: :func:`deploy_format`), its bytes checked
 (:mod:`batch_invariance.deploy.readers.source_bytes`), and the reader of that format.
+The readers are allowlists: ``batch-invariance serve`` proves the cell at start, so a reader
+only has to find the one serve launch and refuse anything that could start something else.
 
 * a shell script (:mod:`batch_invariance.deploy.readers.shell`);
 * a systemd unit with its drop-ins (:mod:`batch_invariance.deploy.readers.systemd`);
@@ -10,30 +12,21 @@ decides: :func:`deploy_format`), its bytes checked
 * a ``models.toml`` registry, read by the one registry reader (:mod:`profiles.models`), with the
   ``kv`` cache type applied as run-live applies it.
 
-Each reader passes a file only when every line, word and key is inside its closed grammar;
-the rest is returned as :attr:`DeployRead.not_understood`, and the deploy is not covered.
+Each reader passes a file only when every line, word and key is on its allowlist; the rest
+is returned as :attr:`DeployRead.not_understood`, and the deploy is not covered.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import re
 from pathlib import Path
 
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.compose import compose_commands
 from batch_invariance.deploy.readers.kubernetes import is_manifest, kubernetes_commands
-from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
-from batch_invariance.deploy.readers.shell import ShellReader, SourceText
-from batch_invariance.deploy.readers.shell_dialect import script_dialect
-from batch_invariance.deploy.readers.shell_writes import write_problems
-from batch_invariance.deploy.readers.source_bytes import (
-    BUDGET_FIX,
-    ServerBudget,
-    decode,
-    read_source,
-)
+from batch_invariance.deploy.readers.shell import shell_commands
+from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget, decode
 from batch_invariance.deploy.readers.systemd import unit_commands
 from batch_invariance.errors import UsageError
 
@@ -44,40 +37,6 @@ _OTHER_UNITS = frozenset(
     {".socket", ".timer", ".target", ".path", ".mount", ".automount", ".swap", ".slice",
      ".scope", ".device", ".conf"}
 )  # fmt: skip
-
-
-def shell_commands(text: str, name: str) -> DeployRead:
-    """The servers a shell script starts, read in order as the shell its ``#!`` line names
-    runs it (no ``#!`` line: the sh grammar, which bash and dash read alike). A sourced file
-    is read from its path (absolute, or relative to a folder the script fixed)."""
-
-    def source(file: str) -> SourceText:
-        return read_source(Path(file), file)
-
-    choice = script_dialect(text)
-    if choice.dialect is None:
-        return DeployRead((), (NotUnderstood(
-            name, 1, f"the #! line {choice.said[:60]!r} (only bash or sh, with no option)",
-            "start the file with #!/bin/bash or #!/bin/sh",
-        ),))  # fmt: skip
-    reader = ShellReader(name, source, choice.dialect)
-    reader.run(text)
-    commands = tuple(
-        ServerCommand(
-            origin=launch.where,
-            argv=launch.argv,
-            env=launch.env,
-            base_dir=launch.cwd,
-            search_path=launch.search_path,
-        )
-        for launch in reader.launches
-    )
-    home = os.path.expanduser("~")  # the config files a server without HOME reads (cells.py)
-    bad = [
-        *reader.not_understood,
-        *write_problems(reader.written, reader.sourced, commands, home),
-    ]
-    return DeployRead(commands, tuple(bad))
 
 
 def toml_commands(path: Path, text: str, models_dir: str | None) -> DeployRead:
@@ -134,9 +93,8 @@ def deploy_format(path: Path) -> str:
     ``.service`` is a systemd unit (systemd loads it by name, whatever it holds), ``.yml`` /
     ``.yaml`` a compose file (``docker compose -f``), ``.toml`` a models registry (run-live's
     ``--models``); any other systemd unit type or a lone drop-in (``.conf``) is not read;
-    everything else is a shell script, whose ``#!`` line picks the shell
-    (:mod:`batch_invariance.deploy.readers.shell_dialect`). No header line inside the file decides
-    it: a ``[Service]`` line in ``run.sh`` is a shell word, not a unit."""
+    everything else is a shell script (sh or bash by its ``#!`` line). No header line
+    inside the file decides it: a ``[Service]`` line in ``run.sh`` is a shell word, not a unit."""
     suffix = path.suffix.lower()
     if suffix == ".service":
         return "unit"
@@ -177,9 +135,6 @@ def read_deploy_file(path: Path, models_dir: str | None = None) -> DeployRead:
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read deploy config {path}: {exc}") from None
-    problem = trust_problem("deploy file", str(path))
-    if problem is not None:  # what runs later could be another file than the one read here
-        return DeployRead((), (NotUnderstood(path.name, 0, problem, TRUST_FIX),))
     read = _read_format(path, data, models_dir)
     if not read.commands and not read.not_understood:
         raise UsageError(

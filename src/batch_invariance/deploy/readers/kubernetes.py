@@ -31,9 +31,9 @@ from batch_invariance.deploy.readers.commands import (
     NotUnderstood,
     ServerCommand,
 )
-from batch_invariance.deploy.readers.compose_mounts import LOADER_PATHS
-from batch_invariance.deploy.readers.compose_service import IMAGE_SERVER, image_tag
+from batch_invariance.deploy.readers.compose_service import IMAGE_SERVER, image_tag, program_mount
 from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
+from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget
 
 _DOCUMENT = re.compile(r"^---[ \t]*$", re.MULTILINE)
 _TRIGGER = re.compile(r"llama-server|llama\.cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I)
@@ -48,8 +48,6 @@ POD_SPECS: dict[str, tuple[str, ...]] = {
     "Job": ("spec", "template", "spec"),
     "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
 }
-#: Folders of a serve container a volume may not cover (the programs and what they load).
-_IMAGE_FOLDERS = ("/usr", "/bin", "/sbin", "/app", "/opt", "/etc", *LOADER_PATHS)
 FIX = "run batch-invariance serve in an image pinned by digest (docs/deploy.md, Kubernetes)"
 
 
@@ -116,10 +114,6 @@ def _mounts(container: dict[str, Any], volumes: dict[str, str]) -> list[BindMoun
     return sorted(out, key=lambda m: len(m.container), reverse=True)
 
 
-def _covers(outer: str, inner: str) -> bool:
-    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
-
-
 def _serve_container(container: dict[str, Any], pod: dict[str, Any], argv: list[str],
                      mounts: list[BindMount]) -> None:  # fmt: skip
     image = str(plain(container.get("image", ("", 0))[0]) or "")
@@ -131,12 +125,9 @@ def _serve_container(container: dict[str, Any], pod: dict[str, Any], argv: list[
                       "run beside the server and can change what it loads)")  # fmt: skip
     if plain(pod.get("shareProcessNamespace", (None, 0))[0]) not in (None, False, "false"):
         raise Refused(pod["shareProcessNamespace"][1], "shareProcessNamespace around serve")
-    folders = [str(PurePosixPath(argv[0]).parent), *_IMAGE_FOLDERS]
     for mount in mounts:
-        for folder in folders:
-            if mount.container == "/" or _covers(mount.container, folder):
-                raise Refused(0, f"volume at {mount.container}, on or above {folder} (it "
-                              "replaces what serve runs or loads)")  # fmt: skip
+        if (problem := program_mount(mount.container, argv[0])) is not None:
+            raise Refused(0, problem, "mount models and certs at /models, /certs")
 
 
 def _container(container: dict[str, Any], pod: dict[str, Any], volumes: dict[str, str],
@@ -201,6 +192,7 @@ def kubernetes_commands(path: Path, text: str) -> DeployRead:
     shown = path.name
     commands: list[ServerCommand] = []
     bad: list[NotUnderstood] = []
+    budget = ServerBudget()
     for first, body in _documents(text):
         data = load(body, shown, any_boolean=True)
         if isinstance(data, NotUnderstood):
@@ -209,8 +201,13 @@ def kubernetes_commands(path: Path, text: str) -> DeployRead:
         kind = str(plain(data.get("kind", ("", 0))[0]))
         try:  # other kinds (Service, ConfigMap ...) start nothing: serve decides what runs
             if kind in POD_SPECS:
-                commands.extend(_workload(data, shown))
+                for command in _workload(data, shown):
+                    if (crossed := budget.spend(command.argv, command.env)) is not None:
+                        raise Refused(1, crossed, BUDGET_FIX)
+                    commands.append(command)
         except Refused as exc:
             line = first + max(exc.line, 1) - 1
             bad.append(NotUnderstood(shown, line, exc.construct, exc.fix or FIX))
+            if exc.fix == BUDGET_FIX:
+                break
     return DeployRead(tuple(commands), tuple(bad))

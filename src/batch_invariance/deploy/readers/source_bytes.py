@@ -1,21 +1,13 @@
 """A deploy file's bytes, checked before anything reads them (pure, except :func:`read_source`).
 
-bash, dash and systemd split words on a few ASCII bytes (bash's and dash's blanks are space
-and tab, a newline ends a command, and the default ``IFS`` is space, tab, newline; systemd's
-``WHITESPACE`` is space, tab, newline, CR). Python's string helpers split on many more
-(U+00A0, U+2000..U+200A, U+3000, U+0085, ``\\v``, ``\\f``, ``\\x1c``..``\\x1f``), so a reader
-that decodes a file as UTF-8 and splits it the Python way sees other words than the program.
-Every reader therefore starts here: a file may hold only :data:`ALLOWED` (printable ASCII,
-tab, newline); any other byte (non-ASCII, CR, NUL, any other control byte) is *not
-understood*, naming its line, column and byte offset, and nothing of the file is read.
-:func:`read_source` (the only impure function) also refuses a file others could change.
+The shells and systemd split words on a few ASCII bytes; Python's string helpers split on
+many more (U+00A0, U+3000, ``\\v``, ...), so a file may hold only :data:`ALLOWED` (printable
+ASCII, tab, newline); any other byte is *not understood*, naming its line, column and offset.
 
-Every reader also answers in time proportional to the bytes it reads: a construct whose work
-the file's size does not show (a file sourced thousands of times, a value doubled on every
-line, YAML nested thousands deep, thousands of servers) is *not understood* once it crosses
-one of the bounds here (:class:`ServerBudget`, :data:`MAX_STATEMENTS`, :data:`MAX_EXPANDED`,
-:data:`MAX_NESTING`; a ``models.toml``'s is :data:`batch_invariance.profiles.models.
-MAX_NESTING`), named at its file and line with the bound.
+Every reader answers in time proportional to the bytes it reads: a construct whose work the
+file's size does not show (a value doubled on every line, YAML nested thousands deep,
+thousands of servers) is *not understood* once it crosses one of the bounds here
+(:class:`ServerBudget`, :data:`MAX_EXPANDED`, :data:`MAX_NESTING`), named with the bound.
 """
 
 from __future__ import annotations
@@ -26,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.deploy.readers.commands import NotUnderstood
-from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 
 #: The bytes a deploy file may hold: printable ASCII (0x20..0x7e), tab and newline.
 ALLOWED = frozenset({0x09, 0x0A, *range(0x20, 0x7F)})
@@ -35,18 +26,12 @@ _DISALLOWED = re.compile(rb"[^\t\n\x20-\x7e]")
 #: Blanks between words: bash's and dash's (``<blank>``), and systemd's ``WHITESPACE`` within
 #: a line (its CR is outside :data:`ALLOWED`, its newline ends the line).
 BLANKS = " \t"
-#: The default ``IFS`` of bash and dash: what an unquoted expansion is split at.
-IFS = " \t\n"
-DIGITS = "0123456789"
 #: The most servers one deploy file may start, the most words (argv words and environment
 #: variables) and characters their command lines and environments hold in all: the gate checks
 #: each server's cell, every word of it, and a variable exported once reaches every server.
 MAX_SERVERS = 64
 MAX_SERVER_WORDS = 65_536
 MAX_SERVER_CHARS = 4 * 1024 * 1024
-#: The most statements a shell read runs, the script's and every sourced file's, each file
-#: counted every time it is sourced.
-MAX_STATEMENTS = 100_000
 #: The most characters the words of a shell read (or one ``ExecStart=``) expand to in all.
 MAX_EXPANDED = 16 * 1024 * 1024
 #: The deepest a YAML document may nest collections: PyYAML's composer recurses per level.
@@ -123,12 +108,7 @@ def text_problem(text: str, shown: str) -> NotUnderstood | None:
 
 
 def read_source(path: Path, shown: str) -> str | NotUnderstood | None:
-    """A file's text through :func:`decode`; ``None`` when it cannot be read. A file whose
-    path is a dangling link, or that others could change or replace
-    (:func:`~batch_invariance.deploy.readers.path_trust.trust_problem`), is not understood."""
-    problem = trust_problem("file", str(path))
-    if problem is not None:
-        return NotUnderstood(shown, 0, problem, TRUST_FIX)
+    """A file's text through :func:`decode`; ``None`` when it cannot be read."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -140,13 +120,3 @@ def split_blanks(text: str, blanks: str = BLANKS) -> list[str]:
     """Words of ``text`` split at runs of ``blanks`` only (Python's ``split()`` would also
     split at every Unicode blank)."""
     return re.findall(f"[^{re.escape(blanks)}]+", text)
-
-
-def strip_blanks(text: str, blanks: str = BLANKS) -> str:
-    """``text`` without leading and trailing ``blanks`` (only those)."""
-    return text.strip(blanks)
-
-
-def is_decimal(text: str) -> bool:
-    """One or more ASCII digits (Python's own digit test also takes ``٤``, ``²``)."""
-    return bool(text) and all(char in DIGITS for char in text)

@@ -1,34 +1,30 @@
-"""Reading a systemd service inside a closed grammar, with every file systemd merges into it.
+"""Reading a systemd service (pure, but for reading its drop-ins): an allowlist of keys.
 
-The files: the unit, then its drop-ins (``service.d/``, ``PREFIX-.service.d/`` for dashed
-names, ``NAME.service.d/``; every ``*.conf``, sorted by file name across folders, a name in a
-folder searched earlier masking the same name later; systemd.unit(5), "Description").
-The folders searched are the unit's own folder and, when that is one of systemd's unit
-folders, all of them (``/etc``, ``/run``, ``/usr/local/lib``, ``/usr/lib``).
+The files: the unit, then the drop-ins this host shows for it (``NAME.service.d/*.conf`` and
+the ``service.d/`` / ``PREFIX-.service.d/`` folders, beside the unit or, for a unit in one of
+systemd's folders, in all of them; sorted by file name, an earlier folder masking the same name
+later: systemd.unit(5)). Folders the manager adds at run time (``system.control``,
+``transient``, generators) and its ``DefaultEnvironment=`` are on the serving host only: the
+check cannot see them (docs/deploy.md says so).
 
-Each line is empty, a comment (``#``/``;`` first), a section header or ``Key=value`` with a
-key of :data:`KEYS` (systemd.syntax(5)). A ``\\`` at the end continues a line; a comment inside
-a continuation is not understood (systemd versions differ). ``%`` specifiers, ``$`` outside
-``ExecStart=`` and a backslash anywhere else are not understood. The service's environment is
-every ``Environment=`` in order (an empty one resets), overridden by every ``EnvironmentFile=``
-in order (:mod:`batch_invariance.deploy.readers.env_file`; ``-`` = absent is fine), minus
-``UnsetEnvironment=`` (systemd.exec(5), "Environment"). ``ExecStart=`` (an empty one resets;
-exactly one must remain) is split with systemd's quoting, ``$NAME`` as a whole word split at
-whitespace, ``${NAME}`` not split (systemd.service(5), "Command lines").
+Each line is empty, a comment (``#``/``;``), a section header or ``Key=value``. ``\\`` at a
+line's end continues it (a comment inside a continuation is refused). The keys read:
+``ExecStart=`` (an empty one resets; exactly one must remain; no prefix but ``-``),
+``Environment=`` (an empty one resets), ``UnsetEnvironment=`` and ``WorkingDirectory=``. The
+keys allowed are those that change nothing ``serve`` runs (:data:`_NEUTRAL`: ordering,
+restart policy, resource limits, logging, sandboxing); any other key (``ExecStartPre=``,
+``EnvironmentFile=``, ``Type=forking``, ...), a ``%`` specifier, or ``$`` outside
+``ExecStart=`` is refused with its line. ``ExecStart=`` is split with systemd's quoting,
+``$NAME`` as a whole word split at whitespace, ``${NAME}`` not split (systemd.service(5)).
 """
 
 from __future__ import annotations
 
-import os
-import pwd
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
-from batch_invariance.deploy.readers.env_file import NAME, read_env_file
-from batch_invariance.deploy.readers.path_trust import TRUST_FIX, trust_problem
 from batch_invariance.deploy.readers.source_bytes import (
     BLANKS,
     BOUND,
@@ -39,41 +35,47 @@ from batch_invariance.deploy.readers.source_bytes import (
     split_blanks,
     text_problem,
 )
-from batch_invariance.deploy.readers.systemd_files import (
-    UNIT_DIRS,
-    WHITESPACE,
-    drop_in_files,
-    logical_lines,
-    manager_environment,
-)
 
-#: Keys that change nothing the server computes, with the values they may take (``None``:
-#: any plain value).
+#: systemd's ``WHITESPACE``: what it strips around keys and values and splits ``$NAME`` at.
+WHITESPACE = " \t\n\r"
+#: systemd's unit folders for system services, highest priority first (systemd.unit(5)).
+UNIT_DIRS = (
+    Path("/etc/systemd/system"), Path("/run/systemd/system"),
+    Path("/usr/local/lib/systemd/system"), Path("/usr/lib/systemd/system"),
+    Path("/lib/systemd/system"),
+)  # fmt: skip
+_ANY = None
+#: Keys that change nothing serve runs, with the values they may take (``None``: any plain
+#: value).
 _NEUTRAL: dict[str, dict[str, frozenset[str] | None]] = {
-    "Unit": {k: None for k in (
+    "Unit": dict.fromkeys((
         "Description", "Documentation", "After", "Before", "Wants", "Requires", "BindsTo",
-        "PartOf", "Conflicts", "StartLimitIntervalSec", "StartLimitBurst")},
-    "Install": {k: None for k in ("WantedBy", "RequiredBy", "Alias", "Also")},
+        "PartOf", "Conflicts", "StartLimitIntervalSec", "StartLimitBurst"), _ANY),
+    "Install": dict.fromkeys(("WantedBy", "RequiredBy", "Alias", "Also"), _ANY),
     "Service": {
         "Type": frozenset({"simple", "exec"}),
         "StandardOutput": frozenset({"journal", "null", "inherit", "journal+console"}),
         "StandardError": frozenset({"journal", "null", "inherit", "journal+console"}),
-        **{k: None for k in (
-            "Group", "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec",
-            "TimeoutSec", "KillSignal", "KillMode", "SuccessExitStatus", "LimitNOFILE",
-            "LimitMEMLOCK", "SyslogIdentifier", "NoNewPrivileges", "PrivateTmp",
-            "ProtectSystem", "ProtectHome", "ProtectKernelTunables", "ProtectKernelModules",
-            "ProtectControlGroups", "RestrictRealtime", "LockPersonality")},
+        **dict.fromkeys((
+            "User", "Group", "Restart", "RestartSec", "TimeoutStartSec", "TimeoutStopSec",
+            "TimeoutSec", "KillSignal", "KillMode", "SuccessExitStatus", "SyslogIdentifier",
+            "Nice", "CPUQuota", "CPUWeight", "MemoryMax", "MemoryHigh", "TasksMax",
+            "OOMScoreAdjust",
+            "LimitNOFILE", "LimitMEMLOCK", "LimitNPROC", "LimitCORE", "LimitAS", "LimitSTACK",
+            "NoNewPrivileges", "PrivateTmp", "ProtectSystem", "ProtectHome",
+            "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups",
+            "RestrictRealtime", "LockPersonality"), _ANY),
     },
 }  # fmt: skip
-#: Keys read (modelled), all in ``[Service]``.
-_READ = frozenset(
-    {"ExecStart", "Environment", "EnvironmentFile", "UnsetEnvironment", "WorkingDirectory",
-     "User"}
-)  # fmt: skip
-KEYS = {section: frozenset(keys) for section, keys in _NEUTRAL.items()}
-_VALUE = re.compile(r"[A-Za-z0-9_./:,@+=\- ]*")
-_FIX_UNIT = "keep the unit to the keys in docs/deploy.md, or ExecStart= batch-invariance serve"
+_VALUE = re.compile(r"[A-Za-z0-9_./:,@+=%\- ]*")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FIX_UNIT = "keep the unit to the keys in docs/deploy.md and ExecStart=batch-invariance serve ..."
+
+
+class _Refused(Exception):
+    def __init__(self, construct: str, fix: str = "") -> None:
+        super().__init__(construct)
+        self.construct, self.fix = construct, fix
 
 
 @dataclass
@@ -81,15 +83,52 @@ class _Unit:
     """What the files of one service say, as systemd merges them."""
 
     environment: dict[str, str] = field(default_factory=dict)
-    #: (path, optional, as written, (file, line)) of each ``EnvironmentFile=``.
-    env_files: list[tuple[str, bool, str, tuple[str, int]]] = field(default_factory=list)
     unset: set[str] = field(default_factory=set)
     workdir: str = "/"
-    user: str | None = None
     exec_start: list[tuple[tuple[str, int], str]] = field(default_factory=list)
     bad: list[NotUnderstood] = field(default_factory=list)
-    #: (file, line) of the setting being read.
-    where: tuple[str, int] = ("", 0)
+
+
+def logical_lines(text: str) -> list[tuple[int, str]]:
+    """Logical lines as systemd forms them, in one pass: a comment line is dropped; an odd
+    run of backslashes at a line's end becomes a space and the next line is appended."""
+    out: list[tuple[int, str]] = []
+    pieces: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.split("\n"), start=1):
+        if raw.lstrip(BLANKS)[:1] in ("#", ";"):
+            if pieces:
+                raise _Refused("a comment inside a \\ continuation", "move it above the setting")
+            continue
+        start = start if pieces else number
+        if (len(raw) - len(raw.rstrip("\\"))) % 2:
+            pieces += (raw[:-1], " ")
+            continue
+        line = "".join((*pieces, raw)).strip(WHITESPACE)
+        pieces = []
+        if line:
+            out.append((start, line))
+    if pieces:
+        raise _Refused("a \\ continuation at the end of the file")
+    return out
+
+
+def drop_in_files(unit_path: Path, root: Path = Path("/")) -> list[Path]:
+    """The drop-ins systemd merges into ``unit_path`` that this host shows, in the order it
+    applies them (``root``: where systemd's unit folders are, as ``systemd-analyze --root``)."""
+    name = unit_path.name
+    kind = name.rsplit(".", 1)[-1]
+    parts = name[: -len(kind) - 1].split("-")
+    names = [f"{kind}.d", *(f"{'-'.join(parts[:i])}-.{kind}.d" for i in range(1, len(parts)))]
+    names.append(f"{name}.d")
+    systemd_dirs = [root / d.relative_to("/") for d in UNIT_DIRS]
+    folders = systemd_dirs if unit_path.parent in systemd_dirs else [unit_path.parent]
+    chosen: dict[str, Path] = {}
+    for folder in folders:
+        for sub in names:
+            for conf in (folder / sub).glob("*.conf"):
+                chosen.setdefault(conf.name, conf)
+    return [chosen[k] for k in sorted(chosen)]
 
 
 def _read_file(unit: _Unit, text: str, shown: str) -> None:
@@ -97,11 +136,16 @@ def _read_file(unit: _Unit, text: str, shown: str) -> None:
     if problem is not None:  # bytes systemd splits or reads otherwise than Python
         unit.bad.append(problem)
         return
+    try:
+        lines = logical_lines(text)
+    except _Refused as exc:
+        unit.bad.append(NotUnderstood(shown, 0, exc.construct, exc.fix))
+        return
     section = ""
-    for number, line in logical_lines(text, shown, unit.bad):
+    for number, line in lines:
         if line.startswith("["):
-            section = line[1:-1] if line.endswith("]") else ""
-            if section not in ("Unit", "Service", "Install"):
+            section = line[1:-1] if line.endswith("]") else line
+            if section not in _NEUTRAL:
                 unit.bad.append(NotUnderstood(shown, number, f"section {line}", _FIX_UNIT))
                 return
             continue
@@ -111,30 +155,50 @@ def _read_file(unit: _Unit, text: str, shown: str) -> None:
                 raise _Refused(f"line {line[:60]!r} (not Key=value in a section)")
             if "%" in value:
                 raise _Refused(f"a % specifier in {key}=", "write the value out")
-            unit.where = (shown, number)
-            _setting(unit, section, key, value)
+            _setting(unit, section, key, value, (shown, number))
         except _Refused as exc:
             unit.bad.append(NotUnderstood(shown, number, exc.construct, exc.fix or _FIX_UNIT))
 
 
-class _Refused(Exception):
-    def __init__(self, construct: str, fix: str = "") -> None:
-        super().__init__(construct)
-        self.construct, self.fix = construct, fix
-
-
-def _setting(unit: _Unit, section: str, key: str, value: str) -> None:
-    if section == "Service" and key in _READ:
-        _SETTINGS[key](unit, value)
-        return
-    allowed = _NEUTRAL.get(section, {})
-    if key not in allowed:
-        raise _Refused(f"{key}= in [{section}] (not in the grammar)")
-    choices = allowed[key]
-    if "$" in value or "\\" in value or not _VALUE.fullmatch(value):
+def _setting(unit: _Unit, section: str, key: str, value: str, where: tuple[str, int]) -> None:
+    read = section == "Service"
+    if read and key == "ExecStart":
+        unit.exec_start = [*unit.exec_start, (where, value)] if value else []
+    elif read and key == "Environment":
+        _environment(unit, value)
+    elif read and key == "UnsetEnvironment":
+        for word in split_blanks(value):
+            if not _NAME.fullmatch(word):
+                raise _Refused(f"UnsetEnvironment={word}", "UnsetEnvironment= NAME ...")
+            unit.unset.add(word)
+    elif read and key == "WorkingDirectory":
+        if not value.startswith("/") or not _VALUE.fullmatch(value) or " " in value:
+            raise _Refused(f"WorkingDirectory={value}", "an absolute folder without - or ~")
+        unit.workdir = value
+    elif key not in _NEUTRAL[section]:
+        raise _Refused(f"{key}= in [{section}] (not on the allowlist)")
+    elif "$" in value or "\\" in value or not _VALUE.fullmatch(value):
         raise _Refused(f"{key}={value[:40]} (only plain values)")
-    if choices is not None and value not in choices:
+    elif (choices := _NEUTRAL[section][key]) is not None and value not in choices:
         raise _Refused(f"{key}={value}", f"{key}= one of {', '.join(sorted(choices))}")
+
+
+def _environment(unit: _Unit, value: str) -> None:
+    if not value:
+        unit.environment = {}
+        return
+    for body, quote in _words(value, "Environment"):
+        name, eq, text = body.partition("=")
+        if (
+            not eq
+            or quote == "'"
+            or not _NAME.fullmatch(name)
+            or not _VALUE.fullmatch(text)
+            or (not quote and " " in text)
+        ):
+            shown = f"{quote}{body}{quote}"[:40]
+            raise _Refused(f"Environment= word {shown}", 'write NAME=VALUE or "NAME=A B"')
+        unit.environment[name] = text
 
 
 def _words(value: str, key: str) -> list[tuple[str, str]]:
@@ -167,65 +231,6 @@ def _words(value: str, key: str) -> list[tuple[str, str]]:
         words.append((word, ""))
         index = end
     return words
-
-
-def _environment(unit: _Unit, value: str) -> None:
-    if not value:
-        unit.environment = {}
-        return
-    for body, quote in _words(value, "Environment"):
-        name, eq, text = body.partition("=")
-        if (
-            not eq
-            or quote == "'"
-            or not NAME.fullmatch(name)
-            or not _VALUE.fullmatch(text)
-            or (not quote and " " in text)
-        ):
-            shown = f"{quote}{body}{quote}"[:40]
-            raise _Refused(f"Environment= word {shown}", 'write NAME=VALUE or "NAME=A B"')
-        unit.environment[name] = text
-
-
-def _environment_file(unit: _Unit, value: str) -> None:
-    optional = value.startswith("-")
-    path = value[1:] if optional else value
-    if not path.startswith("/") or not _VALUE.fullmatch(path) or " " in path:
-        raise _Refused(f"EnvironmentFile={value} (an absolute path)")
-    unit.env_files.append((path, optional, value, unit.where))
-
-
-def _unset(unit: _Unit, value: str) -> None:
-    for word in split_blanks(value):
-        if not NAME.fullmatch(word):
-            raise _Refused(f"UnsetEnvironment={word}", "UnsetEnvironment= NAME ...")
-        unit.unset.add(word)
-
-
-def _workdir(unit: _Unit, value: str) -> None:
-    if not value.startswith("/") or not _VALUE.fullmatch(value) or " " in value:
-        raise _Refused(f"WorkingDirectory={value}", "an absolute folder without - or ~")
-    unit.workdir = value
-
-
-def _user(unit: _Unit, value: str) -> None:
-    if not re.fullmatch(r"[a-z_][a-z0-9_-]*", value):
-        raise _Refused(f"User={value}")
-    unit.user = value
-
-
-def _exec_start(unit: _Unit, value: str) -> None:
-    if not value:
-        unit.exec_start = []
-        return
-    unit.exec_start.append((unit.where, value))
-
-
-_SETTINGS: dict[str, Callable[[_Unit, str], None]] = {
-    "Environment": _environment, "EnvironmentFile": _environment_file,
-    "UnsetEnvironment": _unset, "WorkingDirectory": _workdir, "User": _user,
-    "ExecStart": _exec_start,
-}  # fmt: skip
 
 
 def exec_argv(value: str, env: dict[str, str]) -> list[str]:
@@ -276,40 +281,6 @@ def _variable(name: str, env: dict[str, str]) -> str:
     return env[name]
 
 
-def _environment_files(unit: _Unit, env: dict[str, str]) -> list[str]:
-    """Each ``EnvironmentFile=`` applied over ``env`` in order; the notes of optional ones
-    absent here. A file named again is read once, where it is named last (what it sets is
-    what it sets there: the later naming overrides every earlier one), so naming one file
-    thousands of times is not thousands of reads."""
-    last: dict[tuple[str, bool], tuple[str, bool, str, tuple[str, int]]] = {}
-    for entry in reversed(unit.env_files):
-        last.setdefault(entry[:2], entry)
-    notes: list[str] = []
-    for file, optional, written, where in reversed(list(last.values())):
-        loaded = read_env_file(Path(file), file)
-        if loaded is None:
-            if optional and not os.path.lexists(file):
-                problem = trust_problem("EnvironmentFile", file, may_be_absent=True)
-                if problem is not None:  # absent, but others could create it
-                    unit.bad.append(NotUnderstood(*where, problem, TRUST_FIX))
-                    continue
-                notes.append(f"EnvironmentFile={written} is absent here: nothing set from it")
-                continue
-            unit.bad.append(
-                NotUnderstood(*where, f"EnvironmentFile={written}, which cannot be "
-                              "read here", "put the file on this host, or write -PATH if it "
-                              "is optional")
-            )  # fmt: skip
-            continue
-        unit.bad.extend(loaded.not_understood)
-        env.update(loaded.values)
-    return notes
-
-
-def _exec_lines(unit: _Unit) -> str:
-    return ", ".join(f"{file}:{line}" for (file, line), _ in unit.exec_start)
-
-
 def unit_commands(path: Path, text: str) -> DeployRead:
     """The server a unit (with its drop-ins) starts, with the environment systemd gives it."""
     unit = _Unit()
@@ -325,20 +296,14 @@ def unit_commands(path: Path, text: str) -> DeployRead:
             unit.bad.append(body)
         else:
             _read_file(unit, body, str(conf))
-    unit.bad.extend(manager_environment())
-    env = dict(unit.environment)
-    notes = _environment_files(unit, env)
-    for name in unit.unset:
-        env.pop(name, None)
+    env = {k: v for k, v in unit.environment.items() if k not in unit.unset}
     if len(unit.exec_start) != 1:
-        unit.bad.append(
-            NotUnderstood(
-                *(unit.exec_start[0][0] if unit.exec_start else (path.name, 0)),
-                f"{len(unit.exec_start)} ExecStart= command lines after resets "
-                f"({_exec_lines(unit)}; exactly one runs a server)",
-                "reset with an empty ExecStart= before the one that runs",
-            )
-        )
+        lines = ", ".join(f"{file}:{line}" for (file, line), _ in unit.exec_start)
+        unit.bad.append(NotUnderstood(
+            *(unit.exec_start[0][0] if unit.exec_start else (path.name, 0)),
+            f"{len(unit.exec_start)} ExecStart= command lines after resets ({lines}; exactly "
+            "one runs a server)", "reset with an empty ExecStart= before the one that runs",
+        ))  # fmt: skip
         return DeployRead((), tuple(unit.bad))
     where, value = unit.exec_start[0]
     try:
@@ -350,26 +315,8 @@ def unit_commands(path: Path, text: str) -> DeployRead:
     if crossed is not None:  # the gate checks every word of it
         unit.bad.append(NotUnderstood(*where, crossed, BUDGET_FIX))
         return DeployRead((), tuple(unit.bad))
-    config_unknown = None
-    if unit.user is not None and "XDG_CONFIG_HOME" not in env and "HOME" not in env:
-        try:
-            env_home = pwd.getpwnam(unit.user).pw_dir
-        except KeyError:
-            env_home = None
-            config_unknown = (
-                f"User={unit.user} is not a user here: its ~/.config/llama.cpp/config.ini cannot "
-                "be looked up (set Environment=XDG_CONFIG_HOME=/nonexistent)"
-            )
-        if env_home is not None:
-            env = {**env, "HOME": env_home}  # systemd sets HOME for User= (systemd.exec(5))
-    elif unit.user is None and "HOME" not in env:
-        env = {**env, "HOME": "/root"}  # runs as root: its config file is looked up
     command = ServerCommand(
         origin=f"{where[0]}:{where[1]}", argv=tuple(argv), env=env,
-        base_dir=Path(unit.workdir), search_path=None, config_unknown=config_unknown,
-        notes=tuple(notes),
+        base_dir=Path(unit.workdir), search_path=None,
     )  # fmt: skip
     return DeployRead((command,), tuple(unit.bad))
-
-
-__all__ = ["KEYS", "UNIT_DIRS", "drop_in_files", "exec_argv", "unit_commands"]
