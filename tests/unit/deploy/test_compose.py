@@ -98,7 +98,7 @@ def test_a_digest_pinned_server_image_is_the_server_image(
     # The digest alone says nothing of which image it is: it mentions a server, so it is
     # not understood (never silently skipped).
     digest_only = _service(f"ghcr.io/ggml-org/llama.cpp@{DIGEST}")
-    _fails(world, tmp_path, capsys, digest_only, "mentions a server but is not a llama-server")
+    _fails(world, tmp_path, capsys, digest_only, "mentions a server but is not a server service")
     _fails(world, tmp_path, capsys, _service(f"{TAGGED}@sha256:abc"), "image digest sha256:abc")
 
 

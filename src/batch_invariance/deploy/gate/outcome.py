@@ -152,8 +152,8 @@ def _decision(report: DeployReport) -> tuple[int, str]:
     if report.unmodelled:
         return exitcodes.NOT_PROMOTABLE, (
             f"check-deploy: FAIL: {len(report.unmodelled)} construct(s) in {report.config} "
-            "outside the closed grammar of its format: not understood (write the closed form "
-            f"of docs/deploy.md, or launch with batch-invariance serve){note}"
+            "off the allowlist of its format: not understood (keep to the lines of "
+            f"docs/deploy.md and launch with batch-invariance serve){note}"
         )
     if not report.checks:
         return exitcodes.PROMOTABLE, (

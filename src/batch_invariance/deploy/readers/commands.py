@@ -82,12 +82,12 @@ class ServerCommand:
 
 @dataclass(frozen=True)
 class DeployRead:
-    """What a deploy file starts, and what in it is outside the closed grammar."""
+    """What a deploy file starts, and what in it is off the allowlist."""
 
     commands: tuple[ServerCommand, ...]
     not_understood: tuple[NotUnderstood, ...] = ()
 
     @property
     def unmodelled(self) -> tuple[str, ...]:
-        """Each construct outside the grammar, as one message line."""
+        """Each construct off the allowlist, as one message line."""
         return tuple(str(n) for n in self.not_understood)

@@ -1,4 +1,4 @@
-"""Reading a compose project inside a closed grammar: the compose file as `docker compose` picks
+"""Reading a compose project on an allowlist: the compose file as `docker compose` picks
 it, and the ``.env`` file it reads (the compose specification, "Interpolation").
 
 Without ``-f``, `docker compose` reads the first of :data:`DEFAULT_FILES` in its folder, and
@@ -170,13 +170,13 @@ def compose_commands(path: Path, text: str) -> DeployRead:
 
 
 def _other(service: Service, servers: tuple[set[str], set[str]], path: Path) -> list[NotUnderstood]:
-    """What of a service that starts no server is outside the grammar: a mention of a server,
+    """What of a service that starts no server is off the allowlist: a mention of a server,
     or a writable bind of a host folder on or above or below one a server reads
     (``servers``: their host folders)."""
     file, line = next(iter(service.lines.values()), (path.name, 0))
     if _mentions(service.spec):
         return [NotUnderstood(file, line, f"[{service.name}] mentions a server but is not a "
-                              "llama-server service of the grammar", FIX)]  # fmt: skip
+                              "server service the reader reads", FIX)]  # fmt: skip
     out: list[NotUnderstood] = []
     if "volumes_from" in service.spec or "extends" in service.spec:
         out.append(NotUnderstood(file, line, f"[{service.name}] volumes_from/extends"))

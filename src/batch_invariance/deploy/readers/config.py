@@ -129,8 +129,8 @@ def _read_format(path: Path, data: bytes, models_dir: str | None) -> DeployRead:
 
 
 def read_deploy_file(path: Path, models_dir: str | None = None) -> DeployRead:
-    """Every llama-server a deploy file starts, and what in it is outside the grammar; a file
-    that starts none and has nothing outside the grammar is a usage error."""
+    """Every llama-server a deploy file starts, and what in it is off the allowlist; a file
+    that starts none and has nothing off it is a usage error."""
     try:
         data = path.read_bytes()
     except OSError as exc:

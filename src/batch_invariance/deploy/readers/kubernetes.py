@@ -1,5 +1,5 @@
 """Kubernetes manifests (``kubectl apply -f``, rendered Helm output): the containers a workload
-starts, read inside a closed grammar.
+starts, read on an allowlist.
 
 A YAML file whose documents (separated by ``---`` lines) are all mappings with ``apiVersion``
 and ``kind`` is a manifest. A workload (:data:`POD_SPECS`: Pod, Deployment, StatefulSet,
@@ -147,7 +147,7 @@ def _container(container: dict[str, Any], pod: dict[str, Any], volumes: dict[str
     serving = name == "batch-invariance" and argv[1:2] == ["serve"]
     if not (serving or name.startswith("llama-server")):
         if _TRIGGER.search(repr(plain(container))):
-            raise Refused(0, "a container that mentions a server but starts none the grammar "
+            raise Refused(0, "a container that mentions a server but starts none the reader "
                           "reads (no command, or another program)", FIX)  # fmt: skip
         return None
     mounts = _mounts(container, volumes)
@@ -188,7 +188,7 @@ def _workload(data: dict[str, Any], shown: str) -> list[ServerCommand]:
 
 
 def kubernetes_commands(path: Path, text: str) -> DeployRead:
-    """The servers the workloads of a manifest start, and what is outside the grammar."""
+    """The servers the workloads of a manifest start, and what is off the allowlist."""
     shown = path.name
     commands: list[ServerCommand] = []
     bad: list[NotUnderstood] = []

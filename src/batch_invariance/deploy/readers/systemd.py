@@ -234,7 +234,7 @@ def _words(value: str, key: str) -> list[tuple[str, str]]:
 
 
 def exec_argv(value: str, env: dict[str, str]) -> list[str]:
-    """An ``ExecStart=`` command line as systemd splits and expands it (the grammar's part)."""
+    """An ``ExecStart=`` command line as systemd splits and expands it (the allowlist's part)."""
     if value.startswith("-"):
         value = value[1:]
     if value[:1] in "@:+!|-" and value:
