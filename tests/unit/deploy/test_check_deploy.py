@@ -304,6 +304,36 @@ def test_a_covered_cell_passes_only_started_through_serve(
     assert "directly" not in out and out.strip().splitlines()[-1].startswith("check-deploy: PASS")
 
 
+def test_a_serve_script_passes_with_limits_and_logging_and_nothing_else_around_it(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Resource limits, logging and neutral exports around the one serve line pass; a wrapper,
+    a second server, a background or conditional start, or an environment that reaches the
+    Python running serve (PYTHON*, LD_*) never does."""
+    line = served(f"llama-server -m {world['model']} {OK_FLAGS}", world["certs"])
+    ok = (
+        "#!/bin/bash\nset -euo pipefail\nulimit -n 65536\numask 027\nexport LANG=C.UTF-8\n"
+        "echo starting >>/tmp/llm.log\nexec {} >>/tmp/llm.log 2>&1\n"
+    )
+    assert _unsigned(world, tmp_path, ok.format(line)) == exitcodes.PROMOTABLE
+    capsys.readouterr()
+    for around, named in [
+        ("nohup {}", "runs nohup"),
+        ("env -i {}", "runs env"),
+        ("{} &", "& (an operator"),
+        ("true && {}", "&& (an operator"),
+        (f"llama-server -m {world['model']} -np 1\n{{}}", "a second launch"),
+        ("export PYTHONPATH=/tmp\n{}", "environment PYTHONPATH reaches the Python"),
+        ("export LD_PRELOAD=/tmp/x.so\n{}", "environment LD_PRELOAD reaches the Python"),
+        ("LD_LIBRARY_PATH=/tmp exec {}", "environment LD_LIBRARY_PATH reaches the Python"),
+        ("export IFS=/\n{}", "IFS= (it changes how the shell"),
+    ]:
+        body = around.format(line)
+        assert _unsigned(world, tmp_path, body + "\n") == exitcodes.NOT_PROMOTABLE, body
+        out = capsys.readouterr().out
+        assert named in out and "check-deploy: PASS" not in out, out
+
+
 def test_n_from_the_environment_elsewhere_in_the_file(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -82,6 +82,10 @@ def test_an_ordinary_serve_script_is_read() -> None:
         ("printf -v PATH /tmp", "printf with an option"),
         ("PYTHONPATH=/tmp/x", "PYTHONPATH assigned without export"),
         ("export 'A B'=1", "export A B=1"),
+        ("echo 'import os' > /venv/lib/site-packages/x.pth", "output to /venv/lib/site-packages"),
+        ("printf x >>/etc/ld.so.preload", "output to /etc/ld.so.preload"),
+        ("export IFS=/", "IFS= (it changes how the shell"),
+        ("BASH_ENV=/tmp/x", "BASH_ENV= (it changes"),
     ],
 )
 def test_a_line_off_the_allowlist_is_refused_with_its_line(line: str, why: str) -> None:
@@ -108,6 +112,8 @@ def test_continuations_quotes_and_comments_split_as_the_shells_split_them() -> N
     # Prefix assignments reach the server, not the words of their own line.
     (command,) = _read("n=8\nLLAMA_ARG_UBATCH=1 llama-server -m /m/a.gguf -np $n\n").commands
     assert command.argv[-1] == "8" and command.env == {"LLAMA_ARG_UBATCH": "1"}
+    (command,) = _read("LD_PRELOAD=/x.so exec llama-server -m /m/a.gguf\n").commands
+    assert command.env == {"LD_PRELOAD": "/x.so"}
 
 
 def test_bytes_the_shells_split_otherwise_are_refused_where_they_are() -> None:

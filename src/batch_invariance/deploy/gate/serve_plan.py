@@ -325,7 +325,9 @@ def served_command(command: ServerCommand) -> Served:
         f"environment {name} reaches the Python that runs serve (only neutral variables, "
         "LLAMA_ARG_* and the ones the cert recorded may be set; remove it)"
         for name in sorted(command.env)
-        if not (
+        # The dynamic loader reads LD_* for serve's own Python before serve checks anything.
+        if name.startswith("LD_")
+        or not (
             is_neutral_variable(name)
             or is_option_variable(name)
             or is_gpu_selection(name)

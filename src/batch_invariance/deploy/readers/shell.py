@@ -19,8 +19,9 @@ Words are plain characters, ``'...'`` and ``"..."``, with ``$NAME`` / ``${NAME}`
 this file assigned. Operators (``;``, ``&``, ``|``, ``&&``, ``||``, parentheses, braces,
 here-documents), command substitution, globs, ``~`` and any other backslash are refused with
 the line, as is any other program (a wrapper, a second server, a background or conditional
-start). Redirections ``[N]>FILE``, ``[N]>>FILE``, ``[N]>&M`` and ``<FILE`` are allowed: where
-output goes changes nothing the server computes.
+start). Redirections ``<FILE`` and, to a ``.log`` file, ``/dev/null``, ``/dev/stdout``,
+``/dev/stderr`` or a descriptor, ``[N]>``/``[N]>>``/``[N]>&M`` are allowed: such a file is
+nothing a server or serve's Python reads.
 """
 
 from __future__ import annotations
@@ -45,9 +46,15 @@ _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./#-]+")
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _REDIRECT = re.compile(r"[0-9]?(>>?|<)(&[0-9]|[A-Za-z0-9_@%+=:,./-]+)?")
 _PIECES = re.compile(r"""'[^']*'|"[^"]*"|[^'"]+|['"]""")
+_LOG_TARGET = re.compile(r"&[0-9]|/dev/(null|stdout|stderr)|[^\0]*\.log")
 _SET_WORD = re.compile(r"[-+][eux]+")
 _SET_OPTIONS = frozenset({"errexit", "nounset", "xtrace", "pipefail"})
 _HARMLESS = frozenset({"ulimit", "umask", "echo", "printf", "true", ":"})
+#: Variables that change how the shell itself splits, finds or runs what follows.
+_SHELL_VARIABLES = frozenset(
+    {"IFS", "CDPATH", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "GLOBIGNORE",
+     "POSIXLY_CORRECT", "BASH_XTRACEFD", "PS4", "EXECIGNORE", "BASH_COMPAT"}
+)  # fmt: skip
 _FIX = "keep the script to the lines of docs/deploy.md: one exec batch-invariance serve line"
 
 
@@ -105,6 +112,12 @@ class _Script:
     cwd: Path | None = None
     spent: int = 0
 
+    def assign(self, name: str, value: str) -> None:
+        if name in _SHELL_VARIABLES:
+            raise Refused(f"{name}= (it changes how the shell reads or runs what follows)")
+        self.variables[name] = value
+        self.assigned[name] = self.line
+
     def expand(self, text: str) -> str:
         def value(match: re.Match[str]) -> str:
             name = match.group(1) or match.group(2)
@@ -152,11 +165,16 @@ def split_words(line: str, script: _Script) -> list[str]:
         redirect = _REDIRECT.fullmatch(token)
         if redirect is None:
             words.append("".join(_piece(p, script) for p in _PIECES.findall(token)))
-        elif redirect.group(2) is None:  # the target is the next word
+            continue
+        target = redirect.group(2)
+        if target is None:  # the target is the next word
             if index == len(tokens):
                 raise Refused(f"{token} with no target")
-            "".join(_piece(p, script) for p in _PIECES.findall(tokens[index]))
+            target = "".join(_piece(p, script) for p in _PIECES.findall(tokens[index]))
             index += 1
+        if redirect.group(1) != "<" and not _LOG_TARGET.fullmatch(target):
+            # a written file could be one serve's Python or the loader reads (a .pth file)
+            raise Refused(f"output to {target[:60]} (only a .log file, /dev/null or a descriptor)")
     return words
 
 
@@ -167,8 +185,8 @@ def _statement(words: list[str], script: _Script) -> tuple[str, ...] | None:
         name, _, value = words.pop(0).partition("=")
         prefix[name] = value
     if not words:
-        script.variables.update(prefix)
-        script.assigned.update(dict.fromkeys(prefix, script.line))
+        for name, value in prefix.items():
+            script.assign(name, value)
         return None
     program, args = words[0], words[1:]
     if program == "export" and not prefix:
@@ -177,8 +195,7 @@ def _statement(words: list[str], script: _Script) -> tuple[str, ...] | None:
             if not _NAME.fullmatch(name):
                 raise Refused(f"export {arg[:40]}")
             if eq:
-                script.variables[name] = value
-                script.assigned[name] = script.line
+                script.assign(name, value)
             script.exported.add(name)
         return None
     if program == "set" and not prefix:
@@ -198,8 +215,10 @@ def _statement(words: list[str], script: _Script) -> tuple[str, ...] | None:
         raise Refused("printf with an option (printf -v assigns a variable)")
     if program in _HARMLESS and not prefix:
         return None
-    if program == "exec":
-        return ("exec", *args) if args else None
+    if program == "exec" and not args:  # redirects the shell's own output; a special
+        for name, value in prefix.items():  # builtin's assignments stay in the shell
+            script.assign(name, value)
+        return None
     return (program, *args) if not prefix else ("", *prefix_words(prefix), program, *args)
 
 
