@@ -178,18 +178,23 @@ def split_words(line: str, script: _Script) -> list[str]:
     return words
 
 
-def _statement(words: list[str], script: _Script) -> tuple[str, ...] | None:
-    """The launch argv of a line, or ``None`` for a line that starts nothing."""
+def _statement(words: list[str], script: _Script) -> tuple[dict[str, str], list[str]] | None:
+    """The prefix assignments and words of a launch line, or ``None`` for a line that starts
+    nothing (its effect on the script applied)."""
     prefix: dict[str, str] = {}
     while words and "=" in words[0] and _NAME.fullmatch(words[0].partition("=")[0]):
         name, _, value = words.pop(0).partition("=")
         prefix[name] = value
-    if not words:
+    program, args = (words[0], words[1:]) if words else ("", [])
+    if not words or (program == "exec" and not args):
+        # Assignments, or exec redirecting the shell's own output (a special builtin: its
+        # assignments stay in the shell).
         for name, value in prefix.items():
             script.assign(name, value)
         return None
-    program, args = words[0], words[1:]
-    if program == "export" and not prefix:
+    if prefix or program not in (*_HARMLESS, "export", "set", "cd"):
+        return prefix, words
+    if program == "export":
         for arg in args:
             name, eq, value = arg.partition("=")
             if not _NAME.fullmatch(name):
@@ -197,47 +202,30 @@ def _statement(words: list[str], script: _Script) -> tuple[str, ...] | None:
             if eq:
                 script.assign(name, value)
             script.exported.add(name)
-        return None
-    if program == "set" and not prefix:
+    elif program == "set":
         pairs = iter(args)
         for arg in pairs:
             if re.fullmatch(r"[-+][eux]*o", arg) and next(pairs, "") in _SET_OPTIONS:
                 continue
             if not _SET_WORD.fullmatch(arg):
                 raise Refused(f"set {arg[:40]} (only -e, -u, -x, -o errexit|nounset|pipefail)")
-        return None
-    if program == "cd" and not prefix:
+    elif program == "cd":
         if len(args) != 1 or not args[0].startswith("/"):
             raise Refused("cd to anything but one absolute folder")
         script.cwd = Path(args[0])
-        return None
-    if program == "printf" and args[:1] and args[0].startswith("-"):
+    elif program == "printf" and args[:1] and args[0].startswith("-"):
         raise Refused("printf with an option (printf -v assigns a variable)")
-    if program in _HARMLESS and not prefix:
-        return None
-    if program == "exec" and not args:  # redirects the shell's own output; a special
-        for name, value in prefix.items():  # builtin's assignments stay in the shell
-            script.assign(name, value)
-        return None
-    return (program, *args) if not prefix else ("", *prefix_words(prefix), program, *args)
+    return None
 
 
-def prefix_words(prefix: dict[str, str]) -> list[str]:
-    return [f"{name}={value}" for name, value in prefix.items()]
-
-
-def _launch(argv: tuple[str, ...], script: _Script, where: str) -> tuple[ServerCommand, bool]:
-    """The server a launch line starts, and whether it execs (nothing may follow)."""
+def _launch(
+    prefix: dict[str, str], words: list[str], script: _Script, where: str
+) -> tuple[ServerCommand, bool]:
+    """The server a launch line starts, and whether it execs (nothing after it runs)."""
     env = {name: script.variables[name] for name in script.exported if name in script.variables}
-    words = list(argv)
-    if words[0] == "":  # NAME=WORD ... before the program
-        words.pop(0)
-        while "=" in words[0] and _NAME.fullmatch(words[0].partition("=")[0]):
-            name, _, value = words.pop(0).partition("=")
-            env[name] = value
+    env.update(prefix)
     execs = words[0] == "exec"
-    if execs:
-        words.pop(0)
+    words = words[1:] if execs else words
     if not words or not starts_server(words):
         raise Refused(
             f"runs {words[0] if words else 'nothing'} (a deploy script starts serve or a server "
@@ -275,12 +263,12 @@ def shell_commands(text: str, name: str) -> DeployRead:
             continue
         script.line = number
         try:
-            argv = _statement(split_words(body, script), script)
-            if argv is None:
+            launch = _statement(split_words(body, script), script)
+            if launch is None:
                 continue
             if commands:
                 raise Refused(f"a second launch (the first is {commands[0].origin})")
-            command, execs = _launch(argv, script, f"{name}:{number}")
+            command, execs = _launch(*launch, script, f"{name}:{number}")
         except Refused as exc:
             return _refuse(name, exc.line or number, str(exc))
         crossed = budget.spend(command.argv, command.env)
