@@ -14,7 +14,6 @@ import pytest
 
 from batch_invariance import exitcodes
 from tests.support.golden import check_golden
-from tests.unit.deploy.test_check_deploy import CACHE_OFF as COLD
 from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
     MODEL,
     OK_FLAGS,
@@ -114,68 +113,6 @@ def test_switch_values_are_case_sensitive(
 ) -> None:
     body = f"export LLAMA_ARG_KV_UNIFIED=True\nllama-server -m {world['model']} {OK_FLAGS}\n"
     _fails(world, tmp_path, capsys, body, "LLAMA_ARG_KV_UNIFIED needs on/off", code=exitcodes.USAGE)
-
-
-@pytest.mark.parametrize(
-    ("script", "named"),
-    [
-        # Assignments in order: the N of the server is 8, not the file's last 4.
-        ("np=8\nllama-server -m {m} -c 8192 -np $np -ub 1 " + COLD + "\nnp=4\n", "N=8"),
-        # A prefix assignment does not reach the expansion on its own line.
-        ("n=8\nn=4 llama-server -m {m} -c 8192 -np $n -ub 1 " + COLD + "\n", "N=8"),
-        # export reaches the server.
-        ("export LLAMA_ARG_KV_UNIFIED=1\nllama-server -m {m} {ok}\n", "kv=unified"),
-        # A variable assigned without export: the caller's environment decides.
-        ("LLAMA_ARG_UBATCH=512\nllama-server -m {m} {ok}\n", "LLAMA_ARG_UBATCH assigned without"),
-        # cd before a relative model path: another folder's file.
-        ("set -e\ncd /nowhere\nllama-server -m {name} {ok}\n", "model file /nowhere/"),
-        # '#' inside a word is not a comment: -c 65536 -np 16 are read.
-        ("llama-server -m {m} --api-key team#42 -c 65536 -np 16 -ub 1 -cram 0\n", "N=16"),
-        # A comment ending in \ does not swallow the next line.
-        ("# old: \\\nllama-server -m {m} -c 8192 -np 8 -ub 1 -cram 0\n", "N=8"),
-        # Anything off the allowlist, named with its line: loops, conditions, subshells,
-        # wrappers, background starts, a program the file does not name, a second server.
-        ("for n in 4 8; do llama-server -m {m} -np $n; done\n", ":2: not understood: 8;"),
-        ("true && exec llama-server -m {m} {ok}\n", ":2: not understood: &&"),
-        ("( llama-server -m {m} {ok} )\n", ":2: not understood: ("),
-        ("bash -c 'llama-server -m {m} -np 8'\n", ":2: not understood: runs bash"),
-        ("/usr/bin/env -i llama-server -m {m} {ok}\n", ":2: not understood: runs /usr/bin/env"),
-        ("nohup llama-server -m {m} {ok}\n", ":2: not understood: runs nohup"),
-        ("llama-server -m {m} {ok} &\n", ":2: not understood: & (an operator"),
-        ("$SERVER -m {m} {ok}\n", ":2: not understood: $SERVER, which this file does not"),
-        ("docker run ghcr.io/ggml-org/llama.cpp:server -m {m} -np 8\n", "runs docker"),
-        ("llama-server -m {m} -np 1\nllama-server -m {m} {ok}\n", ":3: not understood: a second"),
-        ("llama-server -m {m} $(cat /etc/flags)\n", ":2: not understood: $(cat"),
-    ],
-)
-def test_shell_scripts_are_read_the_way_bash_runs_them(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str,
-    named: str,
-) -> None:  # fmt: skip
-    m = world["model"]
-    _fails(world, tmp_path, capsys, script.format(m=m, ok=OK_FLAGS, name=m.name), named)
-
-
-def test_compose_volumes_map_by_the_longest_container_prefix(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / world["model"].name).write_bytes(b"GGUF another model")
-    compose = tmp_path / "compose.yml"
-    compose.write_text(
-        "services:\n  llm:\n    image: ghcr.io/ggml-org/llama.cpp:server\n"
-        f"    volumes: ['{world['model'].parent}:/models', '{other}:/models/v2']\n"
-        f"    command: -m /models/v2/{world['model'].name} {OK_FLAGS}\n"
-    )
-    from batch_invariance.cli import main
-
-    code = main(["check-deploy", str(compose), "--certs", str(world["certs"]), "--allow-unsigned"])
-    assert code == exitcodes.NOT_PROMOTABLE
-    assert "model sha256" in capsys.readouterr().out
 
 
 def test_check_deploy_output_is_golden(
