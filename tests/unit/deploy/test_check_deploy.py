@@ -334,6 +334,29 @@ def test_a_serve_script_passes_with_limits_and_logging_and_nothing_else_around_i
         assert named in out and "check-deploy: PASS" not in out, out
 
 
+def test_a_serve_launcher_found_on_path_is_held_to_the_folders_before_it(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bare ``batch-invariance`` runs the first one on the file's PATH: a folder before the
+    launcher's that others can write (sticky or not) could hold another program later."""
+    engine = f"{world['binary']} -m {world['model']} {OK_FLAGS}"
+    bare = served(engine, world["certs"]).replace(str(TOOL), "batch-invariance")
+    open_folder = tmp_path / "open"
+    open_folder.mkdir(mode=0o777)
+    open_folder.chmod(0o1777)
+    for path, code in [
+        (f"{TOOL.parent}:/usr/bin", exitcodes.PROMOTABLE),
+        (f"{open_folder}:{TOOL.parent}", exitcodes.NOT_PROMOTABLE),
+        (f"bin:{TOOL.parent}", exitcodes.NOT_PROMOTABLE),
+    ]:
+        body = f"export PATH={path}\nexec {bare}\n"
+        assert _unsigned(world, tmp_path, body) == code, capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert (
+            code == exitcodes.PROMOTABLE or "is searched before" in out or "is relative" in out
+        ), out
+
+
 def test_n_from_the_environment_elsewhere_in_the_file(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

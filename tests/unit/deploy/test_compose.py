@@ -1,6 +1,6 @@
 """A compose project as `docker compose` runs it (issue 32): the files it picks in a folder and
-merges, bind mounts over what the image runs, a digest-pinned image and the long ``env_file``
-form.
+merges, bind mounts over what the image runs, a digest-pinned image, and ``env_file``
+refused.
 
 End to end through the CLI against the promotable GREEN of ``test_check_deploy.py``'s ``world``
 (ctx 1024, N 4, split, ``-ub 1``), with ``--server-binary`` naming the file the image runs: the

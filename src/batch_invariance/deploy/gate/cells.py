@@ -209,11 +209,28 @@ def _not_covered(command: ServerCommand, flags: ServerFlags) -> list[str]:
     return out
 
 
-def _launcher_problem(path: Path) -> str | None:
-    """Why others could replace the serve launcher after the check (its file or a folder
-    above it writable by someone else), or ``None``."""
+def _launcher_problem(command: ServerCommand, path: Path) -> str | None:
+    """Why others could put another program where the serve line finds its launcher after the
+    check: its file or a folder above it writable by someone else, or, for a bare name, a
+    ``PATH`` folder searched before it that others could write into (sticky or not: a new
+    file there runs instead); ``None`` when no one but you and root can."""
     from batch_invariance.deploy.gate.pinned_files import layout_problem
 
+    word = command.argv[0]
+    for folder in [] if "/" in word else (command.search_path or "").split(":"):
+        if not folder.startswith("/"):
+            return f"PATH entry {folder!r} is relative: the folder it names depends on the caller"
+        if Path(folder, word) == path:
+            break
+        here = Path(folder)
+        while not here.exists():  # whoever can create it can put a program in it
+            here = here.parent
+        st = here.stat()
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return (
+                f"PATH folder {folder} is searched before {path.parent} and others can write "
+                f"{here}: a {word} put there later would run instead of serve"
+            )
     real = os.path.realpath(path)
     return layout_problem("serve program", real, os.stat(real), folders=True)
 
@@ -229,7 +246,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
         if program.path is None or not is_this_tool(program.path):
             why = program.missing or f"{program.path} is not this tool (its bytes differ)"
             refused.append(f"serve line: {why}; write the path of this tool's launcher")
-        elif (problem := _launcher_problem(program.path)) is not None:
+        elif (problem := _launcher_problem(command, program.path)) is not None:
             untrusted.append(problem)
     if serving:  # in a container, the image's digest names the serve program (serve_required)
         served = served_command(command)
