@@ -163,6 +163,18 @@ def test_a_mount_over_the_folder_of_an_entrypoint_is_not_understood(tmp_path: Pa
 # --------------------------------------------------------------------------- the files
 
 
+def test_a_dot_env_that_changes_what_compose_reads_is_not_understood(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``COMPOSE_FILE`` in ``.env`` makes compose read another file; other lines only feed
+    interpolation, which no ``$`` in the file uses."""
+    _covered(world, tmp_path, capsys, _service(), files={".env": "TAG=x\n"})
+    _fails(world, tmp_path, capsys, _service(), ".env:2: not understood: COMPOSE_* or DOCKER_*",
+           files={".env": "TAG=x\nexport COMPOSE_FILE=other.yml\n"})  # fmt: skip
+
+
 @pytest.mark.parametrize("override", OVERRIDES)
 def test_an_override_file_compose_would_merge_is_not_understood(
     world: dict[str, Path],  # noqa: F811
