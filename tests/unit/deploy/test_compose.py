@@ -102,6 +102,47 @@ def test_a_digest_pinned_server_image_is_the_server_image(
     _fails(world, tmp_path, capsys, _service(f"{TAGGED}@sha256:abc"), "image digest sha256:abc")
 
 
+def test_the_documented_serve_service_passes_with_limits_health_and_logging(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/deploy.md's compose service (serve in an image pinned by digest) with health
+    checks, logging and resource limits passes where the gate names the digest; a volume over
+    the image's programs, or an env_file, does not."""
+    engine = f"/app/llama-server, -m, /models/{MODEL}.gguf, {OK_FLAGS.replace(' ', ', ')}"
+    body = (
+        f"services:\n  llm:\n    image: registry.example/llm/serve:b1@{DIGEST}\n"
+        "    entrypoint: [/usr/local/bin/batch-invariance, serve]\n"
+        f"    command: [--certs, /certs, --allow-unsigned, --, {engine}]\n"
+        "    volumes: ['./models:/models:ro', './certs:/certs:ro']\n"
+        "    ports: ['8080:8080']\n    restart: unless-stopped\n    init: true\n"
+        "    healthcheck: {test: [CMD, curl, -f, 'http://localhost:8080/health'], "
+        "interval: 30s}\n"
+        "    logging: {driver: json-file, options: {max-size: 10m}}\n"
+        "    ulimits: {nofile: 65536}\n    mem_limit: 8g\n"
+        "    deploy: {resources: {limits: {cpus: '4'}}}\n"
+    )
+    serve_image = ["--serve-image", DIGEST]
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "models").symlink_to(world["model"].parent)
+    config = folder / "compose.yaml"
+    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned",
+            "--server-binary", str(world["binary"])]  # fmt: skip
+    for text, extra, named in [
+        (body, serve_image, "check-deploy: PASS"),
+        (body, [], "whose digest the gate does not name"),
+        (body.replace("'./certs:/certs:ro'", "'./x:/usr/lib/python3'"), serve_image,
+         "volume at /usr/lib/python3"),
+        (body + "    env_file: ./llm.env\n", serve_image, "key env_file of a server service"),
+    ]:  # fmt: skip
+        config.write_text(text)
+        code = main([*args, *extra])
+        out = capsys.readouterr().out
+        assert named in out and (code == exitcodes.PROMOTABLE) == ("PASS" in named), out
+
+
 def test_image_references_split_as_docker_splits_them() -> None:
     assert image_tag(TAGGED) == ("ghcr.io/ggml-org/llama.cpp", "server", "")
     assert image_tag(f"{TAGGED}-cuda@{DIGEST}") == ("ghcr.io/ggml-org/llama.cpp", "server-cuda",

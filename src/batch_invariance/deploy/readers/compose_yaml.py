@@ -35,8 +35,9 @@ _BOOLEANS = {"true": True, "True": True, "TRUE": True, "false": False, "False": 
 #: Where compose takes a boolean (``*``: any key or list index), read as a Python ``bool``:
 #: everywhere else a boolean is refused, since compose would pass it on as text.
 BOOLEAN_KEYS: tuple[tuple[str, ...], ...] = (
-    ("services", "*", "env_file", "*", "required"),
     ("services", "*", "volumes", "*", "read_only"),
+    *(("services", "*", key) for key in ("init", "read_only", "tty", "stdin_open")),
+    ("services", "*", "healthcheck", "disable"),
 )
 
 
