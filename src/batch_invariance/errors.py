@@ -7,12 +7,15 @@ do next, because the CLI prints them as they are, without a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "BatchInvarianceError",
     "CertInvalid",
     "GuardRefused",
     "InfraError",
     "Interrupted",
+    "PlanUnreachable",
     "UsageError",
 ]
 
@@ -27,6 +30,18 @@ class UsageError(BatchInvarianceError):
 
 class GuardRefused(BatchInvarianceError):
     """A safety guard refused to launch (memory cap, reserved port, ...). Nothing ran."""
+
+
+class PlanUnreachable(GuardRefused):
+    """A plan that cannot reach GREEN whatever the server does (``service.reach``), refused
+    before any server starts as its ``--dry-run`` refuses it: one line per cause, its fix."""
+
+    def __init__(self, causes: Sequence[str]) -> None:
+        self.causes = tuple(causes)
+        super().__init__("; ".join(self.lines()))
+
+    def lines(self) -> tuple[str, ...]:
+        return tuple(f"this plan cannot reach GREEN: {cause}" for cause in self.causes)
 
 
 class InfraError(BatchInvarianceError):

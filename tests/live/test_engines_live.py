@@ -27,6 +27,7 @@ from batch_invariance.servers import ports
 from batch_invariance.servers.attach import AttachLauncher, attach_target
 from batch_invariance.servers.launch import EngineLauncher
 from batch_invariance.service.finish import FinishedCell, finish_cell
+from tests.support.fakes_live import LOOSE_GATES
 from tests.support.paths import WORKSETS
 
 DEMO_WORKSET = WORKSETS / "demo.json"
@@ -76,29 +77,44 @@ def _finish(run: object, plan: CellPlan, out: Path, engine: str) -> FinishedCell
     return finish_cell(run, spec, GatePolicy(), Provenance(engine=engine), out)
 
 
-def test_llama_cpp_python_is_unverified_for_want_of_a_cobatching_witness(
+def test_llama_cpp_python_is_never_green_without_a_cobatching_witness(
     live_pair: Provisioned,
     llama_cpp_python: EngineVenv,
     demo_subset: Callable[[int], Path],
     tmp_path: Path,
 ) -> None:
+    """llama-cpp-python's server runs one request at a time and reports nothing a co-batching
+    witness could read, so the overlap gate is never met and the cell is never GREEN.
+
+    Under ``--endpoint auto`` this base model gets raw completions, and there the cell is
+    RED as often as UNVERIFIED, and rightly: the server reuses the KV of the longest token
+    prefix a request shares with the one before it (``llama_cpp.Llama.generate``, whatever
+    ``cache_prompt`` says, with no flag to turn it off), so an answer depends on which request
+    came before, and the concurrent arm's order is not the serial one. Measured here (8
+    prompts x 3 reps, one C pass): 3 of 24 answers changed, logprobs drifted from the first
+    token on 11, and the serial B arm, in another order, changed 1. On the chat endpoint (no
+    longer run for a base model: the plan is refused) the same drift rarely flipped a token
+    within 16 tokens, hence the old expectation of UNVERIFIED with nothing divergent."""
     out = tmp_path / "out"
     code = main([
         "run-live", "--engine", "llama-cpp-python", "--server-bin", str(llama_cpp_python.python),
         "--model", str(live_pair.model), "--workset", str(demo_subset(8)), "--ctx", "512",
         "--parallel", "2", "--gate-passes", "1", "--n-predict", "16", "--no-serial-repeat",
-        "--req-timeout", "300", "--out-dir", str(out),
+        "--req-timeout", "300", "--out-dir", str(out), *LOOSE_GATES,
     ])  # fmt: skip
     (path,) = out.glob("*.json")
     checked = verify(path)
     assert checked.problems == ()  # its identity reads --n_ctx and --model
     cert = checked.cert
     assert cert is not None
-    assert code == exitcodes.for_status("green_unverified", False)
-    assert cert.source == "live" and cert.verdict == "UNVERIFIED", cert.decision_reasons
+    assert code == exitcodes.for_status(str(cert.status), False)
+    assert cert.source == "live" and cert.verdict in ("UNVERIFIED", "RED"), cert.decision_reasons
+    plan = cert.provenance.plan
+    assert plan is not None and plan.endpoint == "completions"  # auto: a base model
     assert not cert.overlap.ok and "no server signal" in cert.overlap.reason
     assert all(p.server_busy_max is None for p in cert.overlap.per_pass)
-    assert cert.divergence_report.ac.n_divergent == 0  # serialized: never RED
+    if cert.verdict == "UNVERIFIED":
+        assert cert.divergence_report.ac.n_divergent == 0
     assert cert.provenance.engine == "llama-cpp-python"
     assert "llama_cpp.server" in (cert.provenance.server_entries[1].argv or ())
     assert not checked.promotable

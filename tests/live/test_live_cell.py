@@ -30,7 +30,7 @@ from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.report.render import live_banner
 from batch_invariance.service.live import prepare, run_live_cell
 from batch_invariance.service.target import engine_launcher
-from tests.support.fakes_live import exiting_server, group_alive
+from tests.support.fakes_live import LOOSE_GATES, exiting_server, group_alive
 from tests.support.nvidia_smi import TWO_H200, install_nvidia_smi
 from tests.support.paths import WORKSETS
 
@@ -216,7 +216,10 @@ def test_a_server_that_exits_at_once_fails_fast_with_exit_4(
     live_pair: Provisioned, tmp_path: Path, demo_subset: Callable[[int], Path]
 ) -> None:
     broken = exiting_server(tmp_path / "bin")
-    argv = _args(live_pair, demo_subset(2), tmp_path / "out", "--ctx", "256", "--parallel", "2")
+    # LOOSE_GATES' bound (--max-bound 1) needs 3 distinct prompts: fewer is refused before any
+    # launch (exit 2), and this test is about the launch.
+    argv = _args(live_pair, demo_subset(3), tmp_path / "out", "--ctx", "256", "--parallel", "2",
+                 *LOOSE_GATES)  # fmt: skip
     argv[argv.index("--server-bin") + 1] = str(broken)
     t0 = time.monotonic()
     proc = _cli(*argv)
@@ -261,7 +264,7 @@ def test_sigint_in_the_middle_of_arm_c(
     decoy: subprocess.Popen[bytes],
 ) -> None:
     out_dir = tmp_path / "out"
-    proc = _cli(*_args(live_pair, demo_subset(8), out_dir, *SIGINT_CELL.split()))
+    proc = _cli(*_args(live_pair, demo_subset(8), out_dir, *SIGINT_CELL.split(), *LOOSE_GATES))
     try:
         server_pid = _server_in_arm_c(proc, out_dir)
         assert server_pid is not None, "arm C never started"
@@ -293,7 +296,7 @@ def test_a_server_killed_mid_pass_ends_the_run_with_exit_4_and_no_cert(
     """SIGKILL of the real B/C llama-server (by its pid) inside a concurrent pass: the tool
     stops at once with one line naming the arm, the pass and the server log, and no cert."""
     out_dir = tmp_path / "out"
-    proc = _cli(*_args(live_pair, demo_subset(4), out_dir, *KILL_CELL.split()))
+    proc = _cli(*_args(live_pair, demo_subset(4), out_dir, *KILL_CELL.split(), *LOOSE_GATES))
     try:
         # Seconds on an idle host; a host shared by many jobs may take minutes to reach C.
         server_pid = _server_in_arm_c(proc, out_dir, within_s=540.0)
@@ -346,7 +349,7 @@ def test_kill_9_of_the_tool_takes_its_server_down(
 ) -> None:
     """SIGKILL runs no Python code in the tool: only the parent-death signal stops the server."""
     out_dir = tmp_path / "out"
-    proc = _cli(*_args(live_pair, demo_subset(8), out_dir, *SIGINT_CELL.split()))
+    proc = _cli(*_args(live_pair, demo_subset(8), out_dir, *SIGINT_CELL.split(), *LOOSE_GATES))
     server_pid = None
     try:
         deadline = time.monotonic() + 240

@@ -18,6 +18,7 @@ from batch_invariance.cli import build_parser, main
 from batch_invariance.commands.cell_options import request_from_args
 from batch_invariance.provision.embedded import Provisioned
 from batch_invariance.service.live import prepare, run_live_cell
+from tests.support.fakes_live import LOOSE_GATES
 
 
 def test_a_sweep_over_two_n_writes_two_certs_and_launches_three_servers(
@@ -27,7 +28,8 @@ def test_a_sweep_over_two_n_writes_two_certs_and_launches_three_servers(
     code = main(["sweep", "--server-bin", str(live_pair.server_bin),
                  "--model", str(live_pair.model), "--workset", str(demo_subset(4)),
                  "--ctx", "256", "--parallel", "2,4", "--gate-passes", "2", "--reps", "1",
-                 "--n-predict", "16", "--min-hot-trials", "1", "--out-dir", str(out)])  # fmt: skip
+                 "--n-predict", "16", "--min-hot-trials", "1", "--out-dir", str(out),
+                 *LOOSE_GATES])  # fmt: skip
     assert code in (exitcodes.PROMOTABLE, exitcodes.RED, exitcodes.NOT_PROMOTABLE)
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["parallel"] == [2, 4] and summary["not_run"] == {}

@@ -133,6 +133,9 @@ def refuse_unreachable(job: LiveCell, require: str, out: TextIO) -> None:
     if workset is not None and is_ladder(workset):
         plan = f"batch-invariance: plan: {ladder_line(workset, job.ctx)}"
         print(log_line(plan), file=out, flush=True)
+    if job.endpoint is not None and job.endpoint.why is not None:
+        # The endpoint input left at auto: which endpoint it chose, and why.
+        print(log_line(f"batch-invariance: plan: {job.endpoint.line()}"), file=out, flush=True)
     causes = cannot_be_green(job) if require != "none" else ()
     if causes:
         more = f" (and {len(causes) - 1} more: {'; '.join(causes[1:])})" if causes[1:] else ""

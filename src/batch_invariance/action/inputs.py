@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Literal
 
 from batch_invariance.action.baseline import BaselineInputs, read_baseline_inputs
-from batch_invariance.core.plan import Endpoint, Measurement, number_problems
+from batch_invariance.core.plan import Measurement, number_problems
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.errors import UsageError
-from batch_invariance.host.gguf import parse_info
 from batch_invariance.profiles.ladder import LADDER
 from batch_invariance.report.render import Require
+from batch_invariance.service.endpoint import ENDPOINT_CHOICES, EndpointChoice
 from batch_invariance.service.mock_cell import MOCK_MEASUREMENT, MockRequest
 from batch_invariance.service.request import ACTION_DEFAULTS, LiveRequest, ProfileRequest
 
@@ -43,7 +43,7 @@ INPUT_DEFAULTS: Mapping[str, str] = {
     "gate-passes": str(ACTION_DEFAULTS.measurement.gate_passes),
     "reps": str(ACTION_DEFAULTS.measurement.reps),
     "n-predict": str(ACTION_DEFAULTS.measurement.n_predict),
-    "endpoint": "auto",
+    "endpoint": ACTION_DEFAULTS.endpoint,
     "server-flags": "",
     "scorer": "",
     "out-dir": "batch-invariance-certs",
@@ -91,8 +91,9 @@ class ActionInputs:
     gate_passes: int
     reps: int
     n_predict: int
-    #: ``auto``, ``chat`` or ``completions`` (``auto``: :func:`resolve_endpoint`).
-    endpoint: str
+    #: ``auto``, ``chat`` or ``completions`` (``auto``: decided with the CLI's rule,
+    #: :func:`batch_invariance.service.endpoint.choose_endpoint`).
+    endpoint: EndpointChoice
     server_flags: tuple[str, ...]
     scorer: str
     out_dir: Path
@@ -193,7 +194,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         out_dir = workspace / out_dir
     flags = tuple(line.strip() for line in raw["server-flags"].splitlines() if line.strip())
     endpoint = raw["endpoint"].strip().lower()
-    if endpoint not in ENDPOINTS:
+    if endpoint not in ENDPOINT_CHOICES:
         raise UsageError(
             f"input endpoint must be auto, chat or completions, got {raw['endpoint'].strip()!r}"
         )
@@ -207,7 +208,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         model_alias=raw["model-alias"].strip(),
         models_dir=raw["models-dir"].strip(),
         server_dir=raw["server-dir"].strip(),
-        endpoint=endpoint,
+        endpoint=next(e for e in ENDPOINT_CHOICES if e == endpoint),
         server_flags=flags,
         scorer=raw["scorer"].strip(),
         out_dir=out_dir,
@@ -218,27 +219,6 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         explicit=frozenset(explicit),
         **numbers,
     )
-
-
-#: The ``endpoint`` input's values.
-ENDPOINTS: tuple[str, ...] = ("auto", "chat", "completions")
-
-
-def resolve_endpoint(endpoint: str, engine: str, model: Path | None) -> Endpoint:
-    """``auto``: raw completions for a GGUF model without a chat template of its own (a base
-    model, which llama-server would wrap in its ChatML fallback on the chat endpoint), the
-    chat endpoint for every other model."""
-    if endpoint == "chat":
-        return "chat"
-    if endpoint == "completions":
-        return "completions"
-    if engine == DEFAULT_ENGINE and model is not None and model.suffix == ".gguf":
-        try:
-            template = parse_info(model).chat_template
-        except (OSError, ValueError, UsageError):
-            return "chat"  # unreadable here: the launch names the problem
-        return "chat" if template else "completions"
-    return "chat"
 
 
 def _abs(workspace: Path, value: str) -> Path | None:
@@ -324,8 +304,8 @@ def live_request(inputs: ActionInputs, embedded: tuple[Path, Path] | None) -> Li
             gate_passes=inputs.gate_passes,
             reps=inputs.reps,
             n_predict=inputs.n_predict,
-            endpoint=resolve_endpoint(inputs.endpoint, inputs.engine, model),
         ),
+        endpoint=inputs.endpoint,
         server_flags=inputs.server_flags,
         scorer=inputs.scorer or None,
         profile=profile,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_invariance import exitcodes
+from batch_invariance.commands.reply import error_line
 from batch_invariance.core.evidence import (
     DEFAULT_LOGIT_EPS,
     DEFAULT_MAX_BOUND,
@@ -17,11 +18,14 @@ from batch_invariance.core.evidence import (
 )
 from batch_invariance.core.plan import Measurement
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
+from batch_invariance.errors import PlanUnreachable
 from batch_invariance.host import memory
 from batch_invariance.report.render import live_banner
 from batch_invariance.service.dry_run import dry_run, usable_cpus
+from batch_invariance.service.endpoint import ENDPOINT_CHOICES
 from batch_invariance.service.live import LiveCell, LiveOutcome
 from batch_invariance.service.options import LaunchOptions
+from batch_invariance.service.reach import cannot_be_green
 from batch_invariance.service.request import (
     DEFAULT_MIN_HOT_TRIALS,
     DEFAULT_READY_TIMEOUT,
@@ -128,9 +132,11 @@ def add_cell_options(p: argparse.ArgumentParser, *, defaults: CellDefaults) -> N
     p.add_argument("--n-predict", type=int, default=m.n_predict, help="token budget per request")
     p.add_argument(
         "--endpoint",
-        choices=("chat", "completions"),
-        default=m.endpoint,
-        help="chat: /v1/chat/completions (default); completions: raw prompts to /v1/completions",
+        choices=ENDPOINT_CHOICES,
+        default=defaults.endpoint,
+        help="chat: /v1/chat/completions; completions: raw prompts to /v1/completions; auto: "
+        "completions for a GGUF without a chat template of its own (a base model), else chat "
+        f"(default: {defaults.endpoint})",
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="dispatch-order and request seed")
     p.add_argument("--port", type=int, default=None, help="fixed port (default: a free one)")
@@ -219,13 +225,13 @@ def _profile(args: argparse.Namespace) -> ProfileRequest | None:
 
 
 def measurement_from_args(args: argparse.Namespace) -> Measurement:
-    """How every arm and pass is measured, as the command line asks."""
+    """How every arm and pass is measured, as the command line asks (its endpoint is the
+    request's ``endpoint``, decided by ``prepare``)."""
     return Measurement(
         gate_passes=args.gate_passes,
         reps=args.reps,
         n_predict=args.n_predict,
         seed=args.seed,
-        endpoint=args.endpoint,
         n_probs=args.n_probs,
         serial_repeat=not args.no_serial_repeat,
         stop_on_red=args.stop_on_red,
@@ -274,6 +280,7 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
         "port": args.port,
         "reserved_ports": tuple(args.reserved_port or ()),
         "engine": getattr(args, "engine", DEFAULT_ENGINE),
+        "endpoint": args.endpoint,
     }
     values.update(fixed)
     return LiveRequest(**values)
@@ -282,18 +289,27 @@ def request_from_args(args: argparse.Namespace, **fixed: Any) -> LiveRequest:
 def print_dry_run(job: LiveCell) -> int:
     """Print the plan of ``job`` (launch nothing); exit 2 when the guard would refuse or the
     plan cannot reach GREEN whatever the server does (one line per cause, with its fix)."""
-    from batch_invariance.service.reach import cannot_be_green
-
     plan = dry_run(job, memory.read_host_memory(), usable_cpus())
     sys.stdout.write(plan.text)
     code = exitcodes.PROMOTABLE
     if plan.refusal is not None:
         print(f"batch-invariance: the memory guard would refuse: {plan.refusal}", file=sys.stderr)
         code = exitcodes.USAGE
-    for cause in cannot_be_green(job):
-        print(f"batch-invariance: this plan cannot reach GREEN: {cause}", file=sys.stderr)
+    causes = cannot_be_green(job)
+    if causes:
+        print(error_line(PlanUnreachable(causes)), file=sys.stderr)
         code = exitcodes.USAGE
     return code
+
+
+def refuse_unreachable(job: LiveCell) -> None:
+    """Before any server starts, refuse the plan its ``--dry-run`` refuses as one that cannot
+    reach GREEN (:class:`PlanUnreachable`: the same lines, exit 2), so a real run never spends
+    its time on a verdict that could only be UNVERIFIED. Looser gate flags (``--max-bound``,
+    ``--min-answer-tokens``, ``--min-slot-fill``) change the plan's gates, never promotable."""
+    causes = cannot_be_green(job)
+    if causes:
+        raise PlanUnreachable(causes)
 
 
 def cell_label(job: LiveCell, kind: str = "live") -> str:
@@ -307,8 +323,16 @@ def cell_label(job: LiveCell, kind: str = "live") -> str:
     return f"{kind} {engine}cell {job.model_name}"
 
 
+def endpoint_line(job: LiveCell) -> str:
+    """The line above the banner naming the endpoint ``--endpoint auto`` chose, and why
+    (empty: the endpoint was given outright)."""
+    chosen = job.endpoint
+    return "" if chosen is None or chosen.why is None else chosen.line() + "\n"
+
+
 def report(outcome: LiveOutcome, label: str) -> int:
     """Print the verdict banner; return the exit code for the cert."""
     finished = outcome.finished
+    sys.stdout.write(endpoint_line(outcome.job))
     sys.stdout.write(live_banner(finished.cert, finished.path, finished.superseded, label))
     return exitcodes.for_status(finished.verdict.status, finished.promotable)

@@ -11,7 +11,10 @@ Gemma 3 270M is a base model without a chat template of its own: on the chat end
 llama-server would wrap every prompt in its ChatML fallback and the answers would be junk.
 So the demo sends the documents to the raw ``/v1/completions`` endpoint, 96 tokens each
 (above the 64-token answer floor), and stops at the first C pass that proves RED. See
-``examples/certs/README.md`` for what it measured.
+``examples/certs/README.md`` for what it measured. Its ``--endpoint`` defaults to
+``completions``, not ``auto`` (run-live's, sweep's and the Action's default): its model is
+fixed and is that base model, where ``auto`` would choose completions too; said outright, the
+demo's plan and its example certs do not hang on reading the header.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from batch_invariance.cache_dir import cache_root
 from batch_invariance.commands.cell_options import (
     add_cell_options,
     print_dry_run,
+    refuse_unreachable,
     report,
     request_from_args,
 )
@@ -40,6 +44,7 @@ DEMO_DEFAULTS = CellDefaults(
     Measurement(n_predict=96, endpoint="completions", stop_on_red=True),
     ctx=1024,
     parallel=4,
+    endpoint="completions",  # the demo's model is a base model (see the module docstring)
 )
 #: What the demo measures: the length ladder built for its slot (see the module docstring).
 DEMO_WORKSET = LADDER
@@ -84,5 +89,6 @@ def handle(args: argparse.Namespace) -> int:
     job = prepare(request, create_out_dir=not args.dry_run)
     if args.dry_run:
         return print_dry_run(job)
+    refuse_unreachable(job)  # what the dry run refuses, before any server starts
     outcome = run_live_cell(job, progress=Progress())
     return report(outcome, f"demo cell {DEMO_MODEL_NAME}")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from batch_invariance.errors import BatchInvarianceError, Interrupted, UsageError
+from batch_invariance.errors import BatchInvarianceError, Interrupted, PlanUnreachable, UsageError
 
 #: The commands that take ``--json`` (a test checks that each registers it).
 JSON_COMMANDS: frozenset[str] = frozenset({"check-deploy", "verify-cert", "run-live", "sweep"})
@@ -93,7 +93,10 @@ def exit_code_of(result: int | Reply) -> int:
 
 
 def error_line(exc: BatchInvarianceError) -> str:
-    """The one line an error is reported with on stderr."""
+    """The one line an error is reported with on stderr (a plan that cannot reach GREEN: one
+    per cause, as its ``--dry-run`` prints them)."""
     if isinstance(exc, Interrupted):
         return f"batch-invariance: {exc}; no cert written"
+    if isinstance(exc, PlanUnreachable):
+        return "\n".join(f"batch-invariance: {line}" for line in exc.lines())
     return f"batch-invariance: error [{type(exc).__name__}]: {exc}"

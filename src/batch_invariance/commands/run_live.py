@@ -4,7 +4,9 @@ another engine, ``--engine``, or a server already running, ``--base-url``).
 request (argparse -> :class:`~batch_invariance.service.request.LiveRequest`) -> job (checked
 once, :func:`~batch_invariance.service.live.prepare`) -> service
 (:func:`~batch_invariance.service.live.run_live_cell`) -> render (the banner) -> exit code.
-``--dry-run`` prints the plan and launches nothing. ``--baseline CERT`` verifies that cert
+``--dry-run`` prints the plan and launches nothing; a plan it refuses as one that cannot reach
+GREEN is refused by a real run too, with the same lines, before any server starts (exit 2;
+``sweep`` and ``demo`` do the same). ``--baseline CERT`` verifies that cert
 (and its signature, under the identity policy check-deploy takes) before anything launches,
 then compares the new cert's arm A with it and writes ``{cert stem}.compare.json`` beside the
 cert (docs/compare.md); the exit code stays the new cert's.
@@ -23,6 +25,7 @@ from batch_invariance.commands.cell_options import (
     add_target_options,
     cell_label,
     print_dry_run,
+    refuse_unreachable,
     report,
     request_from_args,
 )
@@ -117,6 +120,7 @@ def handle(args: argparse.Namespace) -> int | RunReply:
     job = prepare(request, create_out_dir=not args.dry_run)
     if args.dry_run:
         return print_dry_run(job)
+    refuse_unreachable(job)  # what the dry run refuses, before any server starts
     outcome = run_live_cell(job, progress=Progress())
     code = report(outcome, cell_label(outcome.job))
     compared = None if baseline is None else _compare(args, baseline, outcome)

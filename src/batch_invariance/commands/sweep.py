@@ -19,7 +19,9 @@ from batch_invariance.commands.cell_options import (
     add_engine_options,
     add_target_options,
     cell_label,
+    endpoint_line,
     print_dry_run,
+    refuse_unreachable,
     request_from_args,
 )
 from batch_invariance.commands.replies import RunCell, RunReply, refused_cell, run_cell, run_reply
@@ -77,6 +79,7 @@ def handle(args: argparse.Namespace) -> int | RunReply:
         # The plan of every cell, as run-live --dry-run prints it (launches nothing); each N
         # was checked by prepare_sweep.
         return max(print_dry_run(replace(job.cell, parallel=n)) for n in job.parallels)
+    refuse_unreachable(job.cell)  # the same for every N: before any server starts
     outcome = run_sweep(job, progress=Progress())
     cells: list[RunCell] = []
     for cell in outcome.cells:
@@ -85,6 +88,7 @@ def handle(args: argparse.Namespace) -> int | RunReply:
             cells.append(refused_cell(cell.parallel, cell.not_run or "not run"))
             continue
         label = cell_label(outcome.job, kind="sweep")
+        sys.stdout.write(endpoint_line(outcome.job))
         sys.stdout.write(live_banner(f.cert, f.path, f.superseded, label))
         cells.append(run_cell(cell.parallel, f.cert, f.path, f.superseded, f.promotable))
     sys.stdout.write(sweep_text(outcome.summary, outcome.path))

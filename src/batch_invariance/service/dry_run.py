@@ -165,6 +165,13 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         lines.extend(_request_lines(cell, workset, cpus))
     else:
         lines.append("requests: the profile's work-set is built on a calibration server")
-    cert_name = f"{cell.model_name}__ctx{cell.ctx}__N{cell.parallel}.json"
-    lines.append(f"out-dir: {cell.out_dir} (cert {cert_name})")
+    lines += _closing_lines(cell)
     return DryRun(text="\n".join(lines) + "\n", refusal=refused)
+
+
+def _closing_lines(cell: LiveCell) -> list[str]:
+    """What ``--endpoint auto`` chose and why (when it chose), and where the cert goes."""
+    chosen = cell.endpoint
+    auto = [chosen.line()] if chosen is not None and chosen.why is not None else []
+    cert_name = f"{cell.model_name}__ctx{cell.ctx}__N{cell.parallel}.json"
+    return [*auto, f"out-dir: {cell.out_dir} (cert {cert_name})"]

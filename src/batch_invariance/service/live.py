@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -55,6 +55,7 @@ from batch_invariance.run.scorer_loader import load_scorer
 from batch_invariance.run.workset import Workset, expand_reps
 from batch_invariance.servers import ports
 from batch_invariance.servers.launch import LaunchRecord
+from batch_invariance.service.endpoint import ChosenEndpoint, choose_endpoint, header_of
 from batch_invariance.service.finish import FinishedCell, finish_cell, prepare_out_dir
 from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.profile import resolve_profile, resolve_workset
@@ -214,6 +215,8 @@ class LiveCell:
     port_policy: ports.PortPolicy
     out_dir: Path
     profile: ProfileRecord | None = None
+    #: The endpoint ``measurement`` uses, and why where ``--endpoint auto`` chose it.
+    endpoint: ChosenEndpoint | None = None
 
     @property
     def server_flags(self) -> tuple[str, ...]:
@@ -274,6 +277,7 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
     scorer = prof.scorer if prof is not None else load_scorer(request.scorer)
     out_dir = prepare_out_dir(checked.out_dir) if create_out_dir else checked.out_dir
     model = target.model
+    endpoint = _endpoint(request, target)
     name = (
         request.model_name
         or (prof.model_alias if prof and prof.model_alias else None)
@@ -286,7 +290,7 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
         model_name=name,
         ctx=checked.ctx,
         parallel=checked.parallel,
-        measurement=request.measurement,
+        measurement=replace(request.measurement, endpoint=endpoint.endpoint),
         workset=workset,
         build_workset=builder,
         scorer=scorer,
@@ -294,6 +298,18 @@ def prepare(request: LiveRequest, *, create_out_dir: bool = True) -> LiveCell:
         port_policy=port_policy,
         out_dir=out_dir,
         profile=None if prof is None else prof.provenance,
+        endpoint=endpoint,
+    )
+
+
+def _endpoint(request: LiveRequest, target: ServerTarget) -> ChosenEndpoint:
+    """The endpoint the request's ``--endpoint`` means for ``target``: a launched model's
+    header as read, or the ``--model`` file named beside an attached server."""
+    attached = target.attach is not None
+    header = header_of(target.model) if attached else target.gguf
+    choice = request.endpoint or request.measurement.endpoint
+    return choose_endpoint(
+        choice, header=header, attached=attached, server_flags=target.server_flags
     )
 
 

@@ -30,6 +30,7 @@ from batch_invariance.engines.base import Engine, flag_conflicts
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES, engine_for
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.ladder import LADDER
+from batch_invariance.service.endpoint import EndpointChoice
 from batch_invariance.service.options import DEFAULT_READY_TIMEOUT, LaunchOptions
 
 __all__ = [
@@ -56,9 +57,13 @@ class CellDefaults:
     measurement: Measurement
     ctx: int | None = None
     parallel: int | None = None
+    #: ``--endpoint`` (the Action's ``endpoint`` input): ``auto`` unless an entry point
+    #: says otherwise (:mod:`batch_invariance.service.endpoint`).
+    endpoint: EndpointChoice = "auto"
 
 
-#: ``run-live``: the default schedule (:data:`batch_invariance.core.plan.DEFAULT_GATE_PASSES`
+#: ``run-live`` (all three send ``--endpoint auto``; ``demo`` says its own endpoint, see
+#: commands/demo.py): the default schedule (:data:`batch_invariance.core.plan.DEFAULT_GATE_PASSES`
 #: passes of each row once, docs/power.md), ending the passes once RED is proven, when no
 #: later pass can change the verdict.
 RUN_LIVE_DEFAULTS = CellDefaults(Measurement(n_predict=128, stop_on_red=True))
@@ -144,6 +149,10 @@ class LiveRequest:
     driver_name: str = "run-live"
     #: Which server (``--engine``); checked against ``engines.registry`` by :func:`prepare`.
     engine: str = DEFAULT_ENGINE
+    #: ``--endpoint`` as given: ``auto`` is decided by :func:`prepare` from the model
+    #: (:func:`~batch_invariance.service.endpoint.choose_endpoint`), and ``chat`` or
+    #: ``completions`` replaces the measurement's; ``None``: the measurement's as it is.
+    endpoint: EndpointChoice | None = None
 
     def check(self) -> CheckedRequest:
         """The cheap checks, all in one place and before any file, profile code or server is

@@ -16,6 +16,7 @@ from batch_invariance.commands.replies import refused_cell, run_cell, run_reply
 from batch_invariance.commands.reply import reply_text
 from batch_invariance.mock import MockKnobs, MockServer
 from tests.support.factories import cert_for, changed, green_evidence, replace_trial
+from tests.support.fakes_live import LOOSE_GATES
 from tests.support.golden import check_golden
 from tests.unit.commands.test_run_live_engines import _cell, workset  # noqa: F401 (the fixture)
 from tests.unit.commands.test_sweep_engines import _argv, vllm_cell  # noqa: F401 (the fixture)
@@ -33,7 +34,8 @@ def test_run_live_json_names_the_cert_and_its_verdict(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with MockServer(parallel=4, ctx=512, knobs=MockKnobs(cobatch_divergence=True)) as server:
-        argv = _cell(workset, tmp_path / "out", "--base-url", server.base_url, "--json")
+        argv = _cell(workset, tmp_path / "out", "--base-url", server.base_url, "--json",
+                     *LOOSE_GATES)  # fmt: skip
         code = main(argv)
     out, err = capsys.readouterr()
     assert code == exitcodes.RED
@@ -51,7 +53,8 @@ def test_sweep_json_names_every_cert(
     vllm_cell: dict[str, Path],  # noqa: F811
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = main(_argv(vllm_cell, "sweep", "--parallel", "2,4", "--no-serial-repeat", "--json"))
+    argv = _argv(vllm_cell, "sweep", "--parallel", "2,4", "--no-serial-repeat", "--json")
+    code = main([*argv, *LOOSE_GATES])
     out, err = capsys.readouterr()
     assert code == exitcodes.NOT_PROMOTABLE  # too few comparisons for GREEN
     data = _object(out)
@@ -70,11 +73,11 @@ def test_run_live_json_names_the_comparison_with_a_baseline(
     vllm_cell: dict[str, Path],  # noqa: F811
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    main(_argv(vllm_cell, "run-live", "--parallel", "2", "--no-serial-repeat"))
+    main(_argv(vllm_cell, "run-live", "--parallel", "2", "--no-serial-repeat", *LOOSE_GATES))
     (baseline,) = vllm_cell["out"].glob("*.json")
     capsys.readouterr()
     again = _argv(vllm_cell, "run-live", "--parallel", "2", "--no-serial-repeat", "--json",
-                  "--baseline", str(baseline), "--allow-unsigned")  # fmt: skip
+                  "--baseline", str(baseline), "--allow-unsigned", *LOOSE_GATES)  # fmt: skip
     again[again.index("--out-dir") + 1] = str(vllm_cell["out"] / "new")
     code = main(again)
     data = _object(capsys.readouterr().out)

@@ -13,7 +13,7 @@ import pytest
 from batch_invariance.cli import main
 from batch_invariance.host import memory
 from batch_invariance.host.gguf import parse_info
-from tests.support.fakes_live import fake_cell_files
+from tests.support.fakes_live import LOOSE_GATES, fake_cell_files
 
 
 @pytest.fixture()
@@ -65,7 +65,7 @@ def test_dry_run_reports_a_guard_refusal(
 def test_a_real_run_refused_by_the_guard_launches_nothing_and_writes_no_cert(
     setup: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(_argv(setup, "--max-footprint-gb", "0.0001"))
+    code = main(_argv(setup, "--max-footprint-gb", "0.0001", *LOOSE_GATES))
     err = capsys.readouterr().err
     assert code == 2
     assert "GuardRefused" in err and "max-footprint-gb" in err
@@ -83,7 +83,8 @@ def test_a_bc_server_over_the_cap_is_refused_before_arm_a_starts(
     large = memory.project(info, 32768, 4, ()).total_bytes
     assert large > small
     cap_gb = (small + large) / 2 / memory.GIB
-    code = main(_argv(setup, "--max-footprint-gb", f"{cap_gb:.6f}", "--ctx", "32768"))
+    cap = ("--max-footprint-gb", f"{cap_gb:.6f}")
+    code = main(_argv(setup, *cap, "--ctx", "32768", *LOOSE_GATES))
     err = capsys.readouterr().err
     assert code == 2, err
     assert "GuardRefused" in err and "--parallel 4" in err

@@ -15,7 +15,7 @@ from batch_invariance.cli import main
 from batch_invariance.engines.registry import recorded_launch
 from batch_invariance.mock import MockKnobs, MockServer
 from batch_invariance.run.workset import items_to_row
-from tests.support.fakes_live import hf_model_files
+from tests.support.fakes_live import LOOSE_GATES, hf_model_files
 from tests.unit.engines.test_engine_cells import stand_in
 from tests.unit.run.test_cell import ITEMS
 
@@ -50,7 +50,7 @@ def test_attached_red_exits_1_and_records_attach(
     workset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with MockServer(parallel=4, ctx=512, knobs=MockKnobs(cobatch_divergence=True)) as server:
-        code = main(_cell(workset, tmp_path / "out", "--base-url", server.base_url))
+        code = main(_cell(workset, tmp_path / "out", "--base-url", server.base_url, *LOOSE_GATES))
     out = capsys.readouterr().out
     assert code == 1, out
     (cert_path,) = (tmp_path / "out").glob("*.json")
@@ -63,7 +63,7 @@ def test_attached_red_exits_1_and_records_attach(
 
 def test_attached_clean_exits_as_not_promotable(workset: Path, tmp_path: Path) -> None:
     with MockServer(parallel=4, ctx=512) as server:
-        code = main(_cell(workset, tmp_path / "out", "--base-url", server.base_url))
+        code = main(_cell(workset, tmp_path / "out", "--base-url", server.base_url, *LOOSE_GATES))
     assert code != 0  # GREEN-looking evidence on an attached server is never promotable
     (cert_path,) = (tmp_path / "out").glob("*.json")
     assert json.loads(cert_path.read_text())["source"] == "attached"
@@ -157,4 +157,5 @@ def test_attach_to_nothing_exits_4(workset: Path, tmp_path: Path) -> None:
     from batch_invariance.servers import ports
 
     port = ports.pick_free(frozenset())
-    assert main(_cell(workset, tmp_path / "out", "--base-url", f"http://127.0.0.1:{port}")) == 4
+    url = f"http://127.0.0.1:{port}"
+    assert main(_cell(workset, tmp_path / "out", "--base-url", url, *LOOSE_GATES)) == 4

@@ -12,7 +12,7 @@ import pytest
 from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.run.workset import items_to_row
-from tests.support.fakes_live import hf_model_files
+from tests.support.fakes_live import LOOSE_GATES, hf_model_files
 from tests.unit.engines.test_engine_cells import stand_in
 from tests.unit.run.test_cell import ITEMS
 
@@ -52,7 +52,7 @@ def _launched(record: Path) -> list[int]:
 def test_sweep_engine_shares_arm_a_and_launches_one_engine_server_per_n(
     vllm_cell: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(_argv(vllm_cell, "sweep", "--parallel", "2,4", "--no-serial-repeat"))
+    code = main(_argv(vllm_cell, "sweep", "--parallel", "2,4", "--no-serial-repeat", *LOOSE_GATES))
     text = capsys.readouterr().out
     assert code == 3, text  # 8 prompts x 2 passes: too few comparisons for GREEN
     # 1 + K launches: the shared one-sequence server, then one server per N.
@@ -85,7 +85,7 @@ def test_a_model_folder_runs_without_a_gguf_header_and_never_verifies(
     vllm_cell: dict[str, Path], tmp_path: Path
 ) -> None:
     folder = hf_model_files(tmp_path / "hf-model").parent
-    argv = _argv(vllm_cell, "run-live", "--parallel", "2", "--no-serial-repeat")
+    argv = _argv(vllm_cell, "run-live", "--parallel", "2", "--no-serial-repeat", *LOOSE_GATES)
     argv[argv.index("--model") + 1] = str(folder)
     main(argv)
     (path,) = vllm_cell["out"].glob("*.json")
@@ -140,12 +140,14 @@ def test_a_gguf_engine_gets_the_memory_guard_before_any_launch(
 ) -> None:
     from tests.support.fakes_live import dense_meta, write_gguf
 
-    model = write_gguf(tmp_path / "tiny.gguf", dense_meta(), padding=1 << 20)
+    # A model with a chat template: the work-set's message rows go to the chat endpoint.
+    meta = dense_meta(**{"tokenizer.chat_template": "{{ x }}"})
+    model = write_gguf(tmp_path / "tiny.gguf", meta, padding=1 << 20)
     python = stand_in(tmp_path, "python")
     argv = [
         "run-live", "--engine", "llama-cpp-python", "--server-bin", str(python),
         "--model", str(model), "--workset", str(vllm_cell["ws"]), "--ctx", "512", "--parallel", "2",
-        "--max-footprint-gb", "0.0001", "--out-dir", str(vllm_cell["out"]),
+        "--max-footprint-gb", "0.0001", "--out-dir", str(vllm_cell["out"]), *LOOSE_GATES,
     ]  # fmt: skip
     # Exit 2 before any launch: the stand-in cannot serve llama-cpp-python, so a launch would
     # have ended in an infrastructure failure (4) instead.

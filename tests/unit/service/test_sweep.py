@@ -35,7 +35,7 @@ from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.finish import finish_cell
 from batch_invariance.service.sweep import parse_parallels
 from batch_invariance.service.sweep_summary import SweepCell, sweep_summary
-from tests.support.fakes_live import fake_cell_files
+from tests.support.fakes_live import LOOSE_GATES, fake_cell_files
 
 #: Loose on answer length and distinct prompts: the mock answers in a few tokens, 16 prompts.
 POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0, min_slot_fill=0.0)
@@ -172,7 +172,8 @@ def fake_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path
 
 def _sweep_argv(cell: dict[str, Path], *extra: str) -> list[str]:
     return ["sweep", "--server-bin", str(cell["bin"]), "--model", str(cell["model"]),
-            "--workset", str(cell["ws"]), "--out-dir", str(cell["out"]), *extra]  # fmt: skip
+            "--workset", str(cell["ws"]), "--out-dir", str(cell["out"]), *LOOSE_GATES,
+            *extra]  # fmt: skip
 
 
 def test_an_n_that_does_not_fit_is_named_not_run_and_never_launched(
