@@ -35,6 +35,7 @@ from tests.act.act_run import (
     run_act,
 )
 from tests.act.scratch import Scratch, make_scratch
+from tests.support.fakes_live import exiting_server
 from tests.support.paths import SHARED_FIXTURES
 
 
@@ -94,7 +95,8 @@ def finished_build() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def outside_workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The provisioned llama-server and Gemma model copied into two folders outside any
-    workspace (a runner's /opt and /srv), for ``server-dir`` and ``models-dir``."""
+    workspace (a runner's /opt and /srv), for ``server-dir`` and ``models-dir``, and a third
+    with a server build that exits at once (the exit-4 job)."""
     root = tmp_path_factory.mktemp("outside")
     pair = provision()  # reuses the cache the suite filled
     server, models = root / "opt" / "llama", root / "srv" / "models"
@@ -102,8 +104,9 @@ def outside_workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
         folder.mkdir(parents=True)
     shutil.copy2(pair.server_bin, server / "llama-server")
     shutil.copy2(pair.model, models / pair.model.name)
+    broken = exiting_server(root / "opt" / "broken")
     yield {"BI_ACT_SERVER": str(server), "BI_ACT_MODELS": str(models),
-           "BI_ACT_MODEL": pair.model.name}  # fmt: skip
+           "BI_ACT_MODEL": pair.model.name, "BI_ACT_BROKEN_SERVER": str(broken.parent)}  # fmt: skip
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -33,12 +33,14 @@ def _outputs(run: ActRun, job: str) -> dict[str, str]:
 
 def _cert_from_artifact(run: ActRun, outputs: dict[str, str], tmp_path: Path) -> Cert:
     """The uploaded artifact holds exactly the cert (unsigned under act: no bundle, no
-    attestation); the cert verifies (schema, digest, re-derived verdict)."""
+    attestation) and, when the step did not pass, its plan and server logs (debug-paths); the
+    cert verifies (schema, digest, re-derived verdict)."""
     name = outputs["artifact"]
     assert name == f"bi-cert-{outputs['cell-id']}-a1"
     files = run.artifact(name)
     cert_name = Path(outputs["cert-path"]).name
-    assert set(files) == {cert_name}, files.keys()
+    debug = {Path(p).name for p in outputs.get("debug-paths", "").splitlines()}
+    assert set(files) == {cert_name} | debug, files.keys()
     assert outputs["bundle-path"] == "" and outputs["attestation-path"] == ""
     cert_path = tmp_path / cert_name
     cert_path.write_bytes(files[cert_name])
@@ -103,6 +105,26 @@ def test_a_plan_that_cannot_pass_is_refused_before_any_launch(composite: ActRun)
     assert "refused to launch (no verdict)" in lines
     assert "cannot reach GREEN: answer budget under the length gate: --n-predict 16" in lines
     assert "batch-invariance: arm " not in lines  # nothing was measured
+    # No cert, but the refused plan is in the artifact, with its cause.
+    plan = f"{outputs['cell-id']}.plan.txt"
+    files = composite.artifact(f"bi-failed-{outputs['cell-id']}-a1")
+    assert set(files) == {plan}
+    assert b"this plan cannot reach GREEN: answer budget" in files[plan]
+
+
+def test_exit_4_leaves_the_server_log_in_the_uploaded_artifact(composite: ActRun) -> None:
+    job = "a server that cannot start"
+    outputs = _outputs(composite, "no-server")
+    assert outputs.get("verdict", "") == "" and outputs.get("cert-path", "") == ""
+    assert composite.job_results(job) == ["failure"]
+    assert _container_exit(composite, job) == [f"exit status {exitcodes.INFRA}"]
+    assert outputs["artifact"] == f"bi-failed-{outputs['cell-id']}-a1"
+    files = composite.artifact(outputs["artifact"])
+    plan = f"{outputs['cell-id']}.plan.txt"
+    logs = [name for name in files if name.startswith("server-")]
+    assert plan in files and logs, files.keys()
+    assert b"out-dir: " in files[plan]  # the plan as run-live --dry-run prints it
+    assert any(b"this server cannot start" in files[name] for name in logs)
 
 
 def test_mock_run_is_never_a_pass(composite: ActRun, tmp_path: Path) -> None:
@@ -131,8 +153,11 @@ def test_signing_without_oidc_refuses_before_running(composite: ActRun) -> None:
     assert "batch-invariance: mock cell" not in composite.lines(job), "it ran without a signer"
 
 
-def test_only_the_two_measured_cells_were_uploaded(composite: ActRun) -> None:
-    names = {_outputs(composite, job)["artifact"] for job in ("live", "mock")}
+def test_the_measured_cells_and_the_failures_were_uploaded(composite: ActRun) -> None:
+    # The two cells' certs; the refused plan and the exit 4 as bi-failed-...; nothing for the
+    # step that refused to run without a signer (no plan, no server: the annotation says it).
+    names = {_outputs(composite, job)["artifact"] for job in ("live", "mock", "no-server")}
+    names.add(f"bi-failed-{_outputs(composite, 'refused')['cell-id']}-a1")
     assert composite.artifact_names() == names
     assert composite.returncode != 0  # act fails the run when a job fails
 

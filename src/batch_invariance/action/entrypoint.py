@@ -29,6 +29,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from batch_invariance.action.baseline import (
     compare_run,
     load_baseline,
 )
+from batch_invariance.action.failure import StepTrace, debug_outputs
 from batch_invariance.action.inputs import (
     ActionInputs,
     check_folders,
@@ -49,6 +51,7 @@ from batch_invariance.action.inputs import (
     mock_request,
     read_inputs,
 )
+from batch_invariance.action.lookup import check_input_files
 from batch_invariance.action.outputs import (
     OUTPUT_NAMES,
     append_runner_file,
@@ -109,9 +112,15 @@ def embedded_default() -> tuple[Path, Path]:
 
 
 def run_cell_for(
-    inputs: ActionInputs, provisioner: Provisioner, out: TextIO | None = None
+    inputs: ActionInputs,
+    provisioner: Provisioner,
+    out: TextIO | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    trace: StepTrace | None = None,
 ) -> FinishedCell:
-    """Run the cell the inputs ask for through the same service as the CLI."""
+    """Run the cell the inputs ask for through the same service as the CLI (``trace`` keeps
+    the prepared job for a failure's artifact; ``env`` holds the runner's folders)."""
     if inputs.mode == "mock":
         request = mock_request(inputs)
         if request.workset is None:
@@ -120,8 +129,11 @@ def run_cell_for(
         return run_mock_cell(request, progress=Progress())
     check_folders(inputs)
     check_server_pair(inputs)
+    check_input_files(inputs, env or {})
     embedded = provisioner() if not inputs.profile and not inputs.server_bin else None
     job = prepare(live_request(inputs, embedded))
+    if trace is not None:
+        trace.job = job
     refuse_unreachable(job, inputs.require, out or sys.stdout)
     return run_live_cell(job, progress=Progress()).finished
 
@@ -184,6 +196,8 @@ def run_action(
 ) -> int:
     """Run the Action against ``env`` and return the process exit code."""
     stream = out if out is not None else sys.stdout
+    trace = StepTrace(started=time.time())
+    inputs: ActionInputs | None = None
     try:
         inputs = read_inputs(env)
         if inputs.sign:
@@ -195,12 +209,27 @@ def run_action(
         # Verified (signature included) before the cell runs: a bad baseline costs no run.
         baseline = load_baseline(inputs.baseline, inputs.workspace, inputs.out_dir, env)
         _announce(inputs, stream)
-        finished = run_cell_for(inputs, provisioner, stream)
+        finished = run_cell_for(inputs, provisioner, stream, env=env, trace=trace)
     except BatchInvarianceError as exc:
+        _leave_debug_files(inputs, trace, env)
         return _fail(exc, env, stream)
     except KeyboardInterrupt:
+        _leave_debug_files(inputs, trace, env)
         return _fail(Interrupted(int(signal.SIGINT)), env, stream)
-    return _report(finished, inputs, baseline, env, stream, signer)
+    return _report(finished, inputs, baseline, env, stream, signer, trace)
+
+
+def _leave_debug_files(
+    inputs: ActionInputs | None, trace: StepTrace, env: Mapping[str, str]
+) -> None:
+    """A step that ended without a verdict: the plan and the server logs for the artifact
+    (``debug-paths``, ``cell-id``), best effort. Nothing when the inputs could not be read."""
+    if inputs is None:
+        return
+    with contextlib.suppress(BatchInvarianceError):
+        append_runner_file(
+            env.get("GITHUB_OUTPUT"), format_outputs(debug_outputs(inputs, trace, env))
+        )
 
 
 def _announce(inputs: ActionInputs, stream: TextIO) -> None:
@@ -235,9 +264,11 @@ def _report(
     env: Mapping[str, str],
     stream: TextIO,
     signer: BundleSigner | None,
+    trace: StepTrace | None = None,
 ) -> int:
     """After the cell: sign, compare with the baseline, write the outputs and the summary,
-    print the annotations, and return the exit code."""
+    print the annotations, and return the exit code. A step that does not pass also hands
+    its plan and server logs to the upload (``debug-paths``)."""
     cert = finished.cert
     signing = _sign(finished, inputs.sign, signer)
     passed = require_holds(cert, inputs.require)
@@ -257,6 +288,10 @@ def _report(
         None if against is None else against.path,
         None if against is None else against.comparison.worst() or "none",
     )
+    failing = signing.error is not None or not passed or bool(against and against.failures)
+    if failing and trace is not None:
+        found = debug_outputs(inputs, trace, env, stem=finished.path.stem)
+        outputs["debug-paths"] = found["debug-paths"]
     print(verdict_annotation(cert, inputs.require, passed, outputs["cell"]), file=stream)
     if against is not None:
         print(baseline_annotation(against), file=stream)

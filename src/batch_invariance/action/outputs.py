@@ -23,6 +23,7 @@ OUTPUT_NAMES: tuple[str, ...] = (
     "cell-id",
     "comparison-path",
     "baseline-worst",
+    "debug-paths",
 )
 
 
@@ -78,6 +79,8 @@ def outputs_for(
         "cell-id": cert_path.stem,
         "comparison-path": relative_to_workspace(comparison, workspace) if comparison else "",
         "baseline-worst": worst or "no-baseline",
+        # Set by the entrypoint when the step does not pass (action/failure.py).
+        "debug-paths": "",
     }
 
 

@@ -336,7 +336,8 @@ def test_bad_inputs_are_configuration_errors_without_a_verdict(
     assert code == exitcodes.USAGE
     assert "::error title=batch-invariance configuration error (no verdict)::" in buf.getvalue()
     assert needle in buf.getvalue()
-    assert outputs_of(env) == {}
+    # No verdict: at most the plan and the cell's name for the failure's artifact.
+    assert set(outputs_of(env)) <= {"cell-id", "debug-paths"}
 
 
 def _no_provision() -> tuple[Path, Path]:
@@ -354,7 +355,12 @@ def test_infrastructure_failure_is_distinct_and_has_no_verdict(tmp_path: Path) -
     code = action.run_action(env, out=buf, provisioner=provision_fails)
     assert code == exitcodes.INFRA
     assert "::error title=batch-invariance infrastructure failure (no verdict)::" in buf.getvalue()
-    assert outputs_of(env) == {}
+    outputs = outputs_of(env)
+    assert set(outputs) == {"cell-id", "debug-paths"}  # no verdict: the artifact's plan only
+    assert outputs["cell-id"] == "embedded__ctx2048__N4"
+    plan = Path(env["GITHUB_WORKSPACE"]) / outputs["debug-paths"]
+    assert plan.name == "embedded__ctx2048__N4.plan.txt"
+    assert plan.read_text().startswith("no plan: the step ended before its cell was prepared")
     assert "infrastructure failure" in summary_of(env)
 
 
@@ -428,11 +434,14 @@ def test_action_yml_is_one_step_that_runs_signs_uploads_and_sets_the_status() ->
     # 2: an artifact name unique per cell and run attempt, even when the cell failed.
     assert "always()" in name and "RUN_ATTEMPT: ${{ github.run_attempt }}" in name
     script = (REPO / "action" / "name-artifact.sh").read_text(encoding="utf-8")
-    assert "name=bi-cert-${CELL_ID}-a${RUN_ATTEMPT}" in script
-    # 3: the SHA-pinned upload of cert, bundle and attestation, RED included.
+    assert "name=bi-${kind}-${CELL_ID}-a${RUN_ATTEMPT}" in script and "kind=cert" in script
+    # 3: the SHA-pinned upload of cert, bundle and attestation, RED included, and of the plan
+    # and server logs of a step that did not pass (exit 4: no cert, still an artifact).
     assert re.search(r"uses: actions/upload-artifact@[0-9a-f]{40} # v4", upload)
-    assert "always()" in upload and "steps.cell.outputs.cert-path != ''" in upload
-    for path in ("cell.outputs.cert-path", "cell.outputs.bundle-path", "attestation-path"):
+    assert "steps.cell.outputs.debug-paths != ''" in name
+    assert "always()" in upload and "steps.artifact.outputs.name != ''" in upload
+    for path in ("cell.outputs.cert-path", "cell.outputs.bundle-path", "attestation-path",
+                 "cell.outputs.debug-paths"):  # fmt: skip
         assert path in upload
     assert "name: ${{ steps.artifact.outputs.name }}" in upload
 
@@ -456,6 +465,18 @@ def test_name_artifact_script_is_unique_per_attempt(tmp_path: Path) -> None:
         assert got["attestation-path"] == str(cert) + ".intoto.sigstore.json"
         names.append(got["name"])
     assert names == ["bi-cert-m__ctx512__N2-a1", "bi-cert-m__ctx512__N2-a2"]
+    # A step that ended without a cert: named apart, so it is never taken for a cert.
+    out = tmp_path / "out_failed"
+    out.touch()
+    subprocess.run(
+        ["bash", str(REPO / "action" / "name-artifact.sh")],
+        env={"PATH": os.environ["PATH"], "CELL_ID": cert.stem, "CERT_PATH": "",
+             "RUN_ATTEMPT": "1", "GITHUB_OUTPUT": str(out)},
+        check=True,
+        timeout=30,
+    )  # fmt: skip
+    got = parse_github_output(out.read_text())
+    assert got == {"name": "bi-failed-m__ctx512__N2-a1", "attestation-path": ""}
 
 
 def test_workflows_never_install_a_package_by_name() -> None:

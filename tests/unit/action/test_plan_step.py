@@ -59,7 +59,11 @@ def test_a_plan_that_cannot_pass_is_refused_before_any_launch(
     code, text = _run(env, **inputs)
     assert code == exitcodes.USAGE
     assert f"{REFUSED}require: green can never hold, this plan cannot reach GREEN: {cause}" in text
-    assert outputs_of(env) == {}
+    # No verdict; the refused plan, with its cause, goes to the failure's artifact.
+    outputs = outputs_of(env)
+    assert set(outputs) == {"cell-id", "debug-paths"}
+    plan = Path(env["GITHUB_WORKSPACE"]) / outputs["debug-paths"]
+    assert f"this plan cannot reach GREEN: {cause}" in plan.read_text()
 
 
 def test_require_promotable_is_refused_too(env: dict[str, str]) -> None:
