@@ -52,7 +52,9 @@ def test_each_cell_checks_out_its_commit_runs_and_uploads_its_cert(
     assert named == {"artifact": f"bi-cert-{run['cell-id']}-a1", "attestation-path": ""}
     files = matrix.artifact(named["artifact"])
     cert_name = Path(run["cert-path"]).name
-    assert set(files) == {cert_name}
+    # A mock cell never passes: its plan goes with the cert (debug-paths).
+    assert Path(run["debug-paths"]).name == f"{run['cell-id']}.plan.txt"
+    assert set(files) == {cert_name, f"{run['cell-id']}.plan.txt"}
     cert_path = tmp_path / cert_name
     cert_path.write_bytes(files[cert_name])
     verify(cert_path).raise_if_invalid()
