@@ -146,7 +146,8 @@ fi
 [ -n "$server_dir" ] && args+=(-v "$server_dir:/github/server:ro" -e "INPUT_SERVER-DIR=/github/server")
 # The runner's own paths of the mounts, so that a refusal names them (action/lookup.py).
 args+=(-e "BI_HOST_WORKSPACE=$GITHUB_WORKSPACE" -e "BI_HOST_MODELS_DIR=$models_dir"
-  -e "BI_HOST_SERVER_DIR=$server_dir")
+  -e "BI_HOST_SERVER_DIR=$server_dir" -e "BI_INPUT_MODELS_DIR=${INPUT_MODELS_DIR:-}"
+  -e "BI_INPUT_SERVER_DIR=${INPUT_SERVER_DIR:-}")
 # Inputs as the runner spells them for a Docker action: hyphens kept.
 while IFS= read -r -d '' entry; do
   key=${entry%%=*}

@@ -106,7 +106,11 @@ def test_a_plan_on_the_embedded_default_that_cannot_pass_is_refused_before_any_l
     assert "::error title=batch-invariance refused to launch (no verdict)::" in proc.stdout
     assert "too few distinct prompts: 4" in proc.stdout
     assert "answer budget under the length gate: --n-predict 8" in proc.stdout
-    assert _outputs(tmp_path / "out") == {}
+    # No verdict outputs; the refused plan, with its causes, for the failure's artifact.
+    outputs = _outputs(tmp_path / "out")
+    assert set(outputs) == {"cell-id", "debug-paths"}
+    plan = Path(env["GITHUB_WORKSPACE"]) / outputs["debug-paths"]
+    assert "this plan cannot reach GREEN: too few distinct prompts: 4" in plan.read_text()
     assert not list((Path(env["GITHUB_WORKSPACE"]) / "batch-invariance-certs").glob("*.json"))
     started = [p for p in psutil.process_iter(["name"]) if p.pid not in before]
     assert not [p for p in started if "llama-server" in (p.info["name"] or "")]
@@ -123,4 +127,10 @@ def test_live_server_that_dies_is_an_infrastructure_failure(embedded: None, tmp_
     proc = _run(env, timeout=120)
     assert proc.returncode == exitcodes.INFRA, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "::error title=batch-invariance infrastructure failure (no verdict)::" in proc.stdout
-    assert _outputs(tmp_path / "out") == {}
+    # No verdict outputs; the plan and the server's own log for the failure's artifact.
+    outputs = _outputs(tmp_path / "out")
+    assert set(outputs) == {"cell-id", "debug-paths"}
+    plan, *logs = outputs["debug-paths"].splitlines()
+    workspace = Path(env["GITHUB_WORKSPACE"])
+    assert plan.endswith(".plan.txt") and "out-dir: " in (workspace / plan).read_text()
+    assert any("fatal: no device" in (workspace / log).read_text() for log in logs), logs

@@ -4,7 +4,8 @@ In the container the folders are mounts (``models-dir`` at ``/github/models``, `
 at ``/github/server``, the workspace at ``/github/workspace``), so the path the CLI would name
 (``--model /github/models/x.gguf: no such file``) is neither what the user wrote nor a path on
 their runner. The container step hands the runner's own folders on (``BI_HOST_MODELS_DIR``,
-``BI_HOST_SERVER_DIR``, ``BI_HOST_WORKSPACE``: run-container.sh), and the refusal names the
+``BI_HOST_SERVER_DIR``, ``BI_HOST_WORKSPACE``) and the folder inputs as written
+(``BI_INPUT_MODELS_DIR``, ``BI_INPUT_SERVER_DIR``: run-container.sh), and the refusal names the
 input as written, the folder input it was looked up in, the runner's path and the nearest file
 names in that folder (difflib), before anything is provisioned or launched.
 """
@@ -89,7 +90,9 @@ def _lookups(inputs: ActionInputs, env: Mapping[str, str]) -> list[_Lookup]:
             folder_input, host_key = "", "BI_HOST_WORKSPACE"
         base = ws / folder_value if folder_value else ws  # an absolute folder_value stays
         host = env.get(host_key) or None
-        out.append(_Lookup(name, value, path, base, folder_input, folder_value, host))
+        # In the container the folder input is the mount; the step says what the user wrote.
+        written = env.get(f"BI_INPUT_{folder_input.upper().replace('-', '_')}") or folder_value
+        out.append(_Lookup(name, value, path, base, folder_input, written, host))
     return out
 
 

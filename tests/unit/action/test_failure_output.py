@@ -141,3 +141,19 @@ def test_near_names_match_paths_and_names(tmp_path: Path, value: str, expected: 
     (tmp_path / "gemma" / "gemma-3-270m-q4_k_m.gguf").write_bytes(b"")
     (tmp_path / "README.md").write_text("")
     assert near_names(value, tmp_path) == expected
+
+
+def test_in_the_container_the_folder_is_named_as_written_not_as_mounted(
+    tmp_path: Path,
+) -> None:
+    # run-container.sh sets models-dir to the mount and hands on what the user wrote.
+    env = _models(tmp_path, model="qwen2.5-0.5b-q8.gguf", **FOLDERS)
+    mount = str(Path(env["GITHUB_WORKSPACE"]) / "models")
+    env["INPUT_MODELS-DIR"] = mount
+    env["BI_INPUT_MODELS_DIR"] = "/srv/runner/models"
+    _, printed = _run(env)
+    assert (
+        "input model: qwen2.5-0.5b-q8.gguf: no such file in models-dir /srv/runner/models (on the "
+        "runner: /srv/runner/models/qwen2.5-0.5b-q8.gguf); did you mean qwen2.5-0.5b-q8_0.gguf?"
+    ) in printed
+    assert mount not in printed

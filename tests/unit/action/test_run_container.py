@@ -75,6 +75,7 @@ def test_models_and_server_folders_outside_the_workspace_are_mounted_read_only(
     # The runner's own paths, for refusals in the user's words (action/lookup.py).
     assert f"BI_HOST_MODELS_DIR={models}" in env and f"BI_HOST_SERVER_DIR={server}" in env
     assert f"BI_HOST_WORKSPACE={runner['GITHUB_WORKSPACE']}" in env
+    assert f"BI_INPUT_MODELS_DIR={models}" in env  # as the user wrote it
 
 
 def test_a_relative_models_dir_is_under_the_workspace_and_a_missing_one_is_refused(
