@@ -28,6 +28,7 @@ from batch_invariance.run.workset import items_to_row
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.finish import finish_cell
 from tests.support.factories import cert_for
+from tests.support.fakes_live import LOOSE_GATES
 from tests.support.paths import GOLDEN
 
 ITEMS = (WorkItem("fr", "What is the capital of France?", None, expected_answer="Paris"),)
@@ -121,13 +122,16 @@ def test_attach_mode_cert_carries_the_fallback_warning_from_props(
     """``run-live --base-url`` at a base model's server: /props reports the ChatML fallback,
     and the cert says so (the block has one writer, so no second one can say ``unknown``)."""
     workset = tmp_path / "ws.json"
-    workset.write_text(json.dumps([items_to_row(i) for i in ITEMS]))
+    # Three distinct prompts: the least the loose gates' bound can reach GREEN with, so the
+    # plan refusal lets the run go on.
+    rows = [WorkItem(f"q{i}", f"Question {i}: what is {i} + {i}?", None) for i in range(3)]
+    workset.write_text(json.dumps([items_to_row(i) for i in rows]))
     out = tmp_path / "out"
     with MockServer(parallel=2, ctx=512, knobs=MockKnobs(chat_template=None)) as server:
         code = main([
             "run-live", "--base-url", server.base_url, "--workset", str(workset),
             "--ctx", "512", "--parallel", "2", "--gate-passes", "2", "--n-predict", "8",
-            "--out-dir", str(out),
+            "--endpoint", "chat", "--out-dir", str(out), *LOOSE_GATES,
         ])  # fmt: skip
     banner = capsys.readouterr().out
     (cert_path,) = out.glob("*.json")
