@@ -13,7 +13,7 @@ from typing import Any
 
 from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.core.search import SearchRow, answer, row_verdict, vs_default
-from batch_invariance.engines.registry import ENGINES
+from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 
 __all__ = ["SEARCH_VERSION", "deploy_argv", "search_record"]
 
@@ -34,6 +34,8 @@ def deploy_argv(cert: Path) -> tuple[str, ...] | None:
     if not bc or not bc[0].argv:
         return None
     argv = list(bc[0].argv)
+    if prov.server_binary is not None:  # the file that ran, by the path its sha256 was read at
+        argv[0] = prov.server_binary.path
     out: list[str] = []
     skip = False
     for word in argv:
@@ -44,7 +46,8 @@ def deploy_argv(cert: Path) -> tuple[str, ...] | None:
             skip = True
             continue
         out.append(word)
-    engine = ENGINES.get(prov.engine or "")
+    # A cert that names no engine was written by llama-server's run-live, before engines.
+    engine = ENGINES.get(prov.engine or DEFAULT_ENGINE)
     if engine is not None:
         out += _missing_options(engine.cache_off_advice.split(), out)
     return tuple(out)
