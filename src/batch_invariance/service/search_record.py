@@ -34,7 +34,7 @@ def deploy_argv(cert: Path) -> tuple[str, ...] | None:
     if not bc or not bc[0].argv:
         return None
     argv = list(bc[0].argv)
-    if prov.server_binary is not None:  # the file that ran, by the path its sha256 was read at
+    if prov.server_binary is not None and prov.server_binary.path:  # where its sha256 was read
         argv[0] = prov.server_binary.path
     out: list[str] = []
     skip = False
