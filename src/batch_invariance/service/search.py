@@ -40,7 +40,7 @@ from batch_invariance.engines.registry import engine_for
 from batch_invariance.engines.search_space import SearchConfig
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.ladder import LADDER_PROMPTS
-from batch_invariance.run.workset import Workset, workset_from_items
+from batch_invariance.run.workset import Workset, items_to_row, workset_from_items
 from batch_invariance.service.live import LiveCell, prepare, run_live_cell
 from batch_invariance.service.request import LiveRequest
 from batch_invariance.service.search_record import deploy_argv, search_record
@@ -211,9 +211,17 @@ def engine_launchers(config: SearchConfig) -> LauncherFactory:
     return partial(engine_launcher, extra_env=dict(config.env))
 
 
-def _measure(cell: LiveCell, factory: LauncherFactory) -> Measured:
+#: The probe's prompts as sent, beside its cert: what an independent check replays
+#: (benchmarks/search_probe_check.py).
+PROBE_WORKSET = "workset.json"
+
+
+def _measure(cell: LiveCell, factory: LauncherFactory, *, keep_workset: bool) -> Measured:
     """One cell through run-live's own service, read back from the cert it wrote."""
     outcome = run_live_cell(cell, launcher_for=factory)
+    if keep_workset:
+        rows = [items_to_row(i) for i in outcome.workset.items]
+        atomic_write_text(cell.out_dir / PROBE_WORKSET, json.dumps(rows, indent=1) + "\n")
     return _measured(verify(outcome.finished.path, Depth.FULL), reused=False)
 
 
@@ -261,7 +269,7 @@ def run_search(
                 )
                 return
             began = clock.now()
-            found = _measure(cell, launchers(point.config))
+            found = _measure(cell, launchers(point.config), keep_workset=kind == "probe")
             clock.took[kind].append(clock.now() - began)
         name = point.config.name
         if kind == "cert":
