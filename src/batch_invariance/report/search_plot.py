@@ -1,12 +1,11 @@
 """The search's configurations on one plot: what N buys against how far the answers held.
 
 Pure, hand-written SVG like :mod:`batch_invariance.report.plot`. One point per configuration
-of a ``search.json`` record: x is the sequence length it held for (the longest sequence its
-evidence compared with no drift: ``bitwise_equal_up_to`` where drift began, else the longest
-measured), y is what N buys there (its full cert's concurrent over serial tokens/s); the
-colour is its verdict. A configuration with no full cert (a probe's reject) has no
-throughput: it is drawn hollow on the bottom line. The dashed line is 1.0x: below it,
-concurrent is not faster than serial.
+of a ``search.json`` record: x is the sequence length it held for (the position before its
+first drift, or the longest sequence its evidence compared with no drift), y is what N buys
+there (its full cert's concurrent over serial tokens/s); the colour is its verdict. A
+configuration with no full cert (a probe's reject) has no throughput: it is drawn hollow on
+the bottom line. The dashed line is 1.0x: below it, concurrent is not faster than serial.
 """
 
 from __future__ import annotations
@@ -27,9 +26,11 @@ def _point(row: Mapping[str, Any]) -> tuple[float, float | None, str] | None:
     seen = row.get("cert") or row.get("probe")
     if not isinstance(seen, Mapping):
         return None
-    held = seen.get("bitwise_equal_up_to")
-    if seen.get("first_drift_position") is None or held is None:
-        held = seen.get("longest")
+    drift = seen.get("first_drift_position")
+    # Drift at position p: the sequences held up to p - 1 (or the longest seen equal).
+    held = seen.get("longest") if drift is None else seen.get("bitwise_equal_up_to")
+    if held is None and isinstance(drift, int):
+        held = drift - 1
     if not isinstance(held, (int, float)):
         return None
     cert = row.get("cert")
@@ -58,8 +59,7 @@ def search_plot(record: Mapping[str, Any]) -> str:
         f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + h}" stroke="#333"/>',
         f'<line x1="{LEFT}" y1="{y(1.0):.1f}" x2="{LEFT + w}" y2="{y(1.0):.1f}" '
         'stroke="#888" stroke-dasharray="4 3"/>',
-        f'<text x="{LEFT + w}" y="{y(1.0) - 4:.1f}" text-anchor="end" font-size="11">'
-        "1.0x: serial</text>",
+        f'<text x="{LEFT + 4}" y="{y(1.0) - 4:.1f}" font-size="11">1.0x: serial</text>',
         f'<text x="{LEFT + w / 2}" y="{HEIGHT - 12}" text-anchor="middle" font-size="12">'
         f"sequence length the answers held for (tokens; slot {int(slot)})</text>",
         f'<text x="{LEFT}" y="{TOP - 12}" font-size="12">'

@@ -118,12 +118,13 @@ def _space(engine_name: str, only: tuple[str, ...] | None) -> tuple[SearchConfig
     return tuple(c for c in space if c.is_defaults or c.name in only)
 
 
-def _probe_workset(workset: Workset, boundaries: tuple[int, ...]) -> Workset:
+def _probe_workset(workset: Workset, boundaries: tuple[int, ...], per: int) -> Workset:
     """The probe's prompts out of the cell's own work-set (the ladder records each prompt's
-    sequence target; a work-set without one is ranked by its prompt's length)."""
+    sequence target; a work-set without one is ranked by its prompt's length): ``per``
+    past each boundary and at the slot's end."""
     seqs = [(i.test_id, int(i.meta.get("sequence_target") or len(i.prompt or "") // 4))
             for i in workset.items]  # fmt: skip
-    keep = set(probe_ids(seqs, boundaries))
+    keep = set(probe_ids(seqs, boundaries, per))
     items = [i for i in workset.items if i.test_id in keep]
     return workset_from_items(
         items, f"search probe of {workset.record().get('source', 'the cell')}"
@@ -132,14 +133,16 @@ def _probe_workset(workset: Workset, boundaries: tuple[int, ...]) -> Workset:
 
 def _probe_cell(full: LiveCell, out_dir: Path, boundaries: tuple[int, ...]) -> LiveCell:
     m = replace(full.measurement, gate_passes=PROBE_PASSES, reps=1, stop_on_red=True)
+    # Enough prompts that a wave of N fills every slot: each is co-batched with N - 1 others.
+    per = max(PROBE_PER_BOUNDARY, -(-full.parallel // (len(boundaries) + 1)))
     builder = full.build_workset
     build = None
     if builder is not None:
 
         def build(ctx: int, counter: Callable[[str], int]) -> Workset:
-            return _probe_workset(builder(ctx, counter), boundaries)
+            return _probe_workset(builder(ctx, counter), boundaries, per)
 
-    workset = None if full.workset is None else _probe_workset(full.workset, boundaries)
+    workset = None if full.workset is None else _probe_workset(full.workset, boundaries, per)
     return replace(full, measurement=m, out_dir=out_dir, build_workset=build, workset=workset)
 
 
