@@ -38,7 +38,7 @@ from batch_invariance.core.search import (
 )
 from batch_invariance.engines.registry import engine_for
 from batch_invariance.engines.search_space import SearchConfig
-from batch_invariance.errors import UsageError
+from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.profiles.ladder import LADDER_PROMPTS
 from batch_invariance.run.workset import Workset, items_to_row, workset_from_items
 from batch_invariance.service.live import LiveCell, prepare, run_live_cell
@@ -272,7 +272,15 @@ def run_search(
                 )
                 return
             began = clock.now()
-            found = _measure(cell, launchers(point.config), keep_workset=kind == "probe")
+            try:
+                found = _measure(cell, launchers(point.config), keep_workset=kind == "probe")
+            except (InfraError, GuardRefused) as exc:
+                # One configuration the server cannot start (or run) ends its row, not the
+                # search; an interrupt still ends everything.
+                row = rows[point.config.name]
+                rows[point.config.name] = replace(row, not_run=f"{kind} failed: {exc}")
+                _write(job, rows, stopped, clock)
+                return
             clock.took[kind].append(clock.now() - began)
         name = point.config.name
         if kind == "cert":
@@ -358,6 +366,9 @@ def _row(point: Point) -> SearchRow:
 
 
 def _not_run(row: SearchRow, stopped: str | None) -> SearchRow:
+    """Why a row has no full cert, where the budget is the reason (a failure keeps its own)."""
+    if row.not_run is not None and "failed" in row.not_run:
+        return row
     if row.probe is None and row.cert is None:
         return replace(row, not_run=stopped or "not reached")
     if row.cert is None and row.probe is not None and not probe_rejects(row.probe) and stopped:

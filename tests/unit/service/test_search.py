@@ -19,6 +19,7 @@ from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import KvLayout
 from batch_invariance.engines.registry import ENGINES
 from batch_invariance.engines.search_space import SearchConfig
+from batch_invariance.errors import InfraError
 from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.records import ServerHandle
 from batch_invariance.service.request import LiveRequest
@@ -77,12 +78,16 @@ class Launchers:
     started: list[str] = field(default_factory=list)
     #: The search's clock: every cell launched moves it 100 s.
     clock: Clock = field(default_factory=lambda: Clock())
+    #: Configurations whose server does not start.
+    failing: tuple[str, ...] = ()
 
     def __call__(self, config: SearchConfig) -> LauncherFactory:
         knobs = MockKnobs(cobatch_divergence=DRIFTS[config.name], token_delay_s=0.003,
                           prompt_token_delay_s=0.0)  # fmt: skip
 
         def factory(*_: Any) -> MockLive:
+            if config.name in self.failing:
+                raise InfraError(f"llama-server exited at start ({config.name}, test)")
             self.clock.t += 100.0
             live = MockLive(MockLauncher(knobs), layout=config.kv_layout)
             live.started = self.started
@@ -210,3 +215,13 @@ def test_a_probe_that_saw_no_drift_is_never_certified_green(files: dict[str, Pat
     assert row["verdict"] == "not certified (probe saw no drift)"
     assert "budget" in str(row["not_run"])
     assert outcome.record["fastest_green"] is None
+
+
+def test_a_configuration_whose_server_fails_ends_its_row_not_the_search(
+    files: dict[str, Path],
+) -> None:
+    outcome = _search(files, Launchers(failing=("fa-on",)), budget=150.0)
+    rows = _rows(outcome)
+    assert rows["fa-on"]["not_run"] == ("probe failed: llama-server exited at start (fa-on, test)")
+    assert rows["fa-on"]["verdict"] == "not run"
+    assert rows["defaults"]["probe"] is not None  # the others went on
