@@ -24,6 +24,7 @@ __all__ = [
     "SearchRow",
     "answer",
     "probe_ids",
+    "probe_per_boundary",
     "probe_rejects",
     "row_verdict",
     "vs_default",
@@ -171,6 +172,13 @@ def _rate(row: SearchRow) -> float:
     cert = row.cert
     rate = None if cert is None else cert.concurrent_tokens_per_s
     return -1.0 if rate is None else rate
+
+
+def probe_per_boundary(parallel: int, n_boundaries: int) -> int:
+    """Prompts a probe takes past each boundary and at the slot's end: enough that one wave
+    of N fills every slot (each prompt is co-batched with N - 1 others), at least
+    :data:`PROBE_PER_BOUNDARY`."""
+    return max(PROBE_PER_BOUNDARY, -(-parallel // (n_boundaries + 1)))
 
 
 def probe_ids(

@@ -30,10 +30,10 @@ from batch_invariance.cert.verify import Depth, Verification, verify
 from batch_invariance.core.plan import eta_seconds
 from batch_invariance.core.rules import RULES_VERSION
 from batch_invariance.core.search import (
-    PROBE_PER_BOUNDARY,
     Measured,
     SearchRow,
     probe_ids,
+    probe_per_boundary,
     probe_rejects,
 )
 from batch_invariance.engines.registry import engine_for
@@ -133,8 +133,7 @@ def _probe_workset(workset: Workset, boundaries: tuple[int, ...], per: int) -> W
 
 def _probe_cell(full: LiveCell, out_dir: Path, boundaries: tuple[int, ...]) -> LiveCell:
     m = replace(full.measurement, gate_passes=PROBE_PASSES, reps=1, stop_on_red=True)
-    # Enough prompts that a wave of N fills every slot: each is co-batched with N - 1 others.
-    per = max(PROBE_PER_BOUNDARY, -(-full.parallel // (len(boundaries) + 1)))
+    per = probe_per_boundary(full.parallel, len(boundaries))
     builder = full.build_workset
     build = None
     if builder is not None:
@@ -265,7 +264,7 @@ def run_search(
         cell = point.probe if kind == "probe" else point.full
         found = reusable(cell, identity)
         if found is None:
-            n_items = PROBE_PER_ETA if kind == "probe" else LADDER_ETA_ITEMS
+            n_items = _probe_items(job) if kind == "probe" else LADDER_ETA_ITEMS
             if stopped or not clock.fits(kind, job.step_eta(cell, n_items)):
                 stopped = (
                     stopped or f"budget {job.budget_s:g} s reached after {clock.elapsed():.0f} s"
@@ -301,10 +300,14 @@ def run_search(
     return SearchOutcome(tuple(final.values()), json.loads(path.read_text()), path, stopped)
 
 
-#: Items the ETA counts per step: a probe's (two per boundary and the slot's end) and the
-#: ladder's (an estimate; the run uses what the work-set holds).
-PROBE_PER_ETA = 2 * PROBE_PER_BOUNDARY
+#: Items the ETA counts for a full cert: the ladder's (the run uses what the work-set holds).
 LADDER_ETA_ITEMS = LADDER_PROMPTS
+
+
+def _probe_items(job: SearchJob) -> int:
+    """Prompts a probe sends at most (past each boundary and at the slot's end)."""
+    n = len(job.boundaries) + 1
+    return n * probe_per_boundary(job.points[0].full.parallel, n - 1)
 
 
 def _minutes(seconds: float | None) -> str:
@@ -325,13 +328,13 @@ def plan_lines(job: SearchJob) -> list[str]:
     lines = [
         f"search plan: {first.model_name} ctx={first.ctx} N={first.parallel} engine "
         f"{first.target.engine.name}: {len(job.points)} configuration(s) (nothing launched)",
-        f"probe: up to {PROBE_PER_ETA} prompts, past {_boundaries(job)} and at the slot's end, "
+        f"probe: up to {_probe_items(job)} prompts, past {_boundaries(job)} and at the slot's end, "
         f"{PROBE_PASSES} C passes; it can only reject",
     ]
     least = most = 0.0
     known = True
     for p in job.points:
-        probe_eta = job.step_eta(p.probe, PROBE_PER_ETA)
+        probe_eta = job.step_eta(p.probe, _probe_items(job))
         cert_eta = job.step_eta(p.full, LADDER_ETA_ITEMS)
         reused = [k for k, c in (("probe", p.probe), ("cert", p.full)) if reusable(c, identity)]
         if probe_eta is None or cert_eta is None:
