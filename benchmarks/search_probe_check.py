@@ -67,7 +67,7 @@ def main() -> int:
         if seen is None:
             print(f"{row['config']}: the replay printed no summary")
             continue
-        rejected = probe["verdict"] in ("RED", "AMBER")
+        rejected = probe["verdict"] in ("RED", "AMBER") or probe["first_drift_position"] is not None
         same = rejected == (seen[0] > 0)
         agree += same
         disagree += not same

@@ -2,9 +2,9 @@
 and the answer an operator reads off the table.
 
 * A probe can only reject. Its cert is a small live cell (a few prompts that cross the
-  engine's known drift boundary and reach the slot's end); a RED or AMBER there rejects the
-  configuration with that evidence. Anything else sends it on to a full cert: a probe that
-  saw no drift is "not rejected", never GREEN (:func:`row_verdict`).
+  engine's known drift boundary and reach the slot's end); a RED or AMBER there, or any drift
+  it saw, rejects the configuration with that evidence. Anything else sends it on to a full
+  cert: a probe that saw no drift is "not rejected", never GREEN (:func:`row_verdict`).
 * :func:`probe_ids`: the prompts whose sequences are the shortest past each boundary, and the
   longest of the work-set (the slot's end).
 * :func:`answer`: the fastest promotable GREEN (by its concurrent tokens/s at N), else the
@@ -71,8 +71,15 @@ class SearchRow:
 
 
 def probe_rejects(probe: Measured | None) -> bool:
-    """A valid probe cert that came out RED or AMBER rejects the configuration."""
-    return probe is not None and probe.valid and probe.verdict in REJECTING
+    """A valid probe cert rejects the configuration when it came out RED or AMBER, or when it
+    saw a co-batched logprob leave the serial one (a first drift position) whatever its
+    verdict: too small to be AMBER, it still shows the answers are not bitwise kept, so no
+    full cert of it could be a promotable GREEN."""
+    return (
+        probe is not None
+        and probe.valid
+        and (probe.verdict in REJECTING or probe.first_drift_position is not None)
+    )
 
 
 def row_verdict(row: SearchRow) -> str:
@@ -82,7 +89,8 @@ def row_verdict(row: SearchRow) -> str:
         return row.cert.verdict if row.cert.valid else "INVALID"
     if probe_rejects(row.probe):
         assert row.probe is not None
-        return f"{row.probe.verdict} (probe)"
+        verdict = row.probe.verdict
+        return f"{verdict} (probe)" if verdict in REJECTING else "drift (probe)"
     if row.probe is not None:
         return "not certified (probe saw no drift)"
     return "not run"

@@ -2,7 +2,7 @@
 
 Read from the ``search.json`` record (:mod:`batch_invariance.service.search_record`), so the
 table says what the written certs say. A row's verdict is its full cert's; a probe's RED or
-AMBER is marked ``(probe)``; a configuration the probe could not reject and no cert measured
+AMBER is marked ``(probe)``, and a probe too small for either that saw drift ``drift (probe)``; a configuration the probe could not reject and no cert measured
 says so and is never GREEN.
 """
 

@@ -47,6 +47,11 @@ def test_a_probe_only_rejects_and_never_gives_green() -> None:
     assert answer([green_probe]).fastest_green is None
     red_probe = SearchRow("fa-on", "-fa on", False, probe=seen("RED", first_drift_position=257))
     assert row_verdict(red_probe) == "RED (probe)"
+    # Too small a sample for AMBER, but drift seen: rejected all the same (live, fa-off at
+    # ctx 512 N 2 came out so, and its full cert was RED from position 84).
+    drift = SearchRow("fa-off", "-fa off", False,
+                      probe=seen("UNVERIFIED", first_drift_position=243))  # fmt: skip
+    assert probe_rejects(drift.probe) and row_verdict(drift) == "drift (probe)"
 
 
 def test_the_fastest_promotable_green_wins_and_the_control_must_be_red() -> None:
