@@ -2,8 +2,8 @@
 
 Read from the ``search.json`` record (:mod:`batch_invariance.service.search_record`), so the
 table says what the written certs say. A row's verdict is its full cert's; a probe's RED or
-AMBER is marked ``(probe)``, and a probe too small for either that saw drift ``drift (probe)``; a configuration the probe could not reject and no cert measured
-says so and is never GREEN.
+AMBER is marked ``(probe)``, a probe too small for either that saw drift ``drift (probe)``; a
+configuration the probe could not reject and no cert measured says so and is never GREEN.
 """
 
 from __future__ import annotations
