@@ -1,4 +1,4 @@
-"""The issue-43 search: every llama-server configuration the engine declares (12) for the
+"""The issue-43 search: every llama-server configuration the engine declares (13) for the
 embedded pair at ctx 1024 per slot and N 4, on the length ladder, raw completions (so that
 benchmarks/search_probe_check.py can replay any probe with plain HTTP).
 
@@ -37,7 +37,7 @@ def main() -> int:
     ap.add_argument("--budget", default="2h", help="wall-time limit (seconds, 90m, 2h)")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--parallel", type=int, default=4)
-    ap.add_argument("--configs", default=None, help="part of the space (default: all 12)")
+    ap.add_argument("--configs", default=None, help="part of the space (default: all 13)")
     ap.add_argument("--dry-run", action="store_true")
     opts = ap.parse_args()
     pair = pair_from(opts)

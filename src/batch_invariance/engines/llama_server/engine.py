@@ -108,6 +108,7 @@ LLAMA_SERVER_SPACE: tuple[SearchConfig, ...] = (
     SearchConfig("ub1-fa-off", ("-ub", "1", "-fa", "off")),
     SearchConfig("ub1-t1", ("-ub", "1", "-t", "1")),
     SearchConfig("ub1-unified", ("-ub", "1"), kv_layout="unified"),
+    SearchConfig("ub1-kv-q8", ("-ub", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0")),
 )
 
 
