@@ -41,6 +41,7 @@ from batch_invariance.engines.search_space import SearchConfig
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.profiles.ladder import LADDER_PROMPTS
 from batch_invariance.run.workset import Workset, items_to_row, workset_from_items
+from batch_invariance.service.dry_run import usable_cpus
 from batch_invariance.service.live import LiveCell, prepare, run_live_cell
 from batch_invariance.service.request import LiveRequest
 from batch_invariance.service.search_record import deploy_argv, search_record
@@ -93,7 +94,7 @@ class SearchJob:
         m = cell.measurement
         return eta_seconds(gguf.file_size, n_items * m.reps, n_predict=m.n_predict,
                            gate_passes=m.gate_passes, serial_repeat=m.serial_repeat,
-                           cpus=2)  # fmt: skip
+                           cpus=usable_cpus())  # fmt: skip
 
 
 @dataclass(frozen=True)
