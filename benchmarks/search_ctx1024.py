@@ -15,7 +15,13 @@ Usage (start a real llama-server: run it under the shared lock on a shared host)
 
 Prints the search's own table, and the wall time of this run.
 
-Not yet measured in full on the dev VM: the ETA it prints (--dry-run) is 26 to 233 minutes.
+Not yet measured in full on the dev VM. Its --dry-run ETA is ~12 min (every probe rejects) to
+~56 min (none does) at the default schedule, a rough estimate from model size that does not
+know -ub 1 processes prompts one token per ubatch: measured here, a -ub 1 probe took ~3 min
+where a default-flags probe took ~50 s. Measured probes (2026-12-06, shared 2-core VM): the
+defaults, -fa off and -t 1 RED from the first generated token (146-148); -ub 1 -t 1 and
+-ub 1 -fa on -ctk q8_0 -ctv q8_0 no drift (not certified); benchmarks/search_probe_check.py
+agreed on all 5.
 """
 
 from __future__ import annotations
