@@ -69,3 +69,24 @@ def test_an_unknown_configuration_and_a_bad_budget_are_usage_errors(
     with pytest.raises(UsageError):
         parse_budget("soon")
     assert os.environ.get("FAKE_SERVER_MARKER")
+
+
+def test_the_json_reply_carries_the_record_and_its_exit_code() -> None:
+    from batch_invariance.commands.search import SearchReply
+
+    reply = SearchReply({"fastest_green": None, "rows": [], "deploy_line": None}, 3)
+    assert reply.to_json() == {
+        "command": "search", "fastest_green": None, "rows": [], "deploy_line": None,
+        "exit_code": 3,
+    }  # fmt: skip
+
+
+def test_json_and_dry_run_together_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = fake_cell_files(tmp_path, monkeypatch, rows=3)
+    code = main(["search", "--server-bin", str(files["bin"]), "--model", str(files["model"]),
+                 "--ctx", "512", "--parallel", "4", "--out-dir", str(files["out"]),
+                 "--json", "--dry-run"])  # fmt: skip
+    assert code == exitcodes.USAGE
+    assert '"kind": "UsageError"' in capsys.readouterr().out
