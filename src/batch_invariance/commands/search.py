@@ -25,6 +25,7 @@ from batch_invariance.commands.reply import add_json_option, refuse_json_dry_run
 from batch_invariance.deploy.gate.serve_required import serve_suggestion
 from batch_invariance.errors import UsageError
 from batch_invariance.report.search_text import search_text
+from batch_invariance.run.progress import Progress
 from batch_invariance.service.request import SWEEP_DEFAULTS
 from batch_invariance.service.search import (
     SearchJob,
@@ -120,7 +121,7 @@ def handle(args: argparse.Namespace) -> int | SearchReply:
 
 
 def _finish(job: SearchJob) -> SearchReply:
-    outcome = run_search(job)
+    outcome = run_search(job, progress=Progress, say=lambda line: print(line, file=sys.stderr))
     record = outcome.record
     line = deploy_line(record)
     sys.stdout.write(search_text(record, str(outcome.path), line))

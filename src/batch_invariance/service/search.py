@@ -40,6 +40,7 @@ from batch_invariance.engines.registry import engine_for
 from batch_invariance.engines.search_space import SearchConfig
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
 from batch_invariance.profiles.ladder import LADDER_PROMPTS
+from batch_invariance.run.progress import ProgressSink
 from batch_invariance.run.workset import Workset, items_to_row, workset_from_items
 from batch_invariance.service.dry_run import usable_cpus
 from batch_invariance.service.live import LiveCell, prepare, run_live_cell
@@ -219,9 +220,11 @@ def engine_launchers(config: SearchConfig) -> LauncherFactory:
 PROBE_WORKSET = "workset.json"
 
 
-def _measure(cell: LiveCell, factory: LauncherFactory, *, keep_workset: bool) -> Measured:
+def _measure(
+    cell: LiveCell, factory: LauncherFactory, sink: ProgressSink | None, *, keep_workset: bool
+) -> Measured:
     """One cell through run-live's own service, read back from the cert it wrote."""
-    outcome = run_live_cell(cell, launcher_for=factory)
+    outcome = run_live_cell(cell, sink, launcher_for=factory)
     if keep_workset:
         rows = [items_to_row(i) for i in outcome.workset.items]
         atomic_write_text(cell.out_dir / PROBE_WORKSET, json.dumps(rows, indent=1) + "\n")
@@ -251,10 +254,13 @@ def run_search(
     *,
     now: Callable[[], float] = time.monotonic,
     launchers: Callable[[SearchConfig], LauncherFactory] = engine_launchers,
+    progress: Callable[[], ProgressSink] | None = None,
+    say: Callable[[str], None] = lambda _: None,
 ) -> SearchOutcome:
     """Probe every configuration, then certify every one the probe did not reject (the
     defaults whatever their probe said); write ``search.json`` after every step.
-    ``launchers`` gives each configuration's launcher factory (a test passes the mock's)."""
+    ``launchers`` gives each configuration's launcher factory (a test passes the mock's);
+    ``progress`` a fresh progress sink per cell; ``say`` hears one line per step."""
     identity = identify(job.points[0].full.target)
     clock = _Clock(job, now)
     rows = {p.config.name: _row(p) for p in job.points}
@@ -272,8 +278,10 @@ def run_search(
                 )
                 return
             began = clock.now()
+            say(f"search: {kind} of {point.config.name} ({point.config.words()})")
+            sink = None if progress is None else progress()
             try:
-                found = _measure(cell, launchers(point.config), keep_workset=kind == "probe")
+                found = _measure(cell, launchers(point.config), sink, keep_workset=kind == "probe")
             except (InfraError, GuardRefused) as exc:
                 # One configuration the server cannot start (or run) ends its row, not the
                 # search; an interrupt still ends everything.
