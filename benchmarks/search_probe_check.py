@@ -3,7 +3,7 @@
 For every configuration of a finished search (``D/search.json``) whose probe ran, this runs
 benchmarks/probe_scope.py (its own two llama-servers and plain ``requests`` to
 ``/v1/completions``, serial then N at a time, no project code) on the prompts that probe sent
-(``D/<config>/probe/workset.json``) with that configuration's flags, and prints whether the
+(``D/probes/<config>/workset.json``) with that configuration's flags, and prints whether the
 two agree: the probe rejected (RED or AMBER) and the plain replay saw drift, or neither did.
 
     flock /tmp/bi-live.lock python benchmarks/search_probe_check.py D [--configs a,b]

@@ -57,6 +57,7 @@ __all__ = ["SEARCH_FILE", "SearchJob", "SearchOutcome", "SearchRequest", "plan_l
            "prepare_search", "reusable", "run_search"]  # fmt: skip
 
 SEARCH_FILE = "search.json"
+PROBES = "probes"  # the probes' certs, a sub-folder per configuration
 #: C passes of a probe: enough to see co-batched drift, not to certify anything.
 PROBE_PASSES = 2
 
@@ -165,7 +166,9 @@ def prepare_search(request: SearchRequest, *, create_out_dir: bool = True) -> Se
                         launch=replace(base.launch, kv_layout=config.kv_layout),
                         out_dir=folder, driver_name="search")  # fmt: skip
         full = prepare(asked, create_out_dir=create_out_dir)
-        points.append(Point(config, full, _probe_cell(full, folder / "probe", boundaries)))
+        # Probe certs (never promotable) stay out of the folder ``serve --certs`` reads.
+        probes = base.out_dir / PROBES / config.slug
+        points.append(Point(config, full, _probe_cell(full, probes, boundaries)))
     return SearchJob(tuple(points), base.out_dir, request.budget_s, boundaries)
 
 
@@ -215,8 +218,7 @@ def engine_launchers(config: SearchConfig) -> LauncherFactory:
     return partial(engine_launcher, extra_env=dict(config.env))
 
 
-#: The probe's prompts as sent, beside its cert: what an independent check replays
-#: (benchmarks/search_probe_check.py).
+#: The probe's prompts as sent, beside its cert (benchmarks/search_probe_check.py replays them).
 PROBE_WORKSET = "workset.json"
 
 
@@ -309,18 +311,17 @@ def run_search(
     return SearchOutcome(tuple(final.values()), json.loads(path.read_text()), path, stopped)
 
 
-#: Items the ETA counts for a full cert: the ladder's (the run uses what the work-set holds).
 LADDER_ETA_ITEMS = LADDER_PROMPTS
 
 
 def _probe_items(job: SearchJob) -> int:
-    """Prompts a probe sends at most (past each boundary and at the slot's end)."""
+    """Prompts a probe sends at most; a full cert's estimate counts the ladder's."""
     n = len(job.boundaries) + 1
     return n * probe_per_boundary(job.points[0].full.parallel, n - 1)
 
 
-def _minutes(seconds: float | None) -> str:
-    return "unknown" if seconds is None else f"~{seconds / 60:.0f} min"
+def _minutes(seconds: float) -> str:
+    return f"~{seconds / 60:.0f} min"
 
 
 def _boundaries(job: SearchJob) -> str:

@@ -90,3 +90,17 @@ def test_json_and_dry_run_together_are_refused(
                  "--json", "--dry-run"])  # fmt: skip
     assert code == exitcodes.USAGE
     assert '"kind": "UsageError"' in capsys.readouterr().out
+
+
+def test_the_example_search_certs_verify_as_the_table_says() -> None:
+    import json
+
+    from batch_invariance.cert.verify import verify
+
+    folder = Path(__file__).resolve().parents[3] / "examples" / "search"
+    record = json.loads((folder / "search.json").read_text())
+    assert record["fastest_green"] == "ub1-kv-q8" and record["control_red"] is True
+    green = verify(folder / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4__ub1-kv-q8.json")
+    red = verify(folder / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4__defaults.json")
+    assert green.valid and green.verdict == "GREEN" and green.promotable, green.problems
+    assert red.valid and red.verdict == "RED"

@@ -149,6 +149,8 @@ def test_the_walk_probes_first_and_certifies_only_what_the_probe_did_not_reject(
     # ub1: its probe saw nothing, so the full cert decides, through run-live's own cert.
     assert rows["ub1"]["probe"]["verdict"] != "RED"
     cert = json.loads(Path(rows["ub1"]["cert"]["path"]).read_text())
+    # The folder a deploy's serve --certs reads holds the full cert alone (no probe cert).
+    assert list(Path(rows["ub1"]["certs"]).rglob("*.json")) == [Path(rows["ub1"]["cert"]["path"])]
     assert cert["provenance"]["driver"] == "search"
     assert cert["provenance"]["server_flags"] == ["-ub", "1"]
     assert rows["ub1"]["verdict"] == cert["verdict"]
