@@ -13,6 +13,7 @@ from batch_invariance import exitcodes
 from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.provision.embedded import Provisioned
+from tests.support.fakes_live import LOOSE_GATES
 
 
 def _ladder_subset(folder: Path) -> Path:
@@ -30,7 +31,8 @@ def _search(pair: Provisioned, out: Path, workset: Path) -> int:
                  "--workset", str(workset), "--ctx", "512", "--parallel", "2",
                  "--configs", "fa-off",
                  "--gate-passes", "2", "--reps", "1", "--n-predict", "32",
-                 "--min-hot-trials", "1", "--no-serial-repeat", "--out-dir", str(out)])  # fmt: skip
+                 "--min-hot-trials", "1", "--no-serial-repeat", "--out-dir", str(out),
+                 *LOOSE_GATES])  # fmt: skip
 
 
 def test_a_two_configuration_search_certifies_through_run_live_and_reuses_its_certs(

@@ -19,6 +19,7 @@ from batch_invariance.commands.cell_options import (
     add_cell_options,
     add_engine_options,
     add_target_options,
+    refuse_unreachable,
     request_from_args,
 )
 from batch_invariance.commands.reply import add_json_option, refuse_json_dry_run
@@ -116,8 +117,10 @@ def handle(args: argparse.Namespace) -> int | SearchReply:
     job = prepare_search(request, create_out_dir=not args.dry_run)
     if args.dry_run:
         sys.stdout.write("\n".join(plan_lines(job)) + "\n")
-        return exitcodes.PROMOTABLE
-    return _finish(job)
+    # As run-live and sweep: a plan whose full certs cannot reach GREEN whatever the server
+    # does is refused before any server starts (every configuration shares the plan).
+    refuse_unreachable(job.points[0].full)
+    return exitcodes.PROMOTABLE if args.dry_run else _finish(job)
 
 
 def _finish(job: SearchJob) -> SearchReply:

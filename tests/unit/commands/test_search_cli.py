@@ -14,7 +14,7 @@ from batch_invariance.cli import main
 from batch_invariance.commands.search import deploy_line, parse_budget
 from batch_invariance.errors import UsageError
 from batch_invariance.service.search_record import deploy_argv
-from tests.support.fakes_live import fake_cell_files
+from tests.support.fakes_live import LOOSE_GATES, fake_cell_files
 from tests.unit.deploy.test_check_deploy import _live_cert, deploy_files
 
 
@@ -46,7 +46,7 @@ def test_dry_run_states_the_plan_and_eta_and_launches_nothing(
     code = main(["search", "--server-bin", str(files["bin"]), "--model", str(files["model"]),
                  "--workset", str(files["ws"]), "--ctx", "512", "--parallel", "4",
                  "--out-dir", str(files["out"]), "--configs", "ub1,fa-on", "--budget", "2h",
-                 "--dry-run"])  # fmt: skip
+                 "--dry-run", *LOOSE_GATES])  # fmt: skip
     out = capsys.readouterr().out
     assert code == exitcodes.PROMOTABLE, out
     assert "3 configuration(s) (nothing launched)" in out
@@ -104,3 +104,15 @@ def test_the_example_search_certs_verify_as_the_table_says() -> None:
     red = verify(folder / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4__defaults.json")
     assert green.valid and green.verdict == "GREEN" and green.promotable, green.problems
     assert red.valid and red.verdict == "RED"
+
+
+def test_a_plan_that_cannot_reach_green_is_refused_before_any_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = fake_cell_files(tmp_path, monkeypatch, rows=3)  # 3 prompts: the bound needs 30
+    code = main(["search", "--server-bin", str(files["bin"]), "--model", str(files["model"]),
+                 "--workset", str(files["ws"]), "--ctx", "512", "--parallel", "4",
+                 "--out-dir", str(files["out"]), "--configs", "ub1"])  # fmt: skip
+    assert code == exitcodes.USAGE
+    assert "cannot reach GREEN" in capsys.readouterr().err
+    assert not files["marker"].exists()
