@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "demo",
     "run_live",
     "sweep",
+    "search",
     "run_mock",
     "verify_cert",
     "plan_n",

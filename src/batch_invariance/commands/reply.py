@@ -19,7 +19,9 @@ from typing import Any, Protocol
 from batch_invariance.errors import BatchInvarianceError, Interrupted, PlanUnreachable, UsageError
 
 #: The commands that take ``--json`` (a test checks that each registers it).
-JSON_COMMANDS: frozenset[str] = frozenset({"check-deploy", "verify-cert", "run-live", "sweep"})
+JSON_COMMANDS: frozenset[str] = frozenset(
+    {"check-deploy", "verify-cert", "run-live", "sweep", "search"}
+)
 
 #: Where argparse keeps the option (``compare --json`` is another option, with its own dest).
 JSON_DEST = "json_reply"

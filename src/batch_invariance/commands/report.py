@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from batch_invariance.cert.signature import (
 from batch_invariance.cert.store import atomic_write_text
 from batch_invariance.errors import InfraError, UsageError
 from batch_invariance.report.html import render_html
-from batch_invariance.report.load import load_all
+from batch_invariance.report.load import load_all, load_searches
 from batch_invariance.report.markdown import render_markdown
 from batch_invariance.report.model import Report, build_report
 from batch_invariance.report.summary import render_json
@@ -110,6 +111,7 @@ def exit_code(report: Report) -> int:
 def handle(args: argparse.Namespace) -> int:
     policy = _policy(args)
     report = build_report(load_all(args.paths, policy))
+    report = replace(report, searches=load_searches(args.paths))
     _write(args.out, FORMATS[output_format(args.format, args.out)](report))
     tell = sys.stderr if args.out == "-" else sys.stdout
     for bad in report.invalid:

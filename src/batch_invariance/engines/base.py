@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from batch_invariance.engines.probes import BusyProbe, PassCounter
 from batch_invariance.engines.recorded import RecordedLaunch
+from batch_invariance.engines.search_space import DEFAULT_SPACE, SearchConfig
 from batch_invariance.engines.variables import EnvRules, Linked
 
 __all__ = [
@@ -161,6 +162,11 @@ class Engine(ABC):
     #: The argv words a recorded server's model, N and context are read from
     #: (:meth:`recorded_launch`); ``None``: a recorded argv of it is not read.
     argv_names: tuple[str, str | None, str] | None = None
+    #: The output-changing options ``search`` walks, its defaults first (search_space.py).
+    search_space: tuple[SearchConfig, ...] = DEFAULT_SPACE
+    #: The KV view it pads attention to a multiple of (0: none known): sequences past it are
+    #: where co-batched drift is known to start, so the search's probe crosses it.
+    kv_view_pad: int = 0
 
     def __init__(self, *, env_rules: EnvRules | None = None) -> None:
         """``env_rules``: the variables its child gets, where the registry gives it others

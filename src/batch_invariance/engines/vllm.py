@@ -45,6 +45,7 @@ from batch_invariance.engines.base import (
     passthrough_env,
 )
 from batch_invariance.engines.probes import BusyProbe, PassCounter
+from batch_invariance.engines.search_space import DEFAULT_CONFIG, SearchConfig
 from batch_invariance.engines.witness import counters, gauge_probe, step_totals_reader
 from batch_invariance.errors import UsageError
 
@@ -142,6 +143,11 @@ class VllmEngine(Engine):
     cache_off_advice = "--no-enable-prefix-caching"
     refused_flags: frozenset[str] = frozenset({"--enable-prefix-caching"})
     argv_names = ("--model", "--max-num-seqs", "--max-model-len")
+    #: vLLM's own batch-invariant mode is a variable its server reads at start.
+    search_space = (
+        DEFAULT_CONFIG,
+        SearchConfig("batch-invariant", env=(("VLLM_BATCH_INVARIANT", "1"),)),
+    )
 
     def memory_reservation(self, flags: Sequence[str], env: Mapping[str, str]) -> MemoryReservation:
         given = flag_value(flags, _FRACTION_SPELLINGS)

@@ -16,6 +16,7 @@ from batch_invariance.report.lengths import lengths_html
 from batch_invariance.report.model import Cell, CellGroup, GateRow, Report
 from batch_invariance.report.numerics import grid_svg, pass_table_rows, risk_svg
 from batch_invariance.report.plot import VERDICT_COLOURS, rate_plot
+from batch_invariance.report.search_plot import search_section
 from batch_invariance.report.views import (
     answer_length_text,
     cell_anchor,
@@ -232,5 +233,6 @@ def render_html(report: Report) -> str:
         + "".join(_invalid(report))
         + "".join(_group(g) for g in report.groups)
         + "".join(_history(h) for h in report.histories)
+        + "".join(search_section(record, origin) for record, origin in report.searches)
         + "</body></html>\n"
     )

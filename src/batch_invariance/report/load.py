@@ -14,9 +14,11 @@ policy; without one the report says "bundle present, not verified".
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from batch_invariance.cert.compare_view import side_from_cert
 from batch_invariance.cert.memo import verified_memo
@@ -103,3 +105,24 @@ def load_cert(path: Path, policy: BundlePolicy | None) -> LoadedCert:
 
 def load_all(paths: Sequence[Path], policy: BundlePolicy | None) -> list[LoadedCert]:
     return [load_cert(path, policy) for path in collect(paths)]
+
+
+#: The record a search writes beside its folders of certs (service/search.py).
+SEARCH_FILE = "search.json"
+
+
+def load_searches(paths: Sequence[Path]) -> tuple[tuple[dict[str, Any], str], ...]:
+    """The ``search.json`` record of every folder given that holds one, with its path; an
+    unreadable one is left out (its certs are still reported, each verified on its own)."""
+    found: list[tuple[dict[str, Any], str]] = []
+    for path in paths:
+        record = path / SEARCH_FILE
+        if not record.is_file():
+            continue
+        try:
+            data = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("rows"), list):
+            found.append((data, str(record)))
+    return tuple(found)

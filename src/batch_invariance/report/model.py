@@ -151,6 +151,8 @@ class Report:
     invalid: tuple[InvalidCert, ...]
     #: Cells measured more than once (several builds), each build against the one before.
     histories: tuple[CellHistory, ...] = ()
+    #: ``search.json`` records found in the folders given, with where each was read.
+    searches: tuple[tuple[Mapping[str, Any], str], ...] = ()
 
     @property
     def cells(self) -> tuple[Cell, ...]:

@@ -17,6 +17,7 @@ for the cert, before the cell starts.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -167,16 +168,18 @@ def engine_launcher(
     policy: ports.PortPolicy,
     *,
     cap_parallel: int | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> EngineLauncher:
     """The launcher that starts ``target``'s engine (a launched target only).
 
     ``cap_parallel`` is for tests (see :class:`LauncherFactory`): every server then gets at
-    most that many slots, so it cannot co-batch."""
+    most that many slots, so it cannot co-batch. ``extra_env``: engine variables set over this
+    process's for the servers (a search configuration's, e.g. vLLM's batch-invariant mode)."""
     if target.server_bin is None or target.model is None:
         raise UsageError("an attached server has no launcher: the tool starts nothing there")
     return EngineLauncher(
         target.engine, target.server_bin, target.model, log_dir, port_policy=policy,
-        server_flags=target.server_flags, env=dict(os.environ),
+        server_flags=target.server_flags, env={**os.environ, **(extra_env or {})},
         ready_timeout=options.ready_timeout, gguf=target.gguf,
         max_footprint_gb=options.max_footprint_gb, cap_parallel=cap_parallel,
         kv_layout=options.kv_layout, prompt_cache=options.prompt_cache,

@@ -29,6 +29,7 @@ from batch_invariance.engines.llama_server.options import DEFAULTS
 from batch_invariance.engines.llama_server.probes import llama_server_probes, server_chat_template
 from batch_invariance.engines.probes import BusyProbe
 from batch_invariance.engines.recorded import RecordedLaunch
+from batch_invariance.engines.search_space import DEFAULT_CONFIG, SearchConfig
 from batch_invariance.engines.variables import Linked
 
 __all__ = ["LlamaServerEngine", "build_argv", "kv_label"]
@@ -89,6 +90,28 @@ def build_argv(
     return tuple(argv)
 
 
+#: What ``search`` walks on llama-server: the options that change which CPU attention and
+#: matmul paths a ubatch takes (docs/search.md says why each): the micro-batch (``-ub 1``
+#: puts one token per ubatch, so no two sequences share one), flash attention on and off, the
+#: K/V cache types (a quantized V cache needs flash attention), one unified KV pool against a
+#: pool per slot, and the thread count (how ggml splits each matmul). The defaults first.
+LLAMA_SERVER_SPACE: tuple[SearchConfig, ...] = (
+    DEFAULT_CONFIG,
+    SearchConfig("ub1", ("-ub", "1")),
+    SearchConfig("fa-on", ("-fa", "on")),
+    SearchConfig("fa-off", ("-fa", "off")),
+    SearchConfig("kv-f32", ("-ctk", "f32", "-ctv", "f32")),
+    SearchConfig("kv-q8", ("-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0")),
+    SearchConfig("unified", (), kv_layout="unified"),
+    SearchConfig("t1", ("-t", "1")),
+    SearchConfig("ub1-fa-on", ("-ub", "1", "-fa", "on")),
+    SearchConfig("ub1-fa-off", ("-ub", "1", "-fa", "off")),
+    SearchConfig("ub1-t1", ("-ub", "1", "-t", "1")),
+    SearchConfig("ub1-unified", ("-ub", "1"), kv_layout="unified"),
+    SearchConfig("ub1-kv-q8", ("-ub", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0")),
+)
+
+
 class LlamaServerEngine(Engine):
     """``llama-server --parallel N --ctx-size C*N --no-kv-unified --slots --metrics ...``."""
 
@@ -110,6 +133,9 @@ class LlamaServerEngine(Engine):
     #: The variables ggml, its runtimes and llama.cpp read; its config file.
     env_rules = LLAMA_CPP_ENV
     fallback_chat_template = LLAMA_CPP_CHATML_FALLBACK
+    search_space = LLAMA_SERVER_SPACE
+    #: llama_kv_cache::get_n_kv pads the view attention reads to 256 cells (docs/search.md).
+    kv_view_pad = 256
 
     @property
     def binary_hint(self) -> str:
