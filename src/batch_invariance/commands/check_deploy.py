@@ -102,7 +102,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--plan",
         action="store_true",
         help=(
-            "print, as one JSON object usable as a GitHub Actions matrix ({\"include\": [...]}), "
+            'print, as one JSON object usable as a GitHub Actions matrix ({"include": [...]}), '
             "the run that measures each batched cell no cert covers (the keys are cell.yml's "
             "inputs); exit 0 whatever the gate decides"
         ),

@@ -98,10 +98,10 @@ def _live_cert(
     short: bool = False,
     parallel: int = 4,
 ) -> Path:
-    """A GREEN live cert of (MODEL, ctx 1024, N ``parallel``) whose provenance agrees with its cell; the
-    verdict is decided by the core from the factories' green evidence, whose sequences fill
-    the slot (``slot_ctx=None``: a cert written before the slot was recorded; ``short``:
-    12-token prompts that do not)."""
+    """A GREEN live cert of (MODEL, ctx 1024, N ``parallel``) whose provenance agrees with its
+    cell; the verdict is decided by the core from the factories' green evidence, whose
+    sequences fill the slot (``slot_ctx=None``: a cert written before the slot was recorded;
+    ``short``: 12-token prompts that do not)."""
     from batch_invariance.cert.certificate import build_cert
     from batch_invariance.cert.store import write_cert
     from batch_invariance.core.evidence import CellSpec
