@@ -97,8 +97,9 @@ def _live_cert(
     slot_ctx: int | None = 1024,
     short: bool = False,
     parallel: int = 4,
+    ctx: int = 1024,
 ) -> Path:
-    """A GREEN live cert of (MODEL, ctx 1024, N ``parallel``) whose provenance agrees with its
+    """A GREEN live cert of (MODEL, ``ctx``, N ``parallel``) whose provenance agrees with its
     cell; the verdict is decided by the core from the factories' green evidence, whose
     sequences fill the slot (``slot_ctx=None``: a cert written before the slot was recorded;
     ``short``: 12-token prompts that do not)."""
@@ -113,9 +114,9 @@ def _live_cert(
     evidence = green_evidence(slot_ctx=None if short else slot_ctx)
     if short:  # the factory's 12-token prompts, in a recorded slot
         evidence = replace(evidence, slot_ctx=slot_ctx)
-    label = kv_label(1024, parallel, layout)  # type: ignore[arg-type]
+    label = kv_label(ctx, parallel, layout)  # type: ignore[arg-type]
     cell = CellSpec(
-        model=MODEL, ctx=1024, dispatch_n=parallel, kv_label=label, reps=1, is_moe=False
+        model=MODEL, ctx=ctx, dispatch_n=parallel, kv_label=label, reps=1, is_moe=False
     )
     provenance = provenance or _provenance(model, parallel, layout)
     cert = build_cert(evidence, decide(evidence, chosen), cell, chosen, provenance, "live",
