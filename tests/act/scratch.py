@@ -7,8 +7,9 @@ two commits:
 
 1. ``source``: the project as it is. cell.yml checks out and installs exactly this commit.
 2. ``act workflows``: the act stage's workflows under .github/workflows, and cell.yml and
-   gate.yml with the two values act does not supply written in: ``job.workflow_repository`` (the origin's name)
-   and ``job.workflow_sha`` (commit 1, where a GitHub caller's ``uses:`` would have resolved).
+   gate.yml with the two values act does not supply written in: ``job.workflow_repository``
+   (the origin's name) and ``job.workflow_sha`` (commit 1, where a GitHub caller's ``uses:``
+   would have resolved).
 
 act's HOME holds an empty ``.actrc`` (act asks nothing and writes nothing in the real HOME) and
 a ``.gitconfig`` that rewrites the origin's GitHub URL to the copy's own ``.git``, so the real

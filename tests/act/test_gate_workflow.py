@@ -95,9 +95,7 @@ def _deploy(act_setup: ActSetup, gate: dict[str, Any], flags: str) -> None:
 
 
 def _act(act_setup: ActSetup, gate: dict[str, Any], name: str) -> ActRun:
-    event = ActEvent(
-        "pull_request", gate["event"], {"BI_ACT_LAUNCHER": str(gate["launcher"])}
-    )
+    event = ActEvent("pull_request", gate["event"], {"BI_ACT_LAUNCHER": str(gate["launcher"])})
     out = gate["root"] / name
     run = run_act(act_setup, "act-gate-pr.yml", out, TIMEOUT_S,
                   {"STORE_URL": f"file://{gate['store']}"}, event)  # fmt: skip

@@ -115,9 +115,7 @@ def _live_cert(
     if short:  # the factory's 12-token prompts, in a recorded slot
         evidence = replace(evidence, slot_ctx=slot_ctx)
     label = kv_label(ctx, parallel, layout)  # type: ignore[arg-type]
-    cell = CellSpec(
-        model=MODEL, ctx=ctx, dispatch_n=parallel, kv_label=label, reps=1, is_moe=False
-    )
+    cell = CellSpec(model=MODEL, ctx=ctx, dispatch_n=parallel, kv_label=label, reps=1, is_moe=False)
     provenance = provenance or _provenance(model, parallel, layout)
     cert = build_cert(evidence, decide(evidence, chosen), cell, chosen, provenance, "live",
                       "2025-01-02T03:04:05Z")  # fmt: skip
