@@ -175,11 +175,9 @@ def test_a_raised_np_measures_exactly_the_planned_cell_through_cell_yml(
     pair = gate["pair"]
     assert (row["ctx"], row["parallel"], row["n_predict"]) == (256, 8, 16)
     assert (row["server_bin"], row["model"]) == (str(pair.server_bin), str(pair.model))
-    assert _cell_jobs(raised) == {"cell 256x8"} or any(
-        job.endswith("cell 256x8") for job in _cell_jobs(raised)
-    ), _cell_jobs(raised)
+    assert any(job.endswith("cell 256x8") for job in _cell_jobs(raised)), _cell_jobs(raised)
     run = raised.outputs("cell 256x8", "run")
-    assert run["cell"] == f"{pair.model.stem}/256/8", run
+    assert run.get("cell") == f"{pair.model.stem}/256/8", raised.lines("cell 256x8")[-4000:]
     assert run["verdict"] in {"GREEN", "RED", "AMBER", "UNVERIFIED"}
     assert f"bi-cert-{run['cell-id']}-a1" in raised.artifact_names()
 
