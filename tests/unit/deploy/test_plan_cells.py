@@ -141,6 +141,22 @@ def test_the_plan_names_everything_a_run_needs(
     assert _plan(other, world["certs"], capsys)[0]["id"] != row["id"]
 
 
+@pytest.mark.parametrize(("cap", "measured"), [("", 128), ("-n 16", 128), ("-n 512", 512),
+                                               ("-n -1", 128)])  # fmt: skip
+def test_the_answer_budget_covers_the_deploys_cap(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    cap: str,
+    measured: int,
+) -> None:
+    """A cert covers a cap up to the length it measured; a budget under the default could
+    never pass the length gate (the Action refuses such a plan before it launches)."""
+    config = _deploy(world, tmp_path, f"{RAISED} {cap}")
+    (row,) = _plan(config, world["certs"], capsys)
+    assert row["n_predict"] == measured
+
+
 def test_json_carries_the_same_plan(
     world: dict[str, Path],  # noqa: F811
     tmp_path: Path,

@@ -61,8 +61,9 @@ class PlanEntry:
     ctx_total: int | None
     parallel: int
     kv_layout: str
-    #: The deploy's ``-n`` when it caps answers, else the measuring default (the PASS line then
-    #: scopes the deploy to it).
+    #: The measuring default, or the deploy's ``-n`` cap where it is longer: a cert covers a
+    #: cap up to the length it measured, and a shorter budget than the default could never
+    #: pass the length gate (an uncapped deploy's PASS is scoped to this length).
     n_predict: int
     #: Every output-changing option, one word per line (``cell.yml``'s ``server-flags``).
     server_flags: str
@@ -178,7 +179,7 @@ def plan_entry(cell: DeployCell, default_n_predict: int) -> PlanEntry:
         ctx_total=cell.pool,
         parallel=cell.parallel,
         kv_layout=cell.layout_name,
-        n_predict=limit if limit is not None and limit > 0 else default_n_predict,
+        n_predict=max(limit, default_n_predict) if limit is not None else default_n_predict,
         server_flags="\n".join(words),
         engine_env="\n".join(f"{k}={v}" for k, v in sorted(cell.engine_env.items())),
         cache_arm=cache.caches,
