@@ -234,3 +234,28 @@ def test_a_cell_cell_yml_cannot_measure_is_named_and_left_out(
     assert json.loads(captured.out) == {"include": []}
     assert "is not in the matrix: cell.yml cannot measure" in captured.err and why in captured.err
     assert "measure it with: batch-invariance run-live " in captured.err
+
+
+def test_the_gate_workflow_is_one_required_check_fed_by_the_plan() -> None:
+    """The called job the ruleset requires has its stable name and runs whatever the jobs
+    before it did; every matrix key cell.yml is given is a plan row's key, and every input it
+    is given is one cell.yml declares."""
+    from dataclasses import fields
+
+    from batch_invariance.deploy.gate.plan_cells import PlanEntry
+
+    workflow = yaml.safe_load(GATE.read_text())
+    assert list(workflow[True]) == ["workflow_call"]  # YAML 1.1 reads the key `on` as true
+    gate = workflow["jobs"]["gate"]
+    assert gate["name"] == "batch-invariance gate"
+    assert gate["if"] == "${{ always() }}" and gate["needs"] == ["plan", "measure", "store"]
+    measure = workflow["jobs"]["measure"]
+    assert measure["if"] == "${{ needs.plan.outputs.count != '0' }}"
+    assert measure["uses"] == "addiplus/batch-invariance/.github/workflows/cell.yml@v0"
+    cell = yaml.safe_load((GATE.parent / "cell.yml").read_text())
+    declared = set(cell[True]["workflow_call"]["inputs"])
+    keys = {f.name for f in fields(PlanEntry)}
+    for name, value in measure["with"].items():
+        assert name in declared, name
+        found = re.fullmatch(r"\$\{\{ matrix\.(\w+) \}\}", str(value))
+        assert found is None or found.group(1) in keys, (name, value)
