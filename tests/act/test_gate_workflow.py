@@ -197,3 +197,6 @@ def test_the_next_run_measures_nothing_and_gates_on_the_measured_verdict(
     else:
         assert again.job_results(GATE_JOB) == ["failure"], lines[-3000:]
         assert f"FAIL  {label}" in lines and "is not promotable" in lines, lines[-3000:]
+        # The summary adds the refused cert's report: the answers that changed.
+        summary = again.summary(GATE_JOB)
+        assert "## batch-invariance report" in summary and f"**{verdict}**" in summary, summary
