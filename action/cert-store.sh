@@ -47,7 +47,9 @@ push() {
     git -C "$dir" remote add origin "$url"
   fi
   while IFS= read -r -d '' cert; do
+    # Certs only (MODEL__ctxC__NN.json): an artifact may also hold the run's plan and logs.
     case "$cert" in *.sigstore.json | *.superseded-*) continue ;; esac
+    case "${cert##*/}" in *__ctx*__N*.json) ;; *) continue ;; esac
     digest=$(sha256sum "$cert" | cut -c1-64)
     [ -d "$dir/certs/$digest" ] && continue
     mkdir -p "$dir/certs/$digest"

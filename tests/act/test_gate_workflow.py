@@ -142,7 +142,7 @@ def stored(gate: dict[str, Any], raised: ActRun) -> str:
     if raised.job_results("store"):
         return "stored by the store job"
     fresh = gate["root"] / "fresh"
-    for name in raised.artifact_names():
+    for name in sorted(n for n in raised.artifact_names() if n.startswith("bi-cert-")):
         (archive,) = raised.artifacts.glob(f"*/{name}/{name}.zip")
         with zipfile.ZipFile(archive) as zipped:
             zipped.extractall(fresh / name)

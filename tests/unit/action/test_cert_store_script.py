@@ -65,6 +65,7 @@ def test_an_absent_branch_is_an_empty_store(bare: Path) -> None:
 def test_push_adds_each_cert_once_under_its_sha256(bare: Path) -> None:
     cert = _fresh(bare / "run1", "m__ctx256__N8", '{"a": 1}\n')
     (bare / "run1" / "m__ctx256__N8.json.intoto.sigstore.json").write_text("{}")
+    (bare / "run1" / "plan.json").write_text("{}")  # the run's plan beside it: not a cert
     assert _store(bare, "fetch", str(bare / "c1")).returncode == 0
     pushed = _store(bare, "push", str(bare / "c1"), str(bare / "run1"))
     assert pushed.returncode == 0 and "pushed 1 cert(s)" in pushed.stdout, pushed.stderr
@@ -81,17 +82,17 @@ def test_push_adds_each_cert_once_under_its_sha256(bare: Path) -> None:
 
 
 def test_two_runs_pushing_at_once_both_land(bare: Path) -> None:
-    _fresh(bare / "seed", "seed", '{"seed": 1}\n')
+    _fresh(bare / "seed", "seed__ctx1__N2", '{"seed": 1}\n')
     assert _store(bare, "push", str(bare / "c0"), str(bare / "seed")).returncode == 0
     # Both fetch the same tip, then push one after the other: the second is refused and
     # rebases onto the first.
     assert _store(bare, "fetch", str(bare / "a")).returncode == 0
     assert _store(bare, "fetch", str(bare / "b")).returncode == 0
-    _fresh(bare / "run-a", "a", '{"a": 1}\n')
-    _fresh(bare / "run-b", "b", '{"b": 1}\n')
+    _fresh(bare / "run-a", "a__ctx1__N2", '{"a": 1}\n')
+    _fresh(bare / "run-b", "b__ctx1__N2", '{"b": 1}\n')
     assert _store(bare, "push", str(bare / "a"), str(bare / "run-a")).returncode == 0
     second = _store(bare, "push", str(bare / "b"), str(bare / "run-b"))
     assert second.returncode == 0, second.stdout + second.stderr
     assert "push refused (attempt 1); rebasing" in second.stdout
     names = [Path(name).name for name in _listed(bare) if not name.endswith(".sigstore.json")]
-    assert sorted(names) == ["a.json", "b.json", "seed.json"]
+    assert sorted(names) == ["a__ctx1__N2.json", "b__ctx1__N2.json", "seed__ctx1__N2.json"]
