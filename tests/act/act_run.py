@@ -112,10 +112,26 @@ class ActSetup:
     env: Mapping[str, str]
 
 
-def act_argv(setup: ActSetup, workflow: str, artifacts: Path, env: Mapping[str, str]) -> list[str]:
+@dataclass(frozen=True)
+class ActEvent:
+    """The event act raises (``push`` by default), its payload file and the ``vars``."""
+
+    name: str = "push"
+    payload: Path | None = None
+    variables: Mapping[str, str] = field(default_factory=dict)
+
+
+def act_argv(
+    setup: ActSetup,
+    workflow: str,
+    artifacts: Path,
+    env: Mapping[str, str],
+    event: ActEvent | None = None,
+) -> list[str]:
     fixtures, scratch = setup.fixtures, setup.scratch
+    event = event or ActEvent()
     argv = [
-        setup.act, "push", "--json",
+        setup.act, event.name, "--json",
         "-W", f".github/workflows/{workflow}",
         "-P", "self-hosted=-self-hosted",
         "--action-offline-mode",
@@ -131,6 +147,10 @@ def act_argv(setup: ActSetup, workflow: str, artifacts: Path, env: Mapping[str, 
     ]  # fmt: skip
     for key, value in {**setup.env, **env}.items():
         argv += ["--env", f"{key}={value}"]
+    if event.payload is not None:
+        argv += ["--eventpath", str(event.payload)]
+    for key, value in event.variables.items():
+        argv += ["--var", f"{key}={value}"]
     return argv
 
 
@@ -176,6 +196,7 @@ def run_act(
     out: Path,
     timeout_s: float,
     extra_env: Mapping[str, str] | None = None,
+    event: ActEvent | None = None,
 ) -> ActRun:
     """Run act on ``workflow`` (a file name under the copy's .github/workflows) with its
     artifacts, evidence (``BI_ACT_EVIDENCE``) and log under ``out``, ``extra_env`` added
@@ -193,7 +214,7 @@ def run_act(
     started = time.monotonic()
     with log.open("w") as stream:
         proc = subprocess.Popen(
-            act_argv(setup, workflow, artifacts, act_env),
+            act_argv(setup, workflow, artifacts, act_env, event),
             cwd=setup.scratch.repo,
             env=process_env,
             stdout=stream,

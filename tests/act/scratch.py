@@ -6,9 +6,10 @@ copies the working tree into its workspace. The copy holds the project's files a
 two commits:
 
 1. ``source``: the project as it is. cell.yml checks out and installs exactly this commit.
-2. ``act workflows``: the act stage's workflows under .github/workflows, and cell.yml with the
-   two values act does not supply written in: ``job.workflow_repository`` (the origin's name)
-   and ``job.workflow_sha`` (commit 1, where a GitHub caller's ``uses:`` would have resolved).
+2. ``act workflows``: the act stage's workflows under .github/workflows, and cell.yml and
+   gate.yml with the two values act does not supply written in: ``job.workflow_repository``
+   (the origin's name) and ``job.workflow_sha`` (commit 1, where a GitHub caller's ``uses:``
+   would have resolved).
 
 act's HOME holds an empty ``.actrc`` (act asks nothing and writes nothing in the real HOME) and
 a ``.gitconfig`` that rewrites the origin's GitHub URL to the copy's own ``.git``, so the real
@@ -68,10 +69,10 @@ def project_files() -> list[str]:
 
 
 def _with_workflow_identity(text: str, source_commit: str) -> str:
-    """cell.yml with job.workflow_repository and job.workflow_sha written in."""
+    """A called workflow with job.workflow_repository and job.workflow_sha written in."""
     if text.count(WORKFLOW_REPOSITORY) < 1 or text.count(WORKFLOW_SHA) < 1:
         raise AssertionError(
-            "cell.yml no longer reads job.workflow_repository and job.workflow_sha: "
+            "cell.yml or gate.yml no longer reads job.workflow_repository and job.workflow_sha: "
             "tests/act/scratch.py writes those in for act; update it"
         )
     return text.replace(WORKFLOW_REPOSITORY, ORIGIN).replace(WORKFLOW_SHA, source_commit)
@@ -88,8 +89,9 @@ def make_scratch(root: Path) -> Scratch:
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "source")
     source_commit = _git(repo, "rev-parse", "HEAD")
-    cell = repo / ".github" / "workflows" / "cell.yml"
-    cell.write_text(_with_workflow_identity(cell.read_text(), source_commit))
+    for name in ("cell.yml", "gate.yml"):  # both check out and install their own source
+        called = repo / ".github" / "workflows" / name
+        called.write_text(_with_workflow_identity(called.read_text(), source_commit))
     for workflow in sorted(WORKFLOWS.glob("*.yml")):
         shutil.copy2(workflow, repo / ".github" / "workflows" / f"act-{workflow.name}")
     _git(repo, "add", "-A")

@@ -24,7 +24,8 @@ from tests.support.paths import REPO
 ACTIONS = ["action.yml", "install/action.yml"]
 #: Shell scripts the action, its image build and the CI stages run.
 SCRIPTS = ["action/run-container.sh", "action/name-artifact.sh", "docker/build-base.sh",
-           "docker/engine.sh", ".ci/run", ".ci/docker-stage", ".ci/act-stage"]  # fmt: skip
+           "docker/engine.sh", ".ci/run", ".ci/docker-stage", ".ci/act-stage",
+           "action/cert-store.sh"]  # fmt: skip
 #: Every Dockerfile: the action image's and the serve image's (docker/*.Dockerfile).
 DOCKERFILES = [
     "Dockerfile",

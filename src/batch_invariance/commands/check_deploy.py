@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,11 @@ from batch_invariance.commands.option_args import add_policy_arguments
 from batch_invariance.commands.reply import add_json_option
 
 if TYPE_CHECKING:
+    from batch_invariance.cert.signature import BundlePolicy
+    from batch_invariance.deploy.gate.certs import CertFile
+    from batch_invariance.deploy.gate.check import DeployReport
     from batch_invariance.deploy.gate.outcome import DeployOutcome
+    from batch_invariance.deploy.gate.plan_cells import PlanEntry
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -81,12 +86,33 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "that would pass: batch-invariance serve --certs DIR -- ENGINE ...)"
         ),
     )
+    parser.add_argument(
+        "--store",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help=(
+            "a cert store (the batch-invariance-certs branch checked out): its certs count "
+            "beside --certs only where they verify and are signed per the identity policy; "
+            "any other file is ignored with a line naming it (repeatable)"
+        ),
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help=(
+            'print, as one JSON object usable as a GitHub Actions matrix ({"include": [...]}), '
+            "the run that measures each batched cell no cert covers (the keys are cell.yml's "
+            "inputs); exit 0 whatever the gate decides"
+        ),
+    )
     add_policy_arguments(parser)
     add_json_option(parser, "the decision, each cell and construct with its problems")
     parser.set_defaults(func=handle)
 
 
-def handle(args: argparse.Namespace) -> DeployOutcome:
+def handle(args: argparse.Namespace) -> DeployOutcome | int:
     from batch_invariance.commands.deploy_output import (
         deploy_annotations,
         deploy_text,
@@ -108,9 +134,13 @@ def handle(args: argparse.Namespace) -> DeployOutcome:
         signing,
         unmodelled=read.unmodelled,
         server_binary=args.server_binary,
+        store=_store(args.store, signing),
     )
+    plan = _plan(report)
+    if args.plan:
+        return _print_plan(plan)
     report = gate_report(report, certs, signing, _serve_images(args.serve_image))
-    outcome = deploy_outcome(report, read.not_understood, certs)
+    outcome = replace(deploy_outcome(report, read.not_understood, certs), plan=plan)
     if args.suggest:
         sys.stdout.write(
             "".join(
@@ -126,6 +156,46 @@ def handle(args: argparse.Namespace) -> DeployOutcome:
         workspace = os.environ.get("GITHUB_WORKSPACE")
         sys.stdout.write(deploy_annotations(outcome, workspace, os.getcwd()))
     return outcome
+
+
+def _store(folders: list[Path], signing: BundlePolicy | None) -> tuple[CertFile, ...]:
+    """The store certs the gate counts; each file ignored is named on stderr."""
+    from batch_invariance.deploy.gate.cert_store import read_store
+
+    admitted: list[CertFile] = []
+    for folder in folders:
+        read = read_store(folder, signing)
+        admitted += read.admitted
+        for line in read.ignored:
+            sys.stderr.write(f"check-deploy: store: ignored {line}\n")
+    return tuple(admitted)
+
+
+def _plan(report: DeployReport) -> tuple[PlanEntry, ...]:
+    """What to measure: the cells no cert covers, as run-live and cell.yml take them (read
+    from the coverage, before the launch rule: a direct launch's cell is measured the same)."""
+    from batch_invariance.deploy.gate.plan_cells import cell_plan
+    from batch_invariance.service.request import ACTION_DEFAULTS
+
+    pairs = ((check.cell, check.kind) for check in report.checks)
+    return cell_plan(pairs, ACTION_DEFAULTS.measurement.n_predict)
+
+
+def _print_plan(plan: tuple[PlanEntry, ...]) -> int:
+    """The matrix on stdout; each cell cell.yml cannot measure on stderr, with why."""
+    import json
+
+    from batch_invariance.deploy.gate.plan_cells import matrix
+
+    for entry in plan:
+        if entry.cell_yml_refuses:
+            sys.stderr.write(
+                f"check-deploy: plan: {entry.label} [{entry.origin}] is not in the matrix: "
+                f"cell.yml cannot measure {entry.cell_yml_refuses}; measure it with: "
+                f"{entry.run_live}\n"
+            )
+    sys.stdout.write(json.dumps(matrix(plan), sort_keys=True) + "\n")
+    return 0
 
 
 def _serve_images(given: list[str]) -> frozenset[str]:

@@ -96,11 +96,13 @@ def _live_cert(
     provenance: dict[str, Any] | None = None,
     slot_ctx: int | None = 1024,
     short: bool = False,
+    parallel: int = 4,
+    ctx: int = 1024,
 ) -> Path:
-    """A GREEN live cert of (MODEL, ctx 1024, N 4) whose provenance agrees with its cell; the
-    verdict is decided by the core from the factories' green evidence, whose sequences fill
-    the slot (``slot_ctx=None``: a cert written before the slot was recorded; ``short``:
-    12-token prompts that do not)."""
+    """A GREEN live cert of (MODEL, ``ctx``, N ``parallel``) whose provenance agrees with its
+    cell; the verdict is decided by the core from the factories' green evidence, whose
+    sequences fill the slot (``slot_ctx=None``: a cert written before the slot was recorded;
+    ``short``: 12-token prompts that do not)."""
     from batch_invariance.cert.certificate import build_cert
     from batch_invariance.cert.store import write_cert
     from batch_invariance.core.evidence import CellSpec
@@ -112,9 +114,9 @@ def _live_cert(
     evidence = green_evidence(slot_ctx=None if short else slot_ctx)
     if short:  # the factory's 12-token prompts, in a recorded slot
         evidence = replace(evidence, slot_ctx=slot_ctx)
-    label = kv_label(1024, 4, layout)  # type: ignore[arg-type]
-    cell = CellSpec(model=MODEL, ctx=1024, dispatch_n=4, kv_label=label, reps=1, is_moe=False)
-    provenance = provenance or _provenance(model, 4, layout)
+    label = kv_label(ctx, parallel, layout)  # type: ignore[arg-type]
+    cell = CellSpec(model=MODEL, ctx=ctx, dispatch_n=parallel, kv_label=label, reps=1, is_moe=False)
+    provenance = provenance or _provenance(model, parallel, layout)
     cert = build_cert(evidence, decide(evidence, chosen), cell, chosen, provenance, "live",
                       "2025-01-02T03:04:05Z")  # fmt: skip
     return write_cert(out_dir, cert).path

@@ -227,13 +227,17 @@ def check_cells(
     verify: BundleVerifier = verify_bundle,
     unmodelled: Sequence[str] = (),
     server_binary: Path | None = None,
+    store: Sequence[CertFile] = (),
 ) -> DeployReport:
     """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``.
 
     ``verify`` is the bundle check (sigstore's; tests pass a fake). ``server_binary``
     (``--server-binary``) is the binary of cells whose deploy file names no readable one.
+    ``store``: the certs of the cert store that verified and are signed for the gate's policy
+    (:mod:`batch_invariance.deploy.gate.cert_store`), held beside the folder's.
     """
     index = index_certs(certs_dir)
+    index = CertIndex((*index.certs, *store), index.unreadable)
     identities: dict[str, ModelIdentity] = {}
     builds: dict[tuple[str, str | None, bool], BuildIdentity] = {}
     checks: list[CellCheck] = []

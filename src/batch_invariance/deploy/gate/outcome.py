@@ -17,10 +17,11 @@ from typing import Any, Literal
 from batch_invariance import exitcodes
 from batch_invariance.deploy.gate.cells import DeployCell
 from batch_invariance.deploy.gate.check import CellCheck, DeployReport
+from batch_invariance.deploy.gate.plan_cells import PlanEntry
 from batch_invariance.deploy.readers.commands import NotUnderstood
 
 #: Names the layout of :meth:`DeployOutcome.to_json`; bumps on any change of keys.
-JSON_VERSION = 1
+JSON_VERSION = 2
 
 _UNSIGNED = " (UNSIGNED: --allow-unsigned, signatures not checked)"
 
@@ -82,6 +83,8 @@ class DeployOutcome:
     cells: tuple[CellItem, ...]
     #: The constructs outside the grammar (any one fails the deploy).
     not_understood: tuple[Problem, ...]
+    #: The run that measures each cell no cert covers (``check-deploy --plan``).
+    plan: tuple[PlanEntry, ...] = ()
 
     @property
     def problems(self) -> tuple[Problem, ...]:
