@@ -418,6 +418,9 @@ REFUSALS: list[tuple[str, Any, int, str]] = [
     ("log-file-in-binary-folder",
      lambda c, t: {"flags": ["--log-file", str(c["binary"].parent / "libggml-cpu.so")]},
      exitcodes.USAGE, "inside"),
+    # As root, the server would write the loader's preload list.
+    ("log-file-in-system-folder", {"flags": ["--log-file", "/etc/ld.so.preload"]},
+     exitcodes.USAGE, "system folder"),
     # Relative to the caller's folder (serve execs the server in /): made absolute first.
     ("relative-log-file-over-model",
      lambda c, t: {"cwd": c["model"].parent, "flags": ["--log-file", c["model"].name]},

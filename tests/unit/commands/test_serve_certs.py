@@ -124,6 +124,9 @@ def test_serve_refuses_a_log_file_over_anything_the_server_reads(
         (served["model"], "which the server reads"),
         (served["binary"].parent / "libggml-cpu.so", "inside"),
         (served["cert"], "which the server reads"),
+        # A server running as root would write the loader's preload list.
+        (Path("/etc/ld.so.preload"), "system folder"),
+        (Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1"), "system folder"),
     ):
         done = _serve(served, *OK_FLAGS.split(), "--log-file", str(target))
         assert done.returncode == exitcodes.USAGE, done.stderr
@@ -132,6 +135,7 @@ def test_serve_refuses_a_log_file_over_anything_the_server_reads(
     logs = tmp_path / "logs"
     logs.mkdir()
     assert _serve(served, *OK_FLAGS.split(), "--log-file", str(logs / "a.log")).returncode == 0
+    assert _serve(served, *OK_FLAGS.split(), "--log-file", "/dev/stderr").returncode == 0
 
 
 def test_serve_refuses_a_cert_others_could_swap(
