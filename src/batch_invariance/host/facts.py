@@ -1,4 +1,5 @@
-"""A short summary of the host (CPU, memory, GPU) for the cert's provenance.
+"""A short summary of the host (CPU, memory, GPU, the Action's container image) for the
+cert's provenance.
 
 The one file-hash helper: a file's sha256, and a cache of it keyed by size and mtime.
 
