@@ -57,9 +57,10 @@ def _pad(n: int, alignment: int) -> int:
     return (alignment - n % alignment) % alignment
 
 
-def split_gguf(source: Path, folder: Path, stem: str) -> tuple[Path, Path]:
+def split_gguf(source: Path, folder: Path, stem: str, *, swap: bool = False) -> tuple[Path, Path]:
     """Write ``folder/STEM-00001-of-00002.gguf`` and ``...-00002-of-00002.gguf`` holding the
-    tensors of ``source``; returns both paths."""
+    tensors of ``source``; returns both paths. ``swap``: in the second file, each tensor holds
+    the weights of the next tensor of its shape and type (another valid model, other answers)."""
     data = source.read_bytes()
     cur = _Cursor(data)
     assert data[:4] == b"GGUF"
@@ -75,18 +76,30 @@ def split_gguf(source: Path, folder: Path, stem: str) -> tuple[Path, Path]:
         cur.skip_value(vtype)
     kvs = data[kvs_start : cur.pos]
     infos: list[tuple[bytes, int]] = []  # (info bytes up to the offset, offset)
+    shapes: list[bytes] = []  # dims and type of each tensor
     for _ in range(n_tensors):
         start = cur.pos
         cur.string()
+        shape_at = cur.pos
         n_dims = cur.unpack("<I")
         cur.pos += 8 * n_dims + 4
+        shapes.append(data[shape_at : cur.pos])
         infos.append((data[start : cur.pos], cur.unpack("<Q")))
     data_start = cur.pos + _pad(cur.pos, alignment)
     ends = [*sorted({offset for _, offset in infos}), len(data) - data_start]
     size = {offset: ends[ends.index(offset) + 1] - offset for _, offset in infos}
     half = n_tensors // 2
+    offsets = [offset for _, offset in infos]
+    if swap:  # each tensor of the second file takes the weights of the next one of its shape
+        groups: dict[bytes, list[int]] = {}
+        for k in range(half, n_tensors):
+            groups.setdefault(shapes[k], []).append(k)
+        for group in groups.values():
+            for k, other in zip(group, group[1:] + group[:1], strict=True):
+                offsets[k] = infos[other][1]
     paths = []
-    for no, part in enumerate((infos[:half], infos[half:])):
+    tensors = [(info, offsets[k]) for k, (info, _) in enumerate(infos)]
+    for no, part in enumerate((tensors[:half], tensors[half:])):
         split_keys = (
             _kv("split.no", _UINT16, "<H", no)
             + _kv("split.count", _UINT16, "<H", 2)
