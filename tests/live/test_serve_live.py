@@ -525,7 +525,7 @@ def _direct(binary: Path, model: Path, log: Path) -> tuple[list[int], str]:
 
 
 def test_serve_refuses_a_split_model_whose_second_file_was_swapped(
-    cell: dict[str, Path], live_pair: Provisioned, tmp_path: Path
+    cell: dict[str, Path], live_pair: Provisioned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The model split in two (as llama-gguf-split does) and a cert that measured its first
     file. The control: the same build started directly opens the second file by name beside
@@ -537,6 +537,8 @@ def test_serve_refuses_a_split_model_whose_second_file_was_swapped(
     folder = tmp_path / "m"
     folder.mkdir(mode=0o755)
     first, second = split_gguf(cell["model"], folder, "gemma")
+    # The recorded cert names its model as run-live names a split's: by its first file.
+    monkeypatch.setattr("tests.unit.deploy.test_check_deploy.MODEL", first.name[:-5])
     cert = _recorded(live_pair, tmp_path, first)
     measured, log = _direct(cell["binary"], first, tmp_path / "measured.log")
     assert "n_slots = 4, n_ctx_slot = 4096, kv_unified = 'true'" in log, log
