@@ -110,6 +110,9 @@ if [ "${BI_BUILD_ONLY:-}" = 1 ]; then
   echo "$image"
   exit 0
 fi
+# The image the cell is measured in, for the cert's provenance.host.container_image: its name
+# as run (pinned by digest, or the tag of a build from this action's source) and its image ID.
+image_id=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null) || image_id=""
 
 file_commands=$(dirname "$GITHUB_OUTPUT")
 summary=${GITHUB_STEP_SUMMARY:-}
@@ -126,7 +129,8 @@ args=(run --rm --name "$name"
   -e GITHUB_ACTIONS=true -e CI=true
   -e GITHUB_REPOSITORY -e GITHUB_RUN_ID -e GITHUB_RUN_ATTEMPT -e GITHUB_SHA -e GITHUB_REF
   -e GITHUB_API_URL -e GITHUB_TOKEN
-  -e ACTIONS_ID_TOKEN_REQUEST_URL -e ACTIONS_ID_TOKEN_REQUEST_TOKEN)
+  -e ACTIONS_ID_TOKEN_REQUEST_URL -e ACTIONS_ID_TOKEN_REQUEST_TOKEN
+  -e "BATCH_INVARIANCE_IMAGE=$image" -e "BATCH_INVARIANCE_IMAGE_ID=$image_id")
 if [ -n "$summary" ]; then
   if [ "$(dirname "$summary")" = "$file_commands" ]; then
     args+=(-e "GITHUB_STEP_SUMMARY=/github/file_commands/$(basename "$summary")")

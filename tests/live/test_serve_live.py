@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -56,16 +57,18 @@ def _earned(live_pair: Provisioned, root: Path, model: Path) -> Path:
     return certs[0]
 
 
-def _recorded(live_pair: Provisioned, root: Path, model: Path) -> Path:
+def _recorded(
+    live_pair: Provisioned, root: Path, model: Path, layout: str = "split", folder: str = "certs"
+) -> Path:
     """A promotable cert whose verdict the core decided from factory evidence and whose
     provenance records the real binary and model (their sha256) and the argv run-live would
-    start them with (ctx 1024, N 4, split, -ub 1)."""
+    start them with (ctx 1024, N 4, ``layout``, -ub 1), in ``root/folder``."""
     from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
 
-    provenance = _provenance(model, 4, "split", binary=live_pair.server_bin)
+    provenance = _provenance(model, 4, layout, binary=live_pair.server_bin)
     for server in provenance["servers"]:
         server["argv"][0] = str(live_pair.server_bin)
-    return _live_cert(root / "certs", model, provenance=provenance)
+    return _live_cert(root / folder, model, layout=layout, provenance=provenance)
 
 
 @pytest.fixture(scope="module", params=["recorded", "earned"])
@@ -187,13 +190,11 @@ HOSTILE = {
 
 
 def test_serve_starts_the_server_with_none_of_a_hostile_environment(
-    tmp_path: Path, live_pair: Provisioned
+    cell: dict[str, Path], tmp_path: Path, live_pair: Provisioned
 ) -> None:
     from batch_invariance.engines.llama_server.env import is_engine_variable, is_neutral_variable
 
-    model = tmp_path / live_pair.model.name  # its own copy: another test changes the shared one
-    shutil.copyfile(live_pair.model, model)
-    green = {"cert": _recorded(live_pair, tmp_path, model)}
+    green = {"cert": cell["cert"]}
     port = _free_port()
     clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
     started = time.monotonic()
@@ -314,59 +315,180 @@ def test_the_served_process_keeps_the_hashed_files_when_both_paths_are_swapped(
             proc.wait()
 
 
-def _certs_line(certs: Path, binary: Path, model: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "batch_invariance", "serve", "--certs", str(certs),
-            "--allow-unsigned", "--", str(binary), "-m", str(model), "-c", "4096", "-np", "4",
-            "-ub", "1", "--no-cache-prompt", "--cache-ram", "0", *flags]  # fmt: skip
+#: The operator's line of the recorded cert's cell: a 4096-token pool split into 4 slots of
+#: 1024, one token per graph, the prompt cache off (the cert measured cache-off traffic).
+OPERATORS = "-c 4096 -np 4 -ub 1 --no-cache-prompt --cache-ram 0"
 
 
-def test_serve_certs_starts_the_operators_line_and_refuses_what_no_cert_measured(
-    tmp_path: Path, live_pair: Provisioned
+def _certs_line(
+    certs: Path, binary: Path, model: Path, *flags: str, base: str = OPERATORS,
+    signing: tuple[str, ...] = ("--allow-unsigned",),
+) -> list[str]:  # fmt: skip
+    return [sys.executable, "-m", "batch_invariance", "serve", "--certs", str(certs), *signing,
+            "--", str(binary), "-m", str(model), *base.split(), *flags]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cell(live_pair: Provisioned, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One copy of the model (in a folder of its own), the real binary, and two recorded certs
+    of that pair, measured once for every refusal below: ``certs`` (4 split slots of 1024) and
+    ``unified`` (a unified pool of 4 whose ladder filled only the pool's 4th share, 1024)."""
+    root = tmp_path_factory.mktemp("cell")
+    model = root / "m" / live_pair.model.name
+    model.parent.mkdir(mode=0o755)
+    shutil.copyfile(live_pair.model, model)
+    model.chmod(0o644)
+    cert = _recorded(live_pair, root, model)
+    unified = _recorded(live_pair, root, model, layout="unified", folder="unified")
+    return {"root": root, "model": model, "binary": live_pair.server_bin,
+            "certs": cert.parent, "cert": cert, "unified": unified.parent}  # fmt: skip
+
+
+def _copy_certs(cell: dict[str, Path], folder: Path, mode: int) -> Path:
+    folder.mkdir(mode=mode)
+    folder.chmod(mode)  # mkdir's mode is masked by the umask
+    shutil.copyfile(cell["cert"], folder / cell["cert"].name)
+    return folder
+
+
+def _tampered(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    """The cert's folder copied and one word of its measured argv edited after signing: the
+    measured server now claims a q8_0 K cache (the digest no longer matches)."""
+    folder = _copy_certs(cell, tmp / "tampered", 0o755)
+    cert = folder / cell["cert"].name
+    data = json.loads(cert.read_text())
+    for server in data["provenance"]["servers"]:
+        server["argv"] += ["--cache-type-k", "q8_0"]
+    cert.write_text(json.dumps(data, indent=2))
+    return {"certs": folder}
+
+
+def _changed_model(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    model = tmp / cell["model"].name
+    data = bytearray(cell["model"].read_bytes())
+    data[len(data) // 2] ^= 0x01
+    model.write_bytes(bytes(data))
+    model.chmod(0o644)
+    return {"model": model}
+
+
+def _shared_binary(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    folder = tmp / "bin"
+    folder.mkdir()
+    folder.chmod(0o775)  # group-writable: a group member could swap what loads from it
+    shutil.copy2(cell["binary"], folder / "llama-server")
+    return {"binary": folder / "llama-server"}
+
+
+def _grammar(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    grammar = tmp / "answer.gbnf"
+    grammar.write_text('root ::= "yes"\n')  # edited after any measurement: every answer "yes"
+    return {"flags": ["--grammar-file", str(grammar)]}
+
+
+#: Each row of docs/deploy.md's serve table, made to refuse on the real binary and model
+#: before any server starts: (id, what to change, exit code, words the refusal names). A
+#: change is a dict of the line's parts (``certs``, ``binary``, ``model``, ``flags``, ``base``,
+#: ``signing``, ``env``, ``cwd``) or a function of the cell and a fresh folder returning one.
+REFUSALS: list[tuple[str, Any, int, str]] = [
+    ("np8", {"base": OPERATORS.replace("-np 4", "-np 8")}, exitcodes.NOT_PROMOTABLE, "N=8"),
+    ("kvu-vs-split-cert", {"flags": ["-kvu"]}, exitcodes.NOT_PROMOTABLE,
+     "KV layout unified (measured split)"),
+    ("ub512", {"base": OPERATORS.replace("-ub 1", "-ub 512")}, exitcodes.NOT_PROMOTABLE, "-ub"),
+    ("prompt-cache-on", {"base": OPERATORS.replace("--no-cache-prompt ", "")},
+     exitcodes.NOT_PROMOTABLE, "cache"),
+    ("unified-kvu", lambda c, t: {"certs": c["unified"], "flags": ["-kvu"]},
+     exitcodes.NOT_PROMOTABLE, "the slot is 4096 tokens"),
+    ("unified-no-np", lambda c, t: {"certs": c["unified"],
+                                    "base": OPERATORS.replace("-np 4 ", "")},
+     exitcodes.NOT_PROMOTABLE, "the slot is 4096 tokens"),
+    ("tampered-cert", _tampered, exitcodes.CERT_INVALID, "digest"),
+    ("no-signing-policy", {"signing": ()}, exitcodes.USAGE, "identity"),
+    ("cert-in-open-folder", lambda c, t: {"certs": _copy_certs(c, t / "open", 0o777)},
+     exitcodes.USAGE, "world-writable"),
+    ("changed-model-byte", _changed_model, exitcodes.NOT_PROMOTABLE, "model"),
+    ("binary-in-group-writable-folder", _shared_binary, exitcodes.USAGE, "group-writable"),
+    ("grammar-file", _grammar, exitcodes.NOT_PROMOTABLE, "--grammar-file"),
+    ("unrecorded-engine-variable", {"env": {"GGML_SCHED_MAX_COPIES": "1"}},
+     exitcodes.NOT_PROMOTABLE, "GGML_SCHED_MAX_COPIES=1"),
+    ("log-file-over-model", lambda c, t: {"flags": ["--log-file", str(c["model"])]},
+     exitcodes.USAGE, "which the server reads"),
+    ("log-file-over-cert", lambda c, t: {"flags": ["--log-file", str(c["cert"])]},
+     exitcodes.USAGE, "which the server reads"),
+    ("log-file-in-binary-folder",
+     lambda c, t: {"flags": ["--log-file", str(c["binary"].parent / "libggml-cpu.so")]},
+     exitcodes.USAGE, "inside"),
+    # As root, the server would write the loader's preload list.
+    ("log-file-in-system-folder", {"flags": ["--log-file", "/etc/ld.so.preload"]},
+     exitcodes.USAGE, "system folder"),
+    # Relative to the caller's folder (serve execs the server in /): made absolute first.
+    ("relative-log-file-over-model",
+     lambda c, t: {"cwd": c["model"].parent, "flags": ["--log-file", c["model"].name]},
+     exitcodes.USAGE, "which the server reads"),
+    ("cert-and-certs", lambda c, t: {"signing": (str(c["cert"]), "--allow-unsigned")},
+     exitcodes.USAGE, "either CERT"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "code", "named"), [r[1:] for r in REFUSALS],
+                         ids=[r[0] for r in REFUSALS])  # fmt: skip
+def test_serve_refuses_each_row_of_its_table_before_a_server_starts(
+    cell: dict[str, Path], tmp_path: Path, change: Any, code: int, named: str
+) -> None:
+    """The real binary and model, the operator's line with one thing changed: serve refuses
+    with the row's exit code and names what it refused, and no server ever starts (serve's
+    own process exits; the port the line names stays free)."""
+    from batch_invariance.engines.llama_server.env import is_engine_variable
+
+    parts: dict[str, Any] = {
+        "certs": cell["certs"], "binary": cell["binary"], "model": cell["model"], "flags": [],
+        "base": OPERATORS, "signing": ("--allow-unsigned",), "env": {}, "cwd": tmp_path,
+    }  # fmt: skip
+    parts.update(change(cell, tmp_path) if callable(change) else change)
+    port = _free_port()
+    line = _certs_line(parts["certs"], parts["binary"], parts["model"], *parts["flags"],
+                       "--host", "127.0.0.1", "--port", str(port), base=parts["base"],
+                       signing=parts["signing"])  # fmt: skip
+    clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
+    environ: dict[str, str] = {**clean, **parts["env"]}
+    done = subprocess.run(line, env=environ, cwd=parts["cwd"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert named in done.stderr and "Traceback" not in done.stderr, done.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # nothing listens there: no server started
+    print(f"\n{done.stderr.strip().splitlines()[-1]}")
+
+
+def test_serve_certs_starts_the_operators_line_with_no_config_file_read(
+    cell: dict[str, Path], tmp_path: Path
 ) -> None:
     """The deploy's own llama-server line after `serve --certs DIR --`: the real server starts
-    with the measured cell (4 slots of 1024, in /, no user config folder even where the caller's
-    relative XDG_CONFIG_HOME holds a config.ini with another K cache type); a unified pool, a
-    --log-file over the model and a cert in a world-writable folder are refused before any
-    server starts."""
-    model = tmp_path / live_pair.model.name
-    shutil.copyfile(live_pair.model, model)
-    cert = _recorded(live_pair, tmp_path, model)
-    certs = cert.parent
+    with the measured cell (4 slots of 1024, in /), and reads no config file although the
+    caller's relative XDG_CONFIG_HOME and relative HOME each hold a config.ini with another
+    K cache type (the control: the same build started directly from that folder reads each)."""
     home = tmp_path / "home"
-    (home / "cfg" / "llama.cpp").mkdir(parents=True)
-    (home / "cfg" / "llama.cpp" / "config.ini").write_text(
-        "cache-type-k = q8_0\nubatch-size = 512\n"
-    )
+    for folder in ("cfg", ".config"):
+        (home / folder / "llama.cpp").mkdir(parents=True)
+        (home / folder / "llama.cpp" / "config.ini").write_text(
+            "cache-type-k = q8_0\nubatch-size = 512\n"
+        )
     env = {**os.environ, "XDG_CONFIG_HOME": "cfg", "HOME": "."}
-    # The control: started directly from that folder, this build reads the caller's file.
-    direct = subprocess.run([str(live_pair.server_bin), "--version"], env=env, cwd=home,
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert "using config file: cfg/llama.cpp/config.ini" in direct.stdout + direct.stderr
-    for flags, code, named in (
-        (["-kvu"], exitcodes.NOT_PROMOTABLE, "KV layout unified (measured split)"),
-        (["--log-file", str(model)], exitcodes.USAGE, "which the server reads"),
-    ):
-        done = subprocess.run(
-            _certs_line(certs, live_pair.server_bin, model, *flags), env=env, cwd=home,
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == code and named in done.stderr, done.stderr
-    certs.chmod(0o777)
-    try:
-        done = subprocess.run(_certs_line(certs, live_pair.server_bin, model), env=env,
-                              cwd=home, capture_output=True, text=True, timeout=120)  # fmt: skip
-    finally:
-        certs.chmod(0o755)
-    assert done.returncode == exitcodes.USAGE and "world-writable" in done.stderr, done.stderr
+    by_home = {k: v for k, v in env.items() if k != "XDG_CONFIG_HOME"}
+    for control, read in ((env, "cfg/llama.cpp/config.ini"),
+                          (by_home, "./.config/llama.cpp/config.ini")):  # fmt: skip
+        direct = subprocess.run([str(cell["binary"]), "--version"], env=control, cwd=home,
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert f"using config file: {read}" in direct.stdout + direct.stderr, direct.stderr
     port = _free_port()
-    line = _certs_line(certs, live_pair.server_bin, model, "--host", "127.0.0.1", "--port",
-                       str(port), "--log-file", "llm.log")  # fmt: skip
+    line = _certs_line(cell["certs"], cell["binary"], cell["model"], "--host", "127.0.0.1",
+                       "--port", str(port), "--log-file", "llm.log")  # fmt: skip
     proc = subprocess.Popen(line, env=env, cwd=home, stdout=(tmp_path / "serve.log").open("wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_health(proc, url)
-        assert psutil.Process(proc.pid).exe() == os.path.realpath(live_pair.server_bin)
+        assert psutil.Process(proc.pid).exe() == os.path.realpath(cell["binary"])
         assert psutil.Process(proc.pid).cwd() == "/"
         body = requests.get(url + "/props", timeout=10).json()
         assert body["total_slots"] == 4
@@ -377,8 +499,55 @@ def test_serve_certs_starts_the_operators_line_and_refuses_what_no_cert_measured
             errors="replace"
         )
         assert "load_model" in said  # the server's own log is read here
-        assert "using config file" not in said, "the caller's config.ini was read"
+        assert "using config file" not in said, "a config.ini was read"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _direct(binary: Path, model: Path, log: Path) -> tuple[list[int], str]:
+    """The answer and the log of ``binary`` started directly on ``model`` with the operator's
+    pool and no ``-np`` (the flag-less default: auto slots, one unified pool)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(binary), "-m", str(model), "-c", "4096", "-ub", "1", "--host", "127.0.0.1",
+         "--port", str(port)],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_health(proc, url, deadline_s=120)
+        return _completion(url), log.read_text(errors="replace")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_serve_refuses_a_split_model_whose_second_file_was_swapped(
+    cell: dict[str, Path], live_pair: Provisioned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model split in two (as llama-gguf-split does) and a cert that measured its first
+    file. The control: the same build started directly opens the second file by name beside
+    the first, and a second file swapped after the measurement changes its answers (with no
+    -np it also runs 4 slots that may each fill the 4096-token pool). serve refuses the split
+    model before any server starts, whatever a cert measured of it."""
+    from tests.support.gguf_split import split_gguf
+
+    folder = tmp_path / "m"
+    folder.mkdir(mode=0o755)
+    first, second = split_gguf(cell["model"], folder, "gemma")
+    # The recorded cert names its model as run-live names a split's: by its first file.
+    monkeypatch.setattr("tests.unit.deploy.test_check_deploy.MODEL", first.name[:-5])
+    cert = _recorded(live_pair, tmp_path, first)
+    measured, log = _direct(cell["binary"], first, tmp_path / "measured.log")
+    assert "n_slots = 4, n_ctx_slot = 4096, kv_unified = 'true'" in log, log
+    # Another second file: the same name and tensors, two of its layers' weights exchanged.
+    split_gguf(cell["model"], tmp_path, "other", swap=True)[1].replace(second)
+    swapped, _ = _direct(cell["binary"], first, tmp_path / "swapped.log")
+    assert swapped != measured, "the swapped second file did not change the answer"
+    done = subprocess.run(_certs_line(cert.parent, cell["binary"], first), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == exitcodes.NOT_PROMOTABLE, done.stderr
+    assert "split into 2 files" in done.stderr, done.stderr
+    print(f"\nsplit control: measured {measured}, swapped {swapped}; serve: {done.stderr}")

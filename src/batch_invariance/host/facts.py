@@ -1,4 +1,5 @@
-"""A short summary of the host (CPU, memory, GPU) for the cert's provenance.
+"""A short summary of the host (CPU, memory, GPU, the Action's container image) for the
+cert's provenance.
 
 The one file-hash helper: a file's sha256, and a cache of it keyed by size and mtime.
 
@@ -11,13 +12,16 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from batch_invariance.host.memory import query_nvidia_smi, read_meminfo
 
 __all__ = [
+    "IMAGE_VARIABLES",
     "cached_sha256",
+    "container_image",
     "cpu_flags",
     "cpu_model",
     "gpu_summary",
@@ -58,11 +62,28 @@ def gpu_summary() -> list[dict[str, str]]:
     return [{"name": n, "memory_total": m, "driver": d} for n, m, d in rows]
 
 
+#: Set by the Action's container step (action/run-container.sh): the image the cell ran in, as
+#: it was run (``NAME@sha256:...`` or the tag of a build from the action's source), and its
+#: image ID.
+IMAGE_VARIABLES = ("BATCH_INVARIANCE_IMAGE", "BATCH_INVARIANCE_IMAGE_ID")
+
+
+def container_image(environ: Mapping[str, str]) -> dict[str, str | None] | None:
+    """``{"ref", "id"}`` of the container image the Action ran the cell in; ``None`` outside
+    the Action's container (a host run, or an image the step did not name)."""
+    ref = environ.get(IMAGE_VARIABLES[0])
+    if not ref:
+        return None
+    return {"ref": ref, "id": environ.get(IMAGE_VARIABLES[1]) or None}
+
+
 def summary() -> dict[str, Any]:
-    """JSON-ready host facts: OS, CPU model/count/flags, memory total, GPUs."""
+    """JSON-ready host facts: OS, CPU model/count/flags, memory total, GPUs, and the Action's
+    container image where the cell ran in one."""
     _, mem_total = read_meminfo()
     affinity = getattr(os, "sched_getaffinity", None)
     usable = len(affinity(0)) if affinity is not None else os.cpu_count()
+    image = container_image(os.environ)
     return {
         "os": f"{platform.system()} {platform.release()}",
         "machine": platform.machine(),
@@ -73,6 +94,7 @@ def summary() -> dict[str, Any]:
         "cpu_flags": cpu_flags(),
         "mem_total_bytes": mem_total,
         "gpus": gpu_summary(),
+        **({"container_image": image} if image is not None else {}),
     }
 
 

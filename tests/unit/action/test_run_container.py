@@ -13,6 +13,7 @@ from tests.support.paths import REPO
 
 SCRIPT = REPO / "action" / "run-container.sh"
 IMAGE = "ghcr.io/o/bi@sha256:" + "a" * 64
+IMAGE_ID = "sha256:" + "c" * 64
 
 
 @pytest.fixture()
@@ -21,9 +22,11 @@ def runner(tmp_path: Path) -> dict[str, str]:
     bin_dir.mkdir()
     log = tmp_path / "docker.argv"
     docker = bin_dir / "docker"
-    # One line per argument of `docker run`; `image inspect` answers that the image is here.
+    # One line per argument of `docker run`; `image inspect` answers that the image is here
+    # (and, asked for its --format, gives its image ID).
     docker.write_text(
-        f'#!/bin/bash\nif [ "$1" = run ]; then printf "%s\\n" "$@" > {log}; fi\nexit 0\n'
+        f'#!/bin/bash\nif [ "$1" = run ]; then printf "%s\\n" "$@" > {log}; fi\n'
+        f'if [ "$1 $3" = "image --format" ]; then echo {IMAGE_ID}; fi\nexit 0\n'
     )
     docker.chmod(0o755)
     workspace = tmp_path / "work" / "repo"
@@ -105,6 +108,17 @@ def test_the_tool_cache_is_mounted_keyed_by_the_image(
     assert _run(runner, BI_PRINT_CACHE="1").stdout.strip() == ""  # no tool cache: none
     assert _run(runner).returncode == 0
     assert "BATCH_INVARIANCE_CACHE=/github/toolcache" not in _pairs(_argv(runner), "-e")
+
+
+def test_the_container_knows_the_image_it_runs_in_for_the_certs_provenance(
+    runner: dict[str, str],
+) -> None:
+    """The cert records the image its cell ran in (provenance.host.container_image, read by
+    host/facts.py): the step passes its name as run and its image ID."""
+    assert _run(runner).returncode == 0
+    env = _pairs(_argv(runner), "-e")
+    assert f"BATCH_INVARIANCE_IMAGE={IMAGE}" in env
+    assert f"BATCH_INVARIANCE_IMAGE_ID={IMAGE_ID}" in env
 
 
 def test_the_runners_gpu_selection_reaches_the_container(runner: dict[str, str]) -> None:

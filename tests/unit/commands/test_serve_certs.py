@@ -124,6 +124,9 @@ def test_serve_refuses_a_log_file_over_anything_the_server_reads(
         (served["model"], "which the server reads"),
         (served["binary"].parent / "libggml-cpu.so", "inside"),
         (served["cert"], "which the server reads"),
+        # A server running as root would write the loader's preload list.
+        (Path("/etc/ld.so.preload"), "system folder"),
+        (Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1"), "system folder"),
     ):
         done = _serve(served, *OK_FLAGS.split(), "--log-file", str(target))
         assert done.returncode == exitcodes.USAGE, done.stderr
@@ -132,6 +135,7 @@ def test_serve_refuses_a_log_file_over_anything_the_server_reads(
     logs = tmp_path / "logs"
     logs.mkdir()
     assert _serve(served, *OK_FLAGS.split(), "--log-file", str(logs / "a.log")).returncode == 0
+    assert _serve(served, *OK_FLAGS.split(), "--log-file", "/dev/stderr").returncode == 0
 
 
 def test_serve_refuses_a_cert_others_could_swap(
@@ -196,3 +200,26 @@ def test_serve_refuses_a_split_model_even_where_a_cert_measured_its_first_file(
     assert done.returncode == exitcodes.NOT_PROMOTABLE, done.stderr
     assert "split into 2 files" in done.stderr
     assert not record.exists()
+
+
+def test_every_test_the_serve_table_names_exists() -> None:
+    """docs/deploy.md's table of what serve proves names, per row, the tests that make serve
+    refuse; each named test (and each named case of the live refusal table) exists."""
+    import re
+
+    from tests.live.test_serve_live import REFUSALS
+    from tests.support.paths import REPO
+
+    text = (REPO / "docs" / "deploy.md").read_text()
+    table = text.split("### What `serve` proves at start", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    sources = "\n".join(p.read_text() for p in (REPO / "tests").rglob("test_*.py"))
+    cases = {case[0] for case in REFUSALS}
+    named = re.findall(r"`(test_\w+)(?:\[([^\]`]*)\])?`", table)
+    assert len(rows) >= 12 and len(named) >= 30
+    for row in rows[1:]:
+        assert "`test_" in row and "live `test_" in row, row  # a unit and a live test each
+    for name, case in named:
+        assert f"def {name}(" in sources, name
+        if name == "test_serve_refuses_each_row_of_its_table_before_a_server_starts":
+            assert case in cases, case

@@ -124,3 +124,18 @@ def test_gpu_figures_come_from_nvidia_smi_when_present(
     ]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert memory.read_vram_free() is None and hostinfo.gpu_summary() == []
+
+
+def test_the_host_summary_records_the_actions_container_image_only_inside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from batch_invariance.host import facts as hostinfo
+
+    ref, image_id = "ghcr.io/o/bi@sha256:" + "a" * 64, "sha256:" + "c" * 64
+    monkeypatch.delenv("BATCH_INVARIANCE_IMAGE", raising=False)
+    assert "container_image" not in hostinfo.summary()  # a host run: no image to name
+    monkeypatch.setenv("BATCH_INVARIANCE_IMAGE", ref)
+    monkeypatch.setenv("BATCH_INVARIANCE_IMAGE_ID", image_id)
+    assert hostinfo.summary()["container_image"] == {"ref": ref, "id": image_id}
+    monkeypatch.setenv("BATCH_INVARIANCE_IMAGE_ID", "")  # `docker image inspect` said nothing
+    assert hostinfo.container_image(os.environ) == {"ref": ref, "id": None}

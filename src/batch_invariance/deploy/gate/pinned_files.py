@@ -124,14 +124,15 @@ def layout_problem(what: str, path: str, st: os.stat_result, *, folders: bool) -
         if fst.st_uid not in (0, me):
             return (
                 f"{what} {path}: folder {folder} belongs to {_owner(fst.st_uid)}, neither you nor "
-                "root, who could replace what the server loads from it; chown it or move the "
-                "build to a folder only you and root can write"
+                f"root, who could replace the {what} or what is read beside it; chown it or "
+                "move them to a folder only you and root can write"
             )
         if fmode & (stat.S_IWGRP | stat.S_IWOTH) and not fmode & stat.S_ISVTX:
             return (
                 f"{what} {path}: folder {folder} is {_writable_bits(fmode)} without the sticky "
-                f"bit (mode {fmode:04o}): others could replace what the server loads from it; "
-                f"chmod go-w {folder}, or move the build to a folder only you and root can write"
+                f"bit (mode {fmode:04o}): others could replace the {what} or what is read "
+                f"beside it; chmod go-w {folder}, or move them to a folder only you and root can "
+                "write"
             )
     return None
 

@@ -150,20 +150,37 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+#: Folders of the system the server (and the loader, before it) reads from: a log written
+#: there, by a server running as root, could be ``/etc/ld.so.preload`` or a library the next
+#: start loads. Only the standard streams and the null device are taken under them.
+SYSTEM_FOLDERS = ("/etc", "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin",
+                  "/boot", "/proc", "/sys", "/dev")  # fmt: skip
+LOG_DEVICES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
+
+
+def _inside(real: str, folder: str) -> bool:
+    base = os.path.realpath(folder)
+    return real == base or real.startswith(base.rstrip("/") + "/")
+
+
 def write_problem(argv: Sequence[str], reads: Sequence[str], folders: Sequence[str]) -> str | None:
     """Why a file the server would write (``--log-file``) could change something it reads:
     the same file as one of ``reads`` (binary, model, cert, a read option's file), or a file
     inside one of ``folders`` (the binary's folder, where its libraries load from; a
-    ``--path`` folder)."""
+    ``--path`` folder) or a system folder."""
     read_values = [value for _, value in _path_values(argv, READ_PATH_OPTIONS)]
     for _, target in _path_values(argv, WRITE_PATH_OPTIONS):
         real = os.path.realpath(target)
+        if target not in LOG_DEVICES and any(_inside(real, f) for f in SYSTEM_FOLDERS):
+            return (
+                f"--log-file {target} is in a system folder, which the server and the loader "
+                "read files from (/etc/ld.so.preload, libraries): log to a folder of its own"
+            )
         for read in (*reads, *read_values):
             if _same_file(target, read):
                 return f"--log-file {target} is {read}, which the server reads: log elsewhere"
         for folder in (*folders, *(v for v in read_values if os.path.isdir(v))):
-            base = os.path.realpath(folder)
-            if real == base or real.startswith(base.rstrip("/") + "/"):
+            if _inside(real, folder):
                 return (
                     f"--log-file {target} is inside {folder}, which the server reads files "
                     "from: log to a folder of its own"
