@@ -20,17 +20,16 @@ llama-servers on two cores slow each other.
     python benchmarks/bench_schedule_power.py                       # estimates only
     python benchmarks/bench_schedule_power.py --live --out-dir /tmp/power-bench
 
-Measured on 2026-12-06 with ``--live`` on the 2-core dev VM, one llama-server at a time but the
-host loaded by other test runs (1-minute load average 2.9-4.8; the server's own spinning
-threads are about 2 of it): GREEN, promotable, 128 requests in 689 s (A 239 s, C 117 s and
-211 s, B 119 s; the same 32 serial requests took 239 s in A and 119 s in B, which is the load).
+Measured on 2026-12-06 with ``--live`` on the 2-core dev VM with nothing else running (1-minute
+load average 1.8 at the start): GREEN, promotable, 128 requests in 312 s (2.44 s per request).
+Earlier the same day, on the host loaded by other test runs (load 2.9-4.8): 689 s.
 
 ======  ============  ========  ===================================  =====================
         schedule      requests  wall                                 power p=0.01 (prompt
                                                                      / run)
 ======  ============  ========  ===================================  =====================
-before  32 x 3 x 8    960       est. 86 min at 5.39 s/request        0.28 / >0.99
-after   32 x 1 x 2    128       11.5 min, measured (loaded host)     0.28 / 0.47
+before  32 x 3 x 8    960       est. 39 min at 2.44 s/request        0.28 / >0.99
+after   32 x 1 x 2    128       5.2 min, measured (idle host)        0.28 / 0.47
 ======  ============  ========  ===================================  =====================
 
 At p = 0.03 and 0.1 the per-prompt power is 0.62 and 0.97 for both; docs/power.md has the
