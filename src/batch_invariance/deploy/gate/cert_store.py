@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.signature import BundlePolicy, verify_bundle
-from batch_invariance.cert.signing import bundle_path_for
 from batch_invariance.deploy.gate.certs import CertFile, index_certs
-from batch_invariance.deploy.gate.check import BundleVerifier
-from batch_invariance.errors import CertInvalid, UsageError
+from batch_invariance.deploy.gate.check import BundleVerifier, signature_problem
+from batch_invariance.errors import UsageError
 
 __all__ = ["StoreRead", "read_store"]
 
@@ -36,14 +35,8 @@ def _refusal(cert: CertFile, signing: BundlePolicy | None, verify: BundleVerifie
         return cert.problem
     if signing is None:
         return None
-    bundle = bundle_path_for(cert.path)
-    if not bundle.is_file():
-        return f"not signed (no {bundle.name} beside it)"
-    try:
-        verify(cert.path, bundle, signing.signer, signing.trust)
-    except CertInvalid as exc:
-        return str(exc)
-    return None
+    bad = signature_problem(cert, signing, verify)
+    return None if bad is None else bad.reason
 
 
 def read_store(

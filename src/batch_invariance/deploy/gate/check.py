@@ -115,7 +115,7 @@ class SignatureProblem(NamedTuple):
     reason: str
 
 
-def _signature_problem(
+def signature_problem(
     cert: CertFile, policy: BundlePolicy, verify: BundleVerifier
 ) -> SignatureProblem | None:
     bundle = bundle_path_for(cert.path)
@@ -164,7 +164,7 @@ def check_cell(
             reason = f"cert {cert.path.name} is not promotable ({cert.not_promotable})"
             return CellCheck(cell, "not_promotable", reason, cert.path)
         if signing is not None:
-            bad = _signature_problem(cert, signing, verify)
+            bad = signature_problem(cert, signing, verify)
             if bad is not None:
                 return CellCheck(cell, bad.kind, bad.reason, cert.path)
     names = ", ".join(c.path.name for c in same)
