@@ -7,7 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from batch_invariance.core.search import (
+    Interleaved,
     Measured,
+    Round,
     SearchRow,
     answer,
     probe_ids,
@@ -95,7 +97,14 @@ def golden_rows() -> list[SearchRow]:
                   cert=seen("GREEN", promotable=True, longest=1004, speedup=0.9,
                             concurrent_tokens_per_s=43.1, reused=True),
                   certs=str(certs / "ub1"),
-                  deploy=("/bin/llama-server", "--model", "/m.gguf", "--parallel", "4")),
+                  deploy=("/bin/llama-server", "--model", "/m.gguf", "--parallel", "4"),
+                  interleaved=Interleaved((Round(True, 41.0, 70.0), Round(False, 42.0, 60.0),
+                                           Round(True, 40.0, 66.0)), 3, "k")),
+        # A GREEN whose interleaved rounds the budget left out: the two certs' figure, marked.
+        SearchRow("ub1-t1", "-ub 1 -t 1", False, probe=seen("UNVERIFIED", longest=1002),
+                  cert=seen("GREEN", promotable=True, longest=1004, speedup=0.8,
+                            concurrent_tokens_per_s=40.7),
+                  certs=str(certs / "ub1-t1")),
         SearchRow("fa-on", "-fa on", False,
                   probe=seen("RED", longest=1002, first_drift_position=261),
                   certs=str(certs / "fa-on")),
