@@ -14,6 +14,7 @@ from batch_invariance.core.search import (
     answer,
     probe_ids,
     probe_rejects,
+    round_order,
     row_verdict,
     vs_default,
 )
@@ -118,3 +119,16 @@ def test_the_search_table_golden() -> None:
                            stopped="budget 600 s: stopped after 580 s", wall_s=580.0)  # fmt: skip
     line = "batch-invariance serve --certs /certs/ub1 --allow-unsigned -- /bin/llama-server ..."
     check_golden("search.txt", search_text(record, "/certs/search.json", line))
+
+
+def test_the_interleaved_rounds_turn_the_order_and_read_the_median_of_their_ratios() -> None:
+    assert [round_order(i) for i in range(4)] == [True, False, True, False]
+    rounds = (Round(True, 30.0, 60.0), Round(False, 50.0, 50.0), Round(True, 45.0, 50.0))
+    assert [r.ratio for r in rounds] == [0.5, 1.0, 0.9]
+    found = Interleaved(rounds, 3, "k")
+    assert found.median == 0.9 and found.complete
+    # A side that lost a request has no ratio: the median is over the rounds both measured.
+    lost = Interleaved((*rounds[:2], Round(True, None, 50.0)), 3, "k")
+    assert lost.rounds[2].ratio is None and lost.median == 0.75
+    assert Interleaved((), 3, "k", stopped="budget").median is None
+    assert not Interleaved(rounds[:2], 3, "k").complete

@@ -226,3 +226,18 @@ def test_negative_rounds_are_a_usage_error(files: dict[str, Path], rounds: int) 
 
     with pytest.raises(UsageError, match="--interleave-rounds -1"):
         _job(files, rounds=rounds)
+
+
+def test_the_dry_run_counts_the_rounds(files: dict[str, Path]) -> None:
+    from batch_invariance.core.plan import batch_eta_seconds
+    from batch_invariance.service.dry_run import usable_cpus
+    from batch_invariance.service.search_interleave import interleave_plan
+
+    job = _job(files)
+    first = job.points[0].full
+    assert first.target.gguf is not None
+    side = batch_eta_seconds(first.target.gguf.file_size, 2, n_predict=128, cpus=usable_cpus())
+    line, eta = interleave_plan(job.points, 3)
+    assert "3 round(s) of one server at a time, 2 requests each" in line
+    assert eta == pytest.approx(3 * 2 * side)
+    assert interleave_plan(job.points, 0)[1] == 0.0
