@@ -241,3 +241,37 @@ def test_the_dry_run_counts_the_rounds(files: dict[str, Path]) -> None:
     assert "3 round(s) of one server at a time, 2 requests each" in line
     assert eta == pytest.approx(3 * 2 * side)
     assert interleave_plan(job.points, 0)[1] == 0.0
+
+
+def test_a_search_sets_its_promotable_green_against_the_defaults_after_the_certs(
+    files: dict[str, Path],
+) -> None:
+    from dataclasses import replace
+
+    from batch_invariance.report.search_text import search_text
+    from batch_invariance.service.search import run_search
+    from tests.unit.deploy.test_check_deploy import MODEL, _live_cert, _provenance
+
+    model = files["model"].with_name(f"{MODEL}.gguf")  # the name the factory cert records
+    model.write_bytes(files["model"].read_bytes())
+    job = prepare_search(SearchRequest(replace(_request(files).cell, model=model), ("ub1",),
+                                       None, 2))  # fmt: skip
+    # -ub 1's folder already holds a promotable GREEN of this very cell (the mock's own
+    # certs never are): the search reuses it, and interleaves it after the defaults' cert.
+    ub1 = next(p.full for p in job.points if p.config.name == "ub1")
+    measured = {**_provenance(model, 2, "split", binary=files["bin"]),
+                "server_flags": ["-ub", "1"]}  # fmt: skip
+    _live_cert(ub1.out_dir, model, provenance=measured, parallel=2, ctx=1024)
+    launchers = Launchers()
+    outcome = run_search(job, launchers=launchers)
+    rows = {r["config"]: r for r in outcome.record["rows"]}
+    assert rows["ub1"]["cert"]["reused"] and rows["ub1"]["cert"]["promotable"]
+    assert outcome.record["fastest_green"] == "ub1"
+    found = rows["ub1"]["interleaved"]
+    assert [r["order"] for r in found["rounds"]] == [["ub1", "defaults"], ["defaults", "ub1"]]
+    assert found["median_ratio"] is not None and rows["defaults"]["interleaved"] is None
+    # After the defaults' probe and cert and -ub 1's probe: four concurrent servers, one each.
+    assert launchers.started[-4:] == ["BC:2"] * 4 and len(launchers.started) == 10
+    table = search_text(outcome.record, str(outcome.path), None)
+    assert f"{found['median_ratio']:.2f}x " in next(x for x in table.splitlines()
+                                                    if x.startswith("ub1 "))  # fmt: skip
