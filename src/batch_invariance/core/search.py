@@ -7,7 +7,8 @@ and the answer an operator reads off the table.
   cert: a probe that saw no drift is "not rejected", never GREEN (:func:`row_verdict`).
 * :func:`probe_ids`: the prompts whose sequences are the shortest past each boundary, and the
   longest of the work-set (the slot's end).
-* :func:`answer`: the fastest promotable GREEN (by its concurrent tokens/s at N), else the
+* :func:`answer`: the fastest promotable GREEN (by its interleaved median against the defaults
+  where every GREEN has one, else by its cert's concurrent tokens/s at N), else the
   best AMBER and the largest slot that held; and the positive control: the defaults must come
   out RED, or the cell is invariant at its defaults.
 * :class:`Interleaved`: what a promotable GREEN buys against the defaults, measured in rounds
@@ -18,7 +19,7 @@ and the answer an operator reads off the table.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -205,7 +206,7 @@ def answer(rows: Sequence[SearchRow]) -> SearchAnswer:
     control, control_words = _control(rows)
     greens = [r for r in rows if promotable_green(r)]
     words: list[str] = []
-    fastest = max(greens, key=lambda r: _rate(r), default=None)
+    fastest = max(greens, key=_fastest_key(greens), default=None)
     ambers = [r for r in rows if r.cert is not None and r.cert.valid and r.cert.verdict == "AMBER"]
     best_amber = max(ambers, key=lambda r: _rate(r), default=None)
     held = [(r.name, e.bitwise_equal_up_to) for r in rows
@@ -230,6 +231,19 @@ def answer(rows: Sequence[SearchRow]) -> SearchAnswer:
         holds_longest=holds,
         words=tuple(words),
     )
+
+
+def _median(row: SearchRow) -> float | None:
+    return None if row.interleaved is None else row.interleaved.median
+
+
+def _fastest_key(greens: Sequence[SearchRow]) -> Callable[[SearchRow], float]:
+    """How the GREENs are ranked: by their interleaved medians where every one has one (each
+    measured beside the defaults, so a host that drifted between them cannot reorder them),
+    else by their certs' concurrent tokens/s."""
+    if greens and all(_median(r) is not None for r in greens):
+        return lambda r: _median(r) or 0.0
+    return _rate
 
 
 def _rate(row: SearchRow) -> float:

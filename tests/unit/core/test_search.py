@@ -132,3 +132,18 @@ def test_the_interleaved_rounds_turn_the_order_and_read_the_median_of_their_rati
     assert lost.rounds[2].ratio is None and lost.median == 0.75
     assert Interleaved((), 3, "k", stopped="budget").median is None
     assert not Interleaved(rounds[:2], 3, "k").complete
+
+
+def test_the_fastest_green_is_ranked_by_the_interleaved_medians_where_every_green_has_one() -> None:
+    def green(name: str, rate: float, ratios: tuple[float, ...] | None) -> SearchRow:
+        found = None
+        if ratios is not None:
+            found = Interleaved(tuple(Round(True, x, 1.0) for x in ratios), 3, "k")
+        cert = seen("GREEN", promotable=True, concurrent_tokens_per_s=rate)
+        return SearchRow(name, name, False, cert=cert, interleaved=found)
+
+    # b's cert ran on a fast moment of the host; beside the defaults, a is the faster.
+    a, b = green("a", 40.0, (0.7, 0.8, 0.75)), green("b", 50.0, (0.6, 0.65, 0.6))
+    assert answer([a, b]).fastest_green == "a"
+    # Where one GREEN has no interleaved figure, the certs' figures rank them all.
+    assert answer([a, green("b", 50.0, None)]).fastest_green == "b"
