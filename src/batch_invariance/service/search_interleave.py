@@ -101,7 +101,7 @@ def interleave_key(config_cert: str | None, defaults_cert: str | None) -> str:
     return f"{_sha256(config_cert)}:{_sha256(defaults_cert)}"
 
 
-def _items(defaults: Point) -> CellPlan | None:
+def _batch_plan(defaults: Point) -> CellPlan | None:
     """The batch both sides run: the first N prompts the defaults' probe sent."""
     path = defaults.probe.out_dir / PROBE_WORKSET
     if not path.is_file():
@@ -199,7 +199,7 @@ def interleave_greens(
     ]
     if run.rounds <= 0 or defaults is None or not greens:
         return None
-    plan = _items(defaults)
+    plan = _batch_plan(defaults)
     stopped = None
     for point in greens:
         row = rows[point.config.name]
