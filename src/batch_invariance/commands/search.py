@@ -49,8 +49,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "start and reach the slot's end; a probe can only reject. Those it does not reject, "
             "and the defaults (the positive control), get a full cert as run-live makes it. "
             "Prints one row per configuration and the deploy line of the fastest promotable "
-            "GREEN; writes D/<config>/ certs and D/search.json. Exit: 0 a promotable GREEN was "
-            "found, 3 none, 2 usage, 4 infrastructure, 130/143 signals."
+            "GREEN, each promotable GREEN set against the defaults in interleaved rounds (one "
+            "server at a time); writes D/<config>/ certs and D/search.json. Exit: 0 a "
+            "promotable GREEN was found, 3 none, 2 usage, 4 infrastructure, 130/143 signals."
         ),
     )
     p.add_argument("--parallel", type=int, required=True, help="N of the concurrent server")
@@ -65,6 +66,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="wall-time limit (seconds, or 90m, 2h): no step starts that would not fit; a "
         "second run with the same --out-dir reuses every cert already measured",
+    )
+    p.add_argument(
+        "--interleave-rounds",
+        type=int,
+        default=SearchRequest.interleave_rounds,
+        help="rounds of each promotable GREEN against the defaults, one server at a time, the "
+        "order turned each round; the table shows their median ratio (0: none, the two certs' "
+        "figures only; default: %(default)s)",
     )
     add_target_options(p)
     add_cell_options(p, defaults=SWEEP_DEFAULTS)
@@ -113,7 +122,8 @@ def handle(args: argparse.Namespace) -> int | SearchReply:
             "search walks the KV layout itself (a configuration each): drop --kv-layout"
         )
     only = None if args.configs is None else tuple(c for c in args.configs.split(",") if c)
-    request = SearchRequest(request_from_args(args), only, parse_budget(args.budget))
+    request = SearchRequest(request_from_args(args), only, parse_budget(args.budget),
+                            args.interleave_rounds)  # fmt: skip
     job = prepare_search(request, create_out_dir=not args.dry_run)
     if args.dry_run:
         sys.stdout.write("\n".join(plan_lines(job)) + "\n")

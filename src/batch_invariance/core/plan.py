@@ -35,6 +35,7 @@ __all__ = [
     "Measurement",
     "NumberRule",
     "WorkItem",
+    "batch_eta_seconds",
     "cli_spelling",
     "duplicate_prompts",
     "eta_seconds",
@@ -246,12 +247,22 @@ def eta_seconds(
     cpus: int,
 ) -> float:
     """A rough wall-time estimate of a cell from model size and CPU count."""
-    per_token_s = ETA_MS_PER_TOKEN_PER_GIB * (model_bytes / _GIB) / 1000.0
-    per_token_s *= 2.0 / max(cpus, 1)
-    per_request = per_token_s * n_predict
+    per_request = _request_s(model_bytes, n_predict, cpus)
     serial = n_items * per_request * serial_arm_count(serial_repeat)
     concurrent = gate_passes * n_items * per_request / ETA_CONCURRENT_SPEEDUP
     return 2 * ETA_SERVER_LOAD_S + serial + concurrent
+
+
+def _request_s(model_bytes: int, n_predict: int, cpus: int) -> float:
+    per_token_s = ETA_MS_PER_TOKEN_PER_GIB * (model_bytes / _GIB) / 1000.0
+    return per_token_s * 2.0 / max(cpus, 1) * n_predict
+
+
+def batch_eta_seconds(model_bytes: int, n_items: int, *, n_predict: int, cpus: int) -> float:
+    """The same rough estimate for one server started and one concurrent batch of
+    ``n_items`` requests on it (a round side of the search's interleaved comparison)."""
+    per_request = _request_s(model_bytes, n_predict, cpus)
+    return ETA_SERVER_LOAD_S + n_items * per_request / ETA_CONCURRENT_SPEEDUP
 
 
 #: Repetitions of one work-set row get ids ``{row id}{REP_SEPARATOR}{k}``.

@@ -7,25 +7,34 @@ and the answer an operator reads off the table.
   cert: a probe that saw no drift is "not rejected", never GREEN (:func:`row_verdict`).
 * :func:`probe_ids`: the prompts whose sequences are the shortest past each boundary, and the
   longest of the work-set (the slot's end).
-* :func:`answer`: the fastest promotable GREEN (by its concurrent tokens/s at N), else the
+* :func:`answer`: the fastest promotable GREEN (by its interleaved median against the defaults
+  where every GREEN has one, else by its cert's concurrent tokens/s at N), else the
   best AMBER and the largest slot that held; and the positive control: the defaults must come
   out RED, or the cell is invariant at its defaults.
+* :class:`Interleaved`: what a promotable GREEN buys against the defaults, measured in rounds
+  that start one server at a time, the order turned each round (:func:`round_order`), read as
+  the median of the rounds' ratios, so a host that slows down for a while cannot favour one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "PROBE_PER_BOUNDARY",
+    "Interleaved",
     "Measured",
+    "Round",
     "SearchAnswer",
     "SearchRow",
     "answer",
     "probe_ids",
     "probe_per_boundary",
     "probe_rejects",
+    "promotable_green",
+    "round_order",
     "row_verdict",
     "vs_default",
 ]
@@ -55,6 +64,52 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class Round:
+    """One interleaved round: whether the configuration's server ran first, and each side's
+    concurrent tokens/s (``None``: that side's batch lost a request or reported no tokens)."""
+
+    config_first: bool
+    config_tps: float | None
+    defaults_tps: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        mine, theirs = self.config_tps, self.defaults_tps
+        if mine is None or theirs is None or theirs <= 0:
+            return None
+        return round(mine / theirs, 3)
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """A configuration's interleaved comparison with the defaults (same N, same prompts)."""
+
+    rounds: tuple[Round, ...]
+    #: Rounds asked for; fewer ran where the budget or a server stopped it (``stopped``).
+    planned: int
+    #: What it compared: both full certs' sha256 (a second run reuses it only for the same).
+    key: str
+    reused: bool = False
+    stopped: str | None = None
+
+    @property
+    def median(self) -> float | None:
+        """The median of the rounds' ratios, over the rounds where both sides measured."""
+        ratios = [r.ratio for r in self.rounds if r.ratio is not None]
+        return round(statistics.median(ratios), 3) if ratios else None
+
+    @property
+    def complete(self) -> bool:
+        return self.stopped is None and len(self.rounds) == self.planned
+
+
+def round_order(index: int) -> bool:
+    """Whether the configuration's server runs first in round ``index``: the order turns every
+    round, so neither side always follows the other (a warm cache, a host settling down)."""
+    return index % 2 == 0
+
+
+@dataclass(frozen=True)
 class SearchRow:
     """One configuration of the search: its probe, its full cert, or why it was not run."""
 
@@ -68,6 +123,8 @@ class SearchRow:
     deploy: tuple[str, ...] | None = None
     #: The folder of its certs (what ``serve --certs`` reads).
     certs: str | None = None
+    #: Its interleaved comparison with the defaults (a promotable GREEN only).
+    interleaved: Interleaved | None = None
 
 
 def probe_rejects(probe: Measured | None) -> bool:
@@ -149,7 +206,7 @@ def answer(rows: Sequence[SearchRow]) -> SearchAnswer:
     control, control_words = _control(rows)
     greens = [r for r in rows if promotable_green(r)]
     words: list[str] = []
-    fastest = max(greens, key=lambda r: _rate(r), default=None)
+    fastest = max(greens, key=_fastest_key(greens), default=None)
     ambers = [r for r in rows if r.cert is not None and r.cert.valid and r.cert.verdict == "AMBER"]
     best_amber = max(ambers, key=lambda r: _rate(r), default=None)
     held = [(r.name, e.bitwise_equal_up_to) for r in rows
@@ -174,6 +231,19 @@ def answer(rows: Sequence[SearchRow]) -> SearchAnswer:
         holds_longest=holds,
         words=tuple(words),
     )
+
+
+def _median(row: SearchRow) -> float | None:
+    return None if row.interleaved is None else row.interleaved.median
+
+
+def _fastest_key(greens: Sequence[SearchRow]) -> Callable[[SearchRow], float]:
+    """How the GREENs are ranked: by their interleaved medians where every one has one (each
+    measured beside the defaults, so a host that drifted between them cannot reorder them),
+    else by their certs' concurrent tokens/s."""
+    if greens and all(_median(r) is not None for r in greens):
+        return lambda r: _median(r) or 0.0
+    return _rate
 
 
 def _rate(row: SearchRow) -> float:

@@ -42,6 +42,19 @@ def _ratio(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _vs_defaults(row: Mapping[str, Any]) -> str:
+    """The interleaved median where it was measured, else the two certs' figure, marked."""
+    if row.get("defaults"):
+        return "-"
+    block = row.get("interleaved") or {}
+    median = block.get("median_ratio")
+    if median is not None:
+        done, planned = len(block.get("rounds") or ()), block.get("planned")
+        return _ratio(median) + ("" if done == planned else f" ({done} of {planned} rounds)")
+    value = row.get("vs_default")
+    return "-" if value is None else f"{_ratio(value)} (not interleaved)"
+
+
 def _cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     seen = _evidence(row)
     cert = row.get("cert")
@@ -54,7 +67,7 @@ def _cells(row: Mapping[str, Any]) -> tuple[str, ...]:
         _scope(seen),
         "-" if drift is None else str(drift),
         buys,
-        "-" if row.get("defaults") else _ratio(row.get("vs_default")),
+        _vs_defaults(row),
         _from(row),
     )
 
@@ -76,7 +89,9 @@ def search_text(record: Mapping[str, Any], path: str, deploy_line: str | None) -
     lines.append(
         "scope: longest sequence measured / slot; drift@: first sequence position where a "
         "co-batched logprob left the serial one; N buys: concurrent over serial tokens/s at "
-        f"N={parallel}; vs defaults: concurrent tokens/s over the defaults' at the same N"
+        f"N={parallel}; vs defaults: concurrent tokens/s over the defaults' at the same N, "
+        "the median of interleaved rounds (one server at a time, the order turned each round); "
+        "not interleaved: the two certs' figures, measured one after the other"
     )
     lines.append("a probe can only reject: a configuration it did not reject needs its full cert")
     lines += list(record["answer"])

@@ -13,6 +13,8 @@ A cert already in the configuration's folder for the same identity (binary and m
 sha256, server flags and KV layout, ctx and N, rules version) is reused, not measured again.
 ``budget_s`` is checked before every step with that step's estimate: the search stops with
 what it measured, and a cert is only ever written whole (atomically, by the cert store).
+Last, each promotable GREEN is set against the defaults in interleaved rounds
+(:mod:`batch_invariance.service.search_interleave`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,16 @@ from batch_invariance.run.workset import Workset, items_to_row, workset_from_ite
 from batch_invariance.service.dry_run import usable_cpus
 from batch_invariance.service.live import LiveCell, prepare, run_live_cell
 from batch_invariance.service.request import LiveRequest
-from batch_invariance.service.search_record import deploy_argv, search_record
+from batch_invariance.service.search_interleave import (
+    PROBE_WORKSET,
+    InterleaveRun,
+    Point,
+    StepClock,
+    figure_reused,
+    interleave_greens,
+    interleave_plan,
+)
+from batch_invariance.service.search_record import deploy_argv, previous_interleaved, search_record
 from batch_invariance.service.target import (
     LauncherFactory,
     TargetIdentity,
@@ -70,15 +81,8 @@ class SearchRequest:
     #: Configuration names to walk (``None``: the engine's whole space); the defaults always.
     only: tuple[str, ...] | None = None
     budget_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Point:
-    """One configuration, checked: its full cell and its probe cell."""
-
-    config: SearchConfig
-    full: LiveCell
-    probe: LiveCell
+    #: Interleaved rounds of each promotable GREEN against the defaults (0: none).
+    interleave_rounds: int = 3
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class SearchJob:
     budget_s: float | None
     #: The engine's drift boundaries the probe crosses (tokens).
     boundaries: tuple[int, ...]
+    interleave_rounds: int = 3
 
     def step_eta(self, cell: LiveCell, n_items: int) -> float | None:
         gguf = cell.target.gguf
@@ -157,6 +162,8 @@ def prepare_search(request: SearchRequest, *, create_out_dir: bool = True) -> Se
         raise UsageError("--out-dir DIR is required (one folder of certs per configuration)")
     if request.budget_s is not None and request.budget_s <= 0:
         raise UsageError(f"--budget {request.budget_s:g}: give a positive number of seconds")
+    if request.interleave_rounds < 0:
+        raise UsageError(f"--interleave-rounds {request.interleave_rounds}: give 0 or more")
     engine = engine_for(base.engine)
     boundaries = (engine.kv_view_pad,) if engine.kv_view_pad else ()
     points = []
@@ -169,7 +176,8 @@ def prepare_search(request: SearchRequest, *, create_out_dir: bool = True) -> Se
         # Probe certs (never promotable) stay out of the folder ``serve --certs`` reads.
         probes = base.out_dir / PROBES / config.slug
         points.append(Point(config, full, _probe_cell(full, probes, boundaries)))
-    return SearchJob(tuple(points), base.out_dir, request.budget_s, boundaries)
+    return SearchJob(tuple(points), base.out_dir, request.budget_s, boundaries,
+                     request.interleave_rounds)  # fmt: skip
 
 
 def _measured(v: Verification, reused: bool) -> Measured:
@@ -218,10 +226,6 @@ def engine_launchers(config: SearchConfig) -> LauncherFactory:
     return partial(engine_launcher, extra_env=dict(config.env))
 
 
-#: The probe's prompts as sent, beside its cert (benchmarks/search_probe_check.py replays them).
-PROBE_WORKSET = "workset.json"
-
-
 def _measure(
     cell: LiveCell, factory: LauncherFactory, sink: ProgressSink | None, *, keep_workset: bool
 ) -> Measured:
@@ -231,24 +235,6 @@ def _measure(
         rows = [items_to_row(i) for i in outcome.workset.items]
         atomic_write_text(cell.out_dir / PROBE_WORKSET, json.dumps(rows, indent=1) + "\n")
     return _measured(verify(outcome.finished.path, Depth.FULL), reused=False)
-
-
-class _Clock:
-    def __init__(self, job: SearchJob, now: Callable[[], float]) -> None:
-        self.now, self.budget, self.start = now, job.budget_s, now()
-        self.took: dict[str, list[float]] = {"probe": [], "cert": []}
-
-    def fits(self, kind: str, prior: float | None) -> bool:
-        """Whether a step of ``kind`` fits what is left of the budget, by the mean of the
-        steps of its kind measured so far (the prior estimate before any)."""
-        if self.budget is None:
-            return True
-        seen = self.took[kind]
-        guess = sum(seen) / len(seen) if seen else (prior or 0.0)
-        return self.now() - self.start + guess <= self.budget
-
-    def elapsed(self) -> float:
-        return self.now() - self.start
 
 
 def run_search(
@@ -264,7 +250,8 @@ def run_search(
     ``launchers`` gives each configuration's launcher factory (a test passes the mock's);
     ``progress`` a fresh progress sink per cell; ``say`` hears one line per step."""
     identity = identify(job.points[0].full.target)
-    clock = _Clock(job, now)
+    clock = StepClock(now, job.budget_s)
+    previous = previous_interleaved(job.out_dir / SEARCH_FILE)  # read before the first write
     rows = {p.config.name: _row(p) for p in job.points}
     stopped: str | None = None
 
@@ -275,9 +262,7 @@ def run_search(
         if found is None:
             n_items = _probe_items(job) if kind == "probe" else LADDER_ETA_ITEMS
             if stopped or not clock.fits(kind, job.step_eta(cell, n_items)):
-                stopped = (
-                    stopped or f"budget {job.budget_s:g} s reached after {clock.elapsed():.0f} s"
-                )
+                stopped = stopped or clock.reached()
                 return
             began = clock.now()
             say(f"search: {kind} of {point.config.name} ({point.config.words()})")
@@ -291,7 +276,7 @@ def run_search(
                 rows[point.config.name] = replace(row, not_run=f"{kind} failed: {exc}")
                 _write(job, rows, stopped, clock)
                 return
-            clock.took[kind].append(clock.now() - began)
+            clock.took.setdefault(kind, []).append(clock.now() - began)
         name = point.config.name
         if kind == "cert":
             deploy = deploy_argv(Path(found.path))
@@ -306,6 +291,10 @@ def run_search(
         row = rows[point.config.name]
         if point.config.is_defaults or (row.probe is not None and not probe_rejects(row.probe)):
             step(point, "cert")
+    if not stopped:
+        run = InterleaveRun(job.interleave_rounds, job.out_dir, clock, launchers, previous, say,
+                            lambda now: _write(job, now, stopped, clock))  # fmt: skip
+        stopped = interleave_greens(job.points, rows, run)
     final = {n: _not_run(r, stopped) for n, r in rows.items()}
     path = _write(job, final, stopped, clock)
     return SearchOutcome(tuple(final.values()), json.loads(path.read_text()), path, stopped)
@@ -341,8 +330,11 @@ def plan_lines(job: SearchJob) -> list[str]:
         f"probe: up to {_probe_items(job)} prompts, past {_boundaries(job)} and at the slot's end, "
         f"{PROBE_PASSES} C passes; it can only reject",
     ]
+    il_line, il_eta = interleave_plan(job.points, job.interleave_rounds)
+    lines.append(il_line)
+    previous = previous_interleaved(job.out_dir / SEARCH_FILE)
     least = most = 0.0
-    known = True
+    known = il_eta is not None
     for p in job.points:
         probe_eta = job.step_eta(p.probe, _probe_items(job))
         cert_eta = job.step_eta(p.full, LADDER_ETA_ITEMS)
@@ -354,11 +346,15 @@ def plan_lines(job: SearchJob) -> list[str]:
             most += (0 if "probe" in reused else probe_eta) + (0 if "cert" in reused else cert_eta)
             if p.config.is_defaults:
                 least += 0 if "cert" in reused else cert_eta
-        then = (
-            "probe, then cert (positive control)"
-            if p.config.is_defaults
-            else "probe, cert unless rejected"
-        )
+        if not p.config.is_defaults and job.interleave_rounds:
+            if figure_reused(job.points, p, previous.get(p.config.name), job.interleave_rounds):
+                reused.append("interleaved figure")
+            else:
+                most += il_eta or 0.0
+        then = "probe, then cert (positive control)"
+        if not p.config.is_defaults:
+            then = "probe, cert unless rejected" + (", then interleaved if promotable GREEN"
+                                                    if job.interleave_rounds else "")  # fmt: skip
         note = f"; reuses its {' and '.join(reused)}" if reused else ""
         lines.append(f"  {p.config.name}: {p.config.words()}: {then}{note}")
     eta = (
@@ -389,7 +385,9 @@ def _not_run(row: SearchRow, stopped: str | None) -> SearchRow:
     return row
 
 
-def _write(job: SearchJob, rows: dict[str, SearchRow], stopped: str | None, clock: _Clock) -> Path:
+def _write(
+    job: SearchJob, rows: dict[str, SearchRow], stopped: str | None, clock: StepClock
+) -> Path:
     first = job.points[0].full
     record = search_record(first.model_name, first.ctx, first.parallel,
                            first.target.engine.name, list(rows.values()), stopped=stopped,

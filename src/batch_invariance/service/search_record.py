@@ -7,15 +7,23 @@ conclusion is the core's (:func:`~batch_invariance.core.search.answer`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from batch_invariance.cert.verify import Depth, verify
-from batch_invariance.core.search import SearchRow, answer, row_verdict, vs_default
+from batch_invariance.core.search import (
+    Interleaved,
+    Round,
+    SearchRow,
+    answer,
+    row_verdict,
+    vs_default,
+)
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 
-__all__ = ["SEARCH_VERSION", "deploy_argv", "search_record"]
+__all__ = ["SEARCH_VERSION", "deploy_argv", "previous_interleaved", "search_record"]
 
 SEARCH_VERSION = 1
 #: argv words a deploy chooses for itself: where the server listens.
@@ -68,6 +76,45 @@ def _measured(m: Any) -> dict[str, Any] | None:
     return None if m is None else asdict(m)
 
 
+def _interleaved(found: Interleaved | None, name: str) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    rounds = [
+        {
+            "order": [name, "defaults"] if r.config_first else ["defaults", name],
+            "config_tokens_per_s": r.config_tps,
+            "defaults_tokens_per_s": r.defaults_tps,
+            "ratio": r.ratio,
+        }
+        for r in found.rounds
+    ]
+    return {"median_ratio": found.median, "rounds": rounds, "planned": found.planned,
+            "key": found.key, "reused": found.reused, "stopped": found.stopped}  # fmt: skip
+
+
+def previous_interleaved(path: Path) -> dict[str, Interleaved]:
+    """The interleaved figures a search record at ``path`` holds, by configuration (none where
+    there is no readable record: they are then measured again)."""
+    try:
+        rows = json.loads(path.read_text())["rows"]
+        found = {}
+        for row in rows:
+            block = row.get("interleaved")
+            if not block:
+                continue
+            rounds = tuple(
+                Round(r["order"][0] != "defaults", r["config_tokens_per_s"],
+                      r["defaults_tokens_per_s"])
+                for r in block["rounds"]
+            )  # fmt: skip
+            found[str(row["config"])] = Interleaved(
+                rounds, int(block["planned"]), str(block["key"]), stopped=block.get("stopped")
+            )
+        return found
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return {}
+
+
 def search_record(
     model: str, ctx: int, parallel: int, engine: str, rows: list[SearchRow], *,
     stopped: str | None, wall_s: float,
@@ -95,6 +142,7 @@ def search_record(
                 "defaults": r.is_defaults,
                 "verdict": row_verdict(r),
                 "vs_default": vs_default(r, defaults),
+                "interleaved": _interleaved(r.interleaved, r.name),
                 "probe": _measured(r.probe),
                 "cert": _measured(r.cert),
                 "not_run": r.not_run,

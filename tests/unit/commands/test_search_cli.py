@@ -53,7 +53,16 @@ def test_dry_run_states_the_plan_and_eta_and_launches_nothing(
     assert "defaults: (defaults): probe, then cert (positive control)" in out
     assert "ub1: -ub 1: probe, cert unless rejected" in out
     assert "ETA: ~" in out and "budget: 7200 s" in out
+    assert "interleave: each promotable GREEN against the defaults, 3 round(s)" in out
+    assert "ub1: -ub 1: probe, cert unless rejected, then interleaved if promotable GREEN" in out
     assert not files["marker"].exists() and not files["out"].exists()
+    code = main(["search", "--server-bin", str(files["bin"]), "--model", str(files["model"]),
+                 "--workset", str(files["ws"]), "--ctx", "512", "--parallel", "4",
+                 "--out-dir", str(files["out"]), "--configs", "ub1", "--interleave-rounds", "0",
+                 "--dry-run", *LOOSE_GATES])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "interleave: off (--interleave-rounds 0)" in out
+    assert "ub1: -ub 1: probe, cert unless rejected\n" in out
 
 
 def test_an_unknown_configuration_and_a_bad_budget_are_usage_errors(

@@ -7,11 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from batch_invariance.core.search import (
+    Interleaved,
     Measured,
+    Round,
     SearchRow,
     answer,
     probe_ids,
     probe_rejects,
+    round_order,
     row_verdict,
     vs_default,
 )
@@ -95,7 +98,14 @@ def golden_rows() -> list[SearchRow]:
                   cert=seen("GREEN", promotable=True, longest=1004, speedup=0.9,
                             concurrent_tokens_per_s=43.1, reused=True),
                   certs=str(certs / "ub1"),
-                  deploy=("/bin/llama-server", "--model", "/m.gguf", "--parallel", "4")),
+                  deploy=("/bin/llama-server", "--model", "/m.gguf", "--parallel", "4"),
+                  interleaved=Interleaved((Round(True, 41.0, 70.0), Round(False, 42.0, 60.0),
+                                           Round(True, 40.0, 66.0)), 3, "k")),
+        # A GREEN whose interleaved rounds the budget left out: the two certs' figure, marked.
+        SearchRow("ub1-t1", "-ub 1 -t 1", False, probe=seen("UNVERIFIED", longest=1002),
+                  cert=seen("GREEN", promotable=True, longest=1004, speedup=0.8,
+                            concurrent_tokens_per_s=40.7),
+                  certs=str(certs / "ub1-t1")),
         SearchRow("fa-on", "-fa on", False,
                   probe=seen("RED", longest=1002, first_drift_position=261),
                   certs=str(certs / "fa-on")),
@@ -109,3 +119,31 @@ def test_the_search_table_golden() -> None:
                            stopped="budget 600 s: stopped after 580 s", wall_s=580.0)  # fmt: skip
     line = "batch-invariance serve --certs /certs/ub1 --allow-unsigned -- /bin/llama-server ..."
     check_golden("search.txt", search_text(record, "/certs/search.json", line))
+
+
+def test_the_interleaved_rounds_turn_the_order_and_read_the_median_of_their_ratios() -> None:
+    assert [round_order(i) for i in range(4)] == [True, False, True, False]
+    rounds = (Round(True, 30.0, 60.0), Round(False, 50.0, 50.0), Round(True, 45.0, 50.0))
+    assert [r.ratio for r in rounds] == [0.5, 1.0, 0.9]
+    found = Interleaved(rounds, 3, "k")
+    assert found.median == 0.9 and found.complete
+    # A side that lost a request has no ratio: the median is over the rounds both measured.
+    lost = Interleaved((*rounds[:2], Round(True, None, 50.0)), 3, "k")
+    assert lost.rounds[2].ratio is None and lost.median == 0.75
+    assert Interleaved((), 3, "k", stopped="budget").median is None
+    assert not Interleaved(rounds[:2], 3, "k").complete
+
+
+def test_the_fastest_green_is_ranked_by_the_interleaved_medians_where_every_green_has_one() -> None:
+    def green(name: str, rate: float, ratios: tuple[float, ...] | None) -> SearchRow:
+        found = None
+        if ratios is not None:
+            found = Interleaved(tuple(Round(True, x, 1.0) for x in ratios), 3, "k")
+        cert = seen("GREEN", promotable=True, concurrent_tokens_per_s=rate)
+        return SearchRow(name, name, False, cert=cert, interleaved=found)
+
+    # b's cert ran on a fast moment of the host; beside the defaults, a is the faster.
+    a, b = green("a", 40.0, (0.7, 0.8, 0.75)), green("b", 50.0, (0.6, 0.65, 0.6))
+    assert answer([a, b]).fastest_green == "a"
+    # Where one GREEN has no interleaved figure, the certs' figures rank them all.
+    assert answer([a, green("b", 50.0, None)]).fastest_green == "b"
