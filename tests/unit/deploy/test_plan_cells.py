@@ -106,32 +106,31 @@ def _cell_inputs(row: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _measured_provenance(
-    env: dict[str, str], workspace: Path, monkeypatch: pytest.MonkeyPatch
-) -> dict[str, Any]:
+def _measured_provenance(env: dict[str, str], workspace: Path) -> dict[str, Any]:
     """What a live run of those inputs records: each server's argv and engine variables from
     the launch path run-live takes (prepare, the engine's launcher, the server process), and
     the files it ran, by sha256. The process's own engine variables are cleared first (a
     clean runner); the Action sets the engine-env input's, as its entrypoint does."""
-    for name in [k for k in os.environ if is_engine_variable(k)]:
-        monkeypatch.delenv(name)
     inputs = read_inputs({**env, "GITHUB_WORKSPACE": str(workspace)})
-    for name, value in inputs.engine_env:
-        monkeypatch.setenv(name, value)
-    job = prepare(live_request(inputs, None), create_out_dir=False)
-    launcher = engine_launcher(job.target, job.launch, workspace, job.port_policy)
-    roles = [(ServerRole.A, 1), (ServerRole.BC, job.parallel)]
-    if job.measurement.cache_passes:
-        roles.append((ServerRole.CACHE, job.parallel))
-    servers = []
-    for role, parallel in roles:
-        planned = launcher.planned(parallel, job.ctx, 1, role)
-        process = ServerProcess(
-            job.target.engine, planned.command, arm=str(role), parallel=planned.parallel,
-            ctx=job.ctx, port=1, log_dir=workspace,
-        )  # fmt: skip
-        info = {"engine_env": process.info()["engine_env"]}
-        servers.append({"role": str(role), "argv": list(planned.command.argv), "info": info})
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [k for k in os.environ if is_engine_variable(k)]:
+            patch.delenv(name)
+        for name, value in inputs.engine_env:
+            patch.setenv(name, value)
+        job = prepare(live_request(inputs, None), create_out_dir=False)
+        launcher = engine_launcher(job.target, job.launch, workspace, job.port_policy)
+        roles = [(ServerRole.A, 1), (ServerRole.BC, job.parallel)]
+        if job.measurement.cache_passes:
+            roles.append((ServerRole.CACHE, job.parallel))
+        servers = []
+        for role, parallel in roles:
+            planned = launcher.planned(parallel, job.ctx, 1, role)
+            process = ServerProcess(
+                job.target.engine, planned.command, arm=str(role), parallel=planned.parallel,
+                ctx=job.ctx, port=1, log_dir=workspace,
+            )  # fmt: skip
+            info = {"engine_env": process.info()["engine_env"]}
+            servers.append({"role": str(role), "argv": list(planned.command.argv), "info": info})
     assert job.target.server_bin is not None and job.target.model is not None
     model, binary = job.target.model.read_bytes(), job.target.server_bin.read_bytes()
     return {
@@ -156,11 +155,10 @@ def _measure(
     row: dict[str, Any],
     certs: Path,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> Path:
     """A GREEN cert of the row's cell whose provenance is what measuring the row records (with
     the prompt-cache arm's pass, and its hits, where the row runs that arm)."""
-    provenance = _measured_provenance(_cell_inputs(row), tmp_path, monkeypatch)
+    provenance = _measured_provenance(_cell_inputs(row), tmp_path)
     if not row["cache_arm"]:
         return _live_cert(certs, world["model"], provenance=provenance, parallel=row["parallel"],
                           layout=row["kv_layout"])  # fmt: skip
@@ -262,7 +260,6 @@ def test_measuring_the_plan_covers_the_deploy(
     headed: dict[str, Path],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
     kind: str,
 ) -> None:
     """The loop, for each kind: the row goes through the gate workflow's `with:` and cell.yml's
@@ -276,7 +273,7 @@ def test_measuring_the_plan_covers_the_deploy(
     assert {k: row[k] for k in carried} == carried and row["cell_yml_refuses"] == ""
     inputs = read_inputs({**_cell_inputs(row), "GITHUB_WORKSPACE": str(tmp_path)})
     assert live_request(inputs, None) == _run_live_request(row["run_live"], inputs.out_dir)
-    fresh = _measure(headed, row, certs, tmp_path, monkeypatch)
+    fresh = _measure(headed, row, certs, tmp_path)
     args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"]
     assert main(args) == exitcodes.PROMOTABLE, capsys.readouterr().out
     out = capsys.readouterr().out
@@ -301,13 +298,12 @@ def test_a_plan_that_drops_an_option_measures_a_cell_the_gate_refuses(
     headed: dict[str, Path],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     certs = tmp_path / "certs"
     shutil.copytree(headed["certs"], certs)
     config = _deploy(headed, tmp_path, f"{RAISED} --temp 0.5")
     (row,) = _plan(config, certs, capsys)
-    _measure(headed, {**row, "server_flags": "--ubatch-size\n1"}, certs, tmp_path, monkeypatch)
+    _measure(headed, {**row, "server_flags": "--ubatch-size\n1"}, certs, tmp_path)
     args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"]
     assert main(args) == exitcodes.NOT_PROMOTABLE
     assert "--temp 0.5 (measured unset)" in capsys.readouterr().out
@@ -326,7 +322,6 @@ def test_a_row_that_drops_a_variable_or_the_cache_measures_a_cell_the_gate_refus
     headed: dict[str, Path],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
     row: dict[str, Any],
     differs: str,
 ) -> None:
@@ -335,7 +330,7 @@ def test_a_row_that_drops_a_variable_or_the_cache_measures_a_cell_the_gate_refus
     script = "export GGML_SCHED_MAX_COPIES=1\n"
     config = _deploy(headed, tmp_path, "-c 8192 -np 8 -ub 1 --cache-ram 1024", script)
     (planned,) = _plan(config, certs, capsys)
-    _measure(headed, {**planned, **row}, certs, tmp_path, monkeypatch)
+    _measure(headed, {**planned, **row}, certs, tmp_path)
     args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"]
     assert main(args) == exitcodes.NOT_PROMOTABLE
     assert differs in capsys.readouterr().out
@@ -374,7 +369,6 @@ def test_the_unified_layout_reaches_the_server_and_only_the_pool_is_left_uncover
     headed: dict[str, Path],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """cell.yml takes the unified layout (its kv-layout input), and the cert it measures
     covers the deploy's layout, pool size and flags; what it cannot cover is the pool's
@@ -386,7 +380,7 @@ def test_the_unified_layout_reaches_the_server_and_only_the_pool_is_left_uncover
     assert main([*args, "--json"]) == exitcodes.NOT_PROMOTABLE
     (row,) = json.loads(capsys.readouterr().out)["plan"]
     assert row["kv_layout"] == "unified" and row["cell_yml_refuses"]
-    _measure(headed, row, certs, tmp_path, monkeypatch)
+    _measure(headed, row, certs, tmp_path)
     assert main(args) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     assert "the slot is 8192 tokens (need >= 6144, 3/4 of it)" in out, out
