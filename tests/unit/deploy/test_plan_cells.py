@@ -46,6 +46,8 @@ from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
 )
 
 GATE = REPO / ".github" / "workflows" / "gate.yml"
+#: A `with:` value cell.yml gets from a plan row (`|| ''`: a null as the empty string).
+MATRIX_VALUE = re.compile(r"\$\{\{ matrix\.(\w+)(?: \|\| '')? \}\}")
 #: Raised from the certified N=4 (ctx 1024 per slot, -ub 1): a cell no cert measured.
 RAISED = f"-c 8192 -np 8 -ub 1 {CACHE_OFF}"
 
@@ -100,7 +102,7 @@ def _cell_inputs(row: dict[str, Any]) -> dict[str, str]:
     for variable, value in run["env"].items():
         found = re.fullmatch(r"\$\{\{ inputs\.([\w-]+) \}\}", str(value))
         passed = None if found is None else given.get(found.group(1))
-        key = None if passed is None else re.fullmatch(r"\$\{\{ matrix\.(\w+) \}\}", str(passed))
+        key = None if passed is None else MATRIX_VALUE.fullmatch(str(passed))
         if key is not None:
             env[variable] = _as_github_renders(row[key.group(1)])
     return env
@@ -410,7 +412,7 @@ def test_the_gate_workflow_is_one_required_check_fed_by_the_plan() -> None:
     passed: dict[str, str] = {}
     for name, value in measure["with"].items():
         assert name in declared, name
-        found = re.fullmatch(r"\$\{\{ matrix\.(\w+) \}\}", str(value))
+        found = MATRIX_VALUE.fullmatch(str(value))
         assert found is None or found.group(1) in keys, (name, value)
         if found is not None:
             passed[found.group(1)] = name
