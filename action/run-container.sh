@@ -114,6 +114,13 @@ fi
 # as run (pinned by digest, or the tag of a build from this action's source) and its image ID.
 image_id=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null) || image_id=""
 
+# What tells this step from the others of its run that may measure the same cell (a matrix's
+# entries differ in their inputs, two jobs in their names): the artifact's name carries its
+# hash (action/name-artifact.sh).
+job_key=$({ printf '%s\n' "${GITHUB_JOB:-}" "${GITHUB_ACTION:-}"; env -0 | { grep -z '^INPUT_' || true; } |
+  LC_ALL=C sort -z | tr '\0' '\n'; } | sha256sum | cut -c1-16)
+echo "job-key=$job_key" >>"$GITHUB_OUTPUT"
+
 file_commands=$(dirname "$GITHUB_OUTPUT")
 summary=${GITHUB_STEP_SUMMARY:-}
 home="${RUNNER_TEMP:-$(dirname "$GITHUB_WORKSPACE")}/_github_home"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from batch_invariance import exitcodes
@@ -31,12 +32,24 @@ def _outputs(run: ActRun, job: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in loaded.items()}
 
 
+def _artifact_name(kind: str, cell_id: str) -> str:
+    """The pattern of the artifact name of a step that measured ``cell_id`` (``kind`` cert or
+    failed): the cell, the job key (8 hex digits of the step's inputs and job), the attempt."""
+    return rf"bi-{kind}-{re.escape(cell_id)}-[0-9a-f]{{8}}-a1"
+
+
+def _named(run: ActRun, kind: str, cell_id: str) -> str:
+    """The one artifact of the run named for ``cell_id``."""
+    (name,) = [n for n in run.artifact_names() if re.fullmatch(_artifact_name(kind, cell_id), n)]
+    return name
+
+
 def _cert_from_artifact(run: ActRun, outputs: dict[str, str], tmp_path: Path) -> Cert:
     """The uploaded artifact holds exactly the cert (unsigned under act: no bundle, no
     attestation) and, when the step did not pass, its plan and server logs (debug-paths); the
     cert verifies (schema, digest, re-derived verdict)."""
     name = outputs["artifact"]
-    assert name == f"bi-cert-{outputs['cell-id']}-a1"
+    assert re.fullmatch(_artifact_name("cert", outputs["cell-id"]), name), name
     files = run.artifact(name)
     cert_name = Path(outputs["cert-path"]).name
     debug = {Path(p).name for p in outputs.get("debug-paths", "").splitlines()}
@@ -107,7 +120,7 @@ def test_a_plan_that_cannot_pass_is_refused_before_any_launch(composite: ActRun)
     assert "batch-invariance: arm " not in lines  # nothing was measured
     # No cert, but the refused plan is in the artifact, with its cause.
     plan = f"{outputs['cell-id']}.plan.txt"
-    files = composite.artifact(f"bi-failed-{outputs['cell-id']}-a1")
+    files = composite.artifact(_named(composite, "failed", outputs["cell-id"]))
     assert set(files) == {plan}
     assert b"this plan cannot reach GREEN: answer budget" in files[plan]
 
@@ -118,7 +131,7 @@ def test_exit_4_leaves_the_server_log_in_the_uploaded_artifact(composite: ActRun
     assert outputs.get("verdict", "") == "" and outputs.get("cert-path", "") == ""
     assert composite.job_results(job) == ["failure"]
     assert _container_exit(composite, job) == [f"exit status {exitcodes.INFRA}"]
-    assert outputs["artifact"] == f"bi-failed-{outputs['cell-id']}-a1"
+    assert re.fullmatch(_artifact_name("failed", outputs["cell-id"]), outputs["artifact"])
     files = composite.artifact(outputs["artifact"])
     plan = f"{outputs['cell-id']}.plan.txt"
     logs = [name for name in files if name.startswith("server-")]
@@ -157,7 +170,7 @@ def test_the_measured_cells_and_the_failures_were_uploaded(composite: ActRun) ->
     # The two cells' certs; the refused plan and the exit 4 as bi-failed-...; nothing for the
     # step that refused to run without a signer (no plan, no server: the annotation says it).
     names = {_outputs(composite, job)["artifact"] for job in ("live", "mock", "no-server")}
-    names.add(f"bi-failed-{_outputs(composite, 'refused')['cell-id']}-a1")
+    names.add(_named(composite, "failed", _outputs(composite, "refused")["cell-id"]))
     assert composite.artifact_names() == names
     assert composite.returncode != 0  # act fails the run when a job fails
 

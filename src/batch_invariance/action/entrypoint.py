@@ -130,6 +130,8 @@ def run_cell_for(
     check_folders(inputs)
     check_server_pair(inputs)
     check_input_files(inputs, env or {})
+    # As run-live's shell prefix sets them: every server inherits this process's variables.
+    os.environ.update(inputs.engine_env)
     embedded = provisioner() if not inputs.profile and not inputs.server_bin else None
     job = prepare(live_request(inputs, embedded))
     if trace is not None:

@@ -17,12 +17,14 @@ from typing import Literal
 
 from batch_invariance.action.baseline import BaselineInputs, read_baseline_inputs
 from batch_invariance.core.plan import Measurement, number_problems
+from batch_invariance.engines.base import KvLayout
 from batch_invariance.engines.registry import DEFAULT_ENGINE, ENGINES
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.ladder import LADDER
 from batch_invariance.report.render import Require
 from batch_invariance.service.endpoint import ENDPOINT_CHOICES, EndpointChoice
 from batch_invariance.service.mock_cell import MOCK_MEASUREMENT, MockRequest
+from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.request import ACTION_DEFAULTS, LiveRequest, ProfileRequest
 
 Mode = Literal["live", "mock"]
@@ -45,6 +47,10 @@ INPUT_DEFAULTS: Mapping[str, str] = {
     "n-predict": str(ACTION_DEFAULTS.measurement.n_predict),
     "endpoint": ACTION_DEFAULTS.endpoint,
     "server-flags": "",
+    "kv-layout": "split",
+    "engine-env": "",
+    "cache-arm": "false",
+    "cache-ram": "",
     "scorer": "",
     "out-dir": "batch-invariance-certs",
     "sign": "true",
@@ -60,12 +66,12 @@ INPUT_DEFAULTS: Mapping[str, str] = {
 #: Inputs only a live cell takes (mock mode reports them as ignored).
 LIVE_ONLY_INPUTS: tuple[str, ...] = (
     "engine", "server-bin", "model", "profile", "model-alias", "models-dir", "server-dir",
-    "server-flags",
+    "server-flags", "kv-layout", "engine-env", "cache-arm", "cache-ram",
 )  # fmt: skip
 _NUMBER_INPUTS: tuple[str, ...] = ("ctx", "parallel", "gate-passes", "reps", "n-predict")
 #: Inputs that take one value per line; every other input is one line (a line break in it is
 #: refused before it can reach a path, the job log or the summary).
-MULTILINE_INPUTS: frozenset[str] = frozenset({"server-flags"})
+MULTILINE_INPUTS: frozenset[str] = frozenset({"server-flags", "engine-env"})
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,13 @@ class ActionInputs:
     sign: bool
     require: Require
     workspace: Path
+    #: run-live's ``--kv-layout``, its variables (``NAME=VALUE``, set over the step's own, as
+    #: a shell prefix sets them; only variables the engine reads), ``--cache-arm`` and
+    #: ``--cache-ram``: what a deploy cell runs beyond its flags (``check-deploy --plan``).
+    kv_layout: KvLayout = "split"
+    engine_env: tuple[tuple[str, str], ...] = ()
+    cache_arm: bool = False
+    cache_ram: int | None = None
     #: ``baseline``, ``fail-on`` and the baseline's signature policy (docs/compare.md).
     baseline: BaselineInputs = field(default_factory=lambda: BaselineInputs("", "scored", None))
     #: Inputs set to something other than their default (for "ignored in mock mode").
@@ -161,7 +174,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         if name not in MULTILINE_INPUTS and ("\n" in value.strip() or "\r" in value.strip()):
             raise UsageError(
                 f"input {name} holds a line break; it takes one line (only server-flags takes "
-                "one value per line)"
+                "one value per line, engine-env one variable per line)"
             )
         raw[name] = value
         if value.strip() != default:
@@ -198,6 +211,12 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         raise UsageError(
             f"input endpoint must be auto, chat or completions, got {raw['endpoint'].strip()!r}"
         )
+    layout = raw["kv-layout"].strip().lower()
+    if layout not in ("split", "unified"):
+        raise UsageError(
+            f"input kv-layout must be split or unified, got {raw['kv-layout'].strip()!r}"
+        )
+    cache_ram = raw["cache-ram"].strip()
     return ActionInputs(
         mode="live" if mode == "live" else "mock",
         engine=engine,
@@ -217,8 +236,33 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         workspace=workspace,
         baseline=baseline,
         explicit=frozenset(explicit),
+        kv_layout="unified" if layout == "unified" else "split",
+        engine_env=_engine_env(raw["engine-env"], engine),
+        cache_arm=_bool_input("cache-arm", raw["cache-arm"]),
+        cache_ram=_int_input("cache-ram", cache_ram) if cache_ram else None,
         **numbers,
     )
+
+
+def _engine_env(text: str, engine: str) -> tuple[tuple[str, str], ...]:
+    """``engine-env``: ``NAME=VALUE`` per line, each a variable ``engine`` reads (its options
+    are ``server-flags``; any other variable would reach no server and the cert)."""
+    rules = ENGINES[engine].env_rules
+    found: dict[str, str] = {}
+    for line in filter(str.strip, text.splitlines()):
+        name, eq, value = line.strip().partition("=")
+        if not eq or not name or name in found:
+            raise UsageError(
+                f"input engine-env: {line.strip()!r} is not one NAME=VALUE of its own; give one "
+                "variable per line"
+            )
+        if not rules.is_engine_variable(name):
+            raise UsageError(
+                f"input engine-env: {name} is not a variable {engine} reads (ggml's, llama.cpp's "
+                "or a runtime's); give only those, and its options as server-flags"
+            )
+        found[name] = value
+    return tuple(sorted(found.items()))
 
 
 def _abs(workspace: Path, value: str) -> Path | None:
@@ -304,7 +348,9 @@ def live_request(inputs: ActionInputs, embedded: tuple[Path, Path] | None) -> Li
             gate_passes=inputs.gate_passes,
             reps=inputs.reps,
             n_predict=inputs.n_predict,
+            cache_passes=1 if inputs.cache_arm else 0,
         ),
+        launch=LaunchOptions(kv_layout=inputs.kv_layout, cache_ram=inputs.cache_ram),
         endpoint=inputs.endpoint,
         server_flags=inputs.server_flags,
         scorer=inputs.scorer or None,

@@ -182,7 +182,7 @@ def _plan(report: DeployReport) -> tuple[PlanEntry, ...]:
 
 
 def _print_plan(plan: tuple[PlanEntry, ...]) -> int:
-    """The matrix on stdout; each cell cell.yml cannot measure on stderr, with why."""
+    """The matrix on stdout; each cell no measuring run can take on stderr, with why."""
     import json
 
     from batch_invariance.deploy.gate.plan_cells import matrix
@@ -190,9 +190,8 @@ def _print_plan(plan: tuple[PlanEntry, ...]) -> int:
     for entry in plan:
         if entry.cell_yml_refuses:
             sys.stderr.write(
-                f"check-deploy: plan: {entry.label} [{entry.origin}] is not in the matrix: "
-                f"cell.yml cannot measure {entry.cell_yml_refuses}; measure it with: "
-                f"{entry.run_live}\n"
+                f"check-deploy: plan: {entry.label} [{entry.origin}] is not in the matrix: no "
+                f"measuring run takes {entry.cell_yml_refuses}; change the deploy\n"
             )
     sys.stdout.write(json.dumps(matrix(plan), sort_keys=True) + "\n")
     return 0

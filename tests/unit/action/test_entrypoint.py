@@ -9,6 +9,7 @@ needed. Mock mode really runs the driver against the in-process mock server.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -23,6 +24,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+import yaml
 
 from batch_invariance import exitcodes
 from batch_invariance.action import entrypoint as action
@@ -431,10 +433,11 @@ def test_action_yml_is_one_step_that_runs_signs_uploads_and_sets_the_status() ->
     assert "BI_ACTION_PATH: ${{ github.action_path }}" in cell
     assert '"$BI_ACTION_PATH/action/run-container.sh"' in cell
     assert "if:" not in cell  # its exit code is the job status
-    # 2: an artifact name unique per cell and run attempt, even when the cell failed.
+    # 2: an artifact name unique per cell, job and run attempt, even when the cell failed.
     assert "always()" in name and "RUN_ATTEMPT: ${{ github.run_attempt }}" in name
+    assert "JOB_KEY: ${{ steps.cell.outputs.job-key }}" in name
     script = (REPO / "action" / "name-artifact.sh").read_text(encoding="utf-8")
-    assert "name=bi-${kind}-${CELL_ID}-a${RUN_ATTEMPT}" in script and "kind=cert" in script
+    assert "name=bi-${kind}-${CELL_ID}-${key}-a${RUN_ATTEMPT}" in script and "kind=cert" in script
     # 3: the SHA-pinned upload of cert, bundle and attestation, RED included, and of the plan
     # and server logs of a step that did not pass (exit 4: no cert, still an artifact).
     assert re.search(r"uses: actions/upload-artifact@[0-9a-f]{40} # v4", upload)
@@ -446,37 +449,46 @@ def test_action_yml_is_one_step_that_runs_signs_uploads_and_sets_the_status() ->
     assert "name: ${{ steps.artifact.outputs.name }}" in upload
 
 
-def test_name_artifact_script_is_unique_per_attempt(tmp_path: Path) -> None:
+def _name_artifact(tmp_path: Path, cert: str, attempt: str, key: str) -> dict[str, str]:
+    out = tmp_path / f"out-{attempt}-{key}-{bool(cert)}"
+    out.touch()
+    subprocess.run(
+        ["bash", str(REPO / "action" / "name-artifact.sh")],
+        env={"PATH": os.environ["PATH"], "CELL_ID": "m__ctx512__N2", "CERT_PATH": cert,
+             "RUN_ATTEMPT": attempt, "JOB_KEY": key, "GITHUB_OUTPUT": str(out)},
+        check=True,
+        timeout=30,
+    )  # fmt: skip
+    return parse_github_output(out.read_text())
+
+
+def test_name_artifact_script_is_unique_per_job_and_attempt(tmp_path: Path) -> None:
     cert = tmp_path / "m__ctx512__N2.json"
     cert.write_text("{}")
     (tmp_path / (cert.name + ".intoto.sigstore.json")).write_text("{}")
     names = []
-    for attempt in ("1", "2"):
-        out = tmp_path / f"out{attempt}"
-        out.touch()
-        subprocess.run(
-            ["bash", str(REPO / "action" / "name-artifact.sh")],
-            env={"PATH": os.environ["PATH"], "CELL_ID": cert.stem, "CERT_PATH": str(cert),
-                 "RUN_ATTEMPT": attempt, "GITHUB_OUTPUT": str(out)},
-            check=True,
-            timeout=30,
-        )  # fmt: skip
-        got = parse_github_output(out.read_text())
+    for attempt, key in (("1", "split"), ("2", "split"), ("1", "unified")):
+        got = _name_artifact(tmp_path, str(cert), attempt, key)
         assert got["attestation-path"] == str(cert) + ".intoto.sigstore.json"
         names.append(got["name"])
-    assert names == ["bi-cert-m__ctx512__N2-a1", "bi-cert-m__ctx512__N2-a2"]
-    # A step that ended without a cert: named apart, so it is never taken for a cert.
-    out = tmp_path / "out_failed"
-    out.touch()
-    subprocess.run(
-        ["bash", str(REPO / "action" / "name-artifact.sh")],
-        env={"PATH": os.environ["PATH"], "CELL_ID": cert.stem, "CERT_PATH": "",
-             "RUN_ATTEMPT": "1", "GITHUB_OUTPUT": str(out)},
-        check=True,
-        timeout=30,
-    )  # fmt: skip
-    got = parse_github_output(out.read_text())
-    assert got == {"name": "bi-failed-m__ctx512__N2-a1", "attestation-path": ""}
+    split = hashlib.sha256(b"split").hexdigest()[:8]
+    unified = hashlib.sha256(b"unified").hexdigest()[:8]
+    assert names == [f"bi-cert-m__ctx512__N2-{split}-a1", f"bi-cert-m__ctx512__N2-{split}-a2",
+                     f"bi-cert-m__ctx512__N2-{unified}-a1"]  # fmt: skip
+    # A step that ended without a cert: named apart, so it is never taken for a cert; two
+    # jobs of one run that failed on one cell, apart from each other.
+    failed = [_name_artifact(tmp_path, "", "1", key) for key in ("split", "unified")]
+    assert failed == [
+        {"name": f"bi-failed-m__ctx512__N2-{split}-a1", "attestation-path": ""},
+        {"name": f"bi-failed-m__ctx512__N2-{unified}-a1", "attestation-path": ""},
+    ]
+
+
+def test_cell_workflow_names_its_artifact_with_the_same_script() -> None:
+    cell = yaml.safe_load((REPO / ".github" / "workflows" / "cell.yml").read_text())
+    (step,) = [s for s in cell["jobs"]["cell"]["steps"] if s.get("id") == "name"]
+    assert step["run"] == ".batch-invariance-src/action/name-artifact.sh"
+    assert "toJSON(inputs)" in step["env"]["JOB_KEY"]
 
 
 def test_workflows_never_install_a_package_by_name() -> None:

@@ -108,8 +108,8 @@ def test_an_input_holding_a_line_break_is_refused_naming_it(tmp_path: Path, name
     assert f"input {name} holds a line break" in summary_of(env)
 
 
-def test_every_input_but_server_flags_is_one_line(tmp_path: Path) -> None:
-    assert frozenset({"server-flags"}) == MULTILINE_INPUTS
+def test_every_input_but_server_flags_and_engine_env_is_one_line(tmp_path: Path) -> None:
+    assert frozenset({"server-flags", "engine-env"}) == MULTILINE_INPUTS
     env = actions_env(tmp_path, mode="mock", sign="false", **{"server-flags": "-ngl\n99"})
     assert action.run_action(env, out=io.StringIO()) == exitcodes.NOT_PROMOTABLE
     # Surrounding line breaks (a YAML block scalar's last one) are whitespace, not a second line.

@@ -157,3 +157,23 @@ def test_in_the_container_the_folder_is_named_as_written_not_as_mounted(
         "runner: /srv/runner/models/qwen2.5-0.5b-q8.gguf); did you mean qwen2.5-0.5b-q8_0.gguf?"
     ) in printed
     assert mount not in printed
+
+
+def test_the_engine_env_input_reaches_the_server_the_step_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """engine-env is set for the servers as run-live's shell prefix sets it: here a server
+    that writes down its variables and exits (exit 4)."""
+    monkeypatch.setenv("GGML_SCHED_MAX_COPIES", "unset by the step")  # restored after
+    given = {"server-bin": "bin/llama-server", "engine-env": "GGML_SCHED_MAX_COPIES=1"}
+    env = actions_env(tmp_path, sign="false", model="base.gguf", **given)
+    workspace = Path(env["GITHUB_WORKSPACE"])
+    seen = workspace / "server.env"
+    server = workspace / "bin" / "llama-server"
+    server.parent.mkdir()
+    server.write_text(f"#!/bin/sh\nenv > {seen}\nexit 1\n")
+    server.chmod(0o755)
+    write_gguf(workspace / "base.gguf", dense_meta(), padding=1 << 20)
+    code, printed = _run(env)
+    assert code == exitcodes.INFRA, printed
+    assert "GGML_SCHED_MAX_COPIES=1" in seen.read_text().splitlines()

@@ -176,3 +176,27 @@ def test_the_die_message_is_escaped_as_the_runner_unescapes_it(
     assert error.startswith("::error title=batch-invariance container step::")
     assert escaped in error, error
     assert len(proc.stdout.splitlines()) == 1, proc.stdout
+
+
+def _job_key(runner: dict[str, str], **extra: str) -> str:
+    output = Path(runner["GITHUB_OUTPUT"])
+    output.write_text("")
+    proc = _run(runner, **extra)
+    assert proc.returncode == 0, proc.stderr
+    (key,) = [line for line in output.read_text().splitlines() if line.startswith("job-key=")]
+    return key.removeprefix("job-key=")
+
+
+def test_the_job_key_tells_apart_the_jobs_that_may_measure_one_cell(
+    runner: dict[str, str],
+) -> None:
+    """Two matrix jobs of one cell differ in their inputs, two jobs in their names: the
+    artifact's name carries the key (action/name-artifact.sh); the same step, the same key."""
+    split = _job_key(runner, GITHUB_JOB="cell", INPUT_CTX="1024", INPUT_KV_LAYOUT="split")
+    assert len(split) == 16 and int(split, 16) >= 0
+    assert _job_key(runner, GITHUB_JOB="cell", INPUT_CTX="1024", INPUT_KV_LAYOUT="split") == split
+    others = {
+        _job_key(runner, GITHUB_JOB="cell", INPUT_CTX="1024", INPUT_KV_LAYOUT="unified"),
+        _job_key(runner, GITHUB_JOB="other", INPUT_CTX="1024", INPUT_KV_LAYOUT="split"),
+    }
+    assert split not in others and len(others) == 2

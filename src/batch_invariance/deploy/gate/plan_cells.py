@@ -7,9 +7,11 @@ they are here, with their sha256 where readable), ctx per slot and the whole poo
 layout, every option that can change outputs as the engine's own words, the engine variables,
 the answer length and the engine. Each entry is one ``include`` row of a GitHub Actions matrix
 whose keys name ``cell.yml``'s inputs, and carries the ``run-live`` line that measures the same
-cell off GitHub. A cell ``cell.yml`` cannot measure (a unified pool, the prompt cache on, an
-owned option run-live sets itself) says why in ``cell_yml_refuses`` and is left out of the
-matrix, so the gate fails on it naming the reason instead of measuring the wrong cell.
+cell off GitHub. ``cell.yml`` takes every input run-live does for a cell (the KV layout, the
+engine variables, the prompt-cache arm with its ``--cache-ram``); a cell no measuring run can
+cover (an option run-live sets itself or refuses, a cache its arm does not run, a unified pool
+its length ladder cannot fill) says why in ``cell_yml_refuses`` and is left out of the matrix,
+so the gate fails on it naming the reason instead of measuring a cert that cannot cover it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from batch_invariance.core.scope import required_length
 from batch_invariance.deploy.gate.cells import DeployCell
-from batch_invariance.deploy.gate.prompt_cache import CACHE_OPTIONS, prompt_cache_use
+from batch_invariance.deploy.gate.prompt_cache import (
+    CACHE_OPTIONS,
+    PromptCacheUse,
+    prompt_cache_use,
+)
+from batch_invariance.engines.llama_server.flags import flag_conflicts
 from batch_invariance.engines.llama_server.options import (
     BY_CANONICAL,
     CELL_OPTIONS,
@@ -74,7 +82,8 @@ class PlanEntry:
     cache_ram: str | None
     #: The same cell off GitHub.
     run_live: str
-    #: Why ``cell.yml`` cannot measure it (empty: it can; the entry is in the matrix).
+    #: Why no measuring run, cell.yml's or run-live's, can take it as deployed (empty: cell.yml
+    #: measures it; the entry is in the matrix).
     cell_yml_refuses: str
 
 
@@ -121,17 +130,27 @@ def server_words(cell: DeployCell) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(words), tuple(owned)
 
 
-def _refusal(cell: DeployCell, owned: Iterable[str], cache: bool) -> str:
-    why: list[str] = []
-    if cell.layout.kv_unified:
-        why.append("a unified KV pool (cell.yml measures split slots; run-live --kv-layout "
-                   "unified)")  # fmt: skip
-    if cache:
-        why.append("the prompt cache on (cell.yml runs no cache arm; run-live --cache-arm)")
-    why += [f"{word} (run-live sets it itself)" for word in owned]
-    if cell.engine_env:
-        names = ", ".join(sorted(cell.engine_env))
-        why.append(f"engine variables {names} (cell.yml passes none to the server)")
+def _refusal(
+    cell: DeployCell, words: tuple[str, ...], owned: Iterable[str], cache: PromptCacheUse
+) -> str:
+    """Why no measuring run, cell.yml's or run-live's, can cover the cell as the deploy runs
+    it (empty: cell.yml measures it, its variables and prompt cache included)."""
+    why = [f"{word} (run-live sets it itself)" for word in owned]
+    if cell.layout.kv_unified and cell.pool is not None:
+        # Any slot may fill a unified pool, so the gate needs sequences to 3/4 of the pool;
+        # a measuring run's length ladder fills its --ctx per slot (run-live and cell.yml).
+        why.append(f"a unified KV pool of {cell.pool} tokens (the gate needs sequences of "
+                   f"{required_length(cell.pool)} tokens; the length ladder fills the "
+                   f"{cell.ctx}-token slot)")  # fmt: skip
+    why += [f"{word} (run-live refuses it)" for word in flag_conflicts(words)]
+    settings = dict(cache.settings)
+    if cache.caches and not settings["--cache-ram"].isdigit():
+        why.append(f"--cache-ram {settings['--cache-ram']} (the cache arm measures 0 MiB or more)")
+    for name, off in (("--cache-reuse", "0"), ("--slot-save-path", "(none)")):
+        if settings[name] != off:
+            why.append(f"{name} {settings[name]} (the cache arm runs without it)")
+    why += [f"engine variable {name} (its value holds a line break)"
+            for name, value in sorted(cell.engine_env.items()) if "\n" in value]  # fmt: skip
     return "; ".join(why)
 
 
@@ -185,14 +204,15 @@ def plan_entry(cell: DeployCell, default_n_predict: int) -> PlanEntry:
         cache_arm=cache.caches,
         cache_ram=dict(cache.settings).get("--cache-ram") if cache.caches else None,
         run_live="",
-        cell_yml_refuses=_refusal(cell, owned, cache.caches),
+        cell_yml_refuses="",
     )
     # The id names what is measured, not where the deploy says it: two servers of the same
     # cell are one entry, and the id is the same on every run of the gate.
     measured = {k: v for k, v in asdict(entry).items() if k not in _WHERE}
     digest = hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest()[:12]
     name = f"{_slug(cell.name)}__ctx{cell.ctx}__N{cell.parallel}__{cell.layout_name}__{digest}"
-    return replace(entry, id=name, run_live=_run_live(entry))
+    refuses = _refusal(cell, words, owned, cache)
+    return replace(entry, id=name, run_live=_run_live(entry), cell_yml_refuses=refuses)
 
 
 def cell_plan(
