@@ -25,7 +25,7 @@ from typing import NamedTuple
 from batch_invariance.core.gpu_placement import GpuPlacement, is_gpu_selection
 from batch_invariance.deploy.gate.identity import is_this_tool
 from batch_invariance.deploy.gate.serve_plan import served_command
-from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand, origin_location
 from batch_invariance.deploy.readers.shell import is_serve
 from batch_invariance.engines.llama_server.env import (
     engine_env,
@@ -324,18 +324,10 @@ def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
         return DeployCells((), read.unmodelled, read.not_understood)
     cells = tuple(cell_of(command) for command in read.commands)
     untrusted = tuple(
-        NotUnderstood(*_where(cell.origin), problem, _TRUST_FIX)
+        NotUnderstood(*origin_location(cell.origin), problem, _TRUST_FIX)
         for cell in cells
         for problem in cell.untrusted
     )
     if untrusted:  # what runs could differ from what was checked: no cell is worth reporting
         return DeployCells((), tuple(str(n) for n in untrusted), untrusted)
     return DeployCells(cells, read.unmodelled, read.not_understood)
-
-
-def _where(origin: str) -> tuple[str, int]:
-    """(file, line) of a server's origin (``run.sh:5``, ``compose.yml [llm]``)."""
-    head, _, tail = origin.rpartition(":")
-    if head and tail and all(char in "0123456789" for char in tail):
-        return head, int(tail)
-    return origin.partition(" [")[0], 0

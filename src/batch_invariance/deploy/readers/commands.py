@@ -7,6 +7,7 @@ covered.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,3 +92,13 @@ class DeployRead:
     def unmodelled(self) -> tuple[str, ...]:
         """Each construct off the allowlist, as one message line."""
         return tuple(str(n) for n in self.not_understood)
+
+
+def origin_location(origin: str) -> tuple[str, int]:
+    """(file, line) of a server's origin as the readers write it: ``FILE:LINE`` (a script, a
+    unit or its drop-in), ``FILE [NAME]`` (a compose service, a models.toml entry: line 0);
+    anything else is a file."""
+    found = re.fullmatch(r"(.+) \[[^\]]*\]|(.+):(\d+)", origin)
+    if found is None:
+        return origin, 0
+    return (found.group(1), 0) if found.group(1) else (found.group(2), int(found.group(3)))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.compose_service import (
@@ -29,15 +28,13 @@ from batch_invariance.deploy.readers.compose_service import (
     SERVER_KEYS,
     Service,
     image_tag,
+    mentions_server,
     read_server,
     read_services,
 )
 from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
 from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget
 
-TRIGGER = re.compile(
-    r"llama-server|llama\.cpp|llama_cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I
-)
 #: The files `docker compose` reads without ``-f``, in its order of preference (compose-go
 #: ``cli.DefaultFileNames``): the first present wins.
 DEFAULT_FILES = ("compose.yaml", "compose.yml", "docker-compose.yml", "docker-compose.yaml")
@@ -48,17 +45,6 @@ OVERRIDES = (
     "docker-compose.override.yaml",
 )  # fmt: skip
 TOP_KEYS = frozenset({"services", "volumes", "networks", "name", "version"})
-
-
-def _mentions(value: Any) -> bool:
-    """Any key or value under ``value`` names a server, a model file or this tool."""
-    if isinstance(value, tuple):  # (value, line) as loaded
-        return _mentions(value[0])
-    if isinstance(value, dict):
-        return any(TRIGGER.search(k) or _mentions(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_mentions(v) for v in value)
-    return bool(TRIGGER.search(str(value)))
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -174,7 +160,7 @@ def _other(service: Service, servers: tuple[set[str], set[str]], path: Path) -> 
     or a writable bind of a host folder on or above or below one a server reads
     (``servers``: their host folders)."""
     file, line = next(iter(service.lines.values()), (path.name, 0))
-    if _mentions(service.spec):
+    if mentions_server(service.spec):
         return [NotUnderstood(file, line, f"[{service.name}] mentions a server but is not a "
                               "server service the reader reads", FIX)]  # fmt: skip
     out: list[NotUnderstood] = []
