@@ -21,9 +21,9 @@ from batch_invariance.deploy.readers.compose import (
     DEFAULT_FILES,
     OVERRIDES,
     compose_commands,
-    image_tag,
     project_problems,
 )
+from batch_invariance.deploy.readers.compose_service import image_tag
 from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
     MODEL,
     OK_FLAGS,

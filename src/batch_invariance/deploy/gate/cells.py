@@ -1,16 +1,9 @@
-"""From a server a deploy starts to the cell it runs: model, ctx per slot, N and KV layout.
-
-llama-server's own rules apply (see :mod:`batch_invariance.engines.llama_server.flags`): no ``-np``
-(or ``-np -1``) is 4 slots sharing one unified KV pool; ``-c 0`` or no ``-c`` is the model's
-training context, read from the GGUF header when the file is here; ``-c`` is padded as
-llama.cpp pads it. A cell's ``ctx`` is the context per slot after padding, which is what a
-cert's ``ctx`` means; for a unified pool the padded pool must also equal the one measured.
-A cell also carries why it cannot be covered whatever the certs say (a word the server
-rejects, an option in no class, a variable a measured server runs without, a model path that
-is not on this host), the variables ggml reads (a runtime's
-only where the binary here links it: the rule a cert's ``engine_env`` was recorded by) and the
-GPUs its selection variables pick on this host.
-A ``batch-invariance serve CERT`` line is read as the server it execs.
+"""From a server a deploy starts to the cell it runs: model, ctx per slot, N and KV layout,
+by llama-server's own rules (:mod:`batch_invariance.engines.llama_server.flags`): no ``-np`` is
+4 slots sharing one unified pool, ``-c 0`` or none is the model's training context (read from
+the GGUF here), ``-c`` is padded as llama.cpp pads it. A cell also carries why it cannot be
+covered whatever the certs say, the variables ggml and the runtimes its build links read, and
+the GPUs it selects here. A ``batch-invariance serve`` line is read as the server it execs.
 """
 
 from __future__ import annotations

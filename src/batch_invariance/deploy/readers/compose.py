@@ -1,19 +1,12 @@
-"""Reading a compose project on an allowlist: the compose file as `docker compose` picks
-it, and the ``.env`` file it reads (the compose specification, "Interpolation").
+"""Reading a compose project on an allowlist: the one compose file `docker compose` picks, and
+the ``.env`` it reads.
 
-Without ``-f``, `docker compose` reads the first of :data:`DEFAULT_FILES` in its folder, and
-merges the first of :data:`OVERRIDES` beside it (compose-go ``WithDefaultConfigPath``). The
-checker reads exactly one file, so a folder where compose could read another file than the one
-given, or merge an override file into it, is not understood (naming that file).
-
-A server service is one whose ``entrypoint`` runs ``batch-invariance serve`` (in an image
-pinned by digest) or llama-server, or whose image is a llama.cpp ``:server*`` image (entrypoint
-``/app/llama-server``). Its keys must be in :data:`SERVER_KEYS`; its volumes bind host folders
-(a named volume or tmpfs could hold any file) away from the image's programs; its
-``environment`` holds values (``env_file`` is refused: write the values). Any ``$``
-(interpolation) is refused, and so is a ``.env`` beside the file that sets ``COMPOSE_*`` or
-``DOCKER_*`` (it changes what compose reads or runs). Other services may not mention a server
-and may not bind a server's host folder writable.
+Without ``-f`` compose reads the first of :data:`DEFAULT_FILES` in its folder and merges the
+first of :data:`OVERRIDES` (compose-go): another such file beside the one given is refused. A
+server service runs serve (in an image pinned by digest) or llama-server
+(:mod:`batch_invariance.deploy.readers.compose_service`). Any ``$`` (interpolation) is refused,
+as is a ``.env`` setting ``COMPOSE_*`` or ``DOCKER_*``. Other services may not mention a server
+nor bind a server's host folder writable.
 """
 
 from __future__ import annotations
@@ -24,10 +17,7 @@ from pathlib import Path
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.compose_service import (
     FIX,
-    IMAGE_SERVER,
-    SERVER_KEYS,
     Service,
-    image_tag,
     mentions_server,
     read_server,
     read_services,
@@ -181,14 +171,3 @@ def _other(service: Service, servers: tuple[set[str], set[str]], path: Path) -> 
             out.append(NotUnderstood(file, line, f"[{service.name}] binds {source} "
                                      "writable, which a server reads"))  # fmt: skip
     return out
-
-
-__all__ = [
-    "DEFAULT_FILES",
-    "IMAGE_SERVER",
-    "OVERRIDES",
-    "SERVER_KEYS",
-    "compose_commands",
-    "image_tag",
-    "project_problems",
-]

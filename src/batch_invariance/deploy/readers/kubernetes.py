@@ -1,21 +1,13 @@
 """Kubernetes manifests (``kubectl apply -f``, rendered Helm output): the containers a workload
 starts, read on an allowlist.
 
-A YAML file whose documents (separated by ``---`` lines) are all mappings with ``apiVersion``
-and ``kind`` is a manifest. A workload (:data:`POD_SPECS`: Pod, Deployment, StatefulSet,
-DaemonSet, ReplicaSet, Job, CronJob) holds a pod spec; each of its containers and init
-containers is read: ``command`` + ``args`` (the image's entrypoint where ``command`` is absent),
-``env`` values, ``workingDir``, and ``volumeMounts`` of ``hostPath`` volumes (the folders a
-model path maps to on the node). A container is a server when it runs ``batch-invariance
-serve`` (the contract; its image must be pinned by digest, and the gate names the digests it
-trusts) or llama-server (never a pass; its cell and the serve line that would pass are named).
-
-Not understood, naming the document and the construct: a value the cluster fills in
-(``valueFrom``, ``envFrom``), kubelet's ``$(VAR)`` expansion in ``command``/``args``, lifecycle
-hooks and a shared process namespace around a serve container, a volume mounted on or above the
-program, a library folder or ``/usr`` of a serve container, and any other container that
-mentions a server, a model file or this tool. Other kinds (Service, ConfigMap, ...) start
-nothing and are not read: a serve container's mounts cannot reach what serve runs.
+A YAML file whose documents all hold ``apiVersion`` and ``kind`` is a manifest. Each container
+of a workload (:data:`POD_SPECS`) is read as compose's are
+(:mod:`batch_invariance.deploy.readers.compose_service`): ``command`` + ``args``, ``env``
+values, ``workingDir`` and ``hostPath`` mounts. Refused: what the cluster fills in
+(``valueFrom``, ``envFrom``), kubelet's ``$(VAR)``, lifecycle hooks and a shared process
+namespace around serve, and any other container that mentions a server. Other kinds start
+nothing and are not read.
 """
 
 from __future__ import annotations

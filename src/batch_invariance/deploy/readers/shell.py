@@ -1,27 +1,18 @@
 """Reading a deploy shell script (pure): a short allowlist of line forms, anything else refused.
 
-The reader does not imitate a shell: ``batch-invariance serve`` proves the cell on the serving
-host at start, so the script only has to show that it starts serve once, in the foreground, as
-the one thing that runs. Each logical line (a ``\\`` at a line's end continues it) must be:
+Not a shell imitation: ``batch-invariance serve`` proves the cell at start, so the script only
+has to start serve once, in the foreground, as the one thing that runs. Each logical line (a
+``\\`` at a line's end continues it) is a ``#!`` first line naming sh or bash, a comment or
+empty; ``set -e|-u|-x|-o errexit|nounset|xtrace|pipefail``; ``NAME=WORD ...`` or ``export
+NAME[=WORD] ...``; ``ulimit``, ``umask``, ``echo``, ``printf``, ``true``, ``:`` or ``cd
+/ABSOLUTE``; or the launch, once: ``[NAME=WORD ...] [exec] PROGRAM ARGS [REDIRECTIONS]``,
+PROGRAM being serve or a server (read to name its cell; a server started directly is never a
+pass). Nothing after an ``exec`` runs, so nothing after it is read.
 
-* a ``#!`` first line naming sh or bash (``/bin/sh``, ``/usr/bin/bash``, ``/usr/bin/env bash``),
-  a comment or empty;
-* ``set`` with ``-e``/``-u``/``-x`` (``+`` too) or ``-o errexit|nounset|xtrace|pipefail``;
-* ``NAME=WORD ...`` or ``export NAME[=WORD] ...``;
-* ``ulimit``, ``umask``, ``echo``, ``printf``, ``true`` or ``:`` with plain words, and
-  ``cd /ABSOLUTE`` (nothing a server computes depends on them);
-* the launch, once: ``[NAME=WORD ...] [exec] PROGRAM ARGS [REDIRECTIONS]``, PROGRAM being
-  ``batch-invariance serve`` or a server (read so that the check can name its cell and the
-  serve line to write; a server started directly is never a pass). Nothing after an
-  ``exec`` runs, so nothing after it is read.
-
-Words are plain characters, ``'...'`` and ``"..."``, with ``$NAME`` / ``${NAME}`` of a variable
-this file assigned. Operators (``;``, ``&``, ``|``, ``&&``, ``||``, parentheses, braces,
-here-documents), command substitution, globs, ``~`` and any other backslash are refused with
-the line, as is any other program (a wrapper, a second server, a background or conditional
-start). Redirections ``<FILE`` and, to a ``.log`` file, ``/dev/null``, ``/dev/stdout``,
-``/dev/stderr`` or a descriptor, ``[N]>``/``[N]>>``/``[N]>&M`` are allowed: such a file is
-nothing a server or serve's Python reads.
+Words are plain characters, ``'...'``, ``"..."`` and ``$NAME`` / ``${NAME}`` of a variable the
+file assigned. Operators, command substitution, globs, ``~``, other backslashes and any other
+program are refused with the line. Redirections read a file (``<``) or write a ``.log`` file,
+``/dev/null``, ``/dev/stdout``, ``/dev/stderr`` or a descriptor: nothing serve's Python reads.
 """
 
 from __future__ import annotations
