@@ -50,12 +50,7 @@ _FIX = "keep the script to the lines of docs/deploy.md: one exec batch-invarianc
 
 
 class Refused(Exception):
-    """A line outside the allowlist: the construct, named (``line``: another line than the
-    one being read)."""
-
-    def __init__(self, construct: str, line: int = 0) -> None:
-        super().__init__(construct)
-        self.line = line
+    """A line outside the allowlist: the construct, named."""
 
 
 def is_serve(argv: Sequence[str]) -> bool:
@@ -97,17 +92,17 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
 class _Script:
     variables: dict[str, str] = field(default_factory=dict)
     exported: set[str] = field(default_factory=set)
-    #: The line each variable was last assigned on.
-    assigned: dict[str, int] = field(default_factory=dict)
-    line: int = 0
     cwd: Path | None = None
     spent: int = 0
 
     def assign(self, name: str, value: str) -> None:
         if name in _SHELL_VARIABLES:
             raise Refused(f"{name}= (it changes how the shell reads or runs what follows)")
+        if name != name.lower() and name not in self.exported:
+            # The caller's environment would decide whether the server gets it.
+            raise Refused(f"{name} assigned without export (write export {name}=..., or a "
+                          "lowercase name for a variable of the script only)")  # fmt: skip
         self.variables[name] = value
-        self.assigned[name] = self.line
 
     def expand(self, text: str) -> str:
         def value(match: re.Match[str]) -> str:
@@ -190,9 +185,9 @@ def _statement(words: list[str], script: _Script) -> tuple[dict[str, str], list[
             name, eq, value = arg.partition("=")
             if not _NAME.fullmatch(name):
                 raise Refused(f"export {arg[:40]}")
+            script.exported.add(name)
             if eq:
                 script.assign(name, value)
-            script.exported.add(name)
     elif program == "set":
         pairs = iter(args)
         for arg in pairs:
@@ -222,13 +217,6 @@ def _launch(
             f"runs {words[0] if words else 'nothing'} (a deploy script starts serve or a server "
             "and runs no other program)"
         )
-    local = [n for n in script.variables if n not in script.exported and n != n.lower()]
-    if local:  # the caller's environment decides whether the server gets it
-        raise Refused(
-            f"{local[0]} assigned without export (write export {local[0]}=..., or a lowercase "
-            "name for a variable of the script only)",
-            script.assigned.get(local[0], 0),
-        )
     command = ServerCommand(
         origin=where, argv=tuple(words), env=env, base_dir=script.cwd,
         search_path=env.get("PATH"),
@@ -252,7 +240,6 @@ def shell_commands(text: str, name: str) -> DeployRead:
             continue
         if not body or body.startswith("#"):
             continue
-        script.line = number
         try:
             launch = _statement(split_words(body, script), script)
             if launch is None:
@@ -261,7 +248,7 @@ def shell_commands(text: str, name: str) -> DeployRead:
                 raise Refused(f"a second launch (the first is {commands[0].origin})")
             command, execs = _launch(*launch, script, f"{name}:{number}")
         except Refused as exc:
-            return _refuse(name, exc.line or number, str(exc))
+            return _refuse(name, number, str(exc))
         crossed = budget.spend(command.argv, command.env)
         if crossed is not None:
             return DeployRead((), (NotUnderstood(name, number, crossed, BUDGET_FIX),))
