@@ -38,13 +38,10 @@ _DOCUMENT = re.compile(r"^---[ \t]*$", re.MULTILINE)
 #: Where each workload kind keeps its pod spec.
 POD_SPECS: dict[str, tuple[str, ...]] = {
     "Pod": ("spec",),
-    "Deployment": ("spec", "template", "spec"),
-    "StatefulSet": ("spec", "template", "spec"),
-    "DaemonSet": ("spec", "template", "spec"),
-    "ReplicaSet": ("spec", "template", "spec"),
-    "Job": ("spec", "template", "spec"),
+    **dict.fromkeys(("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"),
+                    ("spec", "template", "spec")),
     "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
-}
+}  # fmt: skip
 FIX = "run batch-invariance serve in an image pinned by digest (docs/deploy.md, Kubernetes)"
 
 
