@@ -54,13 +54,11 @@ class DeployCell:
     alias: str | None
     flags: ServerFlags
     layout: SlotLayout
-    #: ``-c`` as the server gets it (0 = the model's training context).
-    ctx_size: int
-    #: The whole KV pool in tokens after llama.cpp's padding; ``None`` when ``-c`` is 0 and the
-    #: model file is not here.
+    #: The whole KV pool in tokens after llama.cpp's padding; ``None`` when ``-c`` is 0 (the
+    #: model's training context) and the model file is not here.
     pool: int | None
     #: The context per slot after padding (a cert's ``ctx``).
-    per_slot: int | None = None
+    ctx: int | None = None
     #: Why this cell cannot be covered whatever the certs say (empty: it can be).
     not_covered: tuple[str, ...] = ()
     #: The variables of its environment that ggml / the runtimes its build links read
@@ -96,11 +94,6 @@ class DeployCell:
         return self.layout.parallel
 
     @property
-    def ctx(self) -> int | None:
-        """Context per slot (a cert's ``ctx``), as llama.cpp pads it."""
-        return self.per_slot
-
-    @property
     def layout_name(self) -> str:
         return "unified" if self.layout.kv_unified else "split"
 
@@ -132,7 +125,7 @@ def _host_path(model: str, command: ServerCommand) -> Located:
     for container, host in command.mounts:  # longest container path first
         if model == container or model.startswith(container.rstrip("/") + "/"):
             return _as_written(host + model[len(container) :], "model", command)
-    if command.in_container:
+    if command.image is not None:
         return Located(None, f"model {model} is inside the container (under no bind mount)")
     return _as_written(model, "model", command)
 
@@ -278,9 +271,8 @@ def cell_of(command: ServerCommand) -> DeployCell:
         alias=command.alias,
         flags=flags,
         layout=layout,
-        ctx_size=ctx_size,
         pool=None if padded is None else padded.pool,
-        per_slot=None if padded is None else padded.per_slot,
+        ctx=None if padded is None else padded.per_slot,
         not_covered=tuple(not_covered),
         engine_env=engine_env(command.env, linked),
         linked=linked,

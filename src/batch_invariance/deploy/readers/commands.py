@@ -67,8 +67,6 @@ class ServerCommand:
     base_dir: Path | None = None
     #: Container-path -> host-path prefixes from compose ``volumes:`` (bind mounts only).
     mounts: tuple[BindMount, ...] = ()
-    #: The server runs in a container: a model path outside every bind mount is not here.
-    in_container: bool = False
     #: Why ``argv[0]`` names no file on this host (inside a container image; a registry that
     #: names no binary); ``None`` when it does. The build then cannot be checked here.
     binary_elsewhere: str | None = None
@@ -77,7 +75,8 @@ class ServerCommand:
     search_path: str | None = None
     #: Notes for the pass line.
     notes: tuple[str, ...] = field(default_factory=tuple)
-    #: The container image it runs in, as the deploy names it (``None``: on the host).
+    #: The container image it runs in, as the deploy names it (``None``: on the host; in a
+    #: container a model path outside every bind mount is not here).
     image: str | None = None
 
 

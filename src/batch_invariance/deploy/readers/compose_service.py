@@ -159,8 +159,7 @@ def container_command(
     return ServerCommand(
         origin=origin, argv=tuple(argv), env=env, base_dir=Path(workdir),
         mounts=tuple(sorted(mounts, key=lambda m: len(m.container), reverse=True)),
-        in_container=True, binary_elsewhere=f"runs inside the container image {image}",
-        image=image,
+        binary_elsewhere=f"runs inside the container image {image}", image=image,
     )  # fmt: skip
 
 
