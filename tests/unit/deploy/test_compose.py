@@ -187,6 +187,34 @@ def test_a_mount_over_the_folder_of_an_entrypoint_is_not_understood(tmp_path: Pa
     assert found("[/srv/llama/bin/llama-server]", "./b:/srv/data") == ()
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ("    labels: {a: &x b, c: *x}\n", "6: not understood: a YAML anchor or alias"),
+        ("    labels: !!map {a: b}\n", "6: not understood: a YAML tag"),
+        ("    labels: {<<: {a: b}}\n", "6: not understood: a YAML merge key"),
+        ("    labels:\n      a: |\n        b\n", "7: not understood: a YAML block scalar"),
+        ("    labels: {a: b, a: c}\n", "6: not understood: key a given twice"),
+        ("    labels: {a: yes}\n", "6: not understood: plain YAML value 'yes' (quote it)"),
+        ("    labels: {a: 0x1F}\n", "plain YAML value '0x1F'"),
+        ("    labels: {a: 012}\n", "plain YAML value '012'"),
+        ("    labels: {a: 1.5}\n", "plain YAML value '1.5'"),
+        ("    labels: {a: ~}\n", "plain YAML value '~'"),
+        ("    environment: {LLAMA_ARG_FLASH_ATTN: true}\n", "(quote it)"),
+        ("    entrypoint: [llama-server, --no-mmap, true]\n", "(quote it)"),
+        ("---\nservices: {}\n", "6: not understood: not valid YAML (but found another"),
+    ],
+)  # fmt: skip
+def test_yaml_outside_what_both_readers_read_alike_is_not_understood(
+    tmp_path: Path, extra: str, named: str
+) -> None:
+    """PyYAML (YAML 1.1) and compose's Go reader (YAML 1.2) read the same text otherwise:
+    what only one reads as text, a boolean where compose wants text, or a construct only one
+    expands, is refused at its line."""
+    found = compose_commands(tmp_path / "compose.yaml", _service(extra=extra)).unmodelled
+    assert found and named in found[0], found
+
+
 # --------------------------------------------------------------------------- the files
 
 
