@@ -59,60 +59,41 @@ def test_the_measured_deploy_passes_plain_and_with_neutral_options(
         assert "check-deploy: PASS" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    ("flags", "named"),
-    [
-        ("--kv_unified", "KV layout unified (measured split)"),
-        ("--ubatch_size 512", "--ubatch-size 512 (measured 1)"),
-        ("--cache_ram 8192", "caches prompts (--cache-ram 8192) but the cert measured"),
-        ("--cache_type_k q4_0", "--cache-type-k q4_0 (measured f16)"),
-        ("--no_cont_batching", "--cont-batching off (measured on)"),
-        ("--n_cpu_moe 2", "--n-cpu-moe 2 (measured unset)"),
-        ("--ubatch-size=512", "llama-server rejects --ubatch-size=512"),
-        ("--tags chat", "option --tags is in no class"),
-    ],
-)
-def test_flags_are_read_as_llama_server_reads_them(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: str,
-    named: str,
-) -> None:  # fmt: skip
-    _fails(world, tmp_path, capsys, f"llama-server -m {world['model']} {OK_FLAGS} {flags}\n", named)
-
-
-def test_ctx_is_padded_as_llama_cpp_pads_it(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    body = f"llama-server -m {world['model']} -c 4097 -np 4 -ub 1 --no-cache-prompt --cache-ram 0\n"
-    _fails(world, tmp_path, capsys, body, f"{MODEL} ctx=1280 N=4")
+NO, USAGE = exitcodes.NOT_PROMOTABLE, exitcodes.USAGE
 
 
 @pytest.mark.parametrize(
-    ("env", "named"),
+    ("line", "named", "code"),
     [
-        ("export LLAMA_ARG_NO_KV_OFFLOAD=0", "--kv-offload off (measured on)"),
-        ("export GGML_CUDA_DISABLE_FUSION=1", "environment GGML_CUDA_DISABLE_FUSION=1"),
-        ("export LD_PRELOAD=/opt/x.so", "environment LD_PRELOAD=/opt/x.so"),
+        ("--kv_unified", "KV layout unified (measured split)", NO),
+        ("--ubatch_size 512", "--ubatch-size 512 (measured 1)", NO),
+        ("--cache_ram 8192", "caches prompts (--cache-ram 8192) but the cert measured", NO),
+        ("--cache_type_k q4_0", "--cache-type-k q4_0 (measured f16)", NO),
+        ("--no_cont_batching", "--cont-batching off (measured on)", NO),
+        ("--n_cpu_moe 2", "--n-cpu-moe 2 (measured unset)", NO),
+        ("--ubatch-size=512", "llama-server rejects --ubatch-size=512", NO),
+        ("--tags chat", "option --tags is in no class", NO),
+        ("-fa on", "--flash-attn on (measured auto)", NO),
+        ("-ngl 99", "--gpu-layers 99 (measured auto)", NO),
+        ("-md /srv/draft.gguf --spec-draft-n-max 8",
+         "--spec-draft-model /srv/draft.gguf (measured unset)", NO),
+        ("--lora /srv/a.gguf", "--lora /srv/a.gguf (measured unset)", NO),
+        ("-bs", "--backend-sampling on (measured off)", NO),
+        ("-c 4097", f"{MODEL} ctx=1280 N=4", NO),  # padded as llama.cpp pads it
+        ("export LLAMA_ARG_NO_KV_OFFLOAD=0", "--kv-offload off (measured on)", NO),
+        ("export GGML_CUDA_DISABLE_FUSION=1", "environment GGML_CUDA_DISABLE_FUSION=1", NO),
+        ("export LD_PRELOAD=/opt/x.so", "environment LD_PRELOAD=/opt/x.so", NO),
+        ("export LLAMA_ARG_KV_UNIFIED=True", "LLAMA_ARG_KV_UNIFIED needs on/off", USAGE),
     ],
-)
-def test_environment_the_server_reads_is_compared(
+)  # fmt: skip
+def test_what_the_server_reads_otherwise_than_measured_is_not_covered(
     world: dict[str, Path],  # noqa: F811
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], env: str,
-    named: str,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, named: str, code: int,
 ) -> None:  # fmt: skip
-    body = f"{env}\nllama-server -m {world['model']} {OK_FLAGS}\n"
-    _fails(world, tmp_path, capsys, body, named)
-
-
-def test_switch_values_are_case_sensitive(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    body = f"export LLAMA_ARG_KV_UNIFIED=True\nllama-server -m {world['model']} {OK_FLAGS}\n"
-    _fails(world, tmp_path, capsys, body, "LLAMA_ARG_KV_UNIFIED needs on/off", code=exitcodes.USAGE)
+    """Options (any spelling llama-server reads) and the environment the server reads."""
+    engine = f"llama-server -m {world['model']} {OK_FLAGS}"
+    env, flags = (line, "") if line.startswith("export ") else ("", line)
+    _fails(world, tmp_path, capsys, f"{env}\n{engine} {flags}\n".lstrip(), named, code=code)
 
 
 def test_check_deploy_output_is_golden(

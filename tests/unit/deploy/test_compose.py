@@ -21,9 +21,9 @@ from batch_invariance.deploy.readers.compose import (
     DEFAULT_FILES,
     OVERRIDES,
     compose_commands,
-    image_tag,
     project_problems,
 )
+from batch_invariance.deploy.readers.compose_service import image_tag
 from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
     MODEL,
     OK_FLAGS,
@@ -152,20 +152,6 @@ def test_image_references_split_as_docker_splits_them() -> None:
     assert image_tag("localhost:5000/llama.cpp") == ("localhost:5000/llama.cpp", "", "")
 
 
-# --------------------------------------------------------------------------- env_file
-
-
-def test_env_file_is_refused(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """What a file beside the deploy sets could be anything: write the values instead."""
-    files = {"llm.env": "LLAMA_ARG_PORT=8080\n"}
-    _fails(world, tmp_path, capsys, _service(extra="    env_file: ./llm.env\n"),
-           "key env_file of a server service", files=files)  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("mount", "named"),
     [
@@ -201,6 +187,34 @@ def test_a_mount_over_the_folder_of_an_entrypoint_is_not_understood(tmp_path: Pa
     assert found("[/srv/llama/bin/llama-server]", "./b:/srv/data") == ()
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ("    labels: {a: &x b, c: *x}\n", "6: not understood: a YAML anchor or alias"),
+        ("    labels: !!map {a: b}\n", "6: not understood: a YAML tag"),
+        ("    labels: {<<: {a: b}}\n", "6: not understood: a YAML merge key"),
+        ("    labels:\n      a: |\n        b\n", "7: not understood: a YAML block scalar"),
+        ("    labels: {a: b, a: c}\n", "6: not understood: key a given twice"),
+        ("    labels: {a: yes}\n", "6: not understood: plain YAML value 'yes' (quote it)"),
+        ("    labels: {a: 0x1F}\n", "plain YAML value '0x1F'"),
+        ("    labels: {a: 012}\n", "plain YAML value '012'"),
+        ("    labels: {a: 1.5}\n", "plain YAML value '1.5'"),
+        ("    labels: {a: ~}\n", "plain YAML value '~'"),
+        ("    environment: {LLAMA_ARG_FLASH_ATTN: true}\n", "(quote it)"),
+        ("    entrypoint: [llama-server, --no-mmap, true]\n", "(quote it)"),
+        ("---\nservices: {}\n", "6: not understood: not valid YAML (but found another"),
+    ],
+)  # fmt: skip
+def test_yaml_outside_what_both_readers_read_alike_is_not_understood(
+    tmp_path: Path, extra: str, named: str
+) -> None:
+    """PyYAML (YAML 1.1) and compose's Go reader (YAML 1.2) read the same text otherwise:
+    what only one reads as text, a boolean where compose wants text, or a construct only one
+    expands, is refused at its line."""
+    found = compose_commands(tmp_path / "compose.yaml", _service(extra=extra)).unmodelled
+    assert found and named in found[0], found
+
+
 # --------------------------------------------------------------------------- the files
 
 
@@ -226,17 +240,6 @@ def test_an_override_file_compose_would_merge_is_not_understood(
     merged = "services:\n  llm:\n    environment: [LLAMA_ARG_UBATCH=512]\n"
     _fails(world, tmp_path, capsys, _service(), f"{override}: not understood: override file "
            f"{override}", files={override: merged})  # fmt: skip
-
-
-def test_the_folder_holds_one_compose_file(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    # compose.yaml wins over docker-compose.yml: checking the latter checks what never runs.
-    _fails(world, tmp_path, capsys, _service(), "compose.yaml, which `docker compose` in this "
-           "folder reads instead of docker-compose.yml", name="docker-compose.yml",
-           files={"compose.yaml": _service()})  # fmt: skip
 
 
 def test_files_are_picked_in_composes_order(tmp_path: Path) -> None:
@@ -269,37 +272,28 @@ def test_files_are_picked_in_composes_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "named"),
+    ("flags", "extra", "named"),
     [
-        (OK_FLAGS.replace("-c 4096", "-c +4096"), "-c needs an integer"),
-        (OK_FLAGS.replace("-np 4", "-np 04"), "-np needs an integer"),
-        (OK_FLAGS.replace("-ub 1", "-ub 0x1"), "-ub needs an integer"),
-        (OK_FLAGS.replace("-c 4096", "-c 4_096"), "-c needs an integer"),
+        (OK_FLAGS.replace("-c 4096", "-c +4096"), "", "-c needs an integer"),
+        (OK_FLAGS.replace("-np 4", "-np 04"), "", "-np needs an integer"),
+        (OK_FLAGS.replace("-ub 1", "-ub 0x1"), "", "-ub needs an integer"),
+        (OK_FLAGS.replace("-c 4096", "-c 4_096"), "", "-c needs an integer"),
+        (OK_FLAGS, "    environment:\n      LLAMA_ARG_UBATCH: '01'\n",
+         "LLAMA_ARG_UBATCH needs an integer"),
     ],
-)
+)  # fmt: skip
 def test_a_number_the_server_could_read_otherwise_never_covered(
     world: dict[str, Path],  # noqa: F811
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     flags: str,
+    extra: str,
     named: str,
 ) -> None:
-    """Compose hands the command's words to llama-server as they are: a form std::stoi reads
-    otherwise than the gate is refused, naming the option (never a PASS)."""
-    body = _service().replace(OK_FLAGS, flags)
+    """Compose hands the command's words and values to llama-server as they are: a form
+    std::stoi reads otherwise than the gate is refused, naming the option (never a PASS)."""
+    body = _service(extra=extra).replace(OK_FLAGS, flags)
     code = _check(world, tmp_path, body)
     out = capsys.readouterr()
     assert code != exitcodes.PROMOTABLE and "check-deploy: PASS" not in out.out
     assert named in out.out + out.err
-
-
-def test_an_environment_number_in_another_form_never_covered(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    body = _service(extra="    environment:\n      LLAMA_ARG_UBATCH: '01'\n")
-    code = _check(world, tmp_path, body)
-    out = capsys.readouterr()
-    assert code != exitcodes.PROMOTABLE and "check-deploy: PASS" not in out.out
-    assert "LLAMA_ARG_UBATCH needs an integer" in out.out + out.err

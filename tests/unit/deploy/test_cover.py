@@ -209,7 +209,9 @@ def test_a_capped_deploy_within_the_measured_length_prints_no_scope(
     assert "check-deploy: PASS" in out and "covers answers up to" not in out
 
 
-def test_an_uncapped_deploy_needs_a_measured_length(cover: dict[str, Path]) -> None:
+def test_a_cert_that_records_no_answer_length_covers_no_cap_and_no_fixed_n(
+    cover: dict[str, Path],
+) -> None:
     from batch_invariance.deploy.gate.cells import cell_of
     from batch_invariance.deploy.gate.certs import CertFile
     from batch_invariance.deploy.gate.coverage import config_differences
@@ -222,10 +224,12 @@ def test_an_uncapped_deploy_needs_a_measured_length(cover: dict[str, Path]) -> N
     bare = CertFile(cover["green"], Provenance(), None, True, None, MODEL, 1024, 4,
                     read_flags(argv))  # fmt: skip
     m = str(cover["model"])
-    for cap in ((), ("-n", "-1")):
+    uncapped = "no -n cap: the cert records no measured answer length to scope a pass to"
+    fixed = "-n 8: the cert records no measured answer length"
+    for cap, named in [((), uncapped), (("-n", "-1"), uncapped), (("-n", "8"), fixed)]:
         cell = cell_of(ServerCommand("x", ("llama-server", "-m", m, *OK_FLAGS.split(), *cap), {}))
         diffs = config_differences(cell, bare, identify_model(cell.model_path, cell.model))
-        assert "no -n cap: the cert records no measured answer length to scope a pass to" in diffs
+        assert named in diffs
 
 
 # --------------------------------------------------------------------------- repository

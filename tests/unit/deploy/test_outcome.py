@@ -14,10 +14,9 @@ from batch_invariance.deploy.gate.check import CellCheck, CheckKind, DeployRepor
 from batch_invariance.deploy.gate.outcome import (
     DeployOutcome,
     deploy_outcome,
-    origin_location,
     problem_file,
 )
-from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand, origin_location
 from tests.support.golden import check_golden
 
 CONFIG = Path("deploy/llm.sh")
@@ -92,14 +91,14 @@ def outside() -> DeployOutcome:
         ("deploy.sh:3", ("deploy.sh", 3)),
         ("/etc/systemd/system/llm.service.d/10-measured.conf:3", (
             "/etc/systemd/system/llm.service.d/10-measured.conf", 3)),
-        ("compose.yml [llm]", ("compose.yml", None)),
-        ("models.toml [gemma]", ("models.toml", None)),
-        ("unit.service:0", ("unit.service", None)),
-        ("odd name", ("odd name", None)),
+        ("compose.yml [llm]", ("compose.yml", 0)),
+        ("models.toml [gemma]", ("models.toml", 0)),
+        ("unit.service:0", ("unit.service", 0)),
+        ("odd name", ("odd name", 0)),
     ],
 )  # fmt: skip
 def test_the_origin_of_each_reader_names_its_file_and_line(
-    origin: str, where: tuple[str, int | None]
+    origin: str, where: tuple[str, int]
 ) -> None:
     assert origin_location(origin) == where
 

@@ -1,16 +1,9 @@
-"""From a server a deploy starts to the cell it runs: model, ctx per slot, N and KV layout.
-
-llama-server's own rules apply (see :mod:`batch_invariance.engines.llama_server.flags`): no ``-np``
-(or ``-np -1``) is 4 slots sharing one unified KV pool; ``-c 0`` or no ``-c`` is the model's
-training context, read from the GGUF header when the file is here; ``-c`` is padded as
-llama.cpp pads it. A cell's ``ctx`` is the context per slot after padding, which is what a
-cert's ``ctx`` means; for a unified pool the padded pool must also equal the one measured.
-A cell also carries why it cannot be covered whatever the certs say (a word the server
-rejects, an option in no class, a variable a measured server runs without, a model path that
-is not on this host), the variables ggml reads (a runtime's
-only where the binary here links it: the rule a cert's ``engine_env`` was recorded by) and the
-GPUs its selection variables pick on this host.
-A ``batch-invariance serve CERT`` line is read as the server it execs.
+"""From a server a deploy starts to the cell it runs: model, ctx per slot, N and KV layout,
+by llama-server's own rules (:mod:`batch_invariance.engines.llama_server.flags`): no ``-np`` is
+4 slots sharing one unified pool, ``-c 0`` or none is the model's training context (read from
+the GGUF here), ``-c`` is padded as llama.cpp pads it. A cell also carries why it cannot be
+covered whatever the certs say, the variables ggml and the runtimes its build links read, and
+the GPUs it selects here. A ``batch-invariance serve`` line is read as the server it execs.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from typing import NamedTuple
 from batch_invariance.core.gpu_placement import GpuPlacement, is_gpu_selection
 from batch_invariance.deploy.gate.identity import is_this_tool
 from batch_invariance.deploy.gate.serve_plan import served_command
-from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand
+from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand, origin_location
 from batch_invariance.deploy.readers.shell import is_serve
 from batch_invariance.engines.llama_server.env import (
     engine_env,
@@ -61,13 +54,11 @@ class DeployCell:
     alias: str | None
     flags: ServerFlags
     layout: SlotLayout
-    #: ``-c`` as the server gets it (0 = the model's training context).
-    ctx_size: int
-    #: The whole KV pool in tokens after llama.cpp's padding; ``None`` when ``-c`` is 0 and the
-    #: model file is not here.
+    #: The whole KV pool in tokens after llama.cpp's padding; ``None`` when ``-c`` is 0 (the
+    #: model's training context) and the model file is not here.
     pool: int | None
     #: The context per slot after padding (a cert's ``ctx``).
-    per_slot: int | None = None
+    ctx: int | None = None
     #: Why this cell cannot be covered whatever the certs say (empty: it can be).
     not_covered: tuple[str, ...] = ()
     #: The variables of its environment that ggml / the runtimes its build links read
@@ -103,11 +94,6 @@ class DeployCell:
         return self.layout.parallel
 
     @property
-    def ctx(self) -> int | None:
-        """Context per slot (a cert's ``ctx``), as llama.cpp pads it."""
-        return self.per_slot
-
-    @property
     def layout_name(self) -> str:
         return "unified" if self.layout.kv_unified else "split"
 
@@ -139,7 +125,7 @@ def _host_path(model: str, command: ServerCommand) -> Located:
     for container, host in command.mounts:  # longest container path first
         if model == container or model.startswith(container.rstrip("/") + "/"):
             return _as_written(host + model[len(container) :], "model", command)
-    if command.in_container:
+    if command.image is not None:
         return Located(None, f"model {model} is inside the container (under no bind mount)")
     return _as_written(model, "model", command)
 
@@ -285,9 +271,8 @@ def cell_of(command: ServerCommand) -> DeployCell:
         alias=command.alias,
         flags=flags,
         layout=layout,
-        ctx_size=ctx_size,
         pool=None if padded is None else padded.pool,
-        per_slot=None if padded is None else padded.per_slot,
+        ctx=None if padded is None else padded.per_slot,
         not_covered=tuple(not_covered),
         engine_env=engine_env(command.env, linked),
         linked=linked,
@@ -324,18 +309,10 @@ def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
         return DeployCells((), read.unmodelled, read.not_understood)
     cells = tuple(cell_of(command) for command in read.commands)
     untrusted = tuple(
-        NotUnderstood(*_where(cell.origin), problem, _TRUST_FIX)
+        NotUnderstood(*origin_location(cell.origin), problem, _TRUST_FIX)
         for cell in cells
         for problem in cell.untrusted
     )
     if untrusted:  # what runs could differ from what was checked: no cell is worth reporting
         return DeployCells((), tuple(str(n) for n in untrusted), untrusted)
     return DeployCells(cells, read.unmodelled, read.not_understood)
-
-
-def _where(origin: str) -> tuple[str, int]:
-    """(file, line) of a server's origin (``run.sh:5``, ``compose.yml [llm]``)."""
-    head, _, tail = origin.rpartition(":")
-    if head and tail and all(char in "0123456789" for char in tail):
-        return head, int(tail)
-    return origin.partition(" [")[0], 0

@@ -1,33 +1,12 @@
-"""The deploy gate: a cert covers a deploy cell only if it measured exactly that cell.
+"""The deploy gate: a cert covers a deploy cell (:mod:`batch_invariance.deploy.gate.cells`)
+only if it measured exactly that cell (the rules: :mod:`batch_invariance.deploy.gate.coverage`),
+and every cert that did is valid, promotable and signed (unless ``--allow-unsigned``).
 
-A cell (see :mod:`batch_invariance.deploy.gate.cells`) is covered when some cert in the certs folder
-agrees with it on everything below, and every cert that agrees is valid, promotable, recorded
-under a policy no looser than the defaults, and signed (unless ``--allow-unsigned``):
-
-* model identity: the sha256 of the deploy's model file when it is readable here, otherwise
-  its size and file name (when it can be stat'ed); a model that is not here cannot be
-  identified, so the cell is not covered;
-* server build: the sha256 of the deploy's server binary (``provenance.server_binary``); a
-  binary that cannot be read here cannot be checked, so the cell is not covered;
-* ctx per slot, N and the KV layout (split or unified; for unified, the same pool ``-c``),
-  against the argv of the B/C server the cert records (``provenance.servers``);
-* every option that is not neutral
-(:func:`batch_invariance.engines.llama_server.flags.numerics_differences`
-  over llama-server's own option table): KV cache types, ``-fa``, ``-b``, ``-ub``, ``-ngl``,
-  ``--cache-ram``, MoE placement, speculative/draft, ``-bs``, LoRA ...; and the variables ggml
-  reads (:func:`engine_env_differences`);
-* a cert that agrees on everything that can be checked here while the model file or the server
-  binary cannot be (not on this machine) is named, and the cell is ``unverifiable``: not
-  covered, and not ``missing`` either;
-* nothing the cell itself cannot be covered for (``DeployCell.not_covered``: an option in no
-  class, a word llama-server rejects, a config file it would read ...), and nothing in the file
-  the reader did not model (``DeployReport.unmodelled``);
-* answer length: a deploy that fixes ``-n L`` needs a cert measured at answers up to L tokens
-  (``promotion_scope.answer_tokens_max``, else the run's ``n_predict``); a deploy with no cap
-  (no ``-n``, or ``-n -1``) passes only with that measured length printed as its scope.
-
-Each cert file is read once. A file that is not JSON (or holds NaN/Infinity) is named and
-skipped; a cert that fails verification and claims a cell fails that cell as invalid.
+A cert that agrees on everything checkable here while the model file or server binary is not
+on this machine makes the cell ``unverifiable`` (not covered, not ``missing`` either). A deploy
+with no ``-n`` cap passes only with the measured answer length printed as its scope. Each cert
+file is read once; one that is not JSON is named and skipped, one that fails verification and
+claims the cell fails it as invalid.
 """
 
 from __future__ import annotations
@@ -37,15 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple, Protocol
 
-from batch_invariance.cert.signature import (
-    BundlePolicy,
-    SignerPolicy,
-    TrustRoot,
-    verify_bundle,
-)
-from batch_invariance.cert.signing import (
-    bundle_path_for,
-)
+from batch_invariance.cert.signature import BundlePolicy, SignerPolicy, TrustRoot, verify_bundle
+from batch_invariance.cert.signing import bundle_path_for
 from batch_invariance.core.gpu_placement import placement_differences
 from batch_invariance.deploy.gate.cells import DeployCell
 from batch_invariance.deploy.gate.certs import CertFile, CertIndex, index_certs, measured_length
@@ -141,12 +113,11 @@ def check_cell(
     if cell.not_covered:
         return CellCheck(cell, "unknown", "; ".join(cell.not_covered))
     if cell.ctx is None:
-        return CellCheck(
-            cell,
-            "unknown",
+        why = (
             "context per slot unknown (no -c/--ctx-size and the model file is not readable "
-            "here); set -c explicitly in the deploy config",
+            "here); set -c explicitly in the deploy config"
         )
+        return CellCheck(cell, "unknown", why)
     claims = [c for c in index.certs if (c.ctx, c.n) == (cell.ctx, cell.parallel)]
     for cert in claims:
         if cert.problem is not None and cert.model in (cell.name, cell.alias):
@@ -201,11 +172,9 @@ def _uncovered(
     model, build = identity
     gaps = identity_gaps(model, build)
     found = [
-        c
-        for c in valid
-        if set(diffs[c.path]) <= set(gaps)
+        c for c in valid if set(diffs[c.path]) <= set(gaps)
         and (model.method != "nothing" or c.model in (cell.name, cell.alias))
-    ]
+    ]  # fmt: skip
     if found:
         reason = (
             f"cert {found[-1].path.name} agrees on everything checkable here, but this machine "

@@ -1,12 +1,6 @@
-"""The coverage rules: each one thing a cert must have measured as a deploy cell runs it,
-a separate function that returns the differences (empty = the same), asked in the order of
+"""The coverage rules: each one thing a cert must have measured as a deploy cell runs it, a
+function returning the differences (empty = the same), asked in the order of
 :data:`COVERAGE_RULES` (the order their differences are printed).
-
-Model identity, N and the KV layout (and a unified pool's size), every option that is not
-neutral (:func:`batch_invariance.engines.llama_server.flags.numerics_differences`), the prompt
-cache (:mod:`batch_invariance.deploy.gate.prompt_cache`), the variables ggml reads, the answer
-length, the sequence lengths against the slot
-(:mod:`batch_invariance.deploy.gate.sequence_scope`) and the GPUs selected here.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ renders it as text, as GitHub annotations and, with ``--json``, as itself (docs/
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from batch_invariance import exitcodes
 from batch_invariance.deploy.gate.cells import DeployCell
 from batch_invariance.deploy.gate.check import CellCheck, DeployReport
 from batch_invariance.deploy.gate.plan_cells import PlanEntry
-from batch_invariance.deploy.readers.commands import NotUnderstood
+from batch_invariance.deploy.readers.commands import NotUnderstood, origin_location
 
 #: Names the layout of :meth:`DeployOutcome.to_json`; bumps on any change of keys.
 JSON_VERSION = 2
@@ -95,20 +94,6 @@ class DeployOutcome:
         return {"command": "check-deploy", "json_version": JSON_VERSION, **asdict(self)}
 
 
-def origin_location(origin: str) -> tuple[str, int | None]:
-    """The file and line of a server's origin as the readers write it: ``FILE:LINE`` (a
-    script, a unit or its drop-in), ``FILE [NAME]`` (a compose service, a models.toml entry:
-    no line); anything else is a file."""
-    named = re.fullmatch(r"(.+) \[[^\]]*\]", origin)
-    if named:
-        return named.group(1), None
-    numbered = re.fullmatch(r"(.+):(\d+)", origin)
-    if numbered:
-        line = int(numbered.group(2))
-        return numbered.group(1), line or None
-    return origin, None
-
-
 def problem_file(shown: str, config: Path) -> str:
     """The path of a file a reader names by ``shown``: the config itself (named by its file
     name), an absolute path as it is, any other name beside the config."""
@@ -125,7 +110,7 @@ def _cell(cell: DeployCell, check: CellCheck | None, config: Path) -> CellItem:
         shown, line = origin_location(cell.origin)
         message = f"{cell.label}: {check.reason}"
         file = problem_file(shown, config)
-        problems = (Problem(file, line, None, check.kind, message, cell.origin),)
+        problems = (Problem(file, line or None, None, check.kind, message, cell.origin),)
     return CellItem(
         label=cell.label,
         origin=cell.origin,

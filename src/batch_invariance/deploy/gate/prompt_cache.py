@@ -1,17 +1,11 @@
-"""The prompt-cache rule of the deploy gate and of ``serve`` (pure decisions over the parsed
-server flags and what a cert measured).
+"""The prompt-cache rule of the deploy gate and of ``serve`` (pure).
 
-llama-server caches prompts unless told not to: a request without ``cache_prompt`` reuses
-its slot's cached prefix (``--cache-prompt`` is on by default), ``--cache-ram`` (8192 MiB by
-default) keeps a host-memory prompt cache across slots, ``--cache-reuse`` shifts cached
-chunks, and ``--slot-save-path`` restores saved slots. A deploy whose server does any of that
-is covered only by a cert that measured the prompt cache (its ``prompt_cache`` block and the
-prompt-cache arm's server, ``provenance.servers`` role ``cache``) with the same cache
-settings; a cert without it covers cache-off traffic only. The message names both ways out.
-
-``serve`` runs what was measured: the prompt-cache arm's server when the cert measured the
-cache, else the B/C server with ``--no-cache-prompt`` added (its ``--cache-ram 0`` is already
-there), so every request is computed from scratch as in the cold arms.
+llama-server caches prompts unless told not to (``--cache-prompt`` and an 8192 MiB
+``--cache-ram`` by default; ``--cache-reuse``, ``--slot-save-path``). A deploy whose server
+caches is covered only by a cert that measured the prompt cache (its ``prompt_cache`` block and
+the ``cache`` server) with the same settings; a cert without it covers cache-off traffic only.
+``serve`` runs what was measured: the cache arm's server, else the B/C server with
+``--no-cache-prompt`` added (its ``--cache-ram 0`` is already there).
 """
 
 from __future__ import annotations
@@ -22,17 +16,6 @@ from dataclasses import dataclass
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.engines.llama_server.flags import FlagError, ServerFlags, read_flags
 from batch_invariance.engines.llama_server.options import DEFAULTS
-
-__all__ = [
-    "CACHE_OPTIONS",
-    "FIX",
-    "PromptCacheUse",
-    "cache_differences",
-    "is_cache_difference",
-    "measured_cache_flags",
-    "prompt_cache_use",
-    "serving_argv",
-]
 
 #: The options this rule decides on (the general option comparison leaves them to it).
 CACHE_OPTIONS: tuple[str, ...] = ("--cache-prompt", "--cache-ram", "--cache-reuse",

@@ -1,11 +1,8 @@
-"""A PASS means "this deploy starts ``batch-invariance serve``, and the cell its line asks for
-has a promotable cert signed per the gate's policy".
-
-``serve`` proves the cell on the serving host at start (docs/deploy.md); what check-deploy
-reads of a deploy file on another machine is the early warning and the plan. So a server the
-deploy starts directly is never a pass, even where a cert measured its cell: the check names
-the cell, the cert that covers it if any, and the serve line that would pass. A serve line
-passes only where its own signing policy is no looser than the gate's.
+"""A PASS means: this deploy starts ``batch-invariance serve``, and the cell its line asks for
+has a promotable cert signed per the gate's policy. ``serve`` proves the cell at start; a server
+the deploy starts directly is never a pass (the check names its cell, the cert that covers it
+if any and the serve line to write). A serve line passes only where its own signing policy is
+no looser than the gate's, and in a container only in an image whose digest the gate names.
 """
 
 from __future__ import annotations

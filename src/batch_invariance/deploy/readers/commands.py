@@ -7,6 +7,7 @@ covered.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +67,6 @@ class ServerCommand:
     base_dir: Path | None = None
     #: Container-path -> host-path prefixes from compose ``volumes:`` (bind mounts only).
     mounts: tuple[BindMount, ...] = ()
-    #: The server runs in a container: a model path outside every bind mount is not here.
-    in_container: bool = False
     #: Why ``argv[0]`` names no file on this host (inside a container image; a registry that
     #: names no binary); ``None`` when it does. The build then cannot be checked here.
     binary_elsewhere: str | None = None
@@ -76,7 +75,8 @@ class ServerCommand:
     search_path: str | None = None
     #: Notes for the pass line.
     notes: tuple[str, ...] = field(default_factory=tuple)
-    #: The container image it runs in, as the deploy names it (``None``: on the host).
+    #: The container image it runs in, as the deploy names it (``None``: on the host; in a
+    #: container a model path outside every bind mount is not here).
     image: str | None = None
 
 
@@ -91,3 +91,13 @@ class DeployRead:
     def unmodelled(self) -> tuple[str, ...]:
         """Each construct off the allowlist, as one message line."""
         return tuple(str(n) for n in self.not_understood)
+
+
+def origin_location(origin: str) -> tuple[str, int]:
+    """(file, line) of a server's origin as the readers write it: ``FILE:LINE`` (a script, a
+    unit or its drop-in), ``FILE [NAME]`` (a compose service, a models.toml entry: line 0);
+    anything else is a file."""
+    found = re.fullmatch(r"(.+) \[[^\]]*\]|(.+):(\d+)", origin)
+    if found is None:
+        return origin, 0
+    return (found.group(1), 0) if found.group(1) else (found.group(2), int(found.group(3)))

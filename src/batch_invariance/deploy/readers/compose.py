@@ -1,43 +1,30 @@
-"""Reading a compose project on an allowlist: the compose file as `docker compose` picks
-it, and the ``.env`` file it reads (the compose specification, "Interpolation").
+"""Reading a compose project on an allowlist: the one compose file `docker compose` picks, and
+the ``.env`` it reads.
 
-Without ``-f``, `docker compose` reads the first of :data:`DEFAULT_FILES` in its folder, and
-merges the first of :data:`OVERRIDES` beside it (compose-go ``WithDefaultConfigPath``). The
-checker reads exactly one file, so a folder where compose could read another file than the one
-given, or merge an override file into it, is not understood (naming that file).
-
-A server service is one whose ``entrypoint`` runs ``batch-invariance serve`` (in an image
-pinned by digest) or llama-server, or whose image is a llama.cpp ``:server*`` image (entrypoint
-``/app/llama-server``). Its keys must be in :data:`SERVER_KEYS`; its volumes bind host folders
-(a named volume or tmpfs could hold any file) away from the image's programs; its
-``environment`` holds values (``env_file`` is refused: write the values). Any ``$``
-(interpolation) is refused, and so is a ``.env`` beside the file that sets ``COMPOSE_*`` or
-``DOCKER_*`` (it changes what compose reads or runs). Other services may not mention a server
-and may not bind a server's host folder writable.
+Without ``-f`` compose reads the first of :data:`DEFAULT_FILES` in its folder and merges the
+first of :data:`OVERRIDES` (compose-go): another such file beside the one given is refused. A
+server service runs serve (in an image pinned by digest) or llama-server
+(:mod:`batch_invariance.deploy.readers.compose_service`). Any ``$`` (interpolation) is refused,
+as is a ``.env`` setting ``COMPOSE_*`` or ``DOCKER_*``. Other services may not mention a server
+nor bind a server's host folder writable.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.compose_service import (
     FIX,
-    IMAGE_SERVER,
-    SERVER_KEYS,
     Service,
-    image_tag,
+    mentions_server,
     read_server,
     read_services,
 )
 from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
 from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget
 
-TRIGGER = re.compile(
-    r"llama-server|llama\.cpp|llama_cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I
-)
 #: The files `docker compose` reads without ``-f``, in its order of preference (compose-go
 #: ``cli.DefaultFileNames``): the first present wins.
 DEFAULT_FILES = ("compose.yaml", "compose.yml", "docker-compose.yml", "docker-compose.yaml")
@@ -48,17 +35,6 @@ OVERRIDES = (
     "docker-compose.override.yaml",
 )  # fmt: skip
 TOP_KEYS = frozenset({"services", "volumes", "networks", "name", "version"})
-
-
-def _mentions(value: Any) -> bool:
-    """Any key or value under ``value`` names a server, a model file or this tool."""
-    if isinstance(value, tuple):  # (value, line) as loaded
-        return _mentions(value[0])
-    if isinstance(value, dict):
-        return any(TRIGGER.search(k) or _mentions(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_mentions(v) for v in value)
-    return bool(TRIGGER.search(str(value)))
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -174,7 +150,7 @@ def _other(service: Service, servers: tuple[set[str], set[str]], path: Path) -> 
     or a writable bind of a host folder on or above or below one a server reads
     (``servers``: their host folders)."""
     file, line = next(iter(service.lines.values()), (path.name, 0))
-    if _mentions(service.spec):
+    if mentions_server(service.spec):
         return [NotUnderstood(file, line, f"[{service.name}] mentions a server but is not a "
                               "server service the reader reads", FIX)]  # fmt: skip
     out: list[NotUnderstood] = []
@@ -195,14 +171,3 @@ def _other(service: Service, servers: tuple[set[str], set[str]], path: Path) -> 
             out.append(NotUnderstood(file, line, f"[{service.name}] binds {source} "
                                      "writable, which a server reads"))  # fmt: skip
     return out
-
-
-__all__ = [
-    "DEFAULT_FILES",
-    "IMAGE_SERVER",
-    "OVERRIDES",
-    "SERVER_KEYS",
-    "compose_commands",
-    "image_tag",
-    "project_problems",
-]

@@ -1,8 +1,8 @@
-"""A server service of a compose file read on an allowlist: its program (``batch-invariance
-serve`` in an image pinned by digest, or llama-server, read to name its cell), its keys
-(:data:`SERVER_KEYS`), its command words, its ``environment`` values and its bind mounts, none
-of which may cover the folders the programs of the image and what they load live in
-(:data:`IMAGE_FOLDERS`; the Kubernetes reader applies the same rule).
+"""A server service of a compose file read on an allowlist (its keys: :data:`SERVER_KEYS`),
+and what the compose and Kubernetes readers share of a container: which program it starts
+(:func:`container_program`: serve in an image pinned by digest, or llama-server, read to name
+its cell), the mounts that may not cover what the image runs (:func:`program_mount`) and the
+command it becomes (:func:`container_command`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,18 @@ from typing import Any
 
 from batch_invariance.deploy.readers.commands import BindMount, ServerCommand
 from batch_invariance.deploy.readers.compose_yaml import Refused, plain
+from batch_invariance.deploy.readers.shell import is_serve, starts_server
 
 #: The binary of the published llama.cpp ``:server`` images (their entrypoint).
 IMAGE_SERVER = "/app/llama-server"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+#: What names a server, a model file or this tool: a container or service that mentions it
+#: and starts none the readers read is refused.
+TRIGGER = re.compile(
+    r"llama-server|llama\.cpp|llama_cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I
+)
+PIN = "pin the image as NAME:TAG@sha256:<64 hex>"
+MOUNT_FIX = "mount models and certs at /models, /certs"
 SERVER_KEYS = frozenset(
     {"image", "command", "entrypoint", "environment", "volumes", "working_dir", "ports",
      "expose", "restart", "container_name", "hostname", "networks", "depends_on", "labels",
@@ -125,26 +133,34 @@ def image_tag(image: str) -> tuple[str, str, str]:
     return name, "", digest
 
 
-def _program(spec: dict[str, Any], line: int) -> list[str] | None:
-    image = str(spec.get("image", ""))
-    entrypoint = spec.get("entrypoint")
+def container_program(argv: list[str], image: str, line: int) -> list[str] | None:
+    """``argv`` (``[]``: the image's entrypoint) when it starts serve or llama-server, else
+    ``None``; serve only in an image pinned by digest."""
     repo, tag, digest = image_tag(image)
-    if entrypoint is not None:
-        words = _words(entrypoint, line, "entrypoint")
-        if len(words) > 1 and PurePosixPath(words[0]).name == "batch-invariance":
-            if words[1] == "serve" and not _DIGEST.fullmatch(digest):
-                raise Refused(line, f"serve in image {image[:80]}, not pinned by digest",
-                              "pin the serve image as NAME:TAG@sha256:<64 hex>")  # fmt: skip
-            return words if words[1] == "serve" else None
-        if words and PurePosixPath(words[0]).name.startswith("llama-server"):
-            return words
+    if not argv and "llama.cpp" in repo and tag.startswith("server"):
+        argv = [IMAGE_SERVER]  # the published :server images' entrypoint
+    if not starts_server(argv):
         return None
-    if digest and not _DIGEST.fullmatch(digest):
-        raise Refused(line, f"image digest {digest[:80]} (not sha256:<64 hex>)",
-                       "pin the image as NAME:TAG@sha256:<64 hex>")  # fmt: skip
-    if "llama.cpp" in repo and tag.startswith("server"):
-        return [IMAGE_SERVER]  # the published :server images' entrypoint
-    return None
+    if is_serve(argv) and not _DIGEST.fullmatch(digest):
+        raise Refused(line, f"serve in image {image[:80]}, not pinned by digest", PIN)
+    return argv
+
+
+def mentions_server(value: Any) -> bool:
+    """Any key or value under ``value`` names a server, a model file or this tool."""
+    return bool(TRIGGER.search(repr(value)))
+
+
+def container_command(
+    origin: str, argv: list[str], env: dict[str, str], workdir: str, mounts: list[BindMount],
+    image: str,
+) -> ServerCommand:  # fmt: skip
+    """The server a container starts; its mounts longest container path first."""
+    return ServerCommand(
+        origin=origin, argv=tuple(argv), env=env, base_dir=Path(workdir),
+        mounts=tuple(sorted(mounts, key=lambda m: len(m.container), reverse=True)),
+        binary_elsewhere=f"runs inside the container image {image}", image=image,
+    )  # fmt: skip
 
 
 def _covers(outer: str, inner: str) -> bool:
@@ -161,32 +177,33 @@ def program_mount(target: str, program: str) -> str | None:
 
 
 def read_server(service: Service, path: Path) -> ServerCommand | None:
-    spec, base = service.spec, path.parent
-    line = service.lines.get("image", ("", 0))[1]
-    program = _program(spec, line)
-    if program is None:
+    spec, lines = service.spec, service.lines
+    image = str(spec.get("image", ""))
+    line = lines.get("image", ("", 0))[1]
+    digest = image_tag(image)[2]
+    if digest and not _DIGEST.fullmatch(digest):
+        raise Refused(line, f"image digest {digest[:80]} (not sha256:<64 hex>)", PIN)
+    entrypoint = spec.get("entrypoint")
+    words = [] if entrypoint is None else _words(entrypoint, line, "entrypoint")
+    program = container_program(words, image, line)
+    if program is None or (entrypoint is not None and not words):
         return None
     for key in spec:
         if key not in SERVER_KEYS:
-            raise Refused(service.lines[key][1], f"key {key} of a server service")
-    command = _words(spec.get("command", []), service.lines.get("command", ("", 0))[1], "command")
-    env: dict[str, str] = dict(spec.get("environment", {}))
+            raise Refused(lines[key][1], f"key {key} of a server service")
+    command = _words(spec.get("command", []), lines.get("command", ("", 0))[1], "command")
     mounts: list[BindMount] = []
-    volumes_line = service.lines.get("volumes", ("", 0))[1]
+    volumes_line = lines.get("volumes", ("", 0))[1]
     for item in spec.get("volumes", []):
         source, target, _ = _volume(item, volumes_line)
         if (problem := program_mount(normpath(target), program[0])) is not None:
-            raise Refused(volumes_line, problem, "mount models and certs at /models, /certs")
-        host = Path(source) if source.startswith("/") else (base / source).resolve()
+            raise Refused(volumes_line, problem, MOUNT_FIX)
+        host = Path(source) if source.startswith("/") else (path.parent / source).resolve()
         mounts.append(BindMount(normpath(target), str(host).rstrip("/") or "/"))
-    mounts.sort(key=lambda m: len(m.container), reverse=True)
     workdir = str(spec.get("working_dir", "/"))
     if not workdir.startswith("/"):
-        raise Refused(service.lines["working_dir"][1], f"working_dir {workdir}")
-    image = str(spec.get("image", "(built here)"))
-    return ServerCommand(
-        origin=f"{path.name} [{service.name}]",
-        argv=(*program, *command), env=env, base_dir=Path(workdir), mounts=tuple(mounts),
-        in_container=True, binary_elsewhere=f"runs inside the container image {image}",
-        image=image,
+        raise Refused(lines["working_dir"][1], f"working_dir {workdir}")
+    return container_command(
+        f"{path.name} [{service.name}]", [*program, *command],
+        dict(spec.get("environment", {})), workdir, mounts, image or "(built here)",
     )  # fmt: skip

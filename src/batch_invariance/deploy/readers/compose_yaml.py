@@ -1,13 +1,10 @@
-"""Compose YAML inside a closed grammar: the documents on which PyYAML (YAML 1.1) and compose's
-Go reader (YAML 1.2) provably agree (pure).
+"""Compose YAML inside a closed grammar, on which PyYAML (YAML 1.1) and compose's Go reader
+(YAML 1.2) agree (pure).
 
-One document; no anchors, aliases, merge keys, tags or block scalars. Every scalar is
-returned as the text written (compose passes values to the container as text), except a plain
-``true`` / ``false`` where compose takes a boolean (:data:`BOOLEAN_KEYS`), so a plain
-(unquoted) scalar must be one compose also reads as that text: a decimal integer without a
-leading zero, or a scalar that YAML 1.2's core schema reads as a string (YAML 1.2 spec,
-10.3.2: not null, a boolean, an integer or a float) and that is not a YAML 1.1 boolean or null
-word (``yes``, ``on``, ``off`` ...: some readers still take them as booleans).
+One document; no anchors, aliases, merge keys, tags or block scalars. Scalars are returned as
+the text written, but for a plain ``true``/``false`` where compose takes a boolean
+(:data:`BOOLEAN_KEYS`). Any other plain scalar must read as a string in YAML 1.2's core schema
+and not be a YAML 1.1 boolean or null word (``yes``, ``off``, ...), or be a decimal integer.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""Reading a deploy file: which format it is (by its name, as the program that runs it
-decides: :func:`deploy_format`), its bytes checked
-(:mod:`batch_invariance.deploy.readers.source_bytes`), and the reader of that format.
-The readers are allowlists: ``batch-invariance serve`` proves the cell at start, so a reader
-only has to find the one serve launch and refuse anything that could start something else.
-
-* a shell script (:mod:`batch_invariance.deploy.readers.shell`);
-* a systemd unit with its drop-ins (:mod:`batch_invariance.deploy.readers.systemd`);
-* a compose project with its override files (:mod:`batch_invariance.deploy.readers.compose`);
-* a Kubernetes manifest or rendered Helm output, a YAML file whose documents all hold
-  ``apiVersion`` and ``kind`` (:mod:`batch_invariance.deploy.readers.kubernetes`);
-* a ``models.toml`` registry, read by the one registry reader (:mod:`profiles.models`), with the
-  ``kv`` cache type applied as run-live applies it.
-
-Each reader passes a file only when every line, word and key is on its allowlist; the rest
-is returned as :attr:`DeployRead.not_understood`, and the deploy is not covered.
+"""Reading a deploy file: its format by its name (:func:`deploy_format`), its bytes checked
+(:mod:`batch_invariance.deploy.readers.source_bytes`), then the reader of that format: shell,
+systemd unit with drop-ins, compose project, Kubernetes manifest, or ``models.toml`` (read by
+the one registry reader, :mod:`profiles.models`). Each is an allowlist; what is off it is
+:attr:`DeployRead.not_understood` and the deploy is not covered.
 """
 
 from __future__ import annotations

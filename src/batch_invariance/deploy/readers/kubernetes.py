@@ -1,27 +1,19 @@
 """Kubernetes manifests (``kubectl apply -f``, rendered Helm output): the containers a workload
 starts, read on an allowlist.
 
-A YAML file whose documents (separated by ``---`` lines) are all mappings with ``apiVersion``
-and ``kind`` is a manifest. A workload (:data:`POD_SPECS`: Pod, Deployment, StatefulSet,
-DaemonSet, ReplicaSet, Job, CronJob) holds a pod spec; each of its containers and init
-containers is read: ``command`` + ``args`` (the image's entrypoint where ``command`` is absent),
-``env`` values, ``workingDir``, and ``volumeMounts`` of ``hostPath`` volumes (the folders a
-model path maps to on the node). A container is a server when it runs ``batch-invariance
-serve`` (the contract; its image must be pinned by digest, and the gate names the digests it
-trusts) or llama-server (never a pass; its cell and the serve line that would pass are named).
-
-Not understood, naming the document and the construct: a value the cluster fills in
-(``valueFrom``, ``envFrom``), kubelet's ``$(VAR)`` expansion in ``command``/``args``, lifecycle
-hooks and a shared process namespace around a serve container, a volume mounted on or above the
-program, a library folder or ``/usr`` of a serve container, and any other container that
-mentions a server, a model file or this tool. Other kinds (Service, ConfigMap, ...) start
-nothing and are not read: a serve container's mounts cannot reach what serve runs.
+A YAML file whose documents all hold ``apiVersion`` and ``kind`` is a manifest. Each container
+of a workload (:data:`POD_SPECS`) is read as compose's are
+(:mod:`batch_invariance.deploy.readers.compose_service`): ``command`` + ``args``, ``env``
+values, ``workingDir`` and ``hostPath`` mounts. Refused: what the cluster fills in
+(``valueFrom``, ``envFrom``), kubelet's ``$(VAR)``, lifecycle hooks and a shared process
+namespace around serve, and any other container that mentions a server. Other kinds start
+nothing and are not read.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from posixpath import normpath
 from typing import Any
 
@@ -31,23 +23,25 @@ from batch_invariance.deploy.readers.commands import (
     NotUnderstood,
     ServerCommand,
 )
-from batch_invariance.deploy.readers.compose_service import IMAGE_SERVER, image_tag, program_mount
+from batch_invariance.deploy.readers.compose_service import (
+    MOUNT_FIX,
+    container_command,
+    container_program,
+    mentions_server,
+    program_mount,
+)
 from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
+from batch_invariance.deploy.readers.shell import is_serve
 from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget
 
 _DOCUMENT = re.compile(r"^---[ \t]*$", re.MULTILINE)
-_TRIGGER = re.compile(r"llama-server|llama\.cpp|LLAMA_ARG_|\.gguf\b|batch-invariance", re.I)
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 #: Where each workload kind keeps its pod spec.
 POD_SPECS: dict[str, tuple[str, ...]] = {
     "Pod": ("spec",),
-    "Deployment": ("spec", "template", "spec"),
-    "StatefulSet": ("spec", "template", "spec"),
-    "DaemonSet": ("spec", "template", "spec"),
-    "ReplicaSet": ("spec", "template", "spec"),
-    "Job": ("spec", "template", "spec"),
+    **dict.fromkeys(("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"),
+                    ("spec", "template", "spec")),
     "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
-}
+}  # fmt: skip
 FIX = "run batch-invariance serve in an image pinned by digest (docs/deploy.md, Kubernetes)"
 
 
@@ -101,33 +95,18 @@ def _env(value: Any) -> dict[str, str]:
     return env
 
 
-def _mounts(container: dict[str, Any], volumes: dict[str, str]) -> list[BindMount]:
+def _mounts(container: dict[str, Any], volumes: dict[str, str], program: str,
+            serving: bool) -> list[BindMount]:  # fmt: skip
     out = []
     for item in plain(container.get("volumeMounts", ([], 0))[0]) or []:
         path = normpath(str(item.get("mountPath", "")))
         if not path.startswith("/") or "subPath" in item or "subPathExpr" in item:
             raise Refused(0, f"volumeMount {path} (relative, or with a subPath)")
-        if str(item.get("name")) in volumes:
-            out.append(BindMount(path, volumes[str(item.get("name"))]))
-        else:
-            out.append(BindMount(path, ""))  # not a host folder: nothing under it is here
-    return sorted(out, key=lambda m: len(m.container), reverse=True)
-
-
-def _serve_container(container: dict[str, Any], pod: dict[str, Any], argv: list[str],
-                     mounts: list[BindMount]) -> None:  # fmt: skip
-    image = str(plain(container.get("image", ("", 0))[0]) or "")
-    if not _DIGEST.fullmatch(image_tag(image)[2]):
-        raise Refused(0, f"serve in image {image[:80]}, not pinned by digest",
-                      "pin the image as NAME:TAG@sha256:<64 hex>")  # fmt: skip
-    if "lifecycle" in container:
-        raise Refused(container["lifecycle"][1], "lifecycle hooks of a serve container (they "
-                      "run beside the server and can change what it loads)")  # fmt: skip
-    if plain(pod.get("shareProcessNamespace", (None, 0))[0]) not in (None, False, "false"):
-        raise Refused(pod["shareProcessNamespace"][1], "shareProcessNamespace around serve")
-    for mount in mounts:
-        if (problem := program_mount(mount.container, argv[0])) is not None:
-            raise Refused(0, problem, "mount models and certs at /models, /certs")
+        if serving and (problem := program_mount(path, program)) is not None:
+            raise Refused(0, problem, MOUNT_FIX)
+        # A volume that is no host folder: nothing under it is here.
+        out.append(BindMount(path, volumes.get(str(item.get("name")), "")))
+    return out
 
 
 def _container(container: dict[str, Any], pod: dict[str, Any], volumes: dict[str, str],
@@ -136,32 +115,26 @@ def _container(container: dict[str, Any], pod: dict[str, Any], volumes: dict[str
     command = _words(container.get("command", (None, 0))[0], "command")
     args = _words(container.get("args", (None, 0))[0], "args")
     image = str(plain(container.get("image", ("", 0))[0]) or "")
-    repo, tag, _ = image_tag(image)
-    if command:
-        argv = [*command, *args]
-    elif "llama.cpp" in repo and tag.startswith("server"):
-        argv = [IMAGE_SERVER, *args]  # the published :server images' entrypoint
-    else:
-        argv = args
-    name = PurePosixPath(argv[0]).name if argv else ""
-    serving = name == "batch-invariance" and argv[1:2] == ["serve"]
-    if not (serving or name.startswith("llama-server")):
-        if _TRIGGER.search(repr(plain(container))):
+    program = container_program(command, image, 0)  # no command: the image's entrypoint
+    if program is None:
+        if mentions_server(container):
             raise Refused(0, "a container that mentions a server but starts none the reader "
                           "reads (no command, or another program)", FIX)  # fmt: skip
         return None
-    mounts = _mounts(container, volumes)
-    if serving:
-        _serve_container(container, pod, argv, mounts)
+    argv = [*program, *args]
+    serving = is_serve(argv)
+    if serving and "lifecycle" in container:
+        raise Refused(container["lifecycle"][1], "lifecycle hooks of a serve container (they "
+                      "run beside the server and can change what it loads)")  # fmt: skip
+    shared = pod.get("shareProcessNamespace", (None, 0))
+    if serving and plain(shared[0]) not in (None, False, "false"):
+        raise Refused(shared[1], "shareProcessNamespace around serve")
+    mounts = _mounts(container, volumes, argv[0], serving)
     workdir = str(plain(container.get("workingDir", ("/", 0))[0]))
     if not workdir.startswith("/"):
         raise Refused(0, f"workingDir {workdir}")
-    return ServerCommand(
-        origin=origin, argv=tuple(argv), env=_env(container.get("env", (None, 0))[0]),
-        base_dir=Path(workdir), mounts=tuple(m for m in mounts if m.host),
-        in_container=True, binary_elsewhere=f"runs inside the container image {image}",
-        image=image,
-    )  # fmt: skip
+    env = _env(container.get("env", (None, 0))[0])
+    return container_command(origin, argv, env, workdir, [m for m in mounts if m.host], image)
 
 
 def _workload(data: dict[str, Any], shown: str) -> list[ServerCommand]:

@@ -1,27 +1,18 @@
 """Reading a deploy shell script (pure): a short allowlist of line forms, anything else refused.
 
-The reader does not imitate a shell: ``batch-invariance serve`` proves the cell on the serving
-host at start, so the script only has to show that it starts serve once, in the foreground, as
-the one thing that runs. Each logical line (a ``\\`` at a line's end continues it) must be:
+Not a shell imitation: ``batch-invariance serve`` proves the cell at start, so the script only
+has to start serve once, in the foreground, as the one thing that runs. Each logical line (a
+``\\`` at a line's end continues it) is a ``#!`` first line naming sh or bash, a comment or
+empty; ``set -e|-u|-x|-o errexit|nounset|xtrace|pipefail``; ``NAME=WORD ...`` or ``export
+NAME[=WORD] ...``; ``ulimit``, ``umask``, ``echo``, ``printf``, ``true``, ``:`` or ``cd
+/ABSOLUTE``; or the launch, once: ``[NAME=WORD ...] [exec] PROGRAM ARGS [REDIRECTIONS]``,
+PROGRAM being serve or a server (read to name its cell; a server started directly is never a
+pass). Nothing after an ``exec`` runs, so nothing after it is read.
 
-* a ``#!`` first line naming sh or bash (``/bin/sh``, ``/usr/bin/bash``, ``/usr/bin/env bash``),
-  a comment or empty;
-* ``set`` with ``-e``/``-u``/``-x`` (``+`` too) or ``-o errexit|nounset|xtrace|pipefail``;
-* ``NAME=WORD ...`` or ``export NAME[=WORD] ...``;
-* ``ulimit``, ``umask``, ``echo``, ``printf``, ``true`` or ``:`` with plain words, and
-  ``cd /ABSOLUTE`` (nothing a server computes depends on them);
-* the launch, once: ``[NAME=WORD ...] [exec] PROGRAM ARGS [REDIRECTIONS]``, PROGRAM being
-  ``batch-invariance serve`` or a server (read so that the check can name its cell and the
-  serve line to write; a server started directly is never a pass). Nothing after an
-  ``exec`` runs, so nothing after it is read.
-
-Words are plain characters, ``'...'`` and ``"..."``, with ``$NAME`` / ``${NAME}`` of a variable
-this file assigned. Operators (``;``, ``&``, ``|``, ``&&``, ``||``, parentheses, braces,
-here-documents), command substitution, globs, ``~`` and any other backslash are refused with
-the line, as is any other program (a wrapper, a second server, a background or conditional
-start). Redirections ``<FILE`` and, to a ``.log`` file, ``/dev/null``, ``/dev/stdout``,
-``/dev/stderr`` or a descriptor, ``[N]>``/``[N]>>``/``[N]>&M`` are allowed: such a file is
-nothing a server or serve's Python reads.
+Words are plain characters, ``'...'``, ``"..."`` and ``$NAME`` / ``${NAME}`` of a variable the
+file assigned. Operators, command substitution, globs, ``~``, other backslashes and any other
+program are refused with the line. Redirections read a file (``<``) or write a ``.log`` file,
+``/dev/null``, ``/dev/stdout``, ``/dev/stderr`` or a descriptor: nothing serve's Python reads.
 """
 
 from __future__ import annotations
@@ -59,12 +50,7 @@ _FIX = "keep the script to the lines of docs/deploy.md: one exec batch-invarianc
 
 
 class Refused(Exception):
-    """A line outside the allowlist: the construct, named (``line``: another line than the
-    one being read)."""
-
-    def __init__(self, construct: str, line: int = 0) -> None:
-        super().__init__(construct)
-        self.line = line
+    """A line outside the allowlist: the construct, named."""
 
 
 def is_serve(argv: Sequence[str]) -> bool:
@@ -106,17 +92,17 @@ def logical_lines(text: str) -> list[tuple[int, str]]:
 class _Script:
     variables: dict[str, str] = field(default_factory=dict)
     exported: set[str] = field(default_factory=set)
-    #: The line each variable was last assigned on.
-    assigned: dict[str, int] = field(default_factory=dict)
-    line: int = 0
     cwd: Path | None = None
     spent: int = 0
 
     def assign(self, name: str, value: str) -> None:
         if name in _SHELL_VARIABLES:
             raise Refused(f"{name}= (it changes how the shell reads or runs what follows)")
+        if name != name.lower() and name not in self.exported:
+            # The caller's environment would decide whether the server gets it.
+            raise Refused(f"{name} assigned without export (write export {name}=..., or a "
+                          "lowercase name for a variable of the script only)")  # fmt: skip
         self.variables[name] = value
-        self.assigned[name] = self.line
 
     def expand(self, text: str) -> str:
         def value(match: re.Match[str]) -> str:
@@ -199,9 +185,9 @@ def _statement(words: list[str], script: _Script) -> tuple[dict[str, str], list[
             name, eq, value = arg.partition("=")
             if not _NAME.fullmatch(name):
                 raise Refused(f"export {arg[:40]}")
+            script.exported.add(name)
             if eq:
                 script.assign(name, value)
-            script.exported.add(name)
     elif program == "set":
         pairs = iter(args)
         for arg in pairs:
@@ -231,13 +217,6 @@ def _launch(
             f"runs {words[0] if words else 'nothing'} (a deploy script starts serve or a server "
             "and runs no other program)"
         )
-    local = [n for n in script.variables if n not in script.exported and n != n.lower()]
-    if local:  # the caller's environment decides whether the server gets it
-        raise Refused(
-            f"{local[0]} assigned without export (write export {local[0]}=..., or a lowercase "
-            "name for a variable of the script only)",
-            script.assigned.get(local[0], 0),
-        )
     command = ServerCommand(
         origin=where, argv=tuple(words), env=env, base_dir=script.cwd,
         search_path=env.get("PATH"),
@@ -261,7 +240,6 @@ def shell_commands(text: str, name: str) -> DeployRead:
             continue
         if not body or body.startswith("#"):
             continue
-        script.line = number
         try:
             launch = _statement(split_words(body, script), script)
             if launch is None:
@@ -270,7 +248,7 @@ def shell_commands(text: str, name: str) -> DeployRead:
                 raise Refused(f"a second launch (the first is {commands[0].origin})")
             command, execs = _launch(*launch, script, f"{name}:{number}")
         except Refused as exc:
-            return _refuse(name, exc.line or number, str(exc))
+            return _refuse(name, number, str(exc))
         crossed = budget.spend(command.argv, command.env)
         if crossed is not None:
             return DeployRead((), (NotUnderstood(name, number, crossed, BUDGET_FIX),))

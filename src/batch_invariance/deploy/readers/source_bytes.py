@@ -1,13 +1,9 @@
-"""A deploy file's bytes, checked before anything reads them (pure, except :func:`read_source`).
+"""A deploy file's bytes, checked before anything reads them, and the bounds on a reader's work.
 
-The shells and systemd split words on a few ASCII bytes; Python's string helpers split on
-many more (U+00A0, U+3000, ``\\v``, ...), so a file may hold only :data:`ALLOWED` (printable
-ASCII, tab, newline); any other byte is *not understood*, naming its line, column and offset.
-
-Every reader answers in time proportional to the bytes it reads: a construct whose work the
-file's size does not show (a value doubled on every line, YAML nested thousands deep,
-thousands of servers) is *not understood* once it crosses one of the bounds here
-(:class:`ServerBudget`, :data:`MAX_EXPANDED`, :data:`MAX_NESTING`), named with the bound.
+Shells and systemd split words on a few ASCII bytes, Python on many more (U+00A0, ``\\v``, ...):
+a file may hold only :data:`ALLOWED`; any other byte is *not understood* at its line and column.
+A construct whose work the file's size does not show (a value doubled on every line, YAML
+nested thousands deep, thousands of servers) is *not understood* past a bound here.
 """
 
 from __future__ import annotations

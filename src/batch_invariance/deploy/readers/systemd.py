@@ -1,21 +1,15 @@
 """Reading a systemd service (pure, but for reading its drop-ins): an allowlist of keys.
 
-The files: the unit, then the drop-ins this host shows for it (``NAME.service.d/*.conf`` and
-the ``service.d/`` / ``PREFIX-.service.d/`` folders, beside the unit or, for a unit in one of
-systemd's folders, in all of them; sorted by file name, an earlier folder masking the same name
-later: systemd.unit(5)). Folders the manager adds at run time (``system.control``,
-``transient``, generators) and its ``DefaultEnvironment=`` are on the serving host only: the
-check cannot see them (docs/deploy.md says so).
+The files: the unit, then the drop-ins this host shows for it, found and ordered as systemd
+does (systemd.unit(5)). What the manager adds at run time (``transient``, generators,
+``DefaultEnvironment=``) is on the serving host only (docs/deploy.md says so).
 
-Each line is empty, a comment (``#``/``;``), a section header or ``Key=value``. ``\\`` at a
-line's end continues it (a comment inside a continuation is refused). The keys read:
-``ExecStart=`` (an empty one resets; exactly one must remain; no prefix but ``-``),
-``Environment=`` (an empty one resets), ``UnsetEnvironment=`` and ``WorkingDirectory=``. The
-keys allowed are those that change nothing ``serve`` runs (:data:`_NEUTRAL`: ordering,
-restart policy, resource limits, logging, sandboxing); any other key (``ExecStartPre=``,
-``EnvironmentFile=``, ``Type=forking``, ...), a ``%`` specifier, or ``$`` outside
-``ExecStart=`` is refused with its line. ``ExecStart=`` is split with systemd's quoting,
-``$NAME`` as a whole word split at whitespace, ``${NAME}`` not split (systemd.service(5)).
+Each line is empty, a comment, a section header or ``Key=value`` (``\\`` continues it). Read:
+``ExecStart=`` (an empty one resets; exactly one must remain; no prefix but ``-``; split with
+systemd's quoting, ``$NAME`` split at whitespace, ``${NAME}`` not), ``Environment=``,
+``UnsetEnvironment=`` and ``WorkingDirectory=``. Allowed: keys that change nothing serve runs
+(:data:`_NEUTRAL`). Any other key, a ``%`` specifier or ``$`` outside ``ExecStart=`` is refused
+with its line.
 """
 
 from __future__ import annotations
@@ -207,29 +201,15 @@ def _words(value: str, key: str) -> list[tuple[str, str]]:
     quoted whole (``"A B"``, ``'A B'``) or not at all. A quote inside a word (``A="B C"``,
     ``"A"B``: systemd joins the pieces into one word) or an unterminated one is refused."""
     words: list[tuple[str, str]] = []
-    index = 0
-    while index < len(value):
-        char = value[index]
-        if char in BLANKS:
-            index += 1
-            continue
-        if char in "\"'":
-            end = value.find(char, index + 1)
-            if end < 0 or (end + 1 < len(value) and value[end + 1] not in BLANKS):
-                raise _Refused(f"{key}= word {value[index : index + 40]} (a quote that does "
-                               "not enclose a whole word)", "quote whole words only")  # fmt: skip
-            words.append((value[index + 1 : end], char))
-            index = end + 1
-            continue
-        end = index
-        while end < len(value) and value[end] not in BLANKS:
-            end += 1
-        word = value[index:end]
-        if '"' in word or "'" in word:
-            raise _Refused(f"{key}= word {word[:40]} (a quote inside a word)",
-                           "quote whole words only")  # fmt: skip
-        words.append((word, ""))
-        index = end
+    for token in re.findall(r"""(?:"[^"]*"|'[^']*'|[^ \t"'])+|["']""", value):
+        quote = token[0] if token[0] in "\"'" else ""
+        body = token[1:-1] if quote else token
+        if (quote and (len(token) < 2 or token[-1] != quote or quote in body)) or (
+            not quote and ('"' in token or "'" in token)
+        ):
+            raise _Refused(f"{key}= word {token[:40]} (a quote that does not enclose a whole "
+                           "word)", "quote whole words only")  # fmt: skip
+        words.append((body, quote))
     return words
 
 
@@ -247,7 +227,9 @@ def exec_argv(value: str, env: dict[str, str]) -> list[str]:
     def expanded(name: str) -> str:
         """A variable's value, counted: ``$A $A ...`` of a long ``A`` is work the unit's size
         does not show."""
-        text = _variable(name, env)
+        if name not in env:
+            raise _Refused(f"${name}, which no Environment= of this unit sets")
+        text = env[name]
         spent[0] += len(text)
         if spent[0] > MAX_EXPANDED:
             raise _Refused(f"ExecStart= expanding to more than {MAX_EXPANDED} characters ({BOUND})")
@@ -273,12 +255,6 @@ def exec_argv(value: str, env: dict[str, str]) -> list[str]:
     if not argv or not argv[0].startswith("/"):
         raise _Refused("ExecStart= whose program is not an absolute path", "write /usr/bin/...")
     return argv
-
-
-def _variable(name: str, env: dict[str, str]) -> str:
-    if name not in env:
-        raise _Refused(f"${name}, which no Environment= of this unit sets")
-    return env[name]
 
 
 def unit_commands(path: Path, text: str) -> DeployRead:
