@@ -197,7 +197,7 @@ def _exec(plan: _Plan, argv: tuple[str, ...], env: dict[str, str], unchecked: st
 
     files = plan.files
     served_argv = descriptor_argv(argv, files.model.fd_path)
-    for pinned in files:
+    for pinned in files.pinned:
         os.set_inheritable(pinned.fd, True)
     # Not the argv itself: it may hold an --api-key.
     cache = (

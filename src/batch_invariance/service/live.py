@@ -364,8 +364,14 @@ def _binary(identity: TargetIdentity) -> BinaryRecord | None:
     binary = identity.binary
     if binary is None:
         return None
-    return BinaryRecord(path=binary.path, sha256=binary.sha256, version=binary.version,
-                        version_rc=binary.version_rc)  # fmt: skip
+    record: dict[str, Any] = {
+        "path": binary.path, "sha256": binary.sha256, "version": binary.version,
+        "version_rc": binary.version_rc,
+    }  # fmt: skip
+    # Not recorded (``None``): the key stays absent, as in a cert written before the rule.
+    if binary.libraries is not None:
+        record["libraries"] = [{"path": name, "sha256": sha} for name, sha in binary.libraries]
+    return BinaryRecord.from_record(record)
 
 
 def provenance_for(

@@ -86,7 +86,7 @@ def find_cert(
     cell with exactly these bytes (``files``, pinned); refuses, naming why, otherwise."""
     size = os.fstat(files.model.fd).st_size
     model = ModelIdentity("sha256", Path(files.model.path).name, files.model.sha256, size)
-    build = BuildIdentity(files.binary.path, files.binary.sha256)
+    build = BuildIdentity(files.binary.path, files.binary.sha256, libraries=files.libraries)
     check = check_cell(cell, index_certs(certs_dir), model, build, signing)
     if check.kind == "invalid":
         raise CertInvalid(f"serve {cell.label}: {check.reason}")
