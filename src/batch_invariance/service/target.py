@@ -21,9 +21,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from batch_invariance.cache_dir import cache_root
+from batch_invariance.cert.provenance import BinaryRecord
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import Engine, MemoryReservation
 from batch_invariance.errors import UsageError
@@ -217,6 +218,17 @@ class BinaryIdentity:
     #: (path beside it, sha256) of each library of ``engine``'s own build it loads; ``None``:
     #: not recorded (no engine given, a binary it cannot read, a library it cannot hash).
     libraries: tuple[tuple[str, str], ...] | None = None
+
+    def record(self) -> BinaryRecord:
+        """``provenance.server_binary``; ``libraries`` absent where not recorded (as in a
+        cert written before they were)."""
+        record: dict[str, Any] = {
+            "path": self.path, "sha256": self.sha256, "version": self.version,
+            "version_rc": self.version_rc,
+        }  # fmt: skip
+        if self.libraries is not None:
+            record["libraries"] = [{"path": name, "sha256": sha} for name, sha in self.libraries]
+        return BinaryRecord.from_record(record)
 
 
 def identify_binary(
