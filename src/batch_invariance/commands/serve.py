@@ -11,7 +11,8 @@ pins one cert and runs its measured argv at the paths it measured.
 Either way, before anything starts: the cert is read from a file and folders only you and
 root can change, verified, promotable and signed under the identity policy (unless
 ``--allow-unsigned``); only neutral options are added; a split GGUF is refused (its other
-files are opened by name, unpinned); files the cert does not fingerprint (grammar, LoRA,
+files are opened by name, unpinned); llama.cpp's libraries beside the binary must be the ones
+the cert recorded, by sha256; files the cert does not fingerprint (grammar, LoRA,
 chat template files ...) are refused; a ``--log-file`` may not be, or lie inside, anything the
 server reads; variables ggml reads must have the recorded values. Then serve leaves the
 caller's folder (``/``: llama.cpp also loads backend libraries from the working folder) and

@@ -25,11 +25,13 @@ from pydantic import ValidationError
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.provenance import BinaryRecord
+from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
 from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.engines.llama_server.env import is_engine_variable
 from batch_invariance.service.target import identify_binary
 from tests.support.elf import MEASURED_MARKER, gcc_build
+from tests.support.paths import EXAMPLES
 from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
     OK_FLAGS,
     _live_cert,
@@ -92,6 +94,12 @@ def test_run_live_records_each_llama_cpp_library_the_binary_loads(tmp_path: Path
     # The key is typed: an entry without its sha256 is no cert.
     with pytest.raises(ValidationError):
         BinaryRecord.from_record({"libraries": [{"path": LIBRARY}]})
+    # A cert written before the rule (the shipped example) still verifies: absent, never null,
+    # means not recorded.
+    example = verify(EXAMPLES / "certs" / "gemma-3-270m-q4_k_m__ctx1024__N4.json")
+    assert example.valid and example.cert is not None
+    binary = example.cert.provenance.server_binary
+    assert binary is not None and binary.sha256 and binary.library_sha256() is None
 
 
 def _serve(certs: Path, binary: Path, model: Path) -> subprocess.CompletedProcess[str]:

@@ -139,14 +139,14 @@ def library_differences(
             f"{', '.join(here)} from beside it: re-measure the cell with this release, which "
             "records them",
         )
-    listed = ", ".join(measured) or "none"
+    listed = f"only {', '.join(measured)}" if measured else "none"
     out = []
     for name in sorted(here.keys() | measured.keys()):
         sha, was = here.get(name, ""), measured.get(name, "")
         if not was:
             out.append(
                 f"llama.cpp library {name} (sha256 {sha[:12]}...) is beside the server binary "
-                f"but the cert measured only {listed}: remove it, or measure this build"
+                f"but the cert measured {listed}: remove it, or measure this build"
             )
         elif not sha:
             out.append(

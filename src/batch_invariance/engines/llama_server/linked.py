@@ -20,6 +20,9 @@ binary is not an ELF file this reader reads (a script, a Mach-O file, a path not
 build read in part could count too few. The libraries a runtime loads in turn are not read
 (a BLAS library's OpenMP runtime: its
 :attr:`~batch_invariance.engines.variables.Runtime.brings` says so).
+
+The same libraries, by content, are part of the measured build (:func:`own_libraries`): a
+cert records each, and ``serve`` and check-deploy hash them again.
 """
 
 from __future__ import annotations
