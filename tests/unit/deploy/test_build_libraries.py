@@ -119,6 +119,7 @@ def _refused(done: subprocess.CompletedProcess[str], code: int, *said: str) -> N
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     for words in said:
         assert words in done.stderr, done.stderr
+    print(f"\n{done.stderr.strip()}")  # what an operator reads (pytest -s)
 
 
 def test_serve_execs_only_the_llama_cpp_libraries_the_cert_measured(
@@ -182,6 +183,15 @@ def test_serve_refuses_a_measured_library_gone_or_one_others_could_change(
         done, exitcodes.NOT_PROMOTABLE,
         f"llama.cpp library {BACKEND} the cert measured (sha256 {sha[:12]}...) is not beside "
         "the server binary: restore the measured build, or measure this one",
+    )  # fmt: skip
+    # The library the binary names is gone too: which ones it would load cannot be told here
+    # (the loader would look in the system's folders), so nothing proves the build.
+    (binary.parent / LIBRARY).unlink()
+    done = subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
+    _refused(
+        done, exitcodes.NOT_PROMOTABLE,
+        f"which llama.cpp libraries {binary} loads cannot be read (one it names is not beside it",
+        "the build's llama.cpp libraries cannot be checked",
     )  # fmt: skip
 
 

@@ -241,8 +241,9 @@ def own_libraries(binary: Path, sha256: Callable[[Path], str]) -> BuildLibraries
         digests.append((name, seen[path.resolve()]))
     if files is None:
         return BuildLibraries(
-            unread=f"which llama.cpp libraries {binary} loads cannot be read (a library it names "
-            "is not beside it, or a libggml/libllama/libmtmd file there is no ELF file)"
+            unread=f"which llama.cpp libraries {binary} loads cannot be read (one it names is "
+            "not beside it, or a libggml/libllama/libmtmd file there is no ELF file; keep the "
+            "build's llama.cpp libraries beside it, or link them in)"
         )
     return BuildLibraries(tuple(digests))
 
