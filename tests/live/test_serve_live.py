@@ -381,9 +381,9 @@ def _shared_binary(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
 
 
 def _llama_library(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
-    """The real binary (ggml in it) copied to a folder of its own with a ggml CPU backend put
-    beside it (ggml loads such backends from the binary's folder at run time; no file names
-    it), against a cert that measured that binary with none beside it."""
+    """The real binary copied to a folder of its own, measured there (the provisioned build
+    has ggml in it: the cert records no library), then a ggml CPU backend put beside it (ggml
+    loads such backends from the binary's folder at run time; no file names it)."""
     from tests.support.elf import write_elf
     from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
 
@@ -395,7 +395,6 @@ def _llama_library(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
     provenance = _provenance(cell["model"], 4, "split", binary=binary)
     for server in provenance["servers"]:
         server["argv"][0] = str(binary)
-    provenance["server_binary"]["libraries"] = []  # what run-live records for this build
     cert = _live_cert(tmp / "certs", cell["model"], provenance=provenance)
     write_elf(folder / "libggml-cpu-haswell.so", ("libc.so.6",))
     return {"certs": cert.parent, "binary": binary}
