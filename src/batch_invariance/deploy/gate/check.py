@@ -3,10 +3,11 @@ only if it measured exactly that cell (the rules: :mod:`batch_invariance.deploy.
 and every cert that did is valid, promotable and signed (unless ``--allow-unsigned``).
 
 A cert that agrees on everything checkable here while the model file or server binary (or a
-llama.cpp library beside it) cannot be read on this machine makes the cell ``unverifiable`` (not covered, not ``missing`` either). A deploy
-with no ``-n`` cap passes only with the measured answer length printed as its scope. Each cert
-file is read once; one that is not JSON is named and skipped, one that fails verification and
-claims the cell fails it as invalid.
+llama.cpp library beside it) cannot be read on this machine makes the cell ``unverifiable``
+(not covered, not ``missing`` either). A deploy with no ``-n`` cap passes only with the
+measured answer length printed as its scope. Each cert file is read once; one that is not
+JSON is named and skipped, one that fails verification and claims the cell fails it as
+invalid.
 """
 
 from __future__ import annotations
