@@ -380,6 +380,26 @@ def _shared_binary(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
     return {"binary": folder / "llama-server"}
 
 
+def _llama_library(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    """The real binary copied to a folder of its own, measured there (the provisioned build
+    has ggml in it: the cert records no library), then a ggml CPU backend put beside it (ggml
+    loads such backends from the binary's folder at run time; no file names it)."""
+    from tests.support.elf import write_elf
+    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
+
+    folder = tmp / "build"
+    folder.mkdir()
+    folder.chmod(0o755)
+    binary = folder / "llama-server"
+    shutil.copy2(cell["binary"], binary)
+    provenance = _provenance(cell["model"], 4, "split", binary=binary)
+    for server in provenance["servers"]:
+        server["argv"][0] = str(binary)
+    cert = _live_cert(tmp / "certs", cell["model"], provenance=provenance)
+    write_elf(folder / "libggml-cpu-haswell.so", ("libc.so.6",))
+    return {"certs": cert.parent, "binary": binary}
+
+
 def _grammar(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
     grammar = tmp / "answer.gbnf"
     grammar.write_text('root ::= "yes"\n')  # edited after any measurement: every answer "yes"
@@ -408,6 +428,8 @@ REFUSALS: list[tuple[str, Any, int, str]] = [
      exitcodes.USAGE, "world-writable"),
     ("changed-model-byte", _changed_model, exitcodes.NOT_PROMOTABLE, "model"),
     ("binary-in-group-writable-folder", _shared_binary, exitcodes.USAGE, "group-writable"),
+    ("llama-library-not-measured", _llama_library, exitcodes.NOT_PROMOTABLE,
+     "llama.cpp library libggml-cpu-haswell.so"),
     ("grammar-file", _grammar, exitcodes.NOT_PROMOTABLE, "--grammar-file"),
     ("unrecorded-engine-variable", {"env": {"GGML_SCHED_MAX_COPIES": "1"}},
      exitcodes.NOT_PROMOTABLE, "GGML_SCHED_MAX_COPIES=1"),

@@ -83,3 +83,55 @@ def llama_build(folder: Path, *, backends: dict[str, Sequence[str]] | None = Non
         ("libllama.so", "libggml.so", "libc.so.6"),
         runpath="$ORIGIN",
     )
+
+
+#: What the served program prints: its ggml's marker, which a changed library changes.
+_MAIN_C = r"""
+#include <stdio.h>
+#include <string.h>
+const char *ggml_marker(void);
+int main(int argc, char **argv) {
+    int version = argc > 1 && strcmp(argv[1], "--version") == 0;
+    printf("%s %s\n", version ? "version: 1" : "served by", ggml_marker());
+    return 0;
+}
+"""
+#: The marker a library built by :func:`gcc_build` carries (one byte of it is the "other
+#: build" of the tests).
+MEASURED_MARKER = b"measured-ggml"
+
+
+def gcc_build(folder: Path, *, dynamic: bool = True) -> Path:
+    """A real ELF llama-server look-alike compiled by gcc in ``folder``. ``dynamic``: it links
+    ``libggml-base.so``, built beside it (a ``DT_NEEDED`` entry, run path ``$ORIGIN``), as a
+    default cmake build links ggml; else ggml is in the binary (the embedded default: only
+    system libraries). It prints ``version: 1 MARKER`` for ``--version``, else ``served by
+    MARKER``, and exits 0. Skips the test where gcc is absent."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed: no real ELF build to test with")
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    marker = f'const char *ggml_marker(void) {{ return "{MEASURED_MARKER.decode()}"; }}\n'
+    binary = folder / "llama-server"
+    main = folder / "main.c"
+    if dynamic:
+        (folder / "ggml.c").write_text(marker)
+        main.write_text(_MAIN_C)
+        library = folder / "libggml-base.so"
+        subprocess.run([gcc, "-shared", "-fPIC", "-o", str(library), str(folder / "ggml.c")],
+                       check=True)  # fmt: skip
+        link = ["-L", str(folder), "-lggml-base", "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags"]
+        library.chmod(0o644)
+    else:
+        main.write_text(_MAIN_C + marker)
+        link = []
+    subprocess.run([gcc, "-o", str(binary), str(main), *link], check=True)
+    for source in folder.glob("*.c"):
+        source.unlink()
+    binary.chmod(0o755)
+    return binary

@@ -25,6 +25,7 @@ __all__ = [
     "ChatTemplateRecord",
     "JsonNumber",
     "JsonObject",
+    "LibraryRecord",
     "ModelFileRecord",
     "PlanRecord",
     "ProfileRecord",
@@ -69,6 +70,15 @@ class _Record(BaseModel):
         return cls.model_validate_json(json.dumps(dict(record), sort_keys=True, default=str))
 
 
+class LibraryRecord(_Record):
+    """``provenance.server_binary.libraries[]``: one of llama.cpp's own shared libraries the
+    binary's build loads from beside it."""
+
+    #: Its path relative to the binary's folder, as the loader finds it (``libggml-base.so``).
+    path: str
+    sha256: str
+
+
 class BinaryRecord(_Record):
     """``provenance.server_binary``: the launched server binary."""
 
@@ -76,6 +86,13 @@ class BinaryRecord(_Record):
     sha256: str | None = None
     version: str | None = None
     version_rc: int | None = None
+    #: Each llama.cpp library the build loads (``[]``: an ELF binary with none, llama.cpp
+    #: linked into it); absent: not recorded (older certs, a binary that is no ELF file).
+    libraries: tuple[LibraryRecord, ...] | None = None
+
+    def library_sha256(self) -> dict[str, str] | None:
+        """The sha256 of each recorded library by its path; ``None``: not recorded."""
+        return None if self.libraries is None else {x.path: x.sha256 for x in self.libraries}
 
 
 class ModelFileRecord(_Record):

@@ -11,7 +11,8 @@ pins one cert and runs its measured argv at the paths it measured.
 Either way, before anything starts: the cert is read from a file and folders only you and
 root can change, verified, promotable and signed under the identity policy (unless
 ``--allow-unsigned``); only neutral options are added; a split GGUF is refused (its other
-files are opened by name, unpinned); files the cert does not fingerprint (grammar, LoRA,
+files are opened by name, unpinned); llama.cpp's libraries beside the binary must be the ones
+the cert recorded, by sha256; files the cert does not fingerprint (grammar, LoRA,
 chat template files ...) are refused; a ``--log-file`` may not be, or lie inside, anything the
 server reads; variables ggml reads must have the recorded values. Then serve leaves the
 caller's folder (``/``: llama.cpp also loads backend libraries from the working folder) and
@@ -197,7 +198,7 @@ def _exec(plan: _Plan, argv: tuple[str, ...], env: dict[str, str], unchecked: st
 
     files = plan.files
     served_argv = descriptor_argv(argv, files.model.fd_path)
-    for pinned in files:
+    for pinned in files.pinned:
         os.set_inheritable(pinned.fd, True)
     # Not the argv itself: it may hold an --api-key.
     cache = (

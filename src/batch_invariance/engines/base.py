@@ -17,7 +17,7 @@ no variable and has no chat template of its own) that it overrides where it diff
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +28,7 @@ from batch_invariance.engines.search_space import DEFAULT_SPACE, SearchConfig
 from batch_invariance.engines.variables import EnvRules, Linked
 
 __all__ = [
+    "BuildLibraries",
     "CacheEvidence",
     "Engine",
     "KvLayout",
@@ -118,6 +119,19 @@ class CacheEvidence:
 
     def to_record(self) -> dict[str, Any]:
         return {"counters": dict(self.counters), "hits_seen": self.hits_seen}
+
+
+@dataclass(frozen=True)
+class BuildLibraries:
+    """The shared libraries of an engine's own build that its server binary loads by path
+    once it runs (llama.cpp's ``libllama``, ``libggml*`` and ggml's run-time backends,
+    ``libmtmd``): not in the binary's bytes, so a cert records each by content."""
+
+    #: (path relative to the binary's folder, sha256) of each, sorted; empty: none (the
+    #: engine is linked into the binary).
+    sha256: tuple[tuple[str, str], ...] = ()
+    #: Why which libraries it loads cannot be told (``sha256`` then proves nothing).
+    unread: str | None = None
 
 
 def canonical_spelling(word: str) -> str:
@@ -242,6 +256,11 @@ class Engine(ABC):
     def linked_runtimes(self, argv: Sequence[str]) -> Linked:
         """The runtimes (:attr:`EnvRules.runtimes`) the build that ``argv`` starts links, read
         from its files; ``None`` (the default): not known, every runtime's variables count."""
+        return None
+
+    def build_libraries(self, binary: Path, sha256: Callable[[Path], str]) -> BuildLibraries | None:
+        """The libraries of its own build that ``binary`` loads, each hashed by ``sha256``;
+        ``None`` (the default): none this tool knows how to read."""
         return None
 
     def child_env(self, parent: Mapping[str, str], linked: Linked = None) -> dict[str, str]:

@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 from batch_invariance import __version__
 from batch_invariance.cert.provenance import (
-    BinaryRecord,
     ModelFileRecord,
     ProfileRecord,
     Provenance,
@@ -360,14 +359,6 @@ def _memory_guard(cell: LiveCell, launches: Sequence[LaunchRecord]) -> dict[str,
     }
 
 
-def _binary(identity: TargetIdentity) -> BinaryRecord | None:
-    binary = identity.binary
-    if binary is None:
-        return None
-    return BinaryRecord(path=binary.path, sha256=binary.sha256, version=binary.version,
-                        version_rc=binary.version_rc)  # fmt: skip
-
-
 def provenance_for(
     cell: LiveCell,
     workset: Workset,
@@ -385,7 +376,7 @@ def provenance_for(
         tool_version=__version__,
         driver=cell.driver,
         engine=target.engine.name,
-        server_binary=_binary(identity),
+        server_binary=None if identity.binary is None else identity.binary.record(),
         model_file=_model_file(target, identity.model_sha256),
         is_moe=gguf.is_moe if gguf is not None else None,
         workset=workset_record,

@@ -198,7 +198,7 @@ def _measured(v: Verification, reused: bool) -> Measured:
 
 def reusable(cell: LiveCell, identity: TargetIdentity) -> Measured | None:
     """The cert already in ``cell``'s folder for this very cell, where it verifies: same
-    binary and model sha256, server flags, KV layout, ctx, N and rules version."""
+    binary (its libraries too) and model sha256, server flags, KV layout, ctx, N and rules."""
     path = cert_path(cell.out_dir, cell.model_name, cell.ctx, cell.parallel)
     if not path.is_file():
         return None
@@ -213,6 +213,7 @@ def reusable(cell: LiveCell, identity: TargetIdentity) -> Measured | None:
     same = (
         binary is not None and identity.binary is not None
         and binary.sha256 == identity.binary.sha256
+        and binary.library_sha256() == identity.binary.record().library_sha256()
         and model is not None and model.sha256 == identity.model_sha256
         and tuple(prov.server_flags or ()) == tuple(cell.server_flags)
         and cert.kv_label == label and cert.ctx == cell.ctx and cert.dispatch_n == cell.parallel

@@ -11,7 +11,8 @@ asked of the engine. :func:`make_launcher` picks the launcher: :class:`EngineLau
 launched engine, ``AttachLauncher`` for an attached server. :func:`identify` records what ran.
 
 What binary ran: :func:`identify_binary` records a server binary's sha256 and ``--version``
-for the cert, before the cell starts.
+for the cert, before the cell starts, and the sha256 of each library of the engine's own build
+it loads from beside it (:meth:`~batch_invariance.engines.base.Engine.build_libraries`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from batch_invariance.cache_dir import cache_root
+from batch_invariance.cert.provenance import BinaryRecord
 from batch_invariance.core.roles import ServerRole
 from batch_invariance.engines.base import Engine, MemoryReservation
 from batch_invariance.errors import UsageError
@@ -198,7 +200,8 @@ class TargetIdentity:
 
 def identify(target: ServerTarget) -> TargetIdentity:
     """sha256 and ``--version`` of the launched binary, and the model file's (cached) sha256."""
-    binary = identify_binary(target.server_bin) if target.server_bin is not None else None
+    server_bin = target.server_bin
+    binary = None if server_bin is None else identify_binary(server_bin, target.engine)
     model = target.model if target.attach is None else None
     sha = cached_sha256(model, cache_root() / "hashes.json") if model and model.is_file() else None
     return TargetIdentity(binary, sha)
@@ -212,15 +215,33 @@ class BinaryIdentity:
     sha256: str
     version: str
     version_rc: int | None
+    #: (path beside it, sha256) of each library of ``engine``'s own build it loads; ``None``:
+    #: not recorded (no engine given, a binary it cannot read, a library it cannot hash).
+    libraries: tuple[tuple[str, str], ...] | None = None
+
+    def record(self) -> BinaryRecord:
+        """``provenance.server_binary``; ``libraries`` absent where not recorded (as in a
+        cert written before they were)."""
+        record: dict[str, Any] = {
+            "path": self.path, "sha256": self.sha256, "version": self.version,
+            "version_rc": self.version_rc,
+        }  # fmt: skip
+        if self.libraries is not None:
+            record["libraries"] = [{"path": name, "sha256": sha} for name, sha in self.libraries]
+        return BinaryRecord.from_record(record)
 
 
-def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity:
-    """sha256 and ``--version`` of a server binary.
+def identify_binary(
+    server_bin: Path, engine: Engine | None = None, timeout_s: float = 15.0
+) -> BinaryIdentity:
+    """sha256 and ``--version`` of a server binary, and its libraries (``engine``'s own).
 
     A failing ``--version`` is recorded, not raised: the launch itself reports a broken binary
     with its log tail.
     """
     digest = sha256_file(server_bin)
+    found = None if engine is None else engine.build_libraries(server_bin, sha256_file)
+    libraries = None if found is None or found.unread else found.sha256
     try:
         # Own process group: a --version that hangs is killed with everything it spawned,
         # and nothing outside that group is touched.
@@ -239,6 +260,7 @@ def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity
             sha256=digest,
             version=f"(--version failed: {exc})",
             version_rc=None,
+            libraries=libraries,
         )
     try:
         text, _ = proc.communicate(timeout=timeout_s)
@@ -254,4 +276,5 @@ def identify_binary(server_bin: Path, timeout_s: float = 15.0) -> BinaryIdentity
         ]
         version = " ; ".join(lines) if lines else text[-300:]
         rc = proc.returncode
-    return BinaryIdentity(path=str(server_bin), sha256=digest, version=version, version_rc=rc)
+    return BinaryIdentity(path=str(server_bin), sha256=digest, version=version, version_rc=rc,
+                          libraries=libraries)  # fmt: skip

@@ -56,8 +56,11 @@ def _provenance(
     model: Path, parallel: int, layout: str, binary: Path | None = None
 ) -> dict[str, Any]:
     """What run-live records for this cell: the model file, the server binary (by default
-    ``bin/`` beside the model's folder) and the A / BC servers' argv."""
+    ``bin/`` beside the model's folder; llama.cpp's libraries beside a real ELF build too) and
+    the A / BC servers' argv."""
     from batch_invariance.engines.llama_server.engine import build_argv
+    from batch_invariance.engines.llama_server.linked import own_libraries
+    from batch_invariance.host.facts import sha256_file
 
     def argv(n: int, kv: str) -> list[str]:
         return list(
@@ -67,12 +70,16 @@ def _provenance(
 
     data = model.read_bytes()
     binary = binary or model.parent.parent / "bin" / "llama-server"
+    server_binary: dict[str, Any] = {
+        "path": str(binary),
+        "sha256": hashlib.sha256(binary.read_bytes()).hexdigest(),
+    }
+    libraries = own_libraries(binary, sha256_file)
+    if libraries is not None and libraries.unread is None:
+        server_binary["libraries"] = [{"path": n, "sha256": h} for n, h in libraries.sha256]
     return {
         "driver": "run-live",
-        "server_binary": {
-            "path": str(binary),
-            "sha256": hashlib.sha256(binary.read_bytes()).hexdigest(),
-        },
+        "server_binary": server_binary,
         "servers": [
             {"role": "A", "argv": argv(1, "split")},
             {"role": "BC", "argv": argv(parallel, layout)},

@@ -2,11 +2,12 @@
 only if it measured exactly that cell (the rules: :mod:`batch_invariance.deploy.gate.coverage`),
 and every cert that did is valid, promotable and signed (unless ``--allow-unsigned``).
 
-A cert that agrees on everything checkable here while the model file or server binary is not
-on this machine makes the cell ``unverifiable`` (not covered, not ``missing`` either). A deploy
-with no ``-n`` cap passes only with the measured answer length printed as its scope. Each cert
-file is read once; one that is not JSON is named and skipped, one that fails verification and
-claims the cell fails it as invalid.
+A cert that agrees on everything checkable here while the model file or server binary (or a
+llama.cpp library beside it) cannot be read on this machine makes the cell ``unverifiable``
+(not covered, not ``missing`` either). A deploy with no ``-n`` cap passes only with the
+measured answer length printed as its scope. Each cert file is read once; one that is not
+JSON is named and skipped, one that fails verification and claims the cell fails it as
+invalid.
 """
 
 from __future__ import annotations
@@ -152,9 +153,11 @@ def check_cell(
         signed = "signature verified for any repository: --any-repository"
     unchecked = placement_differences(same[-1].provenance.gpus, cell.gpus).unchecked
     placed = f"; {unchecked}" if unchecked else ""
+    libraries = build.libraries.sha256 if build.libraries is not None else ()
+    beside = f" and its {len(libraries)} llama.cpp libraries" if libraries else ""
     reason = (
         f"promotable cert: {names} (model by {model.method}, build by sha256 of "
-        f"{build.shown}; {signed}){placed}{scope_text}"
+        f"{build.shown}{beside}; {signed}){placed}{scope_text}"
     )
     return CellCheck(cell, "ok", reason, same[-1].path, scope)
 

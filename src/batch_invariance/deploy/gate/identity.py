@@ -9,7 +9,12 @@ Build: the server binary is part of the cell (another build computes differently
 sha256 must equal the ``provenance.server_binary.sha256`` the cert measured; a binary that
 cannot be read here (absent, unreadable, inside a container image, not named by the file)
 cannot be checked, and the cell is not covered. ``--server-binary`` names the file when the
-deploy file does not name a readable one.
+deploy file does not name a readable one. The build is also llama.cpp's own libraries the
+binary loads from beside it (``libllama``, ``libggml*`` with ggml's run-time backends,
+``libmtmd``: :func:`~batch_invariance.engines.llama_server.linked.own_libraries`): each must
+have the sha256 ``provenance.server_binary.libraries`` recorded, none missing and none more
+(:func:`library_differences`, ``serve``'s rule too); a cert that recorded none covers a binary
+that loads none. A library that cannot be read here leaves the build unchecked.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from batch_invariance.cert.provenance import ModelFileRecord, Provenance
+from batch_invariance.cert.provenance import BinaryRecord, ModelFileRecord, Provenance
+from batch_invariance.engines.base import BuildLibraries
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,8 @@ class BuildIdentity:
     shown: str
     sha256: str | None = None
     missing: str | None = None
+    #: llama.cpp's libraries it loads, hashed here; ``None``: no ELF file, it loads none.
+    libraries: BuildLibraries | None = None
 
 
 def identify_build(
@@ -81,6 +89,7 @@ def identify_build(
     """Hash the deploy's server binary: the file the deploy names (``named``: a path, not a
     bare name found on ``PATH``), else ``override`` (``--server-binary``) when given, else
     what ``PATH`` found; ``missing`` says why none was located."""
+    from batch_invariance.engines.llama_server.linked import own_libraries
     from batch_invariance.host.facts import cached_sha256
 
     if override is not None and not (named and missing is None):
@@ -90,10 +99,12 @@ def identify_build(
     if path is None:
         return BuildIdentity(how, missing=missing or "the server binary is not here")
     try:
-        return BuildIdentity(how, sha256=cached_sha256(path, None))
+        sha256 = cached_sha256(path, None)
     except OSError as exc:
         why = "not found here" if isinstance(exc, FileNotFoundError) else "not readable here"
         return BuildIdentity(how, missing=f"server binary {path} {why}")
+    libraries = own_libraries(path, lambda p: cached_sha256(p, None))
+    return BuildIdentity(how, sha256=sha256, libraries=libraries)
 
 
 def build_differences(build: BuildIdentity, provenance: Provenance) -> tuple[str, ...]:
@@ -106,7 +117,48 @@ def build_differences(build: BuildIdentity, provenance: Provenance) -> tuple[str
         return ("the cert records no server binary sha256 (build unknown)",)
     if sha != build.sha256:
         return (f"server build sha256 {str(build.sha256)[:12]}... (measured {sha[:12]}...)",)
-    return ()
+    return library_differences(build.libraries, recorded)
+
+
+def library_differences(
+    found: BuildLibraries | None, recorded: BinaryRecord | None
+) -> tuple[str, ...]:
+    """Why llama.cpp's libraries the binary loads here (``found``, ``None``: no ELF file) are
+    not (provably) the ones the cert measured with it (empty = the same files, by content)."""
+    if found is None:
+        return ()
+    if found.unread is not None:
+        return (_libraries_gap(found),)
+    here = dict(found.sha256)
+    measured = None if recorded is None else recorded.library_sha256()
+    if measured is None:
+        if not here:
+            return ()
+        return (
+            f"the cert records no llama.cpp libraries and the server binary loads "
+            f"{', '.join(here)} from beside it: re-measure the cell with this release, which "
+            "records them",
+        )
+    listed = f"only {', '.join(measured)}" if measured else "none"
+    out = []
+    for name in sorted(here.keys() | measured.keys()):
+        sha, was = here.get(name, ""), measured.get(name, "")
+        if not was:
+            out.append(
+                f"llama.cpp library {name} (sha256 {sha[:12]}...) is beside the server binary "
+                f"but the cert measured {listed}: remove it, or measure this build"
+            )
+        elif not sha:
+            out.append(
+                f"llama.cpp library {name} the cert measured (sha256 {was[:12]}...) is not "
+                "beside the server binary: restore the measured build, or measure this one"
+            )
+        elif sha != was:
+            out.append(
+                f"llama.cpp library {name} has sha256 {sha[:12]}... (measured {was[:12]}...): "
+                "restore the measured library, or measure this build"
+            )
+    return tuple(out)
 
 
 def _model_gap(model: ModelIdentity) -> str:
@@ -120,11 +172,18 @@ def _build_gap(build: BuildIdentity) -> str:
     )
 
 
+def _libraries_gap(found: BuildLibraries) -> str:
+    return f"{found.unread}: the build's llama.cpp libraries cannot be checked"
+
+
 def identity_gaps(model: ModelIdentity, build: BuildIdentity) -> tuple[str, ...]:
     """What of the deploy's identity cannot be checked on this machine, in the words the
     differences use (empty = the model and the build can both be checked): a cert whose only
     differences are these may have measured the cell, which no one can tell here."""
-    gaps = () if model.method != "nothing" else (_model_gap(model),)
+    gaps: tuple[str, ...] = () if model.method != "nothing" else (_model_gap(model),)
+    libraries = build.libraries
+    if libraries is not None and libraries.unread is not None:
+        gaps += (_libraries_gap(libraries),)
     return gaps + (() if build.missing is None else (_build_gap(build),))
 
 

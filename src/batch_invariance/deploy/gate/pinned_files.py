@@ -14,7 +14,11 @@ its backends dynamically finds them by path in that folder after the exec. The m
 folders are not checked: llama-server never opens the model by its path (docs/deploy.md).
 
 :func:`pin_served_files` pins the two files a cert fingerprints, the server binary and the
-model its argv runs, against the sha256 the cert recorded.
+model its argv runs, against the sha256 the cert recorded. llama.cpp's own libraries the
+binary loads from beside it (``libllama``, ``libggml*`` and ggml's run-time backends,
+``libmtmd``) are loaded by path after the exec: each is hashed at start, held to the same
+rule of who may write it and its folders, and must be one the cert recorded with that sha256
+(:func:`~batch_invariance.deploy.gate.identity.library_differences`).
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import pwd
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
-from typing import NamedTuple
+from pathlib import Path, PurePosixPath
 
 from batch_invariance.cert.provenance import Provenance
+from batch_invariance.deploy.gate.identity import library_differences
+from batch_invariance.engines.base import BuildLibraries
 from batch_invariance.engines.llama_server.flags import read_flags
+from batch_invariance.engines.llama_server.linked import own_libraries
 from batch_invariance.errors import NotCovered, UsageError
 
 __all__ = [
@@ -188,32 +194,50 @@ _UNCHECKED_FILES = frozenset(
 )  # fmt: skip
 
 
-class ServedFiles(NamedTuple):
-    """The binary and the model the argv runs, open and hashed through their descriptors."""
+@dataclass(frozen=True)
+class ServedFiles:
+    """The binary and the model the argv runs, open and hashed through their descriptors, and
+    llama.cpp's libraries the binary loads, hashed (``None``: no ELF file, it loads none)."""
 
     binary: PinnedFile
     model: PinnedFile
+    libraries: BuildLibraries | None
+
+    @property
+    def pinned(self) -> tuple[PinnedFile, PinnedFile]:
+        return (self.binary, self.model)
 
     def close(self) -> None:
-        for pinned in self:
+        for pinned in self.pinned:
             os.close(pinned.fd)
+
+
+def _library_sha256(path: Path) -> str:
+    """A library's sha256, read as the binary is, refused where others could change it or its
+    folders (the server loads it by path after the exec)."""
+    pinned = pin("llama.cpp library", str(path), folders=True)
+    os.close(pinned.fd)
+    return pinned.sha256
 
 
 def pin_files(binary: str, model: str) -> ServedFiles:
     """Open the server binary (its folders checked too: a build that links or loads libraries
-    finds them there) and the model, once each, and hash them through those descriptors."""
+    finds them there) and the model, once each, and hash them through those descriptors; hash
+    llama.cpp's libraries the binary loads."""
     pinned = pin("server binary", binary, folders=True)
     try:
-        return ServedFiles(pinned, pin("model", model, folders=False))
+        libraries = own_libraries(Path(pinned.resolved), _library_sha256)
+        return ServedFiles(pinned, pin("model", model, folders=False), libraries)
     except BaseException:
         os.close(pinned.fd)
         raise
 
 
 def require_measured(files: ServedFiles, provenance: Provenance) -> None:
-    """The bytes read through the descriptors are the ones the cert measured."""
+    """The bytes read through the descriptors, and llama.cpp's libraries, are the ones the
+    cert measured."""
     recorded = (provenance.server_binary, provenance.model_file)
-    for found, measured in zip(files, recorded, strict=True):
+    for found, measured in zip(files.pinned, recorded, strict=True):
         sha256 = measured.sha256 if measured is not None else None
         if not sha256:
             raise NotCovered(f"the cert records no {found.what} sha256: serve cannot check it")
@@ -222,6 +246,9 @@ def require_measured(files: ServedFiles, provenance: Provenance) -> None:
                 f"{found.what} {found.path} has sha256 {found.sha256[:12]}..., the cert measured "
                 f"{sha256[:12]}...: not the measured cell"
             )
+    problems = library_differences(files.libraries, provenance.server_binary)
+    if problems:
+        raise NotCovered(problems[0])
 
 
 def refuse_unpinned_reads(argv: Sequence[str]) -> None:

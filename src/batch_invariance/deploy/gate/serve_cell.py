@@ -7,7 +7,8 @@ server it starts (:func:`~batch_invariance.deploy.gate.cells.cell_of`), with the
 the server will get (neutral, GPU selection and engine variables; never ``LLAMA_ARG_*``, which
 serve drops, and no user config folder), and held against every cert in DIR by the gate's own
 rules (:func:`~batch_invariance.deploy.gate.check.check_cell`): model and binary by the sha256
-read through the descriptors serve will hand over, ctx per slot, N, KV layout (a unified pool
+read through the descriptors serve will hand over, llama.cpp's libraries beside the binary by
+theirs, ctx per slot, N, KV layout (a unified pool
 by its size), every option that is not neutral, the prompt cache, engine variables, answer
 length and sequence scope. One way to decide "this cert measured this cell", here and in
 check-deploy.
@@ -86,7 +87,7 @@ def find_cert(
     cell with exactly these bytes (``files``, pinned); refuses, naming why, otherwise."""
     size = os.fstat(files.model.fd).st_size
     model = ModelIdentity("sha256", Path(files.model.path).name, files.model.sha256, size)
-    build = BuildIdentity(files.binary.path, files.binary.sha256)
+    build = BuildIdentity(files.binary.path, files.binary.sha256, libraries=files.libraries)
     check = check_cell(cell, index_certs(certs_dir), model, build, signing)
     if check.kind == "invalid":
         raise CertInvalid(f"serve {cell.label}: {check.reason}")

@@ -9,11 +9,12 @@ Its argv (:func:`build_argv`: every slot gets ``ctx`` tokens, a split or unified
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from batch_invariance.engines.base import (
+    BuildLibraries,
     Engine,
     KvLayout,
     LaunchCommand,
@@ -24,7 +25,7 @@ from batch_invariance.engines.llama_server import flags as llama_flags
 from batch_invariance.engines.llama_server.chat_template import LLAMA_CPP_CHATML_FALLBACK
 from batch_invariance.engines.llama_server.env import LLAMA_CPP_ENV
 from batch_invariance.engines.llama_server.flags import FlagError, ServerFlags, read_flags
-from batch_invariance.engines.llama_server.linked import linked_runtimes
+from batch_invariance.engines.llama_server.linked import linked_runtimes, own_libraries
 from batch_invariance.engines.llama_server.options import DEFAULTS
 from batch_invariance.engines.llama_server.probes import llama_server_probes, server_chat_template
 from batch_invariance.engines.probes import BusyProbe
@@ -149,6 +150,11 @@ class LlamaServerEngine(Engine):
         """Read from the binary and llama.cpp's libraries beside it
         (:func:`~batch_invariance.engines.llama_server.linked.linked_runtimes`)."""
         return linked_runtimes(Path(argv[0])) if argv else None
+
+    def build_libraries(self, binary: Path, sha256: Callable[[Path], str]) -> BuildLibraries | None:
+        """llama.cpp's own libraries beside it
+        (:func:`~batch_invariance.engines.llama_server.linked.own_libraries`)."""
+        return own_libraries(binary, sha256)
 
     def kv_label(self, ctx: int, parallel: int, layout: KvLayout) -> str:
         return kv_label(ctx, parallel, layout)

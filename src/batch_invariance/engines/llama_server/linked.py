@@ -20,22 +20,36 @@ binary is not an ELF file this reader reads (a script, a Mach-O file, a path not
 build read in part could count too few. The libraries a runtime loads in turn are not read
 (a BLAS library's OpenMP runtime: its
 :attr:`~batch_invariance.engines.variables.Runtime.brings` says so).
+
+The same libraries, by content, are part of the measured build (:func:`own_libraries`): a
+cert records each, and ``serve`` and check-deploy hash them again.
 """
 
 from __future__ import annotations
 
 import functools
 import mmap
+import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from batch_invariance.engines.base import BuildLibraries
 from batch_invariance.engines.llama_server.env import RUNTIMES
 from batch_invariance.engines.variables import Linked, Runtime
 
-__all__ = ["OWN_LIBRARIES", "Dynamic", "build_files", "linked_runtimes", "read_dynamic"]
+__all__ = [
+    "OWN_LIBRARIES",
+    "Dynamic",
+    "build_files",
+    "is_elf",
+    "linked_runtimes",
+    "own_libraries",
+    "own_library_paths",
+    "read_dynamic",
+]
 
 #: llama.cpp's own shared libraries (ggml, its backends, llama, the multimodal library).
 OWN_LIBRARIES = ("libggml", "libllama", "libmtmd")
@@ -147,6 +161,30 @@ def _folders(binary: Path, search: Sequence[str]) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
+def is_elf(path: Path) -> bool:
+    """Whether ``path`` starts as an ELF file this reader reads (32 or 64 bits, either byte
+    order); a script or a file that cannot be read is not."""
+    try:
+        with path.open("rb") as f:
+            ident = f.read(6)
+    except OSError:
+        return False
+    return len(ident) == 6 and ident[:4] == b"\x7fELF" and ident[4] in (1, 2) and ident[5] in (1, 2)
+
+
+def own_library_paths(binary: Path, search: Sequence[str]) -> list[Path]:
+    """Every ``libggml*``, ``libllama*`` and ``libmtmd*`` file where the build of ``binary``
+    (resolved; ``search``: its run paths) may load them from, as named there (links not
+    followed)."""
+    return [
+        p
+        for folder in _folders(binary, search)
+        if folder.is_dir()
+        for prefix in OWN_LIBRARIES
+        for p in sorted(folder.glob(f"{prefix}*.so*"))
+    ]
+
+
 def build_files(binary: Path) -> dict[Path, Dynamic] | None:
     """The build's files (the binary and llama.cpp's own libraries), each with its dynamic
     section; ``None`` when the build cannot be read whole (see the module)."""
@@ -156,13 +194,7 @@ def build_files(binary: Path) -> dict[Path, Dynamic] | None:
         return None
     folders = _folders(binary, first.search)
     files = {binary: first}
-    todo = [
-        p
-        for folder in folders
-        if folder.is_dir()
-        for prefix in OWN_LIBRARIES
-        for p in sorted(folder.glob(f"{prefix}*.so*"))
-    ]
+    todo = own_library_paths(binary, first.search)
     needed = list(first.needed)
     while todo or needed:
         if needed:
@@ -183,6 +215,37 @@ def build_files(binary: Path) -> dict[Path, Dynamic] | None:
         files[path] = dynamic
         needed.extend(dynamic.needed)
     return files
+
+
+def own_libraries(binary: Path, sha256: Callable[[Path], str]) -> BuildLibraries | None:
+    """llama.cpp's own libraries the build of ``binary`` can load, each hashed by ``sha256``
+    and named by its path relative to the binary's folder as the loader finds it (a link too:
+    ``libllama.so.0`` and the file it names). ``None`` when ``binary`` is no ELF file (a
+    script loads none of them itself); ``unread`` when a library cannot be hashed (an
+    ``OSError``) or the build cannot be read whole (see the module)."""
+    if not is_elf(binary):
+        return None
+    real = binary.resolve()
+    first = read_dynamic(real)
+    files = build_files(real)
+    found = {*own_library_paths(real, first.search if first else ()), *(files or ())} - {real}
+    seen: dict[Path, str] = {}  # a file reached by several links is read once
+    digests = []
+    for name, path in sorted((os.path.relpath(p, real.parent), p) for p in found):
+        try:
+            if path.resolve() not in seen:
+                seen[path.resolve()] = sha256(path)
+        except OSError as exc:
+            return BuildLibraries(unread=f"llama.cpp library {path} of {binary} cannot be read "
+                                         f"({exc.strerror or exc})")  # fmt: skip
+        digests.append((name, seen[path.resolve()]))
+    if files is None:
+        return BuildLibraries(
+            unread=f"which llama.cpp libraries {binary} loads cannot be read (one it names is "
+            "not beside it, or a libggml/libllama/libmtmd file there is no ELF file; keep the "
+            "build's llama.cpp libraries beside it, or link them in)"
+        )
+    return BuildLibraries(tuple(digests))
 
 
 #: Bytes that may not come before a variable's name for it to be one (a letter, a digit,
