@@ -213,7 +213,7 @@ def reusable(cell: LiveCell, identity: TargetIdentity) -> Measured | None:
     same = (
         binary is not None and identity.binary is not None
         and binary.sha256 == identity.binary.sha256
-        and binary.library_sha256() == identity.binary.record().library_sha256()
+        and (binary.library_sha256() or {}) == (identity.binary.record().library_sha256() or {})
         and model is not None and model.sha256 == identity.model_sha256
         and tuple(prov.server_flags or ()) == tuple(cell.server_flags)
         and cert.kv_label == label and cert.ctx == cell.ctx and cert.dispatch_n == cell.parallel
