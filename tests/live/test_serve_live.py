@@ -400,6 +400,26 @@ def _llama_library(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
     return {"certs": cert.parent, "binary": binary}
 
 
+def _cpu_variant(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    """The real binary with a ggml CPU variant beside it, both measured (the cert records the
+    library) on a host whose CPU had other SIMD features than this one."""
+    from tests.support.elf import write_elf
+    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
+
+    folder = tmp / "build"
+    folder.mkdir()
+    folder.chmod(0o755)
+    binary = folder / "llama-server"
+    shutil.copy2(cell["binary"], binary)
+    write_elf(folder / "libggml-cpu-haswell.so", ("libc.so.6",))
+    provenance = _provenance(cell["model"], 4, "split", binary=binary)
+    for server in provenance["servers"]:
+        server["argv"][0] = str(binary)
+    provenance["host"] = {"cpu_flags": ["sse4_2", "avx"]}
+    cert = _live_cert(tmp / "certs", cell["model"], provenance=provenance)
+    return {"certs": cert.parent, "binary": binary}
+
+
 def _grammar(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
     grammar = tmp / "answer.gbnf"
     grammar.write_text('root ::= "yes"\n')  # edited after any measurement: every answer "yes"
@@ -430,6 +450,8 @@ REFUSALS: list[tuple[str, Any, int, str]] = [
     ("binary-in-group-writable-folder", _shared_binary, exitcodes.USAGE, "group-writable"),
     ("llama-library-not-measured", _llama_library, exitcodes.NOT_PROMOTABLE,
      "llama.cpp library libggml-cpu-haswell.so"),
+    ("cpu-variant-other-cpu", _cpu_variant, exitcodes.NOT_PROMOTABLE,
+     "the cert measured a CPU with sse4_2 avx"),
     ("grammar-file", _grammar, exitcodes.NOT_PROMOTABLE, "--grammar-file"),
     ("unrecorded-engine-variable", {"env": {"GGML_SCHED_MAX_COPIES": "1"}},
      exitcodes.NOT_PROMOTABLE, "GGML_SCHED_MAX_COPIES=1"),

@@ -152,6 +152,7 @@ def _command_cert(args: argparse.Namespace, policy: BundlePolicy | None) -> _Pla
 def handle(args: argparse.Namespace) -> int:
     from batch_invariance.cert.signing_policy import signing_policy
     from batch_invariance.core.gpu_placement import placement_differences
+    from batch_invariance.deploy.gate.identity import cpu_variant_problem
     from batch_invariance.deploy.gate.serve_cell import absolute_paths, write_problem
     from batch_invariance.deploy.gate.serve_plan import (
         ServeRefused,
@@ -159,6 +160,7 @@ def handle(args: argparse.Namespace) -> int:
         served_environment,
     )
     from batch_invariance.engines.registry import default_engine
+    from batch_invariance.host.facts import cpu_flags
     from batch_invariance.host.gpus import placement_here
     from batch_invariance.servers.spawn import refuse_system_config
 
@@ -176,6 +178,9 @@ def handle(args: argparse.Namespace) -> int:
         placed = placement_differences(plan.provenance.gpus, placement_here(served.env))
         if placed.differences:
             raise NotCovered(f"{placed.differences[0]}: not the hardware the cert measured")
+        variant = cpu_variant_problem(plan.files.libraries, plan.provenance.host, cpu_flags())
+        if variant is not None:
+            raise NotCovered(variant)
         # serve leaves the caller's folder (llama.cpp looks for backend libraries in the
         # working folder too): paths given relative to it are made absolute first.
         argv = absolute_paths(plan.argv, Path.cwd())

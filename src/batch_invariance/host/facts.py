@@ -43,8 +43,15 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
-    """The SIMD features that change llama.cpp kernels (avx2, avx512f, ...), when known."""
-    wanted = ("avx", "avx2", "avx512f", "avx512_bf16", "avx_vnni", "f16c", "fma", "amx_tile")
+    """The SIMD features that change llama.cpp kernels (avx2, avx512f, ...), when known: those
+    ggml scores its CPU backend variants by (x86: SSE3 is ``pni``; Arm: ``asimddp`` is dotprod),
+    so two hosts with the same list load the same variant."""
+    wanted = (
+        "pni", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "f16c", "fma", "bmi2", "avx_vnni",
+        "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512vbmi",
+        "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16",
+        "asimd", "asimddp", "i8mm", "sve", "sve2", "sme",
+    )  # fmt: skip
     try:
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")

@@ -27,8 +27,11 @@ from batch_invariance import exitcodes
 from batch_invariance.cert.provenance import BinaryRecord
 from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
+from batch_invariance.deploy.gate.identity import cpu_variant_problem
+from batch_invariance.engines.base import BuildLibraries
 from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.engines.llama_server.env import is_engine_variable
+from batch_invariance.host.facts import cpu_flags
 from batch_invariance.service.target import identify_binary
 from tests.support.elf import MEASURED_MARKER, gcc_build
 from tests.support.paths import EXAMPLES
@@ -256,3 +259,56 @@ def test_check_deploy_holds_the_libraries_beside_a_readable_binary_to_the_cert(
         f"llama.cpp library {binary.parent / BACKEND} of {binary} cannot be read (No such file "
         "or directory): the build's llama.cpp libraries cannot be checked"
     )
+
+
+def test_serve_starts_a_build_that_picks_its_cpu_kernels_only_on_the_measured_cpu_features(
+    world: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """ggml built in CPU variants loads one at start by the CPU's SIMD features (the official
+    image does): the cert's host must have had this CPU's features, or another variant runs."""
+    binary = gcc_build(tmp_path / "build")
+    shutil.copyfile(binary.parent / LIBRARY, binary.parent / BACKEND)
+    here = cpu_flags()
+    clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
+
+    def serve(cert: Path) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "batch_invariance", "serve", str(cert),
+                   "--allow-unsigned"]  # fmt: skip
+        return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
+
+    def cert_on(name: str, host: dict[str, Any] | None) -> Path:
+        provenance = _provenance(world["model"], 4, "split", binary=binary)
+        for server in provenance["servers"]:
+            server["argv"][0] = str(binary)
+        provenance["host"] = host
+        return _live_cert(tmp_path / name, world["model"], provenance=provenance)
+
+    done = serve(cert_on("same", {"cpu_flags": here}))
+    assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
+    other = [*here[:-1], "amx_int8"] if here else ["avx2"]
+    _refused(
+        serve(cert_on("other", {"cpu_flags": other})), exitcodes.NOT_PROMOTABLE,
+        f"this build picks its CPU kernels at start by the CPU's features ({BACKEND}, ...): "
+        f"the cert measured a CPU with {' '.join(other)}, this one has {' '.join(here) or 'none'}"
+        ": measure the cell on this CPU",
+    )  # fmt: skip
+    _refused(
+        serve(cert_on("unrecorded", None)), exitcodes.NOT_PROMOTABLE,
+        "and the cert records none of its host's: re-measure on this CPU",
+    )  # fmt: skip
+    # Without CPU variants the kernels are in the build's bytes: the CPU's features pick none.
+    (binary.parent / BACKEND).unlink()
+    done = serve(cert_on("fixed", {"cpu_flags": other}))
+    assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
+
+
+def test_a_cpu_variant_is_told_by_its_file_name_only() -> None:
+    found = BuildLibraries(sha256=((LIBRARY, "a"), ("libggml-cpu.so", "b")))
+    assert cpu_variant_problem(found, None, ["avx2"]) is None  # one CPU backend: no choice
+    found = BuildLibraries(sha256=((LIBRARY, "a"), ("lib/libggml-cpu-zen4.so", "b")))
+    assert cpu_variant_problem(found, {"cpu_flags": ["avx2"]}, ["avx2"]) is None
+    assert "measure the cell on this CPU" in str(
+        cpu_variant_problem(found, {"cpu_flags": ["avx2"]}, ["avx2", "avx512f"])
+    )
+    assert cpu_variant_problem(None, None, []) is None  # no ELF file: no libraries

@@ -60,7 +60,7 @@ def _provenance(
     the A / BC servers' argv."""
     from batch_invariance.engines.llama_server.engine import build_argv
     from batch_invariance.engines.llama_server.linked import own_libraries
-    from batch_invariance.host.facts import sha256_file
+    from batch_invariance.host.facts import cpu_flags, sha256_file
 
     def argv(n: int, kv: str) -> list[str]:
         return list(
@@ -91,6 +91,7 @@ def _provenance(
             "size": len(data),
         },
         "plan": {"n_predict": 128},
+        "host": {"cpu_flags": cpu_flags()},
     }
 
 
