@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from batch_invariance import exitcodes
 from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
@@ -66,47 +64,3 @@ def test_a_two_configuration_search_certifies_through_run_live_and_reuses_its_ce
     assert all(r[k] is None or r[k]["reused"] for r in again["rows"] for k in ("probe", "cert"))
     assert {p: p.stat().st_mtime_ns for p in before} == before
     print((out / "search.json").read_text())
-
-
-#: The smallest search cell whose -ub 1 cert can be a promotable GREEN on the embedded pair
-#: (as tests/live/test_serve_live.py's GREEN_CELL: the 32-prompt ladder of a 256-token slot,
-#: default gates, answers long enough for them), at N 2; two interleaved rounds.
-GREEN_SEARCH = (
-    "--ctx 256 --parallel 2 --gate-passes 2 --n-predict 80 --no-serial-repeat "
-    "--endpoint completions --req-timeout 900 --configs ub1 --interleave-rounds 2"
-)
-
-
-def test_a_promotable_green_gets_its_interleaved_figure_and_a_second_run_reuses_it(
-    live_pair: Provisioned, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """-ub 1 at ctx 256 is GREEN here; its row gets the interleaved rounds against the
-    defaults (one server at a time, each side's concurrent tokens/s from the server's own
-    token counts) and the table shows their median, not the two certs' figure."""
-    out = tmp_path / "search"
-    argv = ["search", "--server-bin", str(live_pair.server_bin), "--model", str(live_pair.model),
-            "--out-dir", str(out), *GREEN_SEARCH.split()]  # fmt: skip
-    code = main(argv)
-    table = capsys.readouterr().out
-    record = json.loads((out / "search.json").read_text())
-    rows = {r["config"]: r for r in record["rows"]}
-    ub1 = rows["ub1"]
-    assert ub1["cert"] is not None and ub1["cert"]["promotable"], (code, ub1, table)
-    assert code == exitcodes.PROMOTABLE and record["fastest_green"] == "ub1"
-    found = ub1["interleaved"]
-    assert found is not None and found["stopped"] is None and not found["reused"], found
-    assert [r["order"] for r in found["rounds"]] == [["ub1", "defaults"], ["defaults", "ub1"]]
-    for r in found["rounds"]:
-        assert r["config_tokens_per_s"] > 0 and r["defaults_tokens_per_s"] > 0, r
-    assert found["median_ratio"] is not None
-    assert rows["defaults"]["interleaved"] is None
-    line = next(x for x in table.splitlines() if x.startswith("ub1 "))
-    assert f"{found['median_ratio']:.2f}x" in line and "not interleaved" not in line, table
-    # Each side's server logs are kept apart from the certs serve --certs reads.
-    assert list((out / "interleave" / "ub1").iterdir())
-    print(table)
-    # A second run measures nothing again, the interleaved figure included.
-    assert main(argv) == code
-    again = json.loads((out / "search.json").read_text())
-    figure = next(r for r in again["rows"] if r["config"] == "ub1")["interleaved"]
-    assert figure["reused"] and figure["rounds"] == found["rounds"]
