@@ -95,6 +95,15 @@ def outputs_of(env: Mapping[str, str]) -> dict[str, str]:
     return parse_github_output(Path(env["GITHUB_OUTPUT"]).read_text(encoding="utf-8"))
 
 
+def tiny_workset(env: Mapping[str, str]) -> str:
+    """A four-prompt work-set in the workspace (its name, as the workset input takes it): for
+    a test of what happens around the mock cell, not of its verdict, which the length ladder
+    the default measures would take seconds to reach."""
+    rows = [{"id": f"t{i}", "prompt": f"What is {i} + {i}?"} for i in range(4)]
+    (Path(env["GITHUB_WORKSPACE"]) / "tiny.json").write_text(json.dumps(rows), encoding="utf-8")
+    return "tiny.json"
+
+
 def summary_of(env: Mapping[str, str]) -> str:
     return Path(env["GITHUB_STEP_SUMMARY"]).read_text(encoding="utf-8")
 
@@ -237,6 +246,7 @@ def test_mock_mode_can_never_pass_require_promotable(tmp_path: Path) -> None:
 
 def test_mock_mode_reports_ignored_live_only_inputs(tmp_path: Path) -> None:
     env = actions_env(tmp_path, mode="mock", sign="false", **{"server-flags": "-ngl\n99"})
+    env["INPUT_WORKSET"] = tiny_workset(env)
     buf = io.StringIO()
     action.run_action(env, out=buf)
     assert "::notice title=batch-invariance::input server-flags is ignored in mock mode" in (
@@ -298,6 +308,7 @@ def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> Non
 
     with oidc_endpoint(fake_github_jwt()) as url:
         env = actions_env(tmp_path, mode="mock", sign="true")
+        env["INPUT_WORKSET"] = tiny_workset(env)
         env["ACTIONS_ID_TOKEN_REQUEST_URL"] = url
         env["ACTIONS_ID_TOKEN_REQUEST_TOKEN"] = "request-token"
         patch = with_process_env(env)
@@ -368,6 +379,7 @@ def test_infrastructure_failure_is_distinct_and_has_no_verdict(tmp_path: Path) -
 
 def test_unwritable_github_output_is_an_infrastructure_failure(tmp_path: Path) -> None:
     env = actions_env(tmp_path, mode="mock", sign="false")
+    env["INPUT_WORKSET"] = tiny_workset(env)
     env["GITHUB_OUTPUT"] = str(tmp_path)  # a folder: appending to it fails
     proc = run_entrypoint(env)
     assert proc.returncode == exitcodes.INFRA, proc.stderr

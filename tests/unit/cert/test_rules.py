@@ -31,10 +31,14 @@ from tests.support.factories import (
 )
 
 
-def _mock_cert(tmp_path: Path) -> Cert:
+@pytest.fixture(scope="module")
+def mock_cert(tmp_path_factory: pytest.TempPathFactory) -> Cert:
+    """One run-mock cert for the module's forgeries: a frozen Cert each test only reads (it
+    forges with ``replace`` and writes to its own tmp_path), so one mock cell serves them all."""
+    out = tmp_path_factory.mktemp("mock")
     # A mock GREEN exits 3 (never promotable), like any GREEN that is not promotable.
-    assert main(["run-mock", "--out-dir", str(tmp_path / "mock")]) == exitcodes.NOT_PROMOTABLE
-    return load_cert(tmp_path / "mock" / "mock__ctx512__N4.json")
+    assert main(["run-mock", "--out-dir", str(out)]) == exitcodes.NOT_PROMOTABLE
+    return load_cert(out / "mock__ctx512__N4.json")
 
 
 def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:
@@ -56,9 +60,9 @@ def _verify(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
 
 
 def test_a_mock_cert_relabelled_live_and_rebuilt_is_invalid(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mock_cert: Cert
 ) -> None:
-    mock = _mock_cert(tmp_path)
+    mock = mock_cert
     assert mock.status == "green"
     forged = replace(mock, source="live")
     path = _rebuilt(tmp_path, forged)
@@ -72,9 +76,9 @@ def test_a_mock_cert_relabelled_live_and_rebuilt_is_invalid(
 
 
 def test_relabelled_mock_with_edited_ctx_and_n_is_invalid(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mock_cert: Cert
 ) -> None:
-    mock = _mock_cert(tmp_path)
+    mock = mock_cert
     # A thorough forger moves the slot the sequence scope was judged against too.
     evidence = replace(mock.evidence, slot_ctx=8192)
     forged = replace(mock, source="live", ctx=8192, dispatch_n=8, evidence=evidence)
@@ -86,9 +90,9 @@ def test_relabelled_mock_with_edited_ctx_and_n_is_invalid(
 
 
 def test_stripping_the_mock_markers_still_leaves_a_mock_argv(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mock_cert: Cert
 ) -> None:
-    mock = _mock_cert(tmp_path)
+    mock = mock_cert
     prov = {k: v for k, v in mock.provenance.record().items() if k != "mock_knobs"}
     prov["driver"] = "run-live"
     forged = replace(

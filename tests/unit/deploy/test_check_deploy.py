@@ -155,6 +155,21 @@ def _mock_cell(out_dir: Path, parallel: int) -> Path:
     return finish_cell(run, spec, GatePolicy(), Provenance(driver="deploy-test"), out_dir).path
 
 
+#: The mock cell every ``world`` copies: one driver run for the session, not one per module
+#: that imports the fixture (ten of them). Its cert records no path of the module's world.
+_MOCK_CELLS: list[Path] = []
+
+
+def _shared_mock_cell(factory: pytest.TempPathFactory) -> Path:
+    """The folder of one real mock run (N 2); each ``world`` copies it, so a module that
+    edits its copy changes nobody else's."""
+    if not _MOCK_CELLS:
+        folder = factory.mktemp("mock-cell")
+        _mock_cell(folder, 2)
+        _MOCK_CELLS.append(folder)
+    return _MOCK_CELLS[0]
+
+
 def gguf_bytes(fill: bytes) -> bytes:
     """A GGUF v3 header with no tensors and no metadata, then ``fill`` bytes: a model file
     whose header reads (one file, not a split), with no weights."""
@@ -183,7 +198,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     certs = root / "certs"
     green = _live_cert(certs, model)
     assert json.loads(green.read_text())["status"] == "green"
-    _mock_cell(certs / "mock", 2)
+    shutil.copytree(_shared_mock_cell(tmp_path_factory), certs / "mock")
     unified = root / "unified"
     _live_cert(unified, model, layout="unified")
     with pytest.MonkeyPatch.context() as patch:

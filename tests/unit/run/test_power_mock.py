@@ -12,20 +12,42 @@ would put the two apart."""
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from functools import cache
+from typing import Literal
 
 import pytest
 
 from batch_invariance.core.power import PER_PROMPT, PER_RUN, Model, sample_power
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.verdict import decide
 from batch_invariance.mock import MockKnobs, MockLauncher
 from batch_invariance.run.cell import run_cell
+from batch_invariance.run.records import ServerHandle
 from batch_invariance.scorer_api import ExactMatchScorer
 from tests.unit.run.test_cell import ITEMS, POLICY, plan
 
 #: Cells per model: the seeds 0..CELLS-1, each a cell of the 8 prompts x 2 passes.
 CELLS = 50
 PASSES = 2
+
+
+@dataclass
+class _Mock:
+    """The mock, its ``--parallel 1`` reference without the per-token wait: one slot never
+    co-batches, so its pace changes no answer, and half of each cell's time was that wait.
+    The B/C server keeps the mock's pace, which decides what co-batches."""
+
+    bc: MockLauncher
+    a: MockLauncher
+    source: Literal["mock"] = "mock"
+
+    def launch(
+        self, role: ServerRole, parallel: int, ctx: int
+    ) -> AbstractContextManager[ServerHandle]:
+        mock = self.a if role is ServerRole.A else self.bc
+        return mock.launch(role, parallel, ctx)
 
 
 @cache
@@ -35,10 +57,13 @@ def _measure(model: Model, rate: float) -> tuple[float, tuple[float, ...]]:
     red = 0
     expected: list[float] = []
     for seed in range(CELLS):
-        launcher = MockLauncher(MockKnobs(cobatch_susceptible=s, cobatch_flip=f, seed=seed))
+        knobs = MockKnobs(cobatch_susceptible=s, cobatch_flip=f, seed=seed)
+        quick = replace(knobs, token_delay_s=0.0, prompt_token_delay_s=0.0)
+        launcher = _Mock(MockLauncher(knobs), MockLauncher(quick))
         run = run_cell(plan(gate_passes=PASSES), launcher, ExactMatchScorer())
         red += decide(run.evidence, POLICY).status == "failed"
-        truth = launcher.servers[1].stats  # the B/C server; B is serial
+        (bc,) = launcher.bc.servers
+        truth = bc.stats  # the B/C server; B is serial
         prompts, runs = len(truth.cobatched_prompts), truth.cobatched
         expected.append(sample_power(prompts, runs, rate, model) if runs else 0.0)
     return red / CELLS, tuple(expected)
