@@ -40,7 +40,7 @@ def test_the_search_plot_renders_every_configuration_in_chromium(tmp_path: Path)
     points = [e for e in built if e.tag == "circle" and e.attrs.get("class") == "config"]
     # t1 did not run: no evidence, no point.
     assert [(p.attrs["data-config"], p.attrs["data-verdict"]) for p in points] == [
-        ("defaults", "RED"), ("ub1", "GREEN"), ("fa-on", "RED")
+        ("defaults", "RED"), ("ub1", "GREEN"), ("ub1-t1", "GREEN"), ("fa-on", "RED")
     ]  # fmt: skip
     colours = {p.attrs["data-config"]: (p.attrs["fill"], p.attrs["stroke"]) for p in points}
     assert colours["ub1"] == (VERDICT_COLOURS["GREEN"], VERDICT_COLOURS["GREEN"])
