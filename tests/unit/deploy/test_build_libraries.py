@@ -116,6 +116,13 @@ def _serve(certs: Path, binary: Path, model: Path) -> subprocess.CompletedProces
     return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
 
 
+def _serve_pinned(cert: Path) -> subprocess.CompletedProcess[str]:
+    """``serve CERT``: the measured argv at the measured paths, in a subprocess."""
+    clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
+    command = [sys.executable, "-m", "batch_invariance", "serve", str(cert), "--allow-unsigned"]
+    return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
+
+
 def _refused(done: subprocess.CompletedProcess[str], code: int, *said: str) -> None:
     assert done.returncode == code, done.stderr
     assert done.stdout == "", "the binary ran"
@@ -172,16 +179,14 @@ def test_serve_refuses_a_measured_library_gone_or_one_others_could_change(
     shutil.copyfile(binary.parent / LIBRARY, backend)
     cert = _cert(world, tmp_path / "certs", binary)
     # The measured argv at the measured paths (serve CERT): the same rule.
-    command = [sys.executable, "-m", "batch_invariance", "serve", str(cert), "--allow-unsigned"]
-    clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
-    done = subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
+    done = _serve_pinned(cert)
     assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
     backend.chmod(0o664)  # the group could rewrite it under the running server
-    done = subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
+    done = _serve_pinned(cert)
     _refused(done, exitcodes.USAGE, f"llama.cpp library {backend} is group-writable")
     sha = _sha(backend)
     backend.unlink()  # ggml would pick another CPU variant: not the measured computation
-    done = subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
+    done = _serve_pinned(cert)
     _refused(
         done, exitcodes.NOT_PROMOTABLE,
         f"llama.cpp library {BACKEND} the cert measured (sha256 {sha[:12]}...) is not beside "
@@ -190,7 +195,7 @@ def test_serve_refuses_a_measured_library_gone_or_one_others_could_change(
     # The library the binary names is gone too: which ones it would load cannot be told here
     # (the loader would look in the system's folders), so nothing proves the build.
     (binary.parent / LIBRARY).unlink()
-    done = subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
+    done = _serve_pinned(cert)
     _refused(
         done, exitcodes.NOT_PROMOTABLE,
         f"which llama.cpp libraries {binary} loads cannot be read (one it names is not beside it",
@@ -270,12 +275,6 @@ def test_serve_starts_a_build_that_picks_its_cpu_kernels_only_on_the_measured_cp
     binary = gcc_build(tmp_path / "build")
     shutil.copyfile(binary.parent / LIBRARY, binary.parent / BACKEND)
     here = cpu_flags()
-    clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
-
-    def serve(cert: Path) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "batch_invariance", "serve", str(cert),
-                   "--allow-unsigned"]  # fmt: skip
-        return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
 
     def cert_on(name: str, host: dict[str, Any] | None) -> Path:
         provenance = _provenance(world["model"], 4, "split", binary=binary)
@@ -284,22 +283,22 @@ def test_serve_starts_a_build_that_picks_its_cpu_kernels_only_on_the_measured_cp
         provenance["host"] = host
         return _live_cert(tmp_path / name, world["model"], provenance=provenance)
 
-    done = serve(cert_on("same", {"cpu_flags": here}))
+    done = _serve_pinned(cert_on("same", {"cpu_flags": here}))
     assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
     other = [*here[:-1], "amx_int8"] if here else ["avx2"]
     _refused(
-        serve(cert_on("other", {"cpu_flags": other})), exitcodes.NOT_PROMOTABLE,
+        _serve_pinned(cert_on("other", {"cpu_flags": other})), exitcodes.NOT_PROMOTABLE,
         f"this build picks its CPU kernels at start by the CPU's features ({BACKEND}, ...): "
         f"the cert measured a CPU with {' '.join(other)}, this one has {' '.join(here) or 'none'}"
         ": measure the cell on this CPU",
     )  # fmt: skip
     _refused(
-        serve(cert_on("unrecorded", None)), exitcodes.NOT_PROMOTABLE,
+        _serve_pinned(cert_on("unrecorded", None)), exitcodes.NOT_PROMOTABLE,
         "and the cert records none of its host's: re-measure on this CPU",
     )  # fmt: skip
     # Without CPU variants the kernels are in the build's bytes: the CPU's features pick none.
     (binary.parent / BACKEND).unlink()
-    done = serve(cert_on("fixed", {"cpu_flags": other}))
+    done = _serve_pinned(cert_on("fixed", {"cpu_flags": other}))
     assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
 
 
