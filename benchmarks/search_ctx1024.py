@@ -15,13 +15,13 @@ Usage (start a real llama-server: run it under the shared lock on a shared host)
 
 Prints the search's own table, and the wall time of this run.
 
-Not yet measured in full on the dev VM. Its --dry-run ETA is ~12 min (every probe rejects) to
-~56 min (none does) at the default schedule, a rough estimate from model size that does not
-know -ub 1 processes prompts one token per ubatch: measured here, a -ub 1 probe took ~3 min
-where a default-flags probe took ~50 s. Measured probes (2026-12-06, shared 2-core VM): the
-defaults, -fa off and -t 1 RED from the first generated token (146-148); -ub 1 -t 1 and
--ub 1 -fa on -ctk q8_0 -ctv q8_0 no drift (not certified); benchmarks/search_probe_check.py
-agreed on all 5.
+Measured in full on the dev VM (2026-12-06, 2 cores, niced unit tests beside it): 5,360 s
+for the 13 probes and four full certs (its --dry-run ETA said ~12 to ~56 min: it does not know
+that -ub 1 feeds prompts one token per ubatch), then 264 s for two interleaved rounds of each
+GREEN against the defaults (`batch-invariance search ... --interleave-rounds 2`, every cert
+reused). Defaults RED; nine probes rejected; -ub 1 with -fa off, -t 1 or a q8_0 K/V cache GREEN
+over 965 of 1024 positions, at 0.57x, 0.46x and 0.56x the defaults' concurrent tokens/s
+(examples/search/).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ service (:func:`~batch_invariance.service.search.run_search`) -> the table
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from batch_invariance.commands.cell_options import (
     request_from_args,
 )
 from batch_invariance.commands.reply import add_json_option, refuse_json_dry_run
+from batch_invariance.deploy.gate.identity import own_launchers
 from batch_invariance.deploy.gate.serve_required import serve_suggestion
 from batch_invariance.errors import UsageError
 from batch_invariance.report.search_text import search_text
@@ -112,7 +114,13 @@ def deploy_line(record: dict[str, Any]) -> str | None:
     row = next((r for r in record["rows"] if r["config"] == fastest), None)
     if row is None or not row.get("deploy") or not row.get("certs"):
         return None
-    return serve_suggestion(tuple(row["deploy"]), Path(row["certs"]), None)
+    line = serve_suggestion(tuple(row["deploy"]), Path(row["certs"]), None)
+    # The search runs where serve will: the line names this tool's launcher by its path, as
+    # check-deploy requires of a line whose file sets no PATH (a bare name is the caller's).
+    launchers = own_launchers()
+    if not launchers:
+        return line
+    return shlex.quote(str(launchers[0])) + line.removeprefix("batch-invariance")
 
 
 def handle(args: argparse.Namespace) -> int | SearchReply:
