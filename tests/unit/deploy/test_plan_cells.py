@@ -247,7 +247,7 @@ def test_a_covered_deploy_plans_nothing(
 
 #: One deploy of each kind of cell the plan emits: the flags, what the script sets before
 #: it, and what the row then carries beyond the split cell's.
-KINDS = {
+KINDS: dict[str, tuple[str, str, dict[str, object]]] = {
     "split": (f"{RAISED} --temp 0.5", "", {}),
     "engine-env": (RAISED, "export GGML_SCHED_MAX_COPIES=1\n",
                    {"engine_env": "GGML_SCHED_MAX_COPIES=1"}),
