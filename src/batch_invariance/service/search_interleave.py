@@ -17,7 +17,6 @@ The search's steps share the budget clock (:class:`StepClock`) kept here.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +35,7 @@ from batch_invariance.core.search import (
 from batch_invariance.core.throughput import throughput_of_arms
 from batch_invariance.engines.search_space import SearchConfig
 from batch_invariance.errors import GuardRefused, InfraError, UsageError
+from batch_invariance.host.facts import sha256_file
 from batch_invariance.run.dispatch import run_concurrent_pass
 from batch_invariance.run.passes import arm_stats, request_template
 from batch_invariance.run.workset import load_workset
@@ -92,7 +92,7 @@ class StepClock:
 def _sha256(path: str | None) -> str:
     if path is None or not Path(path).is_file():
         return "-"
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return sha256_file(Path(path))
 
 
 def interleave_key(config_cert: str | None, defaults_cert: str | None) -> str:
