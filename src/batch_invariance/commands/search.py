@@ -9,7 +9,6 @@ service (:func:`~batch_invariance.service.search.run_search`) -> the table
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,13 +113,11 @@ def deploy_line(record: dict[str, Any]) -> str | None:
     row = next((r for r in record["rows"] if r["config"] == fastest), None)
     if row is None or not row.get("deploy") or not row.get("certs"):
         return None
-    line = serve_suggestion(tuple(row["deploy"]), Path(row["certs"]), None)
     # The search runs where serve will: the line names this tool's launcher by its path, as
     # check-deploy requires of a line whose file sets no PATH (a bare name is the caller's).
     launchers = own_launchers()
-    if not launchers:
-        return line
-    return shlex.quote(str(launchers[0])) + line.removeprefix("batch-invariance")
+    program = str(launchers[0]) if launchers else "batch-invariance"
+    return serve_suggestion(tuple(row["deploy"]), Path(row["certs"]), None, program)
 
 
 def handle(args: argparse.Namespace) -> int | SearchReply:

@@ -31,11 +31,14 @@ def _policy_words(gate: BundlePolicy | None) -> list[str]:
     return words
 
 
-def serve_suggestion(argv: tuple[str, ...], certs: Path, gate: BundlePolicy | None) -> str:
+def serve_suggestion(
+    argv: tuple[str, ...], certs: Path, gate: BundlePolicy | None, program: str = "batch-invariance"
+) -> str:
     """The serve line that starts this engine command under the contract, with the gate's
-    signing policy (so the line passes the gate that suggested it)."""
+    signing policy (so the line passes the gate that suggested it); ``program`` is how the
+    line names this tool (a bare name where the serving host's path is not known here)."""
     own = shlex.join(["--certs", str(certs), *_policy_words(gate)])
-    return f"batch-invariance serve {own} -- {shlex.join(argv)}"
+    return f"{shlex.quote(program)} serve {own} -- {shlex.join(argv)}"
 
 
 def _line_policy(options: tuple[tuple[str, str], ...]) -> BundlePolicy | None:
