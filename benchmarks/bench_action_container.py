@@ -1,0 +1,137 @@
+"""The Action in its container on the cell a workflow leaves it: wall time, verdict, power line.
+
+Issue 42's figure: the Action's entry point as a runner runs it (``action/run-container.sh``,
+the image built from the Dockerfile), given only the server, the model, ctx 256 per slot,
+N 4 and ``-ub 1``: no work-set (the length ladder), the default schedule, raw completions by
+``endpoint: auto``. It must end GREEN and promotable in at most 10 minutes on 2 idle cores,
+with a power statement in the job summary. The server and model are the provisioned embedded
+pair, mounted read-only from outside the workspace as a runner keeps them (``server-dir``,
+``models-dir``); the image is built once (``BI_BUILD_ONLY``) and its build time is printed
+apart from the cell's.
+
+Needs a Docker engine (``source docker/engine.sh; engine_up``) and, on this host, the
+debootstrapped base (``BI_BASE_IMAGE=batch-invariance-base:bookworm``, as ``.ci/docker-stage``
+builds it). Run it alone: two llama-servers on two cores slow each other.
+
+    python benchmarks/bench_action_container.py --out-dir /tmp/action-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from embedded_pair import add_pair_arguments, pair_from  # noqa: E402
+
+from tests.docker.runner_job import SCRIPT, Job  # noqa: E402
+
+TARGET_S = 600.0
+INPUTS = {
+    "mode": "live",
+    "server-bin": "llama-server",
+    "ctx": "256",
+    "parallel": "4",
+    "server-flags": "-ub 1",
+    "sign": "false",
+    "upload": "false",
+}
+
+
+def _base_env() -> dict[str, str]:
+    keep = ("PATH", "DOCKER_HOST", "BI_BASE_IMAGE", "BI_BUILD_NETWORK", "TMPDIR")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update(BI_ACTION_PATH=str(REPO), GITHUB_WORKSPACE=str(REPO), GITHUB_OUTPUT=os.devnull)
+    return env
+
+
+def _job(root: Path) -> Job:
+    workspace, temp = root / "work" / "repo" / "repo", root / "temp"
+    file_commands = temp / "_runner_file_commands"
+    for folder in (workspace, file_commands, temp / "_github_home"):
+        folder.mkdir(parents=True)
+    job = Job(root=root, workspace=workspace, file_commands=file_commands)
+    job.output.touch()
+    job.summary.touch()
+    job.env = {
+        **_base_env(),
+        "GITHUB_WORKSPACE": str(workspace),
+        "RUNNER_TEMP": str(temp),
+        "GITHUB_OUTPUT": str(job.output),
+        "GITHUB_STEP_SUMMARY": str(job.summary),
+        "GITHUB_REPOSITORY": "octo/repo",
+        "GITHUB_RUN_ID": "1",
+        "GITHUB_RUN_ATTEMPT": "1",
+        "BI_IMAGE": "",
+    }
+    return job
+
+
+def _outputs(job: Job) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in job.output.read_text(encoding="utf-8").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and "<<" not in name:
+            out[name] = value
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_pair_arguments(parser)
+    parser.add_argument("--out-dir", type=Path, required=True)
+    args = parser.parse_args()
+    pair = pair_from(args)
+    root = args.out_dir / "runner"
+    shutil.rmtree(root, ignore_errors=True)
+    job = _job(root)
+    builds, models = root / "opt" / "llama", root / "srv" / "models"
+    builds.mkdir(parents=True)
+    models.mkdir(parents=True)
+    shutil.copy2(pair.server_bin, builds / "llama-server")
+    shutil.copy2(pair.model, models / pair.model.name)
+
+    started = time.monotonic()
+    build = subprocess.run(
+        ["bash", str(SCRIPT)], env={**_base_env(), "BI_BUILD_ONLY": "1"},
+        capture_output=True, text=True, timeout=3600, check=False,
+    )  # fmt: skip
+    if build.returncode:
+        print(build.stdout[-2000:] + build.stderr[-2000:])
+        return 1
+    print(f"image built or reused in {time.monotonic() - started:.1f} s")
+
+    inputs = {**INPUTS, "server-dir": str(builds), "models-dir": str(models),
+              "model": pair.model.name}  # fmt: skip
+    started = time.monotonic()
+    proc = job.run(timeout=3600, **inputs)
+    wall = time.monotonic() - started
+    (args.out_dir / "action.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    summary = job.summary.read_text(encoding="utf-8")
+    (args.out_dir / "summary.md").write_text(summary, encoding="utf-8")
+    out = _outputs(job)
+    cert_path = job.workspace / out.get("cert-path", "missing")
+    requests = "?"
+    if cert_path.is_file():
+        shutil.copy2(cert_path, args.out_dir / cert_path.name)
+        arms = json.loads(cert_path.read_text(encoding="utf-8"))["provenance"].get("arms", [])
+        requests = str(sum(int(arm.get("n_requests", 0) or 0) for arm in arms)) or "?"
+    power = [line.strip() for line in summary.splitlines() if "power" in line.lower()]
+    print(f"the Action in its container: {wall:.1f} s (target {TARGET_S:.0f} s), exit "
+          f"{proc.returncode}, verdict {out.get('verdict')}, promotable {out.get('promotable')}, "
+          f"requests {requests}")  # fmt: skip
+    print("summary's power statement: " + (" | ".join(power) if power else "NONE"))
+    green = out.get("verdict") == "GREEN" and out.get("promotable") == "true"
+    return 0 if green and wall <= TARGET_S and power else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
