@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
             parser = build_parser(only=args_in[0] if args_in else None)
         tail = None
         if args_in[:1] == ["serve"]:
-            from batch_invariance.deploy.gate.serve_plan import split_neutral
+            from batch_invariance.gate.serve_line import split_neutral
 
             args_in, tail = split_neutral(args_in)
         words = _glue_dash_values(args_in)

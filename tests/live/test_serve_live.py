@@ -24,8 +24,9 @@ import requests
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.deploy.gate.serve_plan import descriptor_argv, serve_argv
+from batch_invariance.gate.served import serve_argv
 from batch_invariance.provision.embedded import Provisioned
+from batch_invariance.serve.exec_argv import descriptor_argv
 
 #: The length ladder of a 256-token slot (32 distinct documents, bound 3/32 under the default
 #: 0.10, sequences filling the slot: -ub 1 is bitwise invariant up to position 256 on this

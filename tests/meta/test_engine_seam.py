@@ -1,5 +1,6 @@
-"""The Engine is the only door to llama-server: outside its own package and ``deploy/`` (which
-reads llama-server's deploy files by design) only the registry and the look-alike import it,
+"""The Engine is the only door to llama-server: outside its own package, ``deploy/``, ``gate/``
+and ``serve/`` (which read llama-server's deploy files and command lines by design: check-deploy
+statically, serve at start) only the registry and the look-alike import it,
 and no code in ``core/`` carries a llama-server word (its docstrings may explain one)."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def engine_importers(package: Path) -> set[str]:
     found = set()
     for path in package.rglob("*.py"):
         rel = path.relative_to(package).as_posix()
-        if rel.startswith(("engines/llama_server/", "deploy/")):
+        if rel.startswith(("engines/llama_server/", "deploy/", "gate/", "serve/")):
             continue
         names = _imports(ast.parse(path.read_text(encoding="utf-8")))
         if any(n == ENGINE or n.startswith(ENGINE + ".") for n in names):

@@ -2,9 +2,11 @@
 
 The contracts are run on the tree as it is (each must be kept), and on a copy of the package
 with one import turned backwards (it must be broken, naming the two layers): a test that could
-not fail would keep nothing. Inside ``deploy/``, the gate reads deploy files through the
-readers and the readers know nothing of the gate. The engine seam: no neutral module imports
-llama-server's own package (the registry and the mock's look-alike are the doors).
+not fail would keep nothing. The gate's rules (``gate/``) import neither check-deploy
+(``deploy/``) nor ``serve/``, which share the gate and never import each other; inside
+``deploy/``, check-deploy's report reads deploy files through the readers, never the reverse.
+The engine seam: no neutral module imports llama-server's own package (the registry and the
+mock's look-alike are the doors).
 """
 
 from __future__ import annotations
@@ -75,19 +77,40 @@ def test_a_backward_import_breaks_the_contract(tmp_path: Path) -> None:
     assert "batch_invariance.core.plan -> batch_invariance.service.live" in said
 
 
-def test_a_reader_importing_the_gate_breaks_the_deploy_rooms(tmp_path: Path) -> None:
-    # A reader reaching into the gate: the deploy files read in terms of certs.
+def test_the_gate_importing_a_reader_breaks_the_layers(tmp_path: Path) -> None:
+    # The gate's rules reaching into a deploy file's reader: serve would then depend on
+    # check-deploy's reading of files, and the rules would no longer be one set for both.
+    proc = _broken_copy(tmp_path, "gate/cells.py", "import batch_invariance.deploy.readers.shell")
+    assert proc.returncode != 0, proc.stdout
+    said = _said(proc)
+    assert "batch_invariance.gate is not allowed to import batch_invariance.deploy" in said
+    assert "batch_invariance.gate.cells -> batch_invariance.deploy.readers.shell" in said
+
+
+def test_serve_importing_check_deploy_breaks_the_layers(tmp_path: Path) -> None:
+    # serve and check-deploy share the gate, never each other's own modules.
     proc = _broken_copy(
-        tmp_path, "deploy/readers/commands.py", "import batch_invariance.deploy.gate.check"
+        tmp_path, "serve/command_cert.py", "import batch_invariance.deploy.deploy_report"
     )
     assert proc.returncode != 0, proc.stdout
     said = _said(proc)
-    assert "deploy: the gate reads deploy files through the readers, never the reverse" in said
+    assert "batch_invariance.serve is not allowed to import batch_invariance.deploy" in said
+    assert "batch_invariance.serve.command_cert -> batch_invariance.deploy.deploy_report" in said
+
+
+def test_a_reader_importing_the_report_breaks_the_deploy_rooms(tmp_path: Path) -> None:
+    # A reader reaching into check-deploy's report: the deploy files read in terms of certs.
+    proc = _broken_copy(
+        tmp_path, "deploy/readers/shell.py", "import batch_invariance.deploy.outcome"
+    )
+    assert proc.returncode != 0, proc.stdout
+    said = _said(proc)
+    assert "check-deploy's report reads deploy files through the readers" in said
     assert (
-        "batch_invariance.deploy.readers is not allowed to import batch_invariance.deploy.gate"
+        "batch_invariance.deploy.readers is not allowed to import batch_invariance.deploy.outcome"
         in said
     )
-    assert "batch_invariance.deploy.readers.commands -> batch_invariance.deploy.gate.check" in said
+    assert "batch_invariance.deploy.readers.shell -> batch_invariance.deploy.outcome" in said
 
 
 def test_a_neutral_module_importing_llama_server_breaks_the_engine_seam(tmp_path: Path) -> None:
@@ -101,7 +124,7 @@ def test_a_neutral_module_importing_llama_server_breaks_the_engine_seam(tmp_path
     assert "batch_invariance.run.arms -> batch_invariance.engines.llama_server.flags" in said
 
 
-def test_the_engine_seam_covers_every_module_but_the_doors_and_deploy() -> None:
+def test_the_engine_seam_covers_every_module_but_the_doors_and_the_deploy_contract() -> None:
     config = load_toml(PYPROJECT.read_text(encoding="utf-8"), str(PYPROJECT))
     contracts = config["tool"]["importlinter"]["contracts"]
     seam = next(c for c in contracts if c["id"] == "engine-seam")
@@ -109,7 +132,8 @@ def test_the_engine_seam_covers_every_module_but_the_doors_and_deploy() -> None:
         p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()
     }
     engines = {p.stem for p in (PKG / "engines").glob("*.py")}
-    doors = {"__init__", "__main__", "deploy", "engines"}
+    # deploy/, gate/ and serve/ read llama-server's own deploy files and command lines.
+    doors = {"__init__", "__main__", "deploy", "engines", "gate", "serve"}
     expected = {f"batch_invariance.{n}" for n in top - doors}
     expected |= {f"batch_invariance.engines.{n}" for n in engines - {"__init__", "registry"}}
     assert set(seam["source_modules"]) == expected

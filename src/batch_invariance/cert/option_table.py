@@ -3,7 +3,7 @@
 The signer-identity options (:data:`POLICY_OPTIONS`, read by
 :func:`~batch_invariance.cert.signing_policy.signing_policy`) are shared by check-deploy,
 serve, compare and run-live; serve's whole table is
-:data:`batch_invariance.deploy.gate.serve_plan.SERVE_OPTIONS`. argparse is built from a table
+:data:`batch_invariance.gate.serve_line.SERVE_OPTIONS`. argparse is built from a table
 only in ``commands/`` (:func:`batch_invariance.commands.option_args.add_options`); the deploy
 gate reads a ``batch-invariance serve`` line from the same table with its own exact parser.
 """

@@ -29,10 +29,10 @@ from batch_invariance.commands.reply import add_json_option
 
 if TYPE_CHECKING:
     from batch_invariance.cert.signature import BundlePolicy
-    from batch_invariance.deploy.gate.certs import CertFile
-    from batch_invariance.deploy.gate.check import DeployReport
-    from batch_invariance.deploy.gate.outcome import DeployOutcome
-    from batch_invariance.deploy.gate.plan_cells import PlanEntry
+    from batch_invariance.deploy.deploy_report import DeployReport
+    from batch_invariance.deploy.outcome import DeployOutcome
+    from batch_invariance.deploy.plan_cells import PlanEntry
+    from batch_invariance.gate.certs import CertFile
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -118,10 +118,9 @@ def handle(args: argparse.Namespace) -> DeployOutcome | int:
         deploy_text,
         in_github_job,
     )
-    from batch_invariance.deploy.gate.cells import load_deploy_cells
-    from batch_invariance.deploy.gate.check import check_cells
-    from batch_invariance.deploy.gate.outcome import deploy_outcome
-    from batch_invariance.deploy.gate.serve_required import gate_report, serve_suggestion
+    from batch_invariance.deploy.deploy_report import check_cells, load_deploy_cells
+    from batch_invariance.deploy.outcome import deploy_outcome
+    from batch_invariance.deploy.serve_required import gate_report, serve_suggestion
 
     signing = signing_policy(args)
     certs = certs_folder(args.certs, "--certs")
@@ -160,7 +159,7 @@ def handle(args: argparse.Namespace) -> DeployOutcome | int:
 
 def _store(folders: list[Path], signing: BundlePolicy | None) -> tuple[CertFile, ...]:
     """The store certs the gate counts; each file ignored is named on stderr."""
-    from batch_invariance.deploy.gate.cert_store import read_store
+    from batch_invariance.deploy.cert_store import read_store
 
     admitted: list[CertFile] = []
     for folder in folders:
@@ -174,7 +173,7 @@ def _store(folders: list[Path], signing: BundlePolicy | None) -> tuple[CertFile,
 def _plan(report: DeployReport) -> tuple[PlanEntry, ...]:
     """What to measure: the cells no cert covers, as run-live and cell.yml take them (read
     from the coverage, before the launch rule: a direct launch's cell is measured the same)."""
-    from batch_invariance.deploy.gate.plan_cells import cell_plan
+    from batch_invariance.deploy.plan_cells import cell_plan
     from batch_invariance.service.request import ACTION_DEFAULTS
 
     pairs = ((check.cell, check.kind) for check in report.checks)
@@ -185,7 +184,7 @@ def _print_plan(plan: tuple[PlanEntry, ...]) -> int:
     """The matrix on stdout; each cell no measuring run can take on stderr, with why."""
     import json
 
-    from batch_invariance.deploy.gate.plan_cells import matrix
+    from batch_invariance.deploy.plan_cells import matrix
 
     for entry in plan:
         if entry.cell_yml_refuses:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import PurePath
 
-from batch_invariance.deploy.gate.outcome import DeployOutcome, Problem
+from batch_invariance.deploy.outcome import DeployOutcome, Problem
 from batch_invariance.report.render import escape_data, escape_property
 
 #: The title of every annotation.

@@ -1,5 +1,5 @@
 """The ``--json`` objects of ``verify-cert``, ``run-live`` and ``sweep`` (docs/output-contract.md,
-"`--json`"). ``check-deploy``'s is :class:`~batch_invariance.deploy.gate.outcome.DeployOutcome`.
+"`--json`"). ``check-deploy``'s is :class:`~batch_invariance.deploy.outcome.DeployOutcome`.
 
 Each is a frozen dataclass whose fields are the object's keys (plus ``command`` and
 ``json_version``); the builders are pure.

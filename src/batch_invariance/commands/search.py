@@ -23,9 +23,9 @@ from batch_invariance.commands.cell_options import (
     request_from_args,
 )
 from batch_invariance.commands.reply import add_json_option, refuse_json_dry_run
-from batch_invariance.deploy.gate.identity import own_launchers
-from batch_invariance.deploy.gate.serve_required import serve_suggestion
+from batch_invariance.deploy.serve_required import serve_suggestion
 from batch_invariance.errors import UsageError
+from batch_invariance.gate.identity import own_launchers
 from batch_invariance.report.search_text import search_text
 from batch_invariance.run.progress import Progress
 from batch_invariance.service.request import SWEEP_DEFAULTS

@@ -3,7 +3,7 @@ measured exactly the cell it runs, proven on the serving host at start.
 
 Two forms. ``serve --certs DIR -- llama-server -m M -c 4096 -np 4 -ub 1 ...`` states the cell
 as the engine's own command (raising ``--parallel`` stays a one-word change): serve reads it
-as check-deploy reads a server (:mod:`batch_invariance.deploy.gate.serve_cell`), pins the
+as check-deploy reads a server (:mod:`batch_invariance.serve.command_cert`), pins the
 binary and the model it names (opened once, hashed through the descriptor), and finds the cert
 in DIR that measured that cell with those bytes in that environment. ``serve CERT [-- NEUTRAL]``
 pins one cert and runs its measured argv at the paths it measured.
@@ -39,12 +39,12 @@ from batch_invariance.errors import CertInvalid, InfraError, NotCovered, UsageEr
 
 if TYPE_CHECKING:
     from batch_invariance.cert.signature import BundlePolicy
-    from batch_invariance.deploy.gate.pinned_files import ServedFiles
+    from batch_invariance.serve.pinned_files import ServedFiles
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     from batch_invariance.commands.option_args import add_options
-    from batch_invariance.deploy.gate.serve_plan import SERVE_OPTIONS
+    from batch_invariance.gate.serve_line import SERVE_OPTIONS
 
     parser = sub.add_parser(
         "serve",
@@ -77,9 +77,9 @@ def _verify(cert_path: Path, bundle: Path | None, policy: BundlePolicy | None) -
     this check would decide what the next start runs)."""
     from batch_invariance.cert.signature import verify_bundle
     from batch_invariance.cert.signing import bundle_path_for
-    from batch_invariance.deploy.gate.certs import read_cert_file
-    from batch_invariance.deploy.gate.pinned_files import refuse_changeable
-    from batch_invariance.deploy.gate.sequence_scope import sequence_problem
+    from batch_invariance.gate.certs import read_cert_file
+    from batch_invariance.gate.sequence_scope import sequence_problem
+    from batch_invariance.serve.pinned_files import refuse_changeable
 
     refuse_changeable("cert", str(cert_path))
     cert = read_cert_file(cert_path)
@@ -105,13 +105,12 @@ def _verify(cert_path: Path, bundle: Path | None, policy: BundlePolicy | None) -
 
 def _pinned_cert(args: argparse.Namespace, policy: BundlePolicy | None) -> _Plan:
     """``serve CERT [-- NEUTRAL]``: the cert's measured argv, at the paths it measured."""
-    from batch_invariance.deploy.gate.pinned_files import pin_served_files
-    from batch_invariance.deploy.gate.prompt_cache import serving_argv
-    from batch_invariance.deploy.gate.serve_plan import measured_argv, serve_argv
+    from batch_invariance.gate.served import served_argv
+    from batch_invariance.serve.pinned_files import pin_served_files
 
     cert = cert_file(args.cert)
     provenance = _verify(cert, args.bundle, policy)
-    argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), args.neutral)
+    argv = served_argv(provenance, args.neutral)
     return _Plan(cert, provenance, argv, pin_served_files(argv, provenance))
 
 
@@ -119,15 +118,14 @@ def _command_cert(args: argparse.Namespace, policy: BundlePolicy | None) -> _Pla
     """``serve --certs DIR -- ENGINE ...``: the cert in DIR that measured exactly this engine
     command, with these files (by content) in this environment; its measured argv runs, with
     the command's neutral options and the command's own files."""
-    from batch_invariance.deploy.gate.pinned_files import (
+    from batch_invariance.gate.served import served_argv
+    from batch_invariance.serve.command_cert import command_cell, engine_command, find_cert
+    from batch_invariance.serve.pinned_files import (
         pin_files,
         refuse_split_model,
         refuse_unpinned_reads,
         require_measured,
     )
-    from batch_invariance.deploy.gate.prompt_cache import serving_argv
-    from batch_invariance.deploy.gate.serve_cell import command_cell, engine_command, find_cert
-    from batch_invariance.deploy.gate.serve_plan import measured_argv, serve_argv
 
     if args.bundle is not None:
         raise UsageError("--bundle names one cert's bundle: with --certs each cert's is beside it")
@@ -140,7 +138,7 @@ def _command_cert(args: argparse.Namespace, policy: BundlePolicy | None) -> _Pla
         found = find_cert(cell, certs, files, policy, command.argv)
         refuse_split_model(files.model)
         provenance = _verify(found.cert, None, policy)
-        argv = serve_argv(serving_argv(provenance, measured_argv(provenance)), found.neutral)
+        argv = served_argv(provenance, found.neutral)
         refuse_unpinned_reads(argv)
         require_measured(files, provenance)
     except BaseException:
@@ -152,16 +150,16 @@ def _command_cert(args: argparse.Namespace, policy: BundlePolicy | None) -> _Pla
 def handle(args: argparse.Namespace) -> int:
     from batch_invariance.cert.signing_policy import signing_policy
     from batch_invariance.core.gpu_placement import placement_differences
-    from batch_invariance.deploy.gate.identity import cpu_variant_problem
-    from batch_invariance.deploy.gate.serve_cell import absolute_paths, write_problem
-    from batch_invariance.deploy.gate.serve_plan import (
-        ServeRefused,
-        serve_target,
-        served_environment,
-    )
     from batch_invariance.engines.registry import default_engine
+    from batch_invariance.gate.serve_line import ServeRefused, serve_target
     from batch_invariance.host.facts import cpu_flags
     from batch_invariance.host.gpus import placement_here
+    from batch_invariance.serve.cpu_variant import cpu_variant_problem
+    from batch_invariance.serve.exec_argv import (
+        absolute_paths,
+        served_environment,
+        write_problem,
+    )
     from batch_invariance.servers.spawn import refuse_system_config
 
     serve_target(args.cert, args.certs)
@@ -199,7 +197,7 @@ def _exec(plan: _Plan, argv: tuple[str, ...], env: dict[str, str], unchecked: st
     """Replace this process with the server: the binary exec'd from its descriptor, the model
     handed over as its descriptor path, both descriptors open across the exec (the binary's
     too: a ``#!`` script is read by its interpreter through that path after the exec)."""
-    from batch_invariance.deploy.gate.serve_plan import descriptor_argv
+    from batch_invariance.serve.exec_argv import descriptor_argv
 
     files = plan.files
     served_argv = descriptor_argv(argv, files.model.fd_path)

@@ -1,2 +1,2 @@
-"""The deploy gate: reading deploy configs (:mod:`.readers`) and matching their cells to certs
-(:mod:`.gate`)."""
+"""check-deploy: the deploy files read on their allowlist (:mod:`.readers`), and check-deploy's
+own report, plan and cert store, built on the gate's rules (:mod:`batch_invariance.gate`)."""

@@ -18,8 +18,10 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cli import main
-from batch_invariance.deploy.gate.serve_plan import ServeRefused, descriptor_argv, serve_argv
 from batch_invariance.engines.llama_server.env import NEUTRAL_ENV_NAMES, is_engine_variable
+from batch_invariance.gate.serve_line import ServeRefused
+from batch_invariance.gate.served import serve_argv
+from batch_invariance.serve.exec_argv import descriptor_argv
 from tests.unit.deploy.test_check_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
 
 MEASURED = (
@@ -154,7 +156,7 @@ def test_serve_runs_the_bytes_it_hashed_whatever_the_paths_hold_later(
     """Both files are swapped at their paths after serve opened them (before it hashes), and
     the model once more before the exec: the hashes pass (read through the descriptors), and
     the server runs the original binary and reads the original model."""
-    from batch_invariance.deploy.gate import pinned_files
+    from batch_invariance.serve import pinned_files
 
     data = json.loads(served["cert"].read_text())["provenance"]
     impostor = f"#!/bin/sh\necho impostor > {served['record']}\n".encode()

@@ -21,10 +21,10 @@ from batch_invariance.cert.schema import compute_digest
 from batch_invariance.cert.signature import SignerPolicy, TrustRoot
 from batch_invariance.cert.signing import GITHUB_ACTIONS_ISSUER
 from batch_invariance.cli import main
-from batch_invariance.deploy.gate.cells import load_deploy_cells
-from batch_invariance.deploy.gate.cert_store import read_store
-from batch_invariance.deploy.gate.check import BundleVerifier, check_cells
+from batch_invariance.deploy.cert_store import read_store
+from batch_invariance.deploy.deploy_report import check_cells, load_deploy_cells
 from batch_invariance.errors import CertInvalid, UsageError
+from batch_invariance.gate.check import BundleVerifier
 from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
     CACHE_OFF,
     MODEL,

@@ -39,9 +39,9 @@ from batch_invariance.cert.signing_policy import signing_policy
 from batch_invariance.cli import build_parser, main
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.core.plan import Measurement
-from batch_invariance.deploy.gate.cells import load_deploy_cells
-from batch_invariance.deploy.gate.check import BundleVerifier, check_cells
+from batch_invariance.deploy.deploy_report import check_cells, load_deploy_cells
 from batch_invariance.errors import CertInvalid, UsageError
+from batch_invariance.gate.check import BundleVerifier
 from tests.support.paths import SHARED_FIXTURES
 
 MODEL = "gemma-3-270m-q4_k_m"

@@ -34,8 +34,7 @@ from batch_invariance.cert.signing import (
 )
 from batch_invariance.cert.signing_policy import signing_policy
 from batch_invariance.cli import build_parser, main
-from batch_invariance.deploy.gate.cells import load_deploy_cells
-from batch_invariance.deploy.gate.check import check_cells
+from batch_invariance.deploy.deploy_report import check_cells, load_deploy_cells
 from batch_invariance.errors import CertInvalid, UsageError
 from tests.unit.deploy.test_check_deploy import (
     MODEL,
@@ -212,12 +211,12 @@ def test_a_capped_deploy_within_the_measured_length_prints_no_scope(
 def test_a_cert_that_records_no_answer_length_covers_no_cap_and_no_fixed_n(
     cover: dict[str, Path],
 ) -> None:
-    from batch_invariance.deploy.gate.cells import cell_of
-    from batch_invariance.deploy.gate.certs import CertFile
-    from batch_invariance.deploy.gate.coverage import config_differences
-    from batch_invariance.deploy.gate.identity import identify_model
-    from batch_invariance.deploy.readers.commands import ServerCommand
     from batch_invariance.engines.llama_server.flags import read_flags
+    from batch_invariance.gate.cells import cell_of
+    from batch_invariance.gate.certs import CertFile
+    from batch_invariance.gate.coverage import config_differences
+    from batch_invariance.gate.identity import identify_model
+    from batch_invariance.gate.server_command import ServerCommand
 
     data = json.loads(cover["green"].read_text())
     argv = data["provenance"]["servers"][1]["argv"]

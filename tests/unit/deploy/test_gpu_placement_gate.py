@@ -14,8 +14,7 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.core.gpu_placement import select_gpus
-from batch_invariance.deploy.gate.cells import load_deploy_cells
-from batch_invariance.deploy.gate.check import DeployReport, check_cells
+from batch_invariance.deploy.deploy_report import DeployReport, check_cells, load_deploy_cells
 from batch_invariance.host.gpus import list_gpus
 from tests.support.nvidia_smi import MIXED, TWO_H200, install_nvidia_smi
 from tests.unit.deploy.test_check_deploy import (

@@ -9,14 +9,15 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.commands.reply import reply_text
-from batch_invariance.deploy.gate.cells import DeployCell, cell_of
-from batch_invariance.deploy.gate.check import CellCheck, CheckKind, DeployReport
-from batch_invariance.deploy.gate.outcome import (
+from batch_invariance.deploy.deploy_report import DeployReport
+from batch_invariance.deploy.outcome import (
     DeployOutcome,
     deploy_outcome,
     problem_file,
 )
-from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand, origin_location
+from batch_invariance.gate.cells import DeployCell, cell_of
+from batch_invariance.gate.check import CellCheck, CheckKind
+from batch_invariance.gate.server_command import NotUnderstood, ServerCommand, origin_location
 from tests.support.golden import check_golden
 
 CONFIG = Path("deploy/llm.sh")

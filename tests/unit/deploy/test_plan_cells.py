@@ -396,7 +396,7 @@ def test_the_gate_workflow_is_one_required_check_fed_by_the_plan() -> None:
     is given is one cell.yml declares."""
     from dataclasses import fields
 
-    from batch_invariance.deploy.gate.plan_cells import PlanEntry
+    from batch_invariance.deploy.plan_cells import PlanEntry
 
     workflow = yaml.safe_load(GATE.read_text())
     assert list(workflow[True]) == ["workflow_call"]  # YAML 1.1 reads the key `on` as true

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.deploy.gate.cells import cell_of, load_deploy_cells
-from batch_invariance.deploy.readers.commands import DeployRead, ServerCommand
+from batch_invariance.deploy.deploy_report import load_deploy_cells
 from batch_invariance.deploy.readers.config import read_deploy_file
 from batch_invariance.deploy.readers.shell import shell_commands
 from batch_invariance.deploy.readers.source_bytes import ALLOWED
 from batch_invariance.deploy.readers.systemd import unit_commands
 from batch_invariance.errors import UsageError
+from batch_invariance.gate.cells import cell_of
+from batch_invariance.gate.server_command import DeployRead, ServerCommand
 
 MODEL = "gemma-3-270m-q4_k_m"
 SERVE = "exec batch-invariance serve --certs /c -- llama-server -m /m/a.gguf -c 4096 -np 4"
@@ -249,7 +250,7 @@ def test_model_identity_uses_the_strongest_check_available(tmp_path: Path) -> No
     import hashlib
 
     from batch_invariance.cert.provenance import ModelFileRecord, Provenance
-    from batch_invariance.deploy.gate.identity import (
+    from batch_invariance.gate.identity import (
         ModelIdentity,
         identify_model,
         model_differences,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.compose_service import (
     FIX,
     Service,
@@ -24,6 +23,7 @@ from batch_invariance.deploy.readers.compose_service import (
 )
 from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
 from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget
+from batch_invariance.gate.server_command import DeployRead, NotUnderstood, ServerCommand
 
 #: The files `docker compose` reads without ``-f``, in its order of preference (compose-go
 #: ``cli.DefaultFileNames``): the first present wins.

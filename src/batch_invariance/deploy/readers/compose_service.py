@@ -13,9 +13,10 @@ from pathlib import Path, PurePosixPath
 from posixpath import normpath
 from typing import Any
 
-from batch_invariance.deploy.readers.commands import BindMount, ServerCommand
 from batch_invariance.deploy.readers.compose_yaml import Refused, plain
-from batch_invariance.deploy.readers.shell import is_serve, starts_server
+from batch_invariance.deploy.readers.shell import starts_server
+from batch_invariance.gate.serve_line import is_serve
+from batch_invariance.gate.server_command import BindMount, ServerCommand
 
 #: The binary of the published llama.cpp ``:server`` images (their entrypoint).
 IMAGE_SERVER = "/app/llama-server"

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from batch_invariance.deploy.readers.commands import NotUnderstood
 from batch_invariance.deploy.readers.source_bytes import BOUND, MAX_NESTING
+from batch_invariance.gate.server_command import NotUnderstood
 
 _DECIMAL = re.compile(r"0|-?[1-9][0-9]*")
 #: YAML 1.2 core schema (10.3.2): the plain scalars that are not strings.

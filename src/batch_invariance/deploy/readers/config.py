@@ -11,13 +11,13 @@ import itertools
 import re
 from pathlib import Path
 
-from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.compose import compose_commands
 from batch_invariance.deploy.readers.kubernetes import is_manifest, kubernetes_commands
 from batch_invariance.deploy.readers.shell import shell_commands
 from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget, decode
 from batch_invariance.deploy.readers.systemd import unit_commands
 from batch_invariance.errors import UsageError
+from batch_invariance.gate.server_command import DeployRead, NotUnderstood, ServerCommand
 
 #: A ``[[models]]`` header line of a registry.
 _MODELS_ROW = re.compile(r"^[ \t]*\[\[[ \t]*models[ \t]*\]\]", re.M)

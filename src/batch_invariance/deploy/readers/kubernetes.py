@@ -17,12 +17,6 @@ from pathlib import Path
 from posixpath import normpath
 from typing import Any
 
-from batch_invariance.deploy.readers.commands import (
-    BindMount,
-    DeployRead,
-    NotUnderstood,
-    ServerCommand,
-)
 from batch_invariance.deploy.readers.compose_service import (
     MOUNT_FIX,
     container_command,
@@ -31,8 +25,14 @@ from batch_invariance.deploy.readers.compose_service import (
     program_mount,
 )
 from batch_invariance.deploy.readers.compose_yaml import Refused, load, plain
-from batch_invariance.deploy.readers.shell import is_serve
 from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget
+from batch_invariance.gate.serve_line import is_serve
+from batch_invariance.gate.server_command import (
+    BindMount,
+    DeployRead,
+    NotUnderstood,
+    ServerCommand,
+)
 
 _DOCUMENT = re.compile(r"^---[ \t]*$", re.MULTILINE)
 #: Where each workload kind keeps its pod spec.

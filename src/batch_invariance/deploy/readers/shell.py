@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.source_bytes import (
     BOUND,
     BUDGET_FIX,
@@ -30,6 +29,8 @@ from batch_invariance.deploy.readers.source_bytes import (
     ServerBudget,
     text_problem,
 )
+from batch_invariance.gate.serve_line import is_serve
+from batch_invariance.gate.server_command import DeployRead, NotUnderstood, ServerCommand
 
 _SHEBANG = re.compile(r"#![ \t]*(/usr)?/bin/(env[ \t]+)?(ba)?sh[ \t]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -51,12 +52,6 @@ _FIX = "keep the script to the lines of docs/deploy.md: one exec batch-invarianc
 
 class Refused(Exception):
     """A line outside the allowlist: the construct, named."""
-
-
-def is_serve(argv: Sequence[str]) -> bool:
-    return (
-        len(argv) > 1 and PurePosixPath(argv[0]).name == "batch-invariance" and argv[1] == "serve"
-    )
 
 
 def starts_server(argv: Sequence[str]) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batch_invariance.deploy.readers.commands import NotUnderstood
+from batch_invariance.gate.server_command import NotUnderstood
 
 #: The bytes a deploy file may hold: printable ASCII (0x20..0x7e), tab and newline.
 ALLOWED = frozenset({0x09, 0x0A, *range(0x20, 0x7F)})

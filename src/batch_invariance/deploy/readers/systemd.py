@@ -18,7 +18,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batch_invariance.deploy.readers.commands import DeployRead, NotUnderstood, ServerCommand
 from batch_invariance.deploy.readers.source_bytes import (
     BLANKS,
     BOUND,
@@ -29,6 +28,7 @@ from batch_invariance.deploy.readers.source_bytes import (
     split_blanks,
     text_problem,
 )
+from batch_invariance.gate.server_command import DeployRead, NotUnderstood, ServerCommand
 
 #: systemd's ``WHITESPACE``: what it strips around keys and values and splits ``$NAME`` at.
 WHITESPACE = " \t\n\r"

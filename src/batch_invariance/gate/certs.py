@@ -4,7 +4,7 @@ length and sequence scope).
 
 A file that is not JSON (or holds NaN/Infinity) is named and skipped; a cert that fails
 verification keeps its problem, and fails a cell it claims as invalid
-(:mod:`batch_invariance.deploy.gate.check`).
+(:mod:`batch_invariance.gate.check`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from pathlib import Path
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.cert.verify import Depth, verify
 from batch_invariance.core.scope import SequenceScope
-from batch_invariance.deploy.gate.prompt_cache import measured_cache_flags
-from batch_invariance.deploy.gate.serve_plan import ServeRefused, measured_argv
 from batch_invariance.engines.llama_server.flags import FlagError, ServerFlags, read_flags
 from batch_invariance.errors import UsageError
+from batch_invariance.gate.prompt_cache import measured_cache_flags
+from batch_invariance.gate.serve_line import ServeRefused
+from batch_invariance.gate.served import measured_argv
 
 
 @dataclass(frozen=True)

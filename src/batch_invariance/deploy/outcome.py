@@ -1,9 +1,9 @@
 """What ``check-deploy`` decided, as data: the decision and its exit code, each cell with its
 problems (file, line, rule, message) and each construct of the deploy file outside its grammar.
 
-Pure: built from the gate's :class:`~batch_invariance.deploy.gate.check.DeployReport` and the
-readers' :class:`~batch_invariance.deploy.readers.commands.NotUnderstood` constructs. The command
-renders it as text, as GitHub annotations and, with ``--json``, as itself (docs/deploy.md).
+Pure: built from check-deploy's :class:`~batch_invariance.deploy.deploy_report.DeployReport`
+and the readers' :class:`~batch_invariance.gate.server_command.NotUnderstood` constructs. The
+command renders it as text, as GitHub annotations and, with ``--json``, as itself (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batch_invariance import exitcodes
-from batch_invariance.deploy.gate.cells import DeployCell
-from batch_invariance.deploy.gate.check import CellCheck, DeployReport
-from batch_invariance.deploy.gate.plan_cells import PlanEntry
-from batch_invariance.deploy.readers.commands import NotUnderstood, origin_location
+from batch_invariance.deploy.deploy_report import DeployReport
+from batch_invariance.deploy.plan_cells import PlanEntry
+from batch_invariance.gate.cells import DeployCell
+from batch_invariance.gate.check import CellCheck
+from batch_invariance.gate.server_command import NotUnderstood, origin_location
 
 #: Names the layout of :meth:`DeployOutcome.to_json`; bumps on any change of keys.
 JSON_VERSION = 2

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 from batch_invariance.cert.option_table import POLICY_OPTIONS
 from batch_invariance.cert.signature import BundlePolicy
 from batch_invariance.cert.signing_policy import signing_policy
-from batch_invariance.deploy.gate.check import CellCheck, DeployReport
+from batch_invariance.deploy.deploy_report import DeployReport
 from batch_invariance.deploy.readers.compose_service import image_tag
 from batch_invariance.errors import UsageError
+from batch_invariance.gate.check import CellCheck
 
 
 def _policy_words(gate: BundlePolicy | None) -> list[str]:

@@ -1,5 +1,5 @@
-"""The deploy gate: a cert covers a deploy cell (:mod:`batch_invariance.deploy.gate.cells`)
-only if it measured exactly that cell (the rules: :mod:`batch_invariance.deploy.gate.coverage`),
+"""The deploy gate: a cert covers a deploy cell (:mod:`batch_invariance.gate.cells`)
+only if it measured exactly that cell (the rules: :mod:`batch_invariance.gate.coverage`),
 and every cert that did is valid, promotable and signed (unless ``--allow-unsigned``).
 
 A cert that agrees on everything checkable here while the model file or server binary (or a
@@ -20,18 +20,16 @@ from typing import Literal, NamedTuple, Protocol
 from batch_invariance.cert.signature import BundlePolicy, SignerPolicy, TrustRoot, verify_bundle
 from batch_invariance.cert.signing import bundle_path_for
 from batch_invariance.core.gpu_placement import placement_differences
-from batch_invariance.deploy.gate.cells import DeployCell
-from batch_invariance.deploy.gate.certs import CertFile, CertIndex, index_certs, measured_length
-from batch_invariance.deploy.gate.coverage import config_differences, uncapped
-from batch_invariance.deploy.gate.identity import (
+from batch_invariance.errors import CertInvalid
+from batch_invariance.gate.cells import DeployCell
+from batch_invariance.gate.certs import CertFile, CertIndex, measured_length
+from batch_invariance.gate.coverage import config_differences, uncapped
+from batch_invariance.gate.identity import (
     BuildIdentity,
     ModelIdentity,
     build_differences,
-    identify_build,
-    identify_model,
     identity_gaps,
 )
-from batch_invariance.errors import CertInvalid
 
 CheckKind = Literal[
     "ok", "missing", "unverifiable", "not_promotable", "invalid", "unknown", "unsigned", "raw"
@@ -59,26 +57,6 @@ class CellCheck:
     @property
     def ok(self) -> bool:
         return self.kind == "ok"
-
-
-@dataclass(frozen=True)
-class DeployReport:
-    config: Path
-    checks: tuple[CellCheck, ...]
-    #: Cells with parallel 1: nothing to certify.
-    serial: tuple[DeployCell, ...]
-    #: ``--allow-unsigned`` was used: signatures were not checked.
-    unsigned_allowed: bool
-    #: Constructs of the deploy file that mention a server but were not read.
-    unmodelled: tuple[str, ...] = ()
-
-    @property
-    def passed(self) -> bool:
-        return not self.unmodelled and all(check.ok for check in self.checks)
-
-    @property
-    def failing(self) -> tuple[CellCheck, ...]:
-        return tuple(check for check in self.checks if not check.ok)
 
 
 class SignatureProblem(NamedTuple):
@@ -189,45 +167,3 @@ def _uncovered(
         return CellCheck(cell, "missing", f"no cert for {cell.label} (run the cell){hint}")
     shown = "; ".join(f"{c.path.name}: {', '.join(diffs[c.path])}" for c in valid)
     return CellCheck(cell, "missing", f"no cert measured this cell ({shown}){hint}")
-
-
-def check_cells(
-    config: Path,
-    cells: Sequence[DeployCell],
-    certs_dir: Path,
-    signing: BundlePolicy | None,
-    verify: BundleVerifier = verify_bundle,
-    unmodelled: Sequence[str] = (),
-    server_binary: Path | None = None,
-    store: Sequence[CertFile] = (),
-) -> DeployReport:
-    """Check every cell with parallel > 1; ``signing=None`` means ``--allow-unsigned``.
-
-    ``verify`` is the bundle check (sigstore's; tests pass a fake). ``server_binary``
-    (``--server-binary``) is the binary of cells whose deploy file names no readable one.
-    ``store``: the certs of the cert store that verified and are signed for the gate's policy
-    (:mod:`batch_invariance.deploy.gate.cert_store`), held beside the folder's.
-    """
-    index = index_certs(certs_dir)
-    index = CertIndex((*index.certs, *store), index.unreadable)
-    identities: dict[str, ModelIdentity] = {}
-    builds: dict[tuple[str, str | None, bool], BuildIdentity] = {}
-    checks: list[CellCheck] = []
-    for cell in cells:
-        if not cell.needs_cert:
-            continue
-        key = str(cell.model_path) if cell.model_path is not None else "hf:" + cell.model
-        if key not in identities:
-            identities[key] = identify_model(cell.model_path, cell.model)
-        named = "/" in cell.binary
-        where = (str(cell.binary_path), cell.binary_missing, named)
-        if where not in builds:
-            builds[where] = identify_build(
-                cell.binary_path, cell.binary_missing, server_binary, named=named
-            )
-        checks.append(check_cell(cell, index, identities[key], builds[where], signing, verify))
-    serial = tuple(cell for cell in cells if not cell.needs_cert)
-    return DeployReport(
-        config, tuple(checks), serial, unsigned_allowed=signing is None,
-        unmodelled=tuple(unmodelled),
-    )  # fmt: skip

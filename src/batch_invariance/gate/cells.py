@@ -16,10 +16,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from batch_invariance.core.gpu_placement import GpuPlacement, is_gpu_selection
-from batch_invariance.deploy.gate.identity import is_this_tool
-from batch_invariance.deploy.gate.serve_plan import served_command
-from batch_invariance.deploy.readers.commands import NotUnderstood, ServerCommand, origin_location
-from batch_invariance.deploy.readers.shell import is_serve
 from batch_invariance.engines.llama_server.env import (
     engine_env,
     is_engine_variable,
@@ -38,6 +34,11 @@ from batch_invariance.engines.llama_server.linked import linked_runtimes
 from batch_invariance.engines.llama_server.options import TABLE_BUILD
 from batch_invariance.engines.variables import Linked
 from batch_invariance.errors import UsageError
+from batch_invariance.gate.file_layout import layout_problem
+from batch_invariance.gate.identity import is_this_tool
+from batch_invariance.gate.serve_line import is_serve
+from batch_invariance.gate.served import served_command
+from batch_invariance.gate.server_command import ServerCommand
 from batch_invariance.host.gpus import placement_here
 
 
@@ -84,7 +85,7 @@ class DeployCell:
     argv: tuple[str, ...] = ()
     #: The options of the ``batch-invariance serve`` line that starts it; ``None``: the deploy
     #: starts the engine directly (never a pass:
-    #: :mod:`batch_invariance.deploy.gate.serve_required`).
+    #: :mod:`batch_invariance.deploy.serve_required`).
     serve_options: tuple[tuple[str, str], ...] | None = None
     #: The container image it runs in (``None``: on the host).
     image: str | None = None
@@ -200,8 +201,6 @@ def _launcher_problem(command: ServerCommand, path: Path) -> str | None:
     check: its file or a folder above it writable by someone else, or, for a bare name, a
     ``PATH`` folder searched before it that others could write into (sticky or not: a new
     file there runs instead); ``None`` when no one but you and root can."""
-    from batch_invariance.deploy.gate.pinned_files import layout_problem
-
     word = command.argv[0]
     for folder in [] if "/" in word else (command.search_path or "").split(":"):
         if not folder.startswith("/"):
@@ -286,33 +285,3 @@ def cell_of(command: ServerCommand) -> DeployCell:
         serve_options=serve_options,
         image=command.image,
     )
-
-
-_TRUST_FIX = "install the tool where only you and root can write (chmod go-w)"
-
-
-@dataclass(frozen=True)
-class DeployCells:
-    cells: tuple[DeployCell, ...]
-    #: Constructs that mention a server but were not read (the deploy is not covered).
-    unmodelled: tuple[str, ...]
-    #: The same constructs with their file and line (for annotations and ``--json``).
-    not_understood: tuple[NotUnderstood, ...] = ()
-
-
-def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
-    """Read a deploy config: the cell of every server it starts, and what it could not read."""
-    from batch_invariance.deploy.readers.config import read_deploy_file
-
-    read = read_deploy_file(path, models_dir)
-    if read.not_understood:  # the file is not covered; its servers are not worth reading
-        return DeployCells((), read.unmodelled, read.not_understood)
-    cells = tuple(cell_of(command) for command in read.commands)
-    untrusted = tuple(
-        NotUnderstood(*origin_location(cell.origin), problem, _TRUST_FIX)
-        for cell in cells
-        for problem in cell.untrusted
-    )
-    if untrusted:  # what runs could differ from what was checked: no cell is worth reporting
-        return DeployCells((), tuple(str(n) for n in untrusted), untrusted)
-    return DeployCells(cells, read.unmodelled, read.not_understood)

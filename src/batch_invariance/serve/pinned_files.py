@@ -18,32 +18,31 @@ model its argv runs, against the sha256 the cert recorded. llama.cpp's own libra
 binary loads from beside it (``libllama``, ``libggml*`` and ggml's run-time backends,
 ``libmtmd``) are loaded by path after the exec: each is hashed at start, held to the same
 rule of who may write it and its folders, and must be one the cert recorded with that sha256
-(:func:`~batch_invariance.deploy.gate.identity.library_differences`).
+(:func:`~batch_invariance.gate.identity.library_differences`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import pwd
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.deploy.gate.identity import library_differences
 from batch_invariance.engines.base import BuildLibraries
 from batch_invariance.engines.llama_server.flags import read_flags
 from batch_invariance.engines.llama_server.linked import own_libraries
 from batch_invariance.errors import NotCovered, UsageError
+from batch_invariance.gate.file_layout import layout_problem
+from batch_invariance.gate.identity import library_differences
 
 __all__ = [
     "FileLayoutRefused",
     "PinnedFile",
     "ServedFiles",
     "fd_path",
-    "layout_problem",
     "pin",
     "pin_files",
     "pin_served_files",
@@ -92,55 +91,6 @@ def sha256_fd(fd: int) -> str:
             return digest.hexdigest()
         digest.update(block)
         offset += len(block)
-
-
-def _owner(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _writable_bits(mode: int) -> str:
-    who = [w for w, bit in (("group", stat.S_IWGRP), ("world", stat.S_IWOTH)) if mode & bit]
-    return "-".join(who) + "-writable"
-
-
-def layout_problem(what: str, path: str, st: os.stat_result, *, folders: bool) -> str | None:
-    """Why someone else could change the served file ``path`` (``st``: its open descriptor's
-    ``fstat``) or, with ``folders``, the folders above it; ``None`` when no one but the user
-    running serve and root can."""
-    me = os.geteuid()
-    mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid not in (0, me):
-        return (
-            f"{what} {path} belongs to {_owner(st.st_uid)}, neither you nor root, who could "
-            "rewrite it under the running server; copy it to a file of yours or chown it"
-        )
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (
-            f"{what} {path} is {_writable_bits(mode)} (mode {mode:04o}): others could rewrite it "
-            f"under the running server; chmod go-w {path}"
-        )
-    if not folders:
-        return None
-    for folder in PurePosixPath(path).parents:
-        fst = os.stat(folder)
-        fmode = stat.S_IMODE(fst.st_mode)
-        if fst.st_uid not in (0, me):
-            return (
-                f"{what} {path}: folder {folder} belongs to {_owner(fst.st_uid)}, neither you nor "
-                f"root, who could replace the {what} or what is read beside it; chown it or "
-                "move them to a folder only you and root can write"
-            )
-        if fmode & (stat.S_IWGRP | stat.S_IWOTH) and not fmode & stat.S_ISVTX:
-            return (
-                f"{what} {path}: folder {folder} is {_writable_bits(fmode)} without the sticky "
-                f"bit (mode {fmode:04o}): others could replace the {what} or what is read "
-                f"beside it; chmod go-w {folder}, or move them to a folder only you and root can "
-                "write"
-            )
-    return None
 
 
 def _open_checked(what: str, path: str, *, folders: bool) -> tuple[str, int]:

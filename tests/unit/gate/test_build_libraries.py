@@ -27,11 +27,11 @@ from batch_invariance import exitcodes
 from batch_invariance.cert.provenance import BinaryRecord
 from batch_invariance.cert.verify import verify
 from batch_invariance.cli import main
-from batch_invariance.deploy.gate.identity import cpu_variant_problem
 from batch_invariance.engines.base import BuildLibraries
 from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.engines.llama_server.env import is_engine_variable
 from batch_invariance.host.facts import cpu_flags
+from batch_invariance.serve.cpu_variant import cpu_variant_problem
 from batch_invariance.service.target import identify_binary
 from tests.support.elf import MEASURED_MARKER, gcc_build
 from tests.support.paths import EXAMPLES

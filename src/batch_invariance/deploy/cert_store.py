@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batch_invariance.cert.signature import BundlePolicy, verify_bundle
-from batch_invariance.deploy.gate.certs import CertFile, index_certs
-from batch_invariance.deploy.gate.check import BundleVerifier, signature_problem
 from batch_invariance.errors import UsageError
+from batch_invariance.gate.certs import CertFile, index_certs
+from batch_invariance.gate.check import BundleVerifier, signature_problem
 
 __all__ = ["StoreRead", "read_store"]
 

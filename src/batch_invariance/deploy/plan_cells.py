@@ -1,7 +1,7 @@
 """What to measure: for each batched cell of a deploy that no cert covers, everything one run
 needs to produce the cert that covers it (``check-deploy --plan`` and ``--json``).
 
-Built from the cell alone (:class:`~batch_invariance.deploy.gate.cells.DeployCell`), never
+Built from the cell alone (:class:`~batch_invariance.gate.cells.DeployCell`), never
 from a reader's internals: the server binary and the model as the deploy names them (where
 they are here, with their sha256 where readable), ctx per slot and the whole pool, N, the KV
 layout, every option that can change outputs as the engine's own words, the engine variables,
@@ -24,12 +24,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from batch_invariance.core.scope import required_length
-from batch_invariance.deploy.gate.cells import DeployCell
-from batch_invariance.deploy.gate.prompt_cache import (
-    CACHE_OPTIONS,
-    PromptCacheUse,
-    prompt_cache_use,
-)
 from batch_invariance.engines.llama_server.flags import flag_conflicts
 from batch_invariance.engines.llama_server.options import (
     BY_CANONICAL,
@@ -37,6 +31,12 @@ from batch_invariance.engines.llama_server.options import (
     NEUTRAL,
     OWNED,
     RUN_LIVE_SETS,
+)
+from batch_invariance.gate.cells import DeployCell
+from batch_invariance.gate.prompt_cache import (
+    CACHE_OPTIONS,
+    PromptCacheUse,
+    prompt_cache_use,
 )
 from batch_invariance.host.facts import sha256_file
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.commands.option_args import add_options
-from batch_invariance.deploy.gate.serve_plan import (
+from batch_invariance.gate.serve_line import (
     SERVE_OPTIONS,
     ServeRefused,
     parse_serve_line,

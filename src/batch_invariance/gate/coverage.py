@@ -10,11 +10,6 @@ from typing import Protocol
 
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.core.gpu_placement import placement_differences
-from batch_invariance.deploy.gate.cells import DeployCell
-from batch_invariance.deploy.gate.certs import CertFile, measured_length
-from batch_invariance.deploy.gate.identity import ModelIdentity, model_differences
-from batch_invariance.deploy.gate.prompt_cache import cache_differences, is_cache_difference
-from batch_invariance.deploy.gate.sequence_scope import sequence_problem
 from batch_invariance.engines.llama_server.env import engine_env
 from batch_invariance.engines.llama_server.flags import (
     FlagError,
@@ -23,6 +18,11 @@ from batch_invariance.engines.llama_server.flags import (
     slot_layout,
 )
 from batch_invariance.engines.variables import Linked
+from batch_invariance.gate.cells import DeployCell
+from batch_invariance.gate.certs import CertFile, measured_length
+from batch_invariance.gate.identity import ModelIdentity, model_differences
+from batch_invariance.gate.prompt_cache import cache_differences, is_cache_difference
+from batch_invariance.gate.sequence_scope import sequence_problem
 
 
 def engine_env_differences(

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.deploy.gate.cells import cell_of
-from batch_invariance.deploy.gate.coverage import engine_env_differences
-from batch_invariance.deploy.readers.commands import ServerCommand
 from batch_invariance.engines.llama_server.env import engine_env
 from batch_invariance.engines.llama_server.linked import linked_runtimes
+from batch_invariance.gate.cells import cell_of
+from batch_invariance.gate.coverage import engine_env_differences
+from batch_invariance.gate.server_command import ServerCommand
 from tests.support.elf import llama_build
 from tests.unit.deploy.test_check_deploy import (
     MODEL,

@@ -11,14 +11,14 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.provenance import Provenance
-from batch_invariance.deploy.gate.prompt_cache import (
+from batch_invariance.engines.base import PromptCache
+from batch_invariance.engines.llama_server.engine import build_argv
+from batch_invariance.engines.llama_server.flags import read_flags
+from batch_invariance.gate.prompt_cache import (
     cache_differences,
     prompt_cache_use,
     serving_argv,
 )
-from batch_invariance.engines.base import PromptCache
-from batch_invariance.engines.llama_server.engine import build_argv
-from batch_invariance.engines.llama_server.flags import read_flags
 from tests.support.factories import cert_for, concurrent_pass, green_evidence
 from tests.unit.deploy.test_check_deploy import (  # noqa: F401  (the module's fixture)
     MEASURED_FLAGS,

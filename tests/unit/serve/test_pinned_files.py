@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from batch_invariance.deploy.gate.pinned_files import FileLayoutRefused, PinnedFile, pin, sha256_fd
 from batch_invariance.errors import NotCovered
+from batch_invariance.serve.pinned_files import FileLayoutRefused, PinnedFile, pin, sha256_fd
 
 
 @pytest.fixture()
