@@ -40,21 +40,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "check-deploy",
         help="pass only when every batched cell of a deploy config has a promotable cert",
         description=(
-            "Read a deploy config (shell script, systemd unit, compose file or models.toml), "
-            "list the (model, ctx, N) cells its llama-server processes run, and pass only when "
-            "each cell with parallel > 1 is covered by a promotable, signed cert in --certs "
-            "that measured exactly that cell. ctx is the context per slot. See docs/deploy.md."
+            "Read a deploy config (shell script, systemd unit, compose file or Kubernetes "
+            "manifest), find how it starts batch-invariance serve, and pass only when the cell "
+            "each serve line asks for with parallel > 1 has a promotable, signed cert in "
+            "--certs that measured exactly that cell. See docs/deploy.md."
         ),
     )
     parser.add_argument("config", type=Path, metavar="CONFIG", help="deploy config file")
     parser.add_argument(
         "--certs", type=Path, required=True, metavar="DIR", help="certs (searched recursively)"
-    )
-    parser.add_argument(
-        "--models-dir",
-        default=None,
-        metavar="DIR",
-        help="fills {MODELS_DIR} in a models.toml (default: $MODELS_DIR)",
     )
     parser.add_argument(
         "--server-binary",
@@ -63,7 +57,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="PATH",
         help=(
             "the llama-server binary the deploy runs, for deploy files that name none readable "
-            "here (models.toml, a container image, a bare name): its sha256 must be the build "
+            "here (a container image, a bare name): its sha256 must be the build "
             "the cert measured"
         ),
     )
@@ -124,8 +118,7 @@ def handle(args: argparse.Namespace) -> DeployOutcome | int:
 
     signing = signing_policy(args)
     certs = certs_folder(args.certs, "--certs")
-    models_dir = args.models_dir or os.environ.get("MODELS_DIR")
-    read = load_deploy_cells(args.config, models_dir)
+    read = load_deploy_cells(args.config)
     report = check_cells(
         args.config,
         read.cells,

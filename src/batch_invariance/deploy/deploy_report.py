@@ -35,9 +35,9 @@ class DeployCells:
     not_understood: tuple[NotUnderstood, ...] = ()
 
 
-def load_deploy_cells(path: Path, models_dir: str | None = None) -> DeployCells:
+def load_deploy_cells(path: Path) -> DeployCells:
     """Read a deploy config: the cell of every server it starts, and what it could not read."""
-    read = read_deploy_file(path, models_dir)
+    read = read_deploy_file(path)
     if read.not_understood:  # the file is not covered; its servers are not worth reading
         return DeployCells((), read.unmodelled, read.not_understood)
     cells = tuple(cell_of(command) for command in read.commands)

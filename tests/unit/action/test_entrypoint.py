@@ -527,7 +527,7 @@ def test_deploy_gate_runs_on_every_pull_request_and_checks_models_toml() -> None
     trigger = text.split("\non:\n", 1)[1].split("\npermissions:", 1)[0]
     assert trigger.strip() == "pull_request:"
     assert "paths" not in trigger
-    assert "models.toml" in text and "--attestation" in text
+    assert "deploy/llama-server.sh" in text and "--attestation" in text
     # check-deploy itself requires signatures, with the same tag-or-SHA identity pattern.
     gate = text.split("batch-invariance check-deploy", 1)[1].split("done", 1)[0]
     assert '--cert-identity-regexp "$CERT_IDENTITY_REGEXP"' in gate

@@ -142,7 +142,7 @@ def test_a_refused_store_cert_never_covers_nor_fails_a_cell(
     shutil.copytree(store[keep].parent, only / keep)
     policy = _policy_from(*_policy())
     config = _deploy(world, tmp_path)
-    cells = load_deploy_cells(config, None).cells
+    cells = load_deploy_cells(config).cells
     verify = _signers(SIGNED)
     alone = read_store(only, policy, verify)
     assert alone.admitted == () and len(alone.ignored) == 1

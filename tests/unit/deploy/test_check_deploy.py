@@ -581,21 +581,14 @@ def test_a_bundle_for_another_file_is_rejected(
 def test_models_toml_and_usage_errors(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # run-live's registry names no binary and starts no serve: never a deploy (issue 40).
     config = tmp_path / "models.toml"
-    config.write_text(
-        '[defaults]\nserver_flags = ["-c", "4096", "-ub", "1", "--cache-ram", "0", '
-        '"--no-cache-prompt"]\n\n'
-        f'[[models]]\nalias = "g"\ngguf = "{{MODELS_DIR}}/{MODEL}.gguf"\nkv = "f16"\n'
-        'server_flags = ["-np", "4"]\n'
-    )
-    models_dir = str(world["model"].parent)
-    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned",
-            "--server-binary", str(world["binary"])]  # fmt: skip
-    # run-live's registry starts llama-server itself: covered, never a pass.
-    assert_covered_raw(main([*args, "--models-dir", models_dir]), capsys.readouterr().out)
-    config.write_text(config.read_text().replace('kv = "f16"', 'kv = "q8_0"'))
-    code = main([*args, "--models-dir", models_dir])
-    assert_raw_not_covered(code, capsys.readouterr().out, "--cache-type-k q8_0 (measured f16)")
+    config.write_text(f'[[models]]\nalias = "g"\ngguf = "{world["model"]}"\nkv = "f16"\n')
+    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned"]
+    assert main(args) == exitcodes.USAGE
+    said = capsys.readouterr()
+    assert "models.toml: a .toml file is a model registry, not a deploy" in said.err
+    assert "Traceback" not in said.out + said.err
     body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
     assert _unsigned(world, tmp_path, body, certs=tmp_path / "nope") == exitcodes.USAGE
     assert main([*args[:1], str(tmp_path / "missing.sh"), *args[2:]]) == exitcodes.USAGE
@@ -652,7 +645,7 @@ def test_identity_regexp_decides_coverage(
         "--repository", "o/deploy", "--offline",
     )  # fmt: skip
     assert policy is not None and policy.signer.identity_is_regexp
-    cells = load_deploy_cells(config, None).cells
+    cells = load_deploy_cells(config).cells
     report = check_cells(config, cells, folder, policy, _signed_by(san))
     assert report.passed is covered
     if not covered:

@@ -144,17 +144,10 @@ def test_a_container_or_a_registry_names_no_binary_here(
     code = _run(cover, tmp_path, compose, *flag, name="compose.yml")
     assert_covered_raw(code, capsys.readouterr().out)
     config = tmp_path / "compose.yml"
-    cells = load_deploy_cells(config, None).cells
+    cells = load_deploy_cells(config).cells
     report = check_cells(config, cells, cover["certs"], None, server_binary=cover["binary"])
     (check,) = report.checks
     assert check.ok and f"build by sha256 of {cover['binary']} (--server-binary)" in check.reason
-    registry = (
-        '[[models]]\nalias = "g"\n'
-        f'gguf = "{cover["model"]}"\nkv = "f16"\n'
-        f"server_flags = {json.dumps(OK_FLAGS.split())}\n"
-    )
-    assert _run(cover, tmp_path, registry, name="models.toml") == exitcodes.NOT_PROMOTABLE
-    assert "models.toml names no server binary" in capsys.readouterr().out
 
 
 def test_a_cert_that_records_no_build_covers_no_deploy(
@@ -320,7 +313,7 @@ def test_check_deploy_refuses_a_cert_signed_for_another_repository(
     (folder / (cover["green"].name + ".sigstore.json")).write_text("{}")
     config = tmp_path / "d.sh"
     config.write_text(f"{cover['binary']} -m {cover['model']} {OK_FLAGS}\n")
-    cells = load_deploy_cells(config, None).cells
+    cells = load_deploy_cells(config).cells
     identity = ("--cert-identity", RELEASE_SAN, *ISSUER)
     caller = _policy(*identity, "--repository", "trailofbits/rfc8785.py")
     passed = check_cells(config, cells, folder, caller, claims_only)

@@ -93,7 +93,6 @@ def outside() -> DeployOutcome:
         ("/etc/systemd/system/llm.service.d/10-measured.conf:3", (
             "/etc/systemd/system/llm.service.d/10-measured.conf", 3)),
         ("compose.yml [llm]", ("compose.yml", 0)),
-        ("models.toml [gemma]", ("models.toml", 0)),
         ("unit.service:0", ("unit.service", 0)),
         ("odd name", ("odd name", 0)),
     ],

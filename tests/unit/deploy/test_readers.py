@@ -220,21 +220,6 @@ def test_llama_server_slot_rules() -> None:
     assert _cells("llama-server -m /nowhere/a.gguf -np 2\n") == [("a", None, 2, "split")]
 
 
-def test_models_toml_uses_the_one_registry_reader(tmp_path: Path) -> None:
-    path = tmp_path / "models.toml"
-    path.write_text(
-        '[defaults]\nserver_flags = ["-c", "8192"]\n\n'
-        '[[models]]\nalias = "small"\ngguf = "{MODELS_DIR}/small.gguf"\nkv = "q8_0"\n'
-        'server_flags = ["-np", "2"]\n'
-    )
-    (cell,) = load_deploy_cells(path, "/srv").cells
-    assert (cell.alias, cell.model, cell.ctx, cell.parallel) == ("small", "/srv/small.gguf",
-                                                                 4096, 2)  # fmt: skip
-    assert cell.flags.cache_types == ("q8_0", "q8_0")
-    with pytest.raises(UsageError, match="no models folder was given"):
-        load_deploy_cells(path, None)
-
-
 def test_bad_values_and_empty_files_are_usage_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"deploy.sh:1: -np needs an integer"):
         cell_of(ServerCommand("deploy.sh:1", ("llama-server", "-m", "a.gguf", "-np", "four"), {}))
