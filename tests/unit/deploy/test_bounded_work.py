@@ -7,7 +7,7 @@ allowlist is *not understood* at its file and line.
 
 Each of these hung the check (minutes), crashed it or took tens of seconds before the bounds:
 a unit line continued 50,000 times, YAML nested 10,000 deep, long words, many lines,
-values doubled line after line.
+values doubled line after line (the readers expand no variables now: a ``$`` is refused).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _script(body: Callable[[], str]) -> Build:
     return lambda root: _write(root / "run.sh", "#!/bin/bash\n" + body())
 
 
-EXPANDED = "words expanding to more than 16777216 characters"
+EXPANDED = "(a $ expansion"
 SERVERS = "servers whose command lines and environments hold more than 65536 words"
 LAUNCH = "exec /usr/bin/llama-server -m /m/a.gguf -np 2\n"
 SHELL: list[tuple[str, Build, str | None]] = [
@@ -62,12 +62,7 @@ SHELL: list[tuple[str, Build, str | None]] = [
     ("long-quoted-word", _script(lambda: 'x="' + "a" * MB + '"\n' + LAUNCH), None),
     ("continued-50000-times", _script(lambda: "exec llama-server \\\n" + "-np 2 \\\n" * 50000
                                       + "-m /m/a.gguf\n"), None),
-    ("assignment-chain", _script(lambda: "v0=a\n" + "".join(f"v{i + 1}=$v{i}\n"
-                                                              for i in range(60000))), None),
-    ("doubling", _script(lambda: "x=ab\n" + "x=$x$x\n" * 60), EXPANDED),
-    ("long-value-expanded", _script(lambda: "x=" + "a" * 99999 + "\n" + _lines("y=$x$x\n")),
-     EXPANDED),
-    ("many-expansions", _script(lambda: "x=" + "a" * 999 + "\necho" + _lines(" $x") + "\n"),
+    ("expansions", _script(lambda: "x=" + "a" * 999 + "\necho" + _lines(" $x") + "\n"),
      EXPANDED),
     ("launches", _script(lambda: _lines("llama-server -m /m/a.gguf -np 2\n")), "a second launch"),
     ("here-documents", _script(lambda: _lines(": <<A\nA\n")), "<<A"),
@@ -87,10 +82,6 @@ def _continued() -> str:
     return "ExecStart=/usr/bin/llama-server \\\n" + "--parallel 2 \\\n" * 50000 + "-np 2\n"
 
 
-def _many_words() -> str:
-    return f'Environment="A={"a " * 200000}a"\nExecStart=/usr/bin/llama-server{" $A" * 30}\n'
-
-
 def _expanded_exec_start() -> str:
     return f"Environment=A={'a' * 99999}\nExecStart=/usr/bin/x{_lines(' $A', 900000)}\n"
 
@@ -102,11 +93,8 @@ SYSTEMD: list[tuple[str, Build, str | None]] = [
     ("unit-many-lines", _unit(lambda: _lines("Environment=A=1\n") + SERVER), None),
     ("unit-many-lines-refused", _unit(lambda: _lines("Bogus=1\n") + SERVER),
      "Bogus= in [Service]"),
-    ("unit-long-value", _unit(lambda: f"Environment=A={'a' * MB}\nExecStart=/usr/bin/x ${{A}}\n"),
-     None),
-    ("unit-value-split-into-many-words", _unit(_many_words), SERVERS),
-    ("unit-value-expanded", _unit(_expanded_exec_start),
-     "ExecStart= expanding to more than 16777216 characters"),
+    ("unit-long-value", _unit(lambda: f"Environment=A={'a' * MB}\n{SERVER}"), None),
+    ("unit-expansions", _unit(_expanded_exec_start), EXPANDED),
     ("unit-many-variables", _unit(lambda: "".join(f"Environment=V{i}=x\n" for i in range(80000))
                                   + SERVER), SERVERS),
 ]  # fmt: skip

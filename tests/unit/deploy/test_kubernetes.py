@@ -171,3 +171,13 @@ def test_a_rendered_helm_output_with_other_kinds_is_read(tmp_path: Path) -> None
     assert command.image == IMAGE and command.origin == "out.yaml [Pod/p/s]"
     assert command.argv[:2] == ("batch-invariance", "serve")
     assert not is_manifest("services:\n  llm: {image: x}\n")
+    # A kind the reader does not read that holds containers naming a server (an Argo Rollout,
+    # a KServe service) starts something else: refused; a Service named after one is not.
+    service = "apiVersion: v1\nkind: Service\nmetadata: {name: llama-server}\n---\n"
+    rollout = (
+        "apiVersion: argoproj.io/v1alpha1\nkind: Rollout\nmetadata: {name: r}\nspec:\n"
+        "  template: {spec: {containers: [{name: c, image: x, args: [llama-server, -np, '8']}]}}\n"
+    )
+    assert kubernetes_commands(tmp_path / "out.yaml", service + body).not_understood == ()
+    (found,) = kubernetes_commands(tmp_path / "out.yaml", f"{body}---\n{rollout}").unmodelled
+    assert found.startswith("out.yaml:15: not understood: a Rollout with containers that mention")

@@ -6,8 +6,10 @@ of a workload (:data:`POD_SPECS`) is read as compose's are
 (:mod:`batch_invariance.deploy.readers.compose_service`): ``command`` + ``args``, ``env``
 values, ``workingDir`` and ``hostPath`` mounts. Refused: what the cluster fills in
 (``valueFrom``, ``envFrom``), kubelet's ``$(VAR)``, lifecycle hooks and a shared process
-namespace around serve, and any other container that mentions a server. Other kinds start
-nothing and are not read.
+namespace around serve, any other container that mentions a server, and a document of any other
+kind that holds ``containers`` and mentions a server (an operator's or controller's own
+workload: a rollout, an inference service); other kinds (Service, ConfigMap ...) start nothing
+and are not read.
 """
 
 from __future__ import annotations
@@ -173,6 +175,9 @@ def kubernetes_commands(path: Path, text: str) -> DeployRead:
             continue
         kind = str(plain(data.get("kind", ("", 0))[0]))
         try:  # other kinds (Service, ConfigMap ...) start nothing: serve decides what runs
+            if kind not in POD_SPECS and "'containers'" in repr(data) and mentions_server(data):
+                raise Refused(1, f"a {kind or 'document'} with containers that mention a server "
+                              "(not a workload kind the reader reads)")  # fmt: skip
             if kind in POD_SPECS:
                 for command in _workload(data, shown):
                     if (crossed := budget.spend(command.argv, command.env)) is not None:

@@ -9,10 +9,11 @@ NAME[=WORD] ...``; ``ulimit``, ``umask``, ``echo``, ``printf``, ``true``, ``:`` 
 PROGRAM being serve or a server (read to name its cell; a server started directly is never a
 pass). Nothing after an ``exec`` runs, so nothing after it is read.
 
-Words are plain characters, ``'...'``, ``"..."`` and ``$NAME`` / ``${NAME}`` of a variable the
-file assigned. Operators, command substitution, globs, ``~``, other backslashes and any other
-program are refused with the line. Redirections read a file (``<``) or write a ``.log`` file,
-``/dev/null``, ``/dev/stdout``, ``/dev/stderr`` or a descriptor: nothing serve's Python reads.
+Words are plain characters, ``'...'`` and ``"..."``: the serve line is written out, so no ``$``
+is expanded (any ``$`` outside single quotes is refused). Operators, command substitution,
+globs, ``~``, backslashes and any other program are refused with the line. Redirections read
+a file (``<``) or write a ``.log`` file, ``/dev/null``, ``/dev/stdout``, ``/dev/stderr`` or a
+descriptor: nothing serve's Python reads.
 """
 
 from __future__ import annotations
@@ -22,20 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from batch_invariance.deploy.readers.source_bytes import (
-    BOUND,
-    BUDGET_FIX,
-    MAX_EXPANDED,
-    ServerBudget,
-    text_problem,
-)
+from batch_invariance.deploy.readers.source_bytes import BUDGET_FIX, ServerBudget, text_problem
 from batch_invariance.gate.serve_line import is_serve
 from batch_invariance.gate.server_command import DeployRead, NotUnderstood, ServerCommand
 
 _SHEBANG = re.compile(r"#![ \t]*(/usr)?/bin/(env[ \t]+)?(ba)?sh[ \t]*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./#-]+")
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _REDIRECT = re.compile(r"[0-9]?(>>?|<)(&[0-9]|[A-Za-z0-9_@%+=:,./-]+)?")
 _PIECES = re.compile(r"""'[^']*'|"[^"]*"|[^'"]+|['"]""")
 _LOG_TARGET = re.compile(r"&[0-9]|/dev/(null|stdout|stderr)|[^\0]*\.log")
@@ -88,7 +82,6 @@ class _Script:
     variables: dict[str, str] = field(default_factory=dict)
     exported: set[str] = field(default_factory=set)
     cwd: Path | None = None
-    spent: int = 0
 
     def assign(self, name: str, value: str) -> None:
         if name in _SHELL_VARIABLES:
@@ -99,42 +92,26 @@ class _Script:
                           "lowercase name for a variable of the script only)")  # fmt: skip
         self.variables[name] = value
 
-    def expand(self, text: str) -> str:
-        def value(match: re.Match[str]) -> str:
-            name = match.group(1) or match.group(2)
-            if name not in self.variables:
-                raise Refused(f"${name}, which this file does not assign")
-            return self.variables[name]
 
-        out = _VARIABLE.sub(value, text)
-        self.spent += len(out)
-        if self.spent > MAX_EXPANDED:
-            raise Refused(f"words expanding to more than {MAX_EXPANDED} characters ({BOUND})")
-        return out
-
-
-def _piece(piece: str, script: _Script) -> str:
-    """One quoted or unquoted piece of a word, expanded, or :class:`Refused`."""
+def _piece(piece: str) -> str:
+    """One quoted or unquoted piece of a word, quotes removed, or :class:`Refused`."""
     if piece in ("'", '"'):
         raise Refused("an unterminated quote")
     if piece.startswith("'"):
         return piece[1:-1]
     quoted = piece.startswith('"')
     body = piece[1:-1] if quoted else piece
-    bare = _VARIABLE.sub("", body)
-    if "$" in bare or "`" in bare or "\\" in bare:
-        raise Refused(f"{piece[:40]} (command substitution, $-form or backslash)")
-    if quoted:
-        return script.expand(body)
-    expanded = script.expand(body)
-    if (bare and not _PLAIN.fullmatch(bare)) or not _PLAIN.fullmatch(expanded):
-        raise Refused(f"{piece[:40]} (an operator, glob, ~, or a value split into words)")
-    return expanded
+    if "$" in body:  # the serve line is written out: nothing to expand, nothing to follow
+        raise Refused(f"{piece[:40]} (a $ expansion; write the value out)")
+    if "`" in body or "\\" in body:
+        raise Refused(f"{piece[:40]} (command substitution or backslash)")
+    if not quoted and not _PLAIN.fullmatch(body):
+        raise Refused(f"{piece[:40]} (an operator, glob or ~)")
+    return body
 
 
-def split_words(line: str, script: _Script) -> list[str]:
-    """A line's words, quotes removed, variables expanded and redirections dropped, or
-    :class:`Refused`."""
+def split_words(line: str) -> list[str]:
+    """A line's words, quotes removed and redirections dropped, or :class:`Refused`."""
     words: list[str] = []
     tokens = re.findall(r"""(?:[^ \t'"]+|'[^']*'|"[^"]*")+|['"]""", line)
     index = 0
@@ -145,13 +122,13 @@ def split_words(line: str, script: _Script) -> list[str]:
             break
         redirect = _REDIRECT.fullmatch(token)
         if redirect is None:
-            words.append("".join(_piece(p, script) for p in _PIECES.findall(token)))
+            words.append("".join(_piece(p) for p in _PIECES.findall(token)))
             continue
         target = redirect.group(2)
         if target is None:  # the target is the next word
             if index == len(tokens):
                 raise Refused(f"{token} with no target")
-            target = "".join(_piece(p, script) for p in _PIECES.findall(tokens[index]))
+            target = "".join(_piece(p) for p in _PIECES.findall(tokens[index]))
             index += 1
         if redirect.group(1) != "<" and not _LOG_TARGET.fullmatch(target):
             # a written file could be one serve's Python or the loader reads (a .pth file)
@@ -236,7 +213,7 @@ def shell_commands(text: str, name: str) -> DeployRead:
         if not body or body.startswith("#"):
             continue
         try:
-            launch = _statement(split_words(body, script), script)
+            launch = _statement(split_words(body), script)
             if launch is None:
                 continue
             if commands:

@@ -2,8 +2,8 @@
 
 Shells and systemd split words on a few ASCII bytes, Python on many more (U+00A0, ``\\v``, ...):
 a file may hold only :data:`ALLOWED`; any other byte is *not understood* at its line and column.
-A construct whose work the file's size does not show (a value doubled on every line, YAML
-nested thousands deep, thousands of servers) is *not understood* past a bound here.
+A construct whose work the file's size does not show (YAML nested thousands deep, thousands
+of servers or variables) is *not understood* past a bound here.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ BLANKS = " \t"
 MAX_SERVERS = 64
 MAX_SERVER_WORDS = 65_536
 MAX_SERVER_CHARS = 4 * 1024 * 1024
-#: The most characters the words of a shell read (or one ``ExecStart=``) expand to in all.
-MAX_EXPANDED = 16 * 1024 * 1024
 #: The deepest a YAML document may nest collections: PyYAML's composer recurses per level.
 MAX_NESTING = 64
 #: What a message says of a bound crossed.
@@ -110,9 +108,3 @@ def read_source(path: Path, shown: str) -> str | NotUnderstood | None:
     except OSError:
         return None
     return decode(data, shown)
-
-
-def split_blanks(text: str, blanks: str = BLANKS) -> list[str]:
-    """Words of ``text`` split at runs of ``blanks`` only (Python's ``split()`` would also
-    split at every Unicode blank)."""
-    return re.findall(f"[^{re.escape(blanks)}]+", text)

@@ -6,10 +6,9 @@ does (systemd.unit(5)). What the manager adds at run time (``transient``, genera
 
 Each line is empty, a comment, a section header or ``Key=value`` (``\\`` continues it). Read:
 ``ExecStart=`` (an empty one resets; exactly one must remain; no prefix but ``-``; split with
-systemd's quoting, ``$NAME`` split at whitespace, ``${NAME}`` not), ``Environment=``,
-``UnsetEnvironment=`` and ``WorkingDirectory=``. Allowed: keys that change nothing serve runs
-(:data:`_NEUTRAL`). Any other key, a ``%`` specifier or ``$`` outside ``ExecStart=`` is refused
-with its line.
+systemd's quoting, written out: no ``$``), ``Environment=`` and ``WorkingDirectory=``. Allowed:
+keys that change nothing serve runs (:data:`_NEUTRAL`). Any other key, a ``%`` specifier or a
+``$`` is refused with its line.
 """
 
 from __future__ import annotations
@@ -20,17 +19,14 @@ from pathlib import Path
 
 from batch_invariance.deploy.readers.source_bytes import (
     BLANKS,
-    BOUND,
     BUDGET_FIX,
-    MAX_EXPANDED,
     ServerBudget,
     read_source,
-    split_blanks,
     text_problem,
 )
 from batch_invariance.gate.server_command import DeployRead, NotUnderstood, ServerCommand
 
-#: systemd's ``WHITESPACE``: what it strips around keys and values and splits ``$NAME`` at.
+#: systemd's ``WHITESPACE``: what it strips around keys and values.
 WHITESPACE = " \t\n\r"
 #: systemd's unit folders for system services, highest priority first (systemd.unit(5)).
 UNIT_DIRS = (
@@ -77,7 +73,6 @@ class _Unit:
     """What the files of one service say, as systemd merges them."""
 
     environment: dict[str, str] = field(default_factory=dict)
-    unset: set[str] = field(default_factory=set)
     workdir: str = "/"
     exec_start: list[tuple[tuple[str, int], str]] = field(default_factory=list)
     bad: list[NotUnderstood] = field(default_factory=list)
@@ -160,11 +155,6 @@ def _setting(unit: _Unit, section: str, key: str, value: str, where: tuple[str, 
         unit.exec_start = [*unit.exec_start, (where, value)] if value else []
     elif read and key == "Environment":
         _environment(unit, value)
-    elif read and key == "UnsetEnvironment":
-        for word in split_blanks(value):
-            if not _NAME.fullmatch(word):
-                raise _Refused(f"UnsetEnvironment={word}", "UnsetEnvironment= NAME ...")
-            unit.unset.add(word)
     elif read and key == "WorkingDirectory":
         if not value.startswith("/") or not _VALUE.fullmatch(value) or " " in value:
             raise _Refused(f"WorkingDirectory={value}", "an absolute folder without - or ~")
@@ -213,8 +203,8 @@ def _words(value: str, key: str) -> list[tuple[str, str]]:
     return words
 
 
-def exec_argv(value: str, env: dict[str, str]) -> list[str]:
-    """An ``ExecStart=`` command line as systemd splits and expands it (the allowlist's part)."""
+def exec_argv(value: str) -> list[str]:
+    """An ``ExecStart=`` command line as systemd splits it (the allowlist's part)."""
     if value.startswith("-"):
         value = value[1:]
     if value[:1] in "@:+!|-" and value:
@@ -222,36 +212,13 @@ def exec_argv(value: str, env: dict[str, str]) -> list[str]:
     if value[:1] in tuple(BLANKS):
         raise _Refused("ExecStart= with a blank after its prefix (systemd reads an empty path)")
     argv: list[str] = []
-    spent = [0]
-
-    def expanded(name: str) -> str:
-        """A variable's value, counted: ``$A $A ...`` of a long ``A`` is work the unit's size
-        does not show."""
-        if name not in env:
-            raise _Refused(f"${name}, which no Environment= of this unit sets")
-        text = env[name]
-        spent[0] += len(text)
-        if spent[0] > MAX_EXPANDED:
-            raise _Refused(f"ExecStart= expanding to more than {MAX_EXPANDED} characters ({BOUND})")
-        return text
-
     for body, quote in _words(value, "ExecStart"):
         word = f"{quote}{body}{quote}"
-        if "\\" in body or word == ";":
+        if "$" in body:  # systemd expands it, quoted or not: the serve line is written out
+            raise _Refused(f"ExecStart= word {word[:40]} (a $ expansion)", "write the value out")
+        if "\\" in body or word == ";" or not _VALUE.fullmatch(body):
             raise _Refused(f"ExecStart= word {word[:40]}", "plain words, whole-word quotes")
-        whole = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", body)
-        if whole and not quote:
-            # $NAME as a whole word: the value split at systemd's WHITESPACE.
-            argv.extend(split_blanks(expanded(whole.group(1)), WHITESPACE))
-            continue
-
-        def braced(match: re.Match[str]) -> str:
-            return expanded(match.group(1))
-
-        text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", braced, body)
-        if "$" in text or not _VALUE.fullmatch(text):
-            raise _Refused(f"ExecStart= word {word[:40]}", "only $NAME words and ${NAME}")
-        argv.append(text)
+        argv.append(body)
     if not argv or not argv[0].startswith("/"):
         raise _Refused("ExecStart= whose program is not an absolute path", "write /usr/bin/...")
     return argv
@@ -272,7 +239,7 @@ def unit_commands(path: Path, text: str) -> DeployRead:
             unit.bad.append(body)
         else:
             _read_file(unit, body, str(conf))
-    env = {k: v for k, v in unit.environment.items() if k not in unit.unset}
+    env = dict(unit.environment)
     if len(unit.exec_start) != 1:
         lines = ", ".join(f"{file}:{line}" for (file, line), _ in unit.exec_start)
         unit.bad.append(NotUnderstood(
@@ -283,7 +250,7 @@ def unit_commands(path: Path, text: str) -> DeployRead:
         return DeployRead((), tuple(unit.bad))
     where, value = unit.exec_start[0]
     try:
-        argv = exec_argv(value, env)
+        argv = exec_argv(value)
     except _Refused as exc:
         unit.bad.append(NotUnderstood(*where, exc.construct, exc.fix))
         return DeployRead((), tuple(unit.bad))
