@@ -51,8 +51,6 @@ class DeployCell:
     model: str
     #: Where that model file is on this machine (``None`` for ``-hf`` / ``-mu``).
     model_path: Path | None
-    #: The models.toml alias, when the cell comes from one.
-    alias: str | None
     flags: ServerFlags
     layout: SlotLayout
     #: The whole KV pool in tokens after llama.cpp's padding; ``None`` when ``-c`` is 0 (the
@@ -246,7 +244,7 @@ def cell_of(command: ServerCommand) -> DeployCell:
     if ctx_size < 0:
         raise UsageError(f"{command.origin}: invalid --ctx-size {ctx_size}")
     not_covered = [*refused, *_not_covered(command, flags)]
-    model = command.model_override or flags.model
+    model = flags.model
     path: Path | None = None
     if model:
         located = _host_path(model, command)
@@ -267,7 +265,6 @@ def cell_of(command: ServerCommand) -> DeployCell:
         origin=command.origin,
         model=model,
         model_path=path,
-        alias=command.alias,
         flags=flags,
         layout=layout,
         pool=None if padded is None else padded.pool,

@@ -99,7 +99,7 @@ def check_cell(
         return CellCheck(cell, "unknown", why)
     claims = [c for c in index.certs if (c.ctx, c.n) == (cell.ctx, cell.parallel)]
     for cert in claims:
-        if cert.problem is not None and cert.model in (cell.name, cell.alias):
+        if cert.problem is not None and cert.model == cell.name:
             return CellCheck(cell, "invalid", f"cert {cert.path.name} is invalid: {cert.problem}")
     valid = [c for c in claims if c.problem is None]
     diffs = {
@@ -154,7 +154,7 @@ def _uncovered(
     gaps = identity_gaps(model, build)
     found = [
         c for c in valid if set(diffs[c.path]) <= set(gaps)
-        and (model.method != "nothing" or c.model in (cell.name, cell.alias))
+        and (model.method != "nothing" or c.model == cell.name)
     ]  # fmt: skip
     if found:
         reason = (

@@ -60,15 +60,12 @@ class ServerCommand:
     argv: tuple[str, ...]
     #: The environment it runs with, as the shell / systemd / compose would give it.
     env: Mapping[str, str]
-    #: A models.toml ``gguf`` (placeholder filled) that replaces ``-m``.
-    model_override: str | None = None
-    alias: str | None = None
     #: Folder relative paths are resolved against; ``None``: the file does not fix it.
     base_dir: Path | None = None
     #: Container-path -> host-path prefixes from compose ``volumes:`` (bind mounts only).
     mounts: tuple[BindMount, ...] = ()
-    #: Why ``argv[0]`` names no file on this host (inside a container image; a registry that
-    #: names no binary); ``None`` when it does. The build then cannot be checked here.
+    #: Why ``argv[0]`` names no file on this host (inside a container image); ``None`` when it
+    #: does. The build then cannot be checked here.
     binary_elsewhere: str | None = None
     #: The ``PATH`` a bare program name is looked up with, as the file sets it (``None``:
     #: the file sets none, so the caller's decides).
@@ -95,7 +92,7 @@ class DeployRead:
 
 def origin_location(origin: str) -> tuple[str, int]:
     """(file, line) of a server's origin as the readers write it: ``FILE:LINE`` (a script, a
-    unit or its drop-in), ``FILE [NAME]`` (a compose service, a models.toml entry: line 0);
+    unit or its drop-in), ``FILE [NAME]`` (a compose service, a Kubernetes container: line 0);
     anything else is a file."""
     found = re.fullmatch(r"(.+) \[[^\]]*\]|(.+):(\d+)", origin)
     if found is None:
