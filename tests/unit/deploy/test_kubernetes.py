@@ -181,3 +181,6 @@ def test_a_rendered_helm_output_with_other_kinds_is_read(tmp_path: Path) -> None
     assert kubernetes_commands(tmp_path / "out.yaml", service + body).not_understood == ()
     (found,) = kubernetes_commands(tmp_path / "out.yaml", f"{body}---\n{rollout}").unmodelled
     assert found.startswith("out.yaml:15: not understood: a Rollout with containers that mention")
+    listed = f"apiVersion: v1\nkind: List\nitems:\n- {rollout.replace(chr(10), chr(10) + '  ')}"
+    (found,) = kubernetes_commands(tmp_path / "out.yaml", f"{body}---\n{listed}").unmodelled
+    assert "a List with containers that mention a server" in found
