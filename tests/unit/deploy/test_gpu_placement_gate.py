@@ -34,10 +34,8 @@ from tests.support.nvidia_smi import MIXED, TWO_H200, install_nvidia_smi
 MEASURED_ENV = {"CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "all"}
 
 
-def _smi(
-    tmp_path: Path, rows: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, code: int = 0
-) -> None:
-    folder = install_nvidia_smi(tmp_path / "smi", rows, exit_code=code)
+def _smi(at: Path, rows: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, code: int = 0) -> None:
+    folder = install_nvidia_smi(at / "smi", rows, exit_code=code)
     monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
 
 
