@@ -32,9 +32,9 @@ import pytest
 from batch_invariance.provision.embedded import provision
 from tests.act.act_run import ActEvent, ActRun, ActSetup, run_act
 from tests.act.scratch import ORIGIN
+from tests.support.deploy_world import _live_cert
 from tests.support.paths import REPO
-from tests.unit.deploy.test_check_deploy import _live_cert
-from tests.unit.deploy.test_plan_cells import _measured_provenance
+from tests.support.plan_loop import measured_provenance
 
 #: Plan, gate and two venv installs; with the live cell of run 2 on 2 loaded cores.
 TIMEOUT_S = 2400
@@ -116,7 +116,7 @@ def seeded(act_setup: ActSetup, gate: dict[str, Any]) -> str:
     pair = gate["pair"]
     env = {"INPUT_SERVER_BIN": str(pair.server_bin), "INPUT_MODEL": str(pair.model),
            "INPUT_CTX": "256", "INPUT_PARALLEL": "4", "INPUT_N_PREDICT": "128"}  # fmt: skip
-    provenance = _measured_provenance(env, gate["root"])
+    provenance = measured_provenance(env, gate["root"])
     fresh = gate["root"] / "seed"
     _live_cert(fresh, pair.model, provenance=provenance, parallel=4, ctx=256, slot_ctx=256)
     return _store_push(gate, fresh, "seed")

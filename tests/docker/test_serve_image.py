@@ -169,7 +169,7 @@ class Deploy:
 def deploy(images: Images, tmp_path: Path) -> Deploy:
     """A deploy folder: compose.yaml beside models/ and certs/ (0755: serve refuses a cert in
     a folder others can write), the cert recorded for the provisioned binary and model."""
-    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
+    from tests.support.deploy_world import _live_cert, _provenance
 
     root = tmp_path / "deploy"
     models, certs = root / "models", root / "certs"

@@ -138,7 +138,7 @@ def test_bundled_workset_reaches_red_with_every_gate_met(
 def _placement_recorded_and_held(prov: dict[str, Any], root: Path) -> None:
     """The selection is no engine variable; GPU 1's facts are the cert's ``gpus``; a deploy
     on GPU 0 of the same model passes with a promotable cert of that provenance."""
-    from tests.unit.deploy.test_check_deploy import (
+    from tests.support.deploy_world import (
         OK_FLAGS,
         _live_cert,
         _provenance,

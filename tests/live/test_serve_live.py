@@ -64,7 +64,7 @@ def _recorded(
     """A promotable cert whose verdict the core decided from factory evidence and whose
     provenance records the real binary and model (their sha256) and the argv run-live would
     start them with (ctx 1024, N 4, ``layout``, -ub 1), in ``root/folder``."""
-    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
+    from tests.support.deploy_world import _live_cert, _provenance
 
     provenance = _provenance(model, 4, layout, binary=live_pair.server_bin)
     for server in provenance["servers"]:
@@ -252,7 +252,7 @@ def test_the_served_process_keeps_the_hashed_files_when_both_paths_are_swapped(
     over the binary. The running server is still the hashed binary inode (/proc/PID/exe), its
     mapping of the model is the hashed inode (/proc/PID/maps), it reads the model through
     serve's descriptor, and it answers as before."""
-    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
+    from tests.support.deploy_world import _live_cert, _provenance
 
     binary = tmp_path / "bin" / "llama-server"  # copies: the swap must not touch the cache
     binary.parent.mkdir(mode=0o755)
@@ -385,8 +385,8 @@ def _llama_library(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
     """The real binary copied to a folder of its own, measured there (the provisioned build
     has ggml in it: the cert records no library), then a ggml CPU backend put beside it (ggml
     loads such backends from the binary's folder at run time; no file names it)."""
+    from tests.support.deploy_world import _live_cert, _provenance
     from tests.support.elf import write_elf
-    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
 
     folder = tmp / "build"
     folder.mkdir()
@@ -404,8 +404,8 @@ def _llama_library(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
 def _cpu_variant(cell: dict[str, Path], tmp: Path) -> dict[str, Any]:
     """The real binary with a ggml CPU variant beside it, both measured (the cert records the
     library) on a host whose CPU had other SIMD features than this one."""
+    from tests.support.deploy_world import _live_cert, _provenance
     from tests.support.elf import write_elf
-    from tests.unit.deploy.test_check_deploy import _live_cert, _provenance
 
     folder = tmp / "build"
     folder.mkdir()

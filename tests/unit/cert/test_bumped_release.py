@@ -27,15 +27,15 @@ from batch_invariance.cert.advice import engine_advice
 from batch_invariance.cert.build import rederive
 from batch_invariance.cert.store import render
 from batch_invariance.core.rules import RULES_VERSION
-from tests.support.factories import comparable_cert, load_cert
-from tests.support.paths import EXAMPLES, REPO
-from tests.unit.deploy.test_check_deploy import (
+from tests.support.deploy_world import (
     OK_FLAGS,
     _live_cert,
     deploy_files,
     path_line,
     served,
 )
+from tests.support.factories import comparable_cert, load_cert
+from tests.support.paths import EXAMPLES, REPO
 
 PATCH = re.sub(r"(\d+)$", lambda m: str(int(m.group(1)) + 1), __version__)
 #: The certs this repository ships (the README's tour verifies one of them).

@@ -12,8 +12,8 @@ from batch_invariance.commands.deploy_output import (
     in_github_job,
     workspace_path,
 )
+from tests.support.deploy_outcomes import covered, mixed, outcome, outside
 from tests.support.golden import check_golden
-from tests.unit.deploy.test_outcome import covered, mixed, outcome, outside
 
 
 def test_escaping_of_properties_and_message() -> None:
@@ -29,24 +29,24 @@ def test_escaping_of_properties_and_message() -> None:
 
 
 @pytest.mark.parametrize(
-    ("file", "expected"),
+    ("file", "workspace", "cwd", "expected"),
     [
-        ("/ws/deploy/llm.sh", "deploy/llm.sh"),  # under the workspace
-        ("deploy/llm.sh", "deploy/llm.sh"),  # relative to a cwd that is the workspace
-        ("/etc/systemd/system/llm.service", "/etc/systemd/system/llm.service"),  # outside
-        ("/ws2/llm.sh", "/ws2/llm.sh"),  # a sibling that only starts like it
-        ("/ws/a/../llm.sh", "llm.sh"),
+        ("/ws/deploy/llm.sh", "/ws", "/ws", "deploy/llm.sh"),  # under the workspace
+        ("deploy/llm.sh", "/ws", "/ws", "deploy/llm.sh"),  # relative to the workspace as cwd
+        ("/etc/systemd/system/llm.service", "/ws", "/ws", "/etc/systemd/system/llm.service"),
+        ("/ws2/llm.sh", "/ws", "/ws", "/ws2/llm.sh"),  # a sibling that only starts like it
+        ("/ws/a/../llm.sh", "/ws", "/ws", "llm.sh"),
+        # A relative path is read from the working folder.
+        ("llm.sh", "/ws", "/ws/deploy", "deploy/llm.sh"),
+        ("llm.sh", "/ws", "/elsewhere", "llm.sh"),
+        ("llm.sh", None, "/ws", "llm.sh"),
+        ("/ws/llm.sh", "", "/", "/ws/llm.sh"),
     ],
 )
-def test_the_path_is_relative_to_the_workspace_when_under_it(file: str, expected: str) -> None:
-    assert workspace_path(file, "/ws", "/ws") == expected
-
-
-def test_a_relative_path_is_read_from_the_working_folder() -> None:
-    assert workspace_path("llm.sh", "/ws", "/ws/deploy") == "deploy/llm.sh"
-    assert workspace_path("llm.sh", "/ws", "/elsewhere") == "llm.sh"
-    assert workspace_path("llm.sh", None, "/ws") == "llm.sh"
-    assert workspace_path("/ws/llm.sh", "", "/") == "/ws/llm.sh"
+def test_the_path_is_relative_to_the_workspace_when_under_it(
+    file: str, workspace: str | None, cwd: str, expected: str
+) -> None:
+    assert workspace_path(file, workspace, cwd) == expected
 
 
 def test_only_a_github_job_gets_annotations() -> None:
@@ -59,10 +59,8 @@ def test_a_deploy_that_passes_has_no_annotation() -> None:
 
 
 def test_annotations_are_golden() -> None:
-    """A cell with no cert (a line), an invalid cert of a compose service (no line), and
-    constructs outside the grammar in the script, in a drop-in outside the workspace and in
-    no line of the file; the config was given relative to the workspace. Last, the escaping:
-    a path with a comma and a colon, a message with a percent sign and a newline."""
+    """The cells and constructs of :func:`mixed` and :func:`outside`, then the escaping of a
+    path with a comma and a colon, a message with a percent sign and a newline."""
     text = deploy_annotations(mixed(), "/ws", "/ws") + deploy_annotations(outside(), "/ws", "/ws")
     text += error_annotation("50% of\nthe cells", "/ws/a,b:c/llm.sh", 2, 5) + "\n"
     check_golden("check_deploy_annotations.txt", text)

@@ -14,8 +14,8 @@ from batch_invariance.cli import main
 from batch_invariance.commands.search import deploy_line, parse_budget
 from batch_invariance.errors import UsageError
 from batch_invariance.service.search_record import deploy_argv
+from tests.support.deploy_world import _live_cert, deploy_files
 from tests.support.fakes_live import LOOSE_GATES, fake_cell_files
-from tests.unit.deploy.test_check_deploy import _live_cert, deploy_files
 
 
 def test_the_deploy_line_of_a_green_passes_check_deploy_on_its_cert(

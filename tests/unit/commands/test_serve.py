@@ -22,7 +22,7 @@ from batch_invariance.engines.llama_server.env import NEUTRAL_ENV_NAMES, is_engi
 from batch_invariance.gate.serve_line import ServeRefused
 from batch_invariance.gate.served import serve_argv
 from batch_invariance.serve.exec_argv import descriptor_argv
-from tests.unit.deploy.test_check_deploy import _live_cert, _provenance, world  # noqa: F401 (the fixture)
+from tests.support.deploy_world import _live_cert, _provenance, world  # noqa: F401 (the fixture)
 
 MEASURED = (
     "/opt/llama-server", "--model", "/m/a.gguf", "--host", "127.0.0.1", "--port", "4711",

@@ -21,13 +21,13 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.engines.llama_server.env import is_engine_variable
-from tests.unit.commands.test_serve import STAND_IN, served  # noqa: F401 (the fixture)
-from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
+from tests.support.deploy_world import (  # noqa: F401 (the fixture)
     OK_FLAGS,
     _live_cert,
     _provenance,
     world,
 )
+from tests.unit.commands.test_serve import STAND_IN, served  # noqa: F401 (the fixture)
 
 
 def _serve(

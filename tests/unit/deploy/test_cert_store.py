@@ -1,12 +1,11 @@
 """`check-deploy --store DIR`: the cert store counts a cert only where it verifies and is
 signed per the gate's own policy; a cert of another identity, another repository, older rules
-or a tampered file is ignored with a line naming it, and never covers (nor fails) a cell.
-
-The signature checks are the gate's own (``verify_bundle``): a fake that applies the signer
-policy to a named SAN and repository (as tests/unit/deploy/test_check_deploy.py does), and
-sigstore itself on the real public bundle of ../shared/fixtures/sigstore (offline).
+or a tampered file is ignored with a line naming it, and never covers (nor fails) a cell. The
+signatures are checked by the fake verifier of tests/support/deploy_world.py and by sigstore on
+the real public bundle of ../shared/fixtures/sigstore (offline).
 """
 
+# ruff: noqa: F811 (the world fixture, imported)
 from __future__ import annotations
 
 import json
@@ -18,21 +17,23 @@ import pytest
 
 from batch_invariance import exitcodes
 from batch_invariance.cert.schema import compute_digest
-from batch_invariance.cert.signature import SignerPolicy, TrustRoot
 from batch_invariance.cert.signing import GITHUB_ACTIONS_ISSUER
 from batch_invariance.cli import main
 from batch_invariance.deploy.cert_store import read_store
 from batch_invariance.deploy.deploy_report import check_cells, load_deploy_cells
-from batch_invariance.errors import CertInvalid, UsageError
-from batch_invariance.gate.check import BundleVerifier
-from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
+from batch_invariance.errors import UsageError
+from tests.support.deploy_world import (  # noqa: F401 (the fixtures)
     CACHE_OFF,
     MODEL,
     SIGSTORE,
+    Capsys,
+    World,
     _live_cert,
-    _policy_from,
+    home,
     path_line,
+    policy_from,
     served,
+    signed_by,
     world,
 )
 
@@ -42,31 +43,26 @@ REPOSITORY = "octo/deploy"
 #: N=8 at 1024 per slot: a cell the world's certs (N=4) do not cover.
 RAISED = f"-c 8192 -np 8 -ub 1 {CACHE_OFF}"
 WHEEL = "rfc8785-0.1.2-py3-none-any.whl"
+POLICY = ["--cert-identity-regexp", r"^https://github\.com/addiplus/batch-invariance/.*$",
+          "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--repository", REPOSITORY,
+          "--offline"]  # fmt: skip
+#: The (SAN, repository) each store cert was signed with, and why each but one is ignored.
+SIGNED = {
+    "good": (CELL_SAN, REPOSITORY, None),
+    "foreign": (OTHER_SAN, REPOSITORY, f"signature identity mismatch: signed by {OTHER_SAN}"),
+    "other_repo": (
+        CELL_SAN,
+        "someone/else",
+        "signature repository mismatch: signed for someone/else",
+    ),
+    "tampered": (CELL_SAN, REPOSITORY, ""),
+    "older_rules": (CELL_SAN, REPOSITORY, "written by batch-invariance 0.0.1"),
+    "unsigned": (CELL_SAN, REPOSITORY, "not signed (no unsigned.json.sigstore.json beside it)"),
+}
+VERIFY = signed_by(lambda cert: SIGNED[cert.stem][:2])
 
 
-def _policy() -> list[str]:
-    return [
-        "--cert-identity-regexp", r"^https://github\.com/addiplus/batch-invariance/.*$",
-        "--cert-oidc-issuer", GITHUB_ACTIONS_ISSUER, "--repository", REPOSITORY, "--offline",
-    ]  # fmt: skip
-
-
-def _signers(signed: dict[str, tuple[str, str]]) -> BundleVerifier:
-    """A bundle check that applies the signer policy to the (SAN, repository) each cert file
-    (by name) was signed with."""
-    import re
-
-    def verify(artifact: Path, bundle: Path, wanted: SignerPolicy, trust: TrustRoot) -> None:
-        san, repository = signed[artifact.name]
-        if re.fullmatch(wanted.identity, san) is None:
-            raise CertInvalid(f"signature identity mismatch: signed by {san}")
-        if wanted.repository and wanted.repository != repository:
-            raise CertInvalid(f"signature repository mismatch: signed for {repository}")
-
-    return verify
-
-
-def _store_cert(world: dict[str, Path], store: Path, name: str) -> Path:  # noqa: F811
+def _store_cert(world: World, store: Path, name: str) -> Path:
     """A promotable cert of the raised cell in its own store folder, with a bundle file."""
     folder = store / name
     cert = _live_cert(folder, world["model"], parallel=8)
@@ -76,10 +72,9 @@ def _store_cert(world: dict[str, Path], store: Path, name: str) -> Path:  # noqa
 
 
 @pytest.fixture
-def store(world: dict[str, Path], tmp_path: Path) -> dict[str, Path]:  # noqa: F811
+def store(world: World, tmp_path: Path) -> dict[str, Path]:
     root = tmp_path / "store"
-    made = {name: _store_cert(world, root, name) for name in
-            ("good", "foreign", "other_repo", "tampered", "older_rules", "unsigned")}  # fmt: skip
+    made = {name: _store_cert(world, root, name) for name in SIGNED}
     # One byte of the cert changed after it was written: its digest no longer holds.
     text = made["tampered"].read_text()
     assert "2025-01-02T03:04:05Z" in text
@@ -94,56 +89,33 @@ def store(world: dict[str, Path], tmp_path: Path) -> dict[str, Path]:  # noqa: F
     return {"root": root, **made}
 
 
-SIGNED = {
-    "good.json": (CELL_SAN, REPOSITORY),
-    "foreign.json": (OTHER_SAN, REPOSITORY),
-    "other_repo.json": (CELL_SAN, "someone/else"),
-    "tampered.json": (CELL_SAN, REPOSITORY),
-    "older_rules.json": (CELL_SAN, REPOSITORY),
-    "unsigned.json": (CELL_SAN, REPOSITORY),
-}
-
-
-def _deploy(world: dict[str, Path], tmp_path: Path) -> Path:  # noqa: F811
+def _deploy(world: World, tmp_path: Path) -> Path:
     config = tmp_path / "llama-server.sh"
     engine = f"llama-server -m {world['model']} {RAISED}"
-    line = served(engine, world["certs"], *(shlex.quote(word) for word in _policy()))
+    line = served(engine, world["certs"], *(shlex.quote(word) for word in POLICY))
     config.write_text(path_line(world["binary"]) + f"exec {line}\n")
     return config
 
 
 def test_only_a_verified_cert_of_the_gate_identity_is_admitted(store: dict[str, Path]) -> None:
-    policy = _policy_from(*_policy())
-    read = read_store(store["root"], policy, _signers(SIGNED))
+    read = read_store(store["root"], policy_from(*POLICY), VERIFY)
     assert [c.path.name for c in read.admitted] == ["good.json"]
-    ignored = "\n".join(read.ignored)
-    for name, why in (
-        ("foreign", f"signature identity mismatch: signed by {OTHER_SAN}"),
-        ("other_repo", "signature repository mismatch: signed for someone/else"),
-        ("tampered", ""),
-        ("older_rules", "written by batch-invariance 0.0.1"),
-        ("unsigned", "not signed (no unsigned.json.sigstore.json beside it)"),
-    ):
-        line = next(line for line in read.ignored if line.startswith(str(store[name])))
-        assert why in line, (name, ignored)
     assert len(read.ignored) == 5
+    for name, (_, _, why) in SIGNED.items():
+        lines = [line for line in read.ignored if line.startswith(str(store[name]))]
+        assert (why is None) is (lines == []) and (why is None or why in lines[0]), (name, lines)
 
 
 @pytest.mark.parametrize("keep", ["foreign", "other_repo", "tampered", "older_rules", "unsigned"])
 def test_a_refused_store_cert_never_covers_nor_fails_a_cell(
-    world: dict[str, Path],  # noqa: F811
-    store: dict[str, Path],
-    tmp_path: Path,
-    keep: str,
+    world: World, store: dict[str, Path], tmp_path: Path, keep: str
 ) -> None:
-    """Alone in the store, each refused cert leaves the cell missing (to be measured), not
-    covered and not invalid; beside it the good cert covers the cell."""
+    """Alone in the store it leaves the cell missing (not invalid); the good one covers it."""
     only = tmp_path / "only"
     shutil.copytree(store[keep].parent, only / keep)
-    policy = _policy_from(*_policy())
+    policy, verify = policy_from(*POLICY), VERIFY
     config = _deploy(world, tmp_path)
     cells = load_deploy_cells(config).cells
-    verify = _signers(SIGNED)
     alone = read_store(only, policy, verify)
     assert alone.admitted == () and len(alone.ignored) == 1
     report = check_cells(config, cells, world["certs"], policy, verify, store=alone.admitted)
@@ -155,30 +127,19 @@ def test_a_refused_store_cert_never_covers_nor_fails_a_cell(
     assert report.checks[0].cert == only / "good" / "good.json"
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """sigstore's offline trust root writes under HOME."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
-
-
 @pytest.mark.skipif(not (SIGSTORE / WHEEL).is_file(), reason="the public sigstore fixture")
 @pytest.mark.usefixtures("home")
 def test_check_deploy_names_each_ignored_store_file_with_real_sigstore(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    world: World, tmp_path: Path, capsys: Capsys
 ) -> None:
-    """Through the command and sigstore itself: a store cert beside a real public bundle (of
-    another file, by another identity) is ignored with its line, and the deploy's cell stays
-    missing, exit 3 (not 5: a stranger's file in the store cannot fail a deploy)."""
+    """A store cert beside a real bundle of another file is ignored with its line, and the cell
+    stays missing, exit 3 (not 5: a stranger's file in the store cannot fail a deploy)."""
     root = tmp_path / "store"
     cert = _store_cert(world, root, "swapped")
     shutil.copyfile(SIGSTORE / f"{WHEEL}.sigstore.json", Path(f"{cert}.sigstore.json"))
     (root / "notes.json").write_text("not json")
     config = _deploy(world, tmp_path)
-    args = ["check-deploy", str(config), "--certs", str(world["certs"]), *_policy()]
+    args = ["check-deploy", str(config), "--certs", str(world["certs"]), *POLICY]
     assert main([*args, "--store", str(root)]) == exitcodes.NOT_PROMOTABLE
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if "store: ignored" in line]

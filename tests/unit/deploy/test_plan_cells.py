@@ -1,16 +1,16 @@
 """`check-deploy --plan`: the run that measures each cell no cert covers, as a GitHub Actions
-matrix whose rows the gate workflow hands to cell.yml, closed into a loop: the row, read as
-the gate workflow's `with:` reads it, becomes the Action's inputs, those the live request,
-that the engine's real launch command; a cert that measured exactly that command covers the
-deploy, and the same deploy's next plan is empty. A row that leaves out an output-changing
-option measures a cell the gate refuses.
+matrix whose rows the gate workflow hands to cell.yml, closed into a loop: the row, read as the
+gate workflow's `with:` reads it, becomes the Action's inputs, those the live request, that the
+engine's launch command; a cert that measured exactly that command covers the deploy, and the
+deploy's next plan is empty. A row that leaves out an output-changing option measures a cell
+the gate refuses.
 """
 
+# ruff: noqa: F811 (the world fixture, imported)
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -23,37 +23,28 @@ import yaml
 
 from batch_invariance import exitcodes
 from batch_invariance.action.inputs import live_request, read_inputs
-from batch_invariance.cert.store import write_cert
-from batch_invariance.cli import build_parser, main
+from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
-from batch_invariance.core.evidence import CellSpec
-from batch_invariance.core.roles import ServerRole
-from batch_invariance.engines.llama_server.engine import kv_label
-from batch_invariance.engines.llama_server.env import is_engine_variable
-from batch_invariance.servers.process import ServerProcess
-from batch_invariance.service.live import prepare
-from batch_invariance.service.target import engine_launcher
-from tests.support.factories import cert_for, concurrent_pass, green_evidence
-from tests.support.fakes_live import dense_meta, write_gguf
-from tests.support.paths import REPO
-from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
+from tests.support.deploy_world import (  # noqa: F401 (the fixture)
     CACHE_OFF,
     MODEL,
+    Capsys,
+    World,
     _live_cert,
+    gate,
     path_line,
     served,
     world,
 )
+from tests.support.fakes_live import dense_meta, write_gguf
+from tests.support.plan_loop import GATE, MATRIX_VALUE, cell_inputs, measured_provenance
 
-GATE = REPO / ".github" / "workflows" / "gate.yml"
-#: A `with:` value cell.yml gets from a plan row (`|| ''`: a null as the empty string).
-MATRIX_VALUE = re.compile(r"\$\{\{ matrix\.(\w+)(?: \|\| '')? \}\}")
 #: Raised from the certified N=4 (ctx 1024 per slot, -ub 1): a cell no cert measured.
 RAISED = f"-c 8192 -np 8 -ub 1 {CACHE_OFF}"
 
 
 @pytest.fixture()
-def headed(world: dict[str, Path], tmp_path: Path) -> dict[str, Path]:  # noqa: F811
+def headed(world: World, tmp_path: Path) -> dict[str, Path]:
     """The world with a model whose GGUF header reads (a measuring run reads its geometry)."""
     model = tmp_path / "headed" / f"{MODEL}.gguf"
     model.parent.mkdir()
@@ -61,12 +52,8 @@ def headed(world: dict[str, Path], tmp_path: Path) -> dict[str, Path]:  # noqa: 
     return {**world, "model": model}
 
 
-def _deploy(
-    world: dict[str, Path],  # noqa: F811
-    folder: Path,
-    flags: str,
-    script: str = "",
-) -> Path:
+def _deploy(world: World, folder: Path, flags: str, script: str = "") -> Path:
+    folder.mkdir(exist_ok=True)
     config = folder / "llama-server.sh"
     engine = f"llama-server -m {world['model']} {flags} --port 8080"
     body = f"exec {served(engine, world['certs'])}\n"
@@ -74,113 +61,22 @@ def _deploy(
     return config
 
 
-def _plan(config: Path, certs: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
-    args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned", "--plan"]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    include: list[dict[str, Any]] = json.loads(out)["include"]
+def _plan(config: Path, certs: Path, capsys: Capsys) -> list[dict[str, Any]]:
+    assert gate(config, certs, "--plan") == 0
+    include: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["include"]
     return include
 
 
-def _as_github_renders(value: Any) -> str:
-    """A matrix value as `${{ matrix.KEY }}` hands it to a string or boolean input."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def _cell_inputs(row: dict[str, Any]) -> dict[str, str]:
-    """The INPUT_* variables cell.yml's run step gets for ``row``, read from the gate
-    workflow's `with:` (each `${{ matrix.KEY }}` replaced by the row's value) through
-    cell.yml's own `env:` (each `${{ inputs.NAME }}`)."""
-    given = yaml.safe_load(GATE.read_text())["jobs"]["measure"]["with"]
-    cell = yaml.safe_load((GATE.parent / "cell.yml").read_text())
-    (run,) = [s for s in cell["jobs"]["cell"]["steps"] if s.get("id") == "run"]
-    env: dict[str, str] = {}
-    for variable, value in run["env"].items():
-        found = re.fullmatch(r"\$\{\{ inputs\.([\w-]+) \}\}", str(value))
-        passed = None if found is None else given.get(found.group(1))
-        key = None if passed is None else MATRIX_VALUE.fullmatch(str(passed))
-        if key is not None:
-            env[variable] = _as_github_renders(row[key.group(1)])
-    return env
-
-
-def _measured_provenance(env: dict[str, str], workspace: Path) -> dict[str, Any]:
-    """What a live run of those inputs records: each server's argv and engine variables from
-    the launch path run-live takes (prepare, the engine's launcher, the server process), and
-    the files it ran, by sha256. The process's own engine variables are cleared first (a
-    clean runner); the Action sets the engine-env input's, as its entrypoint does."""
-    inputs = read_inputs({**env, "GITHUB_WORKSPACE": str(workspace)})
-    with pytest.MonkeyPatch.context() as patch:
-        for name in [k for k in os.environ if is_engine_variable(k)]:
-            patch.delenv(name)
-        for name, value in inputs.engine_env:
-            patch.setenv(name, value)
-        job = prepare(live_request(inputs, None), create_out_dir=False)
-        launcher = engine_launcher(job.target, job.launch, workspace, job.port_policy)
-        roles = [(ServerRole.A, 1), (ServerRole.BC, job.parallel)]
-        if job.measurement.cache_passes:
-            roles.append((ServerRole.CACHE, job.parallel))
-        servers = []
-        for role, parallel in roles:
-            planned = launcher.planned(parallel, job.ctx, 1, role)
-            process = ServerProcess(
-                job.target.engine, planned.command, arm=str(role), parallel=planned.parallel,
-                ctx=job.ctx, port=1, log_dir=workspace,
-            )  # fmt: skip
-            info = {"engine_env": process.info()["engine_env"]}
-            servers.append({"role": str(role), "argv": list(planned.command.argv), "info": info})
-    assert job.target.server_bin is not None and job.target.model is not None
-    model, binary = job.target.model.read_bytes(), job.target.server_bin.read_bytes()
-    return {
-        "driver": "run-live",
-        "server_binary": {
-            "path": str(job.target.server_bin),
-            "sha256": hashlib.sha256(binary).hexdigest(),
-        },
-        "servers": servers,
-        "model_file": {
-            "path": str(job.target.model),
-            "name": job.target.model.name,
-            "sha256": hashlib.sha256(model).hexdigest(),
-            "size": len(model),
-        },
-        "plan": {"n_predict": job.measurement.n_predict},
-    }
-
-
-def _measure(
-    world: dict[str, Path],  # noqa: F811
-    row: dict[str, Any],
-    certs: Path,
-    tmp_path: Path,
-) -> Path:
+def _measure(world: World, row: dict[str, Any], certs: Path, tmp_path: Path) -> Path:
     """A GREEN cert of the row's cell whose provenance is what measuring the row records (with
     the prompt-cache arm's pass, and its hits, where the row runs that arm)."""
-    provenance = _measured_provenance(_cell_inputs(row), tmp_path)
-    if not row["cache_arm"]:
-        return _live_cert(certs, world["model"], provenance=provenance, parallel=row["parallel"],
-                          layout=row["kv_layout"])  # fmt: skip
-    green = green_evidence(slot_ctx=row["ctx"])
-    prompts = {t: x.prompt_tokens_measured or 0 for t, x in green.a.items()}
-    base = concurrent_pass(list(green.a), 0, prompts=prompts)
-    trials = {t: replace(x, timings={"cache_n": 40.0}) for t, x in base.trials.items()}
-    evidence = replace(green, cache_passes=(replace(base, trials=trials),))
-    label = kv_label(row["ctx"], row["parallel"], row["kv_layout"])
-    cell = CellSpec(model=MODEL, ctx=row["ctx"], dispatch_n=row["parallel"], kv_label=label,
-                    reps=1, is_moe=False)  # fmt: skip
-    cert, verdict = cert_for(evidence, cell=cell, extra_provenance=provenance)
-    assert cert.status == "green" and cert.prompt_cache is not None, verdict.decision_reasons
-    return write_cert(certs, cert).path
+    provenance = measured_provenance(cell_inputs(row), tmp_path)
+    return _live_cert(certs, world["model"], provenance=provenance, parallel=row["parallel"],
+                      layout=row["kv_layout"], cache_arm=row["cache_arm"])  # fmt: skip
 
 
 def test_the_plan_names_everything_a_run_needs(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    world: World, tmp_path: Path, capsys: Capsys
 ) -> None:
     config = _deploy(world, tmp_path, f"{RAISED} --temp 0.5 -fa on --port 9")
     (row,) = _plan(config, world["certs"], capsys)
@@ -202,47 +98,18 @@ def test_the_plan_names_everything_a_run_needs(
     assert re.fullmatch(rf"{MODEL}__ctx1024__N8__split__[0-9a-f]{{12}}", row["id"])
     # Stable: the same deploy plans the same id; another option, another id.
     assert _plan(config, world["certs"], capsys)[0]["id"] == row["id"]
-    other = _deploy(world, tmp_path, f"{RAISED} --temp 0.6 -fa on")
+    other = _deploy(world, tmp_path / "other", f"{RAISED} --temp 0.6 -fa on")
     assert _plan(other, world["certs"], capsys)[0]["id"] != row["id"]
-
-
-@pytest.mark.parametrize(("cap", "measured"), [("", 128), ("-n 16", 128), ("-n 512", 512),
-                                               ("-n -1", 128)])  # fmt: skip
-def test_the_answer_budget_covers_the_deploys_cap(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    cap: str,
-    measured: int,
-) -> None:
-    """A cert covers a cap up to the length it measured; a budget under the default could
-    never pass the length gate (the Action refuses such a plan before it launches)."""
-    config = _deploy(world, tmp_path, f"{RAISED} {cap}")
-    (row,) = _plan(config, world["certs"], capsys)
-    assert row["n_predict"] == measured
-
-
-def test_json_carries_the_same_plan(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    config = _deploy(world, tmp_path, RAISED)
-    (row,) = _plan(config, world["certs"], capsys)
-    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned"]
-    assert main([*args, "--json"]) == exitcodes.NOT_PROMOTABLE
+    # --json carries the same plan beside the cells.
+    assert gate(config, world["certs"], "--json") == exitcodes.NOT_PROMOTABLE
     out = json.loads(capsys.readouterr().out)
     assert out["json_version"] == 2 and out["plan"] == [row]
     assert out["cells"][0]["kind"] == "missing"
-
-
-def test_a_covered_deploy_plans_nothing(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    config = _deploy(world, tmp_path, f"-c 4096 -np 4 -ub 1 {CACHE_OFF}")
-    assert _plan(config, world["certs"], capsys) == []
+    # A cert covers a cap up to the length it measured; a budget under the default could never
+    # pass the length gate (the Action refuses such a plan before it launches).
+    for cap, measured in [("", 128), ("-n 16", 128), ("-n 512", 512), ("-n -1", 128)]:
+        config = _deploy(world, tmp_path / f"cap{cap}", f"{RAISED} {cap}")
+        assert _plan(config, world["certs"], capsys)[0]["n_predict"] == measured, cap
 
 
 #: One deploy of each kind of cell the plan emits: the flags, what the script sets before
@@ -259,10 +126,7 @@ KINDS: dict[str, tuple[str, str, dict[str, object]]] = {
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_measuring_the_plan_covers_the_deploy(
-    headed: dict[str, Path],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    kind: str,
+    headed: World, tmp_path: Path, capsys: Capsys, kind: str
 ) -> None:
     """The loop, for each kind: the row goes through the gate workflow's `with:` and cell.yml's
     `env:` to the Action's inputs, whose request (the one run-live's flags reader builds from
@@ -273,11 +137,10 @@ def test_measuring_the_plan_covers_the_deploy(
     config = _deploy(headed, tmp_path, flags, script)
     (row,) = _plan(config, certs, capsys)
     assert {k: row[k] for k in carried} == carried and row["cell_yml_refuses"] == ""
-    inputs = read_inputs({**_cell_inputs(row), "GITHUB_WORKSPACE": str(tmp_path)})
+    inputs = read_inputs({**cell_inputs(row), "GITHUB_WORKSPACE": str(tmp_path)})
     assert live_request(inputs, None) == _run_live_request(row["run_live"], inputs.out_dir)
     fresh = _measure(headed, row, certs, tmp_path)
-    args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"]
-    assert main(args) == exitcodes.PROMOTABLE, capsys.readouterr().out
+    assert gate(config, certs) == exitcodes.PROMOTABLE, capsys.readouterr().out
     out = capsys.readouterr().out
     assert f"pass  {MODEL} ctx=1024 N=8 kv=split" in out and fresh.name in out
     assert _plan(config, certs, capsys) == []  # the next run measures nothing
@@ -296,45 +159,26 @@ def _run_live_request(line: str, out_dir: Path) -> Any:
     return replace(request, measurement=replace(request.measurement, stop_on_red=True))
 
 
-def test_a_plan_that_drops_an_option_measures_a_cell_the_gate_refuses(
-    headed: dict[str, Path],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    certs = tmp_path / "certs"
-    shutil.copytree(headed["certs"], certs)
-    config = _deploy(headed, tmp_path, f"{RAISED} --temp 0.5")
-    (row,) = _plan(config, certs, capsys)
-    _measure(headed, {**row, "server_flags": "--ubatch-size\n1"}, certs, tmp_path)
-    args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"]
-    assert main(args) == exitcodes.NOT_PROMOTABLE
-    assert "--temp 0.5 (measured unset)" in capsys.readouterr().out
-    assert [r["id"] for r in _plan(config, certs, capsys)] == [row["id"]]
-
-
 @pytest.mark.parametrize(
     ("row", "differs"),
     [
+        ({"server_flags": "--ubatch-size\n1"}, "--temp 0.5 (measured unset)"),
         ({"engine_env": ""}, "environment GGML_SCHED_MAX_COPIES=1 (measured (unset))"),
         ({"cache_arm": False, "cache_ram": None}, "measured traffic with the prompt cache off"),
         ({"cache_ram": "2048"}, "--cache-ram 1024 (measured 2048)"),
     ],
+    ids=["option", "variable", "cache-arm", "cache-ram"],
 )
-def test_a_row_that_drops_a_variable_or_the_cache_measures_a_cell_the_gate_refuses(
-    headed: dict[str, Path],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    row: dict[str, Any],
-    differs: str,
+def test_a_row_that_drops_an_option_measures_a_cell_the_gate_refuses(
+    headed: World, tmp_path: Path, capsys: Capsys, row: dict[str, Any], differs: str
 ) -> None:
     certs = tmp_path / "certs"
     shutil.copytree(headed["certs"], certs)
     script = "export GGML_SCHED_MAX_COPIES=1\n"
-    config = _deploy(headed, tmp_path, "-c 8192 -np 8 -ub 1 --cache-ram 1024", script)
+    config = _deploy(headed, tmp_path, "-c 8192 -np 8 -ub 1 --cache-ram 1024 --temp 0.5", script)
     (planned,) = _plan(config, certs, capsys)
     _measure(headed, {**planned, **row}, certs, tmp_path)
-    args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"]
-    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert gate(config, certs) == exitcodes.NOT_PROMOTABLE
     assert differs in capsys.readouterr().out
     assert [r["id"] for r in _plan(config, certs, capsys)] == [planned["id"]]
 
@@ -352,15 +196,10 @@ def test_a_row_that_drops_a_variable_or_the_cache_measures_a_cell_the_gate_refus
     ],
 )  # fmt: skip
 def test_a_cell_no_measuring_run_covers_is_named_and_left_out(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    flags: str,
-    why: str,
+    world: World, tmp_path: Path, capsys: Capsys, flags: str, why: str
 ) -> None:
     config = _deploy(world, tmp_path, flags)
-    args = ["check-deploy", str(config), "--certs", str(world["certs"]), "--allow-unsigned"]
-    assert main([*args, "--plan"]) == 0
+    assert gate(config, world["certs"], "--plan") == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {"include": []}
     assert "is not in the matrix: no measuring run takes " in captured.err
@@ -368,9 +207,7 @@ def test_a_cell_no_measuring_run_covers_is_named_and_left_out(
 
 
 def test_the_unified_layout_reaches_the_server_and_only_the_pool_is_left_uncovered(
-    headed: dict[str, Path],
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    headed: World, tmp_path: Path, capsys: Capsys
 ) -> None:
     """cell.yml takes the unified layout (its kv-layout input), and the cert it measures
     covers the deploy's layout, pool size and flags; what it cannot cover is the pool's
@@ -378,12 +215,11 @@ def test_the_unified_layout_reaches_the_server_and_only_the_pool_is_left_uncover
     certs = tmp_path / "certs"
     shutil.copytree(headed["certs"], certs)
     config = _deploy(headed, tmp_path, f"-c 8192 -np 8 -kvu -ub 1 {CACHE_OFF}")
-    args = ["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"]
-    assert main([*args, "--json"]) == exitcodes.NOT_PROMOTABLE
+    assert gate(config, certs, "--json") == exitcodes.NOT_PROMOTABLE
     (row,) = json.loads(capsys.readouterr().out)["plan"]
     assert row["kv_layout"] == "unified" and row["cell_yml_refuses"]
     _measure(headed, row, certs, tmp_path)
-    assert main(args) == exitcodes.NOT_PROMOTABLE
+    assert gate(config, certs) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     assert "the slot is 8192 tokens (need >= 6144, 3/4 of it)" in out, out
     # The layout, the pool's size and the flags are the measured ones: no other difference.
@@ -400,9 +236,9 @@ def test_the_gate_workflow_is_one_required_check_fed_by_the_plan() -> None:
 
     workflow = yaml.safe_load(GATE.read_text())
     assert list(workflow[True]) == ["workflow_call"]  # YAML 1.1 reads the key `on` as true
-    gate = workflow["jobs"]["gate"]
-    assert gate["name"] == "batch-invariance gate"
-    assert gate["if"] == "${{ always() }}" and gate["needs"] == ["plan", "measure", "store"]
+    job = workflow["jobs"]["gate"]
+    assert job["name"] == "batch-invariance gate"
+    assert job["if"] == "${{ always() }}" and job["needs"] == ["plan", "measure", "store"]
     measure = workflow["jobs"]["measure"]
     assert measure["if"] == "${{ needs.plan.outputs.count != '0' }}"
     assert measure["uses"] == "addiplus/batch-invariance/.github/workflows/cell.yml@v0"

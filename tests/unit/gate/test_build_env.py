@@ -10,23 +10,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from batch_invariance.cert.provenance import Provenance
 from batch_invariance.engines.llama_server.env import engine_env
 from batch_invariance.engines.llama_server.linked import linked_runtimes
 from batch_invariance.gate.cells import cell_of
 from batch_invariance.gate.coverage import engine_env_differences
 from batch_invariance.gate.server_command import ServerCommand
-from tests.support.elf import llama_build
-from tests.unit.deploy.test_check_deploy import (
+from tests.support.deploy_world import (
     MODEL,
     OK_FLAGS,
+    Capsys,
+    World,
     _live_cert,
     _provenance,
     _unsigned,
     deploy_files,
 )
+from tests.support.elf import llama_build
 
 #: The measuring host's environment: its OpenBLAS tuning and one ggml switch.
 HOST = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "1048576", "GGML_SCHED_MAX_COPIES": "4"}
@@ -47,12 +47,12 @@ def _world(root: Path, recorded: dict[str, str], *, blas: bool) -> dict[str, Pat
     return {"model": model, "binary": binary, "certs": certs, "root": root}
 
 
-def _deploy(world: dict[str, Path], **env: str) -> str:
+def _deploy(world: World, **env: str) -> str:
     exports = "".join(f"export {k}={v}\n" for k, v in env.items())
     return f"{exports}llama-server -m {world['model']} {OK_FLAGS}\n"
 
 
-def _differences(world: dict[str, Path], **env: str) -> tuple[str, ...]:
+def _differences(world: World, **env: str) -> tuple[str, ...]:
     """The environment rule's differences for a server the deploy starts with ``env``."""
     (cert,) = world["certs"].glob("*.json")
     provenance = Provenance.from_record(json.loads(cert.read_text())["provenance"])
@@ -65,7 +65,7 @@ def _differences(world: dict[str, Path], **env: str) -> tuple[str, ...]:
 
 
 def test_the_measuring_hosts_openblas_variables_do_not_refuse_its_deploy(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: Capsys
 ) -> None:
     world = _world(tmp_path / "w", HOST, blas=False)  # as an older tool recorded it
     # The cert a measurement records now: what this build reads.
@@ -83,7 +83,7 @@ def test_the_measuring_hosts_openblas_variables_do_not_refuse_its_deploy(
 
 
 def test_a_build_that_reads_openblas_is_held_to_the_measured_values(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: Capsys
 ) -> None:
     world = _world(tmp_path / "w", HOST, blas=True)
     assert engine_env(HOST, linked_runtimes(world["binary"])) == HOST

@@ -3,16 +3,15 @@
 ``serve`` at start and check-deploy (where the binary's folder is readable) refuse a build
 whose libraries are not those.
 
-Real ELF files compiled by gcc (tests/support/elf.py): a binary that links
-``libggml-base.so`` from beside it (``DT_NEEDED``, run path ``$ORIGIN``), as a default cmake
-build and llama.cpp's official image do, and one with ggml in it (the embedded default). The
-served program prints the marker its ggml returns, so a passing serve shows the library the
-exec'd binary really loaded from beside it.
+Real ELF files compiled by gcc (tests/support/elf.py): a binary that links ``libggml-base.so``
+from beside it (``DT_NEEDED``, run path ``$ORIGIN``), as a default cmake build and the official
+image do, and one with ggml in it. The served program prints the marker its ggml returns, so a
+passing serve shows the library the exec'd binary really loaded.
 """
 
+# ruff: noqa: F811 (the world fixture, imported)
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -26,30 +25,29 @@ from pydantic import ValidationError
 from batch_invariance import exitcodes
 from batch_invariance.cert.provenance import BinaryRecord
 from batch_invariance.cert.verify import verify
-from batch_invariance.cli import main
 from batch_invariance.engines.base import BuildLibraries
 from batch_invariance.engines.llama_server.engine import LlamaServerEngine
 from batch_invariance.engines.llama_server.env import is_engine_variable
-from batch_invariance.host.facts import cpu_flags
+from batch_invariance.host.facts import cpu_flags, sha256_file
 from batch_invariance.serve.cpu_variant import cpu_variant_problem
 from batch_invariance.service.target import identify_binary
-from tests.support.elf import MEASURED_MARKER, gcc_build
-from tests.support.paths import EXAMPLES
-from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
+from tests.support.deploy_world import (  # noqa: F401 (the fixture)
     OK_FLAGS,
+    Capsys,
+    World,
     _live_cert,
     _provenance,
+    assert_decision,
+    gate,
     served,
     world,
 )
+from tests.support.elf import MEASURED_MARKER, gcc_build
+from tests.support.paths import EXAMPLES
 
 LIBRARY = "libggml-base.so"
 #: A ggml CPU backend variant, loaded at run time from beside the binary (no file names it).
 BACKEND = "libggml-cpu-haswell.so"
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _measured(binary: Path) -> dict[str, Any]:
@@ -57,14 +55,17 @@ def _measured(binary: Path) -> dict[str, Any]:
     return identify_binary(binary, LlamaServerEngine()).record().record()
 
 
-def _cert(world: dict[str, Path], out: Path, binary: Path, **record: Any) -> Path:  # noqa: F811
+def _cert(world: World, out: Path, binary: Path, host: Any = "here", **record: Any) -> Path:
     """A promotable cert that measured ``binary`` (its ``server_binary`` as run-live records
-    it, with ``record`` over it: ``libraries=None`` leaves the key out, as older certs do)."""
+    it, with ``record`` over it: ``libraries=None`` leaves the key out, as older certs do) on a
+    host with ``host`` (by default this one's CPU)."""
     provenance = _provenance(world["model"], 4, "split", binary=binary)
     for server in provenance["servers"]:
         server["argv"][0] = str(binary)
     measured = {**_measured(binary), **record}
     provenance["server_binary"] = {k: v for k, v in measured.items() if v is not None}
+    if host != "here":
+        provenance["host"] = host
     return _live_cert(out, world["model"], provenance=provenance)
 
 
@@ -78,7 +79,9 @@ def _other_build(library: Path) -> None:
 def test_run_live_records_each_llama_cpp_library_the_binary_loads(tmp_path: Path) -> None:
     dynamic = gcc_build(tmp_path / "dynamic")
     record = _measured(dynamic)
-    assert record["libraries"] == [{"path": LIBRARY, "sha256": _sha(dynamic.parent / LIBRARY)}]
+    assert record["libraries"] == [
+        {"path": LIBRARY, "sha256": sha256_file(dynamic.parent / LIBRARY)}
+    ]
     # --version ran the binary with its library: the measured build really loads it.
     assert record["version"] == f"version: 1 {MEASURED_MARKER.decode()}"
     # A run-time backend beside it and a link the loader opens by name count too.
@@ -105,25 +108,25 @@ def test_run_live_records_each_llama_cpp_library_the_binary_loads(tmp_path: Path
     assert binary is not None and binary.sha256 and binary.library_sha256() is None
 
 
-def _serve(certs: Path, binary: Path, model: Path) -> subprocess.CompletedProcess[str]:
-    """``serve --certs CERTS -- BINARY -m MODEL ...`` in a subprocess: serve execs the binary,
-    which prints what its ggml says."""
+def _serve(cert: Path, binary: Path | None = None, model: Path | None = None) -> Any:
+    """``serve CERT`` (the measured argv at the measured paths) or, given ``binary``, ``serve
+    --certs CERT -- BINARY -m MODEL ...``, in a subprocess: serve execs the binary, which
+    prints what its ggml says."""
     clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
-    command = [
-        sys.executable, "-m", "batch_invariance", "serve", "--certs", str(certs),
-        "--allow-unsigned", "--", str(binary), "-m", str(model), *OK_FLAGS.split(),
-    ]  # fmt: skip
+    line = ["--certs", str(cert)] if binary else [str(cert)]
+    line += ["--allow-unsigned"]
+    if binary:
+        line += ["--", str(binary), "-m", str(model), *OK_FLAGS.split()]
+    command = [sys.executable, "-m", "batch_invariance", "serve", *line]
     return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
 
 
-def _serve_pinned(cert: Path) -> subprocess.CompletedProcess[str]:
-    """``serve CERT``: the measured argv at the measured paths, in a subprocess."""
-    clean = {k: v for k, v in os.environ.items() if not is_engine_variable(k)}
-    command = [sys.executable, "-m", "batch_invariance", "serve", str(cert), "--allow-unsigned"]
-    return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=120)
+def _served(done: subprocess.CompletedProcess[str]) -> None:
+    """The binary ran, and found the library beside it ($ORIGIN) from its descriptor."""
+    assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n"), done
 
 
-def _refused(done: subprocess.CompletedProcess[str], code: int, *said: str) -> None:
+def _refused(done: Any, *said: str, code: int = exitcodes.NOT_PROMOTABLE) -> None:
     assert done.returncode == code, done.stderr
     assert done.stdout == "", "the binary ran"
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
@@ -133,29 +136,25 @@ def _refused(done: subprocess.CompletedProcess[str], code: int, *said: str) -> N
 
 
 def test_serve_execs_only_the_llama_cpp_libraries_the_cert_measured(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
+    world: World, tmp_path: Path
 ) -> None:
     binary = gcc_build(tmp_path / "build")
     library = binary.parent / LIBRARY
-    original, measured = library.read_bytes(), _sha(library)
+    original, measured = library.read_bytes(), sha256_file(library)
     certs = _cert(world, tmp_path / "certs", binary).parent
-    done = _serve(certs, binary, world["model"])
-    assert done.returncode == 0, done.stderr
-    # Exec'd from its descriptor, the binary found its library beside it ($ORIGIN).
-    assert done.stdout == f"served by {MEASURED_MARKER.decode()}\n"
+    _served(_serve(certs, binary, world["model"]))
     # Another build's library: one changed byte.
     _other_build(library)
     _refused(
-        _serve(certs, binary, world["model"]), exitcodes.NOT_PROMOTABLE,
-        f"llama.cpp library {LIBRARY} has sha256 {_sha(library)[:12]}... (measured "
+        _serve(certs, binary, world["model"]),
+        f"llama.cpp library {LIBRARY} has sha256 {sha256_file(library)[:12]}... (measured "
         f"{measured[:12]}...): restore the measured library, or measure this build",
     )  # fmt: skip
     # The measured bytes back, and a library more (a ggml backend loaded at run time).
     library.write_bytes(original)
     shutil.copyfile(library, binary.parent / BACKEND)
     _refused(
-        _serve(certs, binary, world["model"]), exitcodes.NOT_PROMOTABLE,
+        _serve(certs, binary, world["model"]),
         f"llama.cpp library {BACKEND} (sha256 {measured[:12]}...) is beside the server binary "
         f"but the cert measured only {LIBRARY}: remove it, or measure this build",
     )  # fmt: skip
@@ -163,101 +162,82 @@ def test_serve_execs_only_the_llama_cpp_libraries_the_cert_measured(
     (binary.parent / BACKEND).unlink()
     old = _cert(world, tmp_path / "old", binary, libraries=None).parent
     _refused(
-        _serve(old, binary, world["model"]), exitcodes.NOT_PROMOTABLE,
+        _serve(old, binary, world["model"]),
         f"the cert records no llama.cpp libraries and the server binary loads {LIBRARY} from "
         "beside it: re-measure the cell with this release, which records them",
     )  # fmt: skip
-    assert _serve(certs, binary, world["model"]).returncode == 0  # the measured build again
+    _served(_serve(certs, binary, world["model"]))  # the measured build again
 
 
 def test_serve_refuses_a_measured_library_gone_or_one_others_could_change(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
+    world: World, tmp_path: Path
 ) -> None:
     binary = gcc_build(tmp_path / "build")
     backend = binary.parent / BACKEND
     shutil.copyfile(binary.parent / LIBRARY, backend)
     cert = _cert(world, tmp_path / "certs", binary)
-    # The measured argv at the measured paths (serve CERT): the same rule.
-    done = _serve_pinned(cert)
-    assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
+    _served(_serve(cert))  # serve CERT: the measured argv at the measured paths
     backend.chmod(0o664)  # the group could rewrite it under the running server
-    done = _serve_pinned(cert)
-    _refused(done, exitcodes.USAGE, f"llama.cpp library {backend} is group-writable")
-    sha = _sha(backend)
+    _refused(_serve(cert), f"llama.cpp library {backend} is group-writable", code=exitcodes.USAGE)
+    sha = sha256_file(backend)
     backend.unlink()  # ggml would pick another CPU variant: not the measured computation
-    done = _serve_pinned(cert)
     _refused(
-        done, exitcodes.NOT_PROMOTABLE,
+        _serve(cert),
         f"llama.cpp library {BACKEND} the cert measured (sha256 {sha[:12]}...) is not beside "
         "the server binary: restore the measured build, or measure this one",
     )  # fmt: skip
     # The library the binary names is gone too: which ones it would load cannot be told here
     # (the loader would look in the system's folders), so nothing proves the build.
     (binary.parent / LIBRARY).unlink()
-    done = _serve_pinned(cert)
     _refused(
-        done, exitcodes.NOT_PROMOTABLE,
+        _serve(cert),
         f"which llama.cpp libraries {binary} loads cannot be read (one it names is not beside it",
         "the build's llama.cpp libraries cannot be checked",
     )  # fmt: skip
 
 
 def test_serve_starts_a_build_with_ggml_inside_on_an_empty_list(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
+    world: World, tmp_path: Path
 ) -> None:
     binary = gcc_build(tmp_path / "build", dynamic=False)
     cert = _cert(world, tmp_path / "certs", binary)
     assert '"libraries": []' in cert.read_text()
-    done = _serve(cert.parent, binary, world["model"])
-    assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
+    _served(_serve(cert.parent, binary, world["model"]))
     # It loads no llama.cpp library, so a cert written before they were recorded covers it.
     old = _cert(world, tmp_path / "old", binary, libraries=None)
     assert '"libraries"' not in old.read_text()
-    assert _serve(old.parent, binary, world["model"]).returncode == 0
-
-
-def _check_deploy(
-    certs: Path, binary: Path, model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> tuple[int, str]:
-    config = tmp_path / "llama-server.sh"
-    config.write_text(f"exec {served(f'{binary} -m {model} {OK_FLAGS}', certs)}\n")
-    code = main(["check-deploy", str(config), "--certs", str(certs), "--allow-unsigned"])
-    return code, capsys.readouterr().out
+    _served(_serve(old.parent, binary, world["model"]))
 
 
 def test_check_deploy_holds_the_libraries_beside_a_readable_binary_to_the_cert(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    world: World, tmp_path: Path, capsys: Capsys
 ) -> None:
     binary = gcc_build(tmp_path / "build")
     library = binary.parent / LIBRARY
-    original, measured = library.read_bytes(), _sha(library)
+    original, measured = library.read_bytes(), sha256_file(library)
     certs = _cert(world, tmp_path / "certs", binary).parent
     model = world["model"]
 
-    def check(*said: str) -> None:
-        code, out = _check_deploy(certs, binary, model, tmp_path, capsys)
-        assert code != exitcodes.PROMOTABLE and "check-deploy: PASS" not in out, out
-        for words in said:
-            assert words in out, out
+    config = tmp_path / "llama-server.sh"
 
-    code, out = _check_deploy(certs, binary, model, tmp_path, capsys)
-    assert code == exitcodes.PROMOTABLE, out
-    assert f"build by sha256 of {binary} and its 1 llama.cpp libraries" in out
+    def check(*said: str, expect: str = "fail", folder: Path = certs) -> None:
+        engine = f"{binary} -m {model} {OK_FLAGS}"
+        config.write_text(f"exec {served(engine, folder)}\n")
+        code = gate(config, folder)
+        assert_decision(code, capsys.readouterr().out, expect, *said)
+
+    check(f"build by sha256 of {binary} and its 1 llama.cpp libraries", expect="pass")
     _other_build(library)
-    check(f"llama.cpp library {LIBRARY} has sha256 {_sha(library)[:12]}... (measured "
+    check(f"llama.cpp library {LIBRARY} has sha256 {sha256_file(library)[:12]}... (measured "
           f"{measured[:12]}...)")  # fmt: skip
     library.write_bytes(original)
     (binary.parent / BACKEND).symlink_to(LIBRARY)
     check(f"llama.cpp library {BACKEND} (sha256 {measured[:12]}...) is beside the server binary")
     (binary.parent / BACKEND).unlink()
-    certs = _cert(world, tmp_path / "old", binary, libraries=None).parent
-    check(f"the cert records no llama.cpp libraries and the server binary loads {LIBRARY}")
+    old = _cert(world, tmp_path / "old", binary, libraries=None).parent
+    check(f"the cert records no llama.cpp libraries and the server binary loads {LIBRARY}",
+          folder=old)  # fmt: skip
     # A library that cannot be read here: not covered, and the file is named.
-    certs = _cert(world, tmp_path / "certs", binary).parent
     (binary.parent / BACKEND).symlink_to("gone.so")
     check(
         "cannot tell whether it measured this deploy: "
@@ -267,39 +247,33 @@ def test_check_deploy_holds_the_libraries_beside_a_readable_binary_to_the_cert(
 
 
 def test_serve_starts_a_build_that_picks_its_cpu_kernels_only_on_the_measured_cpu_features(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
+    world: World, tmp_path: Path
 ) -> None:
-    """ggml built in CPU variants loads one at start by the CPU's SIMD features (the official
-    image does): the cert's host must have had this CPU's features, or another variant runs."""
+    """ggml built in CPU variants loads one at start by the CPU's SIMD features: the cert's
+    host must have had this CPU's features, or another variant runs."""
     binary = gcc_build(tmp_path / "build")
     shutil.copyfile(binary.parent / LIBRARY, binary.parent / BACKEND)
     here = cpu_flags()
 
-    def cert_on(name: str, host: dict[str, Any] | None) -> Path:
-        provenance = _provenance(world["model"], 4, "split", binary=binary)
-        for server in provenance["servers"]:
-            server["argv"][0] = str(binary)
-        provenance["host"] = host
-        return _live_cert(tmp_path / name, world["model"], provenance=provenance)
+    def on(name: str, flags: list[str] | None) -> Any:  # serve a cert measured on that CPU
+        host = None if flags is None else {"cpu_flags": flags}
+        return _serve(_cert(world, tmp_path / name, binary, host))
 
-    done = _serve_pinned(cert_on("same", {"cpu_flags": here}))
-    assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
+    _served(on("same", here))
     other = [*here[:-1], "amx_int8"] if here else ["avx2"]
     _refused(
-        _serve_pinned(cert_on("other", {"cpu_flags": other})), exitcodes.NOT_PROMOTABLE,
+        on("other", other),
         f"this build picks its CPU kernels at start by the CPU's features ({BACKEND}, ...): "
         f"the cert measured a CPU with {' '.join(other)}, this one has {' '.join(here) or 'none'}"
         ": measure the cell on this CPU",
     )  # fmt: skip
     _refused(
-        _serve_pinned(cert_on("unrecorded", None)), exitcodes.NOT_PROMOTABLE,
+        on("unrecorded", None),
         "and the cert records none of its host's: re-measure on this CPU",
     )  # fmt: skip
     # Without CPU variants the kernels are in the build's bytes: the CPU's features pick none.
     (binary.parent / BACKEND).unlink()
-    done = _serve_pinned(cert_on("fixed", {"cpu_flags": other}))
-    assert (done.returncode, done.stdout) == (0, f"served by {MEASURED_MARKER.decode()}\n")
+    _served(on("fixed", other))
 
 
 def test_a_cpu_variant_is_told_by_its_file_name_only() -> None:

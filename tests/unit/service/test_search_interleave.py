@@ -250,7 +250,7 @@ def test_a_search_sets_its_promotable_green_against_the_defaults_after_the_certs
 
     from batch_invariance.report.search_text import search_text
     from batch_invariance.service.search import run_search
-    from tests.unit.deploy.test_check_deploy import MODEL, _live_cert, _provenance
+    from tests.support.deploy_world import MODEL, _live_cert, _provenance
 
     model = files["model"].with_name(f"{MODEL}.gguf")  # the name the factory cert records
     model.write_bytes(files["model"].read_bytes())
