@@ -168,6 +168,16 @@ class CellPlan:
     measurement: Measurement = Measurement()
     #: Run B on a seeded sample when every C pass equals A bitwise (``core.schedule``).
     b_sample: bool = False
+    #: The B/C server's unified KV pool (``ctx * parallel`` tokens that any slot may fill),
+    #: ``None`` for a split cache: the passes then keep the requests in flight within it
+    #: (:mod:`batch_invariance.core.kv_budget`) and the serial servers hold the whole pool.
+    kv_pool: int | None = None
+
+    @property
+    def serial_ctx(self) -> int:
+        """The context of the ``--parallel 1`` servers (A, A'): one slot as long as the
+        longest sequence a slot of the B/C server can hold (the pool, where it is unified)."""
+        return self.kv_pool if self.kv_pool is not None else self.ctx
 
     @property
     def gate_passes(self) -> int:

@@ -10,8 +10,10 @@ whose keys name ``cell.yml``'s inputs, and carries the ``run-live`` line that me
 cell off GitHub. ``cell.yml`` takes every input run-live does for a cell (the KV layout, the
 engine variables, the prompt-cache arm with its ``--cache-ram``); a cell no measuring run can
 cover (an option run-live sets itself or refuses, a cache its arm does not run, a unified pool
-its length ladder cannot fill) says why in ``cell_yml_refuses`` and is left out of the matrix,
-so the gate fails on it naming the reason instead of measuring a cert that cannot cover it.
+too small for 3/4 of it and a co-batched companion at once) says why in ``cell_yml_refuses``
+and is left out of the matrix, so the gate fails on it naming the reason instead of measuring
+a cert that cannot cover it. A unified cell is measured with ``kv-layout: unified``: its
+length ladder adds long prompts past 3/4 of the pool (:mod:`batch_invariance.profiles.ladder`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from batch_invariance.core.scope import required_length
 from batch_invariance.engines.llama_server.flags import flag_conflicts
 from batch_invariance.engines.llama_server.options import (
     BY_CANONICAL,
@@ -39,6 +40,7 @@ from batch_invariance.gate.prompt_cache import (
     prompt_cache_use,
 )
 from batch_invariance.host.facts import sha256_file
+from batch_invariance.profiles.ladder import pool_ladder_problem
 
 __all__ = ["PlanEntry", "cell_plan", "matrix", "plan_entry", "server_words"]
 
@@ -131,17 +133,21 @@ def server_words(cell: DeployCell) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _refusal(
-    cell: DeployCell, words: tuple[str, ...], owned: Iterable[str], cache: PromptCacheUse
+    cell: DeployCell,
+    words: tuple[str, ...],
+    owned: Iterable[str],
+    cache: PromptCacheUse,
+    n_predict: int,
 ) -> str:
     """Why no measuring run, cell.yml's or run-live's, can cover the cell as the deploy runs
     it (empty: cell.yml measures it, its variables and prompt cache included)."""
     why = [f"{word} (run-live sets it itself)" for word in owned]
-    if cell.layout.kv_unified and cell.pool is not None:
-        # Any slot may fill a unified pool, so the gate needs sequences to 3/4 of the pool;
-        # a measuring run's length ladder fills its --ctx per slot (run-live and cell.yml).
-        why.append(f"a unified KV pool of {cell.pool} tokens (the gate needs sequences of "
-                   f"{required_length(cell.pool)} tokens; the length ladder fills the "
-                   f"{cell.ctx}-token slot)")  # fmt: skip
+    if cell.layout.kv_unified and cell.pool is not None and cell.ctx is not None:
+        # Any slot may fill a unified pool, so the gate needs sequences to 3/4 of the pool,
+        # each co-batched with a companion while the KV in flight fits the pool.
+        problem = pool_ladder_problem(cell.ctx, cell.parallel, n_predict)
+        if problem is not None:
+            why.append(f"a unified KV pool of {cell.pool} tokens ({problem})")
     why += [f"{word} (run-live refuses it)" for word in flag_conflicts(words)]
     settings = dict(cache.settings)
     if cache.caches and not settings["--cache-ram"].isdigit():
@@ -211,7 +217,7 @@ def plan_entry(cell: DeployCell, default_n_predict: int) -> PlanEntry:
     measured = {k: v for k, v in asdict(entry).items() if k not in _WHERE}
     digest = hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest()[:12]
     name = f"{_slug(cell.name)}__ctx{cell.ctx}__N{cell.parallel}__{cell.layout_name}__{digest}"
-    refuses = _refusal(cell, words, owned, cache)
+    refuses = _refusal(cell, words, owned, cache, entry.n_predict)
     return replace(entry, id=name, run_live=_run_live(entry), cell_yml_refuses=refuses)
 
 

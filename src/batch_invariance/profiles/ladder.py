@@ -12,6 +12,12 @@ launches a llama-server (the calibration path profiles use), else the offline es
 cert records the lengths the server really counted, so a fit that misses only moves where a
 prompt lands; the scope rule judges what was measured.
 
+On a unified KV pool (``ctx * N`` tokens any slot may fill) the ladder adds
+:data:`POOL_RUNGS` longer prompts whose sequences climb from past 3/4 of the POOL to as far as
+a short companion still fits beside them (:func:`pool_rung_targets`): the passes co-batch each
+with a companion and never ask the server for more KV than the pool holds
+(:mod:`batch_invariance.core.kv_budget`).
+
 Deterministic: the same ctx, answer budget, seed and counter give byte-identical items.
 """
 
@@ -21,10 +27,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from batch_invariance.core.kv_budget import KV_FRAME_ALLOWANCE
 from batch_invariance.core.plan import WorkItem, normalise_whitespace
 from batch_invariance.core.scope import N_BANDS, band_edges, required_length
 from batch_invariance.errors import UsageError
 from batch_invariance.profiles.spark.calibrate import (
+    TOLERANCE,
     Fitted,
     NoFit,
     PromptParts,
@@ -33,15 +41,19 @@ from batch_invariance.profiles.spark.calibrate import (
     fit_prompt,
 )
 from batch_invariance.profiles.spark.haystack import haystack_blocks
+from batch_invariance.profiles.tokens import approx_token_count
 from batch_invariance.run.workset import Workset, workset_from_items
 
 __all__ = [
     "LADDER",
     "LADDER_PROMPTS",
+    "POOL_RUNGS",
     "LadderPlan",
     "build_ladder",
     "ladder_builder",
     "ladder_plan",
+    "pool_ladder_problem",
+    "pool_rung_targets",
     "smallest_ladder_ctx",
 ]
 
@@ -58,6 +70,8 @@ FRAME_ALLOWANCE = 8
 FIT_TOLERANCE = 6.0
 #: The top sequence target, as a share of the slot (the fit may land 3% above a target).
 TOP_FILL = 0.95
+#: Prompts a unified pool's ladder adds past 3/4 of the pool, each with its own companion.
+POOL_RUNGS = 4
 
 INTRO = (
     "Read the document below. It mixes stories, news items and code. Then write a short "
@@ -129,6 +143,54 @@ def ladder_plan(ctx: int, n_predict: int, frame_tokens: int) -> LadderPlan:
     return LadderPlan(ctx, n_predict, frame_tokens, tuple(sequences), prompts)
 
 
+def _kv_bound(sequence: int, n_predict: int) -> int:
+    """The most KV cells a prompt fitted for ``sequence`` can hold: the fit may land
+    :data:`TOLERANCE` (or :data:`FIT_TOLERANCE` tokens) above its prompt target."""
+    prompt = sequence - n_predict
+    return sequence + max(math.ceil(TOLERANCE * prompt), math.ceil(FIT_TOLERANCE)) + (
+        KV_FRAME_ALLOWANCE
+    )
+
+
+def pool_rung_targets(plan: LadderPlan, pool: int) -> tuple[int, ...]:
+    """The sequence targets of the :data:`POOL_RUNGS` long prompts of a unified ``pool``,
+    longest first: rung ``j`` fits beside the ``j``-th shortest ladder prompt (its
+    companion), and the rungs climb evenly from past 3/4 of the pool to the top one. A
+    UsageError when 3/4 of the pool and a companion cannot both be in flight."""
+    low = required_length(pool)
+    companions = sorted(plan.sequence_targets)[:POOL_RUNGS]
+    highs = []
+    for companion in companions:
+        room = pool - _kv_bound(companion, plan.n_predict)
+        high = room  # the largest sequence whose bound fits the room
+        while high > low and _kv_bound(high, plan.n_predict) > room:
+            high -= 1
+        highs.append(high)
+    if len(companions) < POOL_RUNGS or highs[-1] <= low:
+        bound = _kv_bound(companions[-1], plan.n_predict) if companions else 0
+        raise UsageError(
+            f"--kv-layout unified: the pool of {pool} tokens (--ctx {plan.ctx} x "
+            f"N {pool // plan.ctx}) cannot hold sequences of 3/4 of it ({low} tokens) beside "
+            f"short co-batched companions (up to {bound} tokens each with --n-predict "
+            f"{plan.n_predict}); lower --n-predict or raise --ctx"
+        )
+    top = highs[0]
+    spots = [low + (top - low) * (POOL_RUNGS - j) / POOL_RUNGS for j in range(POOL_RUNGS)]
+    return tuple(max(low + 1, min(high, math.floor(at))) for high, at in zip(highs, spots, strict=True))
+
+
+def pool_ladder_problem(ctx: int, parallel: int, n_predict: int) -> str | None:
+    """Why the length ladder cannot fill a unified pool of ``ctx * parallel`` tokens at
+    ``n_predict`` (planned with the offline estimate, as a dry run plans it); ``None``: it
+    can. The one line ``check-deploy --plan`` gives for a unified cell it leaves out."""
+    try:
+        frame = approx_token_count(assemble(_parts(), [], [0]))
+        pool_rung_targets(ladder_plan(ctx, n_predict, frame), ctx * parallel)
+    except UsageError as exc:
+        return str(exc).split(": ", 1)[-1]
+    return None
+
+
 def _item_id(index: int, sequence: int) -> str:
     return f"ladder-{index:02d}-seq{sequence}"
 
@@ -158,30 +220,34 @@ def _distinct_fit(
     return NoFit(f"no distinct prompt in {_ATTEMPTS} haystack streams", 0)
 
 
-def build_ladder(ctx: int, n_predict: int, seed: int, counter: TokenCounter) -> list[WorkItem]:
-    """The ladder's items for one slot (see the module docstring)."""
+def build_ladder(
+    ctx: int, n_predict: int, seed: int, counter: TokenCounter, pool: int | None = None
+) -> list[WorkItem]:
+    """The ladder's items for one slot, and the long rungs of a unified ``pool`` where one
+    is given (see the module docstring)."""
     parts = _parts()
     frame = counter(assemble(parts, [], [0]))
     plan = ladder_plan(ctx, n_predict, frame)
+    rungs = () if pool is None else pool_rung_targets(plan, pool)
     edges = band_edges(ctx)
     items: list[WorkItem] = []
     seen: set[str] = set()
-    for index, (sequence, target) in enumerate(
-        zip(plan.sequence_targets, plan.prompt_targets, strict=True)
-    ):
+    sequences = (*plan.sequence_targets, *rungs)
+    for index, sequence in enumerate(sequences):
+        target = sequence - n_predict
         fit = _distinct_fit(parts, f"ladder|{seed}|{index}", target, counter, seen)
         if not isinstance(fit, Fitted):
             raise UsageError(
                 f"the length ladder could not fit prompt {index} to {target} tokens at --ctx "
                 f"{ctx} ({fit.reason}); give a --workset"
             )
-        band = next(k for k, (_, high) in enumerate(edges) if sequence <= high)
+        band = next((k for k, (_, high) in enumerate(edges) if sequence <= high), None)
         items.append(
             WorkItem(
                 test_id=_item_id(index, sequence),
                 prompt=fit.prompt,
                 messages=None,
-                family=f"band{band + 1}",
+                family="pool" if band is None else f"band{band + 1}",
                 fill=round(sequence / ctx, 4),
                 meta={
                     "ladder": True,
@@ -191,6 +257,7 @@ def build_ladder(ctx: int, n_predict: int, seed: int, counter: TokenCounter) -> 
                     "sequence_target": sequence,
                     "target_tokens": target,
                     "calibrated_tokens": fit.tokens,
+                    **({} if pool is None else {"pool": pool}),
                 },
             )
         )
@@ -198,14 +265,17 @@ def build_ladder(ctx: int, n_predict: int, seed: int, counter: TokenCounter) -> 
 
 
 def ladder_builder(
-    n_predict: int, seed: int, counted_by: str
+    n_predict: int, seed: int, counted_by: str, parallel: int | None = None
 ) -> Callable[[int, TokenCounter], Workset]:
-    """The work-set builder a job holds: ``(ctx, counter) -> Workset``, as a profile's."""
+    """The work-set builder a job holds: ``(ctx, counter) -> Workset``, as a profile's;
+    with ``parallel`` (a unified pool of ``ctx * parallel``), the pool's rungs as well."""
 
     def build(ctx: int, counter: TokenCounter) -> Workset:
-        items = build_ladder(ctx, n_predict, seed, counter)
+        pool = None if parallel is None else ctx * parallel
+        items = build_ladder(ctx, n_predict, seed, counter, pool)
+        where = "" if pool is None else f", unified pool {pool}"
         return workset_from_items(
-            items, f"length ladder (ctx {ctx}, --n-predict {n_predict}, seed {seed}, "
+            items, f"length ladder (ctx {ctx}{where}, --n-predict {n_predict}, seed {seed}, "
             f"{len(items)} prompts, tokens counted by {counted_by})",
         )  # fmt: skip
 

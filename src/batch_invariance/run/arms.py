@@ -144,7 +144,7 @@ def run_reference(
 ) -> Reference:
     """Arm A on a ``--parallel 1`` server, serial dispatch (ground truth)."""
     notes = Notes()
-    with launcher.launch(ServerRole.A, 1, plan.ctx) as server_a:
+    with launcher.launch(ServerRole.A, 1, plan.serial_ctx) as server_a:
         started = time.monotonic()
         chat_template = server_a.chat_template()
         fallback = server_a.chat_fallback
@@ -174,7 +174,7 @@ def run_repeat(
     """The serial repeat A' on a fresh ``--parallel 1`` server (see
     :func:`~batch_invariance.core.schedule.serial_repeat_decision` for when)."""
     notes = Notes()
-    with launcher.launch(ServerRole.A, 1, plan.ctx) as server_a:
+    with launcher.launch(ServerRole.A, 1, plan.serial_ctx) as server_a:
         started = time.monotonic()
         control = request_template(plan)
         scoring = _Scoring(scorer, plan.n_predict, notes, sink, ref.a_trials)

@@ -17,7 +17,6 @@ never retried, because a request sent again would meet other co-batched neighbou
 
 from __future__ import annotations
 
-import queue
 import random
 import threading
 import time
@@ -27,9 +26,11 @@ from typing import Any
 
 import requests
 
+from batch_invariance.core.kv_budget import pool_order
 from batch_invariance.core.plan import WorkItem
 from batch_invariance.engines.probes import BusyProbe, PassCounter, get_json, get_text
 from batch_invariance.errors import InfraError
+from batch_invariance.run.kv_gate import KvGate, KvPool, pass_gate
 from batch_invariance.run.records import ServerHandle
 from batch_invariance.run.transport import (
     TRANSIENT_MODES,
@@ -217,13 +218,18 @@ def _pass_work(
     seed: int,
     pass_index: int,
     chains: Sequence[Sequence[str]] | None,
+    pool: KvPool | None = None,
 ) -> _PassWork:
-    """The chains of one pass: each item a chain of one in :func:`pass_order`, or ``chains``
+    """The chains of one pass: each item a chain of one in :func:`pass_order` (on a unified
+    ``pool``, as :func:`~batch_invariance.core.kv_budget.pool_order` moves it), or ``chains``
     (which must hold every item's id exactly once) in their order."""
     by_id = {item.test_id: item for item in items}
     ids = [item.test_id for item in items]
     if chains is None:
-        chains = [(test_id,) for test_id in pass_order(ids, seed, pass_index)]
+        order = pass_order(ids, seed, pass_index)
+        if pool is not None:
+            order = pool_order(order, pool.costs, pool.tokens, pool.parallel)
+        chains = [(test_id,) for test_id in order]
     elif sorted(t for chain in chains for t in chain) != sorted(ids):
         raise ValueError("chains must hold every item's id exactly once")
     return _PassWork(
@@ -241,16 +247,14 @@ class _ClosedLoop:
         self,
         server: ServerHandle,
         template: RequestTemplate,
-        work: _PassWork,
+        gate: KvGate,
         workers: int,
         on_done: OnDone | None,
     ) -> None:
         self._base_url, self._check_alive = server.base_url, server.check_alive
         self._template = template
         self._on_done = on_done
-        self._queue: queue.Queue[tuple[WorkItem, ...]] = queue.Queue()
-        for chain in work.chains:
-            self._queue.put(chain)
+        self.gate = gate
         self._lock = threading.Lock()
         self.results: dict[str, RawResponse] = {}
         self.stop = threading.Event()
@@ -263,12 +267,14 @@ class _ClosedLoop:
             return
         with requests.Session() as session:
             while not self.stop.is_set():
+                taken = self.gate.take()
+                if taken is None:
+                    return
                 try:
-                    chain = self._queue.get_nowait()
-                except queue.Empty:
-                    return
-                if not self._send_chain(session, chain):
-                    return
+                    if not self._send_chain(session, taken[1]):
+                        return
+                finally:
+                    self.gate.done(taken[0])
 
     def _send_chain(self, session: requests.Session, chain: tuple[WorkItem, ...]) -> bool:
         """Send a chain's items one after another; False once the pass must stop."""
@@ -280,6 +286,7 @@ class _ClosedLoop:
                 self.results[item.test_id] = resp
             if resp.failure_mode == "server_gone":
                 self.stop.set()  # the pass cannot finish: send nothing more to a dead port
+                self.gate.close()
                 return False
             if self._on_done is not None:
                 self._on_done(resp)
@@ -312,6 +319,7 @@ def _run_and_join(
         # Reached normally, or on KeyboardInterrupt / Interrupted: stop handing out work,
         # release anyone still at the barrier, and join everything we started.
         loop.stop.set()
+        loop.gate.close()  # workers waiting for room in the pool return
         loop.barrier.abort()
         sampler.stop_event.set()
         # A worker blocked in a request returns within the request timeout; one deadline for
@@ -343,6 +351,7 @@ def run_concurrent_pass(
     sample_interval_s: float = SAMPLE_INTERVAL_S,
     read_counters: bool = True,
     chains: Sequence[Sequence[str]] | None = None,
+    pool: KvPool | None = None,
 ) -> ConcurrentPass:
     """One C pass: ``workers`` closed-loop threads released together by a barrier.
 
@@ -356,13 +365,15 @@ def run_concurrent_pass(
     then has no server-side overlap evidence, and F1 fails closed); its pass counters are
     read, where ``read_counters``, before the workers start and after they are joined. A
     request that finds the server gone stops every worker; once they are joined, the
-    handle's ``check_alive`` raises :class:`InfraError` (nothing is retried).
+    handle's ``check_alive`` raises :class:`InfraError` (nothing is retried). With a unified
+    ``pool``, a chain goes out only when the cells in flight leave room for it
+    (:class:`~batch_invariance.run.kv_gate.KvGate`).
     """
     counters = server.pass_counters if read_counters else ()
     if workers < 1:
         raise ValueError("workers must be >= 1")
-    work = _pass_work(items, seed, pass_index, chains)
-    loop = _ClosedLoop(server, template, work, workers, on_done)
+    work = _pass_work(items, seed, pass_index, chains, pool)
+    loop = _ClosedLoop(server, template, pass_gate(work.chains, pool), workers, on_done)
     sampler = _BusySampler(server.busy_probes, sample_interval_s)
     threads = [
         threading.Thread(target=loop.worker, name=f"bi-worker-{pass_index}-{k}", daemon=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from batch_invariance.core.cache_arm import conversation_chains
 from batch_invariance.core.diff import compare
 from batch_invariance.core.evidence import ARM_C, ARM_CACHE, GatePolicy, PassRecord, Trial
+from batch_invariance.core.kv_budget import kv_costs
 from batch_invariance.core.numerics import compare_pair
 from batch_invariance.core.plan import CellPlan
 from batch_invariance.core.roles import ServerRole
@@ -36,6 +37,7 @@ from batch_invariance.run.dispatch import (
     ConcurrentPass,
     run_concurrent_pass,
 )
+from batch_invariance.run.kv_gate import KvPool
 from batch_invariance.run.progress import ArmReport, ProgressSink
 from batch_invariance.run.records import ArmStats, ServerHandle, ServerLauncher, ServerRecord
 from batch_invariance.run.transport import RequestTemplate
@@ -186,6 +188,7 @@ def run_passes(series: PassSeries, server: ServerHandle, scored: Scored) -> CPas
             result = run_concurrent_pass(
                 server, series.template, plan.items, plan.parallel, index, plan.seed,
                 ticker(sink), read_counters=series.c_passes, chains=series.chains,
+                pool=kv_pool(plan),
             )  # fmt: skip
         stats.append(_pass_stats(series.arm, result))
         for note in slot_notes(result) if series.c_passes else ():
@@ -210,6 +213,14 @@ def run_passes(series: PassSeries, server: ServerHandle, scored: Scored) -> CPas
                 sink.extend(-len(plan.items) * (series.count - index - 1))
                 return CPasses(tuple(passes), tuple(stats), proof)
     return CPasses(tuple(passes), tuple(stats), None)
+
+
+def kv_pool(plan: CellPlan) -> KvPool | None:
+    """The unified pool the plan's passes stay within (``None``: a split cache)."""
+    if plan.kv_pool is None:
+        return None
+    costs = kv_costs(plan.items, plan.n_predict, plan.kv_pool, plan.parallel)
+    return KvPool(plan.kv_pool, plan.parallel, costs)
 
 
 def run_c_passes(

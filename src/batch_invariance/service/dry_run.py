@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from batch_invariance.core.memory_fraction import FractionDecision
 from batch_invariance.core.plan import eta_seconds, prompt_text, serial_arm_count
 from batch_invariance.core.power import power_words
+from batch_invariance.core.roles import ServerRole
 from batch_invariance.core.scope import required_length
 from batch_invariance.engines.registry import shown_name
 from batch_invariance.errors import UsageError
@@ -64,17 +65,30 @@ def is_ladder(workset: Workset) -> bool:
 
 
 def ladder_line(workset: Workset, ctx: int) -> str:
-    """What the length ladder covers: prompts, and sequence targets per quarter band."""
+    """What the length ladder covers: prompts, sequence targets per quarter band, and a
+    unified pool's long rungs."""
     per_band: dict[str, int] = {}
-    for item in workset.items:
+    slot = [i for i in workset.items if i.family != "pool"]
+    for item in slot:
         per_band[item.family or "?"] = per_band.get(item.family or "?", 0) + 1
-    targets = [int(i.meta["sequence_target"]) for i in workset.items]
+    targets = [int(i.meta["sequence_target"]) for i in slot]
     bands = ", ".join(f"{name} {count}" for name, count in sorted(per_band.items()))
-    return (
+    line = (
         f"work-set: length ladder, {len(workset.items)} distinct prompts; sequences (prompt + "
         f"answer budget) targeted at {min(targets)}-{max(targets)} of the slot's {ctx} tokens "
         f"(quarter bands: {bands}); a GREEN needs measured sequences >= "
         f"{required_length(ctx)} (3/4 of the slot)"
+    )
+    rungs = [i for i in workset.items if i.family == "pool"]
+    if not rungs:
+        return line
+    pool = int(rungs[0].meta["pool"])
+    at = sorted(int(i.meta["sequence_target"]) for i in rungs)
+    return (
+        f"{line}\nunified pool: {len(rungs)} long prompts targeted at {at[0]}-{at[-1]} of "
+        f"the pool's {pool} tokens, each sent just before a short companion and never more "
+        f"KV in flight than the pool holds (a -kvu deploy needs >= {required_length(pool)}, "
+        "3/4 of the pool); A runs on a one-slot server of the whole pool"
     )
 
 
@@ -130,8 +144,9 @@ def dry_run(cell: LiveCell, host: memory.HostMemory, cpus: int) -> DryRun:
         "(nothing launched)"
     ]
     for arm, n in cell.servers:
-        decision = launcher.guard_decision(n, cell.ctx, host, arm)
-        planned = launcher.planned(n, cell.ctx, 0, arm, decision)
+        ctx = cell.serial_ctx if arm == ServerRole.A else cell.ctx
+        decision = launcher.guard_decision(n, ctx, host, arm)
+        planned = launcher.planned(n, ctx, 0, arm, decision)
         argv = planned.command.argv
         shown = [port if a == "0" and i > 0 and argv[i - 1] == "--port" else a
                  for i, a in enumerate(argv)]  # fmt: skip

@@ -5,7 +5,6 @@ The caller checks its request once (:func:`~batch_invariance.service.live.prepar
 the job here: :func:`run_live_cell` guards memory for both servers, runs the cell over the
 job's launcher and finishes it; it never sees the raw request. ``source`` is ``live`` when
 this code path spawns the servers itself (any engine) and ``attached`` for ``--base-url``.
-
 The job: a :class:`~batch_invariance.service.request.LiveRequest` checked once into a
 :class:`LiveCell` that carries only checked values.
 
@@ -99,12 +98,9 @@ class LiveOutcome:
 
 
 def check_room_to_answer(workset: Workset, ctx: int, n_predict: int) -> None:
-    """Refuse (UsageError) when a fitted prompt leaves a slot too little room for the answer.
-
-    Only items that record their fitted size (``meta["calibrated_tokens"]``, as profile
-    work-sets do) are checked: a prompt plus ``n_predict`` beyond ``ctx`` would cut every
-    answer short in every arm, so the cell would measure truncation, not batching.
-    """
+    """Refuse (UsageError) when a fitted prompt (``meta["calibrated_tokens"]``, as profile
+    work-sets record it) plus ``n_predict`` is beyond ``ctx``: every arm would cut its answer
+    short, so the cell would measure truncation, not batching."""
     over = {
         item.test_id: int(tokens)
         for item in workset.items
@@ -123,15 +119,13 @@ def check_room_to_answer(workset: Workset, ctx: int, n_predict: int) -> None:
 
 def preflight_guard(cell: LiveCell, launcher: LiveServerLauncher) -> None:
     """Run the memory guard for every server of the cell before the first launch
-    (GuardRefused).
-
-    The launcher guards again right before each launch (memory may have changed); this only
-    spares a run whose B/C or prompt-cache server could never fit from spending arm A first.
-    No guard applies to an attached server or a model the guard cannot project.
-    """
+    (GuardRefused). The launcher guards again right before each launch (memory may have
+    changed); this only spares a run whose B/C or prompt-cache server could never fit from
+    spending arm A first. No guard applies to an attached server or an unprojected model."""
     host = memory.read_host_memory()
     for arm, n in cell.servers:
-        decision = launcher.guard_decision(n, cell.ctx, host, arm)
+        ctx = cell.serial_ctx if arm == ServerRole.A else cell.ctx
+        decision = launcher.guard_decision(n, ctx, host, arm)
         if decision is not None and decision.refusal is not None:
             raise GuardRefused(decision.refusal)
 
@@ -155,9 +149,9 @@ def open_runner(
     from batch_invariance.profiles.tokens import server_token_counter
 
     assert cell.build_workset is not None
-    pre = stack.enter_context(PrelaunchedLauncher(launcher, ctx=cell.ctx))
+    pre = stack.enter_context(PrelaunchedLauncher(launcher, ctx=cell.serial_ctx))
     workset = cell.build_workset(cell.ctx, server_token_counter(pre.handle.base_url))
-    check_room_to_answer(workset, cell.ctx, cell.measurement.n_predict)
+    check_room_to_answer(workset, cell.serial_ctx, cell.measurement.n_predict)
     return CellRunner(workset, pre)
 
 
@@ -228,16 +222,29 @@ class LiveCell:
         cache = ((ServerRole.CACHE, self.parallel),) if self.measurement.cache_passes else ()
         return ((ServerRole.A, 1), (ServerRole.BC, self.parallel), *cache)
 
+    def kv_pool(self, parallel: int | None = None) -> int | None:
+        """The B/C server's unified KV pool at ``parallel`` (default: the cell's N); ``None``
+        when split (one slot runs split)."""
+        n = self.parallel if parallel is None else parallel
+        return self.ctx * n if self.launch.kv_layout == "unified" and n > 1 else None
+
+    @property
+    def serial_ctx(self) -> int:
+        """The A server's context: the pool where it is unified (any slot may fill it)."""
+        return self.kv_pool() or self.ctx
+
     def plan(self, workset: Workset, parallel: int | None = None) -> CellPlan:
         """The plan of this cell over ``workset`` (a sweep asks once per ``parallel`` N)."""
         m = self.measurement
+        n = self.parallel if parallel is None else parallel
         return CellPlan(
             items=expand_reps(workset.items, m.reps),
             ctx=self.ctx,
-            parallel=self.parallel if parallel is None else parallel,
+            parallel=n,
             measurement=m,
             # What pays for the prompt-cache arm (core.schedule).
             b_sample=m.cache_passes > 0,
+            kv_pool=self.kv_pool(n),
         )
 
     @property

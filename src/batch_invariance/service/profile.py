@@ -58,10 +58,13 @@ def _ladder(
     estimate. Either way it is first planned offline, so a slot too small for it is refused
     here, before anything launches."""
     m = request.measurement
-    offline = ladder_builder(m.n_predict, m.seed, "the offline estimate")
+    # A unified pool (any slot may fill it) adds the pool's long rungs, co-batched.
+    unified = request.launch.kv_layout == "unified" and (request.parallel or 1) > 1
+    pool_n = request.parallel if unified else None
+    offline = ladder_builder(m.n_predict, m.seed, "the offline estimate", pool_n)
     preview = offline(ctx, approx_token_count)
     if engine.takes_profiles and request.attach.base_url is None:
-        return ladder_builder(m.n_predict, m.seed, "the A server's /tokenize"), None
+        return ladder_builder(m.n_predict, m.seed, "the A server's /tokenize", pool_n), None
     return None, preview
 
 

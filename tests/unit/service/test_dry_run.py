@@ -43,7 +43,7 @@ def _server_line(lines: list[str], arm: str) -> list[str]:
     return line.split()[2:]
 
 
-def test_a_unified_layout_reaches_the_bc_argv_and_kv_line_but_not_the_serial_server(
+def test_a_unified_layout_reaches_the_bc_argv_and_the_serial_server_holds_the_pool(
     tmp_path: Path,
 ) -> None:
     lines = _plan(tmp_path, "llama-server", "unified")
@@ -52,9 +52,54 @@ def test_a_unified_layout_reaches_the_bc_argv_and_kv_line_but_not_the_serial_ser
     assert "--no-kv-unified" in serial and "--kv-unified" not in serial
     assert "--kv-unified" in bc and "--no-kv-unified" not in bc
     assert bc[bc.index("--ctx-size") + 1] == "2048" and bc[bc.index("--parallel") + 1] == "4"
+    # Any slot of the pool may fill it: A's one slot holds the whole pool, so A measures
+    # the same long prompts the pool's slots are asked for.
+    assert serial[serial.index("--ctx-size") + 1] == "2048"
     kv = [ln for ln in lines if ln.startswith("  kv: ")]
-    assert kv[0].startswith("  kv: split:-c 512 -np 1 ")
+    assert kv[0].startswith("  kv: split:-c 2048 -np 1 ")
     assert kv[1].startswith("  kv: unified:-c 2048 -np 4 -kvu ")
+    # A split cell's A server keeps the slot.
+    split = _server_line(_plan(tmp_path, "llama-server"), "A")
+    assert split[split.index("--ctx-size") + 1] == "512"
+
+
+def _ladder_plan(tmp_path: Path, kv_layout: KvLayout, n_predict: int) -> list[str]:
+    request = LiveRequest(
+        out_dir=tmp_path / "out",
+        server_bin=fake_server(tmp_path / "bin"),
+        model=write_gguf(tmp_path / "tiny.gguf", dense_meta()),
+        ctx=512,
+        parallel=2,
+        measurement=Measurement(n_predict=n_predict, gate_passes=2),
+        launch=LaunchOptions(kv_layout=kv_layout),
+    )
+    return dry_run(prepare(request, create_out_dir=False), HOST, cpus=2).text.splitlines()
+
+
+def _requests(lines: list[str]) -> int:
+    (line,) = [ln for ln in lines if ln.startswith("requests: up to ")]
+    return int(line.split()[3])
+
+
+def test_a_unified_ladder_counts_the_pools_long_prompts(tmp_path: Path) -> None:
+    split = _ladder_plan(tmp_path, "split", 32)
+    unified = _ladder_plan(tmp_path, "unified", 32)
+    assert not [ln for ln in split if ln.startswith("unified pool:")]
+    (pool,) = [ln for ln in unified if ln.startswith("unified pool:")]
+    assert pool.startswith("unified pool: 4 long prompts targeted at ")
+    assert "of the pool's 1024 tokens" in pool and ">= 768, 3/4 of the pool" in pool
+    low, high = (int(x) for x in pool.split(" targeted at ")[1].split()[0].split("-"))
+    assert 768 < low <= high < 1024
+    assert "work-set: length ladder, 36 distinct prompts" in "\n".join(unified)
+    # 4 more items, each sent by A, B, A' and both C passes: 4 x 5 more requests.
+    assert _requests(unified) - _requests(split) == 4 * 5
+
+
+def test_a_pool_too_small_for_3_4_of_it_and_a_companion_is_refused(tmp_path: Path) -> None:
+    from batch_invariance.errors import UsageError
+
+    with pytest.raises(UsageError, match="cannot hold sequences of 3/4 of it \\(768 tokens\\)"):
+        _ladder_plan(tmp_path, "unified", 128)
 
 
 def test_an_engine_that_serves_one_request_is_planned_with_its_own_label_and_one_context(
