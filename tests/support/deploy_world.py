@@ -97,11 +97,13 @@ def _live_cert(
     parallel: int = 4,
     ctx: int = 1024,
     cache_arm: bool = False,
+    reach: int | None = None,
 ) -> Path:
     """A GREEN live cert of (MODEL, ``ctx``, N ``parallel``) whose provenance agrees with its
     cell, its sequences filling the slot (``slot_ctx=None``: a cert written before the slot
     was recorded; ``short``: 12-token prompts that do not; ``cache_arm``: with the prompt
-    cache arm's pass, and its hits)."""
+    cache arm's pass, and its hits; ``reach``: sequences climbing to 9/10 of that many tokens
+    instead, as a unified pool's ladder reaches past the slot into the pool)."""
     from batch_invariance.cert.certificate import build_cert
     from batch_invariance.cert.store import write_cert
     from batch_invariance.core.evidence import CellSpec
@@ -112,6 +114,8 @@ def _live_cert(
     evidence = green_evidence(slot_ctx=None if short else slot_ctx)
     if short:  # the factory's 12-token prompts, in a recorded slot
         evidence = replace(evidence, slot_ctx=slot_ctx)
+    if reach is not None:  # sequences to 9/10 of the pool, judged against the slot
+        evidence = replace(green_evidence(slot_ctx=reach), slot_ctx=slot_ctx)
     if cache_arm:
         prompts = {t: x.prompt_tokens_measured or 0 for t, x in evidence.a.items()}
         base = concurrent_pass(list(evidence.a), 0, prompts=prompts)

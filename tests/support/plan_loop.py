@@ -70,10 +70,11 @@ def measured_provenance(env: dict[str, str], workspace: Path) -> dict[str, Any]:
             roles.append((ServerRole.CACHE, job.parallel))
         servers = []
         for role, parallel in roles:
-            planned = launcher.planned(parallel, job.ctx, 1, role)
+            ctx = job.serial_ctx if role == ServerRole.A else job.ctx  # A holds a unified pool
+            planned = launcher.planned(parallel, ctx, 1, role)
             process = ServerProcess(
                 job.target.engine, planned.command, arm=str(role), parallel=planned.parallel,
-                ctx=job.ctx, port=1, log_dir=workspace,
+                ctx=ctx, port=1, log_dir=workspace,
             )  # fmt: skip
             info = {"engine_env": process.info()["engine_env"]}
             servers.append({"role": str(role), "argv": list(planned.command.argv), "info": info})

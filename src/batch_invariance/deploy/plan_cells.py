@@ -147,7 +147,7 @@ def _refusal(
         # each co-batched with a companion while the KV in flight fits the pool.
         problem = pool_ladder_problem(cell.ctx, cell.parallel, n_predict)
         if problem is not None:
-            why.append(f"a unified KV pool of {cell.pool} tokens ({problem})")
+            why.append(f"a unified KV pool: {problem.split(';')[0]}")
     why += [f"{word} (run-live refuses it)" for word in flag_conflicts(words)]
     settings = dict(cache.settings)
     if cache.caches and not settings["--cache-ram"].isdigit():

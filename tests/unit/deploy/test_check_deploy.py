@@ -154,7 +154,9 @@ def test_unified_kv_is_covered_only_where_the_sequences_reach_the_pool(
     world: World, tmp_path: Path, capsys: Capsys, flags: str
 ) -> None:
     """Any slot of a unified pool may fill the whole pool (issue 40): a unified cert whose
-    sequences reached its 1024-token share does not cover the 4096-token pool."""
+    sequences reached its 1024-token share does not cover the 4096-token pool; one measured on
+    the pool of 4096 at N 4 whose sequences reached past 3/4 of the pool (the unified ladder's
+    long rungs) does (started raw, never a pass: serve proves it at start)."""
     engine = f"llama-server -m {world['model']} {flags}"
     unified, split = world["unified"], f"llama-server -m {world['model']} {OK_FLAGS}"
     for body, certs, why in [
@@ -166,6 +168,12 @@ def test_unified_kv_is_covered_only_where_the_sequences_reach_the_pool(
     ]:  # fmt: skip
         code = _unsigned(world, tmp_path, f"{body}\n", certs=certs)
         assert_decision(code, capsys.readouterr().out, "fail", *why, "!covers this cell")
+    pooled = tmp_path / "pooled"
+    _live_cert(pooled, world["model"], layout="unified", reach=4096)
+    code = _unsigned(world, tmp_path, f"{engine}\n", certs=pooled)
+    assert_decision(code, capsys.readouterr().out, "fail", "covers this cell", "!the slot is")
+    code = _unsigned(world, tmp_path, f"exec {served(engine, pooled)}\n", certs=pooled)
+    assert code == exitcodes.PROMOTABLE, capsys.readouterr().out
 
 
 def _tamper(green: Path, model: Path) -> None:

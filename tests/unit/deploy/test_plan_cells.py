@@ -67,12 +67,16 @@ def _plan(config: Path, certs: Path, capsys: Capsys) -> list[dict[str, Any]]:
     return include
 
 
-def _measure(world: World, row: dict[str, Any], certs: Path, tmp_path: Path) -> Path:
+def _measure(
+    world: World, row: dict[str, Any], certs: Path, tmp_path: Path, reach: int | None = None
+) -> Path:
     """A GREEN cert of the row's cell whose provenance is what measuring the row records (with
-    the prompt-cache arm's pass, and its hits, where the row runs that arm)."""
+    the prompt-cache arm's pass, and its hits, where the row runs that arm; ``reach``: its
+    sequences climb to 9/10 of that many tokens, as a unified pool's ladder does)."""
     provenance = measured_provenance(cell_inputs(row), tmp_path)
     return _live_cert(certs, world["model"], provenance=provenance, parallel=row["parallel"],
-                      layout=row["kv_layout"], cache_arm=row["cache_arm"])  # fmt: skip
+                      layout=row["kv_layout"], cache_arm=row["cache_arm"],
+                      reach=reach)  # fmt: skip
 
 
 def test_the_plan_names_everything_a_run_needs(
@@ -186,9 +190,11 @@ def test_a_row_that_drops_an_option_measures_a_cell_the_gate_refuses(
 @pytest.mark.parametrize(
     ("flags", "why"),
     [
-        (f"-c 8192 -np 8 -kvu -ub 1 {CACHE_OFF}",
-         "a unified KV pool of 8192 tokens (the gate needs sequences of 6144 tokens; the "
-         "length ladder fills the 1024-token slot)"),
+        # A pool too small to hold 3/4 of it beside a co-batched companion at the answer
+        # budget (128): no ladder can fill it (a unified cell that can be filled is planned).
+        (f"-c 1024 -np 2 -kvu -ub 1 {CACHE_OFF}",
+         "a unified KV pool: the pool of 1024 tokens (--ctx 512 x N 2) cannot hold sequences "
+         "of 3/4 of it (768 tokens) beside short co-batched companions (up to "),
         ("-c 8192 -np 8 -ub 1 --cache-ram -1", "--cache-ram -1 (the cache arm measures 0 MiB"),
         ("-c 8192 -np 8 -ub 1 --cache-reuse 256", "--cache-reuse 256 (the cache arm runs without"),
         (f"-c 8192 -np 8 -ub 1 --no-cont-batching {CACHE_OFF}",
@@ -206,24 +212,29 @@ def test_a_cell_no_measuring_run_covers_is_named_and_left_out(
     assert why in captured.err, captured.err
 
 
-def test_the_unified_layout_reaches_the_server_and_only_the_pool_is_left_uncovered(
+def test_a_unified_cell_is_planned_with_its_layout_and_its_measured_pool_covers_it(
     headed: World, tmp_path: Path, capsys: Capsys
 ) -> None:
-    """cell.yml takes the unified layout (its kv-layout input), and the cert it measures
-    covers the deploy's layout, pool size and flags; what it cannot cover is the pool's
-    length (why the plan leaves the cell out)."""
+    """A unified cell is in the matrix with ``kv-layout: unified`` (cell.yml's input, and
+    run-live's --kv-layout): measuring it runs the ladder's long rungs past 3/4 of the pool,
+    and that cert covers the deploy's layout, pool size, flags and length. A cert of the
+    same row whose sequences stopped at the slot does not (the pool's length is unmet)."""
     certs = tmp_path / "certs"
     shutil.copytree(headed["certs"], certs)
     config = _deploy(headed, tmp_path, f"-c 8192 -np 8 -kvu -ub 1 {CACHE_OFF}")
-    assert gate(config, certs, "--json") == exitcodes.NOT_PROMOTABLE
-    (row,) = json.loads(capsys.readouterr().out)["plan"]
-    assert row["kv_layout"] == "unified" and row["cell_yml_refuses"]
-    _measure(headed, row, certs, tmp_path)
+    (row,) = _plan(config, certs, capsys)
+    assert (row["kv_layout"], row["cell_yml_refuses"]) == ("unified", "")
+    assert (row["ctx"], row["ctx_total"], row["parallel"]) == (1024, 8192, 8)
+    assert "--kv-layout unified" in row["run_live"]
+    short = _measure(headed, row, certs, tmp_path)
     assert gate(config, certs) == exitcodes.NOT_PROMOTABLE
     out = capsys.readouterr().out
     assert "the slot is 8192 tokens (need >= 6144, 3/4 of it)" in out, out
     # The layout, the pool's size and the flags are the measured ones: no other difference.
     assert "KV layout" not in out and "pool of" not in out and "(measured" not in out, out
+    short.unlink()
+    _measure(headed, row, certs, tmp_path, reach=row["ctx_total"])
+    assert gate(config, certs) == exitcodes.PROMOTABLE, capsys.readouterr().out
 
 
 def test_the_gate_workflow_is_one_required_check_fed_by_the_plan() -> None:
