@@ -141,6 +141,12 @@ def prepare_sweep(request: SweepRequest, *, create_out_dir: bool = True) -> Swee
     check_sweepable(base)
     for n in ns:
         replace(base, parallel=n).check()
+    if base.launch.kv_layout == "unified":
+        # A unified pool's A server and ladder rungs are sized to its own pool (ctx * N).
+        raise UsageError(
+            "sweep shares one arm A and one work-set across every N, but a unified pool's "
+            "are sized to its N: run run-live --kv-layout unified once per N"
+        )
     return SweepJob(prepare(base, create_out_dir=create_out_dir), ns)
 
 

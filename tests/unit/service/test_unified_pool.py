@@ -5,6 +5,7 @@ flight within the pool, and the long rows are co-batched (hot) with the witness 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,23 @@ def test_a_unified_cell_measures_co_batched_sequences_to_three_quarters_of_the_p
     assert scope is not None and scope.slot_ctx == CTX
     # The cert's reached length is past 3/4 of the pool, not just of the slot.
     assert scope.longest is not None and scope.longest >= required_length(POOL)
+
+
+def test_a_sweep_refuses_a_unified_pool_in_one_line(tmp_path: Path) -> None:
+    """A sweep shares arm A and the work-set across its Ns; a unified pool's are its own."""
+    from batch_invariance.service.options import LaunchOptions
+    from batch_invariance.service.request import LiveRequest
+    from batch_invariance.service.sweep import SweepRequest, prepare_sweep
+    from tests.support.fakes_live import dense_meta, fake_server, write_gguf
+
+    cell = LiveRequest(
+        out_dir=tmp_path / "out",
+        server_bin=fake_server(tmp_path / "bin"),
+        model=write_gguf(tmp_path / "tiny.gguf", dense_meta()),
+        ctx=512,
+        launch=LaunchOptions(kv_layout="unified"),
+    )
+    with pytest.raises(UsageError, match="run run-live --kv-layout unified once per N"):
+        prepare_sweep(SweepRequest(cell, (2, 4)), create_out_dir=False)
+    split = replace(cell, launch=LaunchOptions())
+    assert prepare_sweep(SweepRequest(split, (2, 4)), create_out_dir=False).parallels == (2, 4)
