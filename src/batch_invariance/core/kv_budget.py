@@ -36,9 +36,7 @@ def item_kv_cost(item: WorkItem, n_predict: int, pool: int, parallel: int) -> in
     return pool // max(1, parallel)
 
 
-def kv_costs(
-    items: Sequence[WorkItem], n_predict: int, pool: int, parallel: int
-) -> dict[str, int]:
+def kv_costs(items: Sequence[WorkItem], n_predict: int, pool: int, parallel: int) -> dict[str, int]:
     """:func:`item_kv_cost` of every item, by id."""
     return {item.test_id: item_kv_cost(item, n_predict, pool, parallel) for item in items}
 

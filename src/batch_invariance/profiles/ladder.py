@@ -146,10 +146,8 @@ def ladder_plan(ctx: int, n_predict: int, frame_tokens: int) -> LadderPlan:
 def _kv_bound(sequence: int, n_predict: int) -> int:
     """The most KV cells a prompt fitted for ``sequence`` can hold: the fit may land
     :data:`TOLERANCE` (or :data:`FIT_TOLERANCE` tokens) above its prompt target."""
-    prompt = sequence - n_predict
-    return sequence + max(math.ceil(TOLERANCE * prompt), math.ceil(FIT_TOLERANCE)) + (
-        KV_FRAME_ALLOWANCE
-    )
+    slack = max(math.ceil(TOLERANCE * (sequence - n_predict)), math.ceil(FIT_TOLERANCE))
+    return sequence + slack + KV_FRAME_ALLOWANCE
 
 
 def pool_rung_targets(plan: LadderPlan, pool: int) -> tuple[int, ...]:
@@ -176,7 +174,9 @@ def pool_rung_targets(plan: LadderPlan, pool: int) -> tuple[int, ...]:
         )
     top = highs[0]
     spots = [low + (top - low) * (POOL_RUNGS - j) / POOL_RUNGS for j in range(POOL_RUNGS)]
-    return tuple(max(low + 1, min(high, math.floor(at))) for high, at in zip(highs, spots, strict=True))
+    return tuple(
+        max(low + 1, min(high, math.floor(at))) for high, at in zip(highs, spots, strict=True)
+    )
 
 
 def pool_ladder_problem(ctx: int, parallel: int, n_predict: int) -> str | None:

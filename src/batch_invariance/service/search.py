@@ -7,14 +7,12 @@ writer, one folder of certs per configuration. Cheap first: a probe (the same ce
 prompts that cross the engine's drift boundary and reach the slot's end, two C passes) can
 only reject (:mod:`batch_invariance.core.search`); a full cert, the whole ladder and every
 gate, is measured only where the probe did not reject. The defaults always get their full
-cert: they are the positive control and what every other throughput is set against.
-
-A cert already in the configuration's folder for the same identity (binary and model
-sha256, server flags and KV layout, ctx and N, rules version) is reused, not measured again.
+cert: they are the positive control and what every other throughput is set against. A cert
+already in the configuration's folder for the same identity (binary and model sha256, server
+flags and KV layout, ctx and N, rules version) is reused, not measured again.
 ``budget_s`` is checked before every step with that step's estimate: the search stops with
-what it measured, and a cert is only ever written whole (atomically, by the cert store).
-Last, each promotable GREEN is set against the defaults in interleaved rounds
-(:mod:`batch_invariance.service.search_interleave`).
+what it measured, and a cert is only ever written whole (atomically, by the cert store). Last,
+each promotable GREEN is set against the defaults in interleaved rounds (``search_interleave``).
 """
 
 from __future__ import annotations
@@ -127,9 +125,8 @@ def _space(engine_name: str, only: tuple[str, ...] | None) -> tuple[SearchConfig
 
 
 def _probe_workset(workset: Workset, boundaries: tuple[int, ...], per: int) -> Workset:
-    """The probe's prompts out of the cell's own work-set (the ladder records each prompt's
-    sequence target; a work-set without one is ranked by its prompt's length): ``per``
-    past each boundary and at the slot's end."""
+    """The probe's prompts out of the cell's own work-set (ranked by the ladder's sequence
+    targets, else by prompt length): ``per`` past each boundary and at the slot's end."""
     seqs = [(i.test_id, int(i.meta.get("sequence_target") or len(i.prompt or "") // 4))
             for i in workset.items]  # fmt: skip
     keep = set(probe_ids(seqs, boundaries, per))
@@ -172,7 +169,12 @@ def prepare_search(request: SearchRequest, *, create_out_dir: bool = True) -> Se
         asked = replace(base, server_flags=(*base.server_flags, *config.flags),
                         launch=replace(base.launch, kv_layout=config.kv_layout),
                         out_dir=folder, driver_name="search")  # fmt: skip
-        full = prepare(asked, create_out_dir=create_out_dir)
+        try:
+            full = prepare(asked, create_out_dir=create_out_dir)
+        except UsageError as exc:  # a unified pool too small for its ladder's long rungs
+            if config.kv_layout == "split":
+                raise
+            raise UsageError(f"configuration {config.name}: {exc} (or pick --configs)") from None
         # Probe certs (never promotable) stay out of the folder ``serve --certs`` reads.
         probes = base.out_dir / PROBES / config.slug
         points.append(Point(config, full, _probe_cell(full, probes, boundaries)))

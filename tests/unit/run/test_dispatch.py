@@ -243,8 +243,13 @@ def _pool_items() -> tuple[WorkItem, ...]:
         for i in range(10)
     ]
     long = [
-        WorkItem(f"L{i}", "Read this. " * 40 + f"What is {i} * 3?", None, str(3 * i),
-                 meta={"calibrated_tokens": 660})  # fmt: skip
+        WorkItem(
+            f"L{i}",
+            "Read this. " * 40 + f"What is {i} * 3?",
+            None,
+            str(3 * i),
+            meta={"calibrated_tokens": 660},
+        )
         for i in range(2)
     ]
     return (*short, *long)
@@ -279,9 +284,7 @@ def test_a_unified_pool_is_never_asked_for_more_than_it_holds_and_long_rows_co_b
         # rule, the barrier releases them together.
         ungated = run_concurrent_pass(_Handle(server), template, items, 4, 0, 2)
     responses = dict(result.responses)
-    assert set(responses) == {i.test_id for i in items} and all(
-        r.ok for r in responses.values()
-    )
+    assert set(responses) == {i.test_id for i in items} and all(r.ok for r in responses.values())
     # Never more cells in flight than the pool holds (the same pass without the pool asks
     # for more: the rule is what keeps it in).
     assert _peak_cells(responses, costs) <= 1000 < _peak_cells(dict(ungated.responses), costs)

@@ -116,3 +116,30 @@ def test_a_sweep_refuses_a_unified_pool_in_one_line(tmp_path: Path) -> None:
         prepare_sweep(SweepRequest(cell, (2, 4)), create_out_dir=False)
     split = replace(cell, launch=LaunchOptions())
     assert prepare_sweep(SweepRequest(split, (2, 4)), create_out_dir=False).parallels == (2, 4)
+
+
+def test_a_search_names_the_unified_configuration_whose_pool_cannot_be_filled(
+    tmp_path: Path,
+) -> None:
+    """search walks unified configurations too; each measures its pool, and one whose pool
+    cannot hold 3/4 of it beside a companion is named (the split ones alone still run)."""
+    from batch_invariance.service.request import LiveRequest
+    from batch_invariance.service.search import SearchRequest, prepare_search
+    from tests.support.fakes_live import dense_meta, fake_server, write_gguf
+
+    cell = LiveRequest(
+        out_dir=tmp_path / "out",
+        server_bin=fake_server(tmp_path / "bin"),
+        model=write_gguf(tmp_path / "tiny.gguf", dense_meta()),
+        ctx=512,
+        parallel=2,
+        driver_name="search",
+    )
+    with pytest.raises(UsageError, match=r"^configuration unified: --kv-layout unified: the pool"):
+        prepare_search(SearchRequest(cell), create_out_dir=False)
+    job = prepare_search(SearchRequest(cell, only=("ub1",)), create_out_dir=False)
+    assert [p.config.name for p in job.points] == ["defaults", "ub1"]
+    pooled = replace(cell, parallel=4)  # a pool of 2048 holds 3/4 of it beside a companion
+    unified = prepare_search(SearchRequest(pooled, only=("unified",)), create_out_dir=False)
+    (point,) = [p for p in unified.points if p.config.name == "unified"]
+    assert point.full.kv_pool() == 2048 and point.full.serial_ctx == 2048
