@@ -126,6 +126,36 @@ def test_a_live_cert_whose_cell_was_edited_and_rebuilt_is_invalid(
 
 
 @pytest.mark.parametrize(
+    ("a_slots", "valid"),
+    [(4, True), (1, True), (2, False)],
+    ids=["a-holds-the-pool", "a-on-the-share", "a-on-neither"],
+)
+def test_a_unified_cells_serial_server_may_hold_the_whole_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], a_slots: int, valid: bool
+) -> None:
+    """run-live --kv-layout unified runs A on one slot of the whole pool (any slot of the pool
+    may fill it): a unified cert whose A ran ``ctx * N`` is consistent, as is one written
+    before (A on ``ctx``); any other A context is an identity break (docs/output-contract.md,
+    "Identity")."""
+    assert spec().dispatch_n == 4  # the pool is 4 slots' share
+    cell = replace(spec(), kv_label=f"unified:-c {spec().ctx * 4} -np 4 -kvu (one pool)")
+    prov = live_provenance(cell)
+    path = prov["model_file"]["path"]
+    bc = server_argv(path, cell.ctx, cell.dispatch_n)
+    bc[bc.index("--no-kv-unified")] = "--kv-unified"
+    a = server_argv(path, cell.ctx * a_slots, 1)
+    cert, _ = cert_for(cell=cell, extra_provenance={"servers": [
+        {"role": "A", "argv": a}, {"role": "BC", "argv": bc},
+    ]})  # fmt: skip
+    code, err = _verify(_rebuilt(tmp_path, cert), capsys)
+    if valid:
+        assert code == exitcodes.PROMOTABLE, err
+    else:
+        want = f"ctx {cell.ctx} per slot but server A ran --ctx-size {cell.ctx * a_slots}"
+        assert code == exitcodes.CERT_INVALID and want in err, err
+
+
+@pytest.mark.parametrize(
     "provenance_edit",
     [
         lambda p: p.pop("model_file"),
