@@ -84,11 +84,13 @@ def ladder_line(workset: Workset, ctx: int) -> str:
         return line
     pool = int(rungs[0].meta["pool"])
     at = sorted(int(i.meta["sequence_target"]) for i in rungs)
+    prompt = sum(int(i.meta["target_tokens"]) for i in rungs)
     return (
         f"{line}\nunified pool: {len(rungs)} long prompts targeted at {at[0]}-{at[-1]} of "
         f"the pool's {pool} tokens, each sent just before a short companion and never more "
         f"KV in flight than the pool holds (a -kvu deploy needs >= {required_length(pool)}, "
-        "3/4 of the pool); A runs on a one-slot server of the whole pool"
+        f"3/4 of the pool); A runs on a one-slot server of the whole pool; they add ~{prompt} "
+        "prompt tokens to every arm and pass (the ETA counts their requests, not their prompts)"
     )
 
 

@@ -88,6 +88,8 @@ def test_a_unified_ladder_counts_the_pools_long_prompts(tmp_path: Path) -> None:
     (pool,) = [ln for ln in unified if ln.startswith("unified pool:")]
     assert pool.startswith("unified pool: 4 long prompts targeted at ")
     assert "of the pool's 1024 tokens" in pool and ">= 768, 3/4 of the pool" in pool
+    added = int(pool.split("they add ~")[1].split()[0])
+    assert 4 * (768 - 32) < added < 4 * 1024
     low, high = (int(x) for x in pool.split(" targeted at ")[1].split()[0].split("-"))
     assert 768 < low <= high < 1024
     assert "work-set: length ladder, 36 distinct prompts" in "\n".join(unified)
