@@ -40,7 +40,7 @@ INPUTS = {
     "server-bin": "llama-server",
     "ctx": "256",
     "parallel": "4",
-    "server-flags": "-ub 1",
+    "server-flags": "-ub\n1",
     "sign": "false",
     "upload": "false",
 }
