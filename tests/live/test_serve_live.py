@@ -583,7 +583,7 @@ def test_serve_refuses_a_split_model_whose_second_file_was_swapped(
     folder.mkdir(mode=0o755)
     first, second = split_gguf(cell["model"], folder, "gemma")
     # The recorded cert names its model as run-live names a split's: by its first file.
-    monkeypatch.setattr("tests.unit.deploy.test_check_deploy.MODEL", first.name[:-5])
+    monkeypatch.setattr("tests.support.deploy_world.MODEL", first.name[:-5])
     cert = _recorded(live_pair, tmp_path, first)
     measured, log = _direct(cell["binary"], first, tmp_path / "measured.log")
     assert "n_slots = 4, n_ctx_slot = 4096, kv_unified = 'true'" in log, log
