@@ -1,7 +1,5 @@
 """check-deploy in CI through cli.main: ``--json`` prints the outcome as one object (the human
-lines on stderr), and in a GitHub job each problem is an ``::error`` annotation on the deploy
-file's line; outside a job the output is what it always was. A server the deploy starts
-directly is never a pass (issue 40): its cell is kind ``raw``, the coverage's reason inside."""
+lines on stderr); in a GitHub job each problem is an ``::error`` annotation on its line."""
 
 # ruff: noqa: F811 (the world fixture, imported)
 from __future__ import annotations
@@ -13,16 +11,9 @@ from typing import Any
 import pytest
 
 from batch_invariance import exitcodes
-from tests.support.deploy_world import (  # noqa: F401 (the fixture)
-    OK_FLAGS,
-    Capsys,
-    World,
-    gate,
-    path_line,
-    served,
-    world,
-)
+from tests.support.deploy_world import OK_FLAGS, Capsys, World, gate, path_line, served, world  # noqa: F401
 
+NO = exitcodes.NOT_PROMOTABLE
 TITLE = "title=batch-invariance check-deploy"
 
 
@@ -33,8 +24,8 @@ def _deploy(world: World, folder: Path, body: str) -> Path:
     return config
 
 
-def _json(world: World, config: Path, capsys: Capsys) -> dict[str, Any]:
-    assert gate(config, world["certs"], "--json") == exitcodes.NOT_PROMOTABLE
+def _json(world: World, config: Path, capsys: Capsys, code: int = NO) -> dict[str, Any]:
+    assert gate(config, world["certs"], "--json") == code
     data: dict[str, Any] = json.loads(capsys.readouterr().out)
     return data
 
@@ -50,9 +41,9 @@ def test_json_prints_the_outcome_alone_on_stdout(
 ) -> None:
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     config = _deploy(world, tmp_path, _failing(world))
-    assert gate(config, world["certs"]) == exitcodes.NOT_PROMOTABLE
+    assert gate(config, world["certs"]) == NO
     plain = capsys.readouterr()
-    assert gate(config, world["certs"], "--json") == exitcodes.NOT_PROMOTABLE
+    assert gate(config, world["certs"], "--json") == NO
     out, err = capsys.readouterr()
     data: dict[str, Any] = json.loads(out)
     assert out == json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -62,19 +53,15 @@ def test_json_prints_the_outcome_alone_on_stdout(
     (problem,) = data["cells"][0]["problems"]
     assert (problem["file"], problem["line"], problem["rule"]) == (str(config), 2, "missing")
     assert data["summary"] == plain.out.splitlines()[-1]
-
-
-def test_json_of_a_deploy_that_passes(world: World, tmp_path: Path, capsys: Capsys) -> None:
+    # A pass, and the same server started directly: covered, never a pass.
     engine = f"llama-server -m {world['model']} {OK_FLAGS}"
-    config = _deploy(world, tmp_path, f"exec {served(engine, world['certs'])}\n")
-    assert gate(config, world["certs"], "--json") == exitcodes.PROMOTABLE
-    data = json.loads(capsys.readouterr().out)
+    data = _json(world, _deploy(world, tmp_path, f"exec {served(engine, world['certs'])}\n"),
+                 capsys, exitcodes.PROMOTABLE)  # fmt: skip
     assert (data["decision"], data["exit_code"], data["signatures_checked"]) == ("pass", 0, False)
-    (cell,) = data["cells"]
-    assert (cell["kind"], cell["result"], cell["cert"]) == ("ok", "pass", str(world["green"]))
-    # The same server started directly: covered, never a pass.
+    ((cell,), green) = data["cells"], str(world["green"])
+    assert (cell["kind"], cell["result"], cell["cert"]) == ("ok", "pass", green)
     data = _json(world, _deploy(world, tmp_path, f"exec {engine}\n"), capsys)
-    assert (data["decision"], data["exit_code"]) == ("fail", exitcodes.NOT_PROMOTABLE)
+    assert (data["decision"], data["exit_code"]) == ("fail", NO)
     (cell,) = data["cells"]
     assert (cell["kind"], cell["result"], cell["cert"]) == ("raw", "fail", str(world["green"]))
     assert f"(cert {world['green'].name} covers this cell)" in cell["reason"]
@@ -91,11 +78,11 @@ def test_a_github_job_gets_one_annotation_per_problem_on_its_line(
     ]:
         config = _deploy(world, tmp_path, body)
         monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
-        assert gate(config, world["certs"]) == exitcodes.NOT_PROMOTABLE
+        assert gate(config, world["certs"]) == NO
         plain = capsys.readouterr().out
         assert "::error" not in plain  # outside a GitHub job nothing changes
         monkeypatch.setenv("GITHUB_ACTIONS", "true")
-        assert gate(config, world["certs"]) == exitcodes.NOT_PROMOTABLE
+        assert gate(config, world["certs"]) == NO
         out = capsys.readouterr().out
         assert out.startswith(plain)  # the same text, then the annotations
         (annotation,) = out[len(plain) :].splitlines()
@@ -103,7 +90,7 @@ def test_a_github_job_gets_one_annotation_per_problem_on_its_line(
         assert said in annotation, annotation
     # With --json the annotations go to stderr; outside the workspace the path stays as given.
     monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path / "elsewhere"))
-    assert gate(config, world["certs"], "--json") == exitcodes.NOT_PROMOTABLE
+    assert gate(config, world["certs"], "--json") == NO
     out, err = capsys.readouterr()
     json.loads(out)
     assert err.splitlines()[-1].startswith(f"::error file={str(config).replace(':', '%3A')},")
@@ -140,5 +127,4 @@ def test_a_cert_found_but_not_checkable_here_is_unverifiable_and_named(
     assert kind == "missing" or all(word in found["reason"] for word in words)
     (raw,) = _json(world, _deploy(world, tmp_path, f"{engine}\n"), capsys)["cells"]
     assert (raw["kind"], raw["result"], raw["cert"]) == ("raw", "fail", cert)
-    assert all(word in raw["reason"] for word in words)
-    assert "covers this cell" not in raw["reason"]
+    assert all(word in raw["reason"] for word in words) and "covers this cell" not in raw["reason"]

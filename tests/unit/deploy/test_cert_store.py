@@ -1,11 +1,7 @@
-"""`check-deploy --store DIR`: the cert store counts a cert only where it verifies and is
-signed per the gate's own policy; a cert of another identity, another repository, older rules
-or a tampered file is ignored with a line naming it, and never covers (nor fails) a cell. The
-signatures are checked by the fake verifier of tests/support/deploy_world.py and by sigstore on
-the real public bundle of ../shared/fixtures/sigstore (offline).
-"""
+"""`check-deploy --store DIR` counts a cert only where it verifies and is signed per the gate's
+policy; any other is ignored with a line naming it and never covers (nor fails) a cell (the fake
+verifier of tests/support/deploy_world.py, and sigstore on the real public bundle, offline)."""
 
-# ruff: noqa: F811 (the world fixture, imported)
 from __future__ import annotations
 
 import json
@@ -22,20 +18,8 @@ from batch_invariance.cli import main
 from batch_invariance.deploy.cert_store import read_store
 from batch_invariance.deploy.deploy_report import check_cells, load_deploy_cells
 from batch_invariance.errors import UsageError
-from tests.support.deploy_world import (  # noqa: F401 (the fixtures)
-    CACHE_OFF,
-    MODEL,
-    SIGSTORE,
-    Capsys,
-    World,
-    _live_cert,
-    home,
-    path_line,
-    policy_from,
-    served,
-    signed_by,
-    world,
-)
+from tests.support import deploy_world as dw
+from tests.support.deploy_world import CACHE_OFF, MODEL, SIGSTORE, Capsys, World, policy_from
 
 CELL_SAN = "https://github.com/addiplus/batch-invariance/.github/workflows/cell.yml@refs/tags/v0"
 OTHER_SAN = "https://github.com/someone/else/.github/workflows/cell.yml@refs/tags/v0"
@@ -50,22 +34,18 @@ POLICY = ["--cert-identity-regexp", r"^https://github\.com/addiplus/batch-invari
 SIGNED = {
     "good": (CELL_SAN, REPOSITORY, None),
     "foreign": (OTHER_SAN, REPOSITORY, f"signature identity mismatch: signed by {OTHER_SAN}"),
-    "other_repo": (
-        CELL_SAN,
-        "someone/else",
-        "signature repository mismatch: signed for someone/else",
-    ),
+    "other_repo": (CELL_SAN, "a/b", "signature repository mismatch: signed for a/b"),
     "tampered": (CELL_SAN, REPOSITORY, ""),
     "older_rules": (CELL_SAN, REPOSITORY, "written by batch-invariance 0.0.1"),
     "unsigned": (CELL_SAN, REPOSITORY, "not signed (no unsigned.json.sigstore.json beside it)"),
 }
-VERIFY = signed_by(lambda cert: SIGNED[cert.stem][:2])
+VERIFY = dw.signed_by(lambda cert: SIGNED[cert.stem][:2])
 
 
 def _store_cert(world: World, store: Path, name: str) -> Path:
     """A promotable cert of the raised cell in its own store folder, with a bundle file."""
     folder = store / name
-    cert = _live_cert(folder, world["model"], parallel=8)
+    cert = dw._live_cert(folder, world["model"], parallel=8)
     cert = cert.rename(folder / f"{name}.json")
     (folder / f"{name}.json.sigstore.json").write_text("{}")
     return cert
@@ -92,8 +72,8 @@ def store(world: World, tmp_path: Path) -> dict[str, Path]:
 def _deploy(world: World, tmp_path: Path) -> Path:
     config = tmp_path / "llama-server.sh"
     engine = f"llama-server -m {world['model']} {RAISED}"
-    line = served(engine, world["certs"], *(shlex.quote(word) for word in POLICY))
-    config.write_text(path_line(world["binary"]) + f"exec {line}\n")
+    line = dw.served(engine, world["certs"], *(shlex.quote(word) for word in POLICY))
+    config.write_text(dw.path_line(world["binary"]) + f"exec {line}\n")
     return config
 
 
@@ -104,6 +84,8 @@ def test_only_a_verified_cert_of_the_gate_identity_is_admitted(store: dict[str, 
     for name, (_, _, why) in SIGNED.items():
         lines = [line for line in read.ignored if line.startswith(str(store[name]))]
         assert (why is None) is (lines == []) and (why is None or why in lines[0]), (name, lines)
+    with pytest.raises(UsageError, match="no such folder"):  # a missing store folder
+        read_store(store["root"] / "absent", None)
 
 
 @pytest.mark.parametrize("keep", ["foreign", "other_repo", "tampered", "older_rules", "unsigned"])
@@ -113,8 +95,7 @@ def test_a_refused_store_cert_never_covers_nor_fails_a_cell(
     """Alone in the store it leaves the cell missing (not invalid); the good one covers it."""
     only = tmp_path / "only"
     shutil.copytree(store[keep].parent, only / keep)
-    policy, verify = policy_from(*POLICY), VERIFY
-    config = _deploy(world, tmp_path)
+    policy, verify, config = policy_from(*POLICY), VERIFY, _deploy(world, tmp_path)
     cells = load_deploy_cells(config).cells
     alone = read_store(only, policy, verify)
     assert alone.admitted == () and len(alone.ignored) == 1
@@ -132,8 +113,8 @@ def test_a_refused_store_cert_never_covers_nor_fails_a_cell(
 def test_check_deploy_names_each_ignored_store_file_with_real_sigstore(
     world: World, tmp_path: Path, capsys: Capsys
 ) -> None:
-    """A store cert beside a real bundle of another file is ignored with its line, and the cell
-    stays missing, exit 3 (not 5: a stranger's file in the store cannot fail a deploy)."""
+    """A store cert beside a real bundle of another file is ignored with its line; the cell stays
+    missing, exit 3 (not 5: a stranger's file in the store cannot fail a deploy)."""
     root = tmp_path / "store"
     cert = _store_cert(world, root, "swapped")
     shutil.copyfile(SIGSTORE / f"{WHEEL}.sigstore.json", Path(f"{cert}.sigstore.json"))
@@ -149,8 +130,3 @@ def test_check_deploy_names_each_ignored_store_file_with_real_sigstore(
     assert "signature" in lines[1] or "digest" in lines[1] or "identity" in lines[1]
     assert f"FAIL  {MODEL} ctx=1024 N=8 kv=split" in captured.out
     assert "no cert for" in captured.out and "swapped" not in captured.out
-
-
-def test_a_missing_store_folder_is_a_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="no such folder"):
-        read_store(tmp_path / "absent", None)

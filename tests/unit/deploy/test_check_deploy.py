@@ -1,9 +1,6 @@
 """`check-deploy` against real cert files (tests/support/deploy_world.py): a cert covers exactly
-the cell it measured, and only a deploy that starts it through `serve` passes (issue 40). Every
-reproducer of issue 12 §4 is a case below.
-"""
+the cell it measured, and only a deploy that starts it through `serve` passes (issue 40)."""
 
-# ruff: noqa: F811 (the world fixture, imported)
 from __future__ import annotations
 
 import json
@@ -20,29 +17,11 @@ from batch_invariance.cli import main
 from batch_invariance.core.evidence import GatePolicy
 from batch_invariance.deploy.deploy_report import check_cells, load_deploy_cells
 from batch_invariance.errors import CertInvalid, UsageError
-from tests.support.deploy_world import (  # noqa: F401 (fixtures; others import these from here)
-    CACHE_OFF,
-    MODEL,
-    OK_FLAGS,
-    SIGSTORE,
-    TOOL,
-    Capsys,
-    World,
-    _check,
-    _live_cert,
-    _unsigned,
-    assert_covered_raw,
-    assert_decision,
-    case_fields,
-    home,
-    path_line,
-    policy_from,
-    served,
-    signed_by,
-    world,
-)
+from tests.support import deploy_world as dw
+from tests.support.deploy_world import MODEL, OK_FLAGS, Capsys, World, _unsigned, served
 
 SERVE_OK = "exec {serve} llama-server -m {m} {ok}"
+UNCAPPED = "covers answers up to {longest} tokens only: the deploy sets no -n cap\ncheck-deploy:"
 BARE = "exec batch-invariance serve --certs {certs} --allow-unsigned -- {binary} -m {m} {ok}"
 #: Each deploy (a template of :func:`case_fields`) with its decision and the words that say why.
 CASES = [
@@ -104,6 +83,22 @@ CASES = [
     pytest.param("llama-server -m {m} {ok} -n {longest}", "raw", (), id="n-measured"),
     pytest.param("exec {serve} llama-server -m {m} {ok} -n {longest}", "pass",
                  ("!covers answers up to",), id="n-measured-serve"),
+    # The build: the measured one, another, one not here, a program not on PATH.
+    pytest.param("exec {serve} {binary} -m {m} {ok} -n 16", "pass",
+                 ("build by sha256 of {binary}",), id="measured-build"),
+    pytest.param("{binary} -m {m} {ok} -n 16", "raw", (), id="measured-build-raw"),
+    pytest.param("{other_bin} -m {m} {ok}", "fail",
+                 ("server build sha256 {other_sha}", "(measured {sha}...)"), id="another-build"),
+    pytest.param("/srv/nowhere/llama-server -m {m} {ok}", "fail", (
+        "server binary /srv/nowhere/llama-server not found here: its build (sha256) cannot be "
+        "checked",), id="absent-path"),
+    pytest.param("PATH=/srv/nowhere llama-server -m {m} {ok}", "fail",
+                 ("program llama-server is not on the file's PATH here",), id="not-on-path"),
+    # An uncapped deploy passes only with the answer length it is covered for on its line.
+    *(pytest.param(f"exec {{serve}} {{binary}} -m {{m}} {{ok}} {cap}", "pass", (UNCAPPED,),
+                   id=f"uncapped{cap}") for cap in ("", "-n -1", "--n-predict -1")),
+    *(pytest.param(f"{{binary}} -m {{m}} {{ok}} {cap}", "raw", (), id=f"uncapped-raw{cap}")
+      for cap in ("", "-n -1", "--n-predict -1")),
 ]  # fmt: skip
 
 
@@ -111,52 +106,38 @@ CASES = [
 def test_each_deploy_gets_its_decision(
     world: World, tmp_path: Path, capsys: Capsys, body: str, expect: str, words: tuple[str, ...]
 ) -> None:
-    fields = case_fields(world, tmp_path)
+    fields = dw.case_fields(world, tmp_path)
     code = _unsigned(world, tmp_path, body.format(**fields) + "\n")
-    assert_decision(code, capsys.readouterr().out, expect, *(w.format(**fields) for w in words))
+    dw.assert_decision(code, capsys.readouterr().out, expect, *(w.format(**fields) for w in words))
 
 
 def test_a_covered_cell_passes_only_started_through_serve(
     world: World, tmp_path: Path, capsys: Capsys
 ) -> None:
-    """Started directly, the output names the covering cert and the serve line to write."""
+    """Started directly, the output names the covering cert and the serve line to write (its
+    exact words: tests/golden/check_deploy.txt); --suggest prints that line alone, and pasted
+    into the deploy (the tool by its path) it passes."""
     certs, engine = world["certs"], f"llama-server -m {world['model']} {OK_FLAGS} -n 64"
-    code = _unsigned(world, tmp_path, f"exec {engine}\n")
-    raw = capsys.readouterr().out
-    assert_covered_raw(code, raw)
-    line = f"batch-invariance serve --certs {certs} --allow-unsigned -- {engine}"
-    assert (
-        f"FAIL  {MODEL} ctx=1024 N=4 kv=split  [llama-server.sh:2]  starts llama-server "
-        "directly, which is never a pass: batch-invariance serve proves the cell on the serving "
-        f"host at start (cert {world['green'].name} covers this cell); start it as: {line}"
-    ) in raw
-    assert raw.strip().splitlines()[-1].startswith("check-deploy: FAIL: 1 of 1 batched cell(s)")
-    # --suggest prints only the serve line of each server started directly.
+    dw.assert_covered_raw(_unsigned(world, tmp_path, f"exec {engine}\n"), capsys.readouterr().out)
+    cmd = f"batch-invariance serve --certs {certs} --allow-unsigned -- {engine}"
     args = ["check-deploy", str(tmp_path / "llama-server.sh"), "--certs", str(certs)]
     assert main([*args, "--allow-unsigned", "--suggest"]) == exitcodes.NOT_PROMOTABLE
-    assert (
-        capsys.readouterr().out == f"# llama-server.sh:2: {MODEL} ctx=1024 N=4 kv=split\n{line}\n"
-    )
-    # The line it suggests, pasted into the deploy (the tool by its path), passes that gate.
-    pasted = f"exec {TOOL}{line.removeprefix('batch-invariance')}\n"
-    assert _unsigned(world, tmp_path, pasted) == exitcodes.PROMOTABLE
+    assert capsys.readouterr().out == f"# llama-server.sh:2: {MODEL} ctx=1024 N=4 kv=split\n{cmd}\n"
+    code = _unsigned(world, tmp_path, f"exec {dw.TOOL}{cmd.removeprefix('batch-invariance')}\n")
     out = capsys.readouterr().out
-    assert f"pass  {MODEL} ctx=1024 N=4 kv=split  [llama-server.sh:2]  promotable cert" in out
-    assert "directly" not in out
+    dw.assert_decision(code, out, "pass", "kv=split  [llama-server.sh:2]  promotable", "!directly")
 
 
 @pytest.mark.parametrize(
     "flags",
-    [f"-c 4096 -np 4 -kvu -ub 1 {CACHE_OFF}", f"-c 4096 -ub 1 {CACHE_OFF}"],
+    [f"-c 4096 -np 4 -kvu -ub 1 {dw.CACHE_OFF}", f"-c 4096 -ub 1 {dw.CACHE_OFF}"],
     ids=["kvu", "no-np"],
 )
 def test_unified_kv_is_covered_only_where_the_sequences_reach_the_pool(
     world: World, tmp_path: Path, capsys: Capsys, flags: str
 ) -> None:
-    """Any slot of a unified pool may fill the whole pool (issue 40): a unified cert whose
-    sequences reached its 1024-token share does not cover the 4096-token pool; one measured on
-    the pool of 4096 at N 4 whose sequences reached past 3/4 of the pool (the unified ladder's
-    long rungs) does (started raw, never a pass: serve proves it at start)."""
+    """Any slot of a unified pool may fill the whole pool (issue 40): a cert whose sequences
+    reached a 1024-token share does not cover the 4096-token pool; one past 3/4 of it does."""
     engine = f"llama-server -m {world['model']} {flags}"
     unified, split = world["unified"], f"llama-server -m {world['model']} {OK_FLAGS}"
     for body, certs, why in [
@@ -167,11 +148,11 @@ def test_unified_kv_is_covered_only_where_the_sequences_reach_the_pool(
         (split, unified, ("KV layout split (measured unified)",)),  # nor the split layout
     ]:  # fmt: skip
         code = _unsigned(world, tmp_path, f"{body}\n", certs=certs)
-        assert_decision(code, capsys.readouterr().out, "fail", *why, "!covers this cell")
+        dw.assert_decision(code, capsys.readouterr().out, "fail", *why, "!covers this cell")
     pooled = tmp_path / "pooled"
-    _live_cert(pooled, world["model"], layout="unified", reach=4096)
+    dw._live_cert(pooled, world["model"], layout="unified", reach=4096)
     code = _unsigned(world, tmp_path, f"{engine}\n", certs=pooled)
-    assert_decision(code, capsys.readouterr().out, "fail", "covers this cell", "!the slot is")
+    dw.assert_decision(code, capsys.readouterr().out, "fail", "covers this cell", "!the slot is")
     code = _unsigned(world, tmp_path, f"exec {served(engine, pooled)}\n", certs=pooled)
     assert code == exitcodes.PROMOTABLE, capsys.readouterr().out
 
@@ -184,7 +165,7 @@ def _tamper(green: Path, model: Path) -> None:
 
 def _loosen(green: Path, model: Path) -> None:
     green.unlink()
-    _live_cert(green.parent, model, policy=GatePolicy(min_hot_trials=1))
+    dw._live_cert(green.parent, model, policy=GatePolicy(min_hot_trials=1))
 
 
 def _not_certs(green: Path, model: Path) -> None:
@@ -210,9 +191,7 @@ def test_a_cert_that_cannot_cover_is_named(
     world: World, tmp_path: Path, capsys: Capsys, change: Callable[[Path, Path], None],
     flags: str, code: int, words: tuple[str, ...],
 ) -> None:  # fmt: skip
-    """Through serve and started directly: never a pass, and the cert is named."""
-    folder = tmp_path / "certs"
-    shutil.copytree(world["certs"], folder)
+    folder = shutil.copytree(world["certs"], tmp_path / "certs")
     change(folder / world["green"].name, world["model"])
     engine = f"llama-server -m {world['model']} {flags}"
     for body in (f"exec {served(engine, folder)}", engine):
@@ -230,26 +209,29 @@ TAG_OR_SHA = (
     r"^https://github\.com/addiplus/batch-invariance/\.github/workflows/cell\.yml"
     r"@(refs/tags/v[0-9]+(\.[0-9]+)*|[0-9a-f]{40})$"
 )
+RELEASE = r"https://github\.com/trailofbits/rfc8785\.py/\.github/workflows/release\.yml@"
+RELEASE_SAN = RELEASE.replace("\\", "") + "refs/tags/v0.1.2"
+BUNDLE = dw.SIGSTORE / f"{WHEEL}.sigstore.json"
+SIGNED_FIXTURE = pytest.mark.skipif(not BUNDLE.is_file(), reason="the public sigstore fixture")
 
 
-def test_signatures_are_required_by_default(world: World, tmp_path: Path, capsys: Capsys) -> None:
-    body = f"llama-server -m {world['model']} {OK_FLAGS}\n"
-    # No identity policy and no --allow-unsigned: a usage error that says what to add.
-    assert _check(world, tmp_path, body) == exitcodes.USAGE
-    policy = (*IDENTITY, *ISSUER, "--offline")
-    assert _check(world, tmp_path, body, *policy, "--repository", "o/d") == 3
+def test_an_unsigned_cert_is_refused_where_signatures_are_required(
+    world: World, tmp_path: Path, capsys: Capsys
+) -> None:
+    body, policy = f"llama-server -m {world['model']} {OK_FLAGS}\n", (*IDENTITY, *ISSUER)
+    assert dw._check(world, tmp_path, body, *policy, "--offline", "--repository", "o/d") == 3
     assert "is not signed (no " in capsys.readouterr().out
-    assert _check(world, tmp_path, body, "--allow-unsigned", *IDENTITY) == exitcodes.USAGE
-    # An identity names no repository: every repository that calls cell.yml signs with it.
-    assert _check(world, tmp_path, body, *policy) == exitcodes.USAGE
-    err = capsys.readouterr().err
-    assert "check-deploy needs --repository OWNER/REPO" in err
-    assert "every repository that calls the reusable cell workflow signs with the same" in err
+    assert dw._check(world, tmp_path, body, *policy) == exitcodes.USAGE  # the table's words
 
 
 @pytest.mark.parametrize(
     ("flags", "toml", "made"),
     [
+        ((), "", "verifies every cert's signature: pass --cert-identity"),  # nor --allow-unsigned
+        (("--allow-unsigned", *IDENTITY), "", "--allow-unsigned skips signatures"),
+        # An identity names no repository: every repository that calls cell.yml signs with it.
+        ((*IDENTITY, *ISSUER), "", "check-deploy needs --repository OWNER/REPO .* every "
+         "repository that calls the reusable cell workflow signs with the same"),
         (("--cert-identity-regexp", "(unclosed", *ISSUER, "--repository", "o/d"), "",
          "not a valid regex"),
         (("--cert-identity", TAG_SAN, "--cert-identity-regexp", TAG_OR_SHA, *ISSUER), "",
@@ -276,33 +258,26 @@ def test_the_signing_policy_from_flags_or_a_file(
         (tmp_path / "policy.toml").write_text(toml)
         flags = ("--signing-policy", str(tmp_path / "policy.toml"))
     if isinstance(made, SignerPolicy):
-        policy = policy_from(*flags)
+        policy = dw.policy_from(*flags)
         assert policy is not None and policy.signer == made
         return
     with pytest.raises(UsageError, match=made):
-        policy = policy_from(*flags)
+        policy = dw.policy_from(*flags)
         assert policy is not None
         policy_for(policy.signer)
 
 
-@pytest.mark.skipif(not (SIGSTORE / WHEEL).is_file(), reason="the public sigstore fixture")
-def test_a_bundle_for_another_file_is_rejected(
-    world: World, tmp_path: Path, capsys: Capsys
-) -> None:
-    bundle = SIGSTORE / f"{WHEEL}.sigstore.json"
-    folder = tmp_path / "certs"
-    shutil.copytree(world["certs"], folder)
-    shutil.copy(bundle, folder / (world["green"].name + ".sigstore.json"))
+@SIGNED_FIXTURE
+def test_a_bundle_of_another_file_is_rejected(world: World, tmp_path: Path, capsys: Capsys) -> None:
+    folder = shutil.copytree(world["certs"], tmp_path / "certs")
+    shutil.copy(BUNDLE, folder / f"{world['green'].name}.sigstore.json")
     policy = tmp_path / "signing.toml"
-    policy.write_text(
-        'identity = "https://github.com/trailofbits/rfc8785.py/.github/workflows/release.yml'
-        '@refs/tags/v0.1.2"\nissuer = "https://token.actions.githubusercontent.com"\n'
-        'repository = "trailofbits/rfc8785.py"\n'
-    )
+    policy.write_text(f'identity = "{RELEASE_SAN}"\nissuer = "{GITHUB_ACTIONS_ISSUER}"\n'
+                      'repository = "trailofbits/rfc8785.py"\n')  # fmt: skip
     args = ("--signing-policy", str(policy), "--offline")
     engine = f"llama-server -m {world['model']} {OK_FLAGS}"
     body = f"exec {served(engine, folder, *args)}\n"
-    assert _check(world, tmp_path, body, *args, certs=folder) == exitcodes.CERT_INVALID
+    assert dw._check(world, tmp_path, body, *args, certs=folder) == exitcodes.CERT_INVALID
     assert "digest mismatch" in capsys.readouterr().out
 
 
@@ -334,14 +309,14 @@ def test_models_toml_and_usage_errors(world: World, tmp_path: Path, capsys: Caps
 def test_identity_regexp_decides_coverage(
     world: World, tmp_path: Path, san: str, repository: str, refused: str | None
 ) -> None:
-    folder = tmp_path / "certs"
-    shutil.copytree(world["certs"], folder)
+    folder = shutil.copytree(world["certs"], tmp_path / "certs")
     (folder / (world["green"].name + ".sigstore.json")).write_text("{}")
     config = tmp_path / "llama-server.sh"
-    config.write_text(path_line(world["binary"]) + f"llama-server -m {world['model']} {OK_FLAGS}\n")
-    cells, verify = load_deploy_cells(config).cells, signed_by(lambda _: (san, repository))
+    engine = f"llama-server -m {world['model']} {OK_FLAGS}\n"
+    config.write_text(dw.path_line(world["binary"]) + engine)
+    cells, verify = load_deploy_cells(config).cells, dw.signed_by(lambda _: (san, repository))
     rest = (*ISSUER, "--repository", "o/deploy", "--offline")
-    regexp = policy_from("--cert-identity-regexp", TAG_OR_SHA, *rest)
+    regexp = dw.policy_from("--cert-identity-regexp", TAG_OR_SHA, *rest)
     assert regexp is not None and regexp.signer.identity_is_regexp
     report = check_cells(config, cells, folder, regexp, verify)
     assert report.passed is (refused is None)
@@ -351,18 +326,12 @@ def test_identity_regexp_decides_coverage(
         assert [c.kind for c in report.checks] == ["invalid"]
         assert refused in report.checks[0].reason
     # The same pattern as an exact --cert-identity is a literal, not a pattern.
-    exact = policy_from("--cert-identity", TAG_OR_SHA, *rest)
+    exact = dw.policy_from("--cert-identity", TAG_OR_SHA, *rest)
     assert exact is not None and not exact.signer.identity_is_regexp
     assert not check_cells(config, cells, folder, exact, verify).passed
 
 
-RELEASE = r"https://github\.com/trailofbits/rfc8785\.py/\.github/workflows/release\.yml@"
-RELEASE_SAN = (
-    "https://github.com/trailofbits/rfc8785.py/.github/workflows/release.yml@refs/tags/v0.1.2"
-)
-
-
-@pytest.mark.skipif(not (SIGSTORE / WHEEL).is_file(), reason="the public sigstore fixture")
+@SIGNED_FIXTURE
 @pytest.mark.usefixtures("home")
 @pytest.mark.parametrize(
     ("identity", "repository", "refused"),
@@ -383,9 +352,9 @@ def test_the_policy_reaches_sigstore_on_a_real_bundle(
     identity: tuple[str, ...], repository: str | None, refused: str | None
 ) -> None:
     where = ("--repository", repository) if repository else ("--any-repository",)
-    policy = policy_from(*identity, *ISSUER, *where, "--offline")
+    policy = dw.policy_from(*identity, *ISSUER, *where, "--offline")
     assert policy is not None
-    wheel, bundle = SIGSTORE / WHEEL, SIGSTORE / f"{WHEEL}.sigstore.json"
+    wheel, bundle = dw.SIGSTORE / WHEEL, BUNDLE
     if refused is None:
         verify_bundle(wheel, bundle, policy.signer, policy.trust)
         return

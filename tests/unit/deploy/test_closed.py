@@ -1,10 +1,5 @@
-"""check-deploy fails closed on every way a deploy could run what the cert never measured.
-
-One reproducer per class, through the CLI, against a promotable GREEN of (ctx 1024, N 4,
-split, ``-ub 1``): each fails closed naming the cause; the measured deploy passes started
-through ``batch-invariance serve``, plain and with neutral options, and started directly it
-never passes (issue 40) while its cell is still read as covered.
-"""
+"""check-deploy fails closed on each way a deploy could run what the cert never measured (one
+reproducer per class, through the CLI, against the world's GREEN: ctx 1024, N 4, split, -ub 1)."""
 
 from __future__ import annotations
 
@@ -13,48 +8,23 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
+from tests.support.deploy_world import MODEL, OK_FLAGS, TOOL, Capsys, World, _unsigned, gate, served
+from tests.support.deploy_world import assert_covered_raw as raw
 from tests.support.golden import check_golden
-from tests.unit.deploy.test_check_deploy import (  # noqa: F401 (the fixture)
-    MODEL,
-    OK_FLAGS,
-    TOOL,
-    _unsigned,
-    assert_covered_raw,
-    served,
-    world,
-)
 
 NEUTRAL = "--host 0.0.0.0 --port 8080 --api-key team#42 --metrics --timeout 30"
 
 
-def _fails(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str,
-    *named: str, code: int = exitcodes.NOT_PROMOTABLE,
-) -> None:  # fmt: skip
-    assert _unsigned(world, tmp_path, body) == code
-    out = capsys.readouterr()
-    text = out.out + out.err
-    assert "check-deploy: PASS" not in text
-    for name in named:
-        assert name in text, f"{name!r} not in {text!r}"
-
-
 def test_the_measured_deploy_passes_plain_and_with_neutral_options(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    world: World, tmp_path: Path, capsys: Capsys
 ) -> None:
     m = world["model"]
-    snake = (
-        f"llama-server --model {m} --ctx_size 4096 --parallel 4 --ubatch_size 1 "
-        "--no-cache-prompt --cache_ram 0"
-    )
-    # -c 4000 pads to the same 1024 per slot the cert measured.
-    padded = f"llama-server -m {m} -c 4000 -np 4 -ub 1 --no-cache-prompt --cache-ram 0"
-    for engine in (f"llama-server -m {m} {OK_FLAGS}", f"llama-server -m {m} {OK_FLAGS} {NEUTRAL}",
-                   snake, padded):  # fmt: skip
-        assert_covered_raw(_unsigned(world, tmp_path, f"{engine}\n"), capsys.readouterr().out)
+    snake = f"--model {m} --ctx_size 4096 --parallel 4 --ubatch_size 1 --no-cache-prompt "
+    padded = f"-m {m} -c 4000 -np 4 -ub 1 --no-cache-prompt --cache-ram 0"  # pads to 1024 a slot
+    for flags in (f"-m {m} {OK_FLAGS}", f"-m {m} {OK_FLAGS} {NEUTRAL}", snake + "--cache_ram 0",
+                  padded):  # fmt: skip
+        engine = f"llama-server {flags}"
+        raw(_unsigned(world, tmp_path, f"{engine}\n"), capsys.readouterr().out)
         assert _unsigned(world, tmp_path, f"exec {served(engine, world['certs'])}\n") == 0
         assert "check-deploy: PASS" in capsys.readouterr().out
 
@@ -87,37 +57,28 @@ NO, USAGE = exitcodes.NOT_PROMOTABLE, exitcodes.USAGE
     ],
 )  # fmt: skip
 def test_what_the_server_reads_otherwise_than_measured_is_not_covered(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, named: str, code: int,
-) -> None:  # fmt: skip
+    world: World, tmp_path: Path, capsys: Capsys, line: str, named: str, code: int
+) -> None:
     """Options (any spelling llama-server reads) and the environment the server reads."""
     engine = f"llama-server -m {world['model']} {OK_FLAGS}"
     env, flags = (line, "") if line.startswith("export ") else ("", line)
-    _fails(world, tmp_path, capsys, f"{env}\n{engine} {flags}\n".lstrip(), named, code=code)
+    assert _unsigned(world, tmp_path, f"{env}\n{engine} {flags}\n".lstrip()) == code
+    text = "".join(capsys.readouterr())
+    assert "check-deploy: PASS" not in text and named in text, text
 
 
-def test_check_deploy_output_is_golden(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """What an operator reads: a deploy outside the grammar (the line, the construct, the fix),
-    the ordinary shape started directly (its cell covered, never a pass: the serve line to
-    write) and the same shape started through serve, which passes."""
+def test_check_deploy_output_is_golden(world: World, tmp_path: Path, capsys: Capsys) -> None:
+    """A deploy outside the grammar (the line, the construct, the fix), the ordinary shape started
+    directly (covered, never a pass: the serve line to write) and through serve (a pass)."""
     m = world["model"]
-    outside = (
-        "set -e\necho starting >> /var/log/llm.log\ncurl -o /tmp/m.gguf https://example.com/m\n"
-        f"exec llama-server -m {m} {OK_FLAGS}\n"
-    )
+    outside = "set -e\necho starting >> /var/log/llm.log\ncurl -o /tmp/m.gguf https://x.org/m\n"
     engine = f"llama-server -m {m} {OK_FLAGS} -n 64 --host 0.0.0.0 --port 8080"
-    ordinary = (
-        "#!/bin/bash\nset -euo pipefail\nulimit -n 65536\n"
-        "echo starting >> /var/log/llm.log\nexec {}\necho never\n"
-    )
+    ordinary = "#!/bin/bash\nset -euo pipefail\nulimit -n 65536\n" \
+        "echo starting >> /var/log/llm.log\nexec {}\necho never\n"  # fmt: skip
     out = []
-    bodies = (outside, ordinary.format(engine), ordinary.format(served(engine, world["certs"])))
-    codes = (exitcodes.NOT_PROMOTABLE, exitcodes.NOT_PROMOTABLE, exitcodes.PROMOTABLE)
-    for body, code in zip(bodies, codes, strict=True):
+    bodies = (f"{outside}exec llama-server -m {m} {OK_FLAGS}\n", ordinary.format(engine),
+              ordinary.format(served(engine, world["certs"])))  # fmt: skip
+    for body, code in zip(bodies, (NO, NO, exitcodes.PROMOTABLE), strict=True):
         assert _unsigned(world, tmp_path, body) == code
         out.append(capsys.readouterr().out)
     text = "".join(out).replace(str(tmp_path), "<tmp>").replace(str(world["root"]), "<root>")
@@ -125,12 +86,8 @@ def test_check_deploy_output_is_golden(
 
 
 def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    world: World, tmp_path: Path, capsys: Capsys
 ) -> None:
-    from batch_invariance.cli import main
-
     unit = tmp_path / "llm.service"
     unit.write_text(
         "[Unit]\nDescription=llama-server\n[Service]\nNice=5\nLimitNOFILE=65536\n"
@@ -141,15 +98,11 @@ def test_the_measured_deploy_passes_as_a_unit_with_a_drop_in(
     engine = f"{world['binary']} -m {world['model']} {OK_FLAGS} {NEUTRAL.replace('#', '-')}"
     drop_in = tmp_path / "llm.service.d" / "10-measured.conf"
     drop_in.write_text(f"[Service]\nExecStart=\nExecStart={engine}\n")
-    args = ["check-deploy", str(unit), "--certs", str(world["certs"]), "--allow-unsigned"]
-    code = main(args)
-    out = capsys.readouterr().out
-    assert_covered_raw(code, out)
+    code, out = gate(unit, world["certs"]), capsys.readouterr().out
+    raw(code, out)
     assert "10-measured.conf:3]" in out  # the ExecStart= that runs is named
     drop_in.write_text(f"[Service]\nExecStart=\nExecStart={served(engine, world['certs'])}\n")
-    assert main(args) == exitcodes.PROMOTABLE
+    assert gate(unit, world["certs"]) == exitcodes.PROMOTABLE
     assert "10-measured.conf:3]  promotable cert" in capsys.readouterr().out
-    # Without the drop-in the unit's own ExecStart runs: N=8, not measured.
-    drop_in.unlink()
-    assert main(args) == exitcodes.NOT_PROMOTABLE
-    assert "N=8" in capsys.readouterr().out
+    drop_in.unlink()  # the unit's own ExecStart runs: N=8, not measured
+    assert gate(unit, world["certs"]) == NO and "N=8" in capsys.readouterr().out

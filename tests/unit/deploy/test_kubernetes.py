@@ -1,13 +1,5 @@
-"""Kubernetes manifests and rendered Helm output (issue 40): check-deploy finds how a workload
-starts ``batch-invariance serve`` and passes only a serve container in an image pinned by a
-digest the gate names, whose line asks for a cell a promotable cert measured. A container that
-starts llama-server directly is never a pass; anything that could start or change something
-else is not understood.
-
-End to end through the CLI against the promotable GREEN of ``test_check_deploy.py``'s ``world``
-(ctx 1024, N 4, split, ``-ub 1``), the model on a ``hostPath`` volume, ``--server-binary``
-naming the file the image runs (the early warning; serve proves it at start).
-"""
+"""Kubernetes manifests and rendered Helm output (issue 40): only a serve container in an image
+pinned by a digest the gate names, asking for a measured cell, passes (the model on hostPath)."""
 
 from __future__ import annotations
 
@@ -16,100 +8,64 @@ from pathlib import Path
 import pytest
 
 from batch_invariance import exitcodes
-from batch_invariance.cli import main
 from batch_invariance.deploy.readers.kubernetes import is_manifest, kubernetes_commands
-from tests.unit.deploy.test_check_deploy import MODEL, OK_FLAGS, world  # noqa: F401
+from tests.support.deploy_world import MODEL, OK_FLAGS, Capsys, World, gate
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 IMAGE = f"registry.example/llm-serve:1@{DIGEST}"
-
-
-def _engine(flags: str = OK_FLAGS) -> str:
-    words = ["/app/llama-server", "-m", f"/models/{MODEL}.gguf", *flags.split(),
-             "--host", "0.0.0.0", "--port", "8080"]  # fmt: skip
-    return ", ".join(f"'{w}'" for w in words)
+SERVE = "'/usr/local/bin/batch-invariance', 'serve', '--certs', '/certs', '--allow-unsigned', '--'"
+NO = exitcodes.NOT_PROMOTABLE
+WORDS = ["/app/llama-server", "-m", f"/models/{MODEL}.gguf", *OK_FLAGS.split(), "--port", "8080"]
+ENGINE = ", ".join(f"'{w}'" for w in WORDS)
 
 
 def _deployment(
-    world: dict[str, Path],  # noqa: F811
-    *,
-    image: str = IMAGE,
-    command: str | None = None,
-    container: str = "",
-    pod: str = "",
+    world: World, *, image: str = IMAGE, command: str = "", container: str = "", pod: str = "",
     mount: str = "/models",
-) -> str:
-    command = command or (
-        "['/usr/local/bin/batch-invariance', 'serve', '--certs', '/certs', '--allow-unsigned', "
-        f"'--', {_engine()}]"
-    )
-    return f"""apiVersion: v1
-kind: Service
-metadata: {{name: llm}}
-spec:
-  ports: [{{port: 8080}}]
----
-apiVersion: apps/v1
+) -> str:  # fmt: skip
+    return f"""apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: llm}}
 spec:
   replicas: 1
   template:
     spec:
-{pod}      volumes:
-      - name: models
-        hostPath: {{path: '{world["model"].parent}'}}
+{pod}      volumes: [{{name: models, hostPath: {{path: '{world["model"].parent}'}}}}]
       containers:
       - name: serve
         image: '{image}'
-        command: {command}
+        command: {command or f"[{SERVE}, {ENGINE}]"}
         resources: {{limits: {{memory: 4Gi}}}}
         readinessProbe: {{httpGet: {{path: /health, port: 8080}}}}
         volumeMounts: [{{name: models, mountPath: '{mount}', readOnly: true}}]
 {container}"""
 
 
-def _check(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    body: str,
-    *extra: str,
-) -> int:
-    config = tmp_path / "llm.yaml"
-    config.write_text(body)
-    return main(["check-deploy", str(config), "--certs", str(world["certs"]),
-                 "--allow-unsigned", "--server-binary", str(world["binary"]), *extra])  # fmt: skip
+def _check(world: World, tmp_path: Path, capsys: Capsys, body: str, *extra: str) -> tuple[int, str]:
+    (tmp_path / "llm.yaml").write_text(body)
+    binary = str(world["binary"])
+    code = gate(tmp_path / "llm.yaml", world["certs"], "--server-binary", binary, *extra)
+    return code, capsys.readouterr().out
 
 
 def test_a_serve_container_in_a_named_image_passes_and_nothing_else_does(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    world: World, tmp_path: Path, capsys: Capsys
 ) -> None:
-    body = _deployment(world)
+    body, pinned = _deployment(world), ("--serve-image", DIGEST)
     assert is_manifest(body)
-    assert _check(world, tmp_path, body, "--serve-image", DIGEST) == exitcodes.PROMOTABLE
-    assert "PASS" in capsys.readouterr().out
-    # The same manifest, the gate naming no image (or another one): not a pass.
-    assert _check(world, tmp_path, body) == exitcodes.NOT_PROMOTABLE
-    assert "whose digest the gate does not name" in capsys.readouterr().out
-    other = "sha256:" + "f" * 64
-    assert _check(world, tmp_path, body, "--serve-image", other) == exitcodes.NOT_PROMOTABLE
+    code, out = _check(world, tmp_path, capsys, body, *pinned)
+    assert code == exitcodes.PROMOTABLE and "PASS" in out, out
+    # The gate naming no image (or another one): not a pass.
+    code, out = _check(world, tmp_path, capsys, body)
+    assert code == NO and "whose digest the gate does not name" in out
+    assert _check(world, tmp_path, capsys, body, "--serve-image", "sha256:" + "f" * 64)[0] == NO
     # Raising --parallel is a one-word change the gate reads: no cert measured N 8.
-    raised = body.replace("'-np', '4'", "'-np', '8'")
-    assert _check(world, tmp_path, raised, "--serve-image", DIGEST) == exitcodes.NOT_PROMOTABLE
-    assert "N=8" in capsys.readouterr().out
-
-
-def test_a_container_that_starts_llama_server_is_never_a_pass(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    body = _deployment(world, command=f"[{_engine()}]")
-    assert _check(world, tmp_path, body, "--serve-image", DIGEST) == exitcodes.NOT_PROMOTABLE
-    out = capsys.readouterr().out
-    assert "directly, which is never a pass" in out and "covers this cell" in out
+    code, out = _check(world, tmp_path, capsys, body.replace("'-np', '4'", "'-np', '8'"), *pinned)
+    assert code == NO and "N=8" in out
+    # A container that starts llama-server directly: covered, never a pass.
+    direct = _deployment(world, command=f"[{ENGINE}]")
+    code, out = _check(world, tmp_path, capsys, direct, *pinned)
+    assert code == NO and "directly, which is never a pass" in out and "covers this cell" in out
     assert "batch-invariance serve --certs" in out
 
 
@@ -119,42 +75,22 @@ def test_a_container_that_starts_llama_server_is_never_a_pass(
         ({"image": "registry.example/llm-serve:1"}, "not pinned by digest"),
         ({"mount": "/usr/local"}, "on, above or below"),
         ({"mount": "/"}, "on, above or below"),
-        (
-            {"container": "        lifecycle: {postStart: {exec: {command: ['true']}}}\n"},
-            "lifecycle hooks",
-        ),
+        ({"container": "        lifecycle: {postStart: {exec: {command: ['true']}}}\n"},
+         "lifecycle hooks"),
         ({"pod": "      shareProcessNamespace: true\n"}, "shareProcessNamespace"),
-        (
-            {
-                "command": "['/usr/local/bin/batch-invariance', 'serve', '--certs', '/certs', "
-                "'--allow-unsigned', '--', '/app/llama-server', '-m', '$(MODEL)']"
-            },
-            "kubelet expands",
-        ),
-        (
-            {"container": "        env: [{name: X, valueFrom: {fieldRef: {fieldPath: a}}}]\n"},
-            "valueFrom",
-        ),
-        (
-            {
-                "container": "      - name: side\n        image: busybox\n        command: ['sh', "
-                "'-c', 'llama-server -m /models/x.gguf -np 8']\n"
-            },
-            "mentions a server",
-        ),
+        ({"command": f"[{SERVE}, '/app/llama-server', '-m', '$(MODEL)']"}, "kubelet expands"),
+        ({"container": "        env: [{name: X, valueFrom: {fieldRef: {fieldPath: a}}}]\n"},
+         "valueFrom"),
+        ({"container": "      - name: side\n        image: busybox\n        command: ['sh', "
+                       "'-c', 'llama-server -m /models/x.gguf -np 8']\n"}, "mentions a server"),
     ],
-)
+)  # fmt: skip
 def test_what_could_start_or_change_something_else_is_not_understood(
-    world: dict[str, Path],  # noqa: F811
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    change: dict[str, str],
-    named: str,
+    world: World, tmp_path: Path, capsys: Capsys, change: dict[str, str], named: str
 ) -> None:
     body = _deployment(world, **change)
-    assert _check(world, tmp_path, body, "--serve-image", DIGEST) == exitcodes.NOT_PROMOTABLE
-    out = capsys.readouterr().out
-    assert named in out and "PASS" not in out
+    code, out = _check(world, tmp_path, capsys, body, "--serve-image", DIGEST)
+    assert code == NO and named in out and "PASS" not in out, out
 
 
 def test_a_rendered_helm_output_with_other_kinds_is_read(tmp_path: Path) -> None:

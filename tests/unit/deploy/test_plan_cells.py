@@ -1,12 +1,7 @@
-"""`check-deploy --plan`: the run that measures each cell no cert covers, as a GitHub Actions
-matrix whose rows the gate workflow hands to cell.yml, closed into a loop: the row, read as the
-gate workflow's `with:` reads it, becomes the Action's inputs, those the live request, that the
-engine's launch command; a cert that measured exactly that command covers the deploy, and the
-deploy's next plan is empty. A row that leaves out an output-changing option measures a cell
-the gate refuses.
-"""
+"""`check-deploy --plan` closed into a loop: the row, as the gate workflow's `with:` reads it, is
+the Action's inputs, those the live request, that the launch command; a cert of exactly that
+command covers the deploy (the next plan is empty); a row that drops an option does not."""
 
-# ruff: noqa: F811 (the world fixture, imported)
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +9,7 @@ import json
 import re
 import shlex
 import shutil
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +20,9 @@ from batch_invariance import exitcodes
 from batch_invariance.action.inputs import live_request, read_inputs
 from batch_invariance.cli import build_parser
 from batch_invariance.commands.cell_options import request_from_args
-from tests.support.deploy_world import (  # noqa: F401 (the fixture)
-    CACHE_OFF,
-    MODEL,
-    Capsys,
-    World,
-    _live_cert,
-    gate,
-    path_line,
-    served,
-    world,
-)
+from batch_invariance.deploy.plan_cells import PlanEntry
+from tests.support.deploy_world import CACHE_OFF, MODEL, Capsys, World, _live_cert, gate, served
+from tests.support.deploy_world import path_line as path
 from tests.support.fakes_live import dense_meta, write_gguf
 from tests.support.plan_loop import GATE, MATRIX_VALUE, cell_inputs, measured_provenance
 
@@ -57,7 +44,7 @@ def _deploy(world: World, folder: Path, flags: str, script: str = "") -> Path:
     config = folder / "llama-server.sh"
     engine = f"llama-server -m {world['model']} {flags} --port 8080"
     body = f"exec {served(engine, world['certs'])}\n"
-    config.write_text(path_line(world["binary"]) + script + body)
+    config.write_text(path(world["binary"]) + script + body)
     return config
 
 
@@ -70,9 +57,7 @@ def _plan(config: Path, certs: Path, capsys: Capsys) -> list[dict[str, Any]]:
 def _measure(
     world: World, row: dict[str, Any], certs: Path, tmp_path: Path, reach: int | None = None
 ) -> Path:
-    """A GREEN cert of the row's cell whose provenance is what measuring the row records (with
-    the prompt-cache arm's pass, and its hits, where the row runs that arm; ``reach``: its
-    sequences climb to 9/10 of that many tokens, as a unified pool's ladder does)."""
+    """A GREEN cert of the row's cell whose provenance is what measuring the row records."""
     provenance = measured_provenance(cell_inputs(row), tmp_path)
     return _live_cert(certs, world["model"], provenance=provenance, parallel=row["parallel"],
                       layout=row["kv_layout"], cache_arm=row["cache_arm"],
@@ -85,19 +70,23 @@ def test_the_plan_names_everything_a_run_needs(
     config = _deploy(world, tmp_path, f"{RAISED} --temp 0.5 -fa on --port 9")
     (row,) = _plan(config, world["certs"], capsys)
     model, binary = world["model"], world["binary"]
-    assert row["label"] == f"{MODEL} ctx=1024 N=8 kv=split"
-    assert row["origin"] == "llama-server.sh:2"
-    assert (row["model"], row["model_as_written"]) == (str(model), str(model))
-    assert row["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
-    assert (row["server_bin"], row["server_bin_as_written"]) == (str(binary), "llama-server")
-    assert row["server_bin_sha256"] == hashlib.sha256(binary.read_bytes()).hexdigest()
-    assert (row["ctx"], row["ctx_total"], row["parallel"]) == (1024, 8192, 8)
-    assert (row["kv_layout"], row["engine"], row["n_predict"]) == ("split", "llama-server", 128)
+    expected = {"label": f"{MODEL} ctx=1024 N=8 kv=split", "origin": "llama-server.sh:2",
+                "model": str(model), "model_as_written": str(model), "server_bin": str(binary),
+                "server_bin_as_written": "llama-server", "ctx": 1024, "ctx_total": 8192,
+                "parallel": 8, "kv_layout": "split", "engine": "llama-server", "n_predict": 128,
+                "cache_arm": False, "cell_yml_refuses": "", "engine_env": "",
+                "model_sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+                "server_bin_sha256": hashlib.sha256(binary.read_bytes()).hexdigest()}  # fmt: skip
+    assert {k: row[k] for k in expected} == expected
     # Every output-changing option, none of the cell's own, the cache's or the neutral ones.
     assert row["server_flags"].splitlines() == [
-        "--flash-attn", "on", "--temp", "0.5", "--ubatch-size", "1",
-    ]  # fmt: skip
-    assert (row["cache_arm"], row["cell_yml_refuses"], row["engine_env"]) == (False, "", "")
+        "--flash-attn",
+        "on",
+        "--temp",
+        "0.5",
+        "--ubatch-size",
+        "1",
+    ]
     assert row["run_live"].startswith(f"batch-invariance run-live --server-bin {binary} ")
     assert re.fullmatch(rf"{MODEL}__ctx1024__N8__split__[0-9a-f]{{12}}", row["id"])
     # Stable: the same deploy plans the same id; another option, another id.
@@ -132,28 +121,24 @@ KINDS: dict[str, tuple[str, str, dict[str, object]]] = {
 def test_measuring_the_plan_covers_the_deploy(
     headed: World, tmp_path: Path, capsys: Capsys, kind: str
 ) -> None:
-    """The loop, for each kind: the row goes through the gate workflow's `with:` and cell.yml's
-    `env:` to the Action's inputs, whose request (the one run-live's flags reader builds from
-    the row's run-live line) launches the cell the deploy runs; its cert covers the deploy."""
+    """The loop, for each kind (the module's docstring); the next plan measures nothing."""
     flags, script, carried = KINDS[kind]
-    certs = tmp_path / "certs"
-    shutil.copytree(headed["certs"], certs)
+    certs = shutil.copytree(headed["certs"], tmp_path / "certs")
     config = _deploy(headed, tmp_path, flags, script)
     (row,) = _plan(config, certs, capsys)
     assert {k: row[k] for k in carried} == carried and row["cell_yml_refuses"] == ""
     inputs = read_inputs({**cell_inputs(row), "GITHUB_WORKSPACE": str(tmp_path)})
     assert live_request(inputs, None) == _run_live_request(row["run_live"], inputs.out_dir)
     fresh = _measure(headed, row, certs, tmp_path)
-    assert gate(config, certs) == exitcodes.PROMOTABLE, capsys.readouterr().out
+    assert gate(config, certs) == exitcodes.PROMOTABLE
     out = capsys.readouterr().out
-    assert f"pass  {MODEL} ctx=1024 N=8 kv=split" in out and fresh.name in out
-    assert _plan(config, certs, capsys) == []  # the next run measures nothing
+    assert f"pass  {MODEL} ctx=1024 N=8 kv=split" in out and fresh.name in out, out
+    assert _plan(config, certs, capsys) == []
 
 
 def _run_live_request(line: str, out_dir: Path) -> Any:
-    """The request run-live's one flags reader builds from the plan's run-live line (its
-    variables are the shell's, not flags), with the Action's own choices: its out-dir and
-    ending a cell once RED is proven."""
+    """The request run-live builds from the row's run-live line (its leading variables are the
+    shell's), with the Action's own out-dir and ending a cell once RED is proven."""
     words = shlex.split(line)
     while "=" in words[0]:
         words.pop(0)
@@ -176,8 +161,7 @@ def _run_live_request(line: str, out_dir: Path) -> Any:
 def test_a_row_that_drops_an_option_measures_a_cell_the_gate_refuses(
     headed: World, tmp_path: Path, capsys: Capsys, row: dict[str, Any], differs: str
 ) -> None:
-    certs = tmp_path / "certs"
-    shutil.copytree(headed["certs"], certs)
+    certs = shutil.copytree(headed["certs"], tmp_path / "certs")
     script = "export GGML_SCHED_MAX_COPIES=1\n"
     config = _deploy(headed, tmp_path, "-c 8192 -np 8 -ub 1 --cache-ram 1024 --temp 0.5", script)
     (planned,) = _plan(config, certs, capsys)
@@ -206,21 +190,17 @@ def test_a_cell_no_measuring_run_covers_is_named_and_left_out(
 ) -> None:
     config = _deploy(world, tmp_path, flags)
     assert gate(config, world["certs"], "--plan") == 0
-    captured = capsys.readouterr()
-    assert json.loads(captured.out) == {"include": []}
-    assert "is not in the matrix: no measuring run takes " in captured.err
-    assert why in captured.err, captured.err
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"include": []} and why in err, err
+    assert "is not in the matrix: no measuring run takes " in err
 
 
 def test_a_unified_cell_is_planned_with_its_layout_and_its_measured_pool_covers_it(
     headed: World, tmp_path: Path, capsys: Capsys
 ) -> None:
-    """A unified cell is in the matrix with ``kv-layout: unified`` (cell.yml's input, and
-    run-live's --kv-layout): measuring it runs the ladder's long rungs past 3/4 of the pool,
-    and that cert covers the deploy's layout, pool size, flags and length. A cert of the
-    same row whose sequences stopped at the slot does not (the pool's length is unmet)."""
-    certs = tmp_path / "certs"
-    shutil.copytree(headed["certs"], certs)
+    """Planned with ``kv-layout: unified``: the cert of its ladder's long rungs past 3/4 of the
+    pool covers the deploy; one whose sequences stopped at the slot does not."""
+    certs = shutil.copytree(headed["certs"], tmp_path / "certs")
     config = _deploy(headed, tmp_path, f"-c 8192 -np 8 -kvu -ub 1 {CACHE_OFF}")
     (row,) = _plan(config, certs, capsys)
     assert (row["kv_layout"], row["cell_yml_refuses"]) == ("unified", "")
@@ -238,13 +218,8 @@ def test_a_unified_cell_is_planned_with_its_layout_and_its_measured_pool_covers_
 
 
 def test_the_gate_workflow_is_one_required_check_fed_by_the_plan() -> None:
-    """The called job the ruleset requires has its stable name and runs whatever the jobs
-    before it did; every matrix key cell.yml is given is a plan row's key, and every input it
-    is given is one cell.yml declares."""
-    from dataclasses import fields
-
-    from batch_invariance.deploy.plan_cells import PlanEntry
-
+    """The required job has its stable name and runs whatever the jobs before it did; every
+    matrix key cell.yml is given is a plan row's key, every input one cell.yml declares."""
     workflow = yaml.safe_load(GATE.read_text())
     assert list(workflow[True]) == ["workflow_call"]  # YAML 1.1 reads the key `on` as true
     job = workflow["jobs"]["gate"]
@@ -256,13 +231,9 @@ def test_the_gate_workflow_is_one_required_check_fed_by_the_plan() -> None:
     cell = yaml.safe_load((GATE.parent / "cell.yml").read_text())
     declared = set(cell[True]["workflow_call"]["inputs"])
     keys = {f.name for f in fields(PlanEntry)}
-    passed: dict[str, str] = {}
-    for name, value in measure["with"].items():
-        assert name in declared, name
-        found = MATRIX_VALUE.fullmatch(str(value))
-        assert found is None or found.group(1) in keys, (name, value)
-        if found is not None:
-            passed[found.group(1)] = name
+    assert set(measure["with"]) <= declared, measure["with"]
+    found = {name: MATRIX_VALUE.fullmatch(str(value)) for name, value in measure["with"].items()}
+    passed = {match.group(1): name for name, match in found.items() if match}
     # Every key of a row that says what is measured reaches cell.yml, as the input of its
     # own name (the others name the cell, where the deploy has it, or the plan's own words).
     described = {"id", "label", "origin", "server_bin_as_written", "model_as_written",
