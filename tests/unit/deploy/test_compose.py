@@ -180,8 +180,8 @@ def test_files_are_picked_and_merged_in_composes_order(tmp_path: Path) -> None:
     for override in OVERRIDES:  # each override file compose would merge is named
         (alone / "compose.override.yml").unlink(missing_ok=True)
         (alone / override).write_text("services: {}\n")
-        (found,) = project_problems(alone / "compose.yaml")
-        assert found.construct.startswith(f"override file {override}"), found
+        (problem,) = project_problems(alone / "compose.yaml")
+        assert problem.construct.startswith(f"override file {override}"), problem
         (alone / override).unlink()
 
 
