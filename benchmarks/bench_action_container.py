@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -38,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from embedded_pair import add_pair_arguments, pair_from  # noqa: E402
 
-from tests.docker.runner_job import SCRIPT, Job  # noqa: E402
+from tests.docker.runner_job import SCRIPT, Job, base_env, new_job  # noqa: E402
 from tests.unit.action.test_entrypoint import parse_github_output  # noqa: E402
 
 TARGET_S = 600.0
@@ -53,35 +52,6 @@ INPUTS = {
 }
 
 
-def _base_env() -> dict[str, str]:
-    keep = ("PATH", "DOCKER_HOST", "BI_BASE_IMAGE", "BI_BUILD_NETWORK", "TMPDIR")
-    env = {k: os.environ[k] for k in keep if k in os.environ}
-    env.update(BI_ACTION_PATH=str(REPO), GITHUB_WORKSPACE=str(REPO), GITHUB_OUTPUT=os.devnull)
-    return env
-
-
-def _job(root: Path) -> Job:
-    workspace, temp = root / "work" / "repo" / "repo", root / "temp"
-    file_commands = temp / "_runner_file_commands"
-    for folder in (workspace, file_commands, temp / "_github_home"):
-        folder.mkdir(parents=True)
-    job = Job(root=root, workspace=workspace, file_commands=file_commands)
-    job.output.touch()
-    job.summary.touch()
-    job.env = {
-        **_base_env(),
-        "GITHUB_WORKSPACE": str(workspace),
-        "RUNNER_TEMP": str(temp),
-        "GITHUB_OUTPUT": str(job.output),
-        "GITHUB_STEP_SUMMARY": str(job.summary),
-        "GITHUB_REPOSITORY": "octo/repo",
-        "GITHUB_RUN_ID": "1",
-        "GITHUB_RUN_ATTEMPT": "1",
-        "BI_IMAGE": "",
-    }
-    return job
-
-
 def _outputs(job: Job) -> dict[str, str]:
     return parse_github_output(job.output.read_text(encoding="utf-8"))
 
@@ -94,7 +64,7 @@ def main() -> int:
     pair = pair_from(args)
     root = args.out_dir / "runner"
     shutil.rmtree(root, ignore_errors=True)
-    job = _job(root)
+    job = new_job(root)
     builds, models = root / "opt" / "llama", root / "srv" / "models"
     builds.mkdir(parents=True)
     models.mkdir(parents=True)
@@ -103,7 +73,7 @@ def main() -> int:
 
     started = time.monotonic()
     build = subprocess.run(
-        ["bash", str(SCRIPT)], env={**_base_env(), "BI_BUILD_ONLY": "1"},
+        ["bash", str(SCRIPT)], env={**base_env(), "BI_BUILD_ONLY": "1"},
         capture_output=True, text=True, timeout=3600, check=False,
     )  # fmt: skip
     if build.returncode:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker.runner_job import RUNNER_UID, SCRIPT, Job
-from tests.support.paths import REPO
+from tests.docker.runner_job import RUNNER_UID, SCRIPT, Job, base_env, new_job
 
 
 def _own(path: Path) -> None:
@@ -38,7 +37,7 @@ def action_image() -> str:
     started = time.monotonic()
     proc = subprocess.run(
         ["bash", str(SCRIPT)],
-        env={**_base_env(), "BI_BUILD_ONLY": "1"},
+        env={**base_env(), "BI_BUILD_ONLY": "1"},
         capture_output=True,
         text=True,
         timeout=1800,
@@ -48,39 +47,10 @@ def action_image() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def _base_env() -> dict[str, str]:
-    keep = ("PATH", "DOCKER_HOST", "BI_BASE_IMAGE", "BI_BUILD_NETWORK", "TMPDIR")
-    env = {k: os.environ[k] for k in keep if k in os.environ}
-    env["BI_ACTION_PATH"] = str(REPO)
-    env.setdefault("GITHUB_WORKSPACE", str(REPO))
-    env.setdefault("GITHUB_OUTPUT", os.devnull)
-    return env
-
-
 @pytest.fixture
 def job(tmp_path: Path, action_image: str) -> Iterator[Job]:
     root = tmp_path / "runner"
-    workspace = root / "work" / "repo" / "repo"
-    temp = root / "temp"
-    file_commands = temp / "_runner_file_commands"
-    for folder in (workspace, file_commands, temp / "_github_home"):
-        folder.mkdir(parents=True)
-    made = Job(root=root, workspace=workspace, file_commands=file_commands)
-    made.output.touch()
-    made.summary.touch()
-    for path in [root, *root.rglob("*")]:
-        _own(path)
-    made.env = {
-        **_base_env(),
-        "GITHUB_WORKSPACE": str(workspace),
-        "RUNNER_TEMP": str(temp),
-        "GITHUB_OUTPUT": str(made.output),
-        "GITHUB_STEP_SUMMARY": str(made.summary),
-        "GITHUB_REPOSITORY": "octo/repo",
-        "GITHUB_RUN_ID": "1",
-        "GITHUB_RUN_ATTEMPT": "1",
-        "BI_IMAGE": "",
-    }
+    made = new_job(root, _own)
     yield made
     # Leave nothing behind: the tests' containers run with --rm; the image stays cached.
     shutil.rmtree(root, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,3 +55,40 @@ class Job:
                     if path.lstat().st_uid != owner:
                         wrong.append(str(path.relative_to(self.root)))
         return wrong
+
+
+def base_env() -> dict[str, str]:
+    """The host variables the container script needs (the engine, the base image, the build
+    network), with the action's path and no workspace of a job."""
+    keep = ("PATH", "DOCKER_HOST", "BI_BASE_IMAGE", "BI_BUILD_NETWORK", "TMPDIR")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env["BI_ACTION_PATH"] = str(REPO)
+    env.setdefault("GITHUB_WORKSPACE", str(REPO))
+    env.setdefault("GITHUB_OUTPUT", os.devnull)
+    return env
+
+
+def new_job(root: Path, own: Callable[[Path], None] = lambda _: None) -> Job:
+    """A runner job's folders under ``root`` (each given to ``own``) and its variables."""
+    workspace = root / "work" / "repo" / "repo"
+    temp = root / "temp"
+    file_commands = temp / "_runner_file_commands"
+    for folder in (workspace, file_commands, temp / "_github_home"):
+        folder.mkdir(parents=True)
+    made = Job(root=root, workspace=workspace, file_commands=file_commands)
+    made.output.touch()
+    made.summary.touch()
+    for path in [root, *root.rglob("*")]:
+        own(path)
+    made.env = {
+        **base_env(),
+        "GITHUB_WORKSPACE": str(workspace),
+        "RUNNER_TEMP": str(temp),
+        "GITHUB_OUTPUT": str(made.output),
+        "GITHUB_STEP_SUMMARY": str(made.summary),
+        "GITHUB_REPOSITORY": "octo/repo",
+        "GITHUB_RUN_ID": "1",
+        "GITHUB_RUN_ATTEMPT": "1",
+        "BI_IMAGE": "",
+    }
+    return made
