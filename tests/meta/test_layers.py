@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import batch_invariance
 from batch_invariance.cert.signing_policy import load_toml
 
@@ -68,60 +70,52 @@ def test_the_tree_keeps_its_layers() -> None:
         assert name is not None and f"{name.group(1)} KEPT" in said
 
 
-def test_a_backward_import_breaks_the_contract(tmp_path: Path) -> None:
-    # The core reaching up into the service layer: the kind of arrow the contract forbids.
-    proc = _broken_copy(tmp_path, "core/plan.py", "import batch_invariance.service.live")
+#: Each arrow a contract forbids, turned backwards on a copy: (module, the import appended,
+#: what lint-imports must then say).
+BACKWARD = [
+    pytest.param(  # the core reaching up into the service layer
+        "core/plan.py", "batch_invariance.service.live",
+        ("batch_invariance.core is not allowed to import batch_invariance.service",
+         "batch_invariance.core.plan -> batch_invariance.service.live"),
+        id="core-imports-service",
+    ),
+    pytest.param(  # the gate's rules reaching into a reader: serve would depend on the reading
+        "gate/cells.py", "batch_invariance.deploy.readers.shell",
+        ("batch_invariance.gate is not allowed to import batch_invariance.deploy",
+         "batch_invariance.gate.cells -> batch_invariance.deploy.readers.shell"),
+        id="gate-imports-reader",
+    ),
+    pytest.param(  # serve and check-deploy share the gate, never each other's own modules
+        "serve/command_cert.py", "batch_invariance.deploy.deploy_report",
+        ("batch_invariance.serve is not allowed to import batch_invariance.deploy",
+         "batch_invariance.serve.command_cert -> batch_invariance.deploy.deploy_report"),
+        id="serve-imports-check-deploy",
+    ),
+    pytest.param(  # a reader reaching into check-deploy's report
+        "deploy/readers/shell.py", "batch_invariance.deploy.outcome",
+        ("check-deploy's report reads deploy files through the readers",
+         "batch_invariance.deploy.readers is not allowed to import batch_invariance.deploy.outcome",
+         "batch_invariance.deploy.readers.shell -> batch_invariance.deploy.outcome"),
+        id="reader-imports-report",
+    ),
+    pytest.param(  # the driver reaching past the Engine into one engine's flag reader
+        "run/arms.py", "batch_invariance.engines.llama_server.flags",
+        ("the engine seam: the neutral layers import no engine's own package BROKEN",
+         "batch_invariance.run.arms -> batch_invariance.engines.llama_server.flags"),
+        id="neutral-imports-llama-server",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("module", "imported", "phrases"), BACKWARD)
+def test_a_backward_import_breaks_its_contract(
+    tmp_path: Path, module: str, imported: str, phrases: tuple[str, ...]
+) -> None:
+    proc = _broken_copy(tmp_path, module, f"import {imported}")
     assert proc.returncode != 0, proc.stdout
     said = _said(proc)
-    assert "batch_invariance.core is not allowed to import batch_invariance.service" in said
-    assert "batch_invariance.core.plan -> batch_invariance.service.live" in said
-
-
-def test_the_gate_importing_a_reader_breaks_the_layers(tmp_path: Path) -> None:
-    # The gate's rules reaching into a deploy file's reader: serve would then depend on
-    # check-deploy's reading of files, and the rules would no longer be one set for both.
-    proc = _broken_copy(tmp_path, "gate/cells.py", "import batch_invariance.deploy.readers.shell")
-    assert proc.returncode != 0, proc.stdout
-    said = _said(proc)
-    assert "batch_invariance.gate is not allowed to import batch_invariance.deploy" in said
-    assert "batch_invariance.gate.cells -> batch_invariance.deploy.readers.shell" in said
-
-
-def test_serve_importing_check_deploy_breaks_the_layers(tmp_path: Path) -> None:
-    # serve and check-deploy share the gate, never each other's own modules.
-    proc = _broken_copy(
-        tmp_path, "serve/command_cert.py", "import batch_invariance.deploy.deploy_report"
-    )
-    assert proc.returncode != 0, proc.stdout
-    said = _said(proc)
-    assert "batch_invariance.serve is not allowed to import batch_invariance.deploy" in said
-    assert "batch_invariance.serve.command_cert -> batch_invariance.deploy.deploy_report" in said
-
-
-def test_a_reader_importing_the_report_breaks_the_deploy_rooms(tmp_path: Path) -> None:
-    # A reader reaching into check-deploy's report: the deploy files read in terms of certs.
-    proc = _broken_copy(
-        tmp_path, "deploy/readers/shell.py", "import batch_invariance.deploy.outcome"
-    )
-    assert proc.returncode != 0, proc.stdout
-    said = _said(proc)
-    assert "check-deploy's report reads deploy files through the readers" in said
-    assert (
-        "batch_invariance.deploy.readers is not allowed to import batch_invariance.deploy.outcome"
-        in said
-    )
-    assert "batch_invariance.deploy.readers.shell -> batch_invariance.deploy.outcome" in said
-
-
-def test_a_neutral_module_importing_llama_server_breaks_the_engine_seam(tmp_path: Path) -> None:
-    # The driver reaching past the Engine into one engine's flag reader.
-    proc = _broken_copy(
-        tmp_path, "run/arms.py", "import batch_invariance.engines.llama_server.flags"
-    )
-    assert proc.returncode != 0, proc.stdout
-    said = _said(proc)
-    assert "the engine seam: the neutral layers import no engine's own package BROKEN" in said
-    assert "batch_invariance.run.arms -> batch_invariance.engines.llama_server.flags" in said
+    for phrase in phrases:
+        assert phrase in said, said
 
 
 def test_the_engine_seam_covers_every_module_but_the_doors_and_the_deploy_contract() -> None:
