@@ -28,6 +28,7 @@ from batch_invariance.run.dispatch import (
 )
 from batch_invariance.run.transport import RequestTemplate
 from batch_invariance.run.trials import RawResponse
+from tests.support.held import peak_held
 from tests.support.loopback import serving
 
 ITEMS = tuple(WorkItem(f"q{i:02d}", f"What is {i} + {i}?", None, str(2 * i)) for i in range(12))
@@ -60,15 +61,7 @@ class _Handle:
 
 
 def _max_depth(responses: dict[str, RawResponse]) -> int:
-    events: list[tuple[float, int]] = []
-    for r in responses.values():
-        assert r.dispatch_ts is not None and r.complete_ts is not None
-        events += [(r.dispatch_ts, 1), (r.complete_ts, -1)]
-    depth = best = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
-        depth += step
-        best = max(best, depth)
-    return best
+    return peak_held((r.dispatch_ts, r.complete_ts, 1) for r in responses.values())
 
 
 def test_pass_order_is_a_seeded_permutation_per_pass() -> None:
@@ -256,15 +249,7 @@ def _pool_items() -> tuple[WorkItem, ...]:
 
 
 def _peak_cells(responses: dict[str, RawResponse], costs: dict[str, int]) -> int:
-    events: list[tuple[float, int]] = []
-    for test_id, r in responses.items():
-        assert r.dispatch_ts is not None and r.complete_ts is not None
-        events += [(r.dispatch_ts, costs[test_id]), (r.complete_ts, -costs[test_id])]
-    held = peak = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # ends before starts
-        held += step
-        peak = max(peak, held)
-    return peak
+    return peak_held((r.dispatch_ts, r.complete_ts, costs[k]) for k, r in responses.items())
 
 
 def test_a_unified_pool_is_never_asked_for_more_than_it_holds_and_long_rows_co_batch() -> None:

@@ -23,6 +23,7 @@ from batch_invariance.run.cell import run_cell
 from batch_invariance.scorer_api import ExactMatchScorer
 from batch_invariance.service.finish import finish_cell
 from batch_invariance.service.mock_cell import mock_token_count
+from tests.support.held import peak_held
 
 CTX, N, N_PREDICT = 512, 2, 16
 POOL = CTX * N
@@ -32,15 +33,7 @@ POLICY = GatePolicy(min_answer_tokens=1, max_bound=1.0)
 
 def _peak_cells(trials: Mapping[str, Trial], costs: dict[str, int]) -> int:
     """The most cells the pass's requests held at once, from their client intervals."""
-    events: list[tuple[float, int]] = []
-    for test_id, trial in trials.items():
-        assert trial.dispatch_ts is not None and trial.complete_ts is not None
-        events += [(trial.dispatch_ts, costs[test_id]), (trial.complete_ts, -costs[test_id])]
-    held = peak = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
-        held += step
-        peak = max(peak, held)
-    return peak
+    return peak_held((t.dispatch_ts, t.complete_ts, costs[k]) for k, t in trials.items())
 
 
 def test_the_pool_ladder_adds_long_rungs_past_three_quarters_of_the_pool() -> None:
