@@ -150,11 +150,8 @@ def _kv_bound(sequence: int, n_predict: int) -> int:
     return sequence + slack + KV_FRAME_ALLOWANCE
 
 
-def pool_rung_targets(plan: LadderPlan, pool: int) -> tuple[int, ...]:
-    """The sequence targets of the :data:`POOL_RUNGS` long prompts of a unified ``pool``,
-    longest first: rung ``j`` fits beside the ``j``-th shortest ladder prompt (its
-    companion), and the rungs climb evenly from past 3/4 of the pool to the top one. A
-    UsageError when 3/4 of the pool and a companion cannot both be in flight."""
+def _rungs(plan: LadderPlan, pool: int) -> tuple[int, ...] | str:
+    """The rungs' sequence targets (:func:`pool_rung_targets`), or why there are none."""
     low = required_length(pool)
     companions = sorted(plan.sequence_targets)[:POOL_RUNGS]
     highs = []
@@ -166,11 +163,11 @@ def pool_rung_targets(plan: LadderPlan, pool: int) -> tuple[int, ...]:
         highs.append(high)
     if len(companions) < POOL_RUNGS or highs[-1] <= low:
         bound = _kv_bound(companions[-1], plan.n_predict) if companions else 0
-        raise UsageError(
-            f"--kv-layout unified: the pool of {pool} tokens (--ctx {plan.ctx} x "
-            f"N {pool // plan.ctx}) cannot hold sequences of 3/4 of it ({low} tokens) beside "
-            f"short co-batched companions (up to {bound} tokens each with --n-predict "
-            f"{plan.n_predict}); lower --n-predict or raise --ctx"
+        return (
+            f"the pool of {pool} tokens (--ctx {plan.ctx} x N {pool // plan.ctx}) cannot hold "
+            f"sequences of 3/4 of it ({low} tokens) beside short co-batched companions (up to "
+            f"{bound} tokens each with --n-predict {plan.n_predict}); lower --n-predict or "
+            "raise --ctx"
         )
     top = highs[0]
     spots = [low + (top - low) * (POOL_RUNGS - j) / POOL_RUNGS for j in range(POOL_RUNGS)]
@@ -179,16 +176,28 @@ def pool_rung_targets(plan: LadderPlan, pool: int) -> tuple[int, ...]:
     )
 
 
+def pool_rung_targets(plan: LadderPlan, pool: int) -> tuple[int, ...]:
+    """The sequence targets of the :data:`POOL_RUNGS` long prompts of a unified ``pool``,
+    longest first: rung ``j`` fits beside the ``j``-th shortest ladder prompt (its
+    companion), and the rungs climb evenly from past 3/4 of the pool to the top one. A
+    UsageError when 3/4 of the pool and a companion cannot both be in flight."""
+    rungs = _rungs(plan, pool)
+    if isinstance(rungs, str):
+        raise UsageError(f"--kv-layout unified: {rungs}")
+    return rungs
+
+
 def pool_ladder_problem(ctx: int, parallel: int, n_predict: int) -> str | None:
     """Why the length ladder cannot fill a unified pool of ``ctx * parallel`` tokens at
     ``n_predict`` (planned with the offline estimate, as a dry run plans it); ``None``: it
     can. The one line ``check-deploy --plan`` gives for a unified cell it leaves out."""
+    frame = approx_token_count(assemble(_parts(), [], [0]))
     try:
-        frame = approx_token_count(assemble(_parts(), [], [0]))
-        pool_rung_targets(ladder_plan(ctx, n_predict, frame), ctx * parallel)
-    except UsageError as exc:
-        return str(exc).split(": ", 1)[-1]
-    return None
+        plan = ladder_plan(ctx, n_predict, frame)
+    except UsageError as exc:  # a slot too small for the ladder itself
+        return str(exc)
+    rungs = _rungs(plan, ctx * parallel)
+    return rungs if isinstance(rungs, str) else None
 
 
 def _item_id(index: int, sequence: int) -> str:
