@@ -5,6 +5,7 @@ The caller checks its request once (:func:`~batch_invariance.service.live.prepar
 the job here: :func:`run_live_cell` guards memory for both servers, runs the cell over the
 job's launcher and finishes it; it never sees the raw request. ``source`` is ``live`` when
 this code path spawns the servers itself (any engine) and ``attached`` for ``--base-url``.
+
 The job: a :class:`~batch_invariance.service.request.LiveRequest` checked once into a
 :class:`LiveCell` that carries only checked values.
 
