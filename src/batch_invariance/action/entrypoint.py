@@ -15,9 +15,10 @@ service (``run_live_cell`` / ``run_mock_cell``) with the same driver and core, t
   the comparison beside the cert and adds its table to the summary
   (:mod:`batch_invariance.action.baseline`);
 * exits 0 only when the ``require`` check holds (``green``: :func:`cert_is_green`,
-  ``promotable``: :func:`is_promotable`) and, with a baseline, ``fail-on`` passes, so the job
-  status is the verdict. A mock cert
-  (``source=mock``) can never pass.
+  ``promotable``: :func:`is_promotable`, ``cert``: a cert was written, whatever its verdict,
+  for a caller that gates on the cert) and, with a baseline, ``fail-on`` passes, so the job
+  status is the verdict (under ``cert``, the caller's). A mock cert (``source=mock``) can
+  never pass.
 
 Infrastructure and configuration failures end with their own annotation and exit code and
 no verdict outputs; a signing failure after a measured cell is its own failure too.
@@ -142,7 +143,9 @@ def run_cell_for(
 
 def refuse_unreachable(job: LiveCell, require: str, out: TextIO) -> None:
     """The plan step: say what the cell measures, and refuse before any server starts a plan
-    whose ``require`` can never hold (``none``, with a baseline, asks for no verdict)."""
+    that can never be GREEN, unless ``require`` is ``none`` (with a baseline, it asks for no
+    verdict). Under ``cert`` the job would pass, but the caller gating on the cert could only
+    fail the cell: refusing saves the run."""
     workset = planned_workset(job)
     if workset is not None and is_ladder(workset):
         plan = f"batch-invariance: plan: {ladder_line(workset, job.ctx)}"
@@ -153,9 +156,13 @@ def refuse_unreachable(job: LiveCell, require: str, out: TextIO) -> None:
     causes = cannot_be_green(job) if require != "none" else ()
     if causes:
         more = f" (and {len(causes) - 1} more: {'; '.join(causes[1:])})" if causes[1:] else ""
-        raise GuardRefused(
-            f"require: {require} can never hold, this plan cannot reach GREEN: {causes[0]}{more}"
+        # Under cert the job itself would pass; the gate on its cert never could.
+        never = (
+            "require: cert: a gate on this cert can never pass"
+            if require == "cert"
+            else f"require: {require} can never hold"
         )
+        raise GuardRefused(f"{never}, this plan cannot reach GREEN: {causes[0]}{more}")
 
 
 def _failure_title(exc: BatchInvarianceError) -> str:

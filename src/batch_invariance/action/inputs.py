@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from batch_invariance.action.baseline import BaselineInputs, read_baseline_inputs
 from batch_invariance.core.plan import Measurement, number_problems
@@ -28,6 +28,7 @@ from batch_invariance.service.options import LaunchOptions
 from batch_invariance.service.request import ACTION_DEFAULTS, LiveRequest, ProfileRequest
 
 Mode = Literal["live", "mock"]
+REQUIRES: tuple[Require, ...] = get_args(Require)
 
 #: Inputs and their defaults (``action.yml`` declares the same).
 INPUT_DEFAULTS: Mapping[str, str] = {
@@ -187,9 +188,9 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         choices = ", ".join(sorted(ENGINES))
         raise UsageError(f"input engine must be one of {choices}, got {raw['engine'].strip()!r}")
     require = raw["require"].strip().lower()
-    if require not in ("green", "promotable", "none"):
+    if require not in REQUIRES:
         raise UsageError(
-            f"input require must be green, promotable or none, got {raw['require'].strip()!r}"
+            f"input require must be green, promotable, cert or none, got {raw['require'].strip()!r}"
         )
     numbers = {name.replace("-", "_"): _int_input(name, raw[name]) for name in _NUMBER_INPUTS}
     problems = number_problems(_cell_numbers(numbers), spell=_spell_input)
@@ -199,7 +200,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
     if require == "none" and not baseline.source:
         raise UsageError(
             "input require none leaves the job to the comparison with a baseline; set baseline, "
-            "or require green or promotable"
+            "or require green, promotable or cert"
         )
     workspace = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
     out_dir = Path(raw["out-dir"].strip())
@@ -232,7 +233,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
         scorer=raw["scorer"].strip(),
         out_dir=out_dir,
         sign=_bool_input("sign", raw["sign"]),
-        require=next(r for r in ("green", "promotable", "none") if r == require),
+        require=next(r for r in REQUIRES if r == require),
         workspace=workspace,
         baseline=baseline,
         explicit=frozenset(explicit),

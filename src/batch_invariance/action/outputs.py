@@ -85,8 +85,9 @@ def outputs_for(
 
 
 def require_holds(cert: Cert, require: Require) -> bool:
-    """The job's check: ``green`` (a live GREEN), ``promotable``, or ``none`` (only with a
-    baseline, which then decides the job; a mock cert never passes even so)."""
-    if require == "none":
+    """The job's check: ``green`` (a live GREEN), ``promotable``, ``cert`` (a live cert was
+    written, whatever its verdict: for a caller that gates on the cert itself) or ``none``
+    (only with a baseline, which then decides the job). A mock cert never passes."""
+    if require in ("cert", "none"):
         return cert.source != "mock"
     return bool(cert_is_green(cert) if require == "green" else is_promotable(cert))

@@ -15,6 +15,7 @@ from typing import Any
 
 from batch_invariance.cert.schema import Cert, TrialRecord
 from batch_invariance.core.pair_report import DivergenceRow
+from batch_invariance.report.escape import md_cell, md_code
 from batch_invariance.report.fields import dig, integer, num
 
 #: A flip whose top-1 minus top-2 logprob margin (on either side) is below this many nats is
@@ -28,6 +29,8 @@ CONTEXT_CHARS = 240
 #: before the first difference (with a ``…`` at a cut end it stays within a summary cell's 80).
 WINDOW_CHARS = 76
 WINDOW_LEAD = 16
+#: Rows of the job summary's table of divergent ids.
+MAX_DIVERGENT_ROWS = 10
 
 
 @dataclass(frozen=True)
@@ -238,3 +241,32 @@ def ac_excerpts(cert: Cert, row: DivergenceRow) -> tuple[object, object]:
     if a_text is None or c_text is None:
         return answer_windows(row.x_excerpt, row.y_excerpt)
     return answer_windows(a_text, c_text)
+
+
+def divergent_ids_markdown(cert: Cert) -> list[str]:
+    """The job summary's table of A-vs-C divergent ids (at most ``MAX_DIVERGENT_ROWS``), each
+    answer shown from just before where A and C first differ, and the count of ids that
+    differ in their tokens only."""
+    ac = cert.divergence_report.ac
+    lines: list[str] = []
+    rows = [row for row in ac.per_id if row.kind != "token_only"]
+    if rows:
+        lines += ["| id | pass | field | A | C |", "| --- | --- | --- | --- | --- |"]
+        for row in rows[:MAX_DIVERGENT_ROWS]:
+            a_text, c_text = ac_excerpts(cert, row)
+            where = "" if row.pass_index is None else str(row.pass_index)
+            test_id = md_code(row.test_id, 60, table=True)
+            lines.append(
+                f"| `{test_id}` | {where} | {md_cell(row.field, 60)} | {md_cell(a_text)} | "
+                f"{md_cell(c_text)} |"
+            )
+        if len(rows) > MAX_DIVERGENT_ROWS:
+            lines.append(f"\n…and {len(rows) - MAX_DIVERGENT_ROWS} more rows in the cert.")
+    else:
+        lines.append("None: A and C agreed on every compared id and pass.")
+    if ac.token_divergence_ids:
+        lines.append(
+            f"\nToken-only differences (same invariant fields): {len(ac.token_divergence_ids)} "
+            "id(s)."
+        )
+    return lines

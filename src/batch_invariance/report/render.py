@@ -17,7 +17,7 @@ from batch_invariance.cert.certificate import Cert, display_verdict
 from batch_invariance.cert.verify import DIGEST_SCOPE, Verification
 from batch_invariance.core.scope import scope_words
 from batch_invariance.core.throughput import Throughput, verdict_words
-from batch_invariance.report.divergence import ac_excerpts
+from batch_invariance.report.divergence import divergent_ids_markdown
 from batch_invariance.report.escape import (
     annotation,
     escape_data,
@@ -61,11 +61,11 @@ __all__ = [
 ]
 
 #: ``none`` only with a baseline: the job checks the comparison with it, not the verdict.
-Require = Literal["green", "promotable", "none"]
+#: ``cert``: the job checks that a live cert was written; its caller gates on the verdict.
+Require = Literal["green", "promotable", "cert", "none"]
 
 TITLE = "batch-invariance"
 _BAR = "=" * 72
-_MAX_DIVERGENT_ROWS = 10
 #: A path or a cell name in the job summary: long enough never to be cut in practice.
 _PATH_CHARS = 1000
 
@@ -286,35 +286,6 @@ def sweep_text(summary: Mapping[str, Any], path: Path) -> str:
 # --------------------------------------------------------------------------- GitHub
 
 
-def _divergent_ids_markdown(cert: Cert) -> list[str]:
-    """The job summary's table of A-vs-C divergent ids (at most ``_MAX_DIVERGENT_ROWS``), each
-    answer shown from just before where A and C first differ, and the count of ids that
-    differ in their tokens only."""
-    ac = cert.divergence_report.ac
-    lines: list[str] = []
-    rows = [row for row in ac.per_id if row.kind != "token_only"]
-    if rows:
-        lines += ["| id | pass | field | A | C |", "| --- | --- | --- | --- | --- |"]
-        for row in rows[:_MAX_DIVERGENT_ROWS]:
-            a_text, c_text = ac_excerpts(cert, row)
-            where = "" if row.pass_index is None else str(row.pass_index)
-            test_id = md_code(row.test_id, 60, table=True)
-            lines.append(
-                f"| `{test_id}` | {where} | {md_cell(row.field, 60)} | {md_cell(a_text)} | "
-                f"{md_cell(c_text)} |"
-            )
-        if len(rows) > _MAX_DIVERGENT_ROWS:
-            lines.append(f"\n…and {len(rows) - _MAX_DIVERGENT_ROWS} more rows in the cert.")
-    else:
-        lines.append("None: A and C agreed on every compared id and pass.")
-    if ac.token_divergence_ids:
-        lines.append(
-            f"\nToken-only differences (same invariant fields): {len(ac.token_divergence_ids)} "
-            "id(s)."
-        )
-    return lines
-
-
 def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mapping[str, str]) -> str:
     """The job summary: verdict, gate table, divergent ids, bound, scope (pure)."""
     ac = cert.divergence_report.ac
@@ -325,8 +296,8 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
         f"`{md_code(cert.source)}`, gate `{md_code(cert.gate)}`, KV "
         f"`{md_code(cert.kv_label, _PATH_CHARS)}`)",
         f"- **What N buys:** {_cert_throughput(cert)}",
-        f"- **Require `{require}`:** {'met' if passed else 'NOT met'}; promotable: "
-        f"{outputs['promotable']}",
+        f"- **Require `{require}`:** {_require_words(require, passed, outputs['verdict'])}; "
+        f"promotable: {outputs['promotable']}",
     ]
     if cert.divergence_class:
         lines.append(f"- **Divergence class:** `{md_code(cert.divergence_class)}`")
@@ -342,7 +313,7 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
         mark = "pass" if outcome.ok else "**fail**"
         lines.append(f"| {md_cell(name, 60)} | {mark} | {md_cell(outcome.reason, 200)} |")
     lines += ["", f"### Divergent ids (A vs C): {len(ac.divergent_ids)}", ""]
-    lines += _divergent_ids_markdown(cert)
+    lines += divergent_ids_markdown(cert)
     scope = cert.promotion_scope
     lines += ["", *numerics_markdown(cert.numerics)]
     lines += ["", *scope_markdown(cert.sequence_scope)]
@@ -366,13 +337,24 @@ def summary_markdown(cert: Cert, require: Require, passed: bool, outputs: Mappin
     return "\n".join(lines) + "\n"
 
 
+def _require_words(require: Require, passed: bool, verdict: str) -> str:
+    """Whether ``require`` held; under ``cert`` also that the job did not gate on the verdict."""
+    if require != "cert" or not passed:
+        return _met(passed)
+    return (
+        f"met (a cert was written; this job does not gate on the verdict, {verdict}: the caller "
+        "does)"
+    )
+
+
 def verdict_annotation(cert: Cert, require: Require, passed: bool, cell: str) -> str:
     """The one ``::notice::`` / ``::error::`` line that states the verdict on the job."""
     verdict = display_verdict(str(cert.status))
     title = f"{TITLE} {verdict}"
     reasons = "; ".join(str(r) for r in cert.decision_reasons[:2])
     if passed:
-        return annotation("notice", title, f"{cell}: {verdict}, require {require} met. {reasons}")
+        met = f"require {require} {_require_words(require, passed, verdict)}"
+        return annotation("notice", title, f"{cell}: {verdict}, {met}. {reasons}")
     if cert.status == "failed":
         n = len(cert.divergence_report.ac.divergent_ids)
         mock = " (mock run)" if cert.source == "mock" else ""

@@ -333,7 +333,7 @@ def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> Non
         ({"ctx": "lots"}, "input ctx must be an integer"),
         ({"parallel": "1"}, "input parallel must be at least 2"),
         ({"reps": "0"}, "input reps must be at least 1"),
-        ({"require": "amber"}, "input require must be green, promotable or none"),
+        ({"require": "amber"}, "input require must be green, promotable, cert or none"),
         ({"sign": "maybe"}, "input sign must be true or false"),
         ({"server-bin": "bin/llama-server"}, "set both server-bin and model"),
         ({"engine": "ollama"}, "input engine must be one of llama-cpp-python, llama-server,"),
@@ -568,6 +568,26 @@ def test_input_defaults_come_from_the_run_live_table() -> None:
         assert getattr(action, name) == getattr(run_live, name)
         assert action_inputs.INPUT_DEFAULTS[name.replace("_", "-")] == str(getattr(action, name))
     assert action_inputs.INPUT_DEFAULTS["ctx"] == str(ACTION_DEFAULTS.ctx)
+
+
+@pytest.mark.parametrize("workflow", ["cell.yml", "gate.yml"])
+def test_workflow_defaults_are_the_actions(workflow: str, tmp_path: Path) -> None:
+    """An input the reusable workflows share with the Action defaults to the Action's value,
+    or to empty, which the Action reads as its default: one schedule for the CLI, the Action
+    and the workflows (``gate-passes`` and ``reps`` once defaulted to 8 and 3 here)."""
+    declared = yaml.safe_load((REPO / ".github" / "workflows" / workflow).read_text())
+    shared = {
+        name: spec["default"]
+        for name, spec in declared[True]["workflow_call"]["inputs"].items()
+        if name in action_inputs.INPUT_DEFAULTS
+    }
+    assert {"gate-passes", "reps", "mode"} <= set(shared)
+    base = action_inputs.read_inputs({"GITHUB_WORKSPACE": str(tmp_path)})
+    for name, default in shared.items():
+        text = str(default).lower() if isinstance(default, bool) else str(default)
+        assert text in ("", action_inputs.INPUT_DEFAULTS[name]), (workflow, name, text)
+        empty = {"GITHUB_WORKSPACE": str(tmp_path), f"INPUT_{name.upper()}": ""}
+        assert action_inputs.read_inputs(empty) == base, name
 
 
 def test_live_inputs_become_the_same_request_the_cli_builds(tmp_path: Path) -> None:

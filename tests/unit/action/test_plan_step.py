@@ -71,6 +71,13 @@ def test_require_promotable_is_refused_too(env: dict[str, str]) -> None:
     assert code == exitcodes.USAGE and "require: promotable can never hold" in text
 
 
+def test_require_cert_is_refused_too(env: dict[str, str]) -> None:
+    """Under cert the job would pass on any verdict, but the gate on the cert never could."""
+    code, text = _run(env, require="cert", **{"n-predict": "16"})
+    assert code == exitcodes.USAGE
+    assert f"{REFUSED}require: cert: a gate on this cert can never pass, this plan cannot" in text
+
+
 def test_the_default_plan_reports_the_ladder(env: dict[str, str]) -> None:
     # The ladder, on completions (auto: the model has no chat template), reaches the run; the
     # fake server then fails to start, which is an infrastructure failure, not a refusal.

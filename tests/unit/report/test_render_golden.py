@@ -153,6 +153,17 @@ def test_job_summary(kind: str) -> None:
     )
 
 
+@pytest.mark.parametrize("kind", ["green", "red"])
+def test_job_summary_under_require_cert(kind: str) -> None:
+    """``require: cert`` (the gate workflow's cells): met whatever the verdict, and the summary
+    says the job did not gate on it."""
+    cert = {"green": _green, "red": _red}[kind]()
+    text = render.summary_markdown(cert, "cert", True, _outputs(cert))
+    verdict = "GREEN" if kind == "green" else "RED"
+    assert f"this job does not gate on the verdict, {verdict}: the caller does" in text
+    check_golden(f"summary_cert_{kind}.md", text)
+
+
 def test_annotations() -> None:
     green, red, mock = _green(), _red(), _mock()
     lines = [
@@ -161,6 +172,9 @@ def test_annotations() -> None:
         render.verdict_annotation(red, "green", False, "tiny-model/2048/4"),
         render.verdict_annotation(mock, "promotable", False, "mock/2048/4"),
         render.verdict_annotation(green, "promotable", False, "tiny-model/2048/4"),
+        render.verdict_annotation(green, "cert", True, "tiny-model/2048/4"),
+        render.verdict_annotation(red, "cert", True, "tiny-model/2048/4"),
+        render.verdict_annotation(mock, "cert", False, "mock/2048/4"),
         render.annotation("error", "t: a, b", "50% done\nnext"),
     ]
     check_golden("annotations.txt", "\n".join(lines) + "\n" + render.failure_summary("h", "x | y"))
