@@ -3,7 +3,8 @@
 act runs in host mode (``-P self-hosted=-self-hosted``: steps run as processes on this
 machine, the action's container through the real Docker engine) with
 ``--action-offline-mode`` and every remote action resolved to a local folder
-(``--local-repository``): the pinned actions/upload-artifact and actions/checkout copies, and
+(``--local-repository``): the pinned actions/upload-artifact and actions/checkout copies, the
+pinned actions/download-artifact built from its sources (tests/act/offline_actions.py), and
 ``addiplus/batch-invariance@v0`` (the reusable workflow) to the scratch copy itself. Its
 artifact and cache servers listen on 127.0.0.1 only.
 
@@ -26,9 +27,11 @@ import time
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tests.act.offline_actions import DOWNLOAD_ARTIFACT
 from tests.act.scratch import ORIGIN, Scratch
 
 UPLOAD_ARTIFACT = "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02"
@@ -83,6 +86,17 @@ class ActRun:
             str(e.get("content", "")) for e in self.job_events(job) if e.get("command") == "summary"
         )
 
+    def job_seconds(self) -> dict[str, float]:
+        """Each job's span, first to last event of it in act's log (the gate's timeline)."""
+        spans: dict[str, tuple[datetime, datetime]] = {}
+        for event in self.events:
+            if "job" not in event or "time" not in event:
+                continue
+            at = datetime.fromisoformat(str(event["time"]).replace("Z", "+00:00"))
+            first, last = spans.get(str(event["job"]).strip(), (at, at))
+            spans[str(event["job"]).strip()] = (min(first, at), max(last, at))
+        return {job: (last - first).total_seconds() for job, (first, last) in spans.items()}
+
     def lines(self, job: str) -> str:
         return "".join(str(e.get("msg", "")) for e in self.job_events(job))
 
@@ -110,6 +124,8 @@ class ActSetup:
     scratch: Scratch
     fixtures: Path
     env: Mapping[str, str]
+    #: The built copy of ``DOWNLOAD_ARTIFACT`` (tests/act/offline_actions.py).
+    download_artifact: Path
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,7 @@ def act_argv(
         "--action-offline-mode",
         "--local-repository", f"{UPLOAD_ARTIFACT}={fixtures / UPLOAD_ARTIFACT.split('/')[1]}",
         "--local-repository", f"{CHECKOUT}={fixtures / CHECKOUT.split('/')[1]}",
+        "--local-repository", f"{DOWNLOAD_ARTIFACT}={setup.download_artifact}",
         "--local-repository", f"{ORIGIN}@v0={scratch.repo}",
         "--artifact-server-path", str(artifacts),
         "--artifact-server-addr", "127.0.0.1",

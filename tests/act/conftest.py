@@ -34,6 +34,7 @@ from tests.act.act_run import (
     remove_containers_under,
     run_act,
 )
+from tests.act.offline_actions import ActionBuildError, built_download_artifact
 from tests.act.scratch import Scratch, make_scratch
 from tests.support.fakes_live import exiting_server
 from tests.support.paths import SHARED_FIXTURES
@@ -65,13 +66,18 @@ def act_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActSetup]:
     for action in (UPLOAD_ARTIFACT, CHECKOUT):
         if not (fixtures / action.split("/")[1] / "action.yml").is_file():
             pytest.fail(f"no runnable copy of {action} under {fixtures} (set BI_ACT_ACTIONS)")
+    try:
+        download_artifact = built_download_artifact()
+    except ActionBuildError as exc:
+        pytest.fail(f"actions/download-artifact could not be built for act: {exc}")
     root = tmp_path_factory.mktemp("act")
     scratch: Scratch = make_scratch(root / "scratch")
     env = {
         "BI_BASE_IMAGE": os.environ.get("BI_BASE_IMAGE", ""),
         "BI_BUILD_NETWORK": os.environ.get("BI_BUILD_NETWORK", "host"),
     }
-    yield ActSetup(act=act, scratch=scratch, fixtures=fixtures, env=env)
+    yield ActSetup(act=act, scratch=scratch, fixtures=fixtures, env=env,
+                   download_artifact=download_artifact)  # fmt: skip
     # act's workspaces, the restored model and the copy: hundreds of MB per run.
     remove_containers_under(root)
     shutil.rmtree(root, ignore_errors=True)
