@@ -189,6 +189,35 @@ class FakeSigner:
         return json.dumps({"fake_dsse_bundle": True, "n_bytes": len(statement)})
 
 
+class BrokenSigner:
+    """Stands in for a Fulcio that cannot be reached."""
+
+    def sign(self, payload: bytes, token: str) -> str:
+        from batch_invariance.errors import InfraError
+
+        raise InfraError("sigstore signing failed: fulcio unreachable")
+
+    def sign_statement(self, statement: bytes, token: str) -> str:
+        return self.sign(statement, token)
+
+
+def run_signed(
+    env: dict[str, str], signer: FakeSigner | BrokenSigner, token: str
+) -> tuple[int, str]:
+    """Run the action with ``sign: true`` and an ambient GitHub OIDC token ``token`` (a
+    loopback token endpoint, the process environment made ``env``): its exit code and output."""
+    with oidc_endpoint(token) as url:
+        env.update({"INPUT_SIGN": "true", "ACTIONS_ID_TOKEN_REQUEST_URL": url,
+                    "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "request-token"})  # fmt: skip
+        patch = with_process_env(env)
+        buf = io.StringIO()
+        try:
+            code = action.run_action(env, signer=signer, out=buf)
+        finally:
+            patch.undo()
+    return code, buf.getvalue()
+
+
 def with_process_env(env: Mapping[str, str]) -> pytest.MonkeyPatch:
     """Make os.environ equal to ``env`` (sigstore's detector reads os.environ)."""
     patch = pytest.MonkeyPatch()
@@ -269,15 +298,8 @@ def test_sign_without_oidc_fails_before_running_with_one_clear_line(tmp_path: Pa
 def test_sign_with_ambient_github_oidc_writes_bundle_next_to_cert(tmp_path: Path) -> None:
     signer = FakeSigner()
     token = fake_github_jwt()
-    with oidc_endpoint(token) as url:
-        env = actions_env(tmp_path, mode="mock", sign="true")
-        env["ACTIONS_ID_TOKEN_REQUEST_URL"] = url
-        env["ACTIONS_ID_TOKEN_REQUEST_TOKEN"] = "request-token"
-        patch = with_process_env(env)
-        try:
-            code = action.run_action(env, signer=signer, out=io.StringIO())
-        finally:
-            patch.undo()
+    env = actions_env(tmp_path, mode="mock", sign="true")
+    code, _ = run_signed(env, signer, token)
     assert code == exitcodes.NOT_PROMOTABLE  # signed, but a mock cert still cannot pass
     out = outputs_of(env)
     workspace = Path(env["GITHUB_WORKSPACE"])
@@ -297,28 +319,11 @@ def test_sign_with_ambient_github_oidc_writes_bundle_next_to_cert(tmp_path: Path
 
 
 def test_signing_failure_after_the_run_is_its_own_failure(tmp_path: Path) -> None:
-    class BrokenSigner:
-        def sign(self, payload: bytes, token: str) -> str:
-            from batch_invariance.errors import InfraError
-
-            raise InfraError("sigstore signing failed: fulcio unreachable")
-
-        def sign_statement(self, statement: bytes, token: str) -> str:
-            return self.sign(statement, token)
-
-    with oidc_endpoint(fake_github_jwt()) as url:
-        env = actions_env(tmp_path, mode="mock", sign="true")
-        env["INPUT_WORKSET"] = tiny_workset(env)
-        env["ACTIONS_ID_TOKEN_REQUEST_URL"] = url
-        env["ACTIONS_ID_TOKEN_REQUEST_TOKEN"] = "request-token"
-        patch = with_process_env(env)
-        buf = io.StringIO()
-        try:
-            code = action.run_action(env, signer=BrokenSigner(), out=buf)
-        finally:
-            patch.undo()
+    env = actions_env(tmp_path, mode="mock", sign="true")
+    env["INPUT_WORKSET"] = tiny_workset(env)
+    code, printed = run_signed(env, BrokenSigner(), fake_github_jwt())
     assert code == exitcodes.INFRA
-    assert "::error title=batch-invariance signing failed" in buf.getvalue()
+    assert "::error title=batch-invariance signing failed" in printed
     out = outputs_of(env)
     assert out["bundle-path"] == "" and out["cert-path"], "cert kept, reported, not signed"
 

@@ -23,13 +23,13 @@ from tests.support.factories import cert_for
 from tests.support.fakes_live import hf_model_files
 from tests.unit.action.test_baseline import _with_changed_answer
 from tests.unit.action.test_entrypoint import (
+    BrokenSigner,
     actions_env,
     fake_github_jwt,
-    oidc_endpoint,
     outputs_of,
+    run_signed,
     summary_of,
     tiny_workset,
-    with_process_env,
 )
 from tests.unit.engines.test_engine_cells import stand_in
 
@@ -103,25 +103,10 @@ def test_require_cert_passes_a_red_cert_and_a_baseline_still_fails_it(
 def test_require_cert_still_fails_on_a_signing_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class BrokenSigner:
-        def sign(self, payload: bytes, token: str) -> str:
-            raise InfraError("sigstore signing failed: fulcio unreachable")
-
-        def sign_statement(self, statement: bytes, token: str) -> str:
-            return self.sign(statement, token)
-
     env = _live_env(tmp_path, monkeypatch, "GREEN")
-    with oidc_endpoint(fake_github_jwt()) as url:
-        env.update({"INPUT_SIGN": "true", "ACTIONS_ID_TOKEN_REQUEST_URL": url,
-                    "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "request-token"})  # fmt: skip
-        patch = with_process_env(env)
-        buf = io.StringIO()
-        try:
-            code = action.run_action(env, signer=BrokenSigner(), out=buf)
-        finally:
-            patch.undo()
-    assert code == exitcodes.INFRA, buf.getvalue()
-    assert "::error title=batch-invariance signing failed" in buf.getvalue()
+    code, printed = run_signed(env, BrokenSigner(), fake_github_jwt())
+    assert code == exitcodes.INFRA, printed
+    assert "::error title=batch-invariance signing failed" in printed
 
 
 def test_require_cert_never_passes_a_mock_cert(tmp_path: Path) -> None:
