@@ -2,11 +2,15 @@
 
 The dicts carry only the documented fields the report reads (the report model is fed JSON,
 not the pydantic model), so the golden outputs do not move when the cert gains fields.
-:func:`mock_cert` runs the real ``run-mock`` command for tests that need a cert that verifies.
+:func:`mock_cert` runs the real ``run-mock`` command (once per session for each kind) for tests
+that need a cert that verifies.
 """
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -205,11 +209,24 @@ def sweep_inputs() -> list[LoadedCert]:
     ]
 
 
+#: The certs of the real mock cells run so far, by (N, red): one run-mock per kind for the
+#: session (each takes seconds), not one per module that needs a cert that verifies.
+_RUN_MOCK: dict[tuple[int, bool], Path] = {}
+
+
 def mock_cert(folder: Path, parallel: int, *, red: bool = False) -> Path:
-    """Run the real mock cell and return the cert path it wrote."""
-    argv = ["run-mock", "--out-dir", str(folder), "--parallel", str(parallel)]
-    if red:
-        argv.append("--batch-divergence")
-    # run-mock exits as the README table says: 1 for a RED, 3 for a (never promotable) GREEN.
-    assert main(argv) == (1 if red else 3)
-    return folder / f"mock__ctx512__N{parallel}.json"
+    """The cert a real mock cell (run-mock at N ``parallel``) wrote, copied into ``folder``:
+    the cell runs once per session for each (N, red); each caller gets its own file."""
+    name = f"mock__ctx512__N{parallel}.json"
+    if (parallel, red) not in _RUN_MOCK:
+        out = Path(tempfile.mkdtemp(prefix="bi-run-mock-"))
+        atexit.register(shutil.rmtree, out, ignore_errors=True)
+        argv = ["run-mock", "--out-dir", str(out), "--parallel", str(parallel)]
+        if red:
+            argv.append("--batch-divergence")
+        # run-mock exits as the README table says: 1 for a RED, 3 for a (never promotable) GREEN.
+        assert main(argv) == (1 if red else 3)
+        _RUN_MOCK[(parallel, red)] = out / name
+    target = folder / name
+    shutil.copyfile(_RUN_MOCK[(parallel, red)], target)
+    return target

@@ -651,7 +651,7 @@ def test_the_engine_input_runs_that_engine_through_the_same_request(
 
     # Prompts evaluated at a tenth of the mock's default per-token time: the ladder of a
     # 2048-token slot sends prompts of up to 1,800 tokens through three arms.
-    knobs = {"token_delay_s": 0.005, "prompt_token_delay_s": 0.0001}
+    knobs = {"token_delay_s": 0.001, "prompt_token_delay_s": 0.0}
     monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps(knobs))
     small = {"gate-passes": "1", "reps": "1", "n-predict": "64"}
     files = {"server-bin": "vllm", "model": "model.safetensors"}

@@ -29,16 +29,15 @@ from tests.support.factories import (
     server_argv,
     spec,
 )
+from tests.support.report_fixtures import mock_cert as run_mock_cert
 
 
 @pytest.fixture(scope="module")
 def mock_cert(tmp_path_factory: pytest.TempPathFactory) -> Cert:
     """One run-mock cert for the module's forgeries: a frozen Cert each test only reads (it
     forges with ``replace`` and writes to its own tmp_path), so one mock cell serves them all."""
-    out = tmp_path_factory.mktemp("mock")
-    # A mock GREEN exits 3 (never promotable), like any GREEN that is not promotable.
-    assert main(["run-mock", "--out-dir", str(out)]) == exitcodes.NOT_PROMOTABLE
-    return load_cert(out / "mock__ctx512__N4.json")
+    # The session's run-mock cell (a GREEN exits 3, never promotable), copied here.
+    return load_cert(run_mock_cert(tmp_path_factory.mktemp("mock"), 4))
 
 
 def _rebuilt(tmp_path: Path, cert: Cert, name: str = "forged.json") -> Path:

@@ -168,12 +168,10 @@ def test_missing_bundle_needs_no_fixture(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def mock_cert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real (mock-source) cert written by run-mock."""
-    from batch_invariance.cli import main
+    """A real (mock-source) cert written by run-mock (the session's run, copied here)."""
+    from tests.support.report_fixtures import mock_cert as run_mock_cert
 
-    out = tmp_path_factory.mktemp("certs")
-    assert main(["run-mock", "--out-dir", str(out)]) == 3  # a mock GREEN: not promotable
-    return next(p for p in out.glob("*.json") if ".superseded-" not in p.name)
+    return run_mock_cert(tmp_path_factory.mktemp("certs"), 4)
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

@@ -19,11 +19,16 @@ def test_default_mode_earns_green_with_source_mock(
 ) -> None:
     # A mock GREEN exits 3 like any GREEN that is not promotable (README exit-code table).
     assert main(["run-mock", "--out-dir", str(tmp_path)]) == 3
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     path = tmp_path / "mock__ctx512__N4.json"
     assert "GREEN" in out and str(path) in out
+    # The default is the length ladder of the slot: 32 distinct documents (issue 17 §1).
+    assert "from 32 distinct prompts" in out and "warning:" not in captured.err
     cert = load_cert(path)
     assert cert.status == "green" and cert.source == "mock"
+    assert cert.provenance.workset is not None
+    assert cert.provenance.workset["duplicate_prompts"] == []
     assert cert.sensitivity.n_hot_trials >= 30
     assert cert.sensitivity.n_distinct_prompts >= 30
     assert cert.promotion_scope.answer_tokens_median is not None
