@@ -179,7 +179,7 @@ def cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         "GITHUB_WORKSPACE": str(ws), "INPUT_MODE": "live", "INPUT_ENGINE": "vllm",
         "INPUT_SERVER-BIN": "vllm", "INPUT_MODEL": "model.safetensors",
         "INPUT_CTX": "512", "INPUT_PARALLEL": "4",
-        "INPUT_GATE-PASSES": "4", "INPUT_REPS": "1", "INPUT_N-PREDICT": "96",
+        "INPUT_GATE-PASSES": "2", "INPUT_REPS": "1", "INPUT_N-PREDICT": "64",
         "INPUT_SIGN": "false",
     }  # fmt: skip
 

@@ -649,8 +649,9 @@ def test_the_engine_input_runs_that_engine_through_the_same_request(
     from batch_invariance.commands.cell_options import request_from_args
     from tests.unit.engines.test_engine_cells import stand_in
 
-    # Prompts evaluated at a tenth of the mock's default per-token time: the ladder of a
-    # 2048-token slot sends prompts of up to 1,800 tokens through three arms.
+    # The ladder of a 2048-token slot sends prompts of up to 1,800 tokens through three arms:
+    # prompts cost no time, and a token 1 ms (twice the mock's default, so the one C pass's
+    # overlap is sampled with room to spare).
     knobs = {"token_delay_s": 0.001, "prompt_token_delay_s": 0.0}
     monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps(knobs))
     small = {"gate-passes": "1", "reps": "1", "n-predict": "64"}
