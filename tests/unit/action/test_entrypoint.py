@@ -299,6 +299,7 @@ def test_sign_with_ambient_github_oidc_writes_bundle_next_to_cert(tmp_path: Path
     signer = FakeSigner()
     token = fake_github_jwt()
     env = actions_env(tmp_path, mode="mock", sign="true")
+    env["INPUT_WORKSET"] = tiny_workset(env)  # what is signed, not the verdict, is under test
     code, _ = run_signed(env, signer, token)
     assert code == exitcodes.NOT_PROMOTABLE  # signed, but a mock cert still cannot pass
     out = outputs_of(env)
