@@ -13,9 +13,14 @@ from batch_invariance.cli import main
 from tests.support.fakes_live import LOOSE_GATES, hf_model_files
 from tests.unit.engines.test_engine_cells import stand_in
 
+#: The fake's pace: a tenth of the mock's time a token, prompts free. These runs test what
+#: the comparison with the baseline says about arm A, not the verdict (the gates are loose).
+PACE = {"token_delay_s": 0.00005, "prompt_token_delay_s": 0.0}
+
 
 @pytest.fixture()
-def workset(tmp_path: Path) -> Path:
+def workset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FAKE_ENGINE_KNOBS", json.dumps(PACE))
     path = tmp_path / "open.json"
     rows = [{"id": f"n{k}", "prompt": f"Write a note about batch number {k}."} for k in range(8)]
     path.write_text(json.dumps(rows))
@@ -27,8 +32,11 @@ def _other_build(tmp_path: Path) -> Path:
     every arm (the launcher passes no FAKE_* variable on, so the build carries its knobs)."""
     exe = stand_in(tmp_path, "vllm")
     lines = exe.read_text().splitlines(keepends=True)
-    knobs = "import os\nos.environ['FAKE_ENGINE_KNOBS'] = '{\"divergence_probability\": 0.5}'\n"
-    text = "".join([lines[0], knobs, *lines[1:]])
+    # After the line that sets the test's FAKE_* settings, so this build's knobs win.
+    (at,) = [k for k, line in enumerate(lines) if line.startswith("os.environ.update(")]
+    knobs = json.dumps({**PACE, "divergence_probability": 0.5})
+    text = "".join([*lines[: at + 1], f"os.environ['FAKE_ENGINE_KNOBS'] = {knobs!r}\n",
+                    *lines[at + 1 :]])  # fmt: skip
     assert text != exe.read_text()
     other = tmp_path / "other" / "vllm"
     other.parent.mkdir()
