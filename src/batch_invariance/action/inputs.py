@@ -30,6 +30,11 @@ from batch_invariance.service.request import ACTION_DEFAULTS, LiveRequest, Profi
 Mode = Literal["live", "mock"]
 REQUIRES: tuple[Require, ...] = get_args(Require)
 
+
+def _one_of(values: tuple[str, ...]) -> str:
+    return f"{', '.join(values[:-1])} or {values[-1]}"
+
+
 #: Inputs and their defaults (``action.yml`` declares the same).
 INPUT_DEFAULTS: Mapping[str, str] = {
     "mode": "live",
@@ -190,7 +195,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
     require = raw["require"].strip().lower()
     if require not in REQUIRES:
         raise UsageError(
-            f"input require must be green, promotable, cert or none, got {raw['require'].strip()!r}"
+            f"input require must be {_one_of(REQUIRES)}, got {raw['require'].strip()!r}"
         )
     numbers = {name.replace("-", "_"): _int_input(name, raw[name]) for name in _NUMBER_INPUTS}
     problems = number_problems(_cell_numbers(numbers), spell=_spell_input)
@@ -200,7 +205,7 @@ def read_inputs(env: Mapping[str, str]) -> ActionInputs:
     if require == "none" and not baseline.source:
         raise UsageError(
             "input require none leaves the job to the comparison with a baseline; set baseline, "
-            "or require green, promotable or cert"
+            f"or require {_one_of(tuple(r for r in REQUIRES if r != 'none'))}"
         )
     workspace = Path(env.get("GITHUB_WORKSPACE") or os.getcwd())
     out_dir = Path(raw["out-dir"].strip())
